@@ -1,0 +1,225 @@
+"""The ``longseq`` command line: a thin layer that parses, calls the library and prints.
+
+Commands::
+
+    longseq train [--preset tiny-shakespeare] [--set key=value ...] [--data PATH] [--tokenizer byte|char|word]
+                  [--out DIR] [--resume] [--json]
+    longseq eval --checkpoint DIR [--split valid|test] [--set mem_len=1600 ...] [--data PATH] [--json]
+    longseq generate --checkpoint DIR --prompt TEXT --max-new-tokens N [--temperature T] [--top-k K]
+                  [--top-p P] [--seed S] [--json]
+
+Human-readable progress goes to stderr; the result goes to stdout (one JSON object on the last line with ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+from longseq.config import PRESETS, ConfigError, EvalConfig, RunConfig, apply_overrides, get_preset
+
+EPILOG_TRAIN = f"""presets: {", ".join(PRESETS)}
+override any field of the model, data or train config with --set key=value (dotted, e.g. model.dropout,
+when a name is ambiguous); lists as comma lists or JSON, e.g. --set cutoffs=20000,40000,200000.
+keys include: max_steps batch_size tgt_len mem_len n_layer d_model n_head d_head d_inner lr dropout
+dropatt clamp_len same_length pre_lnorm cutoffs div_val untie_r warmup_steps schedule clip grad_accum."""
+
+EPILOG_EVAL = """override evaluation settings with --set key=value; keys: split tgt_len mem_len clamp_len same_length
+batch_size max_segments.  The paper evaluates with a longer memory than it trains with, e.g.
+--set tgt_len=64 mem_len=640 clamp_len=400 same_length=true for WikiText-103."""
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _emit(result: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, sort_keys=True))
+        return
+    for key, value in result.items():
+        if isinstance(value, float):
+            value = f"{value:.4f}" if math.isfinite(value) else str(value)
+        print(f"{key:>16}: {value}")
+
+
+def _overrides(values: list[list[str]] | None) -> list[str]:
+    return [item for group in (values or []) for item in group]
+
+
+def cmd_train(args: argparse.Namespace) -> dict:
+    from longseq.train.checkpoint import load_checkpoint_config
+    from longseq.train.loop import train
+
+    extra = _overrides(args.set)
+    if args.data is not None:
+        extra.append(f"data.path={args.data}")
+    if args.tokenizer is not None:
+        extra.append(f"data.tokenizer={args.tokenizer}")
+    out = args.out or os.path.join("runs", args.preset)
+    run = load_checkpoint_config(os.path.join(out, "last")) if args.resume else get_preset(args.preset)
+    sections = apply_overrides({"model": run.model, "data": run.data, "train": run.train}, extra)
+    run = RunConfig(**sections)
+    result = train(run, out, resume=args.resume, progress=not args.quiet, log=_say)
+    summary = {
+        "step": result.step,
+        "train_loss": result.train_loss,
+        "loss": result.valid.get("loss", float("nan")),
+        "ppl": result.valid.get("ppl", float("nan")),
+        "best_valid_loss": result.best_valid_loss,
+        "tokens": result.tokens,
+        "tokens_per_s": result.tokens_per_s,
+        "checkpoint": os.path.join(out, "best"),
+    }
+    if "bpc" in result.valid:
+        summary["bpc"] = result.valid["bpc"]
+        summary["unigram_bpc"] = result.unigram_bpc
+        _say(f"validation bpc {summary['bpc']:.3f} vs. unigram model {summary['unigram_bpc']:.3f}")
+    return summary
+
+
+def cmd_eval(args: argparse.Namespace) -> dict:
+    from longseq.data.corpus import load_corpus
+    from longseq.eval.evaluate import evaluate
+    from longseq.train.checkpoint import load_checkpoint
+    from longseq.train.loop import bits_unit
+
+    settings = apply_overrides({"eval": EvalConfig(split=args.split)}, _overrides(args.set))["eval"]
+    model, tokenizer, run, _ = load_checkpoint(args.checkpoint)
+    path = args.data if args.data is not None else run.data.path
+    corpus = load_corpus(path, tokenizer.kind, tokenizer=tokenizer, lowercase=run.data.lowercase)
+    ids = corpus.split(settings.split)
+    metrics = evaluate(
+        model,
+        ids,
+        batch_size=settings.batch_size or run.data.eval_batch_size,
+        tgt_len=settings.tgt_len or run.data.eval_tgt_len,
+        mem_len=settings.mem_len,
+        clamp_len=settings.clamp_len,
+        same_length=settings.same_length,
+        max_segments=settings.max_segments,
+        bits_unit=bits_unit(tokenizer.kind),
+        progress=not args.quiet,
+    )
+    return {"split": settings.split, **metrics}
+
+
+def cmd_generate(args: argparse.Namespace) -> dict:
+    import torch
+
+    from longseq.generation import generate
+    from longseq.train.checkpoint import load_checkpoint
+
+    model, tokenizer, run, _ = load_checkpoint(args.checkpoint)
+    prompt = tokenizer.encode(args.prompt)
+    if len(prompt) == 0:
+        raise ValueError("the prompt is empty; give at least one character or word")
+    generator = torch.Generator().manual_seed(args.seed)
+    mem_len = args.mem_len if args.mem_len is not None else run.model.mem_len + run.data.tgt_len
+    start = time.perf_counter()
+    ids = generate(
+        model,
+        torch.as_tensor(prompt)[None],
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        mem_len=mem_len,
+        segment_len=run.data.tgt_len,
+        generator=generator,
+    )
+    elapsed = time.perf_counter() - start
+    text = tokenizer.decode(ids[0].tolist())
+    if not args.json:
+        print(args.prompt + text)
+        return {}
+    return {
+        "prompt": args.prompt,
+        "text": text,
+        "tokens": ids.size(1),
+        "tokens_per_s": ids.size(1) / max(elapsed, 1e-9),
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="longseq", description="Transformer-XL language modeling: train, eval, generate."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{train,eval,generate}")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--json", action="store_true", help="print the result as one JSON object on the last line of stdout"
+        )
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = sub.add_parser(
+        "train",
+        help="train a model (default: tiny-shakespeare preset on the bundled corpus)",
+        epilog=EPILOG_TRAIN,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--preset", default="tiny-shakespeare", help="named configuration (default: %(default)s)")
+    p.add_argument("--set", nargs="+", action="append", metavar="KEY=VALUE", help="override a config field")
+    p.add_argument("--data", help="corpus file or directory (default: bundled tiny-shakespeare)")
+    p.add_argument("--tokenizer", choices=["byte", "char", "word"], help="tokenizer kind")
+    p.add_argument("--out", help="run directory (default: runs/PRESET)")
+    p.add_argument("--resume", action="store_true", help="continue exactly from OUT/last")
+    common(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser(
+        "eval", help="evaluate a checkpoint", epilog=EPILOG_EVAL, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (e.g. runs/tiny-shakespeare/best)")
+    p.add_argument("--split", default="valid", choices=["train", "valid", "test"])
+    p.add_argument("--data", help="corpus to evaluate (default: the one the checkpoint was trained on)")
+    p.add_argument("--set", nargs="+", action="append", metavar="KEY=VALUE", help="evaluation override")
+    common(p)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("generate", help="sample a continuation of a prompt")
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory")
+    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=1.0, help="0 for greedy decoding")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mem-len", type=int, help="memory length while sampling (default: train mem_len + tgt_len)")
+    common(p)
+    p.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from longseq.data.batching import BatchingError
+    from longseq.data.corpus import CorpusError
+    from longseq.data.tokenizers import TokenizerError
+    from longseq.train.checkpoint import CheckpointError
+    from longseq.train.loop import TrainingError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        result = args.func(args)
+    except (ConfigError, CorpusError, TokenizerError, CheckpointError, TrainingError, BatchingError, ValueError) as exc:
+        print(f"longseq {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"longseq {args.command}: interrupted", file=sys.stderr)
+        return 130
+    if result:
+        _emit(result, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

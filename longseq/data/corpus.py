@@ -1,0 +1,135 @@
+"""Corpus readers for the standard language-modeling layouts.
+
+``path`` may be:
+
+* ``None``: the bundled tiny-shakespeare (public domain), split 90/5/5;
+* a directory with ``ptb.{train,valid,test}.txt`` (Mikolov's PTB), ``wiki.{train,valid,test}.tokens``
+  (WikiText) or ``{train,valid,test}.txt``;
+* a single file (enwik8/text8 style), split into the first 90% / next 5% / last 5% of its tokens,
+  which is exactly 90M/5M/5M for the 100M-byte enwik8 and text8;
+* a directory of documents: every regular file, in sorted order, joined by newlines, then split 90/5/5.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib import resources
+
+import numpy as np
+
+from longseq.data.tokenizers import Tokenizer, build_tokenizer
+
+SPLITS = ("train", "valid", "test")
+LAYOUTS = {
+    "ptb": "ptb.{}.txt",
+    "wikitext": "wiki.{}.tokens",
+    "plain": "{}.txt",
+}
+
+
+class CorpusError(ValueError):
+    """A corpus that cannot be read: missing, empty, or not valid text."""
+
+
+@dataclass
+class Corpus:
+    """Token ids of each split and the tokenizer that produced them."""
+
+    train: np.ndarray
+    valid: np.ndarray
+    test: np.ndarray
+    tokenizer: Tokenizer
+    source: str
+
+    def split(self, name: str) -> np.ndarray:
+        if name not in SPLITS:
+            raise CorpusError(f"unknown split {name!r}; choose one of {SPLITS}")
+        return getattr(self, name)
+
+
+def bundled_corpus_path() -> str:
+    return str(resources.files("longseq.data") / "corpora" / "tinyshakespeare.txt")
+
+
+def read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise CorpusError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def decode_text(data: bytes, path: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorpusError(
+            f"{path} is not valid UTF-8 (byte {exc.start}: {data[exc.start : exc.start + 4]!r}); "
+            "use --tokenizer byte for binary or non-UTF-8 data"
+        ) from None
+
+
+def _find_layout(directory: str) -> dict[str, str] | None:
+    for pattern in LAYOUTS.values():
+        files = {split: os.path.join(directory, pattern.format(split)) for split in SPLITS}
+        if all(os.path.isfile(f) for f in files.values()):
+            return files
+    return None
+
+
+def _read_documents(directory: str) -> bytes:
+    names = sorted(
+        n for n in os.listdir(directory) if not n.startswith(".") and os.path.isfile(os.path.join(directory, n))
+    )
+    if not names:
+        raise CorpusError(f"{directory} holds no documents and no known layout (ptb.*.txt, wiki.*.tokens, train.txt)")
+    return b"\n".join(read_bytes(os.path.join(directory, n)) for n in names)
+
+
+def _encode(tokenizer: Tokenizer, data: bytes, path: str) -> np.ndarray:
+    if tokenizer.kind == "byte":
+        return tokenizer.encode(data)
+    return tokenizer.encode(decode_text(data, path))
+
+
+def _check_nonempty(ids: np.ndarray, what: str) -> np.ndarray:
+    if ids.size == 0:
+        raise CorpusError(f"{what} is empty: no tokens to train or evaluate on")
+    return ids
+
+
+def load_corpus(
+    path: str | None, tokenizer_kind: str, tokenizer: Tokenizer | None = None, lowercase: bool = False
+) -> Corpus:
+    """Read ``path`` into token ids; build the tokenizer from the training text unless one is given."""
+    source = bundled_corpus_path() if path is None else os.path.expanduser(path)
+    if not os.path.exists(source):
+        raise CorpusError(f"corpus path {source} does not exist")
+    if os.path.isdir(source) and (files := _find_layout(source)):
+        raw = {split: read_bytes(f) for split, f in files.items()}
+        if tokenizer is None:
+            train_text = raw["train"] if tokenizer_kind == "byte" else decode_text(raw["train"], files["train"])
+            tokenizer = build_tokenizer(tokenizer_kind, train_text if isinstance(train_text, str) else "", lowercase)
+        ids = {split: _check_nonempty(_encode(tokenizer, raw[split], files[split]), files[split]) for split in SPLITS}
+        return Corpus(ids["train"], ids["valid"], ids["test"], tokenizer, source)
+
+    data = _read_documents(source) if os.path.isdir(source) else read_bytes(source)
+    if not data.strip():
+        raise CorpusError(f"corpus {source} is empty")
+    if tokenizer is None:
+        text = "" if tokenizer_kind == "byte" else decode_text(data, source)
+        tokenizer = build_tokenizer(tokenizer_kind, text, lowercase)
+    ids = _encode(tokenizer, data, source)
+    n_train, n_valid = int(len(ids) * 0.9), int(len(ids) * 0.05)
+    train, valid, test = ids[:n_train], ids[n_train : n_train + n_valid], ids[n_train + n_valid :]
+    for name, part in zip(SPLITS, (train, valid, test)):
+        _check_nonempty(part, f"the {name} split of {source} ({len(ids)} tokens in all)")
+    return Corpus(train, valid, test, tokenizer, source)
+
+
+def unigram_bits_per_token(train: np.ndarray, target: np.ndarray, vocab_size: int) -> float:
+    """Cross-entropy in bits of ``target`` under add-one-smoothed unigram frequencies of ``train``."""
+    counts = np.bincount(train, minlength=vocab_size).astype(np.float64) + 1.0
+    log_probs = np.log2(counts / counts.sum())
+    return float(-log_probs[target].mean())

@@ -1,0 +1,5 @@
+"""Evaluation metrics."""
+
+from longseq.eval.evaluate import evaluate
+
+__all__ = ["evaluate"]

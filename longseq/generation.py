@@ -1,0 +1,72 @@
+"""Sampling with the recurrence memory: the prompt is read in segments, then one token at a time.
+
+Every step feeds only the newest token; everything before it is in the memory, so the context
+is never recomputed.  The memory keeps the last ``mem_len`` positions.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from longseq.model import TransformerXLLM
+
+
+def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Set to -inf every logit outside the ``top_k`` largest and outside the nucleus of mass ``top_p``."""
+    if top_k > 0 and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # mass of the strictly more likely tokens
+        drop_sorted = mass_before >= top_p  # the most likely token always stays
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def generate(
+    model: TransformerXLLM,
+    prompt_ids: Tensor,  # (B, P)
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    mem_len: int | None = None,
+    segment_len: int = 128,
+    clamp_len: int | None = None,
+    same_length: bool | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Return (B, max_new_tokens) sampled continuations; ``temperature=0`` is greedy."""
+    if prompt_ids.dim() != 2 or prompt_ids.size(1) == 0:
+        raise ValueError(f"prompt_ids must be a non-empty (batch, time) tensor, got shape {tuple(prompt_ids.shape)}")
+    if max_new_tokens < 0 or temperature < 0 or top_k < 0 or not 0.0 < top_p <= 1.0:
+        raise ValueError("need max_new_tokens >= 0, temperature >= 0, top_k >= 0 and 0 < top_p <= 1")
+    model.eval()
+    overrides = {
+        "mem_len": model.config.mem_len if mem_len is None else mem_len,
+        "clamp_len": clamp_len,
+        "same_length": same_length,
+    }
+    device = next(model.parameters()).device
+    prompt_ids = prompt_ids.to(device)
+    mems = None
+    context = prompt_ids[:, :-1]
+    for start in range(0, context.size(1), segment_len):
+        mems = model.read(context[:, start : start + segment_len], mems, **overrides)
+    token = prompt_ids[:, -1:]
+    out = []
+    for _ in range(max_new_tokens):
+        scores, mems = model.next_token_scores(token, mems, **overrides)  # (B, V)
+        if temperature == 0:
+            token = scores.argmax(dim=-1, keepdim=True)
+        else:
+            scores = filter_logits(scores.float() / temperature, top_k, top_p)
+            token = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)
+        out.append(token)
+    return torch.cat(out, dim=1) if out else prompt_ids.new_zeros(prompt_ids.size(0), 0)

@@ -1,0 +1,181 @@
+"""Relative multi-head attention of Transformer-XL (Dai et al., 2019, section 3.3).
+
+Dimension glossary (batch-first everywhere):
+
+    B  batch (parallel streams)         T  query length (the current segment)
+    M  memory length                    K  key length, M + T
+    H  heads                            D  head dimension (d_head)
+    E  model width (d_model)            R  relative positions, K + 1 (distances K .. 0)
+
+For query i (absolute position M + i) and key j the score is
+
+    A_ij = (q_i + u) . k_j  +  (q_i + v) . W_R R_{M+i-j}          (terms (a)+(c) and (b)+(d))
+
+scaled by 1/sqrt(D).  Paper symbols map to parameters as u -> ``r_w_bias``,
+v -> ``r_r_bias``, W_R -> ``r_net``; W_q, W_k, W_v are the three blocks of ``qkv_net``.
+
+Kernels are chosen by name from :data:`ATTENTION_KERNELS`: ``reference`` gathers R for every
+(i, j) pair and is meant to be read; ``rel_shift`` computes one (T, R) matrix for the position
+term and shifts it with a strided view, the path used in training.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def causal_mask(qlen: int, mlen: int, span: int | None, device: torch.device | None = None) -> Tensor:
+    """Boolean (T, K) mask, True where attention is forbidden.
+
+    Query i sits at absolute position ``mlen + i`` and sees keys at distance 0 .. mlen + i.
+    With ``span`` (``same_length``) it sees only the last ``span`` keys, so every query has
+    the same context length once the memory is full.
+    """
+    query = torch.arange(qlen, device=device)[:, None] + mlen  # (T, 1)
+    key = torch.arange(mlen + qlen, device=device)[None, :]  # (1, K)
+    distance = query - key  # (T, K)
+    masked = distance < 0
+    if span is not None:
+        masked = masked | (distance >= span)
+    return masked
+
+
+def rel_shift(position_scores: Tensor, qlen: int) -> Tensor:
+    """Turn (B, H, T, R) scores indexed by relative row into (B, H, T, K) scores indexed by key.
+
+    Row r of R is distance K - r, and key j of query i is distance M + i - j, so
+    out[..., i, j] = in[..., i, T - i + j].  That is a strided view (offset T, row stride R - 1):
+    no padding, no copy.  Entries for future keys (j > M + i) read neighbouring rows and must be masked.
+    """
+    batch, heads, rows, n_rel = position_scores.shape
+    position_scores = position_scores.contiguous()
+    s_b, s_h, s_t, _ = position_scores.stride()
+    return position_scores.as_strided(
+        (batch, heads, rows, n_rel - 1),
+        (s_b, s_h, s_t - 1, 1),
+        position_scores.storage_offset() + qlen,
+    )
+
+
+def _softmax(scores: Tensor) -> Tensor:
+    if scores.dtype in (torch.float16, torch.bfloat16):
+        return torch.softmax(scores.float(), dim=-1).to(scores.dtype)
+    return torch.softmax(scores, dim=-1)
+
+
+def reference_attention(
+    query: Tensor,  # (B, H, T, D)
+    key: Tensor,  # (B, H, K, D)
+    value: Tensor,  # (B, H, K, D)
+    rel_key: Tensor,  # (H, R, D): W_R R for distances K .. 0
+    r_w_bias: Tensor,  # (H, D): u
+    r_r_bias: Tensor,  # (H, D): v
+    mask: Tensor,  # (T, K) bool
+    dropatt: float,
+    training: bool,
+) -> Tensor:
+    """Readable reference: gather W_R R_{i-j} for every (i, j) and add the two terms."""
+    qlen, klen = query.size(2), key.size(2)
+    mlen = klen - qlen
+    distance = (torch.arange(qlen, device=query.device)[:, None] + mlen) - torch.arange(klen, device=query.device)
+    rows = klen - distance.clamp(min=0)  # (T, K) row of R for each pair; future pairs are masked anyway
+    rel_pairs = rel_key[:, rows]  # (H, T, K, D)
+    content = torch.einsum("bhtd,bhkd->bhtk", query + r_w_bias[:, None], key)  # (a) + (c)
+    position = torch.einsum("bhtd,htkd->bhtk", query + r_r_bias[:, None], rel_pairs)  # (b) + (d)
+    scores = (content + position) / math.sqrt(query.size(-1))
+    scores = scores.masked_fill(mask, float("-inf"))
+    probs = F.dropout(_softmax(scores), p=dropatt, training=training)
+    return probs @ value  # (B, H, T, D)
+
+
+def rel_shift_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    rel_key: Tensor,
+    r_w_bias: Tensor,
+    r_r_bias: Tensor,
+    mask: Tensor,
+    dropatt: float,
+    training: bool,
+) -> Tensor:
+    """Fast path: one matmul per term, the position term shifted by a strided view."""
+    scale = 1.0 / math.sqrt(query.size(-1))
+    content = torch.matmul((query + r_w_bias[:, None]) * scale, key.transpose(-1, -2))  # (B, H, T, K)
+    position = torch.matmul((query + r_r_bias[:, None]) * scale, rel_key.transpose(-1, -2))  # (B, H, T, R)
+    scores = content + rel_shift(position, query.size(2))
+    scores = scores.masked_fill(mask, float("-inf"))
+    probs = F.dropout(_softmax(scores), p=dropatt, training=training)
+    return torch.matmul(probs, value)  # (B, H, T, D)
+
+
+AttentionKernel = Callable[..., Tensor]
+
+ATTENTION_KERNELS: dict[str, AttentionKernel] = {
+    "reference": reference_attention,
+    "rel_shift": rel_shift_attention,
+}
+
+
+class RelativeMultiHeadAttention(nn.Module):
+    """Multi-head attention over [memory; segment] with relative positions and a residual + LayerNorm.
+
+    ``pre_lnorm`` normalises the attention input (memory included); otherwise the residual sum is
+    normalised (post-LN), as in the paper.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        d_head: int,
+        dropout: float,
+        dropatt: float,
+        pre_lnorm: bool,
+        eps: float,
+        kernel: str,
+    ) -> None:
+        super().__init__()
+        self.n_head, self.d_head = n_head, d_head
+        self.pre_lnorm = pre_lnorm
+        self.dropatt = dropatt
+        self.kernel = kernel
+        self.qkv_net = nn.Linear(d_model, 3 * n_head * d_head, bias=False)  # W_q, W_{k,E}, W_v
+        self.r_net = nn.Linear(d_model, n_head * d_head, bias=False)  # W_{k,R}
+        self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
+        self.layer_norm = nn.LayerNorm(d_model, eps=eps)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        hidden: Tensor,  # (B, T, E)
+        pos_emb: Tensor,  # (R, E)
+        r_w_bias: Tensor,  # (H, D)
+        r_r_bias: Tensor,  # (H, D)
+        mask: Tensor,  # (T, K)
+        memory: Tensor | None,  # (B, M, E)
+    ) -> Tensor:
+        batch, qlen, _ = hidden.shape
+        context = hidden if memory is None or memory.size(1) == 0 else torch.cat([memory, hidden], dim=1)  # (B, K, E)
+        klen = context.size(1)
+        if self.pre_lnorm:
+            context = self.layer_norm(context)
+        heads = self.qkv_net(context)  # (B, K, 3*H*D)
+        query, key, value = heads.split(self.n_head * self.d_head, dim=-1)
+        query = query[:, -qlen:].view(batch, qlen, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, D)
+        key = key.view(batch, klen, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, D)
+        value = value.view(batch, klen, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, D)
+        rel_key = self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)  # (H, R, D)
+
+        kernel = ATTENTION_KERNELS[self.kernel]
+        attn = kernel(query, key, value, rel_key, r_w_bias, r_r_bias, mask, self.dropatt, self.training)
+        attn = attn.transpose(1, 2).reshape(batch, qlen, self.n_head * self.d_head)  # (B, T, H*D)
+        out = self.drop(self.o_net(attn))  # (B, T, E)
+        if self.pre_lnorm:
+            return hidden + out
+        return self.layer_norm(hidden + out)

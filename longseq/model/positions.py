@@ -1,0 +1,31 @@
+"""Sinusoidal relative position embeddings R (Vaswani et al., 2017; Dai et al., 2019, section 3.3)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def relative_distances(klen: int, clamp_len: int, device: torch.device | None = None) -> Tensor:
+    """Distances ``klen, klen-1, ..., 0`` (length ``klen + 1``), clamped to ``clamp_len`` when it is > 0.
+
+    Row ``r`` of the relative embedding table is distance ``klen - r``.  The extra row for
+    distance ``klen`` is never read by an unmasked score; it makes the rel-shift view
+    non-overlapping (see :func:`longseq.model.attention.rel_shift`).
+    """
+    distances = torch.arange(klen, -1, -1, device=device, dtype=torch.float32)  # (R,) with R = K + 1
+    if clamp_len > 0:
+        distances = distances.clamp(max=clamp_len)
+    return distances
+
+
+def sinusoidal_embedding(distances: Tensor, d_model: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """R_d = [sin(d * w_0), ..., sin(d * w_{E/2-1}), cos(d * w_0), ...] with w_k = 10000^(-2k/E).
+
+    Returns ``(len(distances), d_model)``.  The sin/cos halves are concatenated, not interleaved,
+    matching the original Transformer-XL code so that converted checkpoints agree.  Computed in
+    ``dtype`` (float32 unless the model runs in float64).
+    """
+    inv_freq = 1.0 / (10000 ** (torch.arange(0.0, d_model, 2.0, device=distances.device, dtype=dtype) / d_model))
+    angles = torch.outer(distances.to(dtype), inv_freq)  # (R, E/2)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)  # (R, E)

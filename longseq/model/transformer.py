@@ -1,0 +1,258 @@
+"""The Transformer-XL backbone and language model (Dai et al., 2019).
+
+Reads top to bottom: feed-forward, decoder layer, backbone, language model.  Tensors are
+batch-first; see :mod:`longseq.model.attention` for the dimension glossary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from longseq.config import ModelConfig
+from longseq.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
+from longseq.model.attention import RelativeMultiHeadAttention, causal_mask
+from longseq.model.memory import Memory, update_memory
+from longseq.model.positions import relative_distances, sinusoidal_embedding
+
+IGNORE_INDEX = -100
+
+
+class PositionwiseFF(nn.Module):
+    """Linear -> ReLU -> Dropout -> Linear -> Dropout, with residual and pre- or post-LayerNorm."""
+
+    def __init__(self, d_model: int, d_inner: int, dropout: float, pre_lnorm: bool, eps: float) -> None:
+        super().__init__()
+        self.pre_lnorm = pre_lnorm
+        self.core_net = nn.Sequential(
+            nn.Linear(d_model, d_inner),
+            nn.ReLU(inplace=True),
+            nn.Dropout(dropout),
+            nn.Linear(d_inner, d_model),
+            nn.Dropout(dropout),
+        )
+        self.layer_norm = nn.LayerNorm(d_model, eps=eps)
+
+    def forward(self, hidden: Tensor) -> Tensor:  # (B, T, E) -> (B, T, E)
+        if self.pre_lnorm:
+            return hidden + self.core_net(self.layer_norm(hidden))
+        return self.layer_norm(hidden + self.core_net(hidden))
+
+
+class DecoderLayer(nn.Module):
+    """Relative multi-head attention over [memory; segment], then the position-wise feed-forward."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c = config
+        self.dec_attn = RelativeMultiHeadAttention(
+            c.d_model, c.n_head, c.d_head, c.dropout, c.dropatt, c.pre_lnorm, c.layer_norm_eps, c.attn_impl
+        )
+        self.pos_ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps)
+
+    def forward(self, hidden, pos_emb, r_w_bias, r_r_bias, mask, memory):
+        hidden = self.dec_attn(hidden, pos_emb, r_w_bias, r_r_bias, mask, memory)
+        return self.pos_ff(hidden)
+
+
+class TransformerXL(nn.Module):
+    """Embedding, dropout and the stack of decoder layers; returns hidden states and the new memory.
+
+    u and v (``r_w_bias``, ``r_r_bias``) are (H, D) shared by all layers, or (L, H, D) with ``untie_r``.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
+        self.drop = nn.Dropout(c.dropout)
+        bias_shape = (c.n_layer, c.n_head, c.d_head) if c.untie_r else (c.n_head, c.d_head)
+        self.r_w_bias = nn.Parameter(torch.zeros(bias_shape))  # u
+        self.r_r_bias = nn.Parameter(torch.zeros(bias_shape))  # v
+        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layer))
+
+    def _biases(self, layer: int) -> tuple[Tensor, Tensor]:
+        if self.config.untie_r:
+            return self.r_w_bias[layer], self.r_r_bias[layer]
+        return self.r_w_bias, self.r_r_bias
+
+    def forward(
+        self, input_ids: Tensor, mems: Memory | None, mem_len: int, clamp_len: int, same_length: bool
+    ) -> tuple[Tensor, Memory]:
+        qlen = input_ids.size(1)
+        mlen = 0 if mems is None else mems[0].size(1)
+        if same_length and mem_len < 1:
+            raise ValueError("same_length=True needs mem_len >= 1: it limits every query to the last mem_len keys")
+        mask = causal_mask(qlen, mlen, mem_len if same_length else None, device=input_ids.device)  # (T, K)
+
+        hidden = self.drop(self.word_emb(input_ids))  # (B, T, E)
+        distances = relative_distances(mlen + qlen, clamp_len, input_ids.device)
+        exact = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        pos_emb = sinusoidal_embedding(distances, self.config.d_model, exact).to(hidden.dtype)
+        pos_emb = self.drop(pos_emb)  # (R, E)
+
+        layer_inputs = []
+        for i, layer in enumerate(self.layers):
+            layer_inputs.append(hidden)
+            memory = None if mems is None else mems[i]
+            hidden = layer(hidden, pos_emb, *self._biases(i), mask, memory)
+        hidden = self.drop(hidden)
+        return hidden, update_memory(layer_inputs, mems, mem_len)
+
+
+@dataclass
+class LMOutput:
+    """``loss``: mean NLL over labelled tokens (or None); ``logits``: (B, T, V) logits, or full
+    log-probabilities with adaptive softmax (None when labels were given); ``nll``: per-token NLL
+    (B, T), 0 where ignored; ``mems``: new memory, one (B, M, E) tensor per layer."""
+
+    loss: Tensor | None
+    logits: Tensor | None
+    nll: Tensor | None
+    mems: Memory
+
+
+class TransformerXLLM(nn.Module):
+    """Transformer-XL language model: ``model(input_ids, mems=None, labels=None) -> LMOutput``.
+
+    ``labels[b, t]`` is the target of position t (the next token of the stream); -100 is ignored.
+    ``mem_len``, ``clamp_len`` and ``same_length`` may be overridden per call, e.g. for evaluation
+    with a longer memory than in training.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.transformer = TransformerXL(c)
+        self.crit = AdaptiveLogSoftmax(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
+        self.init_weights()
+        self.tie_weights()
+
+    def init_weights(self) -> None:
+        """The paper's initialisation.
+
+        * Linear, embedding and softmax weights, u and v: normal(0, ``init_std`` = 0.02); biases 0.
+        * Embedding and softmax projections (``emb_projs``, ``out_projs``): normal(0, ``proj_init_std`` = 0.01).
+        * LayerNorm weights normal(1, ``init_std``), biases 0.
+        * Cluster weights of the adaptive softmax normal(0, ``init_std``), cluster biases 0.
+        """
+        std, proj_std = self.config.init_std, self.config.proj_init_std
+        for name, param in self.named_parameters():
+            if "emb_projs" in name or "out_projs" in name:
+                nn.init.normal_(param, 0.0, proj_std)
+            elif "layer_norm.weight" in name:
+                nn.init.normal_(param, 1.0, std)
+            elif name.endswith("bias") and "r_w_bias" not in name and "r_r_bias" not in name:
+                nn.init.zeros_(param)
+            else:
+                nn.init.normal_(param, 0.0, std)
+
+    def tie_weights(self) -> None:
+        """Share softmax weights with the embedding (``tie_weight``) and projections (``tie_projs``)."""
+        c, emb, crit = self.config, self.transformer.word_emb, self.crit
+        if c.tie_weight:
+            for i in range(len(crit.out_layers)):
+                crit.out_layers[i].weight = emb.emb_layers[i].weight
+        for i, tie in enumerate(c.proj_ties):
+            if not tie:
+                continue
+            if c.div_val == 1 and c.d_model != c.embed_dim:
+                crit.out_projs[i] = emb.emb_projs[0]
+            elif c.div_val != 1:
+                crit.out_projs[i] = emb.emb_projs[i]
+
+    def _check_inputs(self, input_ids: Tensor, mems: Memory | None, labels: Tensor | None) -> None:
+        c = self.config
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+            shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids must be a (batch, time) tensor, got shape {shape}")
+        if input_ids.dtype not in (torch.int64, torch.int32) or input_ids.numel() == 0:
+            raise ValueError(
+                f"input_ids must be a non-empty integer tensor, got {input_ids.dtype} {tuple(input_ids.shape)}"
+            )
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= c.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {c.vocab_size}), got values in [{low}, {high}]")
+        if labels is not None and labels.shape != input_ids.shape:
+            raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
+        if mems is not None:
+            if len(mems) != c.n_layer:
+                raise ValueError(f"mems must hold one tensor per layer ({c.n_layer}), got {len(mems)}")
+            want = (input_ids.size(0), mems[0].size(1) if mems[0].dim() == 3 else -1, c.d_model)
+            for i, mem in enumerate(mems):
+                if mem.dim() != 3 or tuple(mem.shape) != want:
+                    raise ValueError(
+                        f"mems[{i}] must have shape (batch, mem_len, d_model) = {want}, got {tuple(mem.shape)}"
+                    )
+
+    def forward(
+        self,
+        input_ids: Tensor,  # (B, T)
+        mems: Memory | None = None,
+        labels: Tensor | None = None,  # (B, T)
+        *,
+        mem_len: int | None = None,
+        clamp_len: int | None = None,
+        same_length: bool | None = None,
+    ) -> LMOutput:
+        c = self.config
+        if labels is not None:
+            self._check_inputs(input_ids, mems, labels)
+        hidden, new_mems = self._recur(input_ids, mems, mem_len, clamp_len, same_length)  # (B, T, E)
+        batch, qlen, _ = hidden.shape
+        flat = hidden.reshape(batch * qlen, -1)  # (N, E)
+        if labels is None:
+            scores = self.crit.log_prob(flat) if self.crit.n_clusters else self.crit.logits(flat)
+            return LMOutput(loss=None, logits=scores.view(batch, qlen, -1), nll=None, mems=new_mems)
+        labels = labels.reshape(-1).long()
+        keep = labels != IGNORE_INDEX
+        if bool(keep.all()):
+            nll = self.crit.nll(flat, labels)
+        else:
+            index = keep.nonzero().squeeze(1)
+            nll = flat.new_zeros(labels.shape, dtype=torch.float32).index_copy(
+                0, index, self.crit.nll(flat[index], labels[index])
+            )
+        count = keep.sum()
+        bad = labels[keep]
+        if bad.numel() and (int(bad.min()) < 0 or int(bad.max()) >= c.vocab_size):
+            raise ValueError(f"labels must lie in [0, {c.vocab_size}) or be {IGNORE_INDEX}")
+        loss = nll.sum() / count.clamp(min=1)
+        return LMOutput(loss=loss, logits=None, nll=nll.view(batch, qlen), mems=new_mems)
+
+    def _recur(self, input_ids: Tensor, mems: Memory | None, mem_len, clamp_len, same_length) -> tuple[Tensor, Memory]:
+        c = self.config
+        self._check_inputs(input_ids, mems, None)
+        return self.transformer(
+            input_ids.long(),
+            mems,
+            c.mem_len if mem_len is None else mem_len,
+            c.clamp_len if clamp_len is None else clamp_len,
+            c.same_length if same_length is None else same_length,
+        )
+
+    def read(self, input_ids: Tensor, mems: Memory | None = None, **overrides) -> Memory:
+        """Run a segment through the backbone only and return the new memory (no softmax)."""
+        return self._recur(input_ids, mems, **_overrides(overrides))[1]
+
+    def next_token_scores(self, input_ids: Tensor, mems: Memory | None = None, **overrides) -> tuple[Tensor, Memory]:
+        """Scores (B, V) for the token after the last position (logits, or log-probs with adaptive softmax)."""
+        hidden, new_mems = self._recur(input_ids, mems, **_overrides(overrides))
+        last = hidden[:, -1]  # (B, E)
+        scores = self.crit.log_prob(last) if self.crit.n_clusters else self.crit.logits(last)
+        return scores, new_mems
+
+    def num_parameters(self) -> int:
+        """Number of distinct parameters (tied tensors counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+
+def _overrides(overrides: dict) -> dict:
+    unknown = set(overrides) - {"mem_len", "clamp_len", "same_length"}
+    if unknown:
+        raise TypeError(f"unknown recurrence override(s) {sorted(unknown)}; use mem_len, clamp_len or same_length")
+    return {k: overrides.get(k) for k in ("mem_len", "clamp_len", "same_length")}

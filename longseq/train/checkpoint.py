@@ -1,0 +1,251 @@
+"""Checkpoints as data: a directory of JSON and safetensors files, written atomically, never pickled.
+
+Layout of a checkpoint directory::
+
+    config.json            {"format": ..., "run": RunConfig as JSON, "metrics": {...}}
+    tokenizer.json         the tokenizer
+    model.safetensors      weights (tied tensors stored once)
+    trainer_state.json     step, data position, best validation loss, optimizer hyper-parameters (training only)
+    trainer.safetensors    optimizer moments, RNG state and the recurrence memory (training only)
+    manifest.json          size and sha256 of every file above, written last
+
+The directory is first written under a temporary name beside the target, every file fsynced,
+then renamed into place, so a crash never leaves a half-written checkpoint under the real name.
+Loading checks the manifest, so a truncated or corrupted file is reported by name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, load_model, save_file, save_model
+
+from longseq.config import ConfigError, RunConfig
+from longseq.data.tokenizers import Tokenizer, TokenizerError, tokenizer_from_dict
+from longseq.model import TransformerXLLM
+
+FORMAT = "longseq-checkpoint-v1"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint directory that is missing, incomplete, corrupt or incompatible."""
+
+
+@dataclass
+class TrainingState:
+    """What a training run needs beyond the weights to continue exactly."""
+
+    step: int
+    data_state: dict
+    best_valid_loss: float | None
+    optimizer: dict  # torch optimizer state_dict
+    torch_rng: torch.Tensor
+    mems: tuple[torch.Tensor, ...] | None
+    tokens_seen: int
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_json(path: str, data: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _optimizer_to_files(state: dict) -> tuple[dict, dict[str, torch.Tensor]]:
+    tensors, meta = {}, {}
+    for index, slots in state["state"].items():
+        for key, value in slots.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optim.{index}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                meta[f"{index}.{key}"] = value
+    return {"param_groups": state["param_groups"], "scalars": meta}, tensors
+
+
+def _optimizer_from_files(meta: dict, tensors: dict[str, torch.Tensor]) -> dict:
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        if name.startswith("optim."):
+            _, index, key = name.split(".", 2)
+            state.setdefault(int(index), {})[key] = value
+    for name, value in meta["scalars"].items():
+        index, key = name.split(".", 1)
+        state.setdefault(int(index), {})[key] = value
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def save_checkpoint(
+    directory: str,
+    model: TransformerXLLM,
+    run: RunConfig,
+    tokenizer: Tokenizer,
+    training: TrainingState | None = None,
+    metrics: dict | None = None,
+) -> None:
+    """Write a checkpoint atomically to ``directory`` (replacing an existing one)."""
+    directory = os.path.abspath(directory)
+    parent, name = os.path.split(directory)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{name}.tmp-{os.getpid()}")
+    old = os.path.join(parent, f".{name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        _write_json(
+            os.path.join(tmp, "config.json"), {"format": FORMAT, "run": run.to_dict(), "metrics": metrics or {}}
+        )
+        _write_json(os.path.join(tmp, "tokenizer.json"), tokenizer.to_dict())
+        save_model(model, os.path.join(tmp, "model.safetensors"), metadata={"format": FORMAT})
+        if training is not None:
+            meta, tensors = _optimizer_to_files(training.optimizer)
+            tensors["rng.torch"] = training.torch_rng
+            for i, mem in enumerate(training.mems or ()):
+                tensors[f"mems.{i}"] = mem.detach().cpu().contiguous()
+            save_file(tensors, os.path.join(tmp, "trainer.safetensors"))
+            _write_json(
+                os.path.join(tmp, "trainer_state.json"),
+                {
+                    "step": training.step,
+                    "data_state": training.data_state,
+                    "best_valid_loss": training.best_valid_loss,
+                    "optimizer": meta,
+                    "n_mems": 0 if training.mems is None else len(training.mems),
+                    "tokens_seen": training.tokens_seen,
+                },
+            )
+        files = sorted(os.listdir(tmp))
+        manifest = {
+            f: {"size": os.path.getsize(os.path.join(tmp, f)), "sha256": _sha256(os.path.join(tmp, f))} for f in files
+        }
+        _write_json(os.path.join(tmp, "manifest.json"), {"format": FORMAT, "files": manifest})
+        for f in [*files, "manifest.json"]:
+            _fsync(os.path.join(tmp, f))
+        _fsync(tmp)
+        if os.path.exists(directory):
+            os.replace(directory, old)
+        os.replace(tmp, directory)
+        _fsync(parent)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if os.path.exists(old) and not os.path.exists(directory):
+            os.replace(old, directory)
+        raise CheckpointError(f"could not write checkpoint {directory}: {exc}") from exc
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _verify(directory: str) -> dict:
+    if not os.path.isdir(directory):
+        raise CheckpointError(f"checkpoint directory {directory} does not exist")
+    manifest_path = os.path.join(directory, "manifest.json")
+    try:
+        with open(manifest_path, encoding="utf-8") as f:
+            manifest = json.load(f)
+        files = manifest["files"]
+    except FileNotFoundError:
+        raise CheckpointError(f"{directory} is not a complete longseq checkpoint (no manifest.json)") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{manifest_path} is corrupt: {exc}") from None
+    for name, entry in files.items():
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            raise CheckpointError(f"checkpoint {directory} is missing {name}")
+        size = os.path.getsize(path)
+        if size != entry["size"]:
+            raise CheckpointError(
+                f"checkpoint file {path} is truncated or altered: {size} bytes, expected {entry['size']}"
+            )
+        if _sha256(path) != entry["sha256"]:
+            raise CheckpointError(f"checkpoint file {path} is corrupt: its sha256 does not match the manifest")
+    return files
+
+
+def _read_config(directory: str) -> tuple[RunConfig, dict]:
+    _verify(directory)
+    try:
+        with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        if config.get("format") != FORMAT:
+            raise CheckpointError(f"{directory} has checkpoint format {config.get('format')!r}, expected {FORMAT!r}")
+        return RunConfig.from_dict(config["run"]), config
+    except (json.JSONDecodeError, KeyError, AttributeError, ConfigError) as exc:
+        raise CheckpointError(f"checkpoint {directory} has an invalid config.json: {exc}") from None
+
+
+def load_checkpoint_config(directory: str) -> RunConfig:
+    """The run config stored in a checkpoint (the manifest is checked first)."""
+    return _read_config(os.path.abspath(os.path.expanduser(directory)))[0]
+
+
+def load_checkpoint(
+    directory: str, device: str | torch.device = "cpu"
+) -> tuple[TransformerXLLM, Tokenizer, RunConfig, dict]:
+    """Load a checkpoint's model (in eval mode), tokenizer, run config and stored metrics."""
+    directory = os.path.abspath(os.path.expanduser(directory))
+    run, config = _read_config(directory)
+    try:
+        with open(os.path.join(directory, "tokenizer.json"), encoding="utf-8") as f:
+            tokenizer = tokenizer_from_dict(json.load(f))
+    except (json.JSONDecodeError, KeyError, TokenizerError) as exc:
+        raise CheckpointError(f"checkpoint {directory} has an invalid tokenizer: {exc}") from None
+    model = TransformerXLLM(run.model)
+    load_weights(model, directory, device)
+    model.to(device).eval()
+    return model, tokenizer, run, config.get("metrics", {})
+
+
+def load_weights(model: TransformerXLLM, directory: str, device: str | torch.device = "cpu") -> None:
+    """Load ``directory/model.safetensors`` into ``model``; every tensor must match by name and shape."""
+    path = os.path.join(directory, "model.safetensors")
+    try:
+        missing, unexpected = load_model(model, path, strict=False, device=str(device))
+    except (SafetensorError, RuntimeError) as exc:
+        raise CheckpointError(f"cannot load weights from {path}: {exc}") from None
+    if missing or unexpected:
+        raise CheckpointError(
+            f"weights in {path} do not match the config: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
+        )
+
+
+def load_training_state(directory: str) -> TrainingState:
+    """Load what :func:`save_checkpoint` stored for resuming (the manifest is checked first)."""
+    directory = os.path.abspath(directory)
+    files = _verify(directory)
+    if "trainer_state.json" not in files:
+        raise CheckpointError(f"{directory} holds weights only (no training state); it cannot be resumed")
+    with open(os.path.join(directory, "trainer_state.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    try:
+        tensors = load_file(os.path.join(directory, "trainer.safetensors"))
+    except SafetensorError as exc:
+        raise CheckpointError(f"cannot read {directory}/trainer.safetensors: {exc}") from None
+    n_mems = meta["n_mems"]
+    return TrainingState(
+        step=meta["step"],
+        data_state=meta["data_state"],
+        best_valid_loss=meta["best_valid_loss"],
+        optimizer=_optimizer_from_files(meta["optimizer"], tensors),
+        torch_rng=tensors["rng.torch"],
+        mems=tuple(tensors[f"mems.{i}"] for i in range(n_mems)) if n_mems else None,
+        tokens_seen=meta.get("tokens_seen", 0),
+    )

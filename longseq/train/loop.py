@@ -1,0 +1,230 @@
+"""The training loop: ordered segments, carried memory, AdamW, periodic validation, exact resume.
+
+The loop knows nothing of Transformer-XL beyond ``model(input_ids, mems, labels) -> (loss, mems)``.
+Output directory::
+
+    last/           full checkpoint (weights + optimizer + RNG + data position + memory)
+    best/           weights of the best validation loss
+    metrics.jsonl   one JSON object per logged step and per validation
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from longseq.config import ConfigError, RunConfig
+from longseq.data.batching import OrderedStream
+from longseq.data.corpus import Corpus, load_corpus, unigram_bits_per_token
+from longseq.eval.evaluate import evaluate
+from longseq.model import TransformerXLLM
+from longseq.train.checkpoint import TrainingState, load_training_state, load_weights, save_checkpoint
+from longseq.train.optim import build_optimizer, learning_rate
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (for example, the loss became NaN or infinite)."""
+
+
+@dataclass
+class TrainResult:
+    step: int
+    train_loss: float
+    valid: dict
+    best_valid_loss: float | None
+    tokens: int
+    tokens_per_s: float
+    unigram_bpc: float | None
+    losses: list[float]
+
+
+def bits_unit(tokenizer_kind: str) -> str | None:
+    return "bpc" if tokenizer_kind in ("byte", "char") else None
+
+
+def _split_mems(mems, chunks: int):
+    if mems is None:
+        return [None] * chunks
+    per_layer = [m.chunk(chunks, dim=0) for m in mems]
+    return [tuple(layer[i] for layer in per_layer) for i in range(chunks)]
+
+
+def _join_mems(parts):
+    return tuple(torch.cat(layer, dim=0) for layer in zip(*parts))
+
+
+def _append_jsonl(path: str, record: dict) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _truncate_log(path: str, step: int) -> None:
+    """Drop log records written after the checkpoint we resume from, so the log matches the run."""
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        lines = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+
+
+def prepare_model_config(run: RunConfig, corpus: Corpus) -> None:
+    """Set the vocabulary size from the tokenizer and check that the cutoffs fit it."""
+    vocab = corpus.tokenizer.vocab_size
+    if run.model.cutoffs and run.model.cutoffs[-1] >= vocab:
+        raise ConfigError(
+            f"adaptive softmax cutoffs {run.model.cutoffs} do not fit the {vocab}-token vocabulary of {corpus.source}; "
+            f"pass --set cutoffs=... with values below {vocab}, or cutoffs=[] for a plain softmax"
+        )
+    run.model = type(run.model).from_dict({**run.model.to_dict(), "vocab_size": vocab})
+
+
+def train(
+    run: RunConfig,
+    out_dir: str,
+    *,
+    resume: bool = False,
+    corpus: Corpus | None = None,
+    stop_after: int | None = None,
+    progress: bool = True,
+    log=None,
+) -> TrainResult:
+    """Train ``run`` and write checkpoints and metrics under ``out_dir``.
+
+    ``resume`` continues from ``out_dir/last`` exactly (same batches, dropout masks, memory and
+    optimizer state).  ``stop_after`` ends the run early after that many optimizer steps
+    (checkpointing first), which is how an interruption is simulated in tests.
+    """
+    log = log or (lambda message: None)
+    os.makedirs(out_dir, exist_ok=True)
+    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    last_dir, best_dir = os.path.join(out_dir, "last"), os.path.join(out_dir, "best")
+    state: TrainingState | None = None
+    if resume:
+        state = load_training_state(last_dir)
+
+    torch.manual_seed(run.train.seed)
+    if corpus is None:
+        corpus = load_corpus(run.data.path, run.data.tokenizer, lowercase=run.data.lowercase)
+    prepare_model_config(run, corpus)
+    tc, dc = run.train, run.data
+    if dc.batch_size % tc.grad_accum:
+        raise ConfigError(f"batch_size={dc.batch_size} must be divisible by grad_accum={tc.grad_accum}")
+
+    model = TransformerXLLM(run.model)
+    optimizer = build_optimizer(model, tc)
+    stream = OrderedStream(corpus.train, dc.batch_size, dc.tgt_len, varlen=dc.varlen, seed=tc.seed)
+    unit = bits_unit(dc.tokenizer)
+    unigram = unigram_bits_per_token(corpus.train, corpus.valid, corpus.tokenizer.vocab_size) if unit else None
+    mems, step, best, tokens_seen = None, 0, None, 0
+    if state is not None:
+        load_weights(model, last_dir)
+        optimizer.load_state_dict(state.optimizer)
+        stream.load_state_dict(state.data_state)
+        torch.set_rng_state(state.torch_rng)
+        mems, step, best, tokens_seen = state.mems, state.step, state.best_valid_loss, state.tokens_seen
+        _truncate_log(metrics_path, step)
+        log(f"resumed from {last_dir} at step {step}")
+    elif os.path.exists(metrics_path):
+        os.remove(metrics_path)
+    model.train()
+    log(
+        f"model: {model.num_parameters():,} parameters; data: {len(corpus.train):,} training tokens from {corpus.source}"
+    )
+
+    def checkpoint(directory: str, with_state: bool, metrics: dict | None = None) -> None:
+        training = None
+        if with_state:
+            training = TrainingState(
+                step, stream.state_dict(), best, optimizer.state_dict(), torch.get_rng_state(), mems, tokens_seen
+            )
+        save_checkpoint(directory, model, run, corpus.tokenizer, training, metrics)
+
+    def validate() -> dict:
+        return evaluate(
+            model,
+            corpus.valid,
+            batch_size=min(dc.eval_batch_size, max(1, len(corpus.valid) // 2)),
+            tgt_len=dc.eval_tgt_len,
+            max_segments=tc.eval_max_segments,
+            bits_unit=unit,
+        )
+
+    losses: list[float] = []
+    valid: dict = {}
+    end = tc.max_steps if stop_after is None else min(tc.max_steps, step + stop_after)
+    start_time, start_tokens = time.perf_counter(), tokens_seen
+    bar = tqdm(
+        total=tc.max_steps, initial=step, desc="train", unit="step", disable=not progress or None, dynamic_ncols=True
+    )
+    try:
+        while step < end:
+            lr = learning_rate(step, tc)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            segment = stream.next_segment()
+            if segment.new_epoch:
+                mems = None
+            optimizer.zero_grad(set_to_none=True)
+            inputs = segment.input_ids.chunk(tc.grad_accum, dim=0)
+            labels = segment.labels.chunk(tc.grad_accum, dim=0)
+            new_mems, loss_sum = [], 0.0
+            for inp, lab, mem in zip(inputs, labels, _split_mems(mems, tc.grad_accum)):
+                out = model(inp, mem, lab)
+                (out.loss / tc.grad_accum).backward()
+                loss_sum += out.loss.item()
+                new_mems.append(out.mems)
+            mems = _join_mems(new_mems)
+            loss = loss_sum / tc.grad_accum
+            if not math.isfinite(loss):
+                raise TrainingError(
+                    f"loss is {loss} at step {step + 1} (lr {lr:.3g}); lower lr or raise warmup_steps. "
+                    f"The last good checkpoint is {last_dir}"
+                )
+            if tc.clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip)
+            optimizer.step()
+            step += 1
+            tokens_seen += segment.labels.numel()
+            losses.append(loss)
+            elapsed = time.perf_counter() - start_time
+            speed = (tokens_seen - start_tokens) / elapsed if elapsed > 0 else 0.0
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:,.0f}")
+            if step % tc.log_interval == 0 or step == end:
+                _append_jsonl(metrics_path, {"step": step, "loss": loss, "lr": lr, "tokens_per_s": speed})
+            if step % tc.eval_interval == 0 or step == tc.max_steps:
+                valid = validate()
+                _append_jsonl(metrics_path, {"step": step, **{f"valid_{k}": v for k, v in valid.items()}})
+                log(f"step {step}: valid loss {valid['loss']:.4f}" + (f", {unit} {valid[unit]:.4f}" if unit else ""))
+                if best is None or valid["loss"] < best:
+                    best = valid["loss"]
+                    checkpoint(best_dir, with_state=False, metrics={"step": step, **valid})
+                checkpoint(last_dir, with_state=True)
+            elif tc.save_interval and step % tc.save_interval == 0:
+                checkpoint(last_dir, with_state=True)
+    except KeyboardInterrupt:
+        bar.close()
+        log(f"interrupted at step {step}; saving {last_dir} so that --resume continues from here")
+        checkpoint(last_dir, with_state=True)
+        raise
+    bar.close()
+    if step < tc.max_steps or not valid:
+        checkpoint(last_dir, with_state=True)
+    elapsed = time.perf_counter() - start_time
+    return TrainResult(
+        step=step,
+        train_loss=losses[-1] if losses else float("nan"),
+        valid=valid,
+        best_valid_loss=best,
+        tokens=tokens_seen,
+        tokens_per_s=(tokens_seen - start_tokens) / elapsed if elapsed > 0 else 0.0,
+        unigram_bpc=unigram,
+        losses=losses,
+    )

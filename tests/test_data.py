@@ -1,0 +1,113 @@
+"""Tokenizers, corpus readers and ordered batching."""
+
+import os
+
+import numpy as np
+import pytest
+
+from longseq.data import (
+    ByteTokenizer,
+    CharTokenizer,
+    CorpusError,
+    OrderedStream,
+    TokenizerError,
+    WordTokenizer,
+    load_corpus,
+    load_tokenizer,
+)
+
+SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+
+
+def test_tokenizers_round_trip_through_json(tmp_path):
+    text = "To be, or not to be:\nthat is the question.\n"
+    for tok in (ByteTokenizer(), CharTokenizer.build(text), WordTokenizer.build(text)):
+        path = tmp_path / f"{tok.kind}.json"
+        tok.save(str(path))
+        again = load_tokenizer(str(path))
+        assert again.vocab_size == tok.vocab_size
+        assert list(again.encode(text)) == list(tok.encode(text))
+    assert ByteTokenizer().decode(ByteTokenizer().encode("héllo")) == "héllo"
+    assert CharTokenizer.build(text).decode(CharTokenizer.build(text).encode(text)) == text
+
+
+def test_word_vocabulary_is_frequency_ordered_with_eos_and_unk():
+    tok = WordTokenizer.build("b a a\nc a b\n")
+    assert tok.words == ["a", "b", "<eos>", "c", "<unk>"]  # by count; ties in order of first appearance
+    ids = tok.encode("a zebra\n")
+    assert tok.words[ids[1]] == "<unk>" and tok.words[ids[-1]] == "<eos>"
+
+
+def test_char_tokenizer_names_unknown_character():
+    with pytest.raises(TokenizerError, match="'z'"):
+        CharTokenizer.build("abc").encode("abz")
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED, "ptb")), reason="shared PTB not present")
+def test_ptb_token_counts_match_published():
+    corpus = load_corpus(os.path.join(SHARED, "ptb"), "word")
+    assert (len(corpus.train), len(corpus.valid), len(corpus.test)) == (929_589, 73_760, 82_430)
+    assert corpus.tokenizer.vocab_size == 10_000
+
+
+def test_single_file_splits_90_5_5_and_directory_of_documents(tmp_path):
+    (tmp_path / "one.txt").write_bytes(bytes(range(200)) * 5)
+    corpus = load_corpus(str(tmp_path / "one.txt"), "byte")
+    assert (len(corpus.train), len(corpus.valid), len(corpus.test)) == (900, 50, 50)
+    assert list(corpus.valid[:3]) == [100, 101, 102]
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "b.txt").write_text("second document " * 30)
+    (docs / "a.txt").write_text("first document " * 30)
+    corpus = load_corpus(str(docs), "char")
+    assert corpus.tokenizer.decode(corpus.train[:5]) == "first"
+
+
+def test_standard_layouts_are_detected(tmp_path):
+    for split in ("train", "valid", "test"):
+        (tmp_path / f"wiki.{split}.tokens").write_text(f" = {split} = \n\n words here \n")
+    corpus = load_corpus(str(tmp_path), "word")
+    assert [corpus.tokenizer.words[i] for i in corpus.valid[:5]] == ["=", "<unk>", "=", "<eos>", "<eos>"]
+    assert len(corpus.train) == 3 + 1 + 1 + 2 + 1  # one <eos> per line, blank lines included
+
+
+def test_bad_corpora_get_clear_errors(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(CorpusError, match="empty"):
+        load_corpus(str(empty), "char")
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9 ".encode("latin-1") * 50)
+    with pytest.raises(CorpusError, match="not valid UTF-8"):
+        load_corpus(str(bad), "char")
+    assert len(load_corpus(str(bad), "byte").train) > 0
+    with pytest.raises(CorpusError, match="does not exist"):
+        load_corpus(str(tmp_path / "missing"), "char")
+
+
+def test_ordered_stream_continues_each_row_across_segments():
+    ids = np.arange(103)
+    stream = OrderedStream(ids, batch_size=4, tgt_len=7)
+    rows = stream.data.numpy()
+    inputs, labels = [], []
+    while (segment := stream.next_segment(cycle=False)) is not None:
+        inputs.append(segment.input_ids.numpy())
+        labels.append(segment.labels.numpy())
+    inputs, labels = np.concatenate(inputs, 1), np.concatenate(labels, 1)
+    assert np.array_equal(inputs, rows[:, :-1]) and np.array_equal(labels, rows[:, 1:])
+    assert rows.shape == (4, 25) and np.array_equal(rows[1], np.arange(25, 50))
+
+
+def test_varlen_stream_resumes_identically():
+    ids = np.arange(5000)
+    a = OrderedStream(ids, 2, 20, varlen=True, seed=3)
+    for _ in range(5):
+        a.next_segment()
+    b = OrderedStream(ids, 2, 20, varlen=True, seed=3)
+    b.load_state_dict(a.state_dict())
+    lengths = set()
+    for _ in range(200):
+        sa, sb = a.next_segment(), b.next_segment()
+        assert np.array_equal(sa.input_ids, sb.input_ids)
+        lengths.add(sa.input_ids.size(1))
+    assert len(lengths) > 3 and max(lengths) <= 35 and min(lengths) >= 1
