@@ -106,10 +106,11 @@ def rel_shift_attention(
 ) -> Tensor:
     """Fast path: one matmul per term, the position term shifted by a strided view."""
     scale = 1.0 / math.sqrt(query.size(-1))
-    content = torch.matmul((query + r_w_bias[:, None]) * scale, key.transpose(-1, -2))  # (B, H, T, K)
+    scores = torch.matmul((query + r_w_bias[:, None]) * scale, key.transpose(-1, -2))  # (B, H, T, K)
     position = torch.matmul((query + r_r_bias[:, None]) * scale, rel_key.transpose(-1, -2))  # (B, H, T, R)
-    scores = content + rel_shift(position, query.size(2))
-    scores = scores.masked_fill(mask, float("-inf"))
+    # In place is safe here: neither matmul's nor add's backward needs these values, and softmax saves its output.
+    scores += rel_shift(position, query.size(2))
+    scores.masked_fill_(mask, float("-inf"))
     probs = F.dropout(_softmax(scores), p=dropatt, training=training)
     return torch.matmul(probs, value)  # (B, H, T, D)
 

@@ -200,9 +200,7 @@ class TransformerXLLM(nn.Module):
         same_length: bool | None = None,
     ) -> LMOutput:
         c = self.config
-        if labels is not None:
-            self._check_inputs(input_ids, mems, labels)
-        hidden, new_mems = self._recur(input_ids, mems, mem_len, clamp_len, same_length)  # (B, T, E)
+        hidden, new_mems = self._recur(input_ids, mems, mem_len, clamp_len, same_length, labels)  # (B, T, E)
         batch, qlen, _ = hidden.shape
         flat = hidden.reshape(batch * qlen, -1)  # (N, E)
         if labels is None:
@@ -224,9 +222,9 @@ class TransformerXLLM(nn.Module):
         loss = nll.sum() / count.clamp(min=1)
         return LMOutput(loss=loss, logits=None, nll=nll.view(batch, qlen), mems=new_mems)
 
-    def _recur(self, input_ids: Tensor, mems: Memory | None, mem_len, clamp_len, same_length) -> tuple[Tensor, Memory]:
+    def _recur(self, input_ids, mems, mem_len, clamp_len, same_length, labels=None) -> tuple[Tensor, Memory]:
         c = self.config
-        self._check_inputs(input_ids, mems, None)
+        self._check_inputs(input_ids, mems, labels)
         return self.transformer(
             input_ids.long(),
             mems,
