@@ -145,11 +145,32 @@ def cmd_generate(args: argparse.Namespace) -> dict:
     }
 
 
+def cmd_convert(args: argparse.Namespace) -> dict:
+    from longseq.interop.hf import convert_from_hf, export_to_hf
+    from longseq.train.checkpoint import load_checkpoint
+
+    if bool(args.from_hf) == bool(args.to_hf):
+        raise ValueError("give exactly one of --from-hf DIR or --to-hf (with --checkpoint DIR)")
+    if args.from_hf:
+        run = convert_from_hf(args.from_hf, args.out, vocab=args.vocab)
+        return {
+            "from_hf": args.from_hf,
+            "checkpoint": args.out,
+            "n_layer": run.model.n_layer,
+            "vocab_size": run.model.vocab_size,
+        }
+    if not args.checkpoint:
+        raise ValueError("--to-hf needs --checkpoint DIR (a longseq checkpoint)")
+    model, tokenizer, _, _ = load_checkpoint(args.checkpoint)
+    export_to_hf(model, args.out, tokenizer)
+    return {"checkpoint": args.checkpoint, "to_hf": args.out}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="longseq", description="Transformer-XL language modeling: train, eval, generate."
     )
-    sub = parser.add_subparsers(dest="command", metavar="{train,eval,generate}")
+    sub = parser.add_subparsers(dest="command", metavar="{train,eval,generate,convert}")
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -193,6 +214,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mem-len", type=int, help="memory length while sampling (default: train mem_len + tgt_len)")
     common(p)
     p.set_defaults(func=cmd_generate)
+    p = sub.add_parser(
+        "convert",
+        help="convert Hugging Face TransfoXL checkpoints to longseq and back",
+        description="longseq convert --from-hf HF_DIR --out DIR [--vocab vocab.txt]  |  "
+        "longseq convert --to-hf --checkpoint DIR --out HF_DIR",
+    )
+    p.add_argument(
+        "--from-hf", metavar="DIR", help="HF TransfoXL directory (config.json + model.safetensors or pytorch_model.bin)"
+    )
+    p.add_argument("--to-hf", action="store_true", help="export --checkpoint to an HF TransfoXL directory")
+    p.add_argument("--checkpoint", help="longseq checkpoint to export")
+    p.add_argument("--vocab", help="plain-text vocabulary, one token per line in id order (never a pickle)")
+    p.add_argument("--out", required=True, help="output directory")
+    common(p)
+    p.set_defaults(func=cmd_convert)
     return parser
 
 
@@ -200,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     from longseq.data.batching import BatchingError
     from longseq.data.corpus import CorpusError
     from longseq.data.tokenizers import TokenizerError
+    from longseq.interop.hf import ConversionError
     from longseq.train.checkpoint import CheckpointError
     from longseq.train.loop import TrainingError
 
@@ -210,7 +247,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         result = args.func(args)
-    except (ConfigError, CorpusError, TokenizerError, CheckpointError, TrainingError, BatchingError, ValueError) as exc:
+    except (
+        ConfigError,
+        CorpusError,
+        TokenizerError,
+        CheckpointError,
+        ConversionError,
+        TrainingError,
+        BatchingError,
+        ValueError,
+    ) as exc:
         print(f"longseq {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

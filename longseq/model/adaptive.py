@@ -14,6 +14,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+def _upcast(x: Tensor) -> Tensor:
+    """Half-precision scores are normalised in float32; float32 and float64 stay as they are."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 def _cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]]:
     ends = [0, *cutoffs, vocab_size]
     return list(zip(ends[:-1], ends[1:]))
@@ -107,7 +112,7 @@ class AdaptiveLogSoftmax(nn.Module):
         return weight, bias, self.out_projs[i]
 
     def _head_log_prob(self, hidden: Tensor) -> Tensor:
-        return F.log_softmax(self._logits(hidden, *self._cluster_params(0)).float(), dim=-1)  # (N, shortlist + C)
+        return F.log_softmax(_upcast(self._logits(hidden, *self._cluster_params(0))), dim=-1)  # (N, shortlist + C)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Unnormalised logits (N, V); only defined for a plain softmax (no cutoffs)."""
@@ -116,23 +121,23 @@ class AdaptiveLogSoftmax(nn.Module):
         return self._logits(hidden, *self._cluster_params(0))
 
     def log_prob(self, hidden: Tensor) -> Tensor:
-        """Full log-probabilities (N, V), in float32."""
+        """Full log-probabilities (N, V), in float32 or wider."""
         head = self._head_log_prob(hidden)
         if not self.n_clusters:
             return head
         parts = [head[:, : self.shortlist]]
         for i in range(1, len(self.bounds)):
-            tail = F.log_softmax(self._logits(hidden, *self._cluster_params(i)).float(), dim=-1)
+            tail = F.log_softmax(_upcast(self._logits(hidden, *self._cluster_params(i))), dim=-1)
             parts.append(head[:, self.shortlist + i - 1, None] + tail)
         return torch.cat(parts, dim=-1)
 
     def nll(self, hidden: Tensor, target: Tensor) -> Tensor:
-        """Negative log-likelihood (N,) of ``target`` (N,), in float32; tail clusters only see their tokens."""
+        """Negative log-likelihood (N,) of ``target`` (N,), in float32 or wider; tail clusters only see their tokens."""
         if not self.n_clusters:
-            logits = self._logits(hidden, *self._cluster_params(0)).float()
+            logits = _upcast(self._logits(hidden, *self._cluster_params(0)))
             return F.cross_entropy(logits, target, reduction="none")
         head = self._head_log_prob(hidden)
-        nll = hidden.new_zeros(target.shape, dtype=torch.float32)
+        nll = head.new_zeros(target.shape)
         for i, (lo, hi) in enumerate(self.bounds):
             index = ((target >= lo) & (target < hi)).nonzero().squeeze(1)
             if index.numel() == 0:
@@ -141,7 +146,7 @@ class AdaptiveLogSoftmax(nn.Module):
             if i == 0:
                 logprob = head[index].gather(1, target_i[:, None]).squeeze(1)
             else:
-                tail = F.log_softmax(self._logits(hidden[index], *self._cluster_params(i)).float(), dim=-1)
+                tail = F.log_softmax(_upcast(self._logits(hidden[index], *self._cluster_params(i))), dim=-1)
                 logprob = head[index, self.shortlist + i - 1] + tail.gather(1, target_i[:, None]).squeeze(1)
             nll = nll.index_copy(0, index, -logprob)
         return nll

@@ -208,17 +208,16 @@ class TransformerXLLM(nn.Module):
             return LMOutput(loss=None, logits=scores.view(batch, qlen, -1), nll=None, mems=new_mems)
         labels = labels.reshape(-1).long()
         keep = labels != IGNORE_INDEX
+        kept = labels[keep]
+        if kept.numel() and (int(kept.min()) < 0 or int(kept.max()) >= c.vocab_size):
+            raise ValueError(f"labels must lie in [0, {c.vocab_size}) or be {IGNORE_INDEX}")
         if bool(keep.all()):
-            nll = self.crit.nll(flat, labels)
+            nll = self.crit.nll(flat, labels)  # (N,)
         else:
             index = keep.nonzero().squeeze(1)
-            nll = flat.new_zeros(labels.shape, dtype=torch.float32).index_copy(
-                0, index, self.crit.nll(flat[index], labels[index])
-            )
+            picked = self.crit.nll(flat[index], kept)
+            nll = picked.new_zeros(labels.shape).index_copy(0, index, picked)  # (N,), 0 where ignored
         count = keep.sum()
-        bad = labels[keep]
-        if bad.numel() and (int(bad.min()) < 0 or int(bad.max()) >= c.vocab_size):
-            raise ValueError(f"labels must lie in [0, {c.vocab_size}) or be {IGNORE_INDEX}")
         loss = nll.sum() / count.clamp(min=1)
         return LMOutput(loss=loss, logits=None, nll=nll.view(batch, qlen), mems=new_mems)
 
@@ -243,6 +242,13 @@ class TransformerXLLM(nn.Module):
         last = hidden[:, -1]  # (B, E)
         scores = self.crit.log_prob(last) if self.crit.n_clusters else self.crit.logits(last)
         return scores, new_mems
+
+    @classmethod
+    def from_hf(cls, path: str) -> TransformerXLLM:
+        """Load a Hugging Face TransfoXL checkpoint directory (the reading lives in :mod:`longseq.interop.hf`)."""
+        from longseq.interop.hf import load_hf
+
+        return load_hf(path)
 
     def num_parameters(self) -> int:
         """Number of distinct parameters (tied tensors counted once)."""

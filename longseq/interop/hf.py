@@ -1,0 +1,294 @@
+"""Hugging Face TransfoXL checkpoints: import into longseq and export back, without transformers.
+
+An HF TransfoXL directory holds ``config.json`` and ``model.safetensors`` or ``pytorch_model.bin``.
+``.bin`` files are read with ``torch.load(..., weights_only=True)`` only; the pickled tokenizer
+vocabulary (``vocab.pkl``) is never opened.  Give the vocabulary as plain text instead, one token
+per line in id order; see ``docs`` in the README for producing it from your own environment.
+
+Tensor names (HF -> longseq):
+
+    transformer.word_emb.*                      -> transformer.word_emb.* (same)
+    transformer.r_{w,r}_bias (H, D)             -> transformer.r_{w,r}_bias (H, D)          shared u, v
+    transformer.layers.i.dec_attn.r_{w,r}_bias  -> transformer.r_{w,r}_bias[i] (L, H, D)   untie_r
+    transformer.layers.i.dec_attn.{qkv_net,r_net,o_net,layer_norm}.* -> same names
+    transformer.layers.i.pos_ff.CoreNet.{0,3}.* -> transformer.layers.i.pos_ff.core_net.{0,3}.*
+    transformer.layers.i.pos_ff.layer_norm.*    -> same
+    crit.{cluster_weight,cluster_bias,out_layers.*,out_projs.*} -> same
+    transformer.pos_emb.inv_freq                -> (computed, not stored)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from longseq.config import ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
+from longseq.data.tokenizers import EOS, UNK, ByteTokenizer, Tokenizer, WordTokenizer
+from longseq.model import TransformerXLLM
+
+
+class ConversionError(ValueError):
+    """An HF checkpoint that cannot be converted: not TransfoXL, unsupported settings, or shape mismatches."""
+
+
+def _read_hf_config(directory: str) -> dict:
+    path = os.path.join(directory, "config.json")
+    if not os.path.isfile(path):
+        raise ConversionError(f"{directory} is not a Hugging Face checkpoint: it has no config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise ConversionError(f"{path} is not valid JSON: {exc}") from None
+    model_type = config.get("model_type")
+    architectures = config.get("architectures") or []
+    if model_type != "transfo-xl" and not any("TransfoXL" in a for a in architectures):
+        raise ConversionError(
+            f"{directory} is not a TransfoXL checkpoint (model_type={model_type!r}, architectures={architectures})"
+        )
+    return config
+
+
+def model_config_from_hf(hf: dict) -> ModelConfig:
+    """Translate an HF ``TransfoXLConfig`` dict; unsupported settings are an error."""
+    if hf.get("attn_type", 0) != 0:
+        raise ConversionError(
+            f"attn_type={hf['attn_type']} is not supported: only the relative attention of the paper (attn_type 0) is"
+        )
+    if hf.get("sample_softmax", -1) > 0:
+        raise ConversionError(
+            f"sample_softmax={hf['sample_softmax']} is not supported: only the full adaptive softmax is"
+        )
+    cutoffs = list(hf.get("cutoffs", [20000, 40000, 200000]))
+    share = hf.get("proj_share_all_but_first", True)
+    try:
+        return ModelConfig(
+            vocab_size=hf.get("vocab_size", 267735),
+            n_layer=hf.get("n_layer", 18),
+            d_model=hf.get("d_model", 1024),
+            n_head=hf.get("n_head", 16),
+            d_head=hf.get("d_head", 64),
+            d_inner=hf.get("d_inner", 4096),
+            dropout=hf.get("dropout", 0.1),
+            dropatt=hf.get("dropatt", 0.0),
+            mem_len=hf.get("mem_len", 1600),
+            clamp_len=hf.get("clamp_len", 1000),
+            same_length=hf.get("same_length", True),
+            pre_lnorm=hf.get("pre_lnorm", False),
+            cutoffs=cutoffs,
+            div_val=hf.get("div_val", 4),
+            d_embed=hf.get("d_embed", 1024),
+            tie_weight=hf.get("tie_word_embeddings", True),
+            tie_projs=[False] + [bool(share)] * len(cutoffs),
+            untie_r=hf.get("untie_r", True),
+            init_std=hf.get("init_std", 0.02),
+            proj_init_std=hf.get("proj_init_std", 0.01),
+            layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        )
+    except ConfigError as exc:
+        raise ConversionError(f"the HF config cannot be represented: {exc}") from None
+
+
+def hf_config_from_model(config: ModelConfig) -> dict:
+    """An HF ``TransfoXLConfig`` dict for a longseq model config."""
+    ties = config.proj_ties
+    if len(set(ties[1:])) > 1 or ties[0]:
+        raise ConversionError(f"tie_projs={ties} has no HF equivalent: HF ties all projections but the first, or none")
+    return {
+        "model_type": "transfo-xl",
+        "architectures": ["TransfoXLLMHeadModel"],
+        "vocab_size": config.vocab_size,
+        "cutoffs": list(config.cutoffs),
+        "d_model": config.d_model,
+        "d_embed": config.embed_dim,
+        "n_head": config.n_head,
+        "d_head": config.d_head,
+        "d_inner": config.d_inner,
+        "div_val": config.div_val,
+        "pre_lnorm": config.pre_lnorm,
+        "n_layer": config.n_layer,
+        "mem_len": config.mem_len,
+        "clamp_len": config.clamp_len,
+        "same_length": config.same_length,
+        "proj_share_all_but_first": bool(ties[1]) if len(ties) > 1 else True,
+        "attn_type": 0,
+        "sample_softmax": -1,
+        "adaptive": True,
+        "dropout": config.dropout,
+        "dropatt": config.dropatt,
+        "untie_r": config.untie_r,
+        "init": "normal",
+        "init_range": 0.01,
+        "proj_init_std": config.proj_init_std,
+        "init_std": config.init_std,
+        "layer_norm_epsilon": config.layer_norm_eps,
+        "tie_word_embeddings": config.tie_weight,
+        "eos_token_id": 0,
+    }
+
+
+_UNTIED_BIAS = re.compile(r"transformer\.layers\.(\d+)\.dec_attn\.(r_[wr]_bias)$")
+
+
+def state_dict_from_hf(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Rename HF tensors to longseq names, stacking per-layer u/v when ``untie_r``; shapes are checked."""
+    target = TransformerXLLM(config).state_dict()
+    out: dict[str, torch.Tensor] = {}
+    biases: dict[str, dict[int, torch.Tensor]] = {"r_w_bias": {}, "r_r_bias": {}}
+    for name, tensor in hf_state.items():
+        if name.endswith("pos_emb.inv_freq"):
+            continue
+        match = _UNTIED_BIAS.match(name)
+        if match:
+            if config.untie_r:
+                biases[match.group(2)][int(match.group(1))] = tensor
+            elif f"transformer.{match.group(2)}" in hf_state and not torch.equal(
+                tensor, hf_state[f"transformer.{match.group(2)}"]
+            ):
+                raise ConversionError(f"{name} differs from transformer.{match.group(2)} although untie_r is false")
+            continue  # with shared u/v, HF's .bin repeats them under every layer's name
+        ours = name.replace(".pos_ff.CoreNet.", ".pos_ff.core_net.")
+        if ours not in target:
+            raise ConversionError(f"HF tensor {name} has no counterpart in longseq's TransformerXLLM for this config")
+        out[ours] = tensor
+    for kind, per_layer in biases.items():
+        if per_layer:
+            if sorted(per_layer) != list(range(config.n_layer)):
+                raise ConversionError(
+                    f"per-layer {kind} found for layers {sorted(per_layer)}, expected 0..{config.n_layer - 1}"
+                )
+            out[f"transformer.{kind}"] = torch.stack([per_layer[i] for i in range(config.n_layer)])
+    for name, tensor in out.items():
+        if tuple(tensor.shape) != tuple(target[name].shape):
+            raise ConversionError(
+                f"shape mismatch for {name}: checkpoint has {tuple(tensor.shape)}, the config expects {tuple(target[name].shape)}"
+            )
+    tied = _tied_names(config)
+    missing = sorted(set(target) - set(out) - tied)
+    if missing:
+        raise ConversionError(f"the HF checkpoint lacks {missing}")
+    return out
+
+
+def _tied_names(config: ModelConfig) -> set[str]:
+    names = set()
+    if config.tie_weight:
+        names |= {f"crit.out_layers.{i}.weight" for i in range(1 if config.div_val == 1 else len(config.cutoffs) + 1)}
+    for i, tie in enumerate(config.proj_ties):
+        if tie and (config.div_val != 1 or config.d_model != config.embed_dim):
+            names.add(f"crit.out_projs.{i}")
+    return names
+
+
+def state_dict_to_hf(model: TransformerXLLM) -> dict[str, torch.Tensor]:
+    """HF names for every tensor of ``model`` (tied tensors written out under each name, as HF's ``.bin`` does)."""
+    config = model.config
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict(keep_vars=False).items():
+        tensor = tensor.detach().clone().contiguous()
+        if name in ("transformer.r_w_bias", "transformer.r_r_bias"):
+            kind = name.split(".")[-1]
+            for i in range(config.n_layer):  # HF names u/v under every layer, shared (untie_r=False) or not
+                out[f"transformer.layers.{i}.dec_attn.{kind}"] = (tensor[i] if config.untie_r else tensor).clone()
+            if config.untie_r:
+                continue
+        out[name.replace(".pos_ff.core_net.", ".pos_ff.CoreNet.")] = tensor
+    out["transformer.pos_emb.inv_freq"] = 1 / (10000 ** (torch.arange(0.0, config.d_model, 2.0) / config.d_model))
+    for i, layer in enumerate(model.crit.out_layers):  # state_dict() keeps tied names; make sure all are present
+        out.setdefault(f"crit.out_layers.{i}.weight", layer.weight.detach().clone())
+    return out
+
+
+def read_hf_weights(directory: str) -> dict[str, torch.Tensor]:
+    """Tensors of an HF checkpoint: safetensors preferred; ``.bin`` only through ``weights_only=True``."""
+    safetensors_path = os.path.join(directory, "model.safetensors")
+    bin_path = os.path.join(directory, "pytorch_model.bin")
+    if os.path.isfile(safetensors_path):
+        try:
+            return load_file(safetensors_path)
+        except SafetensorError as exc:
+            raise ConversionError(f"cannot read {safetensors_path}: {exc}") from None
+    if os.path.isfile(bin_path):
+        try:
+            state = torch.load(bin_path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError ... on bad files
+            raise ConversionError(f"cannot read {bin_path} as plain tensors (weights_only=True): {exc}") from None
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise ConversionError(f"{bin_path} does not hold a flat dict of tensors")
+        return state
+    raise ConversionError(f"{directory} has neither model.safetensors nor pytorch_model.bin")
+
+
+def read_vocab(path: str) -> WordTokenizer:
+    """A plain-text vocabulary, one token per line in id order, as a word tokenizer."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            words = f.read().split("\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConversionError(f"cannot read vocabulary {path}: {exc}") from None
+    if words and words[-1] == "":
+        words.pop()
+    for special in (EOS, UNK):
+        if special not in words:
+            raise ConversionError(
+                f"vocabulary {path} lacks {special}; a TransfoXL word vocabulary has both {EOS} and {UNK}"
+            )
+    return WordTokenizer(words)
+
+
+def load_hf(directory: str) -> TransformerXLLM:
+    """Build a longseq model from an HF TransfoXL checkpoint directory (in eval mode)."""
+    config = model_config_from_hf(_read_hf_config(directory))
+    state = state_dict_from_hf(read_hf_weights(directory), config)
+    model = TransformerXLLM(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    leftover = sorted(set(missing) - _tied_names(config))
+    if leftover or unexpected:
+        raise ConversionError(f"weights do not match: missing {leftover}, unexpected {sorted(unexpected)}")
+    model.tie_weights()
+    return model.eval()
+
+
+def convert_from_hf(directory: str, out: str, vocab: str | None = None) -> RunConfig:
+    """Write a longseq checkpoint for an HF TransfoXL directory."""
+    from longseq.train.checkpoint import save_checkpoint
+
+    hf = _read_hf_config(directory)
+    model = load_hf(directory)
+    tokenizer: Tokenizer
+    if vocab is not None:
+        tokenizer = read_vocab(vocab)
+        if tokenizer.vocab_size != model.config.vocab_size:
+            raise ConversionError(
+                f"vocabulary {vocab} has {tokenizer.vocab_size} tokens, the model {model.config.vocab_size}"
+            )
+    elif model.config.vocab_size == 256:
+        tokenizer = ByteTokenizer()
+    else:
+        raise ConversionError(
+            f"a {model.config.vocab_size}-token model needs its vocabulary: pass --vocab FILE (one token per line, in id order)"
+        )
+    tgt_len = int(hf.get("tgt_len", 128) or 128)
+    run = RunConfig(
+        model=model.config,
+        data=DataConfig(tokenizer=tokenizer.kind, tgt_len=tgt_len, eval_tgt_len=tgt_len),
+        train=TrainConfig(),
+    )
+    save_checkpoint(out, model, run, tokenizer, metrics={"converted_from": os.path.abspath(directory)})
+    return run
+
+
+def export_to_hf(model: TransformerXLLM, out: str, tokenizer: Tokenizer | None = None) -> None:
+    """Write an HF TransfoXL directory (``config.json`` + ``model.safetensors``) that transformers 4.x loads."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(hf_config_from_model(model.config), f, indent=2, sort_keys=True)
+    save_file(state_dict_to_hf(model), os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    if isinstance(tokenizer, WordTokenizer):
+        with open(os.path.join(out, "vocab.txt"), "w", encoding="utf-8") as f:
+            f.write("\n".join(tokenizer.words) + "\n")
