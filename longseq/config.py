@@ -61,7 +61,8 @@ class ModelConfig(_JsonConfig):
     adaptive input embedding and adaptive softmax; ``div_val`` shrinks each tail cluster's
     embedding by that factor.  ``tie_projs[i]`` ties the softmax projection of cluster ``i`` to
     the embedding's (default: all but the head cluster when ``div_val > 1``, as in the paper).
-    ``attn_impl`` names the attention kernel (``rel_shift`` fast path or ``reference``).
+    ``attn_impl`` names the attention kernel (``rel_shift`` fast path or ``reference``); ``attn_chunk``
+    processes queries in blocks of that size (0: all at once), which is exact and faster on CPU.
     """
 
     vocab_size: int = 256
@@ -86,6 +87,7 @@ class ModelConfig(_JsonConfig):
     proj_init_std: float = 0.01
     layer_norm_eps: float = 1e-5
     attn_impl: str = "rel_shift"
+    attn_chunk: int = 64
 
     @property
     def embed_dim(self) -> int:
@@ -103,6 +105,7 @@ class ModelConfig(_JsonConfig):
         for name in ("vocab_size", "n_layer", "d_model", "n_head", "d_head", "d_inner", "div_val"):
             _check(getattr(self, name) >= 1, f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
         _check(self.mem_len >= 0, f"ModelConfig.mem_len must be >= 0, got {self.mem_len}")
+        _check(self.attn_chunk >= 0, f"ModelConfig.attn_chunk must be >= 0 (0: no chunking), got {self.attn_chunk}")
         for name in ("dropout", "dropatt"):
             value = getattr(self, name)
             _check(0.0 <= value < 1.0, f"ModelConfig.{name} must be in [0, 1), got {value}")

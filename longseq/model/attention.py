@@ -93,6 +93,44 @@ def reference_attention(
     return probs @ value  # (B, H, T, D)
 
 
+class _RelativeProbs(torch.autograd.Function):
+    """probs = softmax(mask(q_c k^T + rel_shift(q_p R^T))) with a hand-written backward.
+
+    The forward accumulates and masks the scores in place and saves only the probabilities.  The
+    backward needs no mask: the softmax gradient is already zero wherever a probability is zero.
+    The position gradient goes back through the same strided view into a (T, R) buffer.
+    """
+
+    @staticmethod
+    def forward(ctx, q_content, key, q_position, rel_key, mask):
+        scores = torch.matmul(q_content, key.transpose(-1, -2))  # (B, H, T, K)
+        scores += rel_shift(
+            torch.matmul(q_position, rel_key.transpose(-1, -2)), q_content.size(2)
+        )  # (B, H, T, R) shifted
+        scores.masked_fill_(mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        ctx.save_for_backward(q_content, key, q_position, rel_key, probs)
+        return probs
+
+    @staticmethod
+    def backward(ctx, grad_probs):
+        q_content, key, q_position, rel_key, probs = ctx.saved_tensors
+        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)  # (B, H, T, K)
+        batch, heads, qlen, klen = grad_scores.shape
+        grad_position = grad_scores.new_zeros(batch, heads, qlen, klen + 1)  # (B, H, T, R)
+        rel_shift(grad_position, qlen).copy_(grad_scores)
+        grad_qc = grad_key = grad_qp = grad_rel = None
+        if ctx.needs_input_grad[0]:
+            grad_qc = torch.matmul(grad_scores, key)
+        if ctx.needs_input_grad[1]:
+            grad_key = torch.matmul(grad_scores.transpose(-1, -2), q_content)
+        if ctx.needs_input_grad[2]:
+            grad_qp = torch.matmul(grad_position, rel_key)
+        if ctx.needs_input_grad[3]:
+            grad_rel = torch.matmul(grad_position.transpose(-1, -2), q_position).sum(0)
+        return grad_qc, grad_key, grad_qp, grad_rel, None
+
+
 def rel_shift_attention(
     query: Tensor,
     key: Tensor,
@@ -104,18 +142,55 @@ def rel_shift_attention(
     dropatt: float,
     training: bool,
 ) -> Tensor:
-    """Fast path: one matmul per term, the position term shifted by a strided view."""
+    """Fast path: one matmul per term, the position term shifted by a strided view, fused softmax backward."""
     scale = 1.0 / math.sqrt(query.size(-1))
-    scores = torch.matmul((query + r_w_bias[:, None]) * scale, key.transpose(-1, -2))  # (B, H, T, K)
-    position = torch.matmul((query + r_r_bias[:, None]) * scale, rel_key.transpose(-1, -2))  # (B, H, T, R)
-    # In place is safe here: neither matmul's nor add's backward needs these values, and softmax saves its output.
-    scores += rel_shift(position, query.size(2))
-    scores.masked_fill_(mask, float("-inf"))
-    probs = F.dropout(_softmax(scores), p=dropatt, training=training)
+    q_content = (query + r_w_bias[:, None]) * scale  # (B, H, T, D)
+    q_position = (query + r_r_bias[:, None]) * scale
+    if query.dtype in (torch.float32, torch.float64):
+        probs = _RelativeProbs.apply(q_content, key, q_position, rel_key, mask)
+    else:  # half precision: let autograd track the steps, softmax in float32
+        scores = torch.matmul(q_content, key.transpose(-1, -2))
+        scores = scores + rel_shift(torch.matmul(q_position, rel_key.transpose(-1, -2)), query.size(2))
+        probs = _softmax(scores.masked_fill(mask, float("-inf")))
+    probs = F.dropout(probs, p=dropatt, training=training)
     return torch.matmul(probs, value)  # (B, H, T, D)
 
 
 AttentionKernel = Callable[..., Tensor]
+
+
+def chunked_attention(
+    kernel: AttentionKernel, chunk: int, query, key, value, rel_key, r_w_bias, r_r_bias, mask, dropatt, training
+):
+    """Run ``kernel`` on blocks of ``chunk`` queries; block [i0, i1) sees only keys [0, M + i1).
+
+    Exact (each query row is computed by the same operations); it skips the fully masked future
+    keys of early blocks and keeps each block's scores in cache.  A block is a smaller instance of
+    the same problem: its "memory" is everything before it, and its R rows are the last M + i1 + 1.
+    """
+    qlen, klen = query.size(2), key.size(2)
+    if chunk <= 0 or qlen <= chunk:
+        return kernel(query, key, value, rel_key, r_w_bias, r_r_bias, mask, dropatt, training)
+    mlen = klen - qlen
+    outs = []
+    for start in range(0, qlen, chunk):
+        stop = min(qlen, start + chunk)
+        keys = mlen + stop
+        outs.append(
+            kernel(
+                query[:, :, start:stop],
+                key[:, :, :keys],
+                value[:, :, :keys],
+                rel_key[:, klen - keys :],
+                r_w_bias,
+                r_r_bias,
+                mask[start:stop, :keys],
+                dropatt,
+                training,
+            )
+        )
+    return torch.cat(outs, dim=2)  # (B, H, T, D)
+
 
 ATTENTION_KERNELS: dict[str, AttentionKernel] = {
     "reference": reference_attention,
@@ -140,8 +215,10 @@ class RelativeMultiHeadAttention(nn.Module):
         pre_lnorm: bool,
         eps: float,
         kernel: str,
+        chunk: int = 0,
     ) -> None:
         super().__init__()
+        self.chunk = chunk
         self.n_head, self.d_head = n_head, d_head
         self.pre_lnorm = pre_lnorm
         self.dropatt = dropatt
@@ -174,7 +251,9 @@ class RelativeMultiHeadAttention(nn.Module):
         rel_key = self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)  # (H, R, D)
 
         kernel = ATTENTION_KERNELS[self.kernel]
-        attn = kernel(query, key, value, rel_key, r_w_bias, r_r_bias, mask, self.dropatt, self.training)
+        attn = chunked_attention(
+            kernel, self.chunk, query, key, value, rel_key, r_w_bias, r_r_bias, mask, self.dropatt, self.training
+        )  # (B, H, T, D)
         attn = attn.transpose(1, 2).reshape(batch, qlen, self.n_head * self.d_head)  # (B, T, H*D)
         out = self.drop(self.o_net(attn))  # (B, T, E)
         if self.pre_lnorm:

@@ -48,7 +48,15 @@ class DecoderLayer(nn.Module):
         super().__init__()
         c = config
         self.dec_attn = RelativeMultiHeadAttention(
-            c.d_model, c.n_head, c.d_head, c.dropout, c.dropatt, c.pre_lnorm, c.layer_norm_eps, c.attn_impl
+            c.d_model,
+            c.n_head,
+            c.d_head,
+            c.dropout,
+            c.dropatt,
+            c.pre_lnorm,
+            c.layer_norm_eps,
+            c.attn_impl,
+            c.attn_chunk,
         )
         self.pos_ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps)
 
