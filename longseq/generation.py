@@ -1,7 +1,8 @@
 """Sampling with the recurrence memory: the prompt is read in segments, then one token at a time.
 
-Every step feeds only the newest token; everything before it is in the memory, so the context
-is never recomputed.  The memory keeps the last ``mem_len`` positions.
+Every step feeds only the newest token; everything before it is in a key/value memory, so the
+context is never recomputed and its keys and values are never projected again.  The memory keeps
+the last ``mem_len`` positions.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from longseq.model import TransformerXLLM
+from longseq.model import KVMemory, TransformerXLLM
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -55,7 +56,7 @@ def generate(
     }
     device = next(model.parameters()).device
     prompt_ids = prompt_ids.to(device)
-    mems = None
+    mems = KVMemory.empty()  # keys and values of the context: never projected twice
     context = prompt_ids[:, :-1]
     for start in range(0, context.size(1), segment_len):
         mems = model.read(context[:, start : start + segment_len], mems, **overrides)

@@ -229,33 +229,52 @@ class RelativeMultiHeadAttention(nn.Module):
         self.layer_norm = nn.LayerNorm(d_model, eps=eps)
         self.drop = nn.Dropout(dropout)
 
+    def rel_keys(self, pos_emb: Tensor) -> Tensor:
+        """W_R R for every row of ``pos_emb`` (R, E), as (H, R, D)."""
+        return self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)
+
     def forward(
         self,
         hidden: Tensor,  # (B, T, E)
-        pos_emb: Tensor,  # (R, E)
+        rel_key: Tensor,  # (H, R, D): W_R R for distances K .. 0
         r_w_bias: Tensor,  # (H, D)
         r_r_bias: Tensor,  # (H, D)
         mask: Tensor,  # (T, K)
-        memory: Tensor | None,  # (B, M, E)
-    ) -> Tensor:
+        memory: Tensor | None = None,  # (B, M, E) hidden-state memory
+        cache: tuple[Tensor, Tensor] | None = None,  # (B, H, M, D) keys and values of the memory
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """Returns the layer output (B, T, E) and the keys and values of [memory; segment] (B, H, K, D).
+
+        With ``cache`` the memory's keys and values are reused instead of being projected again
+        (identical results: the projection is per position, LayerNorm included).
+        """
         batch, qlen, _ = hidden.shape
-        context = hidden if memory is None or memory.size(1) == 0 else torch.cat([memory, hidden], dim=1)  # (B, K, E)
-        klen = context.size(1)
-        if self.pre_lnorm:
-            context = self.layer_norm(context)
-        heads = self.qkv_net(context)  # (B, K, 3*H*D)
-        query, key, value = heads.split(self.n_head * self.d_head, dim=-1)
-        query = query[:, -qlen:].view(batch, qlen, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, D)
-        key = key.view(batch, klen, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, D)
-        value = value.view(batch, klen, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, D)
-        rel_key = self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)  # (H, R, D)
+        width = self.n_head * self.d_head
+        if cache is not None:
+            source = self.layer_norm(hidden) if self.pre_lnorm else hidden
+            query, key, value = self.qkv_net(source).split(width, dim=-1)  # (B, T, H*D) each
+            key = key.view(batch, qlen, self.n_head, self.d_head).transpose(1, 2)
+            value = value.view(batch, qlen, self.n_head, self.d_head).transpose(1, 2)
+            if cache[0].size(2):
+                key = torch.cat([cache[0], key], dim=2)  # (B, H, K, D)
+                value = torch.cat([cache[1], value], dim=2)
+        else:
+            context = (
+                hidden if memory is None or memory.size(1) == 0 else torch.cat([memory, hidden], dim=1)
+            )  # (B, K, E)
+            if self.pre_lnorm:
+                context = self.layer_norm(context)
+            query, key, value = self.qkv_net(context).split(width, dim=-1)  # (B, K, H*D) each
+            query = query[:, -qlen:]
+            key = key.view(batch, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, D)
+            value = value.view(batch, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, D)
+        query = query.reshape(batch, qlen, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, D)
 
         kernel = ATTENTION_KERNELS[self.kernel]
         attn = chunked_attention(
             kernel, self.chunk, query, key, value, rel_key, r_w_bias, r_r_bias, mask, self.dropatt, self.training
         )  # (B, H, T, D)
-        attn = attn.transpose(1, 2).reshape(batch, qlen, self.n_head * self.d_head)  # (B, T, H*D)
+        attn = attn.transpose(1, 2).reshape(batch, qlen, width)  # (B, T, H*D)
         out = self.drop(self.o_net(attn))  # (B, T, E)
-        if self.pre_lnorm:
-            return hidden + out
-        return self.layer_norm(hidden + out)
+        out = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
+        return out, (key, value)

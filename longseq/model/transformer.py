@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from longseq.config import ModelConfig
 from longseq.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from longseq.model.attention import RelativeMultiHeadAttention, causal_mask
-from longseq.model.memory import Memory, update_memory
+from longseq.model.memory import KVMemory, Memory, update_memory
 from longseq.model.positions import relative_distances, sinusoidal_embedding
 
 IGNORE_INDEX = -100
@@ -60,9 +60,9 @@ class DecoderLayer(nn.Module):
         )
         self.pos_ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps)
 
-    def forward(self, hidden, pos_emb, r_w_bias, r_r_bias, mask, memory):
-        hidden = self.dec_attn(hidden, pos_emb, r_w_bias, r_r_bias, mask, memory)
-        return self.pos_ff(hidden)
+    def forward(self, hidden, rel_key, r_w_bias, r_r_bias, mask, memory=None, cache=None):
+        hidden, present = self.dec_attn(hidden, rel_key, r_w_bias, r_r_bias, mask, memory, cache)
+        return self.pos_ff(hidden), present
 
 
 class TransformerXL(nn.Module):
@@ -87,27 +87,58 @@ class TransformerXL(nn.Module):
             return self.r_w_bias[layer], self.r_r_bias[layer]
         return self.r_w_bias, self.r_r_bias
 
+    def _rel_keys(self, klen: int, clamp_len: int, dtype: torch.dtype, device: torch.device, rows: int | None = None):
+        """W_R R per layer, as (H, R, D) for distances ``rows - 1`` .. 0 (default: klen .. 0)."""
+        rows = klen + 1 if rows is None else rows
+        distances = relative_distances(rows - 1, clamp_len, device)
+        exact = torch.float64 if dtype == torch.float64 else torch.float32
+        pos_emb = self.drop(sinusoidal_embedding(distances, self.config.d_model, exact).to(dtype))  # (R, E)
+        return [layer.dec_attn.rel_keys(pos_emb) for layer in self.layers]
+
+    def _cached_rel_keys(self, mems: KVMemory, klen: int, clamp_len: int, dtype, device, horizon: int):
+        """Reuse the W_R R table carried in a key/value memory (eval only: no dropout on R)."""
+        table = mems.rel_keys
+        if (
+            self.training
+            or table is None
+            or mems.rel_clamp != clamp_len
+            or table[0].size(1) < klen + 1
+            or table[0].dtype != dtype
+        ):
+            table = tuple(self._rel_keys(klen, clamp_len, dtype, device, rows=max(klen, horizon) + 1))
+        rows = table[0].size(1)
+        return table, [t[:, rows - klen - 1 :] for t in table]
+
     def forward(
-        self, input_ids: Tensor, mems: Memory | None, mem_len: int, clamp_len: int, same_length: bool
-    ) -> tuple[Tensor, Memory]:
+        self, input_ids: Tensor, mems: Memory | KVMemory | None, mem_len: int, clamp_len: int, same_length: bool
+    ) -> tuple[Tensor, Memory | KVMemory]:
         qlen = input_ids.size(1)
-        mlen = 0 if mems is None else mems[0].size(1)
+        kv = isinstance(mems, KVMemory)
+        mlen = 0 if mems is None else (mems.length if kv else mems[0].size(1))
+        klen = mlen + qlen
         if same_length and mem_len < 1:
             raise ValueError("same_length=True needs mem_len >= 1: it limits every query to the last mem_len keys")
         mask = causal_mask(qlen, mlen, mem_len if same_length else None, device=input_ids.device)  # (T, K)
 
         hidden = self.drop(self.word_emb(input_ids))  # (B, T, E)
-        distances = relative_distances(mlen + qlen, clamp_len, input_ids.device)
-        exact = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-        pos_emb = sinusoidal_embedding(distances, self.config.d_model, exact).to(hidden.dtype)
-        pos_emb = self.drop(pos_emb)  # (R, E)
+        if kv:
+            table, rel_keys = self._cached_rel_keys(mems, klen, clamp_len, hidden.dtype, hidden.device, mem_len + qlen)
+        else:
+            rel_keys = self._rel_keys(klen, clamp_len, hidden.dtype, hidden.device)  # per layer (H, R, D)
 
-        layer_inputs = []
+        layer_inputs, presents = [], []
+        empty = hidden.new_zeros(hidden.size(0), self.config.n_head, 0, self.config.d_head)  # (B, H, 0, D)
         for i, layer in enumerate(self.layers):
             layer_inputs.append(hidden)
-            memory = None if mems is None else mems[i]
-            hidden = layer(hidden, pos_emb, *self._biases(i), mask, memory)
+            if kv:
+                cache = (mems.keys[i], mems.values[i]) if mlen else (empty, empty)
+                hidden, present = layer(hidden, rel_keys[i], *self._biases(i), mask, cache=cache)
+                presents.append(present)
+            else:
+                hidden, _ = layer(hidden, rel_keys[i], *self._biases(i), mask, memory=None if mems is None else mems[i])
         hidden = self.drop(hidden)
+        if kv:
+            return hidden, KVMemory.from_presents(presents, mem_len, table, clamp_len)
         return hidden, update_memory(layer_inputs, mems, mem_len)
 
 
@@ -173,7 +204,7 @@ class TransformerXLLM(nn.Module):
             elif c.div_val != 1:
                 crit.out_projs[i] = emb.emb_projs[i]
 
-    def _check_inputs(self, input_ids: Tensor, mems: Memory | None, labels: Tensor | None) -> None:
+    def _check_inputs(self, input_ids: Tensor, mems: Memory | KVMemory | None, labels: Tensor | None) -> None:
         c = self.config
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
             shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
@@ -187,7 +218,14 @@ class TransformerXLLM(nn.Module):
             raise ValueError(f"token ids must lie in [0, {c.vocab_size}), got values in [{low}, {high}]")
         if labels is not None and labels.shape != input_ids.shape:
             raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
-        if mems is not None:
+        if isinstance(mems, KVMemory):
+            if mems.length:
+                want = (input_ids.size(0), c.n_head, mems.length, c.d_head)
+                if len(mems.keys) != c.n_layer or any(tuple(k.shape) != want for k in mems.keys + mems.values):
+                    raise ValueError(
+                        f"KVMemory must hold {c.n_layer} key and value tensors of shape (B, H, M, D) = {want}"
+                    )
+        elif mems is not None:
             if len(mems) != c.n_layer:
                 raise ValueError(f"mems must hold one tensor per layer ({c.n_layer}), got {len(mems)}")
             want = (input_ids.size(0), mems[0].size(1) if mems[0].dim() == 3 else -1, c.d_model)
@@ -240,11 +278,13 @@ class TransformerXLLM(nn.Module):
             c.same_length if same_length is None else same_length,
         )
 
-    def read(self, input_ids: Tensor, mems: Memory | None = None, **overrides) -> Memory:
+    def read(self, input_ids: Tensor, mems: Memory | KVMemory | None = None, **overrides) -> Memory | KVMemory:
         """Run a segment through the backbone only and return the new memory (no softmax)."""
         return self._recur(input_ids, mems, **_overrides(overrides))[1]
 
-    def next_token_scores(self, input_ids: Tensor, mems: Memory | None = None, **overrides) -> tuple[Tensor, Memory]:
+    def next_token_scores(
+        self, input_ids: Tensor, mems: Memory | KVMemory | None = None, **overrides
+    ) -> tuple[Tensor, Memory | KVMemory]:
         """Scores (B, V) for the token after the last position (logits, or log-probs with adaptive softmax)."""
         hidden, new_mems = self._recur(input_ids, mems, **_overrides(overrides))
         last = hidden[:, -1]  # (B, E)

@@ -1,0 +1,79 @@
+"""Key/value memory: the same outputs as the hidden-state memory, without re-projecting the memory."""
+
+import pytest
+import torch
+
+from longseq import ModelConfig, TransformerXLLM
+from longseq.model import KVMemory
+
+BASE = dict(vocab_size=40, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.1, mem_len=7)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"same_length": True, "clamp_len": 4},
+        {"pre_lnorm": True, "untie_r": True},
+        {"cutoffs": [10, 20], "div_val": 2},
+    ],
+)
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_kv_memory_equals_hidden_state_memory(overrides, dtype, tol):
+    torch.manual_seed(0)
+    model = TransformerXLLM(ModelConfig(**{**BASE, **overrides})).to(dtype).eval()
+    x = torch.randint(0, 40, (2, 40))
+    hidden_mems, kv_mems = None, KVMemory.empty()
+    position = 0
+    for length in (5, 1, 1, 9, 3, 1, 12, 1, 1):  # segments and single-token steps, memory full and not
+        inp = x[:, position : position + length]
+        position += length
+        expected = model(inp, hidden_mems)
+        actual = model(inp, kv_mems)
+        assert torch.allclose(expected.logits, actual.logits, atol=tol, rtol=0), (
+            (expected.logits - actual.logits).abs().max()
+        )
+        hidden_mems, kv_mems = expected.mems, actual.mems
+        assert kv_mems.length == hidden_mems[0].size(1) == min(7, position)
+    # the carried W_R R table was reused, not rebuilt, once it covered the longest segment
+    assert kv_mems.rel_keys is not None and kv_mems.rel_keys[0].size(1) >= 7 + 12 + 1
+
+
+def test_kv_memory_projects_only_the_new_positions():
+    torch.manual_seed(0)
+    model = TransformerXLLM(ModelConfig(**BASE)).eval()
+    rows = []
+    model.transformer.layers[0].dec_attn.qkv_net.register_forward_hook(
+        lambda m, args, out: rows.append(args[0].shape[1])
+    )
+    x = torch.randint(0, 40, (2, 20))
+    hidden_mems, kv_mems = None, KVMemory.empty()
+    for start in range(0, 20, 5):
+        hidden_mems = model(x[:, start : start + 5], hidden_mems).mems
+    assert rows == [5, 10, 12, 12]  # memory + segment, every time
+    rows.clear()
+    for start in range(0, 20, 5):
+        kv_mems = model(x[:, start : start + 5], kv_mems).mems
+    assert rows == [5, 5, 5, 5]
+
+
+def test_kv_memory_with_wrong_batch_is_an_error():
+    model = TransformerXLLM(ModelConfig(**BASE)).eval()
+    mems = model(torch.randint(0, 40, (2, 4)), KVMemory.empty()).mems
+    with pytest.raises(ValueError, match="KVMemory must hold"):
+        model(torch.randint(0, 40, (3, 4)), mems)
+
+
+def test_evaluate_gives_the_same_loss_with_either_memory():
+    import numpy as np
+
+    from longseq.eval import evaluate
+
+    torch.manual_seed(0)
+    model = TransformerXLLM(ModelConfig(**BASE)).double()
+    ids = np.random.default_rng(0).integers(0, 40, 400)
+    settings = dict(batch_size=3, tgt_len=6, mem_len=20, same_length=True)
+    kv = evaluate(model, ids, kv_memory=True, **settings)
+    hidden = evaluate(model, ids, kv_memory=False, **settings)
+    assert kv["tokens"] == hidden["tokens"] == 3 * 132 and abs(kv["loss"] - hidden["loss"]) < 1e-12
+    assert model.training  # evaluate restores the mode it found
