@@ -166,11 +166,41 @@ def cmd_convert(args: argparse.Namespace) -> dict:
     return {"checkpoint": args.checkpoint, "to_hf": args.out}
 
 
+def cmd_bench(args: argparse.Namespace) -> dict:
+    import torch
+
+    from longseq.eval import speed
+    from longseq.model import TransformerXLLM
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = TransformerXLLM(speed.bench_config(args.mem_len, attn_chunk=args.attn_chunk))
+    settings = {"task": args.task, "tgt_len": args.tgt_len, "mem_len": args.mem_len, "threads": torch.get_num_threads()}
+    if args.task == "train":
+        result = speed.train_throughput(
+            model, batch=args.batch, tgt_len=args.tgt_len, steps=args.steps, compile=args.compile
+        )
+    elif args.task == "eval":
+        result = speed.eval_per_token(
+            model, batch=args.batch, tgt_len=args.tgt_len, mem_len=args.mem_len, segments=args.steps
+        )
+    else:
+        result = speed.generate_speed(
+            model,
+            prompt_len=args.prompt_len,
+            new_tokens=args.new_tokens,
+            mem_len=args.mem_len,
+            segment_len=args.tgt_len,
+        )
+    return {**settings, "batch": args.batch, **result}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="longseq", description="Transformer-XL language modeling: train, eval, generate."
     )
-    sub = parser.add_subparsers(dest="command", metavar="{train,eval,generate,convert}")
+    sub = parser.add_subparsers(dest="command", metavar="{train,eval,generate,convert,bench}")
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -214,6 +244,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mem-len", type=int, help="memory length while sampling (default: train mem_len + tgt_len)")
     common(p)
     p.set_defaults(func=cmd_generate)
+    p = sub.add_parser(
+        "bench",
+        help="measure training, evaluation or generation speed of the benchmark model",
+        description="The model of the performance issue (4 layers, d_model 256, 8 heads x 32, d_inner 1024, bytes) "
+        "on random tokens. Side-by-side comparisons with other implementations: benchmarks/vs_hf.py.",
+    )
+    p.add_argument("task", choices=["train", "eval", "generate"])
+    p.add_argument("--tgt-len", type=int, default=128, help="segment length (prompt segment length for generate)")
+    p.add_argument("--mem-len", type=int, default=128)
+    p.add_argument("--batch", type=int, default=8, help="parallel streams (train, eval)")
+    p.add_argument("--steps", type=int, default=3, help="timed steps (train) or segments (eval)")
+    p.add_argument("--prompt-len", type=int, default=2000)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--attn-chunk", type=int, default=64, help="query block size of the attention kernel (0: none)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (compile time reported apart)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    common(p)
+    p.set_defaults(func=cmd_bench)
+
     p = sub.add_parser(
         "convert",
         help="convert Hugging Face TransfoXL checkpoints to longseq and back",

@@ -98,3 +98,14 @@ def test_configs_round_trip_and_reject_unknown_keys():
     assert sections["model"].dropout == 0.3 and sections["train"].lr == 1e-4
     with pytest.raises(ConfigError, match="must be >= 1"):
         apply_overrides({"model": ModelConfig()}, ["n_layer=0"])
+
+
+def test_bench_cli_reports_each_task(capsys):
+    small = ["--tgt-len", "8", "--mem-len", "16", "--batch", "2", "--steps", "1"]
+    assert main(["bench", "train", *small, "--json"]) == 0
+    train = last_json(capsys)
+    assert train["task"] == "train" and train["tokens_per_s"] > 0 and train["peak_rss_mb"] > 0
+    assert main(["bench", "eval", *small, "--json"]) == 0
+    assert last_json(capsys)["ms_per_token"] > 0
+    assert main(["bench", "generate", *small, "--prompt-len", "20", "--new-tokens", "5", "--json"]) == 0
+    assert last_json(capsys)["tokens_per_s"] > 0

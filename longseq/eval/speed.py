@@ -1,0 +1,103 @@
+"""Speed measurements of a longseq model: training throughput, evaluation time per token, generation.
+
+These are the functions behind ``longseq bench train|eval|generate``; ``benchmarks/vs_hf.py`` runs the
+same measurements on the Hugging Face TransfoXL peer in the same session, alternating, for ratios.
+Inputs are random token ids: speed does not depend on their values.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import torch
+
+from longseq.config import ModelConfig
+from longseq.model import KVMemory, TransformerXLLM
+
+
+def bench_config(mem_len: int, **overrides) -> ModelConfig:
+    """The benchmark model of the performance issue: 4 layers, d_model 256, 8 heads x 32, d_inner 1024, bytes."""
+    base = dict(vocab_size=256, n_layer=4, d_model=256, n_head=8, d_head=32, d_inner=1024, dropout=0.1, dropatt=0.0)
+    return ModelConfig(**{**base, **overrides, "mem_len": mem_len})
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def train_throughput(
+    model: TransformerXLLM,
+    *,
+    batch: int,
+    tgt_len: int,
+    steps: int = 3,
+    warmup: int = 1,
+    seed: int = 0,
+    compile: bool = False,
+) -> dict:
+    """Tokens per second of full training steps (forward, backward, clipping, Adam) with memory carried."""
+    torch.manual_seed(seed)
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    step_fn = model
+    compile_s = 0.0
+    if compile:
+        step_fn = torch.compile(model)
+    data = torch.randint(0, model.config.vocab_size, (batch, (steps + warmup) * tgt_len + 1))
+    mems = None
+    start = 0.0
+    for step in range(steps + warmup):
+        if step == warmup:
+            start = time.perf_counter()
+        begin = time.perf_counter()
+        x = data[:, step * tgt_len : (step + 1) * tgt_len]
+        y = data[:, step * tgt_len + 1 : (step + 1) * tgt_len + 1]
+        out = step_fn(x, mems, y)
+        optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+        optimizer.step()
+        mems = out.mems
+        if compile and step == 0:
+            compile_s = time.perf_counter() - begin
+    elapsed = time.perf_counter() - start
+    result = {
+        "tokens_per_s": steps * batch * tgt_len / elapsed,
+        "step_ms": 1000 * elapsed / steps,
+        "peak_rss_mb": peak_rss_mb(),
+    }
+    if compile:
+        result["compile_s"] = compile_s
+    return result
+
+
+@torch.no_grad()
+def eval_per_token(model: TransformerXLLM, *, batch: int, tgt_len: int, mem_len: int, segments: int = 3) -> dict:
+    """Milliseconds per token of evaluation once the memory holds ``mem_len`` positions."""
+    model.eval()
+    fill = -(-mem_len // tgt_len)
+    data = torch.randint(0, model.config.vocab_size, (batch, (fill + segments) * tgt_len + 1))
+    mems = KVMemory.empty()
+    start = 0.0
+    for s in range(fill + segments):
+        if s == fill:
+            start = time.perf_counter()
+        x = data[:, s * tgt_len : (s + 1) * tgt_len]
+        mems = model(x, mems, data[:, s * tgt_len + 1 : (s + 1) * tgt_len + 1], mem_len=mem_len).mems
+    elapsed = time.perf_counter() - start
+    return {"ms_per_token": 1000 * elapsed / (segments * batch * tgt_len), "peak_rss_mb": peak_rss_mb()}
+
+
+def generate_speed(
+    model: TransformerXLLM, *, prompt_len: int, new_tokens: int, mem_len: int, segment_len: int = 128
+) -> dict:
+    """New tokens per second of greedy generation, prompt reading included."""
+    from longseq.generation import generate
+
+    prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len))
+    start = time.perf_counter()
+    generate(model, prompt, new_tokens, temperature=0, mem_len=mem_len, segment_len=segment_len)
+    elapsed = time.perf_counter() - start
+    return {"tokens_per_s": new_tokens / elapsed, "seconds": elapsed, "peak_rss_mb": peak_rss_mb()}
