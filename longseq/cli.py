@@ -179,8 +179,17 @@ def cmd_bench(args: argparse.Namespace) -> dict:
     settings = {"task": args.task, "tgt_len": args.tgt_len, "mem_len": args.mem_len, "threads": torch.get_num_threads()}
     if args.task == "train":
         result = speed.train_throughput(
-            model, batch=args.batch, tgt_len=args.tgt_len, steps=args.steps, compile=args.compile
+            model,
+            batch=args.batch,
+            tgt_len=args.tgt_len,
+            steps=args.steps,
+            compile=args.compile,
+            autocast=args.autocast,
         )
+        if args.compile:
+            settings["compile"] = True
+        if args.autocast:
+            settings["autocast"] = args.autocast
     elif args.task == "eval":
         result = speed.eval_per_token(
             model, batch=args.batch, tgt_len=args.tgt_len, mem_len=args.mem_len, segments=args.steps
@@ -260,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attn-chunk", type=int, default=64, help="query block size of the attention kernel (0: none)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (compile time reported apart)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.add_argument("--autocast", choices=["bf16"], help="train under CPU bf16 autocast")
     common(p)
     p.set_defaults(func=cmd_bench)
 
