@@ -63,7 +63,22 @@ class ModelConfig(_JsonConfig):
     the embedding's (default: all but the head cluster when ``div_val > 1``, as in the paper).
     ``attn_impl`` names the attention kernel (``rel_shift`` fast path or ``reference``); ``attn_chunk``
     processes queries in blocks of that size (0: all at once), which is exact and faster on CPU.
+
+    Memory compaction: ``mem_dropout`` zeroes that fraction of memory slots in training; ``mem_quant="int8"``
+    stores the memory in 8 bits with a scale per row (position) or per channel (``mem_quant_axis``);
+    ``cmem_len`` > 0 keeps a compressed memory of that many slots, made from evicted states at rate
+    ``cmem_rate`` with ``cmem_fn`` (mean, max, conv, linear), as in the Compressive Transformer.
     """
+
+    @property
+    def uses_memory_state(self) -> bool:
+        """True when the memory is a :class:`~longseq.model.memory.MemoryState` rather than a tuple."""
+        return self.cmem_len > 0 or self.mem_quant != "none"
+
+    @property
+    def effective_range(self) -> int:
+        """Temporal range of the memory: (mem_len + cmem_rate * cmem_len) * n_layer (Rae et al., 2019)."""
+        return (self.mem_len + self.cmem_rate * self.cmem_len) * self.n_layer
 
     vocab_size: int = 256
     n_layer: int = 4
@@ -88,6 +103,12 @@ class ModelConfig(_JsonConfig):
     layer_norm_eps: float = 1e-5
     attn_impl: str = "rel_shift"
     attn_chunk: int = 64
+    mem_dropout: float = 0.0
+    mem_quant: str = "none"
+    mem_quant_axis: str = "row"
+    cmem_len: int = 0
+    cmem_rate: int = 0
+    cmem_fn: str = "mean"
 
     @property
     def embed_dim(self) -> int:
@@ -105,6 +126,33 @@ class ModelConfig(_JsonConfig):
         for name in ("vocab_size", "n_layer", "d_model", "n_head", "d_head", "d_inner", "div_val"):
             _check(getattr(self, name) >= 1, f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
         _check(self.mem_len >= 0, f"ModelConfig.mem_len must be >= 0, got {self.mem_len}")
+        _check(0.0 <= self.mem_dropout < 1.0, f"ModelConfig.mem_dropout must be in [0, 1), got {self.mem_dropout}")
+        _check(
+            self.mem_quant in ("none", "int8"), f"ModelConfig.mem_quant must be none or int8, got {self.mem_quant!r}"
+        )
+        _check(
+            self.mem_quant_axis in ("row", "channel"),
+            f"ModelConfig.mem_quant_axis must be row or channel, got {self.mem_quant_axis!r}",
+        )
+        _check(self.cmem_len >= 0 and self.cmem_rate >= 0, "ModelConfig.cmem_len and cmem_rate must be >= 0")
+        _check(
+            not self.cmem_len or self.cmem_rate >= 1,
+            f"ModelConfig.cmem_len={self.cmem_len} needs a compression rate: set cmem_rate >= 1",
+        )
+        _check(
+            not self.cmem_rate or self.cmem_len,
+            f"ModelConfig.cmem_rate={self.cmem_rate} without a compressed memory: set cmem_len >= 1",
+        )
+        _check(
+            not self.cmem_len or self.mem_len >= 1,
+            "ModelConfig.cmem_len needs mem_len >= 1: only states evicted from the memory are compressed",
+        )
+        from longseq.model.compress import COMPRESSION_FUNCTIONS
+
+        _check(
+            self.cmem_fn in COMPRESSION_FUNCTIONS,
+            f"ModelConfig.cmem_fn must be one of {COMPRESSION_FUNCTIONS}, got {self.cmem_fn!r}",
+        )
         _check(self.attn_chunk >= 0, f"ModelConfig.attn_chunk must be >= 0 (0: no chunking), got {self.attn_chunk}")
         for name in ("dropout", "dropatt"):
             value = getattr(self, name)
@@ -139,6 +187,8 @@ class DataConfig(_JsonConfig):
 
     ``path`` is a file or a directory in a standard layout (``None`` = the bundled
     tiny-shakespeare).  ``varlen`` draws segment lengths around ``tgt_len`` as the paper's code does.
+    ``doc_reset`` keeps documents apart (a directory of documents): no token attends to another document,
+    in the segment or in the memory.
     """
 
     path: str | None = None
@@ -149,6 +199,7 @@ class DataConfig(_JsonConfig):
     eval_tgt_len: int = 64
     eval_batch_size: int = 16
     varlen: bool = False
+    doc_reset: bool = False
 
     def __post_init__(self) -> None:
         _check(

@@ -26,6 +26,7 @@ class Segment:
     input_ids: Tensor  # (B, T)
     labels: Tensor  # (B, T)
     new_epoch: bool  # the first segment of a pass over the data: start from an empty memory
+    doc_ids: Tensor | None = None  # (B, T) document of every input token, when documents are tracked
 
 
 class OrderedStream:
@@ -35,7 +36,15 @@ class OrderedStream:
     probability 0.05), plus Gaussian noise of std 5, clipped to [5, tgt_len + 15].
     """
 
-    def __init__(self, ids: np.ndarray, batch_size: int, tgt_len: int, varlen: bool = False, seed: int = 0) -> None:
+    def __init__(
+        self,
+        ids: np.ndarray,
+        batch_size: int,
+        tgt_len: int,
+        varlen: bool = False,
+        seed: int = 0,
+        doc_ids: np.ndarray | None = None,
+    ) -> None:
         n_step = len(ids) // batch_size
         if n_step < 2:
             raise BatchingError(
@@ -44,6 +53,13 @@ class OrderedStream:
         self.data = torch.from_numpy(
             np.ascontiguousarray(ids[: n_step * batch_size].reshape(batch_size, n_step))
         )  # (B, N)
+        self.docs = None
+        if doc_ids is not None:
+            if len(doc_ids) != len(ids):
+                raise BatchingError(f"doc_ids has {len(doc_ids)} entries for {len(ids)} tokens")
+            self.docs = torch.from_numpy(
+                np.ascontiguousarray(doc_ids[: n_step * batch_size].reshape(batch_size, n_step))
+            )
         self.batch_size, self.tgt_len, self.varlen, self.seed = batch_size, tgt_len, varlen, seed
         self.epoch = 0
         self.position = 0
@@ -79,7 +95,8 @@ class OrderedStream:
         labels = self.data[:, start + 1 : start + 1 + length]
         self.position += length
         self.segment += 1
-        return Segment(input_ids, labels, new_epoch)
+        docs = None if self.docs is None else self.docs[:, start : start + length]
+        return Segment(input_ids, labels, new_epoch, docs)
 
     def n_segments(self) -> int:
         """Segments in one pass at fixed length."""

@@ -41,6 +41,7 @@ class Corpus:
     test: np.ndarray
     tokenizer: Tokenizer
     source: str
+    doc_ids: dict[str, np.ndarray] | None = None  # per split, the document of every token (directories of documents)
 
     def split(self, name: str) -> np.ndarray:
         if name not in SPLITS:
@@ -78,13 +79,14 @@ def _find_layout(directory: str) -> dict[str, str] | None:
     return None
 
 
-def _read_documents(directory: str) -> bytes:
+def _read_documents(directory: str) -> list[bytes]:
     names = sorted(
         n for n in os.listdir(directory) if not n.startswith(".") and os.path.isfile(os.path.join(directory, n))
     )
     if not names:
         raise CorpusError(f"{directory} holds no documents and no known layout (ptb.*.txt, wiki.*.tokens, train.txt)")
-    return b"\n".join(read_bytes(os.path.join(directory, n)) for n in names)
+    docs = [read_bytes(os.path.join(directory, n)) for n in names]
+    return [d + b"\n" for d in docs[:-1]] + docs[-1:]  # documents joined by newlines
 
 
 def _encode(tokenizer: Tokenizer, data: bytes, path: str) -> np.ndarray:
@@ -114,18 +116,22 @@ def load_corpus(
         ids = {split: _check_nonempty(_encode(tokenizer, raw[split], files[split]), files[split]) for split in SPLITS}
         return Corpus(ids["train"], ids["valid"], ids["test"], tokenizer, source)
 
-    data = _read_documents(source) if os.path.isdir(source) else read_bytes(source)
+    docs = _read_documents(source) if os.path.isdir(source) else [read_bytes(source)]
+    data = b"".join(docs)
     if not data.strip():
         raise CorpusError(f"corpus {source} is empty")
     if tokenizer is None:
         text = "" if tokenizer_kind == "byte" else decode_text(data, source)
         tokenizer = build_tokenizer(tokenizer_kind, text, lowercase)
-    ids = _encode(tokenizer, data, source)
-    n_train, n_valid = int(len(ids) * 0.9), int(len(ids) * 0.05)
-    train, valid, test = ids[:n_train], ids[n_train : n_train + n_valid], ids[n_train + n_valid :]
+    pieces = [_encode(tokenizer, doc, source) for doc in docs]
+    ids = np.concatenate(pieces)
+    doc_of = np.concatenate([np.full(len(p), i, dtype=np.int64) for i, p in enumerate(pieces)])
+    cuts = [int(len(ids) * 0.9), int(len(ids) * 0.9) + int(len(ids) * 0.05)]
+    train, valid, test = np.split(ids, cuts)
     for name, part in zip(SPLITS, (train, valid, test)):
         _check_nonempty(part, f"the {name} split of {source} ({len(ids)} tokens in all)")
-    return Corpus(train, valid, test, tokenizer, source)
+    doc_ids = dict(zip(SPLITS, np.split(doc_of, cuts))) if len(docs) > 1 else None
+    return Corpus(train, valid, test, tokenizer, source, doc_ids)
 
 
 def unigram_bits_per_token(train: np.ndarray, target: np.ndarray, vocab_size: int) -> float:

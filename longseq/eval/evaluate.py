@@ -27,19 +27,21 @@ def evaluate(
     bits_unit: str | None = None,
     progress: bool = False,
     kv_memory: bool = True,
+    doc_ids: np.ndarray | None = None,
 ) -> dict:
     """One pass over ``ids`` in ``batch_size`` streams of ``tgt_len`` segments, memory carried across.
 
     ``mem_len``, ``clamp_len`` and ``same_length`` override the model's own settings (``None`` keeps
     them).  ``max_segments`` > 0 stops early.  ``bits_unit`` (``"bpc"``) adds loss / ln 2.  ``kv_memory``
     carries projected keys and values instead of hidden states (same results, less work per segment).
+    ``doc_ids`` (one per token) keeps documents apart.
     """
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    stream = OrderedStream(ids, batch_size, tgt_len)
+    stream = OrderedStream(ids, batch_size, tgt_len, doc_ids=doc_ids)
     total = stream.n_segments() if not max_segments else min(max_segments, stream.n_segments())
-    mems = KVMemory.empty() if kv_memory else None
+    mems = KVMemory.empty() if kv_memory and doc_ids is None and not model.config.uses_memory_state else None
     nll_sum, n_tokens = 0.0, 0
     start = time.perf_counter()
     with tqdm(total=total, desc="eval", unit="seg", disable=not progress or None, leave=False) as bar:
@@ -54,6 +56,7 @@ def evaluate(
                 mem_len=mem_len,
                 clamp_len=clamp_len,
                 same_length=same_length,
+                doc_ids=None if segment.doc_ids is None else segment.doc_ids.to(device),
             )
             mems = out.mems
             nll_sum += float(out.nll.double().sum())

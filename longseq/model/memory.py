@@ -58,3 +58,192 @@ class KVMemory:
             keys = tuple(k[:, :, max(0, k.size(2) - mem_len) :].detach() for k, _ in presents)
             values = tuple(v[:, :, max(0, v.size(2) - mem_len) :].detach() for _, v in presents)
         return cls(keys, values, rel_keys, rel_clamp)
+
+
+@dataclass
+class Quantized:
+    """An int8 tensor with a float scale per row (last axis reduced) or per channel (time axis reduced)."""
+
+    values: Tensor  # int8 (B, M, E)
+    scale: Tensor  # (B, M, 1) per row, (B, 1, E) per channel
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        return self.values.to(dtype) * self.scale.to(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.values.numel() * self.values.element_size() + self.scale.numel() * self.scale.element_size()
+
+    def size(self, dim: int) -> int:
+        return self.values.size(dim)
+
+
+def quantize(x: Tensor, axis: str = "row") -> Quantized:
+    """Symmetric int8 quantization of (B, M, E) with one scale per position (``row``) or per channel."""
+    reduce = -1 if axis == "row" else 1
+    scale = x.detach().abs().amax(dim=reduce, keepdim=True).clamp(min=1e-12) / 127.0
+    values = torch.round(x.detach() / scale).clamp(-127, 127).to(torch.int8)
+    return Quantized(values, scale.to(torch.float16 if x.dtype == torch.float16 else torch.float32))
+
+
+def _dense(x: Tensor | Quantized, dtype: torch.dtype) -> Tensor:
+    return x.dequantize(dtype) if isinstance(x, Quantized) else x
+
+
+@dataclass
+class MemoryState:
+    """Hidden-state memory with the compaction options switched on in the model config.
+
+    * ``hidden``: per layer, the last M layer inputs (B, M, E), as floats or :class:`Quantized`;
+    * ``compressed``: per layer, the compressed memory (B, C, E) of the Compressive Transformer, older than ``hidden``;
+    * ``doc_ids``: (B, C + M) document id of every memory slot, for per-stream resets (-1: cleared).
+
+    A plain memory is a tuple of tensors; this structure is used when compression, quantization or
+    document resets are in play.  Everything here is detached.
+    """
+
+    hidden: tuple[Tensor | Quantized, ...]
+    compressed: tuple[Tensor, ...] | None = None
+    doc_ids: Tensor | None = None
+
+    @property
+    def mem_length(self) -> int:
+        return self.hidden[0].size(1) if self.hidden else 0
+
+    @property
+    def cmem_length(self) -> int:
+        return self.compressed[0].size(1) if self.compressed else 0
+
+    @property
+    def length(self) -> int:
+        """Positions attended to before the segment: compressed plus plain memory."""
+        return self.cmem_length + self.mem_length
+
+    def context(self, layer: int, dtype: torch.dtype) -> Tensor | None:
+        """[compressed; memory] of one layer as floats (B, C + M, E)."""
+        parts = []
+        if self.compressed is not None and self.cmem_length:
+            parts.append(self.compressed[layer].to(dtype))
+        if self.mem_length:
+            parts.append(_dense(self.hidden[layer], dtype))
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the memory tensors (hidden, compressed and document ids)."""
+        total = 0
+        for h in self.hidden:
+            total += h.nbytes if isinstance(h, Quantized) else h.numel() * h.element_size()
+        for c in self.compressed or ():
+            total += c.numel() * c.element_size()
+        return total
+
+
+def memory_nbytes(mems) -> int:
+    """Bytes of any memory structure: tuple of tensors, :class:`MemoryState` or :class:`KVMemory`."""
+    if mems is None:
+        return 0
+    if isinstance(mems, MemoryState):
+        return mems.nbytes
+    if isinstance(mems, KVMemory):
+        return sum(t.numel() * t.element_size() for t in mems.keys + mems.values)
+    return sum(t.numel() * t.element_size() for t in mems)
+
+
+def reset_rows(mems, rows: Tensor, n_layer: int):
+    """Clear the memory of the stream rows where ``rows`` (B,) is True: their slots get document id -1
+    and are masked from then on, so nothing of the previous document reaches the next one."""
+    if mems is None or not bool(rows.any()):
+        return mems
+    state = mems if isinstance(mems, MemoryState) else MemoryState(hidden=tuple(mems))
+    batch = rows.size(0)
+    doc = state.doc_ids
+    if doc is None:
+        doc = torch.zeros(batch, state.length, dtype=torch.long, device=rows.device)
+    doc = doc.masked_fill(rows[:, None], -1)
+    return MemoryState(state.hidden, state.compressed, doc)
+
+
+def _split_rows(x, chunks: int):
+    if isinstance(x, Quantized):
+        return [Quantized(v, s) for v, s in zip(x.values.chunk(chunks, 0), x.scale.chunk(chunks, 0))]
+    return list(x.chunk(chunks, 0))
+
+
+def _join_rows(parts):
+    if isinstance(parts[0], Quantized):
+        return Quantized(torch.cat([p.values for p in parts]), torch.cat([p.scale for p in parts]))
+    return torch.cat(parts)
+
+
+def split_memory(mems, chunks: int) -> list:
+    """Split a memory along the batch (stream) axis into ``chunks`` parts, e.g. for gradient accumulation."""
+    if mems is None:
+        return [None] * chunks
+    if isinstance(mems, MemoryState):
+        hidden = [_split_rows(h, chunks) for h in mems.hidden]
+        compressed = [c.chunk(chunks, 0) for c in mems.compressed] if mems.compressed is not None else None
+        docs = mems.doc_ids.chunk(chunks, 0) if mems.doc_ids is not None else None
+        return [
+            MemoryState(
+                tuple(h[i] for h in hidden),
+                tuple(c[i] for c in compressed) if compressed is not None else None,
+                docs[i] if docs is not None else None,
+            )
+            for i in range(chunks)
+        ]
+    per_layer = [m.chunk(chunks, dim=0) for m in mems]
+    return [tuple(layer[i] for layer in per_layer) for i in range(chunks)]
+
+
+def join_memory(parts: list):
+    """Inverse of :func:`split_memory`."""
+    if isinstance(parts[0], MemoryState):
+        n_layer = len(parts[0].hidden)
+        hidden = tuple(_join_rows([p.hidden[i] for p in parts]) for i in range(n_layer))
+        compressed = None
+        if parts[0].compressed is not None:
+            compressed = tuple(torch.cat([p.compressed[i] for p in parts]) for i in range(n_layer))
+        docs = torch.cat([p.doc_ids for p in parts]) if parts[0].doc_ids is not None else None
+        return MemoryState(hidden, compressed, docs)
+    return tuple(torch.cat(layer, dim=0) for layer in zip(*parts))
+
+
+def memory_to_tensors(mems) -> dict[str, Tensor]:
+    """Flat, named tensors for a checkpoint (safetensors)."""
+    if mems is None:
+        return {}
+    if not isinstance(mems, MemoryState):
+        return {f"mems.{i}": m.detach().cpu().contiguous() for i, m in enumerate(mems)}
+    out: dict[str, Tensor] = {}
+    for i, h in enumerate(mems.hidden):
+        if isinstance(h, Quantized):
+            out[f"state.hidden_q.{i}"] = h.values.cpu().contiguous()
+            out[f"state.hidden_scale.{i}"] = h.scale.cpu().contiguous()
+        else:
+            out[f"state.hidden.{i}"] = h.detach().cpu().contiguous()
+    for i, c in enumerate(mems.compressed or ()):
+        out[f"state.compressed.{i}"] = c.detach().cpu().contiguous()
+    if mems.doc_ids is not None:
+        out["state.doc_ids"] = mems.doc_ids.cpu().contiguous()
+    return out
+
+
+def memory_from_tensors(tensors: dict[str, Tensor]):
+    """Inverse of :func:`memory_to_tensors` (None when the checkpoint holds no memory)."""
+    plain = sorted((int(k.split(".")[1]), v) for k, v in tensors.items() if k.startswith("mems."))
+    if plain:
+        return tuple(v for _, v in plain)
+    layers = sorted({int(k.rsplit(".", 1)[1]) for k in tensors if k.startswith("state.hidden")})
+    if not layers:
+        return None
+    hidden = tuple(
+        Quantized(tensors[f"state.hidden_q.{i}"], tensors[f"state.hidden_scale.{i}"])
+        if f"state.hidden_q.{i}" in tensors
+        else tensors[f"state.hidden.{i}"]
+        for i in layers
+    )
+    compressed = tuple(tensors[f"state.compressed.{i}"] for i in layers) if "state.compressed.0" in tensors else None
+    return MemoryState(hidden, compressed, tensors.get("state.doc_ids"))

@@ -14,7 +14,8 @@ from torch import Tensor, nn
 from longseq.config import ModelConfig
 from longseq.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from longseq.model.attention import RelativeMultiHeadAttention, causal_mask
-from longseq.model.memory import KVMemory, Memory, update_memory
+from longseq.model.compress import Compressor, reconstruction_loss
+from longseq.model.memory import KVMemory, Memory, MemoryState, quantize, update_memory
 from longseq.model.positions import relative_distances, sinusoidal_embedding
 
 IGNORE_INDEX = -100
@@ -81,6 +82,8 @@ class TransformerXL(nn.Module):
         self.r_w_bias = nn.Parameter(torch.zeros(bias_shape))  # u
         self.r_r_bias = nn.Parameter(torch.zeros(bias_shape))  # v
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layer))
+        if c.cmem_len:
+            self.compressors = nn.ModuleList(Compressor(c.cmem_fn, c.cmem_rate, c.d_model) for _ in range(c.n_layer))
 
     def _biases(self, layer: int) -> tuple[Tensor, Tensor]:
         if self.config.untie_r:
@@ -110,48 +113,146 @@ class TransformerXL(nn.Module):
         return table, [t[:, rows - klen - 1 :] for t in table]
 
     def forward(
-        self, input_ids: Tensor, mems: Memory | KVMemory | None, mem_len: int, clamp_len: int, same_length: bool
-    ) -> tuple[Tensor, Memory | KVMemory]:
-        qlen = input_ids.size(1)
+        self,
+        input_ids: Tensor,
+        mems: Memory | MemoryState | KVMemory | None,
+        mem_len: int,
+        clamp_len: int,
+        same_length: bool,
+        doc_ids: Tensor | None = None,
+    ) -> tuple[Tensor, Memory | MemoryState | KVMemory, Tensor | None]:
+        """Returns hidden states (B, T, E), the new memory and the compressors' reconstruction loss (or None)."""
+        c = self.config
+        batch, qlen = input_ids.shape
         kv = isinstance(mems, KVMemory)
-        mlen = 0 if mems is None else (mems.length if kv else mems[0].size(1))
+        state = mems if isinstance(mems, MemoryState) else None
+        if kv:
+            mlen = mems.length
+        elif state is not None:
+            mlen = state.length
+        else:
+            mlen = 0 if mems is None else mems[0].size(1)
         klen = mlen + qlen
         if same_length and mem_len < 1:
             raise ValueError("same_length=True needs mem_len >= 1: it limits every query to the last mem_len keys")
-        mask = causal_mask(qlen, mlen, mem_len if same_length else None, device=input_ids.device)  # (T, K)
+        span = mem_len + c.cmem_len if same_length else None
+        mask = causal_mask(qlen, mlen, span, device=input_ids.device)  # (T, K)
+        docs = self._documents(doc_ids, state, batch, qlen, mlen, input_ids.device)
+        if docs is not None:
+            if kv:
+                raise ValueError("document resets need the hidden-state memory, not a KVMemory")
+            query_docs, key_docs = docs  # (B, T), (B, K)
+            mask = (mask | (key_docs[:, None, :] != query_docs[:, :, None]))[:, None]  # (B, 1, T, K)
 
         hidden = self.drop(self.word_emb(input_ids))  # (B, T, E)
         if kv:
             table, rel_keys = self._cached_rel_keys(mems, klen, clamp_len, hidden.dtype, hidden.device, mem_len + qlen)
         else:
             rel_keys = self._rel_keys(klen, clamp_len, hidden.dtype, hidden.device)  # per layer (H, R, D)
+        keep = None
+        if self.training and c.mem_dropout > 0 and mlen:
+            keep = (torch.rand(batch, mlen, 1, device=hidden.device) >= c.mem_dropout).to(hidden.dtype)  # (B, M, 1)
 
         layer_inputs, presents = [], []
-        empty = hidden.new_zeros(hidden.size(0), self.config.n_head, 0, self.config.d_head)  # (B, H, 0, D)
+        empty = hidden.new_zeros(batch, c.n_head, 0, c.d_head)  # (B, H, 0, D)
         for i, layer in enumerate(self.layers):
             layer_inputs.append(hidden)
             if kv:
                 cache = (mems.keys[i], mems.values[i]) if mlen else (empty, empty)
                 hidden, present = layer(hidden, rel_keys[i], *self._biases(i), mask, cache=cache)
                 presents.append(present)
+                continue
+            if state is not None:
+                context = state.context(i, hidden.dtype)
             else:
-                hidden, _ = layer(hidden, rel_keys[i], *self._biases(i), mask, memory=None if mems is None else mems[i])
+                context = None if mems is None else mems[i]
+            if keep is not None and context is not None:
+                context = context * keep  # memory dropout: whole slots
+            hidden, _ = layer(hidden, rel_keys[i], *self._biases(i), mask, memory=context)
         hidden = self.drop(hidden)
         if kv:
-            return hidden, KVMemory.from_presents(presents, mem_len, table, clamp_len)
-        return hidden, update_memory(layer_inputs, mems, mem_len)
+            return hidden, KVMemory.from_presents(presents, mem_len, table, clamp_len), None
+        if not (c.uses_memory_state or docs is not None):
+            return hidden, update_memory(layer_inputs, mems, mem_len), None
+        return (hidden, *self._update_state(layer_inputs, mems, mem_len, docs))
+
+    def _documents(self, doc_ids, state, batch, qlen, mlen, device):
+        """Document id of every query (B, T) and key (B, K), or None when documents are not tracked."""
+        mem_docs = None if state is None else state.doc_ids
+        if doc_ids is None and mem_docs is None:
+            return None
+        if doc_ids is not None and tuple(doc_ids.shape) != (batch, qlen):
+            raise ValueError(f"doc_ids must have the input's shape {(batch, qlen)}, got {tuple(doc_ids.shape)}")
+        query_docs = (
+            doc_ids.long() if doc_ids is not None else torch.zeros(batch, qlen, dtype=torch.long, device=device)
+        )
+        if mem_docs is None:  # memory without ids continues the segment's first document
+            mem_docs = query_docs[:, :1].expand(batch, mlen)
+        return query_docs, torch.cat([mem_docs, query_docs], dim=1)
+
+    def _update_state(self, layer_inputs, mems, mem_len, docs):
+        """New :class:`MemoryState`: shift in this segment, compress what falls out, quantize, track documents."""
+        c = self.config
+        state = mems if isinstance(mems, MemoryState) else MemoryState(hidden=tuple(mems) if mems is not None else ())
+        old_plain = None
+        if state.mem_length:
+            old_plain = tuple(state.context(i, layer_inputs[i].dtype)[:, state.cmem_length :] for i in range(c.n_layer))
+        plain = update_memory(layer_inputs, old_plain, mem_len)  # (B, M', E) per layer
+        n_evicted = (state.mem_length + layer_inputs[0].size(1)) - plain[0].size(1)
+        aux = None
+        compressed = state.compressed
+        if c.cmem_len:
+            compressed, aux = self._compress(layer_inputs, old_plain, n_evicted, state)
+        hidden = tuple(quantize(h, c.mem_quant_axis) for h in plain) if c.mem_quant == "int8" else plain
+        doc_ids = None
+        if docs is not None:
+            key_docs = docs[1]  # (B, C + M + T) in memory order
+            cmem_docs, mem_docs = key_docs[:, : state.cmem_length], key_docs[:, state.cmem_length :]
+            evicted_docs, mem_docs = mem_docs[:, :n_evicted], mem_docs[:, n_evicted:]
+            if c.cmem_len and n_evicted:
+                rate = c.cmem_rate
+                group_last = evicted_docs[:, min(rate, n_evicted) - 1 :: rate]  # the newest document of each group
+                if group_last.size(1) < compressed[0].size(1) - cmem_docs.size(1):
+                    group_last = torch.cat([group_last, evicted_docs[:, -1:]], dim=1)
+                cmem_docs = torch.cat([cmem_docs, group_last], dim=1)[:, -c.cmem_len :]
+            doc_ids = torch.cat([cmem_docs, mem_docs], dim=1) if c.cmem_len else mem_docs
+        return MemoryState(hidden, compressed, doc_ids), aux
+
+    def _compress(self, layer_inputs, old_plain, n_evicted, state):
+        c = self.config
+        compressed, losses = [], []
+        for i, inputs in enumerate(layer_inputs):
+            previous = (
+                state.compressed[i]
+                if state.compressed is not None
+                else inputs.new_zeros(inputs.size(0), 0, inputs.size(2))
+            )
+            if n_evicted == 0:
+                compressed.append(previous)
+                continue
+            joined = inputs if old_plain is None else torch.cat([old_plain[i], inputs], dim=1)
+            evicted = joined[:, :n_evicted].detach()  # (B, n, E), oldest first
+            squeezed = self.compressors[i](evicted)  # (B, n / rate, E)
+            if self.training and self.compressors[i].learned:
+                losses.append(reconstruction_loss(self.layers[i].dec_attn, inputs, evicted, squeezed))
+            compressed.append(torch.cat([previous, squeezed.detach()], dim=1)[:, -c.cmem_len :])
+        aux = torch.stack(losses).mean() if losses else None
+        return tuple(compressed), aux
 
 
 @dataclass
 class LMOutput:
     """``loss``: mean NLL over labelled tokens (or None); ``logits``: (B, T, V) logits, or full
     log-probabilities with adaptive softmax (None when labels were given); ``nll``: per-token NLL
-    (B, T), 0 where ignored; ``mems``: new memory, one (B, M, E) tensor per layer."""
+    (B, T), 0 where ignored; ``mems``: new memory, one (B, M, E) tensor per layer (a ``MemoryState`` or
+    ``KVMemory`` when those are in use); ``aux_loss``: the compressors' attention-reconstruction loss
+    in training with a learned compressed memory (add it to the loss), else None."""
 
     loss: Tensor | None
     logits: Tensor | None
     nll: Tensor | None
-    mems: Memory
+    mems: Memory | MemoryState | KVMemory
+    aux_loss: Tensor | None = None
 
 
 class TransformerXLLM(nn.Module):
@@ -225,6 +326,9 @@ class TransformerXLLM(nn.Module):
                     raise ValueError(
                         f"KVMemory must hold {c.n_layer} key and value tensors of shape (B, H, M, D) = {want}"
                     )
+        elif isinstance(mems, MemoryState):
+            if mems.hidden and (len(mems.hidden) != c.n_layer or mems.hidden[0].size(0) != input_ids.size(0)):
+                raise ValueError(f"MemoryState must hold {c.n_layer} layers of batch {input_ids.size(0)}")
         elif mems is not None:
             if len(mems) != c.n_layer:
                 raise ValueError(f"mems must hold one tensor per layer ({c.n_layer}), got {len(mems)}")
@@ -244,14 +348,16 @@ class TransformerXLLM(nn.Module):
         mem_len: int | None = None,
         clamp_len: int | None = None,
         same_length: bool | None = None,
+        doc_ids: Tensor | None = None,  # (B, T)
     ) -> LMOutput:
         c = self.config
-        hidden, new_mems = self._recur(input_ids, mems, mem_len, clamp_len, same_length, labels)  # (B, T, E)
+        hidden, new_mems, aux = self._recur(input_ids, mems, mem_len, clamp_len, same_length, labels, doc_ids)
+        # hidden: (B, T, E)
         batch, qlen, _ = hidden.shape
         flat = hidden.reshape(batch * qlen, -1)  # (N, E)
         if labels is None:
             scores = self.crit.log_prob(flat) if self.crit.n_clusters else self.crit.logits(flat)
-            return LMOutput(loss=None, logits=scores.view(batch, qlen, -1), nll=None, mems=new_mems)
+            return LMOutput(loss=None, logits=scores.view(batch, qlen, -1), nll=None, mems=new_mems, aux_loss=aux)
         labels = labels.reshape(-1).long()
         keep = labels != IGNORE_INDEX
         kept = labels[keep]
@@ -265,9 +371,9 @@ class TransformerXLLM(nn.Module):
             nll = picked.new_zeros(labels.shape).index_copy(0, index, picked)  # (N,), 0 where ignored
         count = keep.sum()
         loss = nll.sum() / count.clamp(min=1)
-        return LMOutput(loss=loss, logits=None, nll=nll.view(batch, qlen), mems=new_mems)
+        return LMOutput(loss=loss, logits=None, nll=nll.view(batch, qlen), mems=new_mems, aux_loss=aux)
 
-    def _recur(self, input_ids, mems, mem_len, clamp_len, same_length, labels=None) -> tuple[Tensor, Memory]:
+    def _recur(self, input_ids, mems, mem_len, clamp_len, same_length, labels=None, doc_ids=None):
         c = self.config
         self._check_inputs(input_ids, mems, labels)
         return self.transformer(
@@ -276,6 +382,7 @@ class TransformerXLLM(nn.Module):
             c.mem_len if mem_len is None else mem_len,
             c.clamp_len if clamp_len is None else clamp_len,
             c.same_length if same_length is None else same_length,
+            doc_ids,
         )
 
     def read(self, input_ids: Tensor, mems: Memory | KVMemory | None = None, **overrides) -> Memory | KVMemory:
@@ -286,7 +393,7 @@ class TransformerXLLM(nn.Module):
         self, input_ids: Tensor, mems: Memory | KVMemory | None = None, **overrides
     ) -> tuple[Tensor, Memory | KVMemory]:
         """Scores (B, V) for the token after the last position (logits, or log-probs with adaptive softmax)."""
-        hidden, new_mems = self._recur(input_ids, mems, **_overrides(overrides))
+        hidden, new_mems, _ = self._recur(input_ids, mems, **_overrides(overrides))
         last = hidden[:, -1]  # (B, E)
         scores = self.crit.log_prob(last) if self.crit.n_clusters else self.crit.logits(last)
         return scores, new_mems

@@ -30,6 +30,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from longseq.config import ConfigError, RunConfig
 from longseq.data.tokenizers import Tokenizer, TokenizerError, tokenizer_from_dict
 from longseq.model import TransformerXLLM
+from longseq.model.memory import memory_from_tensors, memory_to_tensors
 
 FORMAT = "longseq-checkpoint-v1"
 
@@ -47,7 +48,7 @@ class TrainingState:
     best_valid_loss: float | None
     optimizer: dict  # torch optimizer state_dict
     torch_rng: torch.Tensor
-    mems: tuple[torch.Tensor, ...] | None
+    mems: object  # any memory structure of longseq.model.memory, or None
     tokens_seen: int
 
 
@@ -120,8 +121,7 @@ def save_checkpoint(
         if training is not None:
             meta, tensors = _optimizer_to_files(training.optimizer)
             tensors["rng.torch"] = training.torch_rng
-            for i, mem in enumerate(training.mems or ()):
-                tensors[f"mems.{i}"] = mem.detach().cpu().contiguous()
+            tensors.update(memory_to_tensors(training.mems))
             save_file(tensors, os.path.join(tmp, "trainer.safetensors"))
             _write_json(
                 os.path.join(tmp, "trainer_state.json"),
@@ -130,7 +130,6 @@ def save_checkpoint(
                     "data_state": training.data_state,
                     "best_valid_loss": training.best_valid_loss,
                     "optimizer": meta,
-                    "n_mems": 0 if training.mems is None else len(training.mems),
                     "tokens_seen": training.tokens_seen,
                 },
             )
@@ -239,13 +238,12 @@ def load_training_state(directory: str) -> TrainingState:
         tensors = load_file(os.path.join(directory, "trainer.safetensors"))
     except SafetensorError as exc:
         raise CheckpointError(f"cannot read {directory}/trainer.safetensors: {exc}") from None
-    n_mems = meta["n_mems"]
     return TrainingState(
         step=meta["step"],
         data_state=meta["data_state"],
         best_valid_loss=meta["best_valid_loss"],
         optimizer=_optimizer_from_files(meta["optimizer"], tensors),
         torch_rng=tensors["rng.torch"],
-        mems=tuple(tensors[f"mems.{i}"] for i in range(n_mems)) if n_mems else None,
+        mems=memory_from_tensors(tensors),
         tokens_seen=meta.get("tokens_seen", 0),
     )

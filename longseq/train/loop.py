@@ -24,6 +24,7 @@ from longseq.data.batching import OrderedStream
 from longseq.data.corpus import Corpus, load_corpus, unigram_bits_per_token
 from longseq.eval.evaluate import evaluate
 from longseq.model import TransformerXLLM
+from longseq.model.memory import join_memory, split_memory
 from longseq.train.checkpoint import TrainingState, load_training_state, load_weights, save_checkpoint
 from longseq.train.optim import build_optimizer, learning_rate
 
@@ -46,17 +47,6 @@ class TrainResult:
 
 def bits_unit(tokenizer_kind: str) -> str | None:
     return "bpc" if tokenizer_kind in ("byte", "char") else None
-
-
-def _split_mems(mems, chunks: int):
-    if mems is None:
-        return [None] * chunks
-    per_layer = [m.chunk(chunks, dim=0) for m in mems]
-    return [tuple(layer[i] for layer in per_layer) for i in range(chunks)]
-
-
-def _join_mems(parts):
-    return tuple(torch.cat(layer, dim=0) for layer in zip(*parts))
 
 
 def _append_jsonl(path: str, record: dict) -> None:
@@ -119,7 +109,13 @@ def train(
 
     model = TransformerXLLM(run.model)
     optimizer = build_optimizer(model, tc)
-    stream = OrderedStream(corpus.train, dc.batch_size, dc.tgt_len, varlen=dc.varlen, seed=tc.seed)
+    docs = corpus.doc_ids if dc.doc_reset else None
+    if dc.doc_reset and docs is None:
+        raise ConfigError(
+            f"doc_reset=true needs a corpus of several documents (a directory of files); {corpus.source} is one"
+        )
+    train_docs = None if docs is None else docs["train"]
+    stream = OrderedStream(corpus.train, dc.batch_size, dc.tgt_len, varlen=dc.varlen, seed=tc.seed, doc_ids=train_docs)
     unit = bits_unit(dc.tokenizer)
     unigram = unigram_bits_per_token(corpus.train, corpus.valid, corpus.tokenizer.vocab_size) if unit else None
     mems, step, best, tokens_seen = None, 0, None, 0
@@ -154,6 +150,7 @@ def train(
             tgt_len=dc.eval_tgt_len,
             max_segments=tc.eval_max_segments,
             bits_unit=unit,
+            doc_ids=None if docs is None else docs["valid"],
         )
 
     losses: list[float] = []
@@ -175,12 +172,16 @@ def train(
             inputs = segment.input_ids.chunk(tc.grad_accum, dim=0)
             labels = segment.labels.chunk(tc.grad_accum, dim=0)
             new_mems, loss_sum = [], 0.0
-            for inp, lab, mem in zip(inputs, labels, _split_mems(mems, tc.grad_accum)):
-                out = model(inp, mem, lab)
-                (out.loss / tc.grad_accum).backward()
+            doc_chunks = [None] * tc.grad_accum
+            if segment.doc_ids is not None:
+                doc_chunks = segment.doc_ids.chunk(tc.grad_accum, dim=0)
+            for inp, lab, doc, mem in zip(inputs, labels, doc_chunks, split_memory(mems, tc.grad_accum)):
+                out = model(inp, mem, lab, doc_ids=doc)
+                total = out.loss if out.aux_loss is None else out.loss + out.aux_loss
+                (total / tc.grad_accum).backward()
                 loss_sum += out.loss.item()
                 new_mems.append(out.mems)
-            mems = _join_mems(new_mems)
+            mems = join_memory(new_mems)
             loss = loss_sum / tc.grad_accum
             if not math.isfinite(loss):
                 raise TrainingError(

@@ -1,0 +1,84 @@
+"""Compression of evicted memories (Rae et al., 2019, "Compressive Transformers").
+
+States that leave the memory are compressed at rate c, c states into one, and kept in a second,
+older memory of ``cmem_len`` slots.  Compression functions:
+
+    mean     average of each group of c states
+    max      elementwise maximum of each group
+    conv     1-D convolution with kernel = stride = c (d x d x c weights)
+    linear   the learned W_m in R^{d x c}: each output channel is a weighted sum of that channel over the c states
+
+The learned compressors are trained with the attention-reconstruction loss: the layer's attention over
+the old states and over their compression should agree.  Everything from the main model enters that loss
+detached, so only the compressor learns from it, and the compressed memory enters the main model detached.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+COMPRESSION_FUNCTIONS = ("mean", "max", "conv", "linear")
+
+
+class Compressor(nn.Module):
+    """(B, n, E) -> (B, n / c, E) for n divisible by c (mean and max also pool a final partial group)."""
+
+    def __init__(self, kind: str, rate: int, d_model: int) -> None:
+        super().__init__()
+        self.kind, self.rate = kind, rate
+        if kind == "conv":
+            self.conv = nn.Conv1d(d_model, d_model, kernel_size=rate, stride=rate)
+        elif kind == "linear":
+            self.weight = nn.Parameter(torch.full((d_model, rate), 1.0 / rate))  # W_m, starts as mean pooling
+
+    @property
+    def learned(self) -> bool:
+        return self.kind in ("conv", "linear")
+
+    def forward(self, states: Tensor) -> Tensor:
+        batch, n, d = states.shape
+        if self.learned and n % self.rate:
+            raise ValueError(
+                f"cmem_fn={self.kind} compresses groups of exactly cmem_rate={self.rate} states, but {n} were evicted; "
+                "make tgt_len and mem_len multiples of cmem_rate"
+            )
+        if self.kind in ("mean", "max"):
+            pool = F.avg_pool1d if self.kind == "mean" else F.max_pool1d
+            return pool(states.transpose(1, 2), self.rate, self.rate, ceil_mode=True).transpose(1, 2)
+        if self.kind == "conv":
+            return self.conv(states.transpose(1, 2)).transpose(1, 2)
+        groups = states.view(batch, n // self.rate, self.rate, d)  # (B, n/c, c, E)
+        return torch.einsum("bgce,ec->bge", groups, self.weight)
+
+
+def _content_attention(query: Tensor, states: Tensor, w_k: Tensor, w_v: Tensor, n_head: int) -> Tensor:
+    """Content-only multi-head attention of ``query`` (B, T, H*D) over ``states`` (B, n, E)."""
+    batch, qlen, width = query.shape
+    d_head = width // n_head
+    key = F.linear(states, w_k).view(batch, -1, n_head, d_head).transpose(1, 2)  # (B, H, n, D)
+    value = F.linear(states, w_v).view(batch, -1, n_head, d_head).transpose(1, 2)
+    q = query.view(batch, qlen, n_head, d_head).transpose(1, 2)  # (B, H, T, D)
+    probs = torch.softmax(q @ key.transpose(-1, -2) / math.sqrt(d_head), dim=-1)
+    return probs @ value  # (B, H, T, D)
+
+
+def reconstruction_loss(attention, hidden: Tensor, old: Tensor, compressed: Tensor) -> Tensor:
+    """|| attn(h, old) - attn(h, compressed) ||^2 with the layer's attention weights, all detached but the
+    compressed states, so the gradient reaches the compressor only."""
+    width = attention.n_head * attention.d_head
+    w_q, w_k, w_v = attention.qkv_net.weight.detach().split(width, dim=0)
+    norm = attention.layer_norm
+
+    def prepare(x: Tensor) -> Tensor:
+        if attention.pre_lnorm:
+            return F.layer_norm(x, norm.normalized_shape, norm.weight.detach(), norm.bias.detach(), norm.eps)
+        return x
+
+    query = F.linear(prepare(hidden.detach()), w_q)
+    target = _content_attention(query, prepare(old.detach()), w_k, w_v, attention.n_head)
+    approx = _content_attention(query, prepare(compressed), w_k, w_v, attention.n_head)
+    return F.mse_loss(approx, target)

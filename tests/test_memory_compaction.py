@@ -1,0 +1,139 @@
+"""Memory compaction: document resets, 8-bit memory, compressive memory, memory dropout."""
+
+import numpy as np
+import pytest
+import torch
+
+from longseq import ConfigError, ModelConfig, TransformerXLLM
+from longseq.data import OrderedStream
+from longseq.model import MemoryState, Quantized, memory_nbytes, reset_rows
+from longseq.model.compress import Compressor
+from longseq.model.memory import memory_from_tensors, memory_to_tensors, quantize
+
+BASE = dict(vocab_size=40, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0, mem_len=8)
+
+
+def model_for(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return TransformerXLLM(ModelConfig(**{**BASE, **overrides}))
+
+
+def test_document_ids_keep_documents_apart_inside_segments_and_memory():
+    model = model_for().double().eval()
+    doc_a, doc_b = torch.randint(0, 40, (1, 11)), torch.randint(0, 40, (1, 9))
+    stream = torch.cat([doc_a, doc_b], dim=1)  # the boundary falls inside the second segment
+    docs = torch.tensor([[0] * 11 + [1] * 9])
+    mems, parts = None, []
+    for lo, hi in ((0, 7), (7, 14), (14, 20)):
+        out = model(stream[:, lo:hi], mems, doc_ids=docs[:, lo:hi])
+        parts.append(out.logits)
+        mems = out.mems
+    together = torch.cat(parts, dim=1)[:, 11:]
+    alone = model(doc_b, mem_len=8).logits
+    assert torch.allclose(together, alone, atol=1e-10, rtol=0), (together - alone).abs().max()
+    # and without the ids the previous document does leak in (the check can fail)
+    leaky = model(stream[:, 14:20], model(stream[:, 7:14], model(stream[:, :7]).mems).mems).logits
+    assert not torch.allclose(leaky[:, 5:], alone[:, 3:], atol=1e-6)
+
+
+def test_reset_rows_clears_one_stream_only():
+    model = model_for().double().eval()
+    first, second = torch.randint(0, 40, (2, 6)), torch.randint(0, 40, (2, 5))
+    mems = model(first).mems
+    cleared = reset_rows(mems, torch.tensor([True, False]), model.config.n_layer)
+    after_reset = model(second, cleared).logits
+    assert torch.allclose(after_reset[0], model(second[:1]).logits[0], atol=1e-10)  # row 0: as if fresh
+    assert torch.allclose(after_reset[1], model(second, mems).logits[1], atol=1e-10)  # row 1: untouched
+
+
+def test_ordered_stream_carries_document_ids():
+    ids, docs = np.arange(40), np.repeat([0, 1, 2, 3], 10)
+    segment = OrderedStream(ids, batch_size=2, tgt_len=6, doc_ids=docs).next_segment()
+    assert segment.doc_ids.tolist() == [[0, 0, 0, 0, 0, 0], [2, 2, 2, 2, 2, 2]]
+
+
+def test_int8_memory_error_is_within_half_a_step_and_uses_a_quarter_of_the_bytes():
+    x = torch.randn(3, 10, 16) * torch.linspace(0.1, 5, 16)
+    for axis, reduce in (("row", -1), ("channel", 1)):
+        q = quantize(x, axis)
+        bound = x.abs().amax(dim=reduce, keepdim=True) / 254 + 1e-7  # half a quantization step
+        assert ((q.dequantize() - x).abs() <= bound).all()
+    float_model = model_for()
+    int8_model = model_for(mem_quant="int8")
+    int8_model.load_state_dict(float_model.state_dict())
+    float_model.eval(), int8_model.eval()
+    x = torch.randint(0, 40, (2, 24))
+    fm, qm, worst = None, None, 0.0
+    for lo in range(0, 24, 6):
+        fo, qo = float_model(x[:, lo : lo + 6], fm), int8_model(x[:, lo : lo + 6], qm)
+        fm, qm = fo.mems, qo.mems
+        worst = max(worst, (fo.logits.log_softmax(-1) - qo.logits.log_softmax(-1)).abs().max().item())
+    assert isinstance(qm, MemoryState) and isinstance(qm.hidden[0], Quantized)
+    assert worst < 0.02  # stated tolerance on log-probabilities for this model
+    assert memory_nbytes(qm) == memory_nbytes(fm) * (16 + 4) // (4 * 16)  # int8 values + one float32 scale a row
+
+
+@pytest.mark.parametrize("kind", ["mean", "max", "conv", "linear"])
+def test_compressive_memory_fills_and_trains_only_the_compressor(kind):
+    model = model_for(cmem_len=4, cmem_rate=2, cmem_fn=kind, mem_len=6).train()
+    x = torch.randint(0, 40, (2, 30))
+    mems, aux_seen = None, False
+    for lo in range(0, 30, 6):
+        out = model(x[:, lo : lo + 6], mems, x[:, lo + 1 : lo + 7] if lo + 7 <= 30 else None)
+        mems = out.mems
+        if out.aux_loss is not None:
+            aux_seen = True
+            compressor = [p for n, p in model.named_parameters() if n.startswith("transformer.compressors")]
+            main = [p for n, p in model.named_parameters() if not n.startswith("transformer.compressors")]
+            grads = torch.autograd.grad(out.aux_loss, compressor + main, allow_unused=True)
+            assert all(g is not None for g in grads[: len(compressor)])
+            assert all(g is None for g in grads[len(compressor) :])  # the main model learns nothing from it
+            if out.loss is not None:
+                lm_grads = torch.autograd.grad(out.loss, compressor, allow_unused=True)
+                assert all(g is None for g in lm_grads)  # and the compressor nothing from the LM loss
+    assert aux_seen == (kind in ("conv", "linear"))
+    assert mems.cmem_length == 4 and mems.mem_length == 6 and mems.length == 10
+    assert model.config.effective_range == (6 + 2 * 4) * 2
+
+
+def test_compression_functions_and_their_errors():
+    states = torch.arange(2 * 6 * 3, dtype=torch.float32).view(2, 6, 3)
+    assert torch.equal(Compressor("mean", 2, 3)(states), states.view(2, 3, 2, 3).mean(2))
+    assert torch.equal(Compressor("max", 3, 3)(states), states.view(2, 2, 3, 3).amax(2))
+    assert Compressor("mean", 4, 3)(states).shape == (2, 2, 3)  # a partial last group is pooled too
+    with pytest.raises(ValueError, match="groups of exactly cmem_rate=4"):
+        Compressor("conv", 4, 3)(states)
+    with pytest.raises(ConfigError, match="needs a compression rate"):
+        ModelConfig(cmem_len=8)
+    with pytest.raises(ConfigError, match="without a compressed memory"):
+        ModelConfig(cmem_rate=2)
+    with pytest.raises(ConfigError, match="cmem_fn"):
+        ModelConfig(cmem_len=4, cmem_rate=2, cmem_fn="median")
+    model = model_for(cmem_len=4, cmem_rate=4, cmem_fn="linear", mem_len=6)
+    with pytest.raises(ValueError, match="multiples of cmem_rate"):
+        model(torch.randint(0, 40, (1, 6)), model(torch.randint(0, 40, (1, 6))).mems)
+
+
+def test_memory_dropout_zeroes_whole_slots_in_training_only():
+    model = model_for(mem_dropout=0.5)
+    x = torch.randint(0, 40, (2, 12))
+    mems = model.eval()(x[:, :6]).mems
+    eval_a, eval_b = model(x[:, 6:], mems).logits, model(x[:, 6:], mems).logits
+    assert torch.equal(eval_a, eval_b)
+    model.train()
+    torch.manual_seed(1)
+    train_a = model(x[:, 6:], mems).logits
+    torch.manual_seed(2)
+    train_b = model(x[:, 6:], mems).logits
+    assert not torch.allclose(train_a, train_b)
+
+
+def test_memory_state_round_trips_through_checkpoint_tensors():
+    model = model_for(cmem_len=4, cmem_rate=2, mem_quant="int8").eval()
+    x = torch.randint(0, 40, (2, 24))
+    mems = None
+    for lo in range(0, 24, 6):
+        mems = model(x[:, lo : lo + 6], mems).mems
+    again = memory_from_tensors(memory_to_tensors(mems))
+    out_a, out_b = model(x[:, :6], mems).logits, model(x[:, :6], again).logits
+    assert torch.equal(out_a, out_b)
