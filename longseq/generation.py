@@ -56,7 +56,7 @@ def generate(
     }
     device = next(model.parameters()).device
     prompt_ids = prompt_ids.to(device)
-    mems = None if model.config.uses_memory_state else KVMemory.empty()  # keys and values: never projected twice
+    mems = None if model.config.uses_memory_state else KVMemory.empty(ring=True)  # never projected twice, never copied
     context = prompt_ids[:, :-1]
     for start in range(0, context.size(1), segment_len):
         mems = model.read(context[:, start : start + segment_len], mems, **overrides)

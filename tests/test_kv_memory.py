@@ -77,3 +77,35 @@ def test_evaluate_gives_the_same_loss_with_either_memory():
     hidden = evaluate(model, ids, kv_memory=False, **settings)
     assert kv["tokens"] == hidden["tokens"] == 3 * 132 and abs(kv["loss"] - hidden["loss"]) < 1e-12
     assert model.training  # evaluate restores the mode it found
+
+
+def test_ring_buffer_equals_concatenate_and_truncate():
+    from longseq.model.memory import RingBuffer
+
+    ring, reference = RingBuffer(7, dim=1), torch.zeros(2, 0, 3)
+    generator = torch.Generator().manual_seed(0)
+    storage = None
+    for n in (3, 1, 5, 9, 2, 7, 1, 1, 6, 4):
+        x = torch.randn(2, n, 3, generator=generator)
+        ring.append(x)
+        reference = torch.cat([reference, x], dim=1)[:, -7:]
+        assert torch.equal(ring.view(), reference)
+        assert torch.equal(ring.view(4), reference[:, -4:])
+        storage = storage or ring.storage.data_ptr()
+        assert ring.storage.data_ptr() == storage  # never reallocated
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_ring_kv_memory_equals_concatenating_kv_memory(dtype, tol):
+    torch.manual_seed(0)
+    model = TransformerXLLM(ModelConfig(**{**BASE, "same_length": True})).to(dtype).eval()
+    x = torch.randint(0, 40, (2, 40))
+    plain, ring = KVMemory.empty(), KVMemory.empty(ring=True)
+    position = 0
+    for length in (5, 1, 1, 9, 3, 1, 1, 1, 4, 1):
+        inp = x[:, position : position + length]
+        position += length
+        a, b = model(inp, plain), model(inp, ring)
+        assert torch.allclose(a.logits, b.logits, atol=tol, rtol=0)
+        plain, ring = a.mems, b.mems
+        assert ring.length == plain.length

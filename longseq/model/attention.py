@@ -241,7 +241,7 @@ class RelativeMultiHeadAttention(nn.Module):
         r_r_bias: Tensor,  # (H, D)
         mask: Tensor,  # (T, K)
         memory: Tensor | None = None,  # (B, M, E) hidden-state memory
-        cache: tuple[Tensor, Tensor] | None = None,  # (B, H, M, D) keys and values of the memory
+        cache=None,  # (keys, values) (B, H, M, D) of the memory, or a RingKV
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """Returns the layer output (B, T, E) and the keys and values of [memory; segment] (B, H, K, D).
 
@@ -255,7 +255,9 @@ class RelativeMultiHeadAttention(nn.Module):
             query, key, value = self.qkv_net(source).split(width, dim=-1)  # (B, T, H*D) each
             key = key.view(batch, qlen, self.n_head, self.d_head).transpose(1, 2)
             value = value.view(batch, qlen, self.n_head, self.d_head).transpose(1, 2)
-            if cache[0].size(2):
+            if hasattr(cache, "extend"):  # ring storage: append in place, read a view
+                key, value = cache.extend(key, value)  # (B, H, K, D)
+            elif cache[0].size(2):
                 key = torch.cat([cache[0], key], dim=2)  # (B, H, K, D)
                 value = torch.cat([cache[1], value], dim=2)
         else:

@@ -42,13 +42,19 @@ class KVMemory:
     values: tuple[Tensor, ...]
     rel_keys: tuple[Tensor, ...] | None = None
     rel_clamp: int = 0
+    rings: tuple | None = None  # per layer RingKV when ring storage is on (updated in place)
+    ring: bool = False
 
     @classmethod
-    def empty(cls) -> KVMemory:
-        return cls(keys=(), values=())
+    def empty(cls, ring: bool = False) -> KVMemory:
+        """An empty memory; ``ring=True`` stores keys and values in ring buffers that are never reallocated
+        (for generation: no copy of the whole memory per token)."""
+        return cls(keys=(), values=(), ring=ring)
 
     @property
     def length(self) -> int:
+        if self.rings is not None:
+            return self.rings[0].length
         return self.keys[0].size(2) if self.keys else 0
 
     @classmethod
@@ -247,3 +253,74 @@ def memory_from_tensors(tensors: dict[str, Tensor]):
     )
     compressed = tuple(tensors[f"state.compressed.{i}"] for i in layers) if "state.compressed.0" in tensors else None
     return MemoryState(hidden, compressed, tensors.get("state.doc_ids"))
+
+
+class RingBuffer:
+    """The last ``capacity`` positions of a stream along ``dim``, in preallocated storage.
+
+    A mirrored ring: every position is written twice, at ``i`` and ``i + capacity``, so the
+    chronological window is always one contiguous slice of the storage.  Appending never
+    reallocates and reading never copies; truncation is only a moved start index.
+    """
+
+    def __init__(self, capacity: int, dim: int = 2) -> None:
+        if capacity < 1:
+            raise ValueError(f"a ring buffer needs capacity >= 1, got {capacity}")
+        self.capacity, self.dim = capacity, dim
+        self.storage: Tensor | None = None
+        self.start = 0  # storage index of the oldest position, in [0, capacity)
+        self.length = 0
+
+    def append(self, x: Tensor) -> None:
+        """Add ``x``'s positions (along ``dim``) after the current ones, dropping the oldest beyond capacity."""
+        n = x.size(self.dim)
+        if n > self.capacity:
+            x, n = x.narrow(self.dim, n - self.capacity, self.capacity), self.capacity
+        if self.storage is None:
+            shape = list(x.shape)
+            shape[self.dim] = 2 * self.capacity
+            self.storage = x.new_empty(shape)
+        end = (self.start + self.length) % self.capacity  # where the next position goes
+        first = min(n, self.capacity - end)
+        for offset in (0, self.capacity):  # the two mirrored copies
+            self.storage.narrow(self.dim, end + offset, first).copy_(x.narrow(self.dim, 0, first))
+            if n > first:
+                self.storage.narrow(self.dim, offset, n - first).copy_(x.narrow(self.dim, first, n - first))
+        overflow = max(0, self.length + n - self.capacity)
+        self.start = (self.start + overflow) % self.capacity
+        self.length = min(self.capacity, self.length + n)
+
+    def view(self, last: int | None = None) -> Tensor:
+        """The newest ``last`` positions (default: all), oldest first, as a view of the storage."""
+        last = self.length if last is None else min(last, self.length)
+        if self.storage is None:
+            raise ValueError("the ring buffer is empty")
+        return self.storage.narrow(self.dim, self.start + self.length - last, last)
+
+
+class RingKV:
+    """One layer's key/value memory in two ring buffers of capacity ``mem_len`` + the longest segment."""
+
+    def __init__(self, capacity: int, mem_len: int) -> None:
+        self.keys, self.values = RingBuffer(capacity, dim=2), RingBuffer(capacity, dim=2)
+        self.mem_len = mem_len
+        self.length = 0  # positions of memory (before the next segment)
+
+    def extend(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Append the segment's (B, H, T, D) keys and values; return those of [memory; segment] as views."""
+        total = self.length + key.size(2)
+        if total > self.keys.capacity:
+            raise ValueError(f"ring capacity {self.keys.capacity} is below memory + segment = {total}")
+        self.keys.append(key.detach())
+        self.values.append(value.detach())
+        self.length = min(total, self.mem_len)
+        return self.keys.view(total), self.values.view(total)
+
+    def grown(self, capacity: int) -> RingKV:
+        """A copy with more capacity (only when a longer segment than ever before arrives)."""
+        ring = RingKV(capacity, self.mem_len)
+        if self.length:
+            ring.keys.append(self.keys.view(self.length))
+            ring.values.append(self.values.view(self.length))
+            ring.length = self.length
+        return ring

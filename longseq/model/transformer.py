@@ -15,7 +15,7 @@ from longseq.config import ModelConfig
 from longseq.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from longseq.model.attention import RelativeMultiHeadAttention, causal_mask
 from longseq.model.compress import Compressor, reconstruction_loss
-from longseq.model.memory import KVMemory, Memory, MemoryState, quantize, update_memory
+from longseq.model.memory import KVMemory, Memory, MemoryState, RingKV, quantize, update_memory
 from longseq.model.positions import relative_distances, sinusoidal_embedding
 
 IGNORE_INDEX = -100
@@ -153,12 +153,19 @@ class TransformerXL(nn.Module):
         if self.training and c.mem_dropout > 0 and mlen:
             keep = (torch.rand(batch, mlen, 1, device=hidden.device) >= c.mem_dropout).to(hidden.dtype)  # (B, M, 1)
 
+        if kv and mems.ring:
+            rings = mems.rings or tuple(RingKV(mem_len + qlen, mem_len) for _ in range(c.n_layer))
+            if rings[0].keys.capacity < rings[0].length + qlen:
+                rings = tuple(r.grown(rings[0].length + qlen + mem_len) for r in rings)
         layer_inputs, presents = [], []
         empty = hidden.new_zeros(batch, c.n_head, 0, c.d_head)  # (B, H, 0, D)
         for i, layer in enumerate(self.layers):
             layer_inputs.append(hidden)
             if kv:
-                cache = (mems.keys[i], mems.values[i]) if mlen else (empty, empty)
+                if mems.ring:
+                    cache = rings[i]
+                else:
+                    cache = (mems.keys[i], mems.values[i]) if mlen else (empty, empty)
                 hidden, present = layer(hidden, rel_keys[i], *self._biases(i), mask, cache=cache)
                 presents.append(present)
                 continue
@@ -170,6 +177,8 @@ class TransformerXL(nn.Module):
                 context = context * keep  # memory dropout: whole slots
             hidden, _ = layer(hidden, rel_keys[i], *self._biases(i), mask, memory=context)
         hidden = self.drop(hidden)
+        if kv and mems.ring:
+            return hidden, KVMemory((), (), table, clamp_len, rings=rings, ring=True), None
         if kv:
             return hidden, KVMemory.from_presents(presents, mem_len, table, clamp_len), None
         if not (c.uses_memory_state or docs is not None):
@@ -320,7 +329,12 @@ class TransformerXLLM(nn.Module):
         if labels is not None and labels.shape != input_ids.shape:
             raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
         if isinstance(mems, KVMemory):
-            if mems.length:
+            if mems.rings is not None:
+                if mems.rings[0].keys.storage.size(0) != input_ids.size(0):
+                    raise ValueError(
+                        f"KVMemory must hold {c.n_layer} key and value tensors of batch {input_ids.size(0)}"
+                    )
+            elif mems.length:
                 want = (input_ids.size(0), c.n_head, mems.length, c.d_head)
                 if len(mems.keys) != c.n_layer or any(tuple(k.shape) != want for k in mems.keys + mems.values):
                     raise ValueError(
