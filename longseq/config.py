@@ -68,12 +68,13 @@ class ModelConfig(_JsonConfig):
     stores the memory in 8 bits with a scale per row (position) or per channel (``mem_quant_axis``);
     ``cmem_len`` > 0 keeps a compressed memory of that many slots, made from evicted states at rate
     ``cmem_rate`` with ``cmem_fn`` (mean, max, conv, linear), as in the Compressive Transformer.
+    ``mem_select="attention"`` keeps, of the old memory, the slots that received the most attention mass.
     """
 
     @property
     def uses_memory_state(self) -> bool:
         """True when the memory is a :class:`~longseq.model.memory.MemoryState` rather than a tuple."""
-        return self.cmem_len > 0 or self.mem_quant != "none"
+        return self.cmem_len > 0 or self.mem_quant != "none" or self.mem_select != "recent"
 
     @property
     def effective_range(self) -> int:
@@ -109,6 +110,7 @@ class ModelConfig(_JsonConfig):
     cmem_len: int = 0
     cmem_rate: int = 0
     cmem_fn: str = "mean"
+    mem_select: str = "recent"
 
     @property
     def embed_dim(self) -> int:
@@ -146,6 +148,10 @@ class ModelConfig(_JsonConfig):
         _check(
             not self.cmem_len or self.mem_len >= 1,
             "ModelConfig.cmem_len needs mem_len >= 1: only states evicted from the memory are compressed",
+        )
+        _check(
+            self.mem_select in ("recent", "attention"),
+            f"ModelConfig.mem_select must be recent or attention, got {self.mem_select!r}",
         )
         from longseq.model.compress import COMPRESSION_FUNCTIONS
 

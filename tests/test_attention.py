@@ -71,7 +71,7 @@ def test_attention_matches_naive_four_terms(kernel, mlen, same_length, clamp_len
     span = 6 if same_length else None
     pos_emb = sinusoidal_embedding(relative_distances(mlen + qlen, clamp_len), D_MODEL, torch.float64)
     mask = causal_mask(qlen, mlen, span)
-    fast, _ = layer(hidden, layer.rel_keys(pos_emb), u, v, mask, memory)
+    fast, _, _ = layer(hidden, layer.rel_keys(pos_emb), u, v, mask, memory)
     naive = naive_attention(layer, hidden, memory, u, v, clamp_len, span)
     assert torch.allclose(fast, naive, atol=1e-10, rtol=0), (fast - naive).abs().max()
 

@@ -137,3 +137,28 @@ def test_memory_state_round_trips_through_checkpoint_tensors():
     again = memory_from_tensors(memory_to_tensors(mems))
     out_a, out_b = model(x[:, :6], mems).logits, model(x[:, :6], again).logits
     assert torch.equal(out_a, out_b)
+
+
+def test_attention_pruning_keeps_the_segment_and_the_most_attended_old_slots():
+    from longseq.model.attention import causal_mask, key_mass
+
+    recent = model_for(mem_len=8).eval()
+    pruned = model_for(mem_len=8, mem_select="attention").eval()
+    x = torch.randint(0, 40, (2, 16))
+    first = recent(x[:, :6]).mems  # memory not full yet: nothing to choose
+    assert torch.equal(pruned(x[:, :6]).mems.hidden[0], first[0])
+    state = pruned(x[:, 6:11], first).mems  # 6 old + 5 new > 8: keep 3 old slots and the 5 new
+    layer0 = state.hidden[0]
+    embedded = recent.transformer.word_emb(x[:, 6:11])
+    assert torch.equal(layer0[:, 3:], embedded)
+    # the 3 old slots are those of layer 0 that received the most attention mass, in their original order
+    attn = recent.transformer.layers[0].dec_attn
+    context = torch.cat([first[0], embedded], dim=1)
+    q, k, _ = attn.qkv_net(context).split(16, dim=-1)
+    q = q[:, -5:].reshape(2, 5, 2, 8).transpose(1, 2)
+    k = k.reshape(2, 11, 2, 8).transpose(1, 2)
+    rel = recent.transformer._rel_keys(11, -1, torch.float32, x.device)[0]
+    mass = key_mass(q, k, rel, recent.transformer.r_w_bias, recent.transformer.r_r_bias, causal_mask(5, 6, None))[:, :6]
+    chosen = mass.topk(3, dim=1).indices.sort(dim=1).values
+    expected = first[0].gather(1, chosen[:, :, None].expand(-1, -1, 16))
+    assert torch.allclose(layer0[:, :3], expected, atol=1e-6)

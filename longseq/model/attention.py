@@ -159,6 +159,16 @@ def rel_shift_attention(
 AttentionKernel = Callable[..., Tensor]
 
 
+@torch.no_grad()
+def key_mass(query, key, rel_key, r_w_bias, r_r_bias, mask) -> Tensor:
+    """Attention mass each key receives, summed over heads and queries: (B, K).  For memory pruning."""
+    scale = 1.0 / math.sqrt(query.size(-1))
+    scores = torch.matmul((query + r_w_bias[:, None]) * scale, key.transpose(-1, -2))  # (B, H, T, K)
+    scores += rel_shift(torch.matmul((query + r_r_bias[:, None]) * scale, rel_key.transpose(-1, -2)), query.size(2))
+    scores.masked_fill_(mask, float("-inf"))
+    return torch.softmax(scores, dim=-1).sum(dim=(1, 2))
+
+
 def chunked_attention(
     kernel: AttentionKernel, chunk: int, query, key, value, rel_key, r_w_bias, r_r_bias, mask, dropatt, training
 ):
@@ -242,8 +252,10 @@ class RelativeMultiHeadAttention(nn.Module):
         mask: Tensor,  # (T, K)
         memory: Tensor | None = None,  # (B, M, E) hidden-state memory
         cache=None,  # (keys, values) (B, H, M, D) of the memory, or a RingKV
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """Returns the layer output (B, T, E) and the keys and values of [memory; segment] (B, H, K, D).
+        with_mass: bool = False,
+    ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None]:
+        """Returns the layer output (B, T, E), the keys and values of [memory; segment] (B, H, K, D), and with
+        ``with_mass`` the attention mass every key received (B, K), else None.
 
         With ``cache`` the memory's keys and values are reused instead of being projected again
         (identical results: the projection is per position, LayerNorm included).
@@ -279,4 +291,5 @@ class RelativeMultiHeadAttention(nn.Module):
         attn = attn.transpose(1, 2).reshape(batch, qlen, width)  # (B, T, H*D)
         out = self.drop(self.o_net(attn))  # (B, T, E)
         out = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
-        return out, (key, value)
+        mass = key_mass(query, key, rel_key, r_w_bias, r_r_bias, mask) if with_mass else None
+        return out, (key, value), mass

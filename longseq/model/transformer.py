@@ -61,9 +61,9 @@ class DecoderLayer(nn.Module):
         )
         self.pos_ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps)
 
-    def forward(self, hidden, rel_key, r_w_bias, r_r_bias, mask, memory=None, cache=None):
-        hidden, present = self.dec_attn(hidden, rel_key, r_w_bias, r_r_bias, mask, memory, cache)
-        return self.pos_ff(hidden), present
+    def forward(self, hidden, rel_key, r_w_bias, r_r_bias, mask, memory=None, cache=None, with_mass=False):
+        hidden, present, mass = self.dec_attn(hidden, rel_key, r_w_bias, r_r_bias, mask, memory, cache, with_mass)
+        return self.pos_ff(hidden), present, mass
 
 
 class TransformerXL(nn.Module):
@@ -157,7 +157,8 @@ class TransformerXL(nn.Module):
             rings = mems.rings or tuple(RingKV(mem_len + qlen, mem_len) for _ in range(c.n_layer))
             if rings[0].keys.capacity < rings[0].length + qlen:
                 rings = tuple(r.grown(rings[0].length + qlen + mem_len) for r in rings)
-        layer_inputs, presents = [], []
+        layer_inputs, presents, masses = [], [], []
+        prune = c.mem_select == "attention" and not kv
         empty = hidden.new_zeros(batch, c.n_head, 0, c.d_head)  # (B, H, 0, D)
         for i, layer in enumerate(self.layers):
             layer_inputs.append(hidden)
@@ -166,7 +167,7 @@ class TransformerXL(nn.Module):
                     cache = rings[i]
                 else:
                     cache = (mems.keys[i], mems.values[i]) if mlen else (empty, empty)
-                hidden, present = layer(hidden, rel_keys[i], *self._biases(i), mask, cache=cache)
+                hidden, present, _ = layer(hidden, rel_keys[i], *self._biases(i), mask, cache=cache)
                 presents.append(present)
                 continue
             if state is not None:
@@ -175,7 +176,8 @@ class TransformerXL(nn.Module):
                 context = None if mems is None else mems[i]
             if keep is not None and context is not None:
                 context = context * keep  # memory dropout: whole slots
-            hidden, _ = layer(hidden, rel_keys[i], *self._biases(i), mask, memory=context)
+            hidden, _, mass = layer(hidden, rel_keys[i], *self._biases(i), mask, memory=context, with_mass=prune)
+            masses.append(mass)
         hidden = self.drop(hidden)
         if kv and mems.ring:
             return hidden, KVMemory((), (), table, clamp_len, rings=rings, ring=True), None
@@ -183,7 +185,7 @@ class TransformerXL(nn.Module):
             return hidden, KVMemory.from_presents(presents, mem_len, table, clamp_len), None
         if not (c.uses_memory_state or docs is not None):
             return hidden, update_memory(layer_inputs, mems, mem_len), None
-        return (hidden, *self._update_state(layer_inputs, mems, mem_len, docs))
+        return (hidden, *self._update_state(layer_inputs, mems, mem_len, docs, masses if prune else None))
 
     def _documents(self, doc_ids, state, batch, qlen, mlen, device):
         """Document id of every query (B, T) and key (B, K), or None when documents are not tracked."""
@@ -199,14 +201,17 @@ class TransformerXL(nn.Module):
             mem_docs = query_docs[:, :1].expand(batch, mlen)
         return query_docs, torch.cat([mem_docs, query_docs], dim=1)
 
-    def _update_state(self, layer_inputs, mems, mem_len, docs):
+    def _update_state(self, layer_inputs, mems, mem_len, docs, masses=None):
         """New :class:`MemoryState`: shift in this segment, compress what falls out, quantize, track documents."""
         c = self.config
         state = mems if isinstance(mems, MemoryState) else MemoryState(hidden=tuple(mems) if mems is not None else ())
         old_plain = None
         if state.mem_length:
             old_plain = tuple(state.context(i, layer_inputs[i].dtype)[:, state.cmem_length :] for i in range(c.n_layer))
-        plain = update_memory(layer_inputs, old_plain, mem_len)  # (B, M', E) per layer
+        if masses is not None:
+            plain = _prune(layer_inputs, old_plain, masses, mem_len, state.cmem_length)
+        else:
+            plain = update_memory(layer_inputs, old_plain, mem_len)  # (B, M', E) per layer
         n_evicted = (state.mem_length + layer_inputs[0].size(1)) - plain[0].size(1)
         aux = None
         compressed = state.compressed
@@ -429,3 +434,28 @@ def _overrides(overrides: dict) -> dict:
     if unknown:
         raise TypeError(f"unknown recurrence override(s) {sorted(unknown)}; use mem_len, clamp_len or same_length")
     return {k: overrides.get(k) for k in ("mem_len", "clamp_len", "same_length")}
+
+
+def _prune(layer_inputs, old_plain, masses, mem_len: int, cmem_length: int):
+    """Keep this segment, and of the old memory the slots that received the most attention mass.
+
+    The kept slots stay in their original order; as with compressed memory, relative positions then
+    count slots, not tokens.  Per layer, since each layer attends with its own weights.
+    """
+    with torch.no_grad():
+        new = []
+        for i, inputs in enumerate(layer_inputs):
+            qlen = inputs.size(1)
+            old = None if old_plain is None else old_plain[i]
+            room = mem_len - qlen
+            if old is None or old.size(1) == 0 or room <= 0:
+                new.append(update_memory([inputs], None if old is None else (old,), mem_len)[0])
+                continue
+            if old.size(1) <= room:
+                new.append(torch.cat([old, inputs], dim=1).detach())
+                continue
+            mass = masses[i][:, cmem_length : cmem_length + old.size(1)]  # (B, M) mass of the old plain slots
+            keep = mass.topk(room, dim=1).indices.sort(dim=1).values  # (B, room), chronological
+            kept = old.gather(1, keep[:, :, None].expand(-1, -1, old.size(2)))
+            new.append(torch.cat([kept, inputs], dim=1).detach())
+        return tuple(new)
