@@ -69,12 +69,14 @@ class ModelConfig(_JsonConfig):
     ``cmem_len`` > 0 keeps a compressed memory of that many slots, made from evicted states at rate
     ``cmem_rate`` with ``cmem_fn`` (mean, max, conv, linear), as in the Compressive Transformer.
     ``mem_select="attention"`` keeps, of the old memory, the slots that received the most attention mass.
+    ``mem_tokens`` > 0 adds that many memory tokens (Recurrent Memory Transformer): read before the segment,
+    written after it and carried on, with back-propagation through ``mem_tokens_bptt`` segments.
     """
 
     @property
     def uses_memory_state(self) -> bool:
         """True when the memory is a :class:`~longseq.model.memory.MemoryState` rather than a tuple."""
-        return self.cmem_len > 0 or self.mem_quant != "none" or self.mem_select != "recent"
+        return self.cmem_len > 0 or self.mem_quant != "none" or self.mem_select != "recent" or self.mem_tokens > 0
 
     @property
     def effective_range(self) -> int:
@@ -111,6 +113,8 @@ class ModelConfig(_JsonConfig):
     cmem_rate: int = 0
     cmem_fn: str = "mean"
     mem_select: str = "recent"
+    mem_tokens: int = 0
+    mem_tokens_bptt: int = 1
 
     @property
     def embed_dim(self) -> int:
@@ -149,6 +153,8 @@ class ModelConfig(_JsonConfig):
             not self.cmem_len or self.mem_len >= 1,
             "ModelConfig.cmem_len needs mem_len >= 1: only states evicted from the memory are compressed",
         )
+        _check(self.mem_tokens >= 0, f"ModelConfig.mem_tokens must be >= 0, got {self.mem_tokens}")
+        _check(self.mem_tokens_bptt >= 1, f"ModelConfig.mem_tokens_bptt must be >= 1, got {self.mem_tokens_bptt}")
         _check(
             self.mem_select in ("recent", "attention"),
             f"ModelConfig.mem_select must be recent or attention, got {self.mem_select!r}",

@@ -111,3 +111,14 @@ def test_varlen_stream_resumes_identically():
         assert np.array_equal(sa.input_ids, sb.input_ids)
         lengths.add(sa.input_ids.size(1))
     assert len(lengths) > 3 and max(lengths) <= 35 and min(lengths) >= 1
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED, "ptb")), reason="shared PTB not present")
+def test_character_ptb_conversion_matches_the_published_size():
+    from longseq.data.corpus import ptb_to_char
+
+    with open(os.path.join(SHARED, "ptb", "ptb.train.txt"), encoding="utf-8") as f:
+        converted = ptb_to_char(f.read())
+    assert len(converted.encode()) == 9_812_816  # data/SOURCES.md
+    assert converted.startswith("a e r _ b a n k n o t e _ ")
+    assert ptb_to_char(" a <unk> cat \n") == "a _ <unk> _ c a t \n"

@@ -101,17 +101,21 @@ def test_compression_functions_and_their_errors():
     assert torch.equal(Compressor("mean", 2, 3)(states), states.view(2, 3, 2, 3).mean(2))
     assert torch.equal(Compressor("max", 3, 3)(states), states.view(2, 2, 3, 3).amax(2))
     assert Compressor("mean", 4, 3)(states).shape == (2, 2, 3)  # a partial last group is pooled too
-    with pytest.raises(ValueError, match="groups of exactly cmem_rate=4"):
-        Compressor("conv", 4, 3)(states)
+    assert Compressor("conv", 4, 3)(states).shape == (2, 2, 3)  # a short last group is padded with its last state
     with pytest.raises(ConfigError, match="needs a compression rate"):
         ModelConfig(cmem_len=8)
     with pytest.raises(ConfigError, match="without a compressed memory"):
         ModelConfig(cmem_rate=2)
     with pytest.raises(ConfigError, match="cmem_fn"):
         ModelConfig(cmem_len=4, cmem_rate=2, cmem_fn="median")
-    model = model_for(cmem_len=4, cmem_rate=4, cmem_fn="linear", mem_len=6)
-    with pytest.raises(ValueError, match="multiples of cmem_rate"):
-        model(torch.randint(0, 40, (1, 6)), model(torch.randint(0, 40, (1, 6))).mems)
+    from test_train import tiny_corpus, tiny_run
+
+    from longseq.train.loop import prepare_model_config
+
+    run = tiny_run()
+    run.model = ModelConfig(**{**run.model.to_dict(), "cmem_len": 4, "cmem_rate": 3, "cmem_fn": "linear"})
+    with pytest.raises(ConfigError, match="must be multiples of it"):
+        prepare_model_config(run, tiny_corpus())
 
 
 def test_memory_dropout_zeroes_whole_slots_in_training_only():
@@ -162,3 +166,50 @@ def test_attention_pruning_keeps_the_segment_and_the_most_attended_old_slots():
     chosen = mass.topk(3, dim=1).indices.sort(dim=1).values
     expected = first[0].gather(1, chosen[:, :, None].expand(-1, -1, 16))
     assert torch.allclose(layer0[:, :3], expected, atol=1e-6)
+
+
+def test_memory_tokens_carry_state_and_backpropagate_through_the_window():
+    x = torch.randint(0, 40, (2, 18))
+    for bptt, reaches_back in ((1, False), (2, True)):
+        model = model_for(mem_tokens=3, mem_tokens_bptt=bptt).train()
+        captured = []
+        handle = model.transformer.word_emb.register_forward_hook(lambda m, a, out, store=captured: store.append(out))
+        first = model(x[:, :6], None, x[:, 1:7])
+        assert first.mems.tokens.shape == (2, 3, 16) and first.mems.mem_length == 6
+        second = model(x[:, 6:12], first.mems, x[:, 7:13])
+        handle.remove()
+        (grad,) = torch.autograd.grad(second.loss, [captured[0]], allow_unused=True)
+        assert (grad is not None) == reaches_back  # through the memory tokens only: the XL memory is detached
+    model.eval()
+    out = model(x[:, :6])
+    assert out.logits.shape == (2, 6, 40) and not out.mems.tokens.requires_grad
+
+
+def test_memory_tokens_and_compaction_resume_exactly(tmp_path):
+    from test_train import tiny_corpus, tiny_run
+
+    from longseq.train import train
+
+    corpus = tiny_corpus()
+
+    def run():
+        r = tiny_run(max_steps=8, eval_interval=4)
+        r.model = ModelConfig(
+            **{
+                **r.model.to_dict(),
+                "mem_tokens": 2,
+                "mem_tokens_bptt": 2,
+                "cmem_len": 4,
+                "cmem_rate": 2,
+                "cmem_fn": "linear",
+                "mem_quant": "int8",
+            }
+        )
+        r.data.varlen = False
+        return r
+
+    whole = train(run(), str(tmp_path / "whole"), corpus=corpus, progress=False)
+    first = train(run(), str(tmp_path / "split"), corpus=corpus, progress=False, stop_after=3)
+    second = train(run(), str(tmp_path / "split"), corpus=corpus, progress=False, resume=True)
+    assert first.losses + second.losses == whole.losses and len(whole.losses) == 8
+    assert whole.tokens == 8 * 2 * 4 * 8  # two segments per step with mem_tokens_bptt=2

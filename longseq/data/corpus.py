@@ -139,3 +139,29 @@ def unigram_bits_per_token(train: np.ndarray, target: np.ndarray, vocab_size: in
     counts = np.bincount(train, minlength=vocab_size).astype(np.float64) + 1.0
     log_probs = np.log2(counts / counts.sum())
     return float(-log_probs[target].mean())
+
+
+def ptb_to_char(text: str) -> str:
+    """Mikolov's character-level PTB from the word-level files: characters separated by spaces, words by
+    `` _ ``, ``<unk>`` kept whole, every line ending in `` \\n``.  Read the result with the ``word``
+    tokenizer: each character is then one token and ``<eos>`` marks line ends."""
+    lines = []
+    for line in text.split("\n"):
+        words = line.split()
+        if not words and not line:
+            continue
+        chars = [w if w == "<unk>" else " ".join(w) for w in words]
+        lines.append(" _ ".join(chars) + " \n")
+    return "".join(lines)
+
+
+def load_ptb_char(directory: str) -> Corpus:
+    """Character-level PTB built from ``ptb.{train,valid,test}.txt`` (see :func:`ptb_to_char`)."""
+    from longseq.data.tokenizers import WordTokenizer
+
+    texts = {
+        s: ptb_to_char(decode_text(read_bytes(os.path.join(directory, f"ptb.{s}.txt")), directory)) for s in SPLITS
+    }
+    tokenizer = WordTokenizer.build(texts["train"])
+    ids = {s: _check_nonempty(tokenizer.encode(t), f"ptb.{s}.txt") for s, t in texts.items()}
+    return Corpus(ids["train"], ids["valid"], ids["test"], tokenizer, os.path.join(directory, "ptb (characters)"))

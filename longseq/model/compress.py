@@ -25,7 +25,8 @@ COMPRESSION_FUNCTIONS = ("mean", "max", "conv", "linear")
 
 
 class Compressor(nn.Module):
-    """(B, n, E) -> (B, n / c, E) for n divisible by c (mean and max also pool a final partial group)."""
+    """(B, n, E) -> (B, ceil(n / c), E).  Training keeps n a multiple of c (the trainer checks tgt_len and
+    mem_len); a partial last group, as at the end of an evaluation pass, is pooled or padded with its last state."""
 
     def __init__(self, kind: str, rate: int, d_model: int) -> None:
         super().__init__()
@@ -41,11 +42,10 @@ class Compressor(nn.Module):
 
     def forward(self, states: Tensor) -> Tensor:
         batch, n, d = states.shape
-        if self.learned and n % self.rate:
-            raise ValueError(
-                f"cmem_fn={self.kind} compresses groups of exactly cmem_rate={self.rate} states, but {n} were evicted; "
-                "make tgt_len and mem_len multiples of cmem_rate"
-            )
+        if self.learned and n % self.rate:  # a short final segment: complete the last group with its last state
+            pad = self.rate - n % self.rate
+            states = torch.cat([states, states[:, -1:].expand(batch, pad, d)], dim=1)
+            n += pad
         if self.kind in ("mean", "max"):
             pool = F.avg_pool1d if self.kind == "mean" else F.max_pool1d
             return pool(states.transpose(1, 2), self.rate, self.rate, ceil_mode=True).transpose(1, 2)

@@ -102,15 +102,19 @@ class MemoryState:
 
     * ``hidden``: per layer, the last M layer inputs (B, M, E), as floats or :class:`Quantized`;
     * ``compressed``: per layer, the compressed memory (B, C, E) of the Compressive Transformer, older than ``hidden``;
-    * ``doc_ids``: (B, C + M) document id of every memory slot, for per-stream resets (-1: cleared).
+    * ``doc_ids``: (B, C + M) document id of every memory slot, for per-stream resets (-1: cleared);
+    * ``tokens``: (B, n, E) memory tokens of the Recurrent Memory Transformer, written by the last segment;
+      they keep their graph for ``mem_tokens_bptt`` segments (``tokens_age`` counts them).
 
     A plain memory is a tuple of tensors; this structure is used when compression, quantization or
-    document resets are in play.  Everything here is detached.
+    document resets are in play.  Everything here but ``tokens`` is detached.
     """
 
     hidden: tuple[Tensor | Quantized, ...]
     compressed: tuple[Tensor, ...] | None = None
     doc_ids: Tensor | None = None
+    tokens: Tensor | None = None
+    tokens_age: int = 0
 
     @property
     def mem_length(self) -> int:
@@ -158,9 +162,10 @@ def memory_nbytes(mems) -> int:
     return sum(t.numel() * t.element_size() for t in mems)
 
 
-def reset_rows(mems, rows: Tensor, n_layer: int):
+def reset_rows(mems, rows: Tensor, n_layer: int, initial_tokens: Tensor | None = None):
     """Clear the memory of the stream rows where ``rows`` (B,) is True: their slots get document id -1
-    and are masked from then on, so nothing of the previous document reaches the next one."""
+    and are masked from then on, so nothing of the previous document reaches the next one.  With memory
+    tokens, pass the model's ``transformer.memory_tokens`` as ``initial_tokens``: those rows restart from it."""
     if mems is None or not bool(rows.any()):
         return mems
     state = mems if isinstance(mems, MemoryState) else MemoryState(hidden=tuple(mems))
@@ -169,7 +174,12 @@ def reset_rows(mems, rows: Tensor, n_layer: int):
     if doc is None:
         doc = torch.zeros(batch, state.length, dtype=torch.long, device=rows.device)
     doc = doc.masked_fill(rows[:, None], -1)
-    return MemoryState(state.hidden, state.compressed, doc)
+    tokens = state.tokens
+    if tokens is not None:
+        if initial_tokens is None:
+            raise ValueError("this memory carries memory tokens: pass initial_tokens=model.transformer.memory_tokens")
+        tokens = torch.where(rows[:, None, None], initial_tokens.to(tokens.dtype).expand_as(tokens), tokens)
+    return MemoryState(state.hidden, state.compressed, doc, tokens, state.tokens_age)
 
 
 def _split_rows(x, chunks: int):
@@ -192,11 +202,14 @@ def split_memory(mems, chunks: int) -> list:
         hidden = [_split_rows(h, chunks) for h in mems.hidden]
         compressed = [c.chunk(chunks, 0) for c in mems.compressed] if mems.compressed is not None else None
         docs = mems.doc_ids.chunk(chunks, 0) if mems.doc_ids is not None else None
+        tokens = mems.tokens.chunk(chunks, 0) if mems.tokens is not None else None
         return [
             MemoryState(
                 tuple(h[i] for h in hidden),
                 tuple(c[i] for c in compressed) if compressed is not None else None,
                 docs[i] if docs is not None else None,
+                tokens[i] if tokens is not None else None,
+                mems.tokens_age,
             )
             for i in range(chunks)
         ]
@@ -213,7 +226,8 @@ def join_memory(parts: list):
         if parts[0].compressed is not None:
             compressed = tuple(torch.cat([p.compressed[i] for p in parts]) for i in range(n_layer))
         docs = torch.cat([p.doc_ids for p in parts]) if parts[0].doc_ids is not None else None
-        return MemoryState(hidden, compressed, docs)
+        tokens = torch.cat([p.tokens for p in parts]) if parts[0].tokens is not None else None
+        return MemoryState(hidden, compressed, docs, tokens, parts[0].tokens_age)
     return tuple(torch.cat(layer, dim=0) for layer in zip(*parts))
 
 
@@ -234,6 +248,8 @@ def memory_to_tensors(mems) -> dict[str, Tensor]:
         out[f"state.compressed.{i}"] = c.detach().cpu().contiguous()
     if mems.doc_ids is not None:
         out["state.doc_ids"] = mems.doc_ids.cpu().contiguous()
+    if mems.tokens is not None:
+        out["state.tokens"] = mems.tokens.detach().cpu().contiguous()
     return out
 
 
@@ -243,7 +259,7 @@ def memory_from_tensors(tensors: dict[str, Tensor]):
     if plain:
         return tuple(v for _, v in plain)
     layers = sorted({int(k.rsplit(".", 1)[1]) for k in tensors if k.startswith("state.hidden")})
-    if not layers:
+    if not layers and "state.tokens" not in tensors:
         return None
     hidden = tuple(
         Quantized(tensors[f"state.hidden_q.{i}"], tensors[f"state.hidden_scale.{i}"])
@@ -252,7 +268,14 @@ def memory_from_tensors(tensors: dict[str, Tensor]):
         for i in layers
     )
     compressed = tuple(tensors[f"state.compressed.{i}"] for i in layers) if "state.compressed.0" in tensors else None
-    return MemoryState(hidden, compressed, tensors.get("state.doc_ids"))
+    return MemoryState(hidden, compressed, tensors.get("state.doc_ids"), tensors.get("state.tokens"))
+
+
+def detach_memory(mems):
+    """The memory with the memory tokens' graph cut (the end of a back-propagation window)."""
+    if isinstance(mems, MemoryState) and mems.tokens is not None:
+        return MemoryState(mems.hidden, mems.compressed, mems.doc_ids, mems.tokens.detach(), 0)
+    return mems
 
 
 class RingBuffer:

@@ -84,6 +84,8 @@ class TransformerXL(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layer))
         if c.cmem_len:
             self.compressors = nn.ModuleList(Compressor(c.cmem_fn, c.cmem_rate, c.d_model) for _ in range(c.n_layer))
+        if c.mem_tokens:
+            self.memory_tokens = nn.Parameter(torch.zeros(c.mem_tokens, c.d_model))  # the first read tokens
 
     def _biases(self, layer: int) -> tuple[Tensor, Tensor]:
         if self.config.untie_r:
@@ -124,6 +126,8 @@ class TransformerXL(nn.Module):
         """Returns hidden states (B, T, E), the new memory and the compressors' reconstruction loss (or None)."""
         c = self.config
         batch, qlen = input_ids.shape
+        n_tok = c.mem_tokens
+        qlen += 2 * n_tok  # [read tokens; segment; write tokens]
         kv = isinstance(mems, KVMemory)
         state = mems if isinstance(mems, MemoryState) else None
         if kv:
@@ -137,6 +141,8 @@ class TransformerXL(nn.Module):
             raise ValueError("same_length=True needs mem_len >= 1: it limits every query to the last mem_len keys")
         span = mem_len + c.cmem_len if same_length else None
         mask = causal_mask(qlen, mlen, span, device=input_ids.device)  # (T, K)
+        if n_tok and doc_ids is not None:
+            raise ValueError("document ids are not supported together with memory tokens")
         docs = self._documents(doc_ids, state, batch, qlen, mlen, input_ids.device)
         if docs is not None:
             if kv:
@@ -144,7 +150,13 @@ class TransformerXL(nn.Module):
             query_docs, key_docs = docs  # (B, T), (B, K)
             mask = (mask | (key_docs[:, None, :] != query_docs[:, :, None]))[:, None]  # (B, 1, T, K)
 
-        hidden = self.drop(self.word_emb(input_ids))  # (B, T, E)
+        hidden = self.word_emb(input_ids)  # (B, T, E)
+        if n_tok:
+            read = state.tokens if state is not None and state.tokens is not None else None
+            if read is None:
+                read = self.memory_tokens.to(hidden.dtype).expand(batch, -1, -1)  # (B, n, E)
+            hidden = torch.cat([read, hidden, read], dim=1)  # (B, n + T + n, E)
+        hidden = self.drop(hidden)
         if kv:
             table, rel_keys = self._cached_rel_keys(mems, klen, clamp_len, hidden.dtype, hidden.device, mem_len + qlen)
         else:
@@ -178,6 +190,10 @@ class TransformerXL(nn.Module):
                 context = context * keep  # memory dropout: whole slots
             hidden, _, mass = layer(hidden, rel_keys[i], *self._biases(i), mask, memory=context, with_mass=prune)
             masses.append(mass)
+        if n_tok:
+            written = hidden[:, n_tok + qlen - 2 * n_tok :]  # (B, n, E): the new memory tokens
+            hidden = hidden[:, n_tok : qlen - n_tok]
+            layer_inputs = [h[:, n_tok : qlen - n_tok] for h in layer_inputs]
         hidden = self.drop(hidden)
         if kv and mems.ring:
             return hidden, KVMemory((), (), table, clamp_len, rings=rings, ring=True), None
@@ -185,7 +201,13 @@ class TransformerXL(nn.Module):
             return hidden, KVMemory.from_presents(presents, mem_len, table, clamp_len), None
         if not (c.uses_memory_state or docs is not None):
             return hidden, update_memory(layer_inputs, mems, mem_len), None
-        return (hidden, *self._update_state(layer_inputs, mems, mem_len, docs, masses if prune else None))
+        new_state, aux = self._update_state(layer_inputs, mems, mem_len, docs, masses if prune else None)
+        if n_tok:
+            age = (state.tokens_age if state is not None else 0) + 1
+            if not self.training or age >= c.mem_tokens_bptt:
+                written, age = written.detach(), 0
+            new_state = MemoryState(new_state.hidden, new_state.compressed, new_state.doc_ids, written, age)
+        return hidden, new_state, aux
 
     def _documents(self, doc_ids, state, batch, qlen, mlen, device):
         """Document id of every query (B, T) and key (B, K), or None when documents are not tracked."""

@@ -24,7 +24,7 @@ from longseq.data.batching import OrderedStream
 from longseq.data.corpus import Corpus, load_corpus, unigram_bits_per_token
 from longseq.eval.evaluate import evaluate
 from longseq.model import TransformerXLLM
-from longseq.model.memory import join_memory, split_memory
+from longseq.model.memory import detach_memory, join_memory, split_memory
 from longseq.train.checkpoint import TrainingState, load_training_state, load_weights, save_checkpoint
 from longseq.train.optim import build_optimizer, learning_rate
 
@@ -73,6 +73,16 @@ def prepare_model_config(run: RunConfig, corpus: Corpus) -> None:
             f"pass --set cutoffs=... with values below {vocab}, or cutoffs=[] for a plain softmax"
         )
     run.model = type(run.model).from_dict({**run.model.to_dict(), "vocab_size": vocab})
+    m, rate = run.model, run.model.cmem_rate
+    if (
+        m.cmem_len
+        and m.cmem_fn in ("conv", "linear")
+        and (run.data.tgt_len % rate or m.mem_len % rate or run.data.varlen)
+    ):
+        raise ConfigError(
+            f"cmem_fn={m.cmem_fn} compresses groups of exactly cmem_rate={rate} evicted states: tgt_len={run.data.tgt_len} "
+            f"and mem_len={m.mem_len} must be multiples of it, and varlen must be off"
+        )
 
 
 def train(
@@ -154,6 +164,8 @@ def train(
         )
 
     losses: list[float] = []
+    window = run.model.mem_tokens_bptt if run.model.mem_tokens else 1
+    pending: list = [None] * tc.grad_accum
     valid: dict = {}
     end = tc.max_steps if stop_after is None else min(tc.max_steps, step + stop_after)
     start_time, start_tokens = time.perf_counter(), tokens_seen
@@ -165,24 +177,31 @@ def train(
             lr = learning_rate(step, tc)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            segment = stream.next_segment()
-            if segment.new_epoch:
-                mems = None
+            # one optimizer step reads `window` consecutive segments: 1, or mem_tokens_bptt when memory
+            # tokens back-propagate through several segments
+            segments = [stream.next_segment() for _ in range(window)]
             optimizer.zero_grad(set_to_none=True)
-            inputs = segment.input_ids.chunk(tc.grad_accum, dim=0)
-            labels = segment.labels.chunk(tc.grad_accum, dim=0)
-            new_mems, loss_sum = [], 0.0
-            doc_chunks = [None] * tc.grad_accum
-            if segment.doc_ids is not None:
-                doc_chunks = segment.doc_ids.chunk(tc.grad_accum, dim=0)
-            for inp, lab, doc, mem in zip(inputs, labels, doc_chunks, split_memory(mems, tc.grad_accum)):
-                out = model(inp, mem, lab, doc_ids=doc)
-                total = out.loss if out.aux_loss is None else out.loss + out.aux_loss
-                (total / tc.grad_accum).backward()
-                loss_sum += out.loss.item()
-                new_mems.append(out.mems)
-            mems = join_memory(new_mems)
-            loss = loss_sum / tc.grad_accum
+            chunk_mems, loss_sum = split_memory(mems, tc.grad_accum), 0.0
+            for j, segment in enumerate(segments):
+                if segment.new_epoch:
+                    chunk_mems = [None] * tc.grad_accum
+                inputs = segment.input_ids.chunk(tc.grad_accum, dim=0)
+                labels = segment.labels.chunk(tc.grad_accum, dim=0)
+                doc_chunks = [None] * tc.grad_accum
+                if segment.doc_ids is not None:
+                    doc_chunks = segment.doc_ids.chunk(tc.grad_accum, dim=0)
+                for c, (inp, lab, doc) in enumerate(zip(inputs, labels, doc_chunks)):
+                    out = model(inp, chunk_mems[c], lab, doc_ids=doc)
+                    total = out.loss if out.aux_loss is None else out.loss + out.aux_loss
+                    pending[c] = total if pending[c] is None else pending[c] + total
+                    loss_sum += out.loss.item()
+                    chunk_mems[c] = out.mems
+                    if j == window - 1:  # one backward per chunk, through all segments of the window
+                        (pending[c] / (tc.grad_accum * window)).backward()
+                        pending[c] = None
+            mems = detach_memory(join_memory(chunk_mems))
+            segment = segments[-1]
+            loss = loss_sum / (tc.grad_accum * window)
             if not math.isfinite(loss):
                 raise TrainingError(
                     f"loss is {loss} at step {step + 1} (lr {lr:.3g}); lower lr or raise warmup_steps. "
@@ -192,7 +211,7 @@ def train(
                 torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip)
             optimizer.step()
             step += 1
-            tokens_seen += segment.labels.numel()
+            tokens_seen += sum(seg.labels.numel() for seg in segments)
             losses.append(loss)
             elapsed = time.perf_counter() - start_time
             speed = (tokens_seen - start_tokens) / elapsed if elapsed > 0 else 0.0
