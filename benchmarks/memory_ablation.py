@@ -39,6 +39,7 @@ VARIANTS = {
     "compressive linear": dict(mem_len=32, cmem_len=16, cmem_rate=2, cmem_fn="linear"),
     "8-bit": dict(mem_len=64, mem_quant="int8"),
     "pruned (attention)": dict(mem_len=64, mem_select="attention"),
+    "memory tokens": dict(mem_len=64, mem_tokens=8, mem_tokens_bptt=2),
 }
 
 
@@ -60,12 +61,21 @@ def run_variant(name: str, overrides: dict, corpus, steps: int, eval_segments: i
     run = RunConfig(
         model=model_config,
         data=DataConfig(tokenizer="word", tgt_len=32, batch_size=16, eval_tgt_len=32, eval_batch_size=16),
-        train=TrainConfig(max_steps=steps, lr=2e-3, min_lr=1e-4, warmup_steps=50, eval_interval=steps, eval_max_segments=20, log_interval=50),
+        # equal token budgets: a step with memory tokens back-propagating through k segments reads k segments
+        train=TrainConfig(max_steps=steps // overrides.get("mem_tokens_bptt", 1), lr=2e-3, min_lr=1e-4, warmup_steps=50, eval_interval=steps, eval_max_segments=20, log_interval=50),
     )  # fmt: skip
     result = train(run, out, corpus=corpus, progress=False)
     model, _, _, _ = load_checkpoint(os.path.join(out, "last"))
     test = evaluate(model, corpus.test, batch_size=16, tgt_len=32, max_segments=eval_segments, bits_unit="bpc")
+    extra = {}
+    if overrides.get("mem_quant", "none") == "none" and not model_config.uses_memory_state and model_config.mem_len:
+        # the same weights evaluated with an 8-bit memory: the cost of quantization alone
+        quantized = type(model)(ModelConfig(**{**model_config.to_dict(), "mem_quant": "int8"}))
+        quantized.load_state_dict(model.state_dict())
+        q = evaluate(quantized, corpus.test, batch_size=16, tgt_len=32, max_segments=eval_segments, bits_unit="bpc")
+        extra["test_bpc_int8_memory_same_weights"] = q["bpc"]
     return {
+        **extra,
         "variant": name,
         "test_bpc": test["bpc"],
         "memory_bytes_per_layer": memory_bytes_per_layer(model, corpus, model_config),

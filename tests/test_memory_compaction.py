@@ -213,3 +213,15 @@ def test_memory_tokens_and_compaction_resume_exactly(tmp_path):
     second = train(run(), str(tmp_path / "split"), corpus=corpus, progress=False, resume=True)
     assert first.losses + second.losses == whole.losses and len(whole.losses) == 8
     assert whole.tokens == 8 * 2 * 4 * 8  # two segments per step with mem_tokens_bptt=2
+
+
+def test_reset_rows_with_memory_tokens_restarts_those_streams():
+    model = model_for(mem_tokens=2).double().eval()
+    first, second = torch.randint(0, 40, (2, 6)), torch.randint(0, 40, (2, 5))
+    mems = model(first).mems
+    with pytest.raises(ValueError, match="initial_tokens"):
+        reset_rows(mems, torch.tensor([True, False]), 2)
+    cleared = reset_rows(mems, torch.tensor([True, False]), 2, model.transformer.memory_tokens)
+    after = model(second, cleared).logits
+    assert torch.allclose(after[0], model(second[:1]).logits[0], atol=1e-10)
+    assert torch.allclose(after[1], model(second, mems).logits[1], atol=1e-10)

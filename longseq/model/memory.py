@@ -142,12 +142,14 @@ class MemoryState:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the memory tensors (hidden, compressed and document ids)."""
+        """Bytes held by the memory tensors (hidden, compressed and memory tokens)."""
         total = 0
         for h in self.hidden:
             total += h.nbytes if isinstance(h, Quantized) else h.numel() * h.element_size()
         for c in self.compressed or ():
             total += c.numel() * c.element_size()
+        if self.tokens is not None:
+            total += self.tokens.numel() * self.tokens.element_size()
         return total
 
 

@@ -201,6 +201,10 @@ class TransformerXL(nn.Module):
             return hidden, KVMemory.from_presents(presents, mem_len, table, clamp_len), None
         if not (c.uses_memory_state or docs is not None):
             return hidden, update_memory(layer_inputs, mems, mem_len), None
+        if n_tok and docs is not None:  # the memory keeps segment positions only: drop the tokens' document ids
+            query_docs, key_docs = docs
+            segment = slice(n_tok, qlen - n_tok)
+            docs = (query_docs[:, segment], torch.cat([key_docs[:, :mlen], key_docs[:, mlen:][:, segment]], dim=1))
         new_state, aux = self._update_state(layer_inputs, mems, mem_len, docs, masses if prune else None)
         if n_tok:
             age = (state.tokens_age if state is not None else 0) + 1
