@@ -93,6 +93,9 @@ def cmd_eval(args: argparse.Namespace) -> dict:
     path = args.data if args.data is not None else run.data.path
     corpus = load_corpus(path, tokenizer.kind, tokenizer=tokenizer, lowercase=run.data.lowercase)
     ids = corpus.split(settings.split)
+    doc_ids = None
+    if run.data.doc_reset and corpus.doc_ids is not None:
+        doc_ids = corpus.doc_ids[settings.split]
     metrics = evaluate(
         model,
         ids,
@@ -104,6 +107,7 @@ def cmd_eval(args: argparse.Namespace) -> dict:
         max_segments=settings.max_segments,
         bits_unit=bits_unit(tokenizer.kind),
         progress=not args.quiet,
+        doc_ids=doc_ids,
     )
     return {"split": settings.split, **metrics}
 
@@ -176,6 +180,8 @@ def cmd_bench(args: argparse.Namespace) -> dict:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = TransformerXLLM(speed.bench_config(args.mem_len, attn_chunk=args.attn_chunk))
+    if args.task != "train" and (args.compile or args.autocast):
+        raise ValueError("--compile and --autocast apply to `longseq bench train` only")
     settings = {"task": args.task, "tgt_len": args.tgt_len, "mem_len": args.mem_len, "threads": torch.get_num_threads()}
     if args.task == "train":
         result = speed.train_throughput(
@@ -202,7 +208,9 @@ def cmd_bench(args: argparse.Namespace) -> dict:
             mem_len=args.mem_len,
             segment_len=args.tgt_len,
         )
-    return {**settings, "batch": args.batch, **result}
+    if args.task != "generate":
+        settings["batch"] = args.batch
+    return {**settings, **result}
 
 
 def build_parser() -> argparse.ArgumentParser:

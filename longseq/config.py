@@ -153,6 +153,10 @@ class ModelConfig(_JsonConfig):
             not self.cmem_len or self.mem_len >= 1,
             "ModelConfig.cmem_len needs mem_len >= 1: only states evicted from the memory are compressed",
         )
+        _check(
+            self.mem_select == "recent" or not self.cmem_len,
+            "ModelConfig.mem_select=attention cannot be combined with a compressed memory (cmem_len > 0)",
+        )
         _check(self.mem_tokens >= 0, f"ModelConfig.mem_tokens must be >= 0, got {self.mem_tokens}")
         _check(self.mem_tokens_bptt >= 1, f"ModelConfig.mem_tokens_bptt must be >= 1, got {self.mem_tokens_bptt}")
         _check(

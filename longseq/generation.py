@@ -48,6 +48,40 @@ def generate(
         raise ValueError(f"prompt_ids must be a non-empty (batch, time) tensor, got shape {tuple(prompt_ids.shape)}")
     if max_new_tokens < 0 or temperature < 0 or top_k < 0 or not 0.0 < top_p <= 1.0:
         raise ValueError("need max_new_tokens >= 0, temperature >= 0, top_k >= 0 and 0 < top_p <= 1")
+    if mem_len is not None and mem_len < 0:
+        raise ValueError(f"mem_len must be >= 0, got {mem_len}")
+    was_training = model.training
+    try:
+        return _generate(
+            model,
+            prompt_ids,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            mem_len,
+            segment_len,
+            clamp_len,
+            same_length,
+            generator,
+        )
+    finally:
+        model.train(was_training)
+
+
+def _generate(
+    model,
+    prompt_ids,
+    max_new_tokens,
+    temperature,
+    top_k,
+    top_p,
+    mem_len,
+    segment_len,
+    clamp_len,
+    same_length,
+    generator,
+):
     model.eval()
     overrides = {
         "mem_len": model.config.mem_len if mem_len is None else mem_len,

@@ -109,3 +109,11 @@ def test_bench_cli_reports_each_task(capsys):
     assert last_json(capsys)["ms_per_token"] > 0
     assert main(["bench", "generate", *small, "--prompt-len", "20", "--new-tokens", "5", "--json"]) == 0
     assert last_json(capsys)["tokens_per_s"] > 0
+
+
+def test_generate_restores_the_training_mode_and_checks_mem_len():
+    model = TransformerXLLM(ModelConfig(vocab_size=20, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32)).train()
+    generate(model, torch.randint(0, 20, (1, 4)), 3)
+    assert model.training
+    with pytest.raises(ValueError, match="mem_len must be >= 0"):
+        generate(model, torch.randint(0, 20, (1, 4)), 3, mem_len=-3)

@@ -225,3 +225,19 @@ def test_reset_rows_with_memory_tokens_restarts_those_streams():
     after = model(second, cleared).logits
     assert torch.allclose(after[0], model(second[:1]).logits[0], atol=1e-10)
     assert torch.allclose(after[1], model(second, mems).logits[1], atol=1e-10)
+
+
+def test_document_ids_work_with_chunked_attention_and_bad_combinations_are_rejected():
+    chunked = model_for(attn_chunk=3).double().eval()
+    whole = model_for(attn_chunk=0).double().eval()
+    x, docs = torch.randint(0, 40, (2, 10)), torch.tensor([[0] * 4 + [1] * 6, [2] * 10])
+    first_c, first_w = chunked(x, doc_ids=docs), whole(x, doc_ids=docs)
+    assert torch.allclose(first_c.logits, first_w.logits, atol=1e-12)
+    assert torch.allclose(
+        chunked(x, first_c.mems, doc_ids=docs + 1).logits, whole(x, first_w.mems, doc_ids=docs + 1).logits, atol=1e-12
+    )
+    with pytest.raises(ConfigError, match="cannot be combined with a compressed memory"):
+        ModelConfig(mem_select="attention", cmem_len=4, cmem_rate=2)
+    pruned = model_for(mem_select="attention")
+    with pytest.raises(ValueError, match="does not support document ids"):
+        pruned(x, doc_ids=docs)

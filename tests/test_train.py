@@ -129,3 +129,25 @@ def test_schedules():
     inv = TrainConfig(max_steps=100, lr=1.0, warmup_steps=4, schedule="inv_sqrt")
     assert learning_rate(16, inv) == pytest.approx(0.5)
     assert learning_rate(70, TrainConfig(max_steps=100, lr=1.0, warmup_steps=4, schedule="constant")) == 1.0
+
+
+def test_interrupt_inside_a_step_saves_the_last_completed_step(tmp_path, monkeypatch):
+    from longseq.model import TransformerXLLM
+
+    corpus = tiny_corpus()
+    whole = train(tiny_run(), str(tmp_path / "whole"), corpus=corpus, progress=False)
+    original = TransformerXLLM.forward
+    calls = {"n": 0}
+
+    def interrupting(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2 * 7 + 2:  # the second chunk of step 8 (grad_accum=2; no evaluations in this run)
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(TransformerXLLM, "forward", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_run(eval_interval=100), str(tmp_path / "cut"), corpus=corpus, progress=False)
+    monkeypatch.setattr(TransformerXLLM, "forward", original)
+    resumed = train(tiny_run(), str(tmp_path / "cut"), corpus=corpus, progress=False, resume=True)
+    assert resumed.losses == whole.losses[7:]

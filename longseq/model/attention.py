@@ -194,7 +194,7 @@ def chunked_attention(
                 rel_key[:, klen - keys :],
                 r_w_bias,
                 r_r_bias,
-                mask[start:stop, :keys],
+                mask[..., start:stop, :keys],
                 dropatt,
                 training,
             )

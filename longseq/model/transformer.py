@@ -235,6 +235,8 @@ class TransformerXL(nn.Module):
         if state.mem_length:
             old_plain = tuple(state.context(i, layer_inputs[i].dtype)[:, state.cmem_length :] for i in range(c.n_layer))
         if masses is not None:
+            if docs is not None:
+                raise ValueError("mem_select=attention does not support document ids or reset_rows")
             plain = _prune(layer_inputs, old_plain, masses, mem_len, state.cmem_length)
         else:
             plain = update_memory(layer_inputs, old_plain, mem_len)  # (B, M', E) per layer

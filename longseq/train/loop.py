@@ -143,6 +143,10 @@ def train(
     log(
         f"model: {model.num_parameters():,} parameters; data: {len(corpus.train):,} training tokens from {corpus.source}"
     )
+    if run.model.cmem_len:
+        log(
+            f"memory: effective temporal range (mem_len + cmem_rate * cmem_len) * n_layer = {run.model.effective_range}"
+        )
 
     def checkpoint(directory: str, with_state: bool, metrics: dict | None = None) -> None:
         training = None
@@ -168,12 +172,15 @@ def train(
     pending: list = [None] * tc.grad_accum
     valid: dict = {}
     end = tc.max_steps if stop_after is None else min(tc.max_steps, step + stop_after)
+    in_step, snapshot = False, None
     start_time, start_tokens = time.perf_counter(), tokens_seen
     bar = tqdm(
         total=tc.max_steps, initial=step, desc="train", unit="step", disable=not progress or None, dynamic_ncols=True
     )
     try:
         while step < end:
+            snapshot = (stream.state_dict(), torch.get_rng_state(), mems)  # the state of the last completed step
+            in_step = True
             lr = learning_rate(step, tc)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -211,6 +218,7 @@ def train(
                 torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip)
             optimizer.step()
             step += 1
+            in_step = False
             tokens_seen += sum(seg.labels.numel() for seg in segments)
             losses.append(loss)
             elapsed = time.perf_counter() - start_time
@@ -231,6 +239,10 @@ def train(
                 checkpoint(last_dir, with_state=True)
     except KeyboardInterrupt:
         bar.close()
+        if in_step:  # interrupted inside a step: go back to where the last completed step left things
+            stream.load_state_dict(snapshot[0])
+            torch.set_rng_state(snapshot[1])
+            mems = snapshot[2]
         log(f"interrupted at step {step}; saving {last_dir} so that --resume continues from here")
         checkpoint(last_dir, with_state=True)
         raise
