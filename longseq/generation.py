@@ -51,57 +51,28 @@ def generate(
     if mem_len is not None and mem_len < 0:
         raise ValueError(f"mem_len must be >= 0, got {mem_len}")
     was_training = model.training
+    model.eval()
     try:
-        return _generate(
-            model,
-            prompt_ids,
-            max_new_tokens,
-            temperature,
-            top_k,
-            top_p,
-            mem_len,
-            segment_len,
-            clamp_len,
-            same_length,
-            generator,
-        )
+        overrides = {
+            "mem_len": model.config.mem_len if mem_len is None else mem_len,
+            "clamp_len": clamp_len,
+            "same_length": same_length,
+        }
+        prompt_ids = prompt_ids.to(next(model.parameters()).device)
+        mems = None if model.config.uses_memory_state else KVMemory.empty(ring=True)  # never projected twice
+        context = prompt_ids[:, :-1]
+        for start in range(0, context.size(1), segment_len):
+            mems = model.read(context[:, start : start + segment_len], mems, **overrides)
+        token = prompt_ids[:, -1:]
+        out = []
+        for _ in range(max_new_tokens):
+            scores, mems = model.next_token_scores(token, mems, **overrides)  # (B, V)
+            if temperature == 0:
+                token = scores.argmax(dim=-1, keepdim=True)
+            else:
+                scores = filter_logits(scores.float() / temperature, top_k, top_p)
+                token = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)
+            out.append(token)
+        return torch.cat(out, dim=1) if out else prompt_ids.new_zeros(prompt_ids.size(0), 0)
     finally:
         model.train(was_training)
-
-
-def _generate(
-    model,
-    prompt_ids,
-    max_new_tokens,
-    temperature,
-    top_k,
-    top_p,
-    mem_len,
-    segment_len,
-    clamp_len,
-    same_length,
-    generator,
-):
-    model.eval()
-    overrides = {
-        "mem_len": model.config.mem_len if mem_len is None else mem_len,
-        "clamp_len": clamp_len,
-        "same_length": same_length,
-    }
-    device = next(model.parameters()).device
-    prompt_ids = prompt_ids.to(device)
-    mems = None if model.config.uses_memory_state else KVMemory.empty(ring=True)  # never projected twice, never copied
-    context = prompt_ids[:, :-1]
-    for start in range(0, context.size(1), segment_len):
-        mems = model.read(context[:, start : start + segment_len], mems, **overrides)
-    token = prompt_ids[:, -1:]
-    out = []
-    for _ in range(max_new_tokens):
-        scores, mems = model.next_token_scores(token, mems, **overrides)  # (B, V)
-        if temperature == 0:
-            token = scores.argmax(dim=-1, keepdim=True)
-        else:
-            scores = filter_logits(scores.float() / temperature, top_k, top_p)
-            token = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)
-        out.append(token)
-    return torch.cat(out, dim=1) if out else prompt_ids.new_zeros(prompt_ids.size(0), 0)
