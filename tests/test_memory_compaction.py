@@ -40,7 +40,7 @@ def test_reset_rows_clears_one_stream_only():
     model = model_for().double().eval()
     first, second = torch.randint(0, 40, (2, 6)), torch.randint(0, 40, (2, 5))
     mems = model(first).mems
-    cleared = reset_rows(mems, torch.tensor([True, False]), model.config.n_layer)
+    cleared = reset_rows(mems, torch.tensor([True, False]))
     after_reset = model(second, cleared).logits
     assert torch.allclose(after_reset[0], model(second[:1]).logits[0], atol=1e-10)  # row 0: as if fresh
     assert torch.allclose(after_reset[1], model(second, mems).logits[1], atol=1e-10)  # row 1: untouched
@@ -220,8 +220,8 @@ def test_reset_rows_with_memory_tokens_restarts_those_streams():
     first, second = torch.randint(0, 40, (2, 6)), torch.randint(0, 40, (2, 5))
     mems = model(first).mems
     with pytest.raises(ValueError, match="initial_tokens"):
-        reset_rows(mems, torch.tensor([True, False]), 2)
-    cleared = reset_rows(mems, torch.tensor([True, False]), 2, model.transformer.memory_tokens)
+        reset_rows(mems, torch.tensor([True, False]))
+    cleared = reset_rows(mems, torch.tensor([True, False]), model.transformer.memory_tokens)
     after = model(second, cleared).logits
     assert torch.allclose(after[0], model(second[:1]).logits[0], atol=1e-10)
     assert torch.allclose(after[1], model(second, mems).logits[1], atol=1e-10)

@@ -129,16 +129,16 @@ class MemoryState:
         """Positions attended to before the segment: compressed plus plain memory."""
         return self.cmem_length + self.mem_length
 
-    def context(self, layer: int, dtype: torch.dtype) -> Tensor | None:
-        """[compressed; memory] of one layer as floats (B, C + M, E)."""
-        parts = []
-        if self.compressed is not None and self.cmem_length:
-            parts.append(self.compressed[layer].to(dtype))
-        if self.mem_length:
-            parts.append(_dense(self.hidden[layer], dtype))
-        if not parts:
-            return None
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    def plain(self, layer: int, dtype: torch.dtype) -> Tensor | None:
+        """The (uncompressed) memory of one layer as floats (B, M, E), dequantized if need be."""
+        return _dense(self.hidden[layer], dtype) if self.mem_length else None
+
+    def context(self, layer: int, plain: Tensor | None) -> Tensor | None:
+        """[compressed; memory] of one layer (B, C + M, E), given that layer's :meth:`plain` memory."""
+        if not self.cmem_length:
+            return plain
+        compressed = self.compressed[layer].to(plain.dtype if plain is not None else self.compressed[layer].dtype)
+        return compressed if plain is None else torch.cat([compressed, plain], dim=1)
 
     @property
     def nbytes(self) -> int:
@@ -164,7 +164,7 @@ def memory_nbytes(mems) -> int:
     return sum(t.numel() * t.element_size() for t in mems)
 
 
-def reset_rows(mems, rows: Tensor, n_layer: int, initial_tokens: Tensor | None = None):
+def reset_rows(mems, rows: Tensor, initial_tokens: Tensor | None = None):
     """Clear the memory of the stream rows where ``rows`` (B,) is True: their slots get document id -1
     and are masked from then on, so nothing of the previous document reaches the next one.  With memory
     tokens, pass the model's ``transformer.memory_tokens`` as ``initial_tokens``: those rows restart from it."""

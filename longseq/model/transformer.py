@@ -169,7 +169,7 @@ class TransformerXL(nn.Module):
             rings = mems.rings or tuple(RingKV(mem_len + qlen, mem_len) for _ in range(c.n_layer))
             if rings[0].keys.capacity < rings[0].length + qlen:
                 rings = tuple(r.grown(rings[0].length + qlen + mem_len) for r in rings)
-        layer_inputs, presents, masses = [], [], []
+        layer_inputs, presents, masses, old_plain = [], [], [], []
         prune = c.mem_select == "attention" and not kv
         empty = hidden.new_zeros(batch, c.n_head, 0, c.d_head)  # (B, H, 0, D)
         for i, layer in enumerate(self.layers):
@@ -183,7 +183,8 @@ class TransformerXL(nn.Module):
                 presents.append(present)
                 continue
             if state is not None:
-                context = state.context(i, hidden.dtype)
+                old_plain.append(state.plain(i, hidden.dtype))  # dequantized once, reused for the update
+                context = state.context(i, old_plain[-1])
             else:
                 context = None if mems is None else mems[i]
             if keep is not None and context is not None:
@@ -191,7 +192,7 @@ class TransformerXL(nn.Module):
             hidden, _, mass = layer(hidden, rel_keys[i], *self._biases(i), mask, memory=context, with_mass=prune)
             masses.append(mass)
         if n_tok:
-            written = hidden[:, n_tok + qlen - 2 * n_tok :]  # (B, n, E): the new memory tokens
+            written = hidden[:, qlen - n_tok :]  # (B, n, E): the new memory tokens
             hidden = hidden[:, n_tok : qlen - n_tok]
             layer_inputs = [h[:, n_tok : qlen - n_tok] for h in layer_inputs]
         hidden = self.drop(hidden)
@@ -205,7 +206,8 @@ class TransformerXL(nn.Module):
             query_docs, key_docs = docs
             segment = slice(n_tok, qlen - n_tok)
             docs = (query_docs[:, segment], torch.cat([key_docs[:, :mlen], key_docs[:, mlen:][:, segment]], dim=1))
-        new_state, aux = self._update_state(layer_inputs, mems, mem_len, docs, masses if prune else None)
+        old_plain = tuple(old_plain) if state is not None and state.mem_length else None
+        new_state, aux = self._update_state(layer_inputs, mems, old_plain, mem_len, docs, masses if prune else None)
         if n_tok:
             age = (state.tokens_age if state is not None else 0) + 1
             if not self.training or age >= c.mem_tokens_bptt:
@@ -227,13 +229,14 @@ class TransformerXL(nn.Module):
             mem_docs = query_docs[:, :1].expand(batch, mlen)
         return query_docs, torch.cat([mem_docs, query_docs], dim=1)
 
-    def _update_state(self, layer_inputs, mems, mem_len, docs, masses=None):
-        """New :class:`MemoryState`: shift in this segment, compress what falls out, quantize, track documents."""
+    def _update_state(self, layer_inputs, mems, old_plain, mem_len, docs, masses=None):
+        """New :class:`MemoryState`: shift in this segment, compress what falls out, quantize, track documents.
+
+        ``old_plain`` is the dense uncompressed memory the layers just attended to (None for a tuple memory)."""
         c = self.config
         state = mems if isinstance(mems, MemoryState) else MemoryState(hidden=tuple(mems) if mems is not None else ())
-        old_plain = None
-        if state.mem_length:
-            old_plain = tuple(state.context(i, layer_inputs[i].dtype)[:, state.cmem_length :] for i in range(c.n_layer))
+        if old_plain is None and state.mem_length:
+            old_plain = state.hidden  # a plain tuple memory: already dense
         if masses is not None:
             if docs is not None:
                 raise ValueError("mem_select=attention does not support document ids or reset_rows")
