@@ -112,13 +112,15 @@ def test_adaptive_softmax_normalised_and_tied(div_val, cutoffs, d_embed):
 
 
 def test_plain_softmax_logits_and_parameter_count():
-    model = model_for()
-    assert model.crit.n_clusters == 0
-    # tied output weight is the embedding: counted once
-    distinct = {id(p) for p in model.parameters()}
-    assert model.num_parameters() == sum(p.numel() for p in model.parameters()) and len(distinct) == len(
-        list(model.parameters())
+    tied, untied = model_for(), model_for(tie_weight=False)
+    assert tied.crit.n_clusters == 0
+    x = torch.randint(0, 40, (2, 5))
+    logits = tied.eval()(x).logits
+    assert torch.allclose(
+        logits, tied.crit.logits(tied.transformer(x, None, 0, -1, False)[0].reshape(10, -1)).view(2, 5, 40)
     )
+    # the tied output weight is the embedding: counted once, so the tied model is one vocab x d_model matrix smaller
+    assert untied.num_parameters() - tied.num_parameters() == 40 * 16
 
 
 def test_initialisation_follows_the_paper():
