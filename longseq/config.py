@@ -71,6 +71,14 @@ class ModelConfig(_JsonConfig):
     ``mem_select="attention"`` keeps, of the old memory, the slots that received the most attention mass.
     ``mem_tokens`` > 0 adds that many memory tokens (Recurrent Memory Transformer): read before the segment,
     written after it and carried on, with back-propagation through ``mem_tokens_bptt`` segments.
+
+    Attention patterns (:mod:`longseq.model.patterns`): ``attention`` names one pattern for every layer or
+    one per layer (full, window, dilated, strided, block_sparse, global, bigbird), with the parameters
+    ``window``, ``dilation`` (one value, or one per head), ``stride``, ``block_size``, ``block_summary``,
+    ``num_global``, ``num_random_blocks`` and ``pattern_seed``.  With ``attn_chunk`` > 0 a local pattern runs
+    in time and memory linear in the sequence length.  ``bidirectional`` makes every pattern two-sided (encoders:
+    masked LM, classification).  ``pos="shaw"`` replaces the sinusoidal R and the u, v biases with the clipped
+    learned relative table of Shaw et al. (2018), ``max_relative_distance`` entries each way.
     """
 
     @property
@@ -115,6 +123,40 @@ class ModelConfig(_JsonConfig):
     mem_select: str = "recent"
     mem_tokens: int = 0
     mem_tokens_bptt: int = 1
+    attention: list[str] = field(default_factory=lambda: ["full"])
+    bidirectional: bool = False
+    window: int = 256
+    dilation: list[int] = field(default_factory=lambda: [1])
+    stride: int = 128
+    block_size: int = 64
+    block_summary: int = 1
+    num_global: int = 0
+    num_random_blocks: int = 0
+    pattern_seed: int = 0
+    pos: str = "sinusoidal"
+    max_relative_distance: int = 64
+
+    def layer_patterns(self):
+        """One :class:`~longseq.model.patterns.AttentionPattern` per layer (``attention`` holds one name for
+        every layer or one per layer)."""
+        from longseq.model.patterns import AttentionPattern
+
+        names = self.attention * self.n_layer if len(self.attention) == 1 else self.attention
+        return [
+            AttentionPattern(
+                name=name,
+                causal=not self.bidirectional,
+                window=self.window,
+                dilation=tuple(self.dilation),
+                stride=self.stride,
+                block_size=self.block_size,
+                block_summary=self.block_summary,
+                num_global=self.num_global,
+                num_random_blocks=self.num_random_blocks,
+                seed=self.pattern_seed,
+            )
+            for name in names
+        ]
 
     @property
     def embed_dim(self) -> int:
@@ -195,6 +237,43 @@ class ModelConfig(_JsonConfig):
             self.attn_impl in ATTENTION_KERNELS,
             f"ModelConfig.attn_impl must be one of {sorted(ATTENTION_KERNELS)}, got {self.attn_impl!r}",
         )
+        self._check_patterns()
+
+    def _check_patterns(self) -> None:
+        from longseq.model.patterns import PATTERN_NAMES, PatternError
+
+        if isinstance(self.attention, str):
+            self.attention = [a for a in self.attention.split(",") if a.strip()]
+        if isinstance(self.dilation, int):
+            self.dilation = [self.dilation]
+        self.attention, self.dilation = [a.strip() for a in self.attention], list(self.dilation)
+        _check(
+            len(self.attention) in (1, self.n_layer),
+            f"ModelConfig.attention needs one pattern or one per layer ({self.n_layer}), got {self.attention}",
+        )
+        for name in self.attention:
+            if name not in PATTERN_NAMES:
+                close = difflib.get_close_matches(name, PATTERN_NAMES, n=2)
+                hint = f" (did you mean {', '.join(close)}?)" if close else ""
+                _check(
+                    False, f"ModelConfig.attention: unknown pattern {name!r}{hint}; known: {', '.join(PATTERN_NAMES)}"
+                )
+        _check(self.pos in ("sinusoidal", "shaw"), f"ModelConfig.pos must be sinusoidal or shaw, got {self.pos!r}")
+        _check(
+            self.pos != "shaw" or self.max_relative_distance >= 1,
+            f"ModelConfig.max_relative_distance must be >= 1 with pos=shaw, got {self.max_relative_distance}",
+        )
+        try:
+            for pattern in self.layer_patterns():
+                pattern.check_heads(self.n_head)
+        except PatternError as exc:
+            raise ConfigError(f"ModelConfig: {exc}") from None
+        if self.bidirectional:
+            _check(
+                not (self.same_length or self.cmem_len or self.mem_tokens or self.mem_select != "recent"),
+                "ModelConfig.bidirectional=true supports the plain hidden-state memory only "
+                "(no same_length, compressed memory, memory tokens or attention-based selection)",
+            )
 
 
 @dataclass

@@ -97,6 +97,11 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
 def hf_config_from_model(config: ModelConfig) -> dict:
     """An HF ``TransfoXLConfig`` dict for a longseq model config."""
     ties = config.proj_ties
+    if set(config.attention) != {"full"} or config.bidirectional or config.pos != "sinusoidal":
+        raise ConversionError(
+            f"HF TransfoXL has causal full attention with sinusoidal positions only; this model has "
+            f"attention={config.attention}, bidirectional={config.bidirectional}, pos={config.pos}"
+        )
     if len(set(ties[1:])) > 1 or ties[0]:
         raise ConversionError(f"tie_projs={ties} has no HF equivalent: HF ties all projections but the first, or none")
     return {

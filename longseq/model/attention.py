@@ -17,6 +17,13 @@ v -> ``r_r_bias``, W_R -> ``r_net``; W_q, W_k, W_v are the three blocks of ``qkv
 Kernels are chosen by name from :data:`ATTENTION_KERNELS`: ``reference`` gathers R for every
 (i, j) pair and is meant to be read; ``rel_shift`` computes one (T, R) matrix for the position
 term and shifts it with a strided view, the path used in training.
+
+Kernel contract: a kernel gets queries (B, H, T, D), keys and values (B, H, K, D), a relative table
+``rel_key`` (H, R, D) whose row ``T - i + j`` holds W_R R for the distance of pair (i, j) (R >= K + 1;
+rows past the end are only read for forbidden pairs), u, v and a bool mask broadcastable to
+(B, H, T, K), True where forbidden.  :func:`blocked_attention` cuts a problem into blocks of queries,
+each with only the keys its attention pattern can reach, and hands every block to a kernel as a
+smaller instance of the same contract: that is what makes local patterns linear in length.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from longseq.model.patterns import PatternMask
+from longseq.model.positions import clipped_index
 
 
 def causal_mask(qlen: int, mlen: int, span: int | None, device: torch.device | None = None) -> Tensor:
@@ -45,18 +55,20 @@ def causal_mask(qlen: int, mlen: int, span: int | None, device: torch.device | N
     return masked
 
 
-def rel_shift(position_scores: Tensor, qlen: int) -> Tensor:
+def rel_shift(position_scores: Tensor, qlen: int, klen: int | None = None) -> Tensor:
     """Turn (B, H, T, R) scores indexed by relative row into (B, H, T, K) scores indexed by key.
 
-    Row r of R is distance K - r, and key j of query i is distance M + i - j, so
-    out[..., i, j] = in[..., i, T - i + j].  That is a strided view (offset T, row stride R - 1):
-    no padding, no copy.  Entries for future keys (j > M + i) read neighbouring rows and must be masked.
+    Row r of R is distance K - r (causal: R = K + 1 rows, distances K .. 0; bidirectional: R = K + T rows,
+    down to -(T - 1)), and key j of query i is distance M + i - j, so out[..., i, j] = in[..., i, T - i + j].
+    That is a strided view (offset T, row stride R - 1): no padding, no copy.  Entries past the last row
+    (future keys of a causal table) read neighbouring rows and must be masked.  ``klen`` defaults to R - 1.
     """
     batch, heads, rows, n_rel = position_scores.shape
+    klen = n_rel - 1 if klen is None else klen
     position_scores = position_scores.contiguous()
     s_b, s_h, s_t, _ = position_scores.stride()
     return position_scores.as_strided(
-        (batch, heads, rows, n_rel - 1),
+        (batch, heads, rows, klen),
         (s_b, s_h, s_t - 1, 1),
         position_scores.storage_offset() + qlen,
     )
@@ -81,9 +93,8 @@ def reference_attention(
 ) -> Tensor:
     """Readable reference: gather W_R R_{i-j} for every (i, j) and add the two terms."""
     qlen, klen = query.size(2), key.size(2)
-    mlen = klen - qlen
-    distance = (torch.arange(qlen, device=query.device)[:, None] + mlen) - torch.arange(klen, device=query.device)
-    rows = klen - distance.clamp(min=0)  # (T, K) row of R for each pair; future pairs are masked anyway
+    rows = qlen - torch.arange(qlen, device=query.device)[:, None] + torch.arange(klen, device=query.device)
+    rows = rows.clamp(max=rel_key.size(1) - 1)  # (T, K) row of R for each pair; rows past the end are masked
     rel_pairs = rel_key[:, rows]  # (H, T, K, D)
     content = torch.einsum("bhtd,bhkd->bhtk", query + r_w_bias[:, None], key)  # (a) + (c)
     position = torch.einsum("bhtd,htkd->bhtk", query + r_r_bias[:, None], rel_pairs)  # (b) + (d)
@@ -105,7 +116,7 @@ class _RelativeProbs(torch.autograd.Function):
     def forward(ctx, q_content, key, q_position, rel_key, mask):
         scores = torch.matmul(q_content, key.transpose(-1, -2))  # (B, H, T, K)
         scores += rel_shift(
-            torch.matmul(q_position, rel_key.transpose(-1, -2)), q_content.size(2)
+            torch.matmul(q_position, rel_key.transpose(-1, -2)), q_content.size(2), key.size(2)
         )  # (B, H, T, R) shifted
         scores.masked_fill_(mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
@@ -117,8 +128,8 @@ class _RelativeProbs(torch.autograd.Function):
         q_content, key, q_position, rel_key, probs = ctx.saved_tensors
         grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)  # (B, H, T, K)
         batch, heads, qlen, klen = grad_scores.shape
-        grad_position = grad_scores.new_zeros(batch, heads, qlen, klen + 1)  # (B, H, T, R)
-        rel_shift(grad_position, qlen).copy_(grad_scores)
+        grad_position = grad_scores.new_zeros(batch, heads, qlen, rel_key.size(-2))  # (B, H, T, R)
+        rel_shift(grad_position, qlen, klen).copy_(grad_scores)
         grad_qc = grad_key = grad_qp = grad_rel = None
         if ctx.needs_input_grad[0]:
             grad_qc = torch.matmul(grad_scores, key)
@@ -150,7 +161,7 @@ def rel_shift_attention(
         probs = _RelativeProbs.apply(q_content, key, q_position, rel_key, mask)
     else:  # half precision: let autograd track the steps, softmax in float32
         scores = torch.matmul(q_content, key.transpose(-1, -2))
-        scores = scores + rel_shift(torch.matmul(q_position, rel_key.transpose(-1, -2)), query.size(2))
+        scores = scores + rel_shift(torch.matmul(q_position, rel_key.transpose(-1, -2)), query.size(2), key.size(2))
         probs = _softmax(scores.masked_fill(mask, float("-inf")))
     probs = F.dropout(probs, p=dropatt, training=training)
     return torch.matmul(probs, value)  # (B, H, T, D)
@@ -164,42 +175,61 @@ def key_mass(query, key, rel_key, r_w_bias, r_r_bias, mask) -> Tensor:
     """Attention mass each key receives, summed over heads and queries: (B, K).  For memory pruning."""
     scale = 1.0 / math.sqrt(query.size(-1))
     scores = torch.matmul((query + r_w_bias[:, None]) * scale, key.transpose(-1, -2))  # (B, H, T, K)
-    scores += rel_shift(torch.matmul((query + r_r_bias[:, None]) * scale, rel_key.transpose(-1, -2)), query.size(2))
+    position = torch.matmul((query + r_r_bias[:, None]) * scale, rel_key.transpose(-1, -2))
+    scores += rel_shift(position, query.size(2), key.size(2))
     scores.masked_fill_(mask, float("-inf"))
     return torch.softmax(scores, dim=-1).sum(dim=(1, 2))
 
 
-def chunked_attention(
-    kernel: AttentionKernel, chunk: int, query, key, value, rel_key, r_w_bias, r_r_bias, mask, dropatt, training
-):
-    """Run ``kernel`` on blocks of ``chunk`` queries; block [i0, i1) sees only keys [0, M + i1).
+def blocked_attention(
+    kernel: AttentionKernel,
+    chunk: int,
+    query: Tensor,  # (B, H, T, D)
+    key: Tensor,  # (B, H, K, D)
+    value: Tensor,  # (B, H, K, D)
+    rel_key: Tensor,  # (H, R, D)
+    r_w_bias: Tensor,
+    r_r_bias: Tensor,
+    mask: PatternMask | Tensor,
+    dropatt: float,
+    training: bool,
+) -> Tensor:
+    """Run ``kernel`` on blocks of ``chunk`` queries, each over the keys [lo, hi) its pattern can reach.
 
-    Exact (each query row is computed by the same operations); it skips the fully masked future
-    keys of early blocks and keeps each block's scores in cache.  A block is a smaller instance of
-    the same problem: its "memory" is everything before it, and its R rows are the last M + i1 + 1.
+    Exact: every score a query is allowed is computed by the same operations, and the keys left out
+    are forbidden.  A block is a smaller instance of the kernel contract: queries [q0, q1) sit at
+    M' = M + q0 - lo over keys [lo, hi), and the relative table rows they need start at T - q1 + lo
+    (row T - i + j of the whole problem is row T' - i' + j' of the block).  For a local pattern the
+    key range is the block plus the pattern's reach, so time and saved activations grow linearly with T.
+    A dense ``mask`` tensor (T, K) or (B, 1|H, T, K) must be causal; blocks then skip only future keys.
+    ``chunk`` = 0 means one block.
     """
     qlen, klen = query.size(2), key.size(2)
-    if chunk <= 0 or qlen <= chunk:
-        return kernel(query, key, value, rel_key, r_w_bias, r_r_bias, mask, dropatt, training)
-    mlen = klen - qlen
+    step = chunk if 0 < chunk < qlen else qlen
     outs = []
-    for start in range(0, qlen, chunk):
-        stop = min(qlen, start + chunk)
-        keys = mlen + stop
+    for q0 in range(0, qlen, step):
+        q1 = min(qlen, q0 + step)
+        if isinstance(mask, Tensor):
+            lo, hi = 0, (klen - qlen + q1 if step < qlen else klen)  # a dense mask: skip only the future
+            block_mask = mask[..., q0:q1, lo:hi]
+        else:
+            lo, hi = mask.key_range(q0, q1)
+            block_mask = mask.forbidden(q0, q1, lo, hi)
+        first_row = qlen - q1 + lo
         outs.append(
             kernel(
-                query[:, :, start:stop],
-                key[:, :, :keys],
-                value[:, :, :keys],
-                rel_key[:, klen - keys :],
+                query[:, :, q0:q1],
+                key[:, :, lo:hi],
+                value[:, :, lo:hi],
+                rel_key[:, first_row : first_row + (hi - lo) + (q1 - q0)],
                 r_w_bias,
                 r_r_bias,
-                mask[..., start:stop, :keys],
+                block_mask,
                 dropatt,
                 training,
             )
         )
-    return torch.cat(outs, dim=2)  # (B, H, T, D)
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, T, D)
 
 
 ATTENTION_KERNELS: dict[str, AttentionKernel] = {
@@ -226,6 +256,8 @@ class RelativeMultiHeadAttention(nn.Module):
         eps: float,
         kernel: str,
         chunk: int = 0,
+        pos: str = "sinusoidal",
+        max_relative_distance: int = 0,
     ) -> None:
         super().__init__()
         self.chunk = chunk
@@ -234,7 +266,12 @@ class RelativeMultiHeadAttention(nn.Module):
         self.dropatt = dropatt
         self.kernel = kernel
         self.qkv_net = nn.Linear(d_model, 3 * n_head * d_head, bias=False)  # W_q, W_{k,E}, W_v
-        self.r_net = nn.Linear(d_model, n_head * d_head, bias=False)  # W_{k,R}
+        self.pos = pos
+        self.max_relative_distance = max_relative_distance
+        if pos == "shaw":  # Shaw et al. (2018): one learned key per clipped distance, both directions
+            self.rel_table = nn.Parameter(torch.zeros(2 * max_relative_distance + 1, n_head * d_head))
+        else:
+            self.r_net = nn.Linear(d_model, n_head * d_head, bias=False)  # W_{k,R}
         self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
         self.layer_norm = nn.LayerNorm(d_model, eps=eps)
         self.drop = nn.Dropout(dropout)
@@ -243,13 +280,18 @@ class RelativeMultiHeadAttention(nn.Module):
         """W_R R for every row of ``pos_emb`` (R, E), as (H, R, D)."""
         return self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)
 
+    def shaw_keys(self, distances: Tensor) -> Tensor:
+        """The learned relative keys a_{clip(d)} of Shaw et al. for every distance (R,), as (H, R, D)."""
+        rows = self.rel_table[clipped_index(distances, self.max_relative_distance)]  # (R, H*D)
+        return rows.view(-1, self.n_head, self.d_head).transpose(0, 1)
+
     def forward(
         self,
         hidden: Tensor,  # (B, T, E)
         rel_key: Tensor,  # (H, R, D): W_R R for distances K .. 0
         r_w_bias: Tensor,  # (H, D)
         r_r_bias: Tensor,  # (H, D)
-        mask: Tensor,  # (T, K)
+        mask: PatternMask | Tensor,  # the layer's pattern, or a dense causal (T, K) mask
         memory: Tensor | None = None,  # (B, M, E) hidden-state memory
         cache=None,  # (keys, values) (B, H, M, D) of the memory, or a RingKV
         with_mass: bool = False,
@@ -285,11 +327,14 @@ class RelativeMultiHeadAttention(nn.Module):
         query = query.reshape(batch, qlen, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, D)
 
         kernel = ATTENTION_KERNELS[self.kernel]
-        attn = chunked_attention(
+        attn = blocked_attention(
             kernel, self.chunk, query, key, value, rel_key, r_w_bias, r_r_bias, mask, self.dropatt, self.training
         )  # (B, H, T, D)
         attn = attn.transpose(1, 2).reshape(batch, qlen, width)  # (B, T, H*D)
         out = self.drop(self.o_net(attn))  # (B, T, E)
         out = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
-        mass = key_mass(query, key, rel_key, r_w_bias, r_r_bias, mask) if with_mass else None
+        mass = None
+        if with_mass:
+            dense = mask if isinstance(mask, Tensor) else mask.forbidden()
+            mass = key_mass(query, key, rel_key, r_w_bias, r_r_bias, dense)
         return out, (key, value), mass

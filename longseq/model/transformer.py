@@ -13,9 +13,10 @@ from torch import Tensor, nn
 
 from longseq.config import ModelConfig
 from longseq.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
-from longseq.model.attention import RelativeMultiHeadAttention, causal_mask
+from longseq.model.attention import RelativeMultiHeadAttention
 from longseq.model.compress import Compressor, reconstruction_loss
 from longseq.model.memory import KVMemory, Memory, MemoryState, RingKV, quantize, update_memory
+from longseq.model.patterns import PatternMask, global_keys
 from longseq.model.positions import relative_distances, sinusoidal_embedding
 
 IGNORE_INDEX = -100
@@ -58,6 +59,8 @@ class DecoderLayer(nn.Module):
             c.layer_norm_eps,
             c.attn_impl,
             c.attn_chunk,
+            c.pos,
+            c.max_relative_distance,
         )
         self.pos_ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps)
 
@@ -69,7 +72,9 @@ class DecoderLayer(nn.Module):
 class TransformerXL(nn.Module):
     """Embedding, dropout and the stack of decoder layers; returns hidden states and the new memory.
 
-    u and v (``r_w_bias``, ``r_r_bias``) are (H, D) shared by all layers, or (L, H, D) with ``untie_r``.
+    u and v (``r_w_bias``, ``r_r_bias``) are (H, D) shared by all layers, or (L, H, D) with ``untie_r``;
+    with Shaw et al.'s positions (``pos="shaw"``) there are no u and v (fixed zeros).  Each layer attends
+    with its own pattern (``config.layer_patterns()``).
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -79,8 +84,13 @@ class TransformerXL(nn.Module):
         self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
         self.drop = nn.Dropout(c.dropout)
         bias_shape = (c.n_layer, c.n_head, c.d_head) if c.untie_r else (c.n_head, c.d_head)
-        self.r_w_bias = nn.Parameter(torch.zeros(bias_shape))  # u
-        self.r_r_bias = nn.Parameter(torch.zeros(bias_shape))  # v
+        if c.pos == "shaw":  # terms (a) and (b) only: no global content or position bias
+            self.register_buffer("r_w_bias", torch.zeros(bias_shape), persistent=False)
+            self.register_buffer("r_r_bias", torch.zeros(bias_shape), persistent=False)
+        else:
+            self.r_w_bias = nn.Parameter(torch.zeros(bias_shape))  # u
+            self.r_r_bias = nn.Parameter(torch.zeros(bias_shape))  # v
+        self.patterns = c.layer_patterns()
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layer))
         if c.cmem_len:
             self.compressors = nn.ModuleList(Compressor(c.cmem_fn, c.cmem_rate, c.d_model) for _ in range(c.n_layer))
@@ -92,10 +102,16 @@ class TransformerXL(nn.Module):
             return self.r_w_bias[layer], self.r_r_bias[layer]
         return self.r_w_bias, self.r_r_bias
 
-    def _rel_keys(self, klen: int, clamp_len: int, dtype: torch.dtype, device: torch.device, rows: int | None = None):
-        """W_R R per layer, as (H, R, D) for distances ``rows - 1`` .. 0 (default: klen .. 0)."""
+    def _rel_keys(
+        self, klen: int, clamp_len: int, dtype: torch.dtype, device: torch.device, rows: int | None = None, qlen=1
+    ):
+        """W_R R per layer, as (H, R, D) for distances ``rows - 1`` .. 0 (default: klen .. 0); a bidirectional
+        model continues down to -(qlen - 1) for the later keys of the segment."""
         rows = klen + 1 if rows is None else rows
-        distances = relative_distances(rows - 1, clamp_len, device)
+        bottom = -(qlen - 1) if self.config.bidirectional else 0
+        distances = relative_distances(rows - 1, clamp_len, device, bottom)
+        if self.config.pos == "shaw":
+            return [layer.dec_attn.shaw_keys(distances).to(dtype) for layer in self.layers]
         exact = torch.float64 if dtype == torch.float64 else torch.float32
         pos_emb = self.drop(sinusoidal_embedding(distances, self.config.d_model, exact).to(dtype))  # (R, E)
         return [layer.dec_attn.rel_keys(pos_emb) for layer in self.layers]
@@ -122,8 +138,11 @@ class TransformerXL(nn.Module):
         clamp_len: int,
         same_length: bool,
         doc_ids: Tensor | None = None,
+        global_mask: Tensor | None = None,
     ) -> tuple[Tensor, Memory | MemoryState | KVMemory, Tensor | None]:
-        """Returns hidden states (B, T, E), the new memory and the compressors' reconstruction loss (or None)."""
+        """Returns hidden states (B, T, E), the new memory and the compressors' reconstruction loss (or None).
+
+        ``global_mask`` (B, T) marks global tokens for the ``global`` and ``bigbird`` patterns."""
         c = self.config
         batch, qlen = input_ids.shape
         n_tok = c.mem_tokens
@@ -140,15 +159,17 @@ class TransformerXL(nn.Module):
         if same_length and mem_len < 1:
             raise ValueError("same_length=True needs mem_len >= 1: it limits every query to the last mem_len keys")
         span = mem_len + c.cmem_len if same_length else None
-        mask = causal_mask(qlen, mlen, span, device=input_ids.device)  # (T, K)
         if n_tok and doc_ids is not None:
             raise ValueError("document ids are not supported together with memory tokens")
+        if kv and c.bidirectional:
+            raise ValueError("a bidirectional model cannot use a KVMemory: every segment token sees the later ones")
         docs = self._documents(doc_ids, state, batch, qlen, mlen, input_ids.device)
-        if docs is not None:
-            if kv:
-                raise ValueError("document resets need the hidden-state memory, not a KVMemory")
-            query_docs, key_docs = docs  # (B, T), (B, K)
-            mask = (mask | (key_docs[:, None, :] != query_docs[:, :, None]))[:, None]  # (B, 1, T, K)
+        if docs is not None and kv:
+            raise ValueError("document resets need the hidden-state memory, not a KVMemory")
+        if global_mask is not None and n_tok:
+            pad = torch.zeros(batch, n_tok, dtype=torch.bool, device=input_ids.device)
+            global_mask = torch.cat([pad, global_mask.to(torch.bool), pad], dim=1)  # memory tokens are not global
+        masks = self._masks(qlen, mlen, span, docs, global_mask, batch, input_ids.device)  # one per layer
 
         hidden = self.word_emb(input_ids)  # (B, T, E)
         if n_tok:
@@ -160,7 +181,7 @@ class TransformerXL(nn.Module):
         if kv:
             table, rel_keys = self._cached_rel_keys(mems, klen, clamp_len, hidden.dtype, hidden.device, mem_len + qlen)
         else:
-            rel_keys = self._rel_keys(klen, clamp_len, hidden.dtype, hidden.device)  # per layer (H, R, D)
+            rel_keys = self._rel_keys(klen, clamp_len, hidden.dtype, hidden.device, qlen=qlen)  # per layer (H, R, D)
         keep = None
         if self.training and c.mem_dropout > 0 and mlen:
             keep = (torch.rand(batch, mlen, 1, device=hidden.device) >= c.mem_dropout).to(hidden.dtype)  # (B, M, 1)
@@ -179,7 +200,7 @@ class TransformerXL(nn.Module):
                     cache = rings[i]
                 else:
                     cache = (mems.keys[i], mems.values[i]) if mlen else (empty, empty)
-                hidden, present, _ = layer(hidden, rel_keys[i], *self._biases(i), mask, cache=cache)
+                hidden, present, _ = layer(hidden, rel_keys[i], *self._biases(i), masks[i], cache=cache)
                 presents.append(present)
                 continue
             if state is not None:
@@ -189,7 +210,7 @@ class TransformerXL(nn.Module):
                 context = None if mems is None else mems[i]
             if keep is not None and context is not None:
                 context = context * keep  # memory dropout: whole slots
-            hidden, _, mass = layer(hidden, rel_keys[i], *self._biases(i), mask, memory=context, with_mass=prune)
+            hidden, _, mass = layer(hidden, rel_keys[i], *self._biases(i), masks[i], memory=context, with_mass=prune)
             masses.append(mass)
         if n_tok:
             written = hidden[:, qlen - n_tok :]  # (B, n, E): the new memory tokens
@@ -214,6 +235,20 @@ class TransformerXL(nn.Module):
                 written, age = written.detach(), 0
             new_state = MemoryState(new_state.hidden, new_state.compressed, new_state.doc_ids, written, age)
         return hidden, new_state, aux
+
+    def _masks(self, qlen, mlen, span, docs, global_mask, batch, device) -> list[PatternMask]:
+        """Each layer's :class:`PatternMask` (layers with the same pattern share one)."""
+        query_docs, key_docs = docs if docs is not None else (None, None)
+        shared: dict = {}
+        masks = []
+        for pattern in self.patterns:
+            if pattern not in shared:
+                flags = None
+                if pattern.has_global:
+                    flags = global_keys(global_mask, pattern.num_global, batch, qlen, mlen, device)
+                shared[pattern] = PatternMask(pattern, qlen, mlen, span, query_docs, key_docs, flags, device)
+            masks.append(shared[pattern])
+        return masks
 
     def _documents(self, doc_ids, state, batch, qlen, mlen, device):
         """Document id of every query (B, T) and key (B, K), or None when documents are not tracked."""
@@ -399,9 +434,12 @@ class TransformerXLLM(nn.Module):
         clamp_len: int | None = None,
         same_length: bool | None = None,
         doc_ids: Tensor | None = None,  # (B, T)
+        global_mask: Tensor | None = None,  # (B, T) bool, for the global and bigbird patterns
     ) -> LMOutput:
         c = self.config
-        hidden, new_mems, aux = self._recur(input_ids, mems, mem_len, clamp_len, same_length, labels, doc_ids)
+        hidden, new_mems, aux = self._recur(
+            input_ids, mems, mem_len, clamp_len, same_length, labels, doc_ids, global_mask
+        )
         # hidden: (B, T, E)
         batch, qlen, _ = hidden.shape
         flat = hidden.reshape(batch * qlen, -1)  # (N, E)
@@ -423,9 +461,17 @@ class TransformerXLLM(nn.Module):
         loss = nll.sum() / count.clamp(min=1)
         return LMOutput(loss=loss, logits=None, nll=nll.view(batch, qlen), mems=new_mems, aux_loss=aux)
 
-    def _recur(self, input_ids, mems, mem_len, clamp_len, same_length, labels=None, doc_ids=None):
+    def _recur(self, input_ids, mems, mem_len, clamp_len, same_length, labels=None, doc_ids=None, global_mask=None):
         c = self.config
         self._check_inputs(input_ids, mems, labels)
+        if global_mask is not None:
+            if not any(p.has_global for p in self.transformer.patterns):
+                raise ValueError(
+                    f"global_mask needs a global or bigbird attention pattern, the model has {c.attention}"
+                )
+            if not isinstance(global_mask, Tensor) or global_mask.shape != input_ids.shape:
+                shape = tuple(global_mask.shape) if isinstance(global_mask, Tensor) else type(global_mask).__name__
+                raise ValueError(f"global_mask must have the input's shape {tuple(input_ids.shape)}, got {shape}")
         return self.transformer(
             input_ids.long(),
             mems,
@@ -433,6 +479,7 @@ class TransformerXLLM(nn.Module):
             c.clamp_len if clamp_len is None else clamp_len,
             c.same_length if same_length is None else same_length,
             doc_ids,
+            global_mask,
         )
 
     def read(self, input_ids: Tensor, mems: Memory | KVMemory | None = None, **overrides) -> Memory | KVMemory:

@@ -1,0 +1,232 @@
+"""Attention patterns as data: a predicate over (query position, key position) plus its parameters.
+
+Positions are positions in the attention window [memory; segment]: key j sits at j (0 <= j < K) and
+query i at M + i, so memory positions count as keys like any other.  The distance of a pair is
+d = query - key; d >= 0 looks back.  A causal pattern allows only d >= 0; a bidirectional one
+(``causal=False``, for encoders) applies the same shape to |d| and lets queries see later keys of the
+segment.
+
+==============  ===========================================================================  ==========
+pattern         a query attends to                                                           reach
+==============  ===========================================================================  ==========
+full            every key                                                                    unbounded
+window          the ``window`` nearest keys: |d| < window                                    window - 1
+dilated         ``window`` keys spaced by the head's dilation: |d| % dil == 0, |d| < window * dil
+strided         local ``window`` plus every ``stride``-th key: |d| < window or |d| % stride == 0
+block_sparse    its own block of ``block_size`` keys plus the last ``block_summary`` columns of
+                every block (Child et al., 2019, the "fixed" pattern)
+global          the local window, plus global tokens (Longformer): a global token attends to
+                every key and every query attends to it
+bigbird         window + global + ``num_random_blocks`` key blocks per query block, drawn with
+                a seeded hash (Zaheer et al., 2020)
+==============  ===========================================================================  ==========
+
+Blocks (``block_sparse``, ``bigbird``) are counted in window positions, so they line up with the
+stream when ``mem_len`` and ``tgt_len`` are multiples of ``block_size``.  ``dilation`` holds one value for
+every head or one per head (Longformer gives heads different dilations).
+
+:meth:`AttentionPattern.allowed` is the definition; :class:`PatternMask` adds causality, ``same_length``,
+document boundaries and global tokens, and hands kernels either the dense mask or the block of it they
+need, together with the range of keys a block of queries can reach (what makes local patterns linear).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+PATTERN_NAMES = ("full", "window", "dilated", "strided", "block_sparse", "global", "bigbird")
+
+
+class PatternError(ValueError):
+    """An attention pattern's parameters or inputs are invalid."""
+
+
+@dataclass(frozen=True)
+class AttentionPattern:
+    """One attention pattern and its parameters (see the module docstring for the shapes)."""
+
+    name: str = "full"
+    causal: bool = True
+    window: int = 256
+    dilation: tuple[int, ...] = (1,)
+    stride: int = 128
+    block_size: int = 64
+    block_summary: int = 1
+    num_global: int = 0
+    num_random_blocks: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.name not in PATTERN_NAMES:
+            raise PatternError(f"unknown attention pattern {self.name!r}; known patterns: {', '.join(PATTERN_NAMES)}")
+        if self.window < 1:
+            raise PatternError(f"attention window must be >= 1 key, got window={self.window}")
+        if not self.dilation or any(d < 1 for d in self.dilation):
+            raise PatternError(
+                f"dilation must be >= 1 for every head, got {list(self.dilation)}: "
+                "a dilation of 0 or less leaves a query nothing to attend to"
+            )
+        for name in ("stride", "block_size"):
+            if getattr(self, name) < 1:
+                raise PatternError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.block_summary <= self.block_size:
+            raise PatternError(f"block_summary must be in [1, block_size={self.block_size}], got {self.block_summary}")
+        if self.num_global < 0 or self.num_random_blocks < 0:
+            raise PatternError("num_global and num_random_blocks must be >= 0")
+
+    @property
+    def has_global(self) -> bool:
+        return self.name in ("global", "bigbird")
+
+    @property
+    def reach(self) -> int | None:
+        """The largest |distance| an ordinary (non-global) query attends to; None when unbounded."""
+        if self.name in ("window", "global"):
+            return self.window - 1
+        if self.name == "dilated":
+            return (self.window - 1) * max(self.dilation)
+        if self.name == "bigbird" and self.num_random_blocks == 0:
+            return self.window - 1
+        return None
+
+    def check_heads(self, n_head: int) -> None:
+        if len(self.dilation) not in (1, n_head):
+            raise PatternError(f"dilation needs one value or one per head ({n_head}), got {list(self.dilation)}")
+
+    def allowed(self, query: Tensor, key: Tensor, klen: int) -> Tensor:
+        """The pattern's own predicate: True where query position ``query`` (Tq, 1) may attend to key
+        position ``key`` (1, Tk); returns (H or 1, Tq, Tk).  Causality and global tokens are added by
+        :class:`PatternMask`; ``klen`` is the window length, for the random blocks."""
+        distance = query - key  # (Tq, Tk)
+        span = distance if self.causal else distance.abs()
+        span = span.clamp(min=0)  # future keys of a causal pattern are removed by the causal mask
+        if self.name == "full":
+            ok = torch.ones_like(distance, dtype=torch.bool)
+        elif self.name in ("window", "global"):
+            ok = span < self.window
+        elif self.name == "dilated":
+            dil = torch.tensor(self.dilation, device=query.device)[:, None, None]  # (H or 1, 1, 1)
+            ok = (span % dil == 0) & (span < self.window * dil)
+        elif self.name == "strided":
+            ok = (span < self.window) | (span % self.stride == 0)
+        elif self.name == "block_sparse":
+            size = self.block_size
+            ok = (query // size == key // size) | (key % size >= size - self.block_summary)
+        else:  # bigbird
+            ok = (span < self.window) | self._random_blocks(query, key, klen)
+        return ok if ok.dim() == 3 else ok[None]
+
+    def _random_blocks(self, query: Tensor, key: Tensor, klen: int) -> Tensor:
+        """``num_random_blocks`` key blocks per query block, the same for every call: each (query block,
+        key block) pair gets a hash of (seed, qb, kb) and a query block keeps its highest eligible ones."""
+        if self.num_random_blocks == 0:
+            return torch.zeros(query.size(0), key.size(1), dtype=torch.bool, device=query.device)
+        size = self.block_size
+        q_blocks = query[:, 0] // size  # (Tq,)
+        first = int(q_blocks.min())
+        rows = torch.arange(first, int(q_blocks.max()) + 1, device=query.device)[:, None]  # (nq, 1)
+        cols = torch.arange((klen + size - 1) // size, device=query.device)[None, :]  # (1, nk)
+        score = _mix(rows * 1_000_003 + cols * 7_919 + self.seed * 104_729)  # (nq, nk)
+        if self.causal:
+            score = score.masked_fill(cols > rows, -1)
+        picks = score.topk(min(self.num_random_blocks, cols.size(1)), dim=1).indices  # (nq, r)
+        table = torch.zeros(rows.size(0), cols.size(1), dtype=torch.bool, device=query.device)
+        table.scatter_(1, picks, True)
+        table &= score >= 0  # a causal query block early in the window has fewer than r eligible blocks
+        return table[q_blocks - first][:, key[0] // size]  # (Tq, Tk)
+
+
+def _mix(x: Tensor) -> Tensor:
+    """A small integer hash (xorshift-multiply), non-negative, deterministic on every device."""
+    x = x & 0x7FFFFFFF
+    x = ((x ^ (x >> 15)) * 0x2C1B3C6D) & 0x7FFFFFFF
+    x = ((x ^ (x >> 12)) * 0x297A2D39) & 0x7FFFFFFF
+    return x ^ (x >> 15)
+
+
+@dataclass
+class PatternMask:
+    """Which (query, key) pairs of one layer's attention are forbidden.
+
+    Combines the pattern with causality, ``same_length`` (``span``: only the last ``span`` keys),
+    document ids (B, T) / (B, K) and global tokens ``global_keys`` (B, K).  Kernels ask for
+    :meth:`forbidden` on a block and for the :meth:`key_range` a block of queries can reach.
+    """
+
+    pattern: AttentionPattern
+    qlen: int
+    mlen: int
+    span: int | None = None
+    query_docs: Tensor | None = None  # (B, T)
+    key_docs: Tensor | None = None  # (B, K)
+    global_keys: Tensor | None = None  # (B, K) bool
+    device: torch.device | None = None
+
+    @property
+    def klen(self) -> int:
+        return self.mlen + self.qlen
+
+    @property
+    def is_causal_full(self) -> bool:
+        """True when the mask is the plain causal (or same_length) mask shared by every batch row and head."""
+        return self.pattern.name == "full" and self.pattern.causal and self.key_docs is None
+
+    def forbidden(self, q0: int = 0, q1: int | None = None, k0: int = 0, k1: int | None = None) -> Tensor:
+        """True where attention is forbidden, for queries [q0, q1) and keys [k0, k1): a bool tensor
+        broadcastable to (B, H, q1 - q0, k1 - k0)."""
+        q1 = self.qlen if q1 is None else q1
+        k1 = self.klen if k1 is None else k1
+        query = torch.arange(q0, q1, device=self.device)[:, None] + self.mlen  # (Tq, 1) window positions
+        key = torch.arange(k0, k1, device=self.device)[None, :]  # (1, Tk)
+        ok = self.pattern.allowed(query, key, self.klen)[None]  # (1, H or 1, Tq, Tk)
+        if self.global_keys is not None:
+            g_query = self.global_keys[:, self.mlen + q0 : self.mlen + q1]  # (B, Tq)
+            g_key = self.global_keys[:, k0:k1]  # (B, Tk)
+            ok = ok | g_query[:, None, :, None] | g_key[:, None, None, :]  # (B, H or 1, Tq, Tk)
+        distance = query - key
+        if self.pattern.causal:
+            ok = ok & (distance >= 0)
+        if self.span is not None:
+            ok = ok & (distance < self.span)
+        if self.key_docs is not None:
+            same = self.query_docs[:, q0:q1, None] == self.key_docs[:, None, k0:k1]  # (B, Tq, Tk)
+            ok = ok & same[:, None]
+        return ~ok
+
+    def key_range(self, q0: int, q1: int) -> tuple[int, int]:
+        """Keys [lo, hi) outside which every query of [q0, q1) is forbidden."""
+        first, last = self.mlen + q0, self.mlen + q1 - 1  # window positions of the block's queries
+        reach = self.pattern.reach
+        if self.global_keys is not None and bool(self.global_keys.any()):
+            reach = None  # global keys may lie anywhere and global queries see everything
+        lo = 0 if reach is None else max(0, first - reach)
+        if self.span is not None:
+            lo = max(lo, first - self.span + 1)
+        if self.pattern.causal:
+            hi = last + 1
+        else:
+            hi = self.klen if reach is None else min(self.klen, last + reach + 1)
+        return lo, hi
+
+
+def global_keys(
+    global_mask: Tensor | None, num_global: int, batch: int, qlen: int, mlen: int, device: torch.device | None
+) -> Tensor | None:
+    """Window-position global flags (B, K) from a per-segment ``global_mask`` (B, T) and the first
+    ``num_global`` tokens of the segment; memory positions are never global.  None when there are none."""
+    if global_mask is None and num_global == 0:
+        return None
+    if global_mask is not None:
+        if not isinstance(global_mask, Tensor) or tuple(global_mask.shape) != (batch, qlen):
+            shape = tuple(global_mask.shape) if isinstance(global_mask, Tensor) else type(global_mask).__name__
+            raise PatternError(f"global_mask must have the input's shape (batch, time) = {(batch, qlen)}, got {shape}")
+        flags = global_mask.to(device=device, dtype=torch.bool)
+    else:
+        flags = torch.zeros(batch, qlen, dtype=torch.bool, device=device)
+    if num_global:
+        flags = flags.clone()
+        flags[:, :num_global] = True
+    return torch.cat([flags.new_zeros(batch, mlen), flags], dim=1)  # (B, K)

@@ -1,0 +1,243 @@
+"""Attention patterns: the predicate against hand-written loops, the blocked kernel against the dense
+masked reference (float64, outputs and gradients), limits, global tokens, Shaw positions, bad input."""
+
+import math
+
+import pytest
+import torch
+
+from longseq.config import ConfigError, ModelConfig
+from longseq.model.attention import RelativeMultiHeadAttention
+from longseq.model.patterns import PATTERN_NAMES, AttentionPattern, PatternError, PatternMask, global_keys
+from longseq.model.positions import relative_distances, sinusoidal_embedding
+from longseq.model.transformer import TransformerXLLM
+
+D_MODEL, N_HEAD, D_HEAD = 16, 4, 4
+PARAMS = dict(window=5, stride=4, block_size=4, block_summary=1, num_random_blocks=2, seed=3)
+
+
+def pattern(name, causal=True, **overrides):
+    params = {**PARAMS, "dilation": (1, 2, 3, 1) if name == "dilated" else (1,), **overrides}
+    return AttentionPattern(name=name, causal=causal, **params)
+
+
+def naive_allowed(p: AttentionPattern, q: int, k: int, head: int) -> bool:
+    """The pattern table of the module docstring, written as plain Python for one pair."""
+    d = q - k
+    if p.causal and d < 0:
+        return False
+    a = abs(d)
+    if p.name == "full":
+        return True
+    if p.name in ("window", "global"):
+        return a < p.window
+    if p.name == "dilated":
+        dil = p.dilation[head % len(p.dilation)]
+        return a % dil == 0 and a < p.window * dil
+    if p.name == "strided":
+        return a < p.window or a % p.stride == 0
+    if p.name == "block_sparse":
+        s = p.block_size
+        return q // s == k // s or k % s >= s - p.block_summary
+    raise AssertionError(p.name)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("name", ["full", "window", "dilated", "strided", "block_sparse", "global"])
+def test_predicate_matches_hand_written_rules(name, causal):
+    p = pattern(name, causal)
+    mask = PatternMask(p, qlen=13, mlen=7)
+    allowed = ~mask.forbidden().expand(1, N_HEAD, 13, 20)[0]  # (H, T, K)
+    for h in range(N_HEAD):
+        for i in range(13):
+            for k in range(20):
+                assert bool(allowed[h, i, k]) == naive_allowed(p, 7 + i, k, h), (h, i, k)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_random_blocks_are_seeded_counted_and_causal(causal):
+    p = pattern("bigbird", causal, window=1)
+    klen, size = 40, p.block_size
+    q = torch.arange(klen)[:, None]
+    table = p.allowed(q, torch.arange(klen)[None, :], klen)[0]  # (K, K)
+    if causal:
+        table = table & (q >= torch.arange(klen)[None, :])
+    blocks = table.view(klen // size, size, klen // size, size)[:, 0, :, 0]  # (nb, nb): random blocks + diagonal
+    for qb in range(klen // size):
+        eligible = qb + 1 if causal else klen // size
+        chosen = set(blocks[qb].nonzero().flatten().tolist())
+        assert qb in chosen  # the window of 1 is the diagonal
+        assert len(chosen) in (min(p.num_random_blocks, eligible), min(p.num_random_blocks, eligible) + 1)
+        if causal:
+            assert max(chosen) <= qb
+    again = p.allowed(q, torch.arange(klen)[None, :], klen)[0]
+    assert torch.equal(again if not causal else again & (q >= torch.arange(klen)[None, :]), table)  # deterministic
+    other = AttentionPattern(**{**p.__dict__, "seed": 4}).allowed(q, torch.arange(klen)[None, :], klen)[0]
+    assert not torch.equal(again, other)  # the seed matters
+    # a block of queries sees the same random keys whether asked alone or as part of the whole
+    part = p.allowed(q[12:20], torch.arange(8, 30)[None, :], klen)[0]
+    assert torch.equal(part, again[12:20, 8:30])
+
+
+def make_layer(kernel: str, chunk: int, pos: str = "sinusoidal") -> RelativeMultiHeadAttention:
+    torch.manual_seed(0)
+    layer = RelativeMultiHeadAttention(D_MODEL, N_HEAD, D_HEAD, 0.0, 0.0, False, 1e-5, kernel, chunk, pos, 6)
+    if pos == "shaw":
+        torch.nn.init.normal_(layer.rel_table, 0.0, 0.5)
+    return layer.double()
+
+
+def run_layer(layer, p, qlen, mlen, global_mask=None, docs=None):
+    """Output and gradients (hidden, memory, u, v, every parameter) of one attention layer."""
+    torch.manual_seed(1)
+    hidden = torch.randn(2, qlen, D_MODEL, dtype=torch.float64, requires_grad=True)
+    memory = torch.randn(2, mlen, D_MODEL, dtype=torch.float64, requires_grad=True) if mlen else None
+    u = torch.randn(N_HEAD, D_HEAD, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(N_HEAD, D_HEAD, dtype=torch.float64, requires_grad=True)
+    klen = qlen + mlen
+    distances = relative_distances(klen, -1, bottom=0 if p.causal else -(qlen - 1))
+    if layer.pos == "shaw":
+        rel_key = layer.shaw_keys(distances).double()
+    else:
+        rel_key = layer.rel_keys(sinusoidal_embedding(distances, D_MODEL, torch.float64))
+    flags = global_keys(global_mask, p.num_global, 2, qlen, mlen, None) if p.has_global else None
+    query_docs, key_docs = docs if docs is not None else (None, None)
+    mask = PatternMask(p, qlen, mlen, None, query_docs, key_docs, flags)
+    if layer.kernel == "reference":
+        mask = mask.forbidden()  # the dense reference: the predicate evaluated on every pair
+    out, _, _ = layer(hidden, rel_key, u, v, mask, memory)
+    weights = torch.randn_like(out)
+    grads = torch.autograd.grad((out * weights).sum(), [hidden, u, v, *layer.parameters()] + ([memory] if mlen else []))
+    return out, grads
+
+
+@pytest.mark.parametrize("pos", ["sinusoidal", "shaw"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("mlen", [0, 9])
+@pytest.mark.parametrize("name", PATTERN_NAMES)
+def test_blocked_kernel_equals_dense_reference(name, mlen, causal, pos):
+    p = pattern(name, causal, num_global=1 if name == "bigbird" else 0)
+    qlen = 17
+    global_mask = None
+    if p.has_global:
+        global_mask = torch.zeros(2, qlen, dtype=torch.bool)
+        global_mask[0, 6] = global_mask[1, 12] = True
+    fast = run_layer(make_layer("rel_shift", 5, pos), p, qlen, mlen, global_mask)
+    slow = run_layer(make_layer("reference", 0, pos), p, qlen, mlen, global_mask)
+    torch.testing.assert_close(fast[0], slow[0], rtol=0, atol=1e-10)
+    for a, b in zip(fast[1], slow[1]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_blocked_kernel_keeps_documents_apart():
+    p = pattern("window")
+    docs = torch.tensor([[0] * 10 + [1] * 12, [2] * 22])  # (B, K): memory 5, segment 17
+    args = (p, 17, 5, None, (docs[:, 5:], docs))
+    fast = run_layer(make_layer("rel_shift", 4), *args)
+    slow = run_layer(make_layer("reference", 0), *args)
+    torch.testing.assert_close(fast[0], slow[0], rtol=0, atol=1e-10)
+
+
+def test_local_key_ranges_are_bounded_by_block_plus_reach():
+    """What makes a local pattern linear: a block of queries never looks beyond its reach."""
+    for p, reach in [(pattern("window", window=64), 63), (pattern("dilated", window=8, dilation=(1, 4)), 28)]:
+        mask = PatternMask(p, qlen=4096, mlen=512)
+        widths = [hi - lo for lo, hi in (mask.key_range(q0, q0 + 64) for q0 in range(0, 4096, 64))]
+        assert max(widths) == 64 + reach
+
+
+def lm(attention, **extra):
+    base = dict(vocab_size=40, n_layer=2, d_model=D_MODEL, n_head=N_HEAD, d_head=D_HEAD, d_inner=32, dropout=0.0)
+    config = ModelConfig(**{**base, "mem_len": 12, "attention": attention, **extra})
+    torch.manual_seed(0)
+    return TransformerXLLM(config).double().eval()
+
+
+def test_window_covering_segment_and_memory_equals_full_attention():
+    ids = torch.randint(0, 40, (2, 30))
+    outs = {}
+    for name, extra in [("full", {}), ("window", {"window": 12 + 10}), ("dilated", {"window": 22})]:
+        model, mems, logits = lm([name], attn_chunk=4, **extra), None, []
+        for segment in ids.split(10, dim=1):
+            out = model(segment, mems)
+            logits.append(out.logits)
+            mems = out.mems
+        outs[name] = torch.cat(logits, 1)
+    torch.testing.assert_close(outs["window"], outs["full"], rtol=0, atol=1e-10)
+    torch.testing.assert_close(outs["dilated"], outs["full"], rtol=0, atol=1e-10)
+    narrow = lm(["window"], window=3)
+    assert not torch.allclose(narrow(ids[:, :10]).logits, lm(["full"])(ids[:, :10]).logits)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_global_tokens_see_everything_and_are_seen_by_everything(causal):
+    p = pattern("global", causal, window=2)
+    gmask = torch.zeros(1, 12, dtype=torch.bool)
+    gmask[0, 5] = True
+    allowed = ~PatternMask(p, 12, 6, global_keys=global_keys(gmask, 0, 1, 12, 6, None)).forbidden()[0, 0]  # (T, K)
+    visible = torch.ones(12, 18, dtype=torch.bool)
+    if causal:
+        visible = torch.arange(12)[:, None] + 6 >= torch.arange(18)[None, :]
+    assert torch.equal(allowed[5], visible[5])  # the global token's row
+    assert torch.equal(allowed[:, 6 + 5], visible[:, 11])  # its column
+    assert not allowed[0, 0] and not allowed[11, 6 + 8 - 6]  # ordinary pairs beyond the window stay masked
+
+    # and in a model: information from far away reaches a global token, not an ordinary one
+    model = lm(["global"], window=2, mem_len=0, bidirectional=not causal)
+    ids = torch.randint(0, 40, (1, 12))
+    emb = model.transformer.word_emb(ids).detach().requires_grad_(True)
+    hidden = model.transformer.layers[0].dec_attn  # one layer is enough to show who reads whom
+    rel = model.transformer._rel_keys(12, -1, torch.float64, None, qlen=12)[0]
+    mask = model.transformer._masks(12, 0, None, None, gmask, 1, None)[0]
+    out, _, _ = hidden(emb, rel, model.transformer.r_w_bias, model.transformer.r_r_bias, mask)
+    far_source = 0
+    g_global = torch.autograd.grad(out[0, 5].sum(), emb, retain_graph=True)[0][0, far_source]
+    g_plain = torch.autograd.grad(out[0, 11].sum(), emb)[0][0, far_source]
+    assert g_global.abs().sum() > 0 and g_plain.abs().sum() == 0
+
+
+def test_shaw_position_term_is_the_clipped_learned_table():
+    layer = make_layer("rel_shift", 0, "shaw")
+    qlen, mlen = 6, 5
+    torch.manual_seed(2)
+    hidden = torch.randn(1, qlen, D_MODEL, dtype=torch.float64)
+    memory = torch.randn(1, mlen, D_MODEL, dtype=torch.float64)
+    zero = torch.zeros(N_HEAD, D_HEAD, dtype=torch.float64)
+    rel_key = layer.shaw_keys(relative_distances(qlen + mlen, -1)).double()
+    mask = PatternMask(pattern("full"), qlen, mlen)
+    out, (key, value), _ = layer(hidden, rel_key, zero, zero, mask, memory)
+    query = layer.qkv_net(hidden).split(N_HEAD * D_HEAD, -1)[0].view(1, qlen, N_HEAD, D_HEAD)
+    table = layer.rel_table.view(-1, N_HEAD, D_HEAD)
+    expected = torch.zeros(1, qlen, N_HEAD, D_HEAD, dtype=torch.float64)
+    for h in range(N_HEAD):
+        for i in range(qlen):
+            scores = []
+            for j in range(mlen + i + 1):
+                a = table[min(mlen + i - j, 6) + 6, h]  # a_{clip(i - j)}, max_relative_distance 6
+                scores.append((query[0, i, h] @ (key[0, h, j] + a)) / math.sqrt(D_HEAD))
+            probs = torch.softmax(torch.stack(scores), 0)
+            expected[0, i, h] = probs @ value[0, h, : mlen + i + 1]
+    attn = layer.o_net(expected.view(1, qlen, -1))
+    torch.testing.assert_close(out, layer.layer_norm(hidden + attn), rtol=0, atol=1e-10)
+
+
+def test_bad_pattern_configurations_get_clear_errors():
+    with pytest.raises(ConfigError, match="window must be >= 1"):
+        ModelConfig(attention="window", window=0)
+    with pytest.raises(ConfigError, match="nothing to attend to"):
+        ModelConfig(attention="dilated", dilation=[1, 0, 2, 1])
+    with pytest.raises(ConfigError, match="one per head"):
+        ModelConfig(attention="dilated", dilation=[1, 2, 3])
+    with pytest.raises(ConfigError, match="did you mean window"):
+        ModelConfig(attention="windw")
+    with pytest.raises(ConfigError, match="one per layer"):
+        ModelConfig(attention=["window", "full"], n_layer=4)
+    assert ModelConfig(attention="window,full,full,full").layer_patterns()[1].name == "full"
+    model = lm(["global"], window=3)
+    ids = torch.randint(0, 40, (2, 8))
+    with pytest.raises(ValueError, match=r"global_mask must have the input's shape \(2, 8\), got \(2, 7\)"):
+        model(ids, global_mask=torch.zeros(2, 7, dtype=torch.bool))
+    with pytest.raises(ValueError, match="needs a global or bigbird"):
+        lm(["window"])(ids, global_mask=torch.zeros(2, 8, dtype=torch.bool))
+    with pytest.raises(PatternError, match="unknown attention pattern"):
+        AttentionPattern(name="sparse")
