@@ -63,14 +63,12 @@ def rel_shift(position_scores: Tensor, qlen: int, klen: int | None = None) -> Te
     That is a strided view (offset T, row stride R - 1): no padding, no copy.  Entries past the last row
     (future keys of a causal table) read neighbouring rows and must be masked.  ``klen`` defaults to R - 1.
     """
-    batch, heads, rows, n_rel = position_scores.shape
+    *lead, rows, n_rel = position_scores.shape
     klen = n_rel - 1 if klen is None else klen
     position_scores = position_scores.contiguous()
-    s_b, s_h, s_t, _ = position_scores.stride()
+    *s_lead, s_t, _ = position_scores.stride()
     return position_scores.as_strided(
-        (batch, heads, rows, klen),
-        (s_b, s_h, s_t - 1, 1),
-        position_scores.storage_offset() + qlen,
+        (*lead, rows, klen), (*s_lead, s_t - 1, 1), position_scores.storage_offset() + qlen
     )
 
 
@@ -109,14 +107,15 @@ class _RelativeProbs(torch.autograd.Function):
 
     The forward accumulates and masks the scores in place and saves only the probabilities.  The
     backward needs no mask: the softmax gradient is already zero wherever a probability is zero.
-    The position gradient goes back through the same strided view into a (T, R) buffer.
+    The position gradient goes back through the same strided view into a (T, R) buffer.  Any leading
+    dimensions work (the banded kernel adds one for blocks; its ``rel_key`` is then (H, 1, R, D)).
     """
 
     @staticmethod
     def forward(ctx, q_content, key, q_position, rel_key, mask):
         scores = torch.matmul(q_content, key.transpose(-1, -2))  # (B, H, T, K)
         scores += rel_shift(
-            torch.matmul(q_position, rel_key.transpose(-1, -2)), q_content.size(2), key.size(2)
+            torch.matmul(q_position, rel_key.transpose(-1, -2)), q_content.size(-2), key.size(-2)
         )  # (B, H, T, R) shifted
         scores.masked_fill_(mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
@@ -127,8 +126,8 @@ class _RelativeProbs(torch.autograd.Function):
     def backward(ctx, grad_probs):
         q_content, key, q_position, rel_key, probs = ctx.saved_tensors
         grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)  # (B, H, T, K)
-        batch, heads, qlen, klen = grad_scores.shape
-        grad_position = grad_scores.new_zeros(batch, heads, qlen, rel_key.size(-2))  # (B, H, T, R)
+        *lead, qlen, klen = grad_scores.shape
+        grad_position = grad_scores.new_zeros(*lead, qlen, rel_key.size(-2))  # (B, H, T, R)
         rel_shift(grad_position, qlen, klen).copy_(grad_scores)
         grad_qc = grad_key = grad_qp = grad_rel = None
         if ctx.needs_input_grad[0]:
@@ -138,7 +137,7 @@ class _RelativeProbs(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             grad_qp = torch.matmul(grad_position, rel_key)
         if ctx.needs_input_grad[3]:
-            grad_rel = torch.matmul(grad_position.transpose(-1, -2), q_position).sum(0)
+            grad_rel = torch.matmul(grad_position.transpose(-1, -2), q_position).sum_to_size(rel_key.shape)
         return grad_qc, grad_key, grad_qp, grad_rel, None
 
 
@@ -181,6 +180,53 @@ def key_mass(query, key, rel_key, r_w_bias, r_r_bias, mask) -> Tensor:
     return torch.softmax(scores, dim=-1).sum(dim=(1, 2))
 
 
+def _key_window(states: Tensor, start: int, stop: int) -> Tensor:
+    """Positions [start, stop) of (B, H, K, D) states, zeros outside [0, K)."""
+    klen = states.size(2)
+    inner = states[:, :, max(start, 0) : min(stop, klen)]
+    return F.pad(inner, (0, 0, max(0, -start), max(0, stop - max(klen, start))))
+
+
+def banded_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask: PatternMask, block, band, dropatt, training):
+    """A local pattern with every block of queries at once: block b's keys are a fixed-width band
+    [M + b * block - before, M + (b + 1) * block + after), gathered from ``block``-long slices of the padded
+    keys, so one batched matmul serves all blocks and the gradients of the overlapping bands add up through
+    plain slicing.  Every band has the same relative distances, so all blocks share one (W + 1)-row table.
+
+    Returns None when the relative table is too short for the band (short sequences): the caller then
+    visits the blocks one by one.  Shapes: bands (B, H, n, W, D) for n blocks of width W.
+    """
+    before, after = band
+    batch, heads, qlen, d_head = query.shape
+    klen = key.size(2)
+    mlen = klen - qlen
+    n_blocks = -(-qlen // block)
+    width = before + block + after  # W, a multiple of block
+    top = klen - (before + block)  # the table row of distance before + block
+    if top < 0 or top + width + 1 > rel_key.size(1):
+        return None
+    local_rel = rel_key[:, top : top + width + 1, None].transpose(1, 2)  # (H, 1, W + 1, D)
+    scale = 1.0 / math.sqrt(d_head)
+    pad = n_blocks * block - qlen
+    q_content = F.pad((query + r_w_bias[:, None]) * scale, (0, 0, 0, pad)).view(batch, heads, n_blocks, block, d_head)
+    q_position = F.pad((query + r_r_bias[:, None]) * scale, (0, 0, 0, pad)).view(batch, heads, n_blocks, block, d_head)
+
+    def bands(states: Tensor) -> Tensor:  # (B, H, K, D) -> (B, H, n, W, D)
+        padded = _key_window(states, mlen - before, mlen + n_blocks * block + after)
+        parts = [padded[:, :, t * block : (t + n_blocks) * block] for t in range(width // block)]
+        return torch.stack([p.reshape(batch, heads, n_blocks, block, d_head) for p in parts], dim=3).flatten(3, 4)
+
+    starts = mlen + torch.arange(n_blocks, device=query.device)[:, None, None] * block  # (n, 1, 1)
+    query_pos = starts + torch.arange(block, device=query.device)[:, None]  # (n, block, 1)
+    key_pos = starts - before + torch.arange(width, device=query.device)  # (n, 1, W)
+    forbidden = mask.forbidden_at(query_pos, key_pos)  # (B or 1, H or 1, n, block, W)
+    forbidden = forbidden & (query_pos < klen)  # padded queries attend anywhere (their output is dropped)
+    probs = _RelativeProbs.apply(q_content, bands(key), q_position, local_rel, forbidden)  # (B, H, n, block, W)
+    probs = F.dropout(probs, p=dropatt, training=training)
+    out = torch.matmul(probs, bands(value))  # (B, H, n, block, D)
+    return out.view(batch, heads, n_blocks * block, d_head)[:, :, :qlen]
+
+
 def blocked_attention(
     kernel: AttentionKernel,
     chunk: int,
@@ -206,6 +252,11 @@ def blocked_attention(
     """
     qlen, klen = query.size(2), key.size(2)
     step = chunk if 0 < chunk < qlen else qlen
+    fused = kernel is rel_shift_attention and query.dtype in (torch.float32, torch.float64)
+    if fused and isinstance(mask, PatternMask) and step < qlen and (band := mask.band(step)) is not None:
+        out = banded_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask, step, band, dropatt, training)
+        if out is not None:
+            return out
     outs = []
     for q0 in range(0, qlen, step):
         q1 = min(qlen, q0 + step)

@@ -100,7 +100,7 @@ class AttentionPattern:
         """The pattern's own predicate: True where query position ``query`` (Tq, 1) may attend to key
         position ``key`` (1, Tk); returns (H or 1, Tq, Tk).  Causality and global tokens are added by
         :class:`PatternMask`; ``klen`` is the window length, for the random blocks."""
-        distance = query - key  # (Tq, Tk)
+        distance = query - key  # (..., Tq, Tk)
         span = distance if self.causal else distance.abs()
         span = span.clamp(min=0)  # future keys of a causal pattern are removed by the causal mask
         if self.name == "full":
@@ -108,7 +108,7 @@ class AttentionPattern:
         elif self.name in ("window", "global"):
             ok = span < self.window
         elif self.name == "dilated":
-            dil = torch.tensor(self.dilation, device=query.device)[:, None, None]  # (H or 1, 1, 1)
+            dil = torch.tensor(self.dilation, device=query.device).view(-1, *[1] * distance.dim())  # (H or 1, 1...)
             ok = (span % dil == 0) & (span < self.window * dil)
         elif self.name == "strided":
             ok = (span < self.window) | (span % self.stride == 0)
@@ -117,7 +117,7 @@ class AttentionPattern:
             ok = (query // size == key // size) | (key % size >= size - self.block_summary)
         else:  # bigbird
             ok = (span < self.window) | self._random_blocks(query, key, klen)
-        return ok if ok.dim() == 3 else ok[None]
+        return ok if ok.dim() > distance.dim() else ok[None]  # (H or 1, ..., Tq, Tk)
 
     def _random_blocks(self, query: Tensor, key: Tensor, klen: int) -> Tensor:
         """``num_random_blocks`` key blocks per query block, the same for every call: each (query block,
@@ -181,20 +181,37 @@ class PatternMask:
         k1 = self.klen if k1 is None else k1
         query = torch.arange(q0, q1, device=self.device)[:, None] + self.mlen  # (Tq, 1) window positions
         key = torch.arange(k0, k1, device=self.device)[None, :]  # (1, Tk)
-        ok = self.pattern.allowed(query, key, self.klen)[None]  # (1, H or 1, Tq, Tk)
+        return self.forbidden_at(query, key)
+
+    def forbidden_at(self, query: Tensor, key: Tensor) -> Tensor:
+        """:meth:`forbidden` for window positions of any broadcastable shapes (..., Tq, 1) and (..., 1, Tk):
+        returns (B or 1, H or 1, ..., Tq, Tk).  Keys outside [0, K) (padding) are forbidden."""
+        ok = self.pattern.allowed(query, key, self.klen)[None]  # (1, H or 1, ..., Tq, Tk)
+        inside = (key >= 0) & (key < self.klen)
+        key = key.clamp(0, self.klen - 1)
         if self.global_keys is not None:
-            g_query = self.global_keys[:, self.mlen + q0 : self.mlen + q1]  # (B, Tq)
-            g_key = self.global_keys[:, k0:k1]  # (B, Tk)
-            ok = ok | g_query[:, None, :, None] | g_key[:, None, None, :]  # (B, H or 1, Tq, Tk)
+            g_query = self.global_keys[:, query.clamp(0, self.klen - 1)]  # (B, ..., Tq, 1)
+            g_key = self.global_keys[:, key]  # (B, ..., 1, Tk)
+            ok = ok | (g_query | g_key)[:, None]  # (B, H or 1, ..., Tq, Tk)
         distance = query - key
+        ok = ok & inside
         if self.pattern.causal:
             ok = ok & (distance >= 0)
         if self.span is not None:
             ok = ok & (distance < self.span)
         if self.key_docs is not None:
-            same = self.query_docs[:, q0:q1, None] == self.key_docs[:, None, k0:k1]  # (B, Tq, Tk)
-            ok = ok & same[:, None]
+            q_docs = self.query_docs[:, (query - self.mlen).clamp(0, self.qlen - 1)]  # (B, ..., Tq, 1)
+            ok = ok & (q_docs == self.key_docs[:, key])[:, None]
         return ~ok
+
+    def band(self, block: int) -> tuple[int, int] | None:
+        """For a local pattern, the keys a block of ``block`` queries needs before and after itself, rounded
+        up to whole blocks (so every block has the same band); None when the pattern is not local."""
+        reach = self.pattern.reach
+        if reach is None or (self.global_keys is not None and bool(self.global_keys.any())):
+            return None
+        before = -(-reach // block) * block
+        return before, (0 if self.pattern.causal else before)
 
     def key_range(self, q0: int, q1: int) -> tuple[int, int]:
         """Keys [lo, hi) outside which every query of [q0, q1) is forbidden."""
