@@ -5,8 +5,12 @@ Commands::
     longseq train [--preset tiny-shakespeare] [--set key=value ...] [--data PATH] [--tokenizer byte|char|word]
                   [--out DIR] [--resume] [--json]
     longseq eval --checkpoint DIR [--split valid|test] [--set mem_len=1600 ...] [--data PATH] [--json]
+    longseq eval recl --checkpoint A --checkpoint B ... [--contexts 32 64 128] [--r 0.1 0.5 1.0] [--json]
     longseq generate --checkpoint DIR --prompt TEXT --max-new-tokens N [--temperature T] [--top-k K]
                   [--top-p P] [--seed S] [--json]
+    longseq bench train|eval|generate|eval-speed [--attn-len 800 1800 ...] [--json]
+    longseq diagnose --checkpoint DIR [--data PATH] --out DIR [--json]
+    longseq plot RUN_DIR [RUN_DIR ...] --out FILE.png [--bits]
 
 Human-readable progress goes to stderr; the result goes to stdout (one JSON object on the last line with ``--json``).
 """
@@ -88,8 +92,14 @@ def cmd_eval(args: argparse.Namespace) -> dict:
     from longseq.train.checkpoint import load_checkpoint
     from longseq.train.loop import bits_unit
 
+    if args.mode == "recl":
+        return cmd_recl(args)
+    if len(args.checkpoint) != 1:
+        raise ValueError(
+            f"longseq eval takes one --checkpoint (got {len(args.checkpoint)}); RECL of a group: eval recl"
+        )
     settings = apply_overrides({"eval": EvalConfig(split=args.split)}, _overrides(args.set))["eval"]
-    model, tokenizer, run, _ = load_checkpoint(args.checkpoint)
+    model, tokenizer, run, _ = load_checkpoint(args.checkpoint[0])
     path = args.data if args.data is not None else run.data.path
     corpus = load_corpus(path, tokenizer.kind, tokenizer=tokenizer, lowercase=run.data.lowercase)
     ids = corpus.split(settings.split)
@@ -110,6 +120,58 @@ def cmd_eval(args: argparse.Namespace) -> dict:
         doc_ids=doc_ids,
     )
     return {"split": settings.split, **metrics}
+
+
+def cmd_recl(args: argparse.Namespace) -> dict:
+    from longseq.data.corpus import load_corpus
+    from longseq.eval.recl import group_losses, recl
+    from longseq.train.checkpoint import load_checkpoint
+
+    if args.set:
+        raise ValueError("eval recl takes no --set; choose the lengths with --contexts")
+    models, corpus_ids, names = {}, None, []
+    for path in args.checkpoint:
+        model, tokenizer, run, _ = load_checkpoint(path)
+        name = os.path.basename(os.path.dirname(os.path.abspath(path))) or path
+        if name in models:
+            name = path
+        data = args.data if args.data is not None else run.data.path
+        ids = load_corpus(data, tokenizer.kind, tokenizer=tokenizer, lowercase=run.data.lowercase).split(args.split)
+        if corpus_ids is not None and (len(ids) != len(corpus_ids) or (ids[:1000] != corpus_ids[:1000]).any()):
+            raise ValueError(f"{path} reads a different token sequence than {names[0]}: RECL needs the same tokens")
+        corpus_ids = ids
+        models[name] = (model, run)
+        names.append(path)
+    losses = group_losses(models, corpus_ids, args.contexts, max_targets=args.max_tokens, progress=not args.quiet)
+    result = {"contexts": args.contexts, "tokens": int(len(next(iter(next(iter(losses.values())).values()))))}
+    for r in args.r:
+        result[f"recl_r{r:g}"] = recl(losses, r=r)
+    result["loss_by_context"] = {
+        name: {str(c): float(v.mean()) for c, v in per.items()} for name, per in losses.items()
+    }
+    return result
+
+
+def cmd_diagnose(args: argparse.Namespace) -> dict:
+    from longseq.data.corpus import load_corpus
+    from longseq.diagnostics import diagnose
+    from longseq.train.checkpoint import load_checkpoint
+
+    model, tokenizer, run, _ = load_checkpoint(args.checkpoint)
+    data = args.data if args.data is not None else run.data.path
+    ids = load_corpus(data, tokenizer.kind, tokenizer=tokenizer, lowercase=run.data.lowercase).split(args.split)
+    tgt_len = args.tgt_len or run.data.eval_tgt_len
+    report = diagnose(model, ids, args.out, tgt_len=tgt_len, warmup=args.warmup)
+    for warning in report["warnings"]:
+        _say(f"warning: {warning}")
+    keep = ("layers", "heads", "tgt_len", "mem_len", "loss", "grad_norms", "warnings", "files")
+    return {"out": args.out, **{k: report[k] for k in keep}}
+
+
+def cmd_plot(args: argparse.Namespace) -> dict:
+    from longseq.diagnostics import plot_runs
+
+    return plot_runs(args.runs, args.out, bits=args.bits)
 
 
 def cmd_generate(args: argparse.Namespace) -> dict:
@@ -179,6 +241,9 @@ def cmd_bench(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.task == "eval-speed":
+        rows = speed.eval_speed_vs_vanilla(args.attn_len, tgt_len=args.tgt_len, windows=args.steps)
+        return {"task": "eval-speed", "tgt_len": args.tgt_len, "threads": torch.get_num_threads(), "lengths": rows}
     model = TransformerXLLM(speed.bench_config(args.mem_len, attn_chunk=args.attn_chunk))
     if args.task != "train" and (args.compile or args.autocast):
         raise ValueError("--compile and --autocast apply to `longseq bench train` only")
@@ -217,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="longseq", description="Transformer-XL language modeling: train, eval, generate."
     )
-    sub = parser.add_subparsers(dest="command", metavar="{train,eval,generate,convert,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{train,eval,generate,convert,bench,diagnose,plot}")
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -243,10 +308,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "eval", help="evaluate a checkpoint", epilog=EPILOG_EVAL, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory (e.g. runs/tiny-shakespeare/best)")
+    p.add_argument("mode", nargs="?", choices=["recl"], help="recl: relative effective context length of a group")
+    p.add_argument(
+        "--checkpoint", required=True, action="append", help="checkpoint directory (repeat for a RECL group)"
+    )
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"])
     p.add_argument("--data", help="corpus to evaluate (default: the one the checkpoint was trained on)")
     p.add_argument("--set", nargs="+", action="append", metavar="KEY=VALUE", help="evaluation override")
+    p.add_argument("--contexts", type=int, nargs="+", default=[32, 64, 128, 256], help="RECL context lengths")
+    p.add_argument("--r", type=float, nargs="+", default=[0.1, 0.5, 1.0], help="RECL top-r fractions")
+    p.add_argument("--max-tokens", type=int, default=4000, help="RECL: tokens scored per model and length")
     common(p)
     p.set_defaults(func=cmd_eval)
 
@@ -267,7 +338,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="The model of the performance issue (4 layers, d_model 256, 8 heads x 32, d_inner 1024, bytes) "
         "on random tokens. Side-by-side comparisons with other implementations: benchmarks/vs_hf.py.",
     )
-    p.add_argument("task", choices=["train", "eval", "generate"])
+    p.add_argument("task", choices=["train", "eval", "generate", "eval-speed"])
+    p.add_argument(
+        "--attn-len", type=int, nargs="+", default=[800, 1800, 2800, 3800], help="eval-speed attention lengths"
+    )
     p.add_argument("--tgt-len", type=int, default=128, help="segment length (prompt segment length for generate)")
     p.add_argument("--mem-len", type=int, default=128)
     p.add_argument("--batch", type=int, default=8, help="parallel streams (train, eval)")
@@ -296,6 +370,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory")
     common(p)
     p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("diagnose", help="attention maps, entropy, gradient norms and memory statistics of a checkpoint")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--data", help="corpus (default: the checkpoint's)")
+    p.add_argument("--split", default="valid", choices=["train", "valid", "test"])
+    p.add_argument("--tgt-len", type=int, default=0, help="segment length (default: the checkpoint's eval_tgt_len)")
+    p.add_argument("--warmup", type=int, default=2, help="segments read first to fill the memory")
+    p.add_argument("--out", required=True, help="report directory (PNG plots, report.md, report.json)")
+    common(p)
+    p.set_defaults(func=cmd_diagnose)
+
+    p = sub.add_parser("plot", help="training curves of runs against step and wall time")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--out", required=True, help="PNG file")
+    p.add_argument("--bits", action="store_true", help="plot bits per token instead of nats")
+    common(p)
+    p.set_defaults(func=cmd_plot)
     return parser
 
 
@@ -323,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         TrainingError,
         BatchingError,
         ValueError,
+        FileNotFoundError,
     ) as exc:
         print(f"longseq {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -78,7 +78,9 @@ class ModelConfig(_JsonConfig):
     ``num_global``, ``num_random_blocks`` and ``pattern_seed``.  With ``attn_chunk`` > 0 a local pattern runs
     in time and memory linear in the sequence length.  ``bidirectional`` makes every pattern two-sided (encoders:
     masked LM, classification).  ``pos="shaw"`` replaces the sinusoidal R and the u, v biases with the clipped
-    learned relative table of Shaw et al. (2018), ``max_relative_distance`` entries each way.
+    learned relative table of Shaw et al. (2018), ``max_relative_distance`` entries each way; ``pos="absolute"``
+    is the vanilla Transformer (Al-Rfou et al., 2018): sinusoidal absolute positions added to the embeddings and
+    no memory.  ``arch="lstm"`` is the LSTM baseline (``n_layer`` LSTM layers of width ``d_model``).
     """
 
     @property
@@ -135,6 +137,7 @@ class ModelConfig(_JsonConfig):
     pattern_seed: int = 0
     pos: str = "sinusoidal"
     max_relative_distance: int = 64
+    arch: str = "transformer"
 
     def layer_patterns(self):
         """One :class:`~longseq.model.patterns.AttentionPattern` per layer (``attention`` holds one name for
@@ -258,7 +261,16 @@ class ModelConfig(_JsonConfig):
                 _check(
                     False, f"ModelConfig.attention: unknown pattern {name!r}{hint}; known: {', '.join(PATTERN_NAMES)}"
                 )
-        _check(self.pos in ("sinusoidal", "shaw"), f"ModelConfig.pos must be sinusoidal or shaw, got {self.pos!r}")
+        _check(
+            self.pos in ("sinusoidal", "shaw", "absolute"),
+            f"ModelConfig.pos must be sinusoidal, shaw or absolute, got {self.pos!r}",
+        )
+        _check(self.arch in ("transformer", "lstm"), f"ModelConfig.arch must be transformer or lstm, got {self.arch!r}")
+        _check(
+            self.pos != "absolute" or (self.mem_len == 0 and not self.mem_tokens),
+            f"ModelConfig.pos=absolute (the vanilla Transformer) has no memory: absolute positions cannot be reused "
+            f"across segments; set mem_len=0 (got mem_len={self.mem_len}, mem_tokens={self.mem_tokens})",
+        )
         _check(
             self.pos != "shaw" or self.max_relative_distance >= 1,
             f"ModelConfig.max_relative_distance must be >= 1 with pos=shaw, got {self.max_relative_distance}",

@@ -41,7 +41,9 @@ def evaluate(
     device = next(model.parameters()).device
     stream = OrderedStream(ids, batch_size, tgt_len, doc_ids=doc_ids)
     total = stream.n_segments() if not max_segments else min(max_segments, stream.n_segments())
-    mems = KVMemory.empty() if kv_memory and doc_ids is None and not model.config.uses_memory_state else None
+    c = model.config
+    kv_memory = kv_memory and c.arch == "transformer" and c.pos != "absolute" and not c.uses_memory_state
+    mems = KVMemory.empty() if kv_memory and doc_ids is None else None
     nll_sum, n_tokens = 0.0, 0
     start = time.perf_counter()
     with tqdm(total=total, desc="eval", unit="seg", disable=not progress or None, leave=False) as bar:

@@ -105,3 +105,38 @@ def generate_speed(
     generate(model, prompt, new_tokens, temperature=0, mem_len=mem_len, segment_len=segment_len)
     elapsed = time.perf_counter() - start
     return {"tokens_per_s": new_tokens / elapsed, "seconds": elapsed, "peak_rss_mb": peak_rss_mb()}
+
+
+@torch.no_grad()
+def vanilla_ms_per_token(model: TransformerXLLM, *, attn_len: int, windows: int = 2) -> float:
+    """Milliseconds per predicted token of the vanilla Transformer's evaluation (Al-Rfou et al., 2018): each
+    prediction reads a fresh window of ``attn_len`` tokens, recomputed from scratch; only its last position
+    goes through the softmax."""
+    model.eval()
+    data = torch.randint(0, model.config.vocab_size, (1, attn_len + windows))
+    model.next_token_scores(data[:, :attn_len], None, mem_len=0)  # warm-up
+    start = time.perf_counter()
+    for w in range(windows):
+        model.next_token_scores(data[:, w + 1 : w + 1 + attn_len], None, mem_len=0)
+    return 1000 * (time.perf_counter() - start) / windows
+
+
+def eval_speed_vs_vanilla(attn_lens: list[int], *, tgt_len: int = 128, windows: int = 2, segments: int = 3) -> list:
+    """Per-token evaluation time of Transformer-XL (segments of ``tgt_len``, memory of ``attn_len``) against the
+    vanilla Transformer with a sliding window of ``attn_len``, same size (the benchmark model), same process."""
+    rows = []
+    for attn_len in attn_lens:
+        torch.manual_seed(0)
+        xl = TransformerXLLM(bench_config(attn_len))
+        xl_ms = eval_per_token(xl, batch=1, tgt_len=tgt_len, mem_len=attn_len, segments=segments)["ms_per_token"]
+        vanilla = TransformerXLLM(bench_config(0, pos="absolute"))
+        vanilla_ms = vanilla_ms_per_token(vanilla, attn_len=attn_len, windows=windows)
+        rows.append(
+            {
+                "attn_len": attn_len,
+                "xl_ms_per_token": xl_ms,
+                "vanilla_ms_per_token": vanilla_ms,
+                "ratio": vanilla_ms / xl_ms,
+            }
+        )
+    return rows

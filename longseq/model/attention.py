@@ -90,16 +90,22 @@ def reference_attention(
     training: bool,
 ) -> Tensor:
     """Readable reference: gather W_R R_{i-j} for every (i, j) and add the two terms."""
-    qlen, klen = query.size(2), key.size(2)
-    rows = qlen - torch.arange(qlen, device=query.device)[:, None] + torch.arange(klen, device=query.device)
-    rows = rows.clamp(max=rel_key.size(1) - 1)  # (T, K) row of R for each pair; rows past the end are masked
-    rel_pairs = rel_key[:, rows]  # (H, T, K, D)
-    content = torch.einsum("bhtd,bhkd->bhtk", query + r_w_bias[:, None], key)  # (a) + (c)
-    position = torch.einsum("bhtd,htkd->bhtk", query + r_r_bias[:, None], rel_pairs)  # (b) + (d)
-    scores = (content + position) / math.sqrt(query.size(-1))
-    scores = scores.masked_fill(mask, float("-inf"))
-    probs = F.dropout(_softmax(scores), p=dropatt, training=training)
+    probs = F.dropout(attention_probs(query, key, rel_key, r_w_bias, r_r_bias, mask), p=dropatt, training=training)
     return probs @ value  # (B, H, T, D)
+
+
+def attention_probs(query, key, rel_key, r_w_bias, r_r_bias, mask) -> Tensor:
+    """The attention probabilities (B, H, T, K) of the reference, without dropout (``rel_key`` None: content only)."""
+    qlen, klen = query.size(2), key.size(2)
+    content = torch.einsum("bhtd,bhkd->bhtk", query + r_w_bias[:, None], key)  # (a) + (c)
+    scores = content
+    if rel_key is not None:
+        rows = qlen - torch.arange(qlen, device=query.device)[:, None] + torch.arange(klen, device=query.device)
+        rows = rows.clamp(max=rel_key.size(1) - 1)  # (T, K) row of R for each pair; rows past the end are masked
+        rel_pairs = rel_key[:, rows]  # (H, T, K, D)
+        scores = content + torch.einsum("bhtd,htkd->bhtk", query + r_r_bias[:, None], rel_pairs)  # (b) + (d)
+    scores = scores / math.sqrt(query.size(-1))
+    return _softmax(scores.masked_fill(mask, float("-inf")))
 
 
 class _RelativeProbs(torch.autograd.Function):
@@ -321,7 +327,7 @@ class RelativeMultiHeadAttention(nn.Module):
         self.max_relative_distance = max_relative_distance
         if pos == "shaw":  # Shaw et al. (2018): one learned key per clipped distance, both directions
             self.rel_table = nn.Parameter(torch.zeros(2 * max_relative_distance + 1, n_head * d_head))
-        else:
+        elif pos != "absolute":  # absolute positions are added to the input: no position term here
             self.r_net = nn.Linear(d_model, n_head * d_head, bias=False)  # W_{k,R}
         self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
         self.layer_norm = nn.LayerNorm(d_model, eps=eps)
@@ -336,23 +342,8 @@ class RelativeMultiHeadAttention(nn.Module):
         rows = self.rel_table[clipped_index(distances, self.max_relative_distance)]  # (R, H*D)
         return rows.view(-1, self.n_head, self.d_head).transpose(0, 1)
 
-    def forward(
-        self,
-        hidden: Tensor,  # (B, T, E)
-        rel_key: Tensor,  # (H, R, D): W_R R for distances K .. 0
-        r_w_bias: Tensor,  # (H, D)
-        r_r_bias: Tensor,  # (H, D)
-        mask: PatternMask | Tensor,  # the layer's pattern, or a dense causal (T, K) mask
-        memory: Tensor | None = None,  # (B, M, E) hidden-state memory
-        cache=None,  # (keys, values) (B, H, M, D) of the memory, or a RingKV
-        with_mass: bool = False,
-    ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None]:
-        """Returns the layer output (B, T, E), the keys and values of [memory; segment] (B, H, K, D), and with
-        ``with_mass`` the attention mass every key received (B, K), else None.
-
-        With ``cache`` the memory's keys and values are reused instead of being projected again
-        (identical results: the projection is per position, LayerNorm included).
-        """
+    def _project(self, hidden: Tensor, memory: Tensor | None, cache) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries (B, H, T, D) of the segment; keys and values (B, H, K, D) of [memory; segment]."""
         batch, qlen, _ = hidden.shape
         width = self.n_head * self.d_head
         if cache is not None:
@@ -376,11 +367,51 @@ class RelativeMultiHeadAttention(nn.Module):
             key = key.view(batch, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, D)
             value = value.view(batch, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, D)
         query = query.reshape(batch, qlen, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, D)
+        return query, key, value
 
-        kernel = ATTENTION_KERNELS[self.kernel]
-        attn = blocked_attention(
-            kernel, self.chunk, query, key, value, rel_key, r_w_bias, r_r_bias, mask, self.dropatt, self.training
-        )  # (B, H, T, D)
+    @torch.no_grad()
+    def probs(self, hidden, rel_key, r_w_bias, r_r_bias, mask, memory=None, cache=None, with_mass=False) -> Tensor:
+        """The attention probabilities (B, H, T, K) this layer uses for these inputs (the reference, no dropout;
+        same arguments as :meth:`forward`, for diagnostics).  A ring cache must not be passed: it would grow."""
+        query, key, _ = self._project(hidden, memory, cache)
+        dense = mask if isinstance(mask, Tensor) else mask.forbidden()
+        return attention_probs(query, key, rel_key, r_w_bias, r_r_bias, dense)
+
+    def forward(
+        self,
+        hidden: Tensor,  # (B, T, E)
+        rel_key: Tensor,  # (H, R, D): W_R R for distances K .. 0
+        r_w_bias: Tensor,  # (H, D)
+        r_r_bias: Tensor,  # (H, D)
+        mask: PatternMask | Tensor,  # the layer's pattern, or a dense causal (T, K) mask
+        memory: Tensor | None = None,  # (B, M, E) hidden-state memory
+        cache=None,  # (keys, values) (B, H, M, D) of the memory, or a RingKV
+        with_mass: bool = False,
+    ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None]:
+        """Returns the layer output (B, T, E), the keys and values of [memory; segment] (B, H, K, D), and with
+        ``with_mass`` the attention mass every key received (B, K), else None.
+
+        With ``cache`` the memory's keys and values are reused instead of being projected again
+        (identical results: the projection is per position, LayerNorm included).
+        """
+        batch, qlen, _ = hidden.shape
+        width = self.n_head * self.d_head
+        query, key, value = self._project(hidden, memory, cache)  # (B, H, T, D), (B, H, K, D) x 2
+
+        if self.pos == "absolute":  # the vanilla Transformer: content scores only, PyTorch's fused attention
+            allowed = None if isinstance(mask, Tensor) else mask
+            causal = allowed is not None and allowed.is_causal_full and allowed.mlen == 0 and allowed.span is None
+            if not causal:
+                allowed = ~(mask if isinstance(mask, Tensor) else mask.forbidden())
+            attn = F.scaled_dot_product_attention(
+                query, key, value, attn_mask=None if causal else allowed,
+                dropout_p=self.dropatt if self.training else 0.0, is_causal=causal,
+            )  # fmt: skip
+        else:
+            kernel = ATTENTION_KERNELS[self.kernel]
+            attn = blocked_attention(
+                kernel, self.chunk, query, key, value, rel_key, r_w_bias, r_r_bias, mask, self.dropatt, self.training
+            )  # (B, H, T, D)
         attn = attn.transpose(1, 2).reshape(batch, qlen, width)  # (B, T, H*D)
         out = self.drop(self.o_net(attn))  # (B, T, E)
         out = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)

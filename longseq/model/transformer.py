@@ -84,7 +84,7 @@ class TransformerXL(nn.Module):
         self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
         self.drop = nn.Dropout(c.dropout)
         bias_shape = (c.n_layer, c.n_head, c.d_head) if c.untie_r else (c.n_head, c.d_head)
-        if c.pos == "shaw":  # terms (a) and (b) only: no global content or position bias
+        if c.pos in ("shaw", "absolute"):  # Shaw: terms (a) and (b) only; absolute: content only
             self.register_buffer("r_w_bias", torch.zeros(bias_shape), persistent=False)
             self.register_buffer("r_r_bias", torch.zeros(bias_shape), persistent=False)
         else:
@@ -112,6 +112,8 @@ class TransformerXL(nn.Module):
         distances = relative_distances(rows - 1, clamp_len, device, bottom)
         if self.config.pos == "shaw":
             return [layer.dec_attn.shaw_keys(distances).to(dtype) for layer in self.layers]
+        if self.config.pos == "absolute":
+            return [None] * len(self.layers)
         exact = torch.float64 if dtype == torch.float64 else torch.float32
         pos_emb = self.drop(sinusoidal_embedding(distances, self.config.d_model, exact).to(dtype))  # (R, E)
         return [layer.dec_attn.rel_keys(pos_emb) for layer in self.layers]
@@ -172,6 +174,10 @@ class TransformerXL(nn.Module):
         masks = self._masks(qlen, mlen, span, docs, global_mask, batch, input_ids.device)  # one per layer
 
         hidden = self.word_emb(input_ids)  # (B, T, E)
+        if c.pos == "absolute":  # the vanilla Transformer: sinusoidal absolute positions 0 .. T-1
+            positions = torch.arange(input_ids.size(1), device=hidden.device, dtype=torch.float32)
+            exact = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+            hidden = hidden + sinusoidal_embedding(positions, c.d_model, exact).to(hidden.dtype)
         if n_tok:
             read = state.tokens if state is not None and state.tokens is not None else None
             if read is None:

@@ -29,7 +29,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 
 from longseq.config import ConfigError, RunConfig
 from longseq.data.tokenizers import Tokenizer, TokenizerError, tokenizer_from_dict
-from longseq.model import TransformerXLLM
+from longseq.model import TransformerXLLM, build_model
 from longseq.model.memory import memory_from_tensors, memory_to_tensors
 
 FORMAT = "longseq-checkpoint-v1"
@@ -207,7 +207,7 @@ def load_checkpoint(
             tokenizer = tokenizer_from_dict(json.load(f))
     except (json.JSONDecodeError, KeyError, TokenizerError) as exc:
         raise CheckpointError(f"checkpoint {directory} has an invalid tokenizer: {exc}") from None
-    model = TransformerXLLM(run.model)
+    model = build_model(run.model)
     load_weights(model, directory, device)
     model.to(device).eval()
     return model, tokenizer, run, config.get("metrics", {})

@@ -23,7 +23,7 @@ from longseq.config import ConfigError, RunConfig
 from longseq.data.batching import OrderedStream
 from longseq.data.corpus import Corpus, load_corpus, unigram_bits_per_token
 from longseq.eval.evaluate import evaluate
-from longseq.model import TransformerXLLM
+from longseq.model import build_model
 from longseq.model.memory import detach_memory, join_memory, split_memory
 from longseq.train.checkpoint import TrainingState, load_training_state, load_weights, save_checkpoint
 from longseq.train.optim import build_optimizer, learning_rate
@@ -54,14 +54,17 @@ def _append_jsonl(path: str, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def _truncate_log(path: str, step: int) -> None:
-    """Drop log records written after the checkpoint we resume from, so the log matches the run."""
+def _truncate_log(path: str, step: int) -> float:
+    """Drop log records written after the checkpoint we resume from, so the log matches the run; returns the
+    training wall time (``elapsed_s``) logged by then, so the resumed run's clock continues from it."""
     if not os.path.exists(path):
-        return
+        return 0.0
     with open(path, encoding="utf-8") as f:
-        lines = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+        records = [json.loads(line) for line in f if line.strip()]
+    kept = [r for r in records if r.get("step", 0) <= step]
     with open(path, "w", encoding="utf-8") as f:
-        f.writelines(lines)
+        f.writelines(json.dumps(r) + "\n" for r in kept)
+    return max((r.get("elapsed_s", 0.0) for r in kept), default=0.0)
 
 
 def prepare_model_config(run: RunConfig, corpus: Corpus) -> None:
@@ -117,7 +120,7 @@ def train(
     if dc.batch_size % tc.grad_accum:
         raise ConfigError(f"batch_size={dc.batch_size} must be divisible by grad_accum={tc.grad_accum}")
 
-    model = TransformerXLLM(run.model)
+    model = build_model(run.model)
     optimizer = build_optimizer(model, tc)
     docs = corpus.doc_ids if dc.doc_reset else None
     if dc.doc_reset and docs is None:
@@ -128,14 +131,14 @@ def train(
     stream = OrderedStream(corpus.train, dc.batch_size, dc.tgt_len, varlen=dc.varlen, seed=tc.seed, doc_ids=train_docs)
     unit = bits_unit(dc.tokenizer)
     unigram = unigram_bits_per_token(corpus.train, corpus.valid, corpus.tokenizer.vocab_size) if unit else None
-    mems, step, best, tokens_seen = None, 0, None, 0
+    mems, step, best, tokens_seen, clock_offset = None, 0, None, 0, 0.0
     if state is not None:
         load_weights(model, last_dir)
         optimizer.load_state_dict(state.optimizer)
         stream.load_state_dict(state.data_state)
         torch.set_rng_state(state.torch_rng)
         mems, step, best, tokens_seen = state.mems, state.step, state.best_valid_loss, state.tokens_seen
-        _truncate_log(metrics_path, step)
+        clock_offset = _truncate_log(metrics_path, step)
         log(f"resumed from {last_dir} at step {step}")
     elif os.path.exists(metrics_path):
         os.remove(metrics_path)
@@ -226,10 +229,12 @@ def train(
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:,.0f}")
             if step % tc.log_interval == 0 or step == end:
-                _append_jsonl(metrics_path, {"step": step, "loss": loss, "lr": lr, "tokens_per_s": speed})
+                record = {"step": step, "loss": loss, "lr": lr, "tokens_per_s": speed}
+                _append_jsonl(metrics_path, {**record, "elapsed_s": clock_offset + elapsed})
             if step % tc.eval_interval == 0 or step == tc.max_steps:
                 valid = validate()
-                _append_jsonl(metrics_path, {"step": step, **{f"valid_{k}": v for k, v in valid.items()}})
+                valid_record = {"step": step, **{f"valid_{k}": v for k, v in valid.items()}}
+                _append_jsonl(metrics_path, {**valid_record, "elapsed_s": clock_offset + elapsed})
                 log(f"step {step}: valid loss {valid['loss']:.4f}" + (f", {unit} {valid[unit]:.4f}" if unit else ""))
                 if best is None or valid["loss"] < best:
                     best = valid["loss"]

@@ -1,0 +1,77 @@
+"""``longseq plot``: training curves of several runs on one figure, against step and against wall time."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    """The records of ``run_dir/metrics.jsonl`` (a clear error when the file is missing or corrupt)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{run_dir} is not a training run: no metrics.jsonl")
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not a JSON record ({exc.msg})") from None
+    return records
+
+
+def curves(records: list[dict], bits: bool) -> dict[str, tuple[list[float], list[float], list[float]]]:
+    """(step, elapsed seconds, value) series for training and validation; loss in nats or, with ``bits``,
+    in bits per token (loss / ln 2)."""
+    scale = 1 / math.log(2) if bits else 1.0
+    out: dict[str, tuple[list, list, list]] = {"train": ([], [], []), "valid": ([], [], [])}
+    for r in records:
+        key = "loss" if "loss" in r else "valid_loss" if "valid_loss" in r else None
+        if key is None:
+            continue
+        series = out["train" if key == "loss" else "valid"]
+        series[0].append(r["step"])
+        series[1].append(r.get("elapsed_s", math.nan))
+        series[2].append(r[key] * scale)
+    return out
+
+
+def plot_runs(run_dirs: list[str], out_path: str, *, bits: bool = False) -> dict:
+    """Plot training and validation loss of every run against step (left) and wall time (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not run_dirs:
+        raise ValueError("plot needs at least one run directory")
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
+    summary = {}
+    for run_dir in run_dirs:
+        name = os.path.basename(os.path.normpath(run_dir))
+        series = curves(read_metrics(run_dir), bits)
+        for kind, style in (("train", "-"), ("valid", "o--")):
+            steps, elapsed, values = series[kind]
+            if not steps:
+                continue
+            line = by_step.plot(steps, values, style, label=f"{name} {kind}", markersize=3)[0]
+            timed = [(t, v) for t, v in zip(elapsed, values) if not math.isnan(t)]
+            if timed:
+                by_time.plot(*zip(*timed), style, color=line.get_color(), label=f"{name} {kind}", markersize=3)
+        summary[name] = {k: len(v[0]) for k, v in series.items()}
+    unit = "bits per token" if bits else "loss (nats)"
+    by_step.set_xlabel("step")
+    by_time.set_xlabel("wall time (s)")
+    for ax in (by_step, by_time):
+        ax.set_ylabel(unit)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+    return {"out": out_path, "runs": summary}

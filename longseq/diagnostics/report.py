@@ -1,0 +1,256 @@
+"""``longseq diagnose``: what a model's attention and memory look like on real text.
+
+One segment is read after ``warmup`` segments have filled the memory.  The report directory holds
+
+    attention_layer{i}.png   every head's attention map of layer i; memory | segment boundary marked
+    entropy.png              attention entropy per layer and head (nats)
+    distance.png             attention mass against relative distance, per layer
+    grad_norms.png           gradient norm of every layer's parameters for this segment's loss
+    report.md, report.json   the numbers, memory statistics and warnings
+
+Attention probabilities are recomputed from each layer's inputs with the readable reference
+(:meth:`longseq.model.attention.RelativeMultiHeadAttention.probs`), captured by forward hooks, so the model code stays
+architecture only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from longseq.model import TransformerXLLM
+
+COLLAPSE_NATS = 0.1  # a head whose mean entropy is below this attends to (almost) one key
+
+
+@torch.no_grad()
+def attention_maps(model: TransformerXLLM, input_ids: Tensor, mems=None) -> tuple[list[Tensor], object]:
+    """Attention probabilities (B, H, T, K) of every layer for one segment, and the new memory."""
+    captured: list[tuple] = []
+
+    def hook(module, args, kwargs):
+        captured.append((module, args, kwargs))
+
+    handles = [layer.dec_attn.register_forward_pre_hook(hook, with_kwargs=True) for layer in model.transformer.layers]
+    was_training = model.training
+    model.eval()
+    try:
+        out = model(input_ids, mems)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    maps = []
+    for module, args, kwargs in captured:
+        maps.append(module.probs(*args, **kwargs))
+    return maps, out.mems
+
+
+def summarize_attention(maps: list[Tensor], mlen: int) -> dict:
+    """Entropy per (layer, head), mass by relative distance per layer, and the share of mass in the memory."""
+    entropy, by_distance, memory_share = [], [], []
+    for probs in maps:  # (B, H, T, K)
+        batch, heads, qlen, klen = probs.shape
+        p = probs.double()
+        ent = -(p * torch.log(p.clamp(min=1e-30))).sum(-1)  # (B, H, T)
+        entropy.append(ent.mean(dim=(0, 2)).tolist())
+        memory_share.append(p[..., :mlen].sum(-1).mean(dim=(0, 2)).tolist())
+        distance = (torch.arange(qlen)[:, None] + mlen) - torch.arange(klen)[None, :]  # (T, K)
+        mass = torch.zeros(klen, dtype=torch.float64)
+        valid = distance >= 0
+        mass.index_add_(0, distance[valid], p.sum(dim=(0, 1))[valid])  # total mass at each distance
+        by_distance.append((mass / mass.sum()).tolist())
+    return {"entropy": entropy, "mass_by_distance": by_distance, "memory_share": memory_share}
+
+
+def _grad_norms(model: TransformerXLLM, input_ids: Tensor, labels: Tensor, mems) -> tuple[list[float], float]:
+    model.zero_grad(set_to_none=True)
+    was_training = model.training
+    model.eval()  # no dropout: the gradient of this exact segment
+    try:
+        with torch.enable_grad():
+            loss = model(input_ids, mems, labels).loss
+            loss.backward()
+    finally:
+        model.train(was_training)
+    norms = []
+    for layer in model.transformer.layers:
+        grads = [p.grad.double().norm() ** 2 for p in layer.parameters() if p.grad is not None]
+        norms.append(float(torch.stack(grads).sum().sqrt()) if grads else 0.0)
+    model.zero_grad(set_to_none=True)
+    return norms, loss.item()
+
+
+def _memory_stats(mems) -> list[dict]:
+    layers = mems.hidden if hasattr(mems, "hidden") else mems
+    stats = []
+    for mem in layers or ():
+        mem = mem.dequantize() if hasattr(mem, "dequantize") else mem
+        m = mem.double()
+        stats.append(
+            {
+                "slots": int(mem.size(1)),
+                "mean": float(m.mean()) if m.numel() else 0.0,
+                "std": float(m.std()) if m.numel() > 1 else 0.0,
+                "abs_max": float(m.abs().max()) if m.numel() else 0.0,
+                "mean_norm": float(m.norm(dim=-1).mean()) if m.numel() else 0.0,
+                "non_finite": int((~torch.isfinite(m)).sum()),
+            }
+        )
+    return stats
+
+
+def diagnose(model: TransformerXLLM, ids: np.ndarray, out_dir: str, *, tgt_len: int, warmup: int = 2) -> dict:
+    """Write the report for the segment after ``warmup`` memory-filling segments of ``ids``; returns the numbers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    needed = (warmup + 1) * tgt_len + 1
+    if len(ids) < needed:
+        raise ValueError(
+            f"diagnose needs at least {needed:,} tokens ({warmup} + 1 segments of {tgt_len}), got {len(ids):,}"
+        )
+    os.makedirs(out_dir, exist_ok=True)
+    data = torch.as_tensor(np.asarray(ids[:needed], dtype=np.int64)).view(1, -1)
+    mems = None
+    with torch.no_grad():
+        for s in range(warmup):
+            mems = model.eval()(data[:, s * tgt_len : (s + 1) * tgt_len], mems).mems
+    x = data[:, warmup * tgt_len : (warmup + 1) * tgt_len]
+    y = data[:, warmup * tgt_len + 1 : (warmup + 1) * tgt_len + 1]
+    mlen = 0 if mems is None else _memory_length(mems)
+    maps, new_mems = attention_maps(model, x, mems)
+    summary = summarize_attention(maps, mlen)
+    grad_norms, loss = _grad_norms(model, x, y, mems)
+    memory = _memory_stats(new_mems)
+    warnings = []
+    for i, heads in enumerate(summary["entropy"]):
+        for h, value in enumerate(heads):
+            if value < COLLAPSE_NATS:
+                warnings.append(f"layer {i} head {h}: collapsed attention (entropy {value:.3f} nats)")
+    if not math.isfinite(loss):
+        warnings.append(f"the loss is not finite ({loss})")
+    if any(not math.isfinite(g) for g in grad_norms):
+        warnings.append(
+            "non-finite gradient norms: "
+            + ", ".join(f"layer {i}" for i, g in enumerate(grad_norms) if not math.isfinite(g))
+        )
+    for i, stats in enumerate(memory):
+        if stats["non_finite"]:
+            warnings.append(f"layer {i} memory holds {stats['non_finite']} NaN or Inf values")
+    report = {
+        "layers": len(maps),
+        "heads": maps[0].size(1),
+        "tgt_len": tgt_len,
+        "mem_len": mlen,
+        "loss": loss,
+        **summary,
+        "grad_norms": grad_norms,
+        "memory": memory,
+        "warnings": warnings,
+    }
+    images = _plots(plt, maps, summary, grad_norms, mlen, out_dir)
+    with open(os.path.join(out_dir, "report.json"), "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(out_dir, "report.md"), "w", encoding="utf-8") as f:
+        f.write(_markdown(report, images))
+    report["files"] = sorted(os.listdir(out_dir))
+    return report
+
+
+def _memory_length(mems) -> int:
+    if hasattr(mems, "mem_length"):
+        return int(mems.mem_length + mems.cmem_length)
+    return int(mems[0].size(1)) if mems else 0
+
+
+def _plots(plt, maps, summary, grad_norms, mlen, out_dir) -> list[str]:
+    images = []
+    for i, probs in enumerate(maps):
+        heads = probs.size(1)
+        cols = min(4, heads)
+        rows = -(-heads // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False)
+        for h in range(rows * cols):
+            ax = axes[h // cols][h % cols]
+            if h >= heads:
+                ax.axis("off")
+                continue
+            ax.imshow(probs[0, h].float().numpy(), aspect="auto", cmap="viridis", interpolation="nearest")
+            if mlen:
+                ax.axvline(mlen - 0.5, color="white", linewidth=1)
+            ax.set_title(f"head {h}", fontsize=8)
+            ax.set_xlabel("key (memory | segment)", fontsize=7)
+            ax.set_ylabel("query", fontsize=7)
+            ax.tick_params(labelsize=6)
+        fig.suptitle(f"layer {i} attention")
+        fig.tight_layout()
+        images.append(_save(plt, fig, out_dir, f"attention_layer{i}.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ent = np.array(summary["entropy"])
+    im = ax.imshow(ent, aspect="auto", cmap="magma")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title("mean attention entropy (nats)")
+    fig.colorbar(im, ax=ax)
+    images.append(_save(plt, fig, out_dir, "entropy.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    for i, mass in enumerate(summary["mass_by_distance"]):
+        ax.plot(range(len(mass)), mass, label=f"layer {i}")
+    ax.axvline(max(mlen, 0), color="gray", linestyle=":", label="beyond the segment: memory")
+    ax.set_xlabel("relative distance")
+    ax.set_ylabel("share of attention mass")
+    ax.legend(fontsize=7)
+    images.append(_save(plt, fig, out_dir, "distance.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.bar(range(len(grad_norms)), grad_norms)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("gradient norm")
+    images.append(_save(plt, fig, out_dir, "grad_norms.png"))
+    return images
+
+
+def _save(plt, fig, out_dir: str, name: str) -> str:
+    fig.savefig(os.path.join(out_dir, name), dpi=90)
+    plt.close(fig)
+    return name
+
+
+def _markdown(report: dict, images: list[str]) -> str:
+    lines = [
+        "# longseq diagnostics",
+        "",
+        f"{report['layers']} layers x {report['heads']} heads; segment {report['tgt_len']} tokens, memory "
+        f"{report['mem_len']} positions; loss {report['loss']:.4f}.",
+        "",
+        "## Warnings",
+        "",
+        *([f"- {w}" for w in report["warnings"]] or ["none"]),
+        "",
+        "## Attention entropy (nats) and share of mass in the memory",
+        "",
+        "| layer | " + " | ".join(f"head {h}" for h in range(report["heads"])) + " | memory share |",
+        "|---" * (report["heads"] + 2) + "|",
+    ]
+    for i, heads in enumerate(report["entropy"]):
+        share = sum(report["memory_share"][i]) / len(report["memory_share"][i])
+        lines.append(f"| {i} | " + " | ".join(f"{e:.2f}" for e in heads) + f" | {share:.3f} |")
+    lines += ["", "## Gradient norms and memory", "", "| layer | grad norm | memory slots | mean | std | max abs |"]
+    lines.append("|---|---|---|---|---|---|")
+    for i, g in enumerate(report["grad_norms"]):
+        m = report["memory"][i] if i < len(report["memory"]) else {}
+        lines.append(
+            f"| {i} | {g:.4g} | {m.get('slots', 0)} | {m.get('mean', 0):.3g} | {m.get('std', 0):.3g} | {m.get('abs_max', 0):.3g} |"
+        )
+    lines += ["", "## Plots", ""] + [f"![{name}]({name})" for name in images]
+    return "\n".join(lines) + "\n"

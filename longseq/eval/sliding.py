@@ -1,0 +1,69 @@
+"""Per-token losses for effective-context measurements, and the vanilla Transformer's sliding-window evaluation.
+
+The vanilla Transformer (Al-Rfou et al., 2018) has no memory: the paper evaluates it by sliding a window of
+the training length one token at a time, recomputing the whole window for every prediction.  A recurrent
+model (Transformer-XL, LSTM) is evaluated in order with its memory carried; at context length c with
+``same_length``, every token of a Transformer-XL sees exactly c positions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from longseq.model.transformer import IGNORE_INDEX
+
+
+@torch.no_grad()
+def sliding_window_losses(
+    model, ids: np.ndarray, *, context: int, batch_size: int = 16, max_targets: int = 0, progress: bool = False
+) -> np.ndarray:
+    """NLL of every target ids[1:], each predicted from the ``context`` tokens before it (the first
+    ``context`` targets from the shorter prefix), one window per target.  ``max_targets`` > 0 stops early."""
+    if context < 1:
+        raise ValueError(f"context must be >= 1, got {context}")
+    data = torch.as_tensor(np.asarray(ids, dtype=np.int64))
+    n_targets = len(data) - 1 if not max_targets else min(max_targets, len(data) - 1)
+    if n_targets < 1:
+        raise ValueError("sliding-window evaluation needs at least two tokens")
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    first = min(context, n_targets)
+    out = model(data[None, :first].to(device), None, data[None, 1 : first + 1].to(device), mem_len=0)
+    losses = [out.nll[0].double().cpu()]
+    starts = torch.arange(1, n_targets - context + 1)  # window [s, s + context) predicts data[s + context]
+    offsets = torch.arange(context)
+    with tqdm(total=len(starts), desc="sliding", unit="tok", disable=not progress or None, leave=False) as bar:
+        for chunk in starts.split(batch_size):
+            windows = data[chunk[:, None] + offsets]  # (b, context)
+            labels = torch.full_like(windows, IGNORE_INDEX)
+            labels[:, -1] = data[chunk + context]
+            nll = model(windows.to(device), None, labels.to(device), mem_len=0).nll[:, -1]
+            losses.append(nll.double().cpu())
+            bar.update(len(chunk))
+    model.train(was_training)
+    return torch.cat(losses).numpy()
+
+
+@torch.no_grad()
+def recurrent_losses(model, ids: np.ndarray, *, context: int, tgt_len: int, max_targets: int = 0) -> np.ndarray:
+    """NLL of every target ids[1:] from one ordered stream with the memory carried.  For a Transformer-XL,
+    ``mem_len = context`` with ``same_length``: every token attends to exactly ``context`` positions once the
+    memory is full."""
+    data = torch.as_tensor(np.asarray(ids, dtype=np.int64))
+    n_targets = len(data) - 1 if not max_targets else min(max_targets, len(data) - 1)
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    mems, losses = None, []
+    for start in range(0, n_targets, tgt_len):
+        stop = min(n_targets, start + tgt_len)
+        x = data[None, start:stop].to(device)
+        y = data[None, start + 1 : stop + 1].to(device)
+        out = model(x, mems, y, mem_len=context, same_length=True)
+        mems = out.mems
+        losses.append(out.nll[0].double().cpu())
+    model.train(was_training)
+    return torch.cat(losses).numpy()

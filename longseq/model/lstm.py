@@ -1,0 +1,79 @@
+"""An LSTM language model baseline in the same harness (same data, tokenizer, loop, checkpoints, CLI).
+
+Embedding -> dropout -> ``n_layer`` LSTM layers of width ``d_model`` -> dropout -> softmax tied to the
+embedding (``tie_weight``).  Its "memory" is the recurrent state carried across segments (truncated BPTT),
+one (B, 2, E) tensor per layer holding h and c, batch-first like every longseq memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from longseq.config import ModelConfig
+from longseq.model.transformer import IGNORE_INDEX, LMOutput
+
+
+class LSTMLM(nn.Module):
+    """``model(input_ids, mems=None, labels=None) -> LMOutput``, the interface of the Transformer-XL LM.
+
+    The transformer's per-call overrides (``mem_len``, ``clamp_len``, ``same_length``) are accepted and have no
+    effect: an LSTM's context is its whole past."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        self.embedding = nn.Embedding(c.vocab_size, c.d_model)
+        self.drop = nn.Dropout(c.dropout)
+        self.lstm = nn.LSTM(
+            c.d_model, c.d_model, num_layers=c.n_layer, batch_first=True, dropout=c.dropout * (c.n_layer > 1)
+        )
+        self.decoder = nn.Linear(c.d_model, c.vocab_size)
+        self.init_weights()
+        if c.tie_weight:
+            self.decoder.weight = self.embedding.weight
+
+    def init_weights(self) -> None:
+        """Embedding and decoder normal(0, ``init_std``); LSTM weights uniform(+-1/sqrt(E)) (PyTorch's default);
+        biases 0 except the forget gates' 1."""
+        nn.init.normal_(self.embedding.weight, 0.0, self.config.init_std)
+        nn.init.normal_(self.decoder.weight, 0.0, self.config.init_std)
+        nn.init.zeros_(self.decoder.bias)
+        self.lstm.reset_parameters()
+        width = self.config.d_model
+        for name, param in self.lstm.named_parameters():
+            if name.startswith("bias"):
+                with torch.no_grad():
+                    param.zero_()
+                    param[width : 2 * width].fill_(0.5)  # b_ih + b_hh: forget-gate bias 1 in total
+
+    def forward(
+        self, input_ids: Tensor, mems=None, labels: Tensor | None = None, *, doc_ids=None, **_overrides
+    ) -> LMOutput:  # (B, T) -> LMOutput
+        if doc_ids is not None:
+            raise ValueError("the LSTM baseline does not keep documents apart (doc_reset); use a transformer")
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be a (batch, time) tensor, got shape {tuple(input_ids.shape)}")
+        batch = input_ids.size(0)
+        state = None
+        if mems:  # tuple of (B, 2, E) per layer
+            stacked = torch.stack(list(mems), dim=0)  # (L, B, 2, E)
+            if stacked.shape != (self.config.n_layer, batch, 2, self.config.d_model):
+                raise ValueError(
+                    f"LSTM state must be {self.config.n_layer} tensors of shape {(batch, 2, self.config.d_model)}"
+                )
+            state = (stacked[:, :, 0].contiguous(), stacked[:, :, 1].contiguous())
+        hidden = self.drop(self.embedding(input_ids.long()))  # (B, T, E)
+        output, (h, c) = self.lstm(hidden, state)
+        logits = self.decoder(self.drop(output))  # (B, T, V)
+        new_mems = tuple(torch.stack([h[i], c[i]], dim=1).detach() for i in range(self.config.n_layer))
+        if labels is None:
+            return LMOutput(loss=None, logits=logits, nll=None, mems=new_mems)
+        flat = labels.reshape(-1).long()
+        nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), flat, ignore_index=IGNORE_INDEX, reduction="none")
+        count = (flat != IGNORE_INDEX).sum().clamp(min=1)
+        return LMOutput(loss=nll.sum() / count, logits=None, nll=nll.view_as(labels), mems=new_mems)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
