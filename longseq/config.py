@@ -322,7 +322,14 @@ SCHEDULES = ("cosine", "linear", "inv_sqrt", "constant")
 
 @dataclass
 class TrainConfig(_JsonConfig):
-    """Optimisation, schedule, evaluation cadence and checkpointing."""
+    """Optimisation, schedule, evaluation cadence and checkpointing.
+
+    NaN guard: a step whose loss or gradient norm is NaN or Inf is skipped (no update, the memory of the
+    step before is kept) and logged; after ``nan_patience`` consecutive bad steps the run rolls back to the
+    last checkpoint and multiplies the learning rate by ``nan_lr_factor`` (``nan_patience=0``: stop with an
+    error at the first bad step).  ``keep_last`` > 1 keeps that many training checkpoints (``last`` plus
+    ``history/step-N``); ``best`` is kept apart.
+    """
 
     max_steps: int = 1200
     lr: float = 1e-3
@@ -340,9 +347,15 @@ class TrainConfig(_JsonConfig):
     log_interval: int = 20
     save_interval: int = 0
     seed: int = 1111
+    nan_patience: int = 3
+    nan_lr_factor: float = 0.5
+    keep_last: int = 1
 
     def __post_init__(self) -> None:
         _check(self.max_steps >= 1, f"TrainConfig.max_steps must be >= 1, got {self.max_steps}")
+        _check(self.nan_patience >= 0, f"TrainConfig.nan_patience must be >= 0, got {self.nan_patience}")
+        _check(0 < self.nan_lr_factor <= 1, f"TrainConfig.nan_lr_factor must be in (0, 1], got {self.nan_lr_factor}")
+        _check(self.keep_last >= 1, f"TrainConfig.keep_last must be >= 1, got {self.keep_last}")
         _check(self.lr > 0, f"TrainConfig.lr must be > 0, got {self.lr}")
         _check(0 <= self.min_lr <= self.lr, f"TrainConfig.min_lr must be in [0, lr], got {self.min_lr}")
         _check(self.schedule in SCHEDULES, f"TrainConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}")

@@ -71,8 +71,13 @@ def test_training_reduces_loss_and_keeps_best(tmp_path):
 
 
 def test_nan_loss_is_a_clear_error(tmp_path):
-    with pytest.raises(TrainingError, match="loss is nan"):
-        train(tiny_run(lr=1e30, warmup_steps=0, clip=0.0), str(tmp_path), corpus=tiny_corpus(), progress=False)
+    with pytest.raises(TrainingError, match="loss nan"):
+        run = tiny_run(lr=1e30, warmup_steps=0, clip=0.0, nan_patience=0)
+        train(run, str(tmp_path), corpus=tiny_corpus(), progress=False)
+    with pytest.raises(TrainingError, match="no checkpoint to roll back to"):
+        train(
+            tiny_run(lr=1e30, warmup_steps=0, clip=0.0), str(tmp_path / "guarded"), corpus=tiny_corpus(), progress=False
+        )
 
 
 def test_checkpoint_corruption_and_truncation_are_reported(tmp_path):

@@ -50,6 +50,7 @@ class TrainingState:
     torch_rng: torch.Tensor
     mems: object  # any memory structure of longseq.model.memory, or None
     tokens_seen: int
+    lr_scale: float = 1.0  # lowered by the NaN guard's rollbacks
 
 
 def _sha256(path: str) -> str:
@@ -103,44 +104,28 @@ def save_checkpoint(
     tokenizer: Tokenizer,
     training: TrainingState | None = None,
     metrics: dict | None = None,
+    keep_previous_as: str | None = None,
 ) -> None:
-    """Write a checkpoint atomically to ``directory`` (replacing an existing one)."""
+    """Write a checkpoint atomically to ``directory`` (replacing an existing one).
+
+    The new checkpoint is written and fsynced under a temporary name, the old one is renamed aside and the
+    new one renamed into place.  A process killed at any point leaves either the old or the new checkpoint
+    (:func:`recover_checkpoint` puts an interrupted swap right).  ``keep_previous_as`` keeps the replaced
+    checkpoint under that path instead of deleting it (checkpoint rotation).  An ``OSError`` (disk full,
+    permissions) becomes a :class:`CheckpointError` and leaves the previous checkpoint in place.
+    """
     directory = os.path.abspath(directory)
     parent, name = os.path.split(directory)
-    os.makedirs(parent, exist_ok=True)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"could not create the checkpoint directory {parent}: {exc}") from exc
+    recover_checkpoint(directory)
     tmp = os.path.join(parent, f".{name}.tmp-{os.getpid()}")
     old = os.path.join(parent, f".{name}.old-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
     try:
-        _write_json(
-            os.path.join(tmp, "config.json"), {"format": FORMAT, "run": run.to_dict(), "metrics": metrics or {}}
-        )
-        _write_json(os.path.join(tmp, "tokenizer.json"), tokenizer.to_dict())
-        save_model(model, os.path.join(tmp, "model.safetensors"), metadata={"format": FORMAT})
-        if training is not None:
-            meta, tensors = _optimizer_to_files(training.optimizer)
-            tensors["rng.torch"] = training.torch_rng
-            tensors.update(memory_to_tensors(training.mems))
-            save_file(tensors, os.path.join(tmp, "trainer.safetensors"))
-            _write_json(
-                os.path.join(tmp, "trainer_state.json"),
-                {
-                    "step": training.step,
-                    "data_state": training.data_state,
-                    "best_valid_loss": training.best_valid_loss,
-                    "optimizer": meta,
-                    "tokens_seen": training.tokens_seen,
-                },
-            )
-        files = sorted(os.listdir(tmp))
-        manifest = {
-            f: {"size": os.path.getsize(os.path.join(tmp, f)), "sha256": _sha256(os.path.join(tmp, f))} for f in files
-        }
-        _write_json(os.path.join(tmp, "manifest.json"), {"format": FORMAT, "files": manifest})
-        for f in [*files, "manifest.json"]:
-            _fsync(os.path.join(tmp, f))
-        _fsync(tmp)
+        os.makedirs(tmp)
+        _write_checkpoint_files(tmp, model, run, tokenizer, training, metrics)
         if os.path.exists(directory):
             os.replace(directory, old)
         os.replace(tmp, directory)
@@ -149,8 +134,73 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         if os.path.exists(old) and not os.path.exists(directory):
             os.replace(old, directory)
-        raise CheckpointError(f"could not write checkpoint {directory}: {exc}") from exc
+        raise CheckpointError(
+            f"could not write checkpoint {directory}: {exc}"
+            + ("; the previous checkpoint is intact" if os.path.exists(directory) else "")
+        ) from exc
+    if keep_previous_as and os.path.exists(old):
+        shutil.rmtree(keep_previous_as, ignore_errors=True)
+        os.replace(old, keep_previous_as)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def recover_checkpoint(directory: str) -> None:
+    """Repair what a kill during :func:`save_checkpoint` left behind and remove its leftovers.
+
+    Killed between renaming the old checkpoint aside and renaming the new one into place, ``directory`` is
+    missing: the complete new checkpoint (its manifest verifies) is moved in, else the old one.  Stale
+    temporary directories of earlier processes are deleted."""
+    directory = os.path.abspath(directory)
+    parent, name = os.path.split(directory)
+    if not os.path.isdir(parent):
+        return
+    leftovers = sorted(
+        (os.path.join(parent, f) for f in os.listdir(parent) if f.startswith((f".{name}.tmp-", f".{name}.old-"))),
+        key=os.path.getmtime,
+        reverse=True,
+    )
+    if not os.path.exists(directory):
+        for candidate in leftovers:  # newest first: a complete new checkpoint beats the old one
+            try:
+                _verify(candidate)
+            except CheckpointError:
+                continue
+            os.replace(candidate, directory)
+            break
+    for leftover in leftovers:
+        if os.path.exists(leftover) and not leftover.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _write_checkpoint_files(tmp, model, run, tokenizer, training, metrics) -> None:
+    """Every file of a checkpoint, then the manifest, each fsynced."""
+    _write_json(os.path.join(tmp, "config.json"), {"format": FORMAT, "run": run.to_dict(), "metrics": metrics or {}})
+    _write_json(os.path.join(tmp, "tokenizer.json"), tokenizer.to_dict())
+    save_model(model, os.path.join(tmp, "model.safetensors"), metadata={"format": FORMAT})
+    if training is not None:
+        meta, tensors = _optimizer_to_files(training.optimizer)
+        tensors["rng.torch"] = training.torch_rng
+        tensors.update(memory_to_tensors(training.mems))
+        save_file(tensors, os.path.join(tmp, "trainer.safetensors"))
+        _write_json(
+            os.path.join(tmp, "trainer_state.json"),
+            {
+                "step": training.step,
+                "data_state": training.data_state,
+                "best_valid_loss": training.best_valid_loss,
+                "optimizer": meta,
+                "tokens_seen": training.tokens_seen,
+                "lr_scale": training.lr_scale,
+            },
+        )
+    files = sorted(os.listdir(tmp))
+    manifest = {
+        f: {"size": os.path.getsize(os.path.join(tmp, f)), "sha256": _sha256(os.path.join(tmp, f))} for f in files
+    }
+    _write_json(os.path.join(tmp, "manifest.json"), {"format": FORMAT, "files": manifest})
+    for f in [*files, "manifest.json"]:
+        _fsync(os.path.join(tmp, f))
+    _fsync(tmp)
 
 
 def _verify(directory: str) -> dict:
@@ -229,6 +279,7 @@ def load_weights(model: TransformerXLLM, directory: str, device: str | torch.dev
 def load_training_state(directory: str) -> TrainingState:
     """Load what :func:`save_checkpoint` stored for resuming (the manifest is checked first)."""
     directory = os.path.abspath(directory)
+    recover_checkpoint(directory)
     files = _verify(directory)
     if "trainer_state.json" not in files:
         raise CheckpointError(f"{directory} holds weights only (no training state); it cannot be resumed")
@@ -246,4 +297,5 @@ def load_training_state(directory: str) -> TrainingState:
         torch_rng=tensors["rng.torch"],
         mems=memory_from_tensors(tensors),
         tokens_seen=meta.get("tokens_seen", 0),
+        lr_scale=meta.get("lr_scale", 1.0),
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass
 
@@ -59,8 +60,13 @@ def _truncate_log(path: str, step: int) -> float:
     training wall time (``elapsed_s``) logged by then, so the resumed run's clock continues from it."""
     if not os.path.exists(path):
         return 0.0
+    records = []
     with open(path, encoding="utf-8") as f:
-        records = [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by a kill: the resumed run writes it again
+                continue
     kept = [r for r in records if r.get("step", 0) <= step]
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in kept)
@@ -97,12 +103,14 @@ def train(
     stop_after: int | None = None,
     progress: bool = True,
     log=None,
+    after_backward=None,
 ) -> TrainResult:
     """Train ``run`` and write checkpoints and metrics under ``out_dir``.
 
     ``resume`` continues from ``out_dir/last`` exactly (same batches, dropout masks, memory and
     optimizer state).  ``stop_after`` ends the run early after that many optimizer steps
-    (checkpointing first), which is how an interruption is simulated in tests.
+    (checkpointing first), which is how an interruption is simulated in tests.  ``after_backward(step, model)``
+    is called after every backward pass, before the NaN guard looks at the gradients (fault injection in tests).
     """
     log = log or (lambda message: None)
     os.makedirs(out_dir, exist_ok=True)
@@ -131,13 +139,17 @@ def train(
     stream = OrderedStream(corpus.train, dc.batch_size, dc.tgt_len, varlen=dc.varlen, seed=tc.seed, doc_ids=train_docs)
     unit = bits_unit(dc.tokenizer)
     unigram = unigram_bits_per_token(corpus.train, corpus.valid, corpus.tokenizer.vocab_size) if unit else None
-    mems, step, best, tokens_seen, clock_offset = None, 0, None, 0, 0.0
-    if state is not None:
+    mems, step, best, tokens_seen, clock_offset, lr_scale = None, 0, None, 0, 0.0, 1.0
+
+    def restore(state: TrainingState):
         load_weights(model, last_dir)
         optimizer.load_state_dict(state.optimizer)
         stream.load_state_dict(state.data_state)
         torch.set_rng_state(state.torch_rng)
-        mems, step, best, tokens_seen = state.mems, state.step, state.best_valid_loss, state.tokens_seen
+        return state.mems, state.step, state.best_valid_loss, state.tokens_seen, state.lr_scale
+
+    if state is not None:
+        mems, step, best, tokens_seen, lr_scale = restore(state)
         clock_offset = _truncate_log(metrics_path, step)
         log(f"resumed from {last_dir} at step {step}")
     elif os.path.exists(metrics_path):
@@ -155,9 +167,26 @@ def train(
         training = None
         if with_state:
             training = TrainingState(
-                step, stream.state_dict(), best, optimizer.state_dict(), torch.get_rng_state(), mems, tokens_seen
+                step,
+                stream.state_dict(),
+                best,
+                optimizer.state_dict(),
+                torch.get_rng_state(),
+                mems,
+                tokens_seen,
+                lr_scale,
             )
-        save_checkpoint(directory, model, run, corpus.tokenizer, training, metrics)
+        keep = None
+        if with_state and tc.keep_last > 1 and os.path.isdir(directory):
+            with open(os.path.join(directory, "trainer_state.json"), encoding="utf-8") as f:
+                previous = json.load(f)["step"]
+            keep = os.path.join(out_dir, "history", f"step-{previous:08d}")
+            os.makedirs(os.path.dirname(keep), exist_ok=True)
+        save_checkpoint(directory, model, run, corpus.tokenizer, training, metrics, keep_previous_as=keep)
+        if keep is not None:
+            history = sorted(os.listdir(os.path.dirname(keep)))
+            for stale in history[: max(0, len(history) - (tc.keep_last - 1))]:
+                shutil.rmtree(os.path.join(os.path.dirname(keep), stale), ignore_errors=True)
 
     def validate() -> dict:
         return evaluate(
@@ -175,7 +204,7 @@ def train(
     pending: list = [None] * tc.grad_accum
     valid: dict = {}
     end = tc.max_steps if stop_after is None else min(tc.max_steps, step + stop_after)
-    in_step, snapshot = False, None
+    in_step, snapshot, bad_steps = False, None, 0
     start_time, start_tokens = time.perf_counter(), tokens_seen
     bar = tqdm(
         total=tc.max_steps, initial=step, desc="train", unit="step", disable=not progress or None, dynamic_ncols=True
@@ -184,7 +213,7 @@ def train(
         while step < end:
             snapshot = (stream.state_dict(), torch.get_rng_state(), mems)  # the state of the last completed step
             in_step = True
-            lr = learning_rate(step, tc)
+            lr = learning_rate(step, tc) * lr_scale
             for group in optimizer.param_groups:
                 group["lr"] = lr
             # one optimizer step reads `window` consecutive segments: 1, or mem_tokens_bptt when memory
@@ -209,16 +238,40 @@ def train(
                     if j == window - 1:  # one backward per chunk, through all segments of the window
                         (pending[c] / (tc.grad_accum * window)).backward()
                         pending[c] = None
+            loss = loss_sum / (tc.grad_accum * window)
+            if after_backward is not None:
+                after_backward(step + 1, model)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip or float("inf")))
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                bad_steps += 1
+                what = f"loss {loss}, gradient norm {grad_norm}"
+                if tc.nan_patience == 0:
+                    raise TrainingError(
+                        f"{what} at step {step + 1} (lr {lr:.3g}); lower lr or raise warmup_steps. "
+                        f"The last good checkpoint is {last_dir}"
+                    )
+                optimizer.zero_grad(set_to_none=True)
+                _append_jsonl(metrics_path, {"step": step + 1, "skipped": what, "bad_steps": bad_steps})
+                log(f"step {step + 1}: skipped ({what}); {bad_steps} bad step(s) in a row")
+                in_step = False
+                if bad_steps >= tc.nan_patience:
+                    if not os.path.isdir(last_dir):
+                        raise TrainingError(
+                            f"{bad_steps} non-finite steps in a row at step {step + 1} and no checkpoint to roll back "
+                            f"to yet; lower lr or raise warmup_steps"
+                        )
+                    mems, step, best, tokens_seen, lr_scale = restore(load_training_state(last_dir))
+                    lr_scale *= tc.nan_lr_factor
+                    bad_steps = 0
+                    _append_jsonl(metrics_path, {"step": step, "rollback": last_dir, "lr_scale": lr_scale})
+                    log(
+                        f"rolled back to {last_dir} (step {step}) after {tc.nan_patience} non-finite steps; "
+                        f"learning rate scaled by {lr_scale:g}"
+                    )
+                continue  # the memory of the step before is kept
+            bad_steps = 0
             mems = detach_memory(join_memory(chunk_mems))
             segment = segments[-1]
-            loss = loss_sum / (tc.grad_accum * window)
-            if not math.isfinite(loss):
-                raise TrainingError(
-                    f"loss is {loss} at step {step + 1} (lr {lr:.3g}); lower lr or raise warmup_steps. "
-                    f"The last good checkpoint is {last_dir}"
-                )
-            if tc.clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip)
             optimizer.step()
             step += 1
             in_step = False
