@@ -69,6 +69,13 @@ def cmd_train(args: argparse.Namespace) -> dict:
     sections = apply_overrides({"model": run.model, "data": run.data, "train": run.train}, extra)
     run = RunConfig(**sections)
     result = train(run, out, resume=args.resume, progress=not args.quiet, log=_say)
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # under torchrun: rank 0 reports
+        rank = dist.get_rank()
+        dist.destroy_process_group()
+        if rank != 0:
+            return {}
     summary = {
         "step": result.step,
         "train_loss": result.train_loss,

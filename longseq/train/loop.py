@@ -27,6 +27,7 @@ from longseq.eval.evaluate import evaluate
 from longseq.model import build_model
 from longseq.model.memory import detach_memory, join_memory, split_memory
 from longseq.train.checkpoint import TrainingState, load_training_state, load_weights, save_checkpoint
+from longseq.train.distributed import init_world
 from longseq.train.optim import build_optimizer, learning_rate
 
 
@@ -112,7 +113,8 @@ def train(
     (checkpointing first), which is how an interruption is simulated in tests.  ``after_backward(step, model)``
     is called after every backward pass, before the NaN guard looks at the gradients (fault injection in tests).
     """
-    log = log or (lambda message: None)
+    world = init_world()
+    log = log if (log is not None and world.main) else (lambda message: None)
     os.makedirs(out_dir, exist_ok=True)
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
     last_dir, best_dir = os.path.join(out_dir, "last"), os.path.join(out_dir, "best")
@@ -125,11 +127,19 @@ def train(
         corpus = load_corpus(run.data.path, run.data.tokenizer, lowercase=run.data.lowercase)
     prepare_model_config(run, corpus)
     tc, dc = run.train, run.data
-    if dc.batch_size % tc.grad_accum:
-        raise ConfigError(f"batch_size={dc.batch_size} must be divisible by grad_accum={tc.grad_accum}")
+    if dc.batch_size % (tc.grad_accum * world.size):
+        raise ConfigError(
+            f"batch_size={dc.batch_size} must be divisible by grad_accum={tc.grad_accum} x {world.size} process(es)"
+        )
+    rows = world.rows(dc.batch_size)  # this rank's parallel streams
 
     model = build_model(run.model)
     optimizer = build_optimizer(model, tc)
+    net = model
+    if world.size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(model)  # averages gradients across ranks; parameters start from rank 0's
     docs = corpus.doc_ids if dc.doc_reset else None
     if dc.doc_reset and docs is None:
         raise ConfigError(
@@ -146,14 +156,20 @@ def train(
         optimizer.load_state_dict(state.optimizer)
         stream.load_state_dict(state.data_state)
         torch.set_rng_state(state.torch_rng)
-        return state.mems, state.step, state.best_valid_loss, state.tokens_seen, state.lr_scale
+        mems = world.local_memory(state.mems)
+        return mems, state.step, state.best_valid_loss, state.tokens_seen, state.lr_scale
+
+    def write_metrics(record: dict) -> None:
+        if world.main:
+            _append_jsonl(metrics_path, record)
 
     if state is not None:
         mems, step, best, tokens_seen, lr_scale = restore(state)
-        clock_offset = _truncate_log(metrics_path, step)
+        clock_offset = _truncate_log(metrics_path, step) if world.main else 0.0
         log(f"resumed from {last_dir} at step {step}")
-    elif os.path.exists(metrics_path):
+    elif os.path.exists(metrics_path) and world.main:
         os.remove(metrics_path)
+    world.barrier()
     model.train()
     log(
         f"model: {model.num_parameters():,} parameters; data: {len(corpus.train):,} training tokens from {corpus.source}"
@@ -164,18 +180,25 @@ def train(
         )
 
     def checkpoint(directory: str, with_state: bool, metrics: dict | None = None) -> None:
+        """Rank 0 writes; with the training state every rank takes part (the memory is gathered)."""
+        nonlocal saved_at
         training = None
         if with_state:
+            saved_at = step
+            full_mems = world.gather_memory(mems)
             training = TrainingState(
                 step,
                 stream.state_dict(),
                 best,
                 optimizer.state_dict(),
                 torch.get_rng_state(),
-                mems,
+                full_mems,
                 tokens_seen,
                 lr_scale,
             )
+        if not world.main:
+            world.barrier()
+            return
         keep = None
         if with_state and tc.keep_last > 1 and os.path.isdir(directory):
             with open(os.path.join(directory, "trainer_state.json"), encoding="utf-8") as f:
@@ -187,6 +210,8 @@ def train(
             history = sorted(os.listdir(os.path.dirname(keep)))
             for stale in history[: max(0, len(history) - (tc.keep_last - 1))]:
                 shutil.rmtree(os.path.join(os.path.dirname(keep), stale), ignore_errors=True)
+        if with_state:
+            world.barrier()  # the others may read it next (NaN rollback)
 
     def validate() -> dict:
         return evaluate(
@@ -204,10 +229,15 @@ def train(
     pending: list = [None] * tc.grad_accum
     valid: dict = {}
     end = tc.max_steps if stop_after is None else min(tc.max_steps, step + stop_after)
-    in_step, snapshot, bad_steps = False, None, 0
+    in_step, snapshot, bad_steps, saved_at = False, None, 0, -1
     start_time, start_tokens = time.perf_counter(), tokens_seen
     bar = tqdm(
-        total=tc.max_steps, initial=step, desc="train", unit="step", disable=not progress or None, dynamic_ncols=True
+        total=tc.max_steps,
+        initial=step,
+        desc="train",
+        unit="step",
+        disable=not (progress and world.main) or None,
+        dynamic_ncols=True,
     )
     try:
         while step < end:
@@ -224,13 +254,13 @@ def train(
             for j, segment in enumerate(segments):
                 if segment.new_epoch:
                     chunk_mems = [None] * tc.grad_accum
-                inputs = segment.input_ids.chunk(tc.grad_accum, dim=0)
-                labels = segment.labels.chunk(tc.grad_accum, dim=0)
+                inputs = segment.input_ids[rows].chunk(tc.grad_accum, dim=0)
+                labels = segment.labels[rows].chunk(tc.grad_accum, dim=0)
                 doc_chunks = [None] * tc.grad_accum
                 if segment.doc_ids is not None:
-                    doc_chunks = segment.doc_ids.chunk(tc.grad_accum, dim=0)
+                    doc_chunks = segment.doc_ids[rows].chunk(tc.grad_accum, dim=0)
                 for c, (inp, lab, doc) in enumerate(zip(inputs, labels, doc_chunks)):
-                    out = model(inp, chunk_mems[c], lab, doc_ids=doc)
+                    out = net(inp, chunk_mems[c], lab, doc_ids=doc)
                     total = out.loss if out.aux_loss is None else out.loss + out.aux_loss
                     pending[c] = total if pending[c] is None else pending[c] + total
                     loss_sum += out.loss.item()
@@ -238,7 +268,7 @@ def train(
                     if j == window - 1:  # one backward per chunk, through all segments of the window
                         (pending[c] / (tc.grad_accum * window)).backward()
                         pending[c] = None
-            loss = loss_sum / (tc.grad_accum * window)
+            loss = world.mean(loss_sum / (tc.grad_accum * window))
             if after_backward is not None:
                 after_backward(step + 1, model)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip or float("inf")))
@@ -251,7 +281,7 @@ def train(
                         f"The last good checkpoint is {last_dir}"
                     )
                 optimizer.zero_grad(set_to_none=True)
-                _append_jsonl(metrics_path, {"step": step + 1, "skipped": what, "bad_steps": bad_steps})
+                write_metrics({"step": step + 1, "skipped": what, "bad_steps": bad_steps})
                 log(f"step {step + 1}: skipped ({what}); {bad_steps} bad step(s) in a row")
                 in_step = False
                 if bad_steps >= tc.nan_patience:
@@ -263,7 +293,7 @@ def train(
                     mems, step, best, tokens_seen, lr_scale = restore(load_training_state(last_dir))
                     lr_scale *= tc.nan_lr_factor
                     bad_steps = 0
-                    _append_jsonl(metrics_path, {"step": step, "rollback": last_dir, "lr_scale": lr_scale})
+                    write_metrics({"step": step, "rollback": last_dir, "lr_scale": lr_scale})
                     log(
                         f"rolled back to {last_dir} (step {step}) after {tc.nan_patience} non-finite steps; "
                         f"learning rate scaled by {lr_scale:g}"
@@ -283,15 +313,17 @@ def train(
             bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:,.0f}")
             if step % tc.log_interval == 0 or step == end:
                 record = {"step": step, "loss": loss, "lr": lr, "tokens_per_s": speed}
-                _append_jsonl(metrics_path, {**record, "elapsed_s": clock_offset + elapsed})
+                write_metrics({**record, "elapsed_s": clock_offset + elapsed})
             if step % tc.eval_interval == 0 or step == tc.max_steps:
-                valid = validate()
-                valid_record = {"step": step, **{f"valid_{k}": v for k, v in valid.items()}}
-                _append_jsonl(metrics_path, {**valid_record, "elapsed_s": clock_offset + elapsed})
-                log(f"step {step}: valid loss {valid['loss']:.4f}" + (f", {unit} {valid[unit]:.4f}" if unit else ""))
-                if best is None or valid["loss"] < best:
-                    best = valid["loss"]
-                    checkpoint(best_dir, with_state=False, metrics={"step": step, **valid})
+                if world.main:  # the others go on to the checkpoint and wait there
+                    valid = validate()
+                    valid_record = {"step": step, **{f"valid_{k}": v for k, v in valid.items()}}
+                    write_metrics({**valid_record, "elapsed_s": clock_offset + elapsed})
+                    unit_text = f", {unit} {valid[unit]:.4f}" if unit else ""
+                    log(f"step {step}: valid loss {valid['loss']:.4f}{unit_text}")
+                    if best is None or valid["loss"] < best:
+                        best = valid["loss"]
+                        checkpoint(best_dir, with_state=False, metrics={"step": step, **valid})
                 checkpoint(last_dir, with_state=True)
             elif tc.save_interval and step % tc.save_interval == 0:
                 checkpoint(last_dir, with_state=True)
@@ -305,7 +337,7 @@ def train(
         checkpoint(last_dir, with_state=True)
         raise
     bar.close()
-    if step < tc.max_steps or not valid:
+    if saved_at != step:
         checkpoint(last_dir, with_state=True)
     elapsed = time.perf_counter() - start_time
     return TrainResult(
