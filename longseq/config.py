@@ -329,6 +329,14 @@ class TrainConfig(_JsonConfig):
     last checkpoint and multiplies the learning rate by ``nan_lr_factor`` (``nan_patience=0``: stop with an
     error at the first bad step).  ``keep_last`` > 1 keeps that many training checkpoints (``last`` plus
     ``history/step-N``); ``best`` is kept apart.
+
+    ``optimizer``: adamw or lamb; ``layer_lr_decay`` < 1 scales each layer's learning rate by decay^(depth from the
+    top).  ``precision``: fp32, bf16 (autocast, CPU or GPU) or fp16 (autocast with dynamic loss scaling, GPU
+    only); attention logits, softmax and the loss stay in float32.  ``activation_checkpointing`` = k recomputes
+    every k-th decoder layer in the backward pass instead of keeping its activations (0: off).
+    ``grad_norm_interval`` = N logs every layer's gradient norm every N steps; ``tensorboard`` also writes the
+    metrics as TensorBoard events (needs the tensorboard package).  ``device``: auto (cuda when available),
+    cpu or cuda[:N]; under torchrun each rank takes cuda:LOCAL_RANK.
     """
 
     max_steps: int = 1200
@@ -350,12 +358,33 @@ class TrainConfig(_JsonConfig):
     nan_patience: int = 3
     nan_lr_factor: float = 0.5
     keep_last: int = 1
+    optimizer: str = "adamw"
+    layer_lr_decay: float = 1.0
+    precision: str = "fp32"
+    activation_checkpointing: int = 0
+    grad_norm_interval: int = 0
+    tensorboard: bool = False
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         _check(self.max_steps >= 1, f"TrainConfig.max_steps must be >= 1, got {self.max_steps}")
         _check(self.nan_patience >= 0, f"TrainConfig.nan_patience must be >= 0, got {self.nan_patience}")
         _check(0 < self.nan_lr_factor <= 1, f"TrainConfig.nan_lr_factor must be in (0, 1], got {self.nan_lr_factor}")
         _check(self.keep_last >= 1, f"TrainConfig.keep_last must be >= 1, got {self.keep_last}")
+        _check(
+            self.optimizer in ("adamw", "lamb"), f"TrainConfig.optimizer must be adamw or lamb, got {self.optimizer!r}"
+        )
+        _check(0 < self.layer_lr_decay <= 1, f"TrainConfig.layer_lr_decay must be in (0, 1], got {self.layer_lr_decay}")
+        _check(
+            self.precision in ("fp32", "bf16", "fp16"),
+            f"TrainConfig.precision must be fp32, bf16 or fp16, got {self.precision!r}",
+        )
+        for name in ("activation_checkpointing", "grad_norm_interval"):
+            _check(getattr(self, name) >= 0, f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
+        _check(
+            self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"),
+            f"TrainConfig.device must be auto, cpu or cuda[:N], got {self.device!r}",
+        )
         _check(self.lr > 0, f"TrainConfig.lr must be > 0, got {self.lr}")
         _check(0 <= self.min_lr <= self.lr, f"TrainConfig.min_lr must be in [0, lr], got {self.min_lr}")
         _check(self.schedule in SCHEDULES, f"TrainConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}")

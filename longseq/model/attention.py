@@ -164,10 +164,12 @@ def rel_shift_attention(
     q_position = (query + r_r_bias[:, None]) * scale
     if query.dtype in (torch.float32, torch.float64):
         probs = _RelativeProbs.apply(q_content, key, q_position, rel_key, mask)
-    else:  # half precision: let autograd track the steps, softmax in float32
-        scores = torch.matmul(q_content, key.transpose(-1, -2))
-        scores = scores + rel_shift(torch.matmul(q_position, rel_key.transpose(-1, -2)), query.size(2), key.size(2))
-        probs = _softmax(scores.masked_fill(mask, float("-inf")))
+    else:  # half precision: logits and softmax in float32 (autograd tracks the steps), probabilities cast back
+        with torch.autocast(query.device.type, enabled=False):
+            content = torch.matmul(q_content.float(), key.float().transpose(-1, -2))
+            position = torch.matmul(q_position.float(), rel_key.float().transpose(-1, -2))
+            scores = content + rel_shift(position, query.size(2), key.size(2))
+            probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1).to(value.dtype)
     probs = F.dropout(probs, p=dropatt, training=training)
     return torch.matmul(probs, value)  # (B, H, T, D)
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from longseq.config import ModelConfig
 from longseq.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
@@ -75,7 +76,12 @@ class TransformerXL(nn.Module):
     u and v (``r_w_bias``, ``r_r_bias``) are (H, D) shared by all layers, or (L, H, D) with ``untie_r``;
     with Shaw et al.'s positions (``pos="shaw"``) there are no u and v (fixed zeros).  Each layer attends
     with its own pattern (``config.layer_patterns()``).
+
+    ``activation_checkpointing`` (an execution setting, not architecture; the training loop sets it from
+    ``TrainConfig``) = k recomputes every k-th layer in the backward pass instead of storing its activations.
     """
+
+    activation_checkpointing: int = 0
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -216,7 +222,14 @@ class TransformerXL(nn.Module):
                 context = None if mems is None else mems[i]
             if keep is not None and context is not None:
                 context = context * keep  # memory dropout: whole slots
-            hidden, _, mass = layer(hidden, rel_keys[i], *self._biases(i), masks[i], memory=context, with_mass=prune)
+            if self.training and self.activation_checkpointing and i % self.activation_checkpointing == 0:
+                hidden, _, mass = checkpoint(
+                    layer, hidden, rel_keys[i], *self._biases(i), masks[i], context, None, prune, use_reentrant=False
+                )  # activations recomputed in the backward pass; dropout masks replayed exactly
+            else:
+                hidden, _, mass = layer(
+                    hidden, rel_keys[i], *self._biases(i), masks[i], memory=context, with_mass=prune
+                )
             masses.append(mass)
         if n_tok:
             written = hidden[:, qlen - n_tok :]  # (B, n, E): the new memory tokens

@@ -28,7 +28,7 @@ from longseq.model import build_model
 from longseq.model.memory import detach_memory, join_memory, split_memory
 from longseq.train.checkpoint import TrainingState, load_training_state, load_weights, save_checkpoint
 from longseq.train.distributed import init_world
-from longseq.train.optim import build_optimizer, learning_rate
+from longseq.train.optim import build_optimizer, layer_of, learning_rate
 
 
 class TrainingError(RuntimeError):
@@ -54,6 +54,47 @@ def bits_unit(tokenizer_kind: str) -> str | None:
 def _append_jsonl(path: str, record: dict) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
+
+
+def _device(name: str, world) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and world.size > 1:
+        name = f"cuda:{int(os.environ.get('LOCAL_RANK', world.rank))}"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={name} but this machine has no GPU that torch can use")
+    return torch.device(name)
+
+
+def _tensorboard(out_dir: str):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ConfigError("tensorboard=true needs the tensorboard package: pip install tensorboard") from None
+    return SummaryWriter(os.path.join(out_dir, "tensorboard"))
+
+
+def _flatten(record: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}/"))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def layer_grad_norms(model) -> dict[str, float]:
+    """L2 norm of the gradient of every depth (:func:`~longseq.train.optim.layer_of`): embedding, layer0, ..., top."""
+    n_layer = getattr(model.config, "n_layer", 0)
+    squares: dict[str, float] = {}
+    for name, param in model.named_parameters():
+        if param.grad is None:
+            continue
+        depth = layer_of(name, n_layer)
+        key = "embedding" if depth == 0 else "top" if depth == n_layer + 1 else f"layer{depth - 1}"
+        squares[key] = squares.get(key, 0.0) + float(param.grad.double().pow(2).sum())
+    return {key: value**0.5 for key, value in squares.items()}
 
 
 def _truncate_log(path: str, step: int) -> float:
@@ -133,13 +174,21 @@ def train(
         )
     rows = world.rows(dc.batch_size)  # this rank's parallel streams
 
-    model = build_model(run.model)
+    device = _device(tc.device, world)
+    model = build_model(run.model).to(device)
+    if hasattr(model, "transformer"):
+        model.transformer.activation_checkpointing = tc.activation_checkpointing
     optimizer = build_optimizer(model, tc)
+    if tc.precision == "fp16" and device.type != "cuda":
+        raise ConfigError("precision=fp16 needs a GPU (dynamic loss scaling); on CPU use precision=bf16")
+    scaler = torch.amp.GradScaler("cuda") if tc.precision == "fp16" else None
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tc.precision)
     net = model
     if world.size > 1:
         from torch.nn.parallel import DistributedDataParallel
 
         net = DistributedDataParallel(model)  # averages gradients across ranks; parameters start from rank 0's
+    writer = _tensorboard(out_dir) if tc.tensorboard and world.main else None
     docs = corpus.doc_ids if dc.doc_reset else None
     if dc.doc_reset and docs is None:
         raise ConfigError(
@@ -162,6 +211,10 @@ def train(
     def write_metrics(record: dict) -> None:
         if world.main:
             _append_jsonl(metrics_path, record)
+        if writer is not None:
+            for key, value in _flatten(record).items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    writer.add_scalar(key, value, record["step"])
 
     if state is not None:
         mems, step, best, tokens_seen, lr_scale = restore(state)
@@ -245,7 +298,7 @@ def train(
             in_step = True
             lr = learning_rate(step, tc) * lr_scale
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_scale", 1.0)
             # one optimizer step reads `window` consecutive segments: 1, or mem_tokens_bptt when memory
             # tokens back-propagate through several segments
             segments = [stream.next_segment() for _ in range(window)]
@@ -254,24 +307,32 @@ def train(
             for j, segment in enumerate(segments):
                 if segment.new_epoch:
                     chunk_mems = [None] * tc.grad_accum
-                inputs = segment.input_ids[rows].chunk(tc.grad_accum, dim=0)
-                labels = segment.labels[rows].chunk(tc.grad_accum, dim=0)
+                inputs = segment.input_ids[rows].to(device).chunk(tc.grad_accum, dim=0)
+                labels = segment.labels[rows].to(device).chunk(tc.grad_accum, dim=0)
                 doc_chunks = [None] * tc.grad_accum
                 if segment.doc_ids is not None:
-                    doc_chunks = segment.doc_ids[rows].chunk(tc.grad_accum, dim=0)
+                    doc_chunks = segment.doc_ids[rows].to(device).chunk(tc.grad_accum, dim=0)
                 for c, (inp, lab, doc) in enumerate(zip(inputs, labels, doc_chunks)):
-                    out = net(inp, chunk_mems[c], lab, doc_ids=doc)
+                    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                        out = net(inp, chunk_mems[c], lab, doc_ids=doc)
                     total = out.loss if out.aux_loss is None else out.loss + out.aux_loss
                     pending[c] = total if pending[c] is None else pending[c] + total
                     loss_sum += out.loss.item()
                     chunk_mems[c] = out.mems
                     if j == window - 1:  # one backward per chunk, through all segments of the window
-                        (pending[c] / (tc.grad_accum * window)).backward()
+                        scaled = pending[c] / (tc.grad_accum * window)
+                        (scaler.scale(scaled) if scaler is not None else scaled).backward()
                         pending[c] = None
             loss = world.mean(loss_sum / (tc.grad_accum * window))
             if after_backward is not None:
                 after_backward(step + 1, model)
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            if tc.grad_norm_interval and (step + 1) % tc.grad_norm_interval == 0:
+                write_metrics({"step": step + 1, "grad_norms": layer_grad_norms(model)})
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip or float("inf")))
+            if scaler is not None and math.isfinite(loss):
+                grad_norm = 0.0  # an fp16 overflow is the loss scaler's to handle: it skips the step and rescales
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                 bad_steps += 1
                 what = f"loss {loss}, gradient norm {grad_norm}"
@@ -302,7 +363,11 @@ def train(
             bad_steps = 0
             mems = detach_memory(join_memory(chunk_mems))
             segment = segments[-1]
-            optimizer.step()
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
             step += 1
             in_step = False
             tokens_seen += sum(seg.labels.numel() for seg in segments)
