@@ -30,7 +30,9 @@ EPILOG_TRAIN = f"""presets: {", ".join(PRESETS)}
 override any field of the model, data or train config with --set key=value (dotted, e.g. model.dropout,
 when a name is ambiguous); lists as comma lists or JSON, e.g. --set cutoffs=20000,40000,200000.
 keys include: max_steps batch_size tgt_len mem_len n_layer d_model n_head d_head d_inner lr dropout
-dropatt clamp_len same_length pre_lnorm cutoffs div_val untie_r warmup_steps schedule clip grad_accum."""
+dropatt clamp_len same_length pre_lnorm cutoffs div_val untie_r warmup_steps schedule clip grad_accum
+attention window dilation pos optimizer layer_lr_decay precision activation_checkpointing nan_patience keep_last.
+data parallel: torchrun --nproc_per_node N -m longseq train ..."""
 
 EPILOG_EVAL = """override evaluation settings with --set key=value; keys: split tgt_len mem_len clamp_len same_length
 batch_size max_segments.  The paper evaluates with a longer memory than it trains with, e.g.
@@ -64,6 +66,8 @@ def cmd_train(args: argparse.Namespace) -> dict:
         extra.append(f"data.path={args.data}")
     if args.tokenizer is not None:
         extra.append(f"data.tokenizer={args.tokenizer}")
+    if args.tensorboard:
+        extra.append("train.tensorboard=true")
     out = args.out or os.path.join("runs", args.preset)
     run = load_checkpoint_config(os.path.join(out, "last")) if args.resume else get_preset(args.preset)
     sections = apply_overrides({"model": run.model, "data": run.data, "train": run.train}, extra)
@@ -309,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", choices=["byte", "char", "word"], help="tokenizer kind")
     p.add_argument("--out", help="run directory (default: runs/PRESET)")
     p.add_argument("--resume", action="store_true", help="continue exactly from OUT/last")
+    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events (OUT/tensorboard)")
     common(p)
     p.set_defaults(func=cmd_train)
 
