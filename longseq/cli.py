@@ -11,6 +11,8 @@ Commands::
     longseq bench train|eval|generate|eval-speed [--attn-len 800 1800 ...] [--json]
     longseq diagnose --checkpoint DIR [--data PATH] --out DIR [--json]
     longseq plot RUN_DIR [RUN_DIR ...] --out FILE.png [--bits]
+    longseq finetune --task classify --data train.jsonl [--valid valid.jsonl] --checkpoint DIR --out DIR [--json]
+    longseq data listops --out DIR [--seed N] [--train 2000 --valid 200 --test 200]
 
 Human-readable progress goes to stderr; the result goes to stdout (one JSON object on the last line with ``--json``).
 """
@@ -179,6 +181,37 @@ def cmd_diagnose(args: argparse.Namespace) -> dict:
     return {"out": args.out, **{k: report[k] for k in keep}}
 
 
+def cmd_finetune(args: argparse.Namespace) -> dict:
+    from longseq.train.finetune import finetune_classifier
+
+    if args.task != "classify":
+        raise ValueError(f"longseq finetune supports --task classify so far; {args.task} is not built yet")
+    return finetune_classifier(
+        args.checkpoint,
+        args.data,
+        args.out,
+        valid_path=args.valid,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        segment_len=args.segment_len,
+        lr=args.lr,
+        layer_lr_decay=args.layer_lr_decay,
+        head_only=args.head_only,
+        pooling=args.pooling,
+        lm_weight=args.lm_weight,
+        seed=args.seed,
+        log=_say,
+    )
+
+
+def cmd_data(args: argparse.Namespace) -> dict:
+    from longseq.data.tasks import write_listops
+
+    sizes = {"train": args.train, "valid": args.valid, "test": args.test}
+    lengths = {"min_length": args.min_length, "max_length": args.max_length}
+    return {"out": args.out, "seed": args.seed, **write_listops(args.out, args.seed, sizes, **lengths)}
+
+
 def cmd_plot(args: argparse.Namespace) -> dict:
     from longseq.diagnostics import plot_runs
 
@@ -293,7 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="longseq", description="Transformer-XL language modeling: train, eval, generate."
     )
-    sub = parser.add_subparsers(dest="command", metavar="{train,eval,generate,convert,bench,diagnose,plot}")
+    sub = parser.add_subparsers(
+        dest="command", metavar="{train,eval,generate,convert,bench,diagnose,plot,finetune,data}"
+    )
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -392,6 +427,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="report directory (PNG plots, report.md, report.json)")
     common(p)
     p.set_defaults(func=cmd_diagnose)
+
+    p = sub.add_parser("finetune", help="fine-tune an LM checkpoint on a task (classify)")
+    p.add_argument("--task", required=True, choices=["classify", "mlm", "span"])
+    p.add_argument("--data", required=True, help="training JSONL")
+    p.add_argument("--valid", help="validation JSONL")
+    p.add_argument("--checkpoint", required=True, help="LM checkpoint directory")
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--segment-len", type=int, help="segment length (default: the checkpoint's tgt_len)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--layer-lr-decay", type=float, default=0.8)
+    p.add_argument("--head-only", action="store_true", help="train the task head only")
+    p.add_argument("--pooling", default="last", choices=["last", "mean"])
+    p.add_argument("--lm-weight", type=float, default=0.0, help="lambda of the joint LM loss")
+    p.add_argument("--seed", type=int, default=0)
+    common(p)
+    p.set_defaults(func=cmd_finetune)
+
+    p = sub.add_parser("data", help="generate task data")
+    p.add_argument("kind", choices=["listops"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train", type=int, default=2000)
+    p.add_argument("--valid", type=int, default=200)
+    p.add_argument("--test", type=int, default=200)
+    p.add_argument("--min-length", type=int, default=500)
+    p.add_argument("--max-length", type=int, default=2000)
+    common(p)
+    p.set_defaults(func=cmd_data)
 
     p = sub.add_parser("plot", help="training curves of runs against step and wall time")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR")

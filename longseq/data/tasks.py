@@ -1,0 +1,115 @@
+"""Task data: JSONL readers with line-numbered errors, and the ListOps generator of Long Range Arena.
+
+ListOps (Nangia and Bowman, 2018; Tay et al., 2021): nested MAX, MIN, MED (median) and SM (sum modulo 10)
+over digits, e.g. ``[MAX 2 9 [MIN 4 7 ] 0 ]`` = 9; the label is the value, 10 classes.  Trees are drawn as in
+LRA's generator (an operator node with probability 0.25 below the maximum depth, else a digit; 2 to
+``max_args`` arguments) and kept when their length lies in [``min_length``, ``max_length``].
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+
+TASK_FIELDS = {
+    "classify": {"text": str, "label": (str, int)},
+    "span": {"context": str, "question": str, "answer_start": int, "answer_text": str},
+    "mlm": {"text": str},
+}
+
+OPERATORS = ("[MAX", "[MIN", "[MED", "[SM")
+LISTOPS_VOCAB = ("<pad>", *OPERATORS, "]", *(str(d) for d in range(10)))
+
+
+class TaskDataError(ValueError):
+    """A task file that cannot be read; the message names the file, the line and the problem."""
+
+
+def read_jsonl(path: str, task: str) -> list[dict]:
+    """Every record of a JSONL file for ``task``; a malformed line is an error naming its line number."""
+    if task not in TASK_FIELDS:
+        raise TaskDataError(f"unknown task {task!r}; known: {', '.join(TASK_FIELDS)}")
+    if not os.path.isfile(path):
+        raise TaskDataError(f"{path}: no such file")
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TaskDataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            if not isinstance(record, dict):
+                raise TaskDataError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+            for key, kind in TASK_FIELDS[task].items():
+                if key not in record:
+                    raise TaskDataError(f"{path}:{number}: missing field {key!r} for task {task}")
+                if not isinstance(record[key], kind) or isinstance(record[key], bool):
+                    raise TaskDataError(
+                        f"{path}:{number}: field {key!r} has the wrong type {type(record[key]).__name__}"
+                    )
+            if task == "span":
+                start, answer = record["answer_start"], record["answer_text"]
+                if record["context"][start : start + len(answer)] != answer:
+                    raise TaskDataError(f"{path}:{number}: answer_text is not found at answer_start {start}")
+            records.append(record)
+    if not records:
+        raise TaskDataError(f"{path}: no records")
+    return records
+
+
+def _tree(rng: random.Random, depth: int, max_depth: int, max_args: int):
+    if depth < max_depth and rng.random() <= 0.25:
+        args = [_tree(rng, depth + 1, max_depth, max_args) for _ in range(rng.randint(2, max_args))]
+        return (rng.choice(OPERATORS), args)
+    return rng.randrange(10)
+
+
+def listops_tokens(tree) -> list[str]:
+    if isinstance(tree, int):
+        return [str(tree)]
+    op, args = tree
+    return [op, *(t for a in args for t in listops_tokens(a)), "]"]
+
+
+def listops_value(tree) -> int:
+    if isinstance(tree, int):
+        return tree
+    op, args = tree
+    values = [listops_value(a) for a in args]
+    if op == "[MAX":
+        return max(values)
+    if op == "[MIN":
+        return min(values)
+    if op == "[MED":
+        return int(statistics.median(values))
+    return sum(values) % 10
+
+
+def generate_listops(
+    n: int, seed: int, *, min_length: int = 500, max_length: int = 2000, max_depth: int = 10, max_args: int = 10
+) -> list[dict]:
+    """``n`` examples ``{"text": "[MAX 2 9 ... ]", "label": value}``, the same for the same seed."""
+    if not 1 <= min_length <= max_length:
+        raise ValueError(f"need 1 <= min_length <= max_length, got {min_length}, {max_length}")
+    rng = random.Random(seed)
+    examples = []
+    while len(examples) < n:
+        tree = _tree(rng, 1, max_depth, max_args)
+        tokens = listops_tokens(tree)
+        if min_length <= len(tokens) <= max_length:
+            examples.append({"text": " ".join(tokens), "label": listops_value(tree)})
+    return examples
+
+
+def write_listops(out_dir: str, seed: int, sizes: dict[str, int], **lengths) -> dict[str, int]:
+    """Write train/valid/test JSONL files of ListOps examples (distinct seeds per split)."""
+    os.makedirs(out_dir, exist_ok=True)
+    for i, (split, n) in enumerate(sizes.items()):
+        with open(os.path.join(out_dir, f"{split}.jsonl"), "w", encoding="utf-8") as f:
+            for example in generate_listops(n, seed * 1000 + i, **lengths):
+                f.write(json.dumps(example) + "\n")
+    return dict(sizes)
