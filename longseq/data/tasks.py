@@ -34,31 +34,39 @@ def read_jsonl(path: str, task: str) -> list[dict]:
     if not os.path.isfile(path):
         raise TaskDataError(f"{path}: no such file")
     records = []
+    try:
+        lines = list(iter_jsonl(path))
+    except ValueError as exc:
+        raise TaskDataError(str(exc)) from None
+    for number, record in lines:
+        if not isinstance(record, dict):
+            raise TaskDataError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        for key, kind in TASK_FIELDS[task].items():
+            if key not in record:
+                raise TaskDataError(f"{path}:{number}: missing field {key!r} for task {task}")
+            if not isinstance(record[key], kind) or isinstance(record[key], bool):
+                raise TaskDataError(f"{path}:{number}: field {key!r} has the wrong type {type(record[key]).__name__}")
+        if task == "span":
+            start, answer = record["answer_start"], record["answer_text"]
+            if record["context"][start : start + len(answer)] != answer:
+                raise TaskDataError(f"{path}:{number}: answer_text is not found at answer_start {start}")
+        records.append(record)
+    if not records:
+        raise TaskDataError(f"{path}: no records")
+    return records
+
+
+def iter_jsonl(path: str):
+    """(line number, value) for every non-empty line of a JSONL file; a line that is not JSON is a
+    ``ValueError`` naming the file and the line."""
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                yield number, json.loads(line)
             except json.JSONDecodeError as exc:
-                raise TaskDataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-            if not isinstance(record, dict):
-                raise TaskDataError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-            for key, kind in TASK_FIELDS[task].items():
-                if key not in record:
-                    raise TaskDataError(f"{path}:{number}: missing field {key!r} for task {task}")
-                if not isinstance(record[key], kind) or isinstance(record[key], bool):
-                    raise TaskDataError(
-                        f"{path}:{number}: field {key!r} has the wrong type {type(record[key]).__name__}"
-                    )
-            if task == "span":
-                start, answer = record["answer_start"], record["answer_text"]
-                if record["context"][start : start + len(answer)] != answer:
-                    raise TaskDataError(f"{path}:{number}: answer_text is not found at answer_start {start}")
-            records.append(record)
-    if not records:
-        raise TaskDataError(f"{path}: no records")
-    return records
+                raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
 
 
 def _tree(rng: random.Random, depth: int, max_depth: int, max_args: int):

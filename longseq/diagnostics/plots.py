@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
+
+from longseq.data.tasks import iter_jsonl
 
 
 def read_metrics(run_dir: str) -> list[dict]:
@@ -12,16 +13,7 @@ def read_metrics(run_dir: str) -> list[dict]:
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{run_dir} is not a training run: no metrics.jsonl")
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not a JSON record ({exc.msg})") from None
-    return records
+    return [record for _, record in iter_jsonl(path)]
 
 
 def curves(records: list[dict], bits: bool) -> dict[str, tuple[list[float], list[float], list[float]]]:
