@@ -124,3 +124,34 @@ def test_finetune_and_data_commands(tmp_path, capsys):
     assert main(["data", "listops", "--out", str(tmp_path / "lo"), "--train", "5", "--valid", "2", "--test", "2",
                  "--min-length", "10", "--max-length", "100"]) == 0  # fmt: skip
     assert len(read_jsonl(str(tmp_path / "lo" / "train.jsonl"), "classify")) == 5
+
+
+def train_mlm(bidirectional: bool) -> float:
+    """Documents of pairs (a, a + 10) with a in 1..10; a masked first element is predictable only from the token
+    after it."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=21, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0,
+                         mem_len=8, bidirectional=bidirectional)  # fmt: skip
+    model = TransformerXLLM(config)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        first = torch.randint(1, 11, (32, 8), generator=g)
+        ids = torch.stack([first, first + 10], dim=2).flatten(1)  # (B, 16)
+        inputs, labels = mask_tokens(ids, 0.25, mask_id=0, vocab_size=21, generator=g)
+        loss = model(inputs, None, labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    first = torch.randint(1, 11, (256, 8), generator=g)
+    ids = torch.stack([first, first + 10], dim=2).flatten(1)
+    inputs = ids.clone()
+    inputs[:, 6] = 0  # mask the first copy of the fourth pair
+    with torch.no_grad():
+        predicted = model(inputs).logits[:, 6].argmax(-1)
+    return float((predicted == ids[:, 6]).float().mean())
+
+
+def test_masked_lm_uses_the_right_context_only_when_bidirectional():
+    assert train_mlm(bidirectional=True) >= 0.9
+    assert train_mlm(bidirectional=False) < 0.3  # chance is 0.1
