@@ -119,6 +119,19 @@ def cmd_eval(args: argparse.Namespace) -> dict:
     doc_ids = None
     if run.data.doc_reset and corpus.doc_ids is not None:
         doc_ids = corpus.doc_ids[settings.split]
+    if getattr(model.config, "pos", None) == "absolute":  # the vanilla Transformer: the paper's sliding windows
+        from longseq.eval.sliding import evaluate_sliding
+
+        tgt_len = settings.tgt_len or run.data.tgt_len
+        metrics = evaluate_sliding(
+            model,
+            ids,
+            context=tgt_len,
+            batch_size=settings.batch_size or run.data.eval_batch_size,
+            max_targets=settings.max_segments * tgt_len,
+            bits_unit=bits_unit(tokenizer.kind),
+        )
+        return {"split": settings.split, **metrics}
     metrics = evaluate(
         model,
         ids,

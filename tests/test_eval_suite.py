@@ -120,3 +120,28 @@ def test_plot_reads_runs_and_rejects_broken_logs(tmp_path):
     (tmp_path / "a" / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n{broken\n')
     with pytest.raises(ValueError, match="metrics.jsonl:2"):
         plot_runs([str(tmp_path / "a")], str(tmp_path / "x.png"))
+
+
+def test_eval_command_uses_sliding_windows_for_the_vanilla_model(tmp_path, capsys):
+    from test_train import tiny_corpus, tiny_run
+
+    from longseq.cli import main
+    from longseq.train import load_checkpoint, train
+
+    corpus = tiny_corpus()
+    data = tmp_path / "corpus.txt"
+    data.write_text(corpus.tokenizer.decode(list(corpus.train) + list(corpus.valid) + list(corpus.test)))
+    run = tiny_run(max_steps=2, eval_interval=2)
+    run.model = ModelConfig(**{**run.model.to_dict(), "mem_len": 0, "pos": "absolute"})
+    run.data.path, run.data.varlen = str(data), False
+    train(run, str(tmp_path / "van"), progress=False)
+    assert main(["eval", "--checkpoint", str(tmp_path / "van" / "best"), "--quiet", "--json",
+                 "--set", "max_segments=5"]) == 0  # fmt: skip
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    model, tokenizer, saved, _ = load_checkpoint(str(tmp_path / "van" / "best"))
+    from longseq.data.corpus import load_corpus
+
+    ids = load_corpus(str(data), "char", tokenizer=tokenizer).valid
+    expected = sliding_window_losses(model, ids, context=saved.data.tgt_len, max_targets=5 * saved.data.tgt_len)
+    assert result["protocol"] == f"sliding window of {saved.data.tgt_len}" and result["tokens"] == expected.size
+    assert result["loss"] == pytest.approx(float(expected.mean()), abs=1e-9)

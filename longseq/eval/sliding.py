@@ -67,3 +67,26 @@ def recurrent_losses(model, ids: np.ndarray, *, context: int, tgt_len: int, max_
         losses.append(out.nll[0].double().cpu())
     model.train(was_training)
     return torch.cat(losses).numpy()
+
+
+def evaluate_sliding(
+    model, ids: np.ndarray, *, context: int, batch_size: int = 16, max_targets: int = 0, bits_unit: str | None = None
+) -> dict:
+    """The metrics of :func:`longseq.eval.evaluate` (loss, ppl, tokens, tokens/s, bpc) for the vanilla protocol."""
+    import math
+    import time
+
+    start = time.perf_counter()
+    losses = sliding_window_losses(model, ids, context=context, batch_size=batch_size, max_targets=max_targets)
+    elapsed = time.perf_counter() - start
+    loss = float(losses.mean())
+    metrics = {
+        "loss": loss,
+        "ppl": math.exp(min(loss, 700.0)),
+        "tokens": int(losses.size),
+        "tokens_per_s": losses.size / elapsed if elapsed > 0 else float("inf"),
+        "protocol": f"sliding window of {context}",
+    }
+    if bits_unit:
+        metrics[bits_unit] = loss / math.log(2)
+    return metrics
