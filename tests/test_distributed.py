@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from test_train import tiny_corpus
+from test_train import corpus_file
 
 from longseq.train.checkpoint import load_training_state
 
@@ -16,9 +16,7 @@ def losses(path):
 
 
 def test_two_ranks_match_one_process_on_the_same_global_batch(tmp_path):
-    corpus = tiny_corpus()
-    data = tmp_path / "corpus.txt"
-    data.write_text(corpus.tokenizer.decode(list(corpus.train) + list(corpus.valid) + list(corpus.test)))
+    data = corpus_file(tmp_path)
     settings = ["--data", str(data), "--tokenizer", "char", "--quiet", "--set", "max_steps=20", "batch_size=4",
                 "tgt_len=8", "mem_len=8", "dropout=0", "dropatt=0", "n_layer=2", "d_model=16", "n_head=2",
                 "d_head=8", "d_inner=32", "eval_interval=10", "eval_max_segments=2", "log_interval=1"]  # fmt: skip
@@ -41,9 +39,7 @@ def test_two_ranks_match_one_process_on_the_same_global_batch(tmp_path):
 
 def test_ddp_resume_continues_bit_for_bit(tmp_path):
     """Two ranks stopped after 6 steps and resumed give the uninterrupted two-rank run's losses exactly."""
-    corpus = tiny_corpus()
-    data = tmp_path / "corpus.txt"
-    data.write_text(corpus.tokenizer.decode(list(corpus.train) + list(corpus.valid) + list(corpus.test)))
+    data = corpus_file(tmp_path)
     common = ["--data", str(data), "--tokenizer", "char", "--quiet", "--set", "batch_size=4", "tgt_len=8",
               "mem_len=8", "n_layer=2", "d_model=16", "n_head=2", "d_head=8", "d_inner=32", "eval_interval=1000",
               "eval_max_segments=2", "log_interval=1", "schedule=constant", "warmup_steps=0", "dropout=0.1"]  # fmt: skip

@@ -123,14 +123,12 @@ def test_plot_reads_runs_and_rejects_broken_logs(tmp_path):
 
 
 def test_eval_command_uses_sliding_windows_for_the_vanilla_model(tmp_path, capsys):
-    from test_train import tiny_corpus, tiny_run
+    from test_train import corpus_file, tiny_run
 
     from longseq.cli import main
     from longseq.train import load_checkpoint, train
 
-    corpus = tiny_corpus()
-    data = tmp_path / "corpus.txt"
-    data.write_text(corpus.tokenizer.decode(list(corpus.train) + list(corpus.valid) + list(corpus.test)))
+    data = corpus_file(tmp_path)
     run = tiny_run(max_steps=2, eval_interval=2)
     run.model = ModelConfig(**{**run.model.to_dict(), "mem_len": 0, "pos": "absolute"})
     run.data.path, run.data.varlen = str(data), False

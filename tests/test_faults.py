@@ -12,7 +12,7 @@ import sys
 import time
 
 import torch
-from test_train import tiny_corpus, tiny_run
+from test_train import corpus_file, tiny_corpus, tiny_run
 
 from longseq.train import load_checkpoint, train
 from longseq.train.checkpoint import load_training_state
@@ -93,9 +93,7 @@ def test_a_kill_in_the_middle_of_a_checkpoint_swap_is_repaired(tmp_path):
 def test_sigkill_at_random_moments_then_resume_gives_the_same_losses(tmp_path):
     """The CLI run is killed with SIGKILL twice at random moments (checkpoints are written every step, so kills
     land inside saves too); resuming gives the uninterrupted run's losses bit for bit."""
-    corpus = tiny_corpus()
-    data = tmp_path / "corpus.txt"
-    data.write_text(corpus.tokenizer.decode(list(corpus.train) + list(corpus.valid) + list(corpus.test)))
+    data = corpus_file(tmp_path)
     settings = ["--data", str(data), "--tokenizer", "char", "--quiet", "--set", "max_steps=24", "save_interval=1",
                 "eval_interval=1000", "log_interval=1", "n_layer=2", "d_model=16", "n_head=2", "d_head=8",
                 "d_inner=32", "mem_len=8", "tgt_len=8", "batch_size=4", "eval_max_segments=2", "warmup_steps=3"]  # fmt: skip

@@ -22,6 +22,14 @@ def tiny_corpus(seed=0, n=6000):
     return Corpus(ids[:5000], ids[5000:5500], ids[5500:], tok, "generated")
 
 
+def corpus_file(tmp_path) -> str:
+    """The tiny corpus as one text file, for runs through the command line (split 90/5/5 on reading)."""
+    corpus = tiny_corpus()
+    path = tmp_path / "corpus.txt"
+    path.write_text(corpus.tokenizer.decode(list(corpus.train) + list(corpus.valid) + list(corpus.test)))
+    return path
+
+
 def tiny_run(**train_overrides):
     return RunConfig(
         model=ModelConfig(

@@ -8,6 +8,9 @@ model (Transformer-XL, LSTM) is evaluated in order with its memory carried; at c
 
 from __future__ import annotations
 
+import math
+import time
+
 import numpy as np
 import torch
 from tqdm import tqdm
@@ -73,9 +76,6 @@ def evaluate_sliding(
     model, ids: np.ndarray, *, context: int, batch_size: int = 16, max_targets: int = 0, bits_unit: str | None = None
 ) -> dict:
     """The metrics of :func:`longseq.eval.evaluate` (loss, ppl, tokens, tokens/s, bpc) for the vanilla protocol."""
-    import math
-    import time
-
     start = time.perf_counter()
     losses = sliding_window_losses(model, ids, context=context, batch_size=batch_size, max_targets=max_targets)
     elapsed = time.perf_counter() - start

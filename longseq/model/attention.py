@@ -188,6 +188,11 @@ def key_mass(query, key, rel_key, r_w_bias, r_r_bias, mask) -> Tensor:
     return torch.softmax(scores, dim=-1).sum(dim=(1, 2))
 
 
+def dense_mask(mask: PatternMask | Tensor) -> Tensor:
+    """The whole (T, K)-shaped forbidden mask, from a :class:`PatternMask` or as given."""
+    return mask if isinstance(mask, Tensor) else mask.forbidden()
+
+
 def _key_window(states: Tensor, start: int, stop: int) -> Tensor:
     """Positions [start, stop) of (B, H, K, D) states, zeros outside [0, K)."""
     klen = states.size(2)
@@ -224,11 +229,7 @@ def banded_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask: Patte
         parts = [padded[:, :, t * block : (t + n_blocks) * block] for t in range(width // block)]
         return torch.stack([p.reshape(batch, heads, n_blocks, block, d_head) for p in parts], dim=3).flatten(3, 4)
 
-    starts = mlen + torch.arange(n_blocks, device=query.device)[:, None, None] * block  # (n, 1, 1)
-    query_pos = starts + torch.arange(block, device=query.device)[:, None]  # (n, block, 1)
-    key_pos = starts - before + torch.arange(width, device=query.device)  # (n, 1, W)
-    forbidden = mask.forbidden_at(query_pos, key_pos)  # (B or 1, H or 1, n, block, W)
-    forbidden = forbidden & (query_pos < klen)  # padded queries attend anywhere (their output is dropped)
+    forbidden = mask.banded(n_blocks, block, before, width)  # (B or 1, H or 1, n, block, W)
     probs = _RelativeProbs.apply(q_content, bands(key), q_position, local_rel, forbidden)  # (B, H, n, block, W)
     probs = F.dropout(probs, p=dropatt, training=training)
     out = torch.matmul(probs, bands(value))  # (B, H, n, block, D)
@@ -376,8 +377,7 @@ class RelativeMultiHeadAttention(nn.Module):
         """The attention probabilities (B, H, T, K) this layer uses for these inputs (the reference, no dropout;
         same arguments as :meth:`forward`, for diagnostics).  A ring cache must not be passed: it would grow."""
         query, key, _ = self._project(hidden, memory, cache)
-        dense = mask if isinstance(mask, Tensor) else mask.forbidden()
-        return attention_probs(query, key, rel_key, r_w_bias, r_r_bias, dense)
+        return attention_probs(query, key, rel_key, r_w_bias, r_r_bias, dense_mask(mask))
 
     def forward(
         self,
@@ -401,12 +401,9 @@ class RelativeMultiHeadAttention(nn.Module):
         query, key, value = self._project(hidden, memory, cache)  # (B, H, T, D), (B, H, K, D) x 2
 
         if self.pos == "absolute":  # the vanilla Transformer: content scores only, PyTorch's fused attention
-            allowed = None if isinstance(mask, Tensor) else mask
-            causal = allowed is not None and allowed.is_causal_full and allowed.mlen == 0 and allowed.span is None
-            if not causal:
-                allowed = ~(mask if isinstance(mask, Tensor) else mask.forbidden())
+            causal = isinstance(mask, PatternMask) and mask.is_causal_full and mask.mlen == 0 and mask.span is None
             attn = F.scaled_dot_product_attention(
-                query, key, value, attn_mask=None if causal else allowed,
+                query, key, value, attn_mask=None if causal else ~dense_mask(mask),
                 dropout_p=self.dropatt if self.training else 0.0, is_causal=causal,
             )  # fmt: skip
         else:
@@ -417,8 +414,5 @@ class RelativeMultiHeadAttention(nn.Module):
         attn = attn.transpose(1, 2).reshape(batch, qlen, width)  # (B, T, H*D)
         out = self.drop(self.o_net(attn))  # (B, T, E)
         out = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
-        mass = None
-        if with_mass:
-            dense = mask if isinstance(mask, Tensor) else mask.forbidden()
-            mass = key_mass(query, key, rel_key, r_w_bias, r_r_bias, dense)
+        mass = key_mass(query, key, rel_key, r_w_bias, r_r_bias, dense_mask(mask)) if with_mass else None
         return out, (key, value), mass

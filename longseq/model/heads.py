@@ -28,6 +28,7 @@ class DocumentClassifier(nn.Module):
         if n_classes < 2:
             raise ValueError(f"a classifier needs at least 2 classes, got {n_classes}")
         self.lm = lm
+        self.config = lm.config  # the backbone's, for optimizers and layer-wise learning-rate decay
         self.pooling = pooling
         self.classifier = nn.Linear(lm.config.d_model, n_classes)
 

@@ -32,7 +32,8 @@ need, together with the range of keys a block of queries can reach (what makes l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -164,6 +165,11 @@ class PatternMask:
     key_docs: Tensor | None = None  # (B, K)
     global_keys: Tensor | None = None  # (B, K) bool
     device: torch.device | None = None
+    _blocks: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # layers share the blocks
+
+    @cached_property
+    def has_global_tokens(self) -> bool:
+        return self.global_keys is not None and bool(self.global_keys.any())
 
     @property
     def klen(self) -> int:
@@ -176,12 +182,25 @@ class PatternMask:
 
     def forbidden(self, q0: int = 0, q1: int | None = None, k0: int = 0, k1: int | None = None) -> Tensor:
         """True where attention is forbidden, for queries [q0, q1) and keys [k0, k1): a bool tensor
-        broadcastable to (B, H, q1 - q0, k1 - k0)."""
+        broadcastable to (B, H, q1 - q0, k1 - k0).  Computed once per block for all layers sharing the mask."""
         q1 = self.qlen if q1 is None else q1
         k1 = self.klen if k1 is None else k1
-        query = torch.arange(q0, q1, device=self.device)[:, None] + self.mlen  # (Tq, 1) window positions
-        key = torch.arange(k0, k1, device=self.device)[None, :]  # (1, Tk)
-        return self.forbidden_at(query, key)
+        if (q0, q1, k0, k1) not in self._blocks:
+            query = torch.arange(q0, q1, device=self.device)[:, None] + self.mlen  # (Tq, 1) window positions
+            key = torch.arange(k0, k1, device=self.device)[None, :]  # (1, Tk)
+            self._blocks[q0, q1, k0, k1] = self.forbidden_at(query, key)
+        return self._blocks[q0, q1, k0, k1]
+
+    def banded(self, n_blocks: int, block: int, before: int, width: int) -> Tensor:
+        """:meth:`forbidden` for the banded layout: block b's queries [M + b * block, ...) over keys starting
+        ``before`` positions earlier, ``width`` of them; (B or 1, H or 1, n, block, W).  Padded queries past the
+        segment attend anywhere (their output is dropped).  Computed once for all layers sharing the mask."""
+        if ("banded", n_blocks, block, before, width) not in self._blocks:
+            starts = self.mlen + torch.arange(n_blocks, device=self.device)[:, None, None] * block  # (n, 1, 1)
+            query = starts + torch.arange(block, device=self.device)[:, None]  # (n, block, 1)
+            key = starts - before + torch.arange(width, device=self.device)  # (n, 1, W)
+            self._blocks["banded", n_blocks, block, before, width] = self.forbidden_at(query, key) & (query < self.klen)
+        return self._blocks["banded", n_blocks, block, before, width]
 
     def forbidden_at(self, query: Tensor, key: Tensor) -> Tensor:
         """:meth:`forbidden` for window positions of any broadcastable shapes (..., Tq, 1) and (..., 1, Tk):
@@ -208,7 +227,7 @@ class PatternMask:
         """For a local pattern, the keys a block of ``block`` queries needs before and after itself, rounded
         up to whole blocks (so every block has the same band); None when the pattern is not local."""
         reach = self.pattern.reach
-        if reach is None or (self.global_keys is not None and bool(self.global_keys.any())):
+        if reach is None or self.has_global_tokens:
             return None
         before = -(-reach // block) * block
         return before, (0 if self.pattern.causal else before)
@@ -216,9 +235,7 @@ class PatternMask:
     def key_range(self, q0: int, q1: int) -> tuple[int, int]:
         """Keys [lo, hi) outside which every query of [q0, q1) is forbidden."""
         first, last = self.mlen + q0, self.mlen + q1 - 1  # window positions of the block's queries
-        reach = self.pattern.reach
-        if self.global_keys is not None and bool(self.global_keys.any()):
-            reach = None  # global keys may lie anywhere and global queries see everything
+        reach = None if self.has_global_tokens else self.pattern.reach  # global tokens may lie anywhere
         lo = 0 if reach is None else max(0, first - reach)
         if self.span is not None:
             lo = max(lo, first - self.span + 1)

@@ -103,7 +103,7 @@ def finetune_classifier(
         for p in model.lm.parameters():
             p.requires_grad_(False)
     config = TrainConfig(lr=lr, layer_lr_decay=layer_lr_decay if not head_only else 1.0, max_steps=steps)
-    optimizer = build_optimizer(_Named(model), config)
+    optimizer = build_optimizer(model, config)
     rng = random.Random(seed)
     order: list[int] = []
     losses = []
@@ -135,16 +135,3 @@ def finetune_classifier(
         json.dump({"task": "classify", "pooling": pooling, "segment_len": segment_len, "run": run.to_dict(),
                    "metrics": metrics}, f, indent=2)  # fmt: skip
     return metrics
-
-
-class _Named(torch.nn.Module):
-    """The classifier seen with the LM's parameter names (``transformer.layers.i``...) for layer-wise decay."""
-
-    def __init__(self, model: DocumentClassifier) -> None:
-        super().__init__()
-        self.config = model.lm.config
-        self._model = model
-
-    def named_parameters(self, *args, **kwargs):
-        for name, param in self._model.named_parameters():
-            yield (name[len("lm.") :] if name.startswith("lm.") else name), param

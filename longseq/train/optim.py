@@ -46,7 +46,9 @@ class Lamb(torch.optim.Optimizer):
 
 def layer_of(name: str, n_layer: int) -> int:
     """Depth of a parameter for layer-wise learning-rate decay: 0 for the embedding, i + 1 for decoder layer i,
-    n_layer + 1 for everything above the layers (softmax, shared u and v, compressors)."""
+    n_layer + 1 for everything above the layers (softmax, shared u and v, compressors, task heads).  A task model's
+    language model under ``lm.`` counts as the language model itself."""
+    name = name.removeprefix("lm.")
     if name.startswith(("transformer.word_emb", "embedding")):
         return 0
     for prefix in ("transformer.layers.", "lstm.weight_ih_l", "lstm.weight_hh_l", "lstm.bias_ih_l", "lstm.bias_hh_l"):
