@@ -336,7 +336,9 @@ class TrainConfig(_JsonConfig):
     every k-th decoder layer in the backward pass instead of keeping its activations (0: off).
     ``grad_norm_interval`` = N logs every layer's gradient norm every N steps; ``tensorboard`` also writes the
     metrics as TensorBoard events (needs the tensorboard package).  ``device``: auto (cuda when available),
-    cpu or cuda[:N]; under torchrun each rank takes cuda:LOCAL_RANK.
+    cpu or cuda[:N]; under torchrun each rank takes cuda:LOCAL_RANK.  ``parallel``: how torchrun processes share
+    the model, ddp (every rank holds all weights) or fsdp (weights, gradients and optimizer moments sharded
+    across ranks, PyTorch's ``fully_shard``, one unit per decoder layer); one process ignores it.
     """
 
     max_steps: int = 1200
@@ -365,6 +367,7 @@ class TrainConfig(_JsonConfig):
     grad_norm_interval: int = 0
     tensorboard: bool = False
     device: str = "auto"
+    parallel: str = "ddp"
 
     def __post_init__(self) -> None:
         _check(self.max_steps >= 1, f"TrainConfig.max_steps must be >= 1, got {self.max_steps}")
@@ -385,6 +388,7 @@ class TrainConfig(_JsonConfig):
             self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"),
             f"TrainConfig.device must be auto, cpu or cuda[:N], got {self.device!r}",
         )
+        _check(self.parallel in ("ddp", "fsdp"), f"TrainConfig.parallel must be ddp or fsdp, got {self.parallel!r}")
         _check(self.lr > 0, f"TrainConfig.lr must be > 0, got {self.lr}")
         _check(0 <= self.min_lr <= self.lr, f"TrainConfig.min_lr must be in [0, lr], got {self.min_lr}")
         _check(self.schedule in SCHEDULES, f"TrainConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}")

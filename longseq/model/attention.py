@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -298,6 +299,19 @@ ATTENTION_KERNELS: dict[str, AttentionKernel] = {
 }
 
 
+@dataclass(frozen=True)
+class RelativePositions:
+    """The relative positions of one forward pass, shared by all layers; each layer projects them with its own
+    weights inside its own forward (so a sharded layer, FSDP, has gathered those weights when it reads them).
+
+    ``distances`` (R,) are the distances of the table's rows; ``pos_emb`` (R, E) their sinusoidal embedding
+    (None with Shaw's or absolute positions); ``dtype`` the table's dtype."""
+
+    distances: Tensor
+    pos_emb: Tensor | None
+    dtype: torch.dtype
+
+
 class RelativeMultiHeadAttention(nn.Module):
     """Multi-head attention over [memory; segment] with relative positions and a residual + LayerNorm.
 
@@ -340,6 +354,17 @@ class RelativeMultiHeadAttention(nn.Module):
         """W_R R for every row of ``pos_emb`` (R, E), as (H, R, D)."""
         return self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)
 
+    def relative_keys(self, positions: RelativePositions | Tensor | None) -> Tensor | None:
+        """This layer's relative table (H, R, D) for ``positions``; a tensor is taken as an already projected
+        table (the evaluation cache), and absolute positions have none."""
+        if not isinstance(positions, RelativePositions):
+            return positions
+        if self.pos == "shaw":
+            return self.shaw_keys(positions.distances).to(positions.dtype)
+        if self.pos == "absolute":
+            return None
+        return self.rel_keys(positions.pos_emb)
+
     def shaw_keys(self, distances: Tensor) -> Tensor:
         """The learned relative keys a_{clip(d)} of Shaw et al. for every distance (R,), as (H, R, D)."""
         rows = self.rel_table[clipped_index(distances, self.max_relative_distance)]  # (R, H*D)
@@ -377,12 +402,12 @@ class RelativeMultiHeadAttention(nn.Module):
         """The attention probabilities (B, H, T, K) this layer uses for these inputs (the reference, no dropout;
         same arguments as :meth:`forward`, for diagnostics).  A ring cache must not be passed: it would grow."""
         query, key, _ = self._project(hidden, memory, cache)
-        return attention_probs(query, key, rel_key, r_w_bias, r_r_bias, dense_mask(mask))
+        return attention_probs(query, key, self.relative_keys(rel_key), r_w_bias, r_r_bias, dense_mask(mask))
 
     def forward(
         self,
         hidden: Tensor,  # (B, T, E)
-        rel_key: Tensor,  # (H, R, D): W_R R for distances K .. 0
+        rel_key: RelativePositions | Tensor | None,  # positions, or the (H, R, D) table W_R R of distances K .. 0
         r_w_bias: Tensor,  # (H, D)
         r_r_bias: Tensor,  # (H, D)
         mask: PatternMask | Tensor,  # the layer's pattern, or a dense causal (T, K) mask
@@ -398,6 +423,7 @@ class RelativeMultiHeadAttention(nn.Module):
         """
         batch, qlen, _ = hidden.shape
         width = self.n_head * self.d_head
+        rel_key = self.relative_keys(rel_key)  # (H, R, D)
         query, key, value = self._project(hidden, memory, cache)  # (B, H, T, D), (B, H, K, D) x 2
 
         if self.pos == "absolute":  # the vanilla Transformer: content scores only, PyTorch's fused attention

@@ -14,7 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 from longseq.config import ModelConfig
 from longseq.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
-from longseq.model.attention import RelativeMultiHeadAttention
+from longseq.model.attention import RelativeMultiHeadAttention, RelativePositions
 from longseq.model.compress import Compressor, reconstruction_loss
 from longseq.model.memory import KVMemory, Memory, MemoryState, RingKV, quantize, update_memory
 from longseq.model.patterns import PatternMask, global_keys
@@ -108,21 +108,24 @@ class TransformerXL(nn.Module):
             return self.r_w_bias[layer], self.r_r_bias[layer]
         return self.r_w_bias, self.r_r_bias
 
-    def _rel_keys(
+    def _positions(
         self, klen: int, clamp_len: int, dtype: torch.dtype, device: torch.device, rows: int | None = None, qlen=1
-    ):
-        """W_R R per layer, as (H, R, D) for distances ``rows - 1`` .. 0 (default: klen .. 0); a bidirectional
-        model continues down to -(qlen - 1) for the later keys of the segment."""
+    ) -> RelativePositions:
+        """The relative positions for distances ``rows - 1`` .. 0 (default: klen .. 0); a bidirectional model
+        continues down to -(qlen - 1) for the later keys of the segment.  Every layer projects them itself."""
         rows = klen + 1 if rows is None else rows
         bottom = -(qlen - 1) if self.config.bidirectional else 0
         distances = relative_distances(rows - 1, clamp_len, device, bottom)
-        if self.config.pos == "shaw":
-            return [layer.dec_attn.shaw_keys(distances).to(dtype) for layer in self.layers]
-        if self.config.pos == "absolute":
-            return [None] * len(self.layers)
+        if self.config.pos in ("shaw", "absolute"):
+            return RelativePositions(distances, None, dtype)
         exact = torch.float64 if dtype == torch.float64 else torch.float32
         pos_emb = self.drop(sinusoidal_embedding(distances, self.config.d_model, exact).to(dtype))  # (R, E)
-        return [layer.dec_attn.rel_keys(pos_emb) for layer in self.layers]
+        return RelativePositions(distances, pos_emb, dtype)
+
+    def _rel_keys(self, *args, **kwargs) -> list[Tensor | None]:
+        """Every layer's relative table (H, R, D), projected outside the layers (arguments as :meth:`_positions`)."""
+        positions = self._positions(*args, **kwargs)
+        return [layer.dec_attn.relative_keys(positions) for layer in self.layers]
 
     def _cached_rel_keys(self, mems: KVMemory, klen: int, clamp_len: int, dtype, device, horizon: int):
         """Reuse the W_R R table carried in a key/value memory (eval only: no dropout on R)."""
@@ -193,7 +196,8 @@ class TransformerXL(nn.Module):
         if kv:
             table, rel_keys = self._cached_rel_keys(mems, klen, clamp_len, hidden.dtype, hidden.device, mem_len + qlen)
         else:
-            rel_keys = self._rel_keys(klen, clamp_len, hidden.dtype, hidden.device, qlen=qlen)  # per layer (H, R, D)
+            positions = self._positions(klen, clamp_len, hidden.dtype, hidden.device, qlen=qlen)
+            rel_keys = [positions] * len(self.layers)  # each layer projects them inside its forward
         keep = None
         if self.training and c.mem_dropout > 0 and mlen:
             keep = (torch.rand(batch, mlen, 1, device=hidden.device) >= c.mem_dropout).to(hidden.dtype)  # (B, M, 1)

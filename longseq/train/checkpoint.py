@@ -105,13 +105,15 @@ def save_checkpoint(
     training: TrainingState | None = None,
     metrics: dict | None = None,
     keep_previous_as: str | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Write a checkpoint atomically to ``directory`` (replacing an existing one).
 
     The new checkpoint is written and fsynced under a temporary name, the old one is renamed aside and the
     new one renamed into place.  A process killed at any point leaves either the old or the new checkpoint
     (:func:`recover_checkpoint` puts an interrupted swap right).  ``keep_previous_as`` keeps the replaced
-    checkpoint under that path instead of deleting it (checkpoint rotation).  An ``OSError`` (disk full,
+    checkpoint under that path instead of deleting it (checkpoint rotation).  ``weights`` (a full state dict,
+    tied parameters as one tensor object) are written instead of ``model``'s own (a sharded model).  An ``OSError`` (disk full,
     permissions) becomes a :class:`CheckpointError` and leaves the previous checkpoint in place.
     """
     directory = os.path.abspath(directory)
@@ -125,7 +127,7 @@ def save_checkpoint(
     old = os.path.join(parent, f".{name}.old-{os.getpid()}")
     try:
         os.makedirs(tmp)
-        _write_checkpoint_files(tmp, model, run, tokenizer, training, metrics)
+        _write_checkpoint_files(tmp, model, run, tokenizer, training, metrics, weights)
         if os.path.exists(directory):
             os.replace(directory, old)
         os.replace(tmp, directory)
@@ -172,11 +174,19 @@ def recover_checkpoint(directory: str) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _write_checkpoint_files(tmp, model, run, tokenizer, training, metrics) -> None:
+def _write_checkpoint_files(tmp, model, run, tokenizer, training, metrics, weights=None) -> None:
     """Every file of a checkpoint, then the manifest, each fsynced."""
     _write_json(os.path.join(tmp, "config.json"), {"format": FORMAT, "run": run.to_dict(), "metrics": metrics or {}})
     _write_json(os.path.join(tmp, "tokenizer.json"), tokenizer.to_dict())
-    save_model(model, os.path.join(tmp, "model.safetensors"), metadata={"format": FORMAT})
+    if weights is None:
+        save_model(model, os.path.join(tmp, "model.safetensors"), metadata={"format": FORMAT})
+    else:
+        unique, seen = {}, set()
+        for name in sorted(weights):  # a tied tensor once, under its alphabetically first name, as save_model does
+            if id(weights[name]) not in seen:
+                seen.add(id(weights[name]))
+                unique[name] = weights[name].contiguous()
+        save_file(unique, os.path.join(tmp, "model.safetensors"), metadata={"format": FORMAT})
     if training is not None:
         meta, tensors = _optimizer_to_files(training.optimizer)
         tensors["rng.torch"] = training.torch_rng

@@ -6,6 +6,11 @@ are averaged by DDP; losses are averaged across ranks for logging and for the Na
 checkpoints and logs, after gathering the memory of every rank.
 
     torchrun --nproc_per_node 2 -m longseq train --set batch_size=16 ...
+
+With ``parallel=fsdp`` the weights, gradients and optimizer moments are sharded across ranks instead of copied
+(FSDP2, ``torch.distributed.fsdp.fully_shard``: one unit per decoder layer, the embeddings, softmax and u, v in
+the root unit).  The rows and the memory are split exactly as under DDP.  Checkpoints hold full tensors in the
+same files as a one-process run, so either can resume or read the other's.
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
+from longseq.config import ConfigError
 from longseq.model.memory import join_memory, memory_from_tensors, memory_to_tensors, split_memory
 
 
@@ -79,3 +87,75 @@ def init_world() -> World:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
     return World(dist.get_rank(), dist.get_world_size())
+
+
+def shard_model(model) -> None:
+    """Shard ``model`` in place with FSDP2: each decoder layer is one unit, everything else the root unit."""
+    from torch.distributed.fsdp import fully_shard
+
+    if not hasattr(model, "transformer"):
+        raise ConfigError("parallel=fsdp shards the decoder layers of a Transformer; use parallel=ddp for arch=lstm")
+    for layer in model.transformer.layers:
+        fully_shard(layer)
+    fully_shard(model)
+
+
+def full_tensor(tensor: Tensor) -> Tensor:
+    """The whole of a sharded tensor (a collective: every rank must call it in the same order); others as they are."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def full_state_dict(model) -> dict[str, Tensor]:
+    """The model's weights as whole CPU tensors (every rank must call it); tied weights stay one tensor object."""
+    gathered: dict[int, Tensor] = {}
+    out = {}
+    for name, value in model.state_dict(keep_vars=True).items():
+        if id(value) not in gathered:
+            gathered[id(value)] = full_tensor(value.detach()).cpu()
+        out[name] = gathered[id(value)]
+    return out
+
+
+def load_full_state_dict(model, tensors: dict[str, Tensor]) -> None:
+    """Load whole tensors (as :func:`full_state_dict` gives, a tied weight under any one of its names) into a
+    sharded ``model``: each rank keeps its own shard."""
+    targets = model.state_dict(keep_vars=True)
+    names_of: dict[int, list[str]] = {}
+    for name, value in targets.items():
+        names_of.setdefault(id(value), []).append(name)
+    sharded = {}
+    for names in names_of.values():
+        found = [tensors[n] for n in names if n in tensors]
+        if not found:
+            raise KeyError(f"the weights have no tensor for {names[0]}")
+        target = targets[names[0]]
+        value = found[0].to(device=target.device, dtype=target.dtype)
+        if isinstance(target, DTensor):
+            value = distribute_tensor(value, target.device_mesh, target.placements)
+        sharded.update(dict.fromkeys(names, value))
+    model.load_state_dict(sharded)
+
+
+def full_optimizer_state(optimizer) -> dict:
+    """``optimizer.state_dict()`` with whole moments (every rank must call it): the one-process format."""
+    state = optimizer.state_dict()  # its per-parameter dicts are the live ones: build new ones
+    full = {}
+    for index in sorted(state["state"]):
+        slots = state["state"][index]
+        full[index] = {k: full_tensor(v).cpu() if isinstance(v, Tensor) else v for k, v in sorted(slots.items())}
+    return {"state": full, "param_groups": state["param_groups"]}
+
+
+def shard_optimizer_state(optimizer, state: dict) -> dict:
+    """A one-process optimizer state (whole moments) cut to this rank's shards of ``optimizer``'s parameters."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    out = {"param_groups": state["param_groups"], "state": {}}
+    for index, slots in state["state"].items():
+        param = params[int(index)]
+        out["state"][index] = {
+            key: distribute_tensor(value.to(param.device), param.device_mesh, param.placements)
+            if isinstance(param, DTensor) and isinstance(value, Tensor) and value.shape == param.shape
+            else value
+            for key, value in slots.items()
+        }
+    return out

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from safetensors.torch import load_file
 from tqdm import tqdm
 
 from longseq.config import ConfigError, RunConfig
@@ -27,7 +28,15 @@ from longseq.eval.evaluate import evaluate
 from longseq.model import build_model
 from longseq.model.memory import detach_memory, join_memory, split_memory
 from longseq.train.checkpoint import TrainingState, load_training_state, load_weights, save_checkpoint
-from longseq.train.distributed import init_world
+from longseq.train.distributed import (
+    full_optimizer_state,
+    full_state_dict,
+    full_tensor,
+    init_world,
+    load_full_state_dict,
+    shard_model,
+    shard_optimizer_state,
+)
 from longseq.train.optim import build_optimizer, layer_of, learning_rate
 
 
@@ -93,7 +102,7 @@ def layer_grad_norms(model) -> dict[str, float]:
             continue
         depth = layer_of(name, n_layer)
         key = "embedding" if depth == 0 else "top" if depth == n_layer + 1 else f"layer{depth - 1}"
-        squares[key] = squares.get(key, 0.0) + float(param.grad.double().pow(2).sum())
+        squares[key] = squares.get(key, 0.0) + float(full_tensor(param.grad.double().pow(2).sum()))
     return {key: value**0.5 for key, value in squares.items()}
 
 
@@ -175,19 +184,24 @@ def train(
     rows = world.rows(dc.batch_size)  # this rank's parallel streams
 
     device = _device(tc.device, world)
+    if tc.precision == "fp16" and device.type != "cuda":
+        raise ConfigError("precision=fp16 needs a GPU (dynamic loss scaling); on CPU use precision=bf16")
+    sharded = tc.parallel == "fsdp" and world.size > 1
+    if sharded and tc.precision == "fp16":
+        raise ConfigError("precision=fp16 is not supported with parallel=fsdp yet; use precision=bf16")
     model = build_model(run.model).to(device)
     if hasattr(model, "transformer"):
         model.transformer.activation_checkpointing = tc.activation_checkpointing
-    optimizer = build_optimizer(model, tc)
-    if tc.precision == "fp16" and device.type != "cuda":
-        raise ConfigError("precision=fp16 needs a GPU (dynamic loss scaling); on CPU use precision=bf16")
-    scaler = torch.amp.GradScaler("cuda") if tc.precision == "fp16" else None
-    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tc.precision)
     net = model
-    if world.size > 1:
+    if sharded:
+        shard_model(model)  # in place: the parameters become this rank's shards (every rank built the same init)
+    elif world.size > 1:
         from torch.nn.parallel import DistributedDataParallel
 
         net = DistributedDataParallel(model)  # averages gradients across ranks; parameters start from rank 0's
+    optimizer = build_optimizer(model, tc)
+    scaler = torch.amp.GradScaler("cuda") if tc.precision == "fp16" else None
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tc.precision)
     writer = _tensorboard(out_dir) if tc.tensorboard and world.main else None
     docs = corpus.doc_ids if dc.doc_reset else None
     if dc.doc_reset and docs is None:
@@ -201,8 +215,12 @@ def train(
     mems, step, best, tokens_seen, clock_offset, lr_scale = None, 0, None, 0, 0.0, 1.0
 
     def restore(state: TrainingState):
-        load_weights(model, last_dir)
-        optimizer.load_state_dict(state.optimizer)
+        if sharded:
+            load_full_state_dict(model, load_file(os.path.join(last_dir, "model.safetensors")))
+            optimizer.load_state_dict(shard_optimizer_state(optimizer, state.optimizer))
+        else:
+            load_weights(model, last_dir)
+            optimizer.load_state_dict(state.optimizer)
         stream.load_state_dict(state.data_state)
         torch.set_rng_state(state.torch_rng)
         mems = world.local_memory(state.mems)
@@ -233,9 +251,11 @@ def train(
         )
 
     def checkpoint(directory: str, with_state: bool, metrics: dict | None = None) -> None:
-        """Rank 0 writes; with the training state every rank takes part (the memory is gathered)."""
+        """Rank 0 writes; with the training state, or a sharded model, every rank takes part (the memory, the
+        weights and the optimizer moments are gathered)."""
         nonlocal saved_at
         training = None
+        weights = full_state_dict(model) if sharded else None
         if with_state:
             saved_at = step
             full_mems = world.gather_memory(mems)
@@ -243,14 +263,15 @@ def train(
                 step,
                 stream.state_dict(),
                 best,
-                optimizer.state_dict(),
+                full_optimizer_state(optimizer) if sharded else optimizer.state_dict(),
                 torch.get_rng_state(),
                 full_mems,
                 tokens_seen,
                 lr_scale,
             )
         if not world.main:
-            world.barrier()
+            if with_state:
+                world.barrier()
             return
         keep = None
         if with_state and tc.keep_last > 1 and os.path.isdir(directory):
@@ -258,7 +279,9 @@ def train(
                 previous = json.load(f)["step"]
             keep = os.path.join(out_dir, "history", f"step-{previous:08d}")
             os.makedirs(os.path.dirname(keep), exist_ok=True)
-        save_checkpoint(directory, model, run, corpus.tokenizer, training, metrics, keep_previous_as=keep)
+        save_checkpoint(
+            directory, model, run, corpus.tokenizer, training, metrics, keep_previous_as=keep, weights=weights
+        )
         if keep is not None:
             history = sorted(os.listdir(os.path.dirname(keep)))
             for stale in history[: max(0, len(history) - (tc.keep_last - 1))]:
@@ -275,6 +298,7 @@ def train(
             max_segments=tc.eval_max_segments,
             bits_unit=unit,
             doc_ids=None if docs is None else docs["valid"],
+            kv_memory=not sharded,  # the key/value cache projects W_R R outside the (sharded) layers
         )
 
     losses: list[float] = []
@@ -330,7 +354,7 @@ def train(
                 scaler.unscale_(optimizer)
             if tc.grad_norm_interval and (step + 1) % tc.grad_norm_interval == 0:
                 write_metrics({"step": step + 1, "grad_norms": layer_grad_norms(model)})
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip or float("inf")))
+            grad_norm = float(full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip or float("inf"))))
             if scaler is not None and math.isfinite(loss):
                 grad_norm = 0.0  # an fp16 overflow is the loss scaler's to handle: it skips the step and rescales
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
@@ -380,8 +404,8 @@ def train(
                 record = {"step": step, "loss": loss, "lr": lr, "tokens_per_s": speed}
                 write_metrics({**record, "elapsed_s": clock_offset + elapsed})
             if step % tc.eval_interval == 0 or step == tc.max_steps:
-                if world.main:  # the others go on to the checkpoint and wait there
-                    valid = validate()
+                if world.main or sharded:  # under DDP the others go on to the checkpoint and wait there
+                    valid = validate()  # a sharded model needs every rank (each gathers the weights in turn)
                     valid_record = {"step": step, **{f"valid_{k}": v for k, v in valid.items()}}
                     write_metrics({**valid_record, "elapsed_s": clock_offset + elapsed})
                     unit_text = f", {unit} {valid[unit]:.4f}" if unit else ""
