@@ -11,7 +11,7 @@ Commands::
     longseq bench train|eval|generate|eval-speed [--attn-len 800 1800 ...] [--json]
     longseq diagnose --checkpoint DIR [--data PATH] --out DIR [--json]
     longseq plot RUN_DIR [RUN_DIR ...] --out FILE.png [--bits]
-    longseq finetune --task classify --data train.jsonl [--valid valid.jsonl] --checkpoint DIR --out DIR [--json]
+    longseq finetune --task classify|span|mlm --data train.jsonl [--valid valid.jsonl] --checkpoint DIR --out DIR [--json]
     longseq data listops --out DIR [--seed N] [--train 2000 --valid 200 --test 200]
 
 Human-readable progress goes to stderr; the result goes to stdout (one JSON object on the last line with ``--json``).
@@ -195,26 +195,26 @@ def cmd_diagnose(args: argparse.Namespace) -> dict:
 
 
 def cmd_finetune(args: argparse.Namespace) -> dict:
-    from longseq.train.finetune import finetune_classifier
+    from longseq.train import finetune
 
-    if args.task != "classify":
-        raise ValueError(f"longseq finetune supports --task classify so far; {args.task} is not built yet")
-    return finetune_classifier(
-        args.checkpoint,
-        args.data,
-        args.out,
-        valid_path=args.valid,
+    config = finetune.FinetuneConfig(
         steps=args.steps,
         batch_size=args.batch_size,
-        segment_len=args.segment_len,
+        segment_len=args.segment_len or 0,
         lr=args.lr,
         layer_lr_decay=args.layer_lr_decay,
         head_only=args.head_only,
-        pooling=args.pooling,
-        lm_weight=args.lm_weight,
         seed=args.seed,
-        log=_say,
     )
+    where = dict(valid_path=args.valid, log=_say)
+    if args.task == "classify":
+        extra = dict(pooling=args.pooling, lm_weight=args.lm_weight)
+        return finetune.finetune_classifier(args.checkpoint, args.data, args.out, config, **where, **extra)
+    if args.task == "span":
+        extra = dict(max_answer_len=args.max_answer_len)
+        return finetune.finetune_span(args.checkpoint, args.data, args.out, config, **where, **extra)
+    extra = dict(mask_rate=args.mask_rate, mask_token=args.mask_token)
+    return finetune.finetune_mlm(args.checkpoint, args.data, args.out, config, **where, **extra)
 
 
 def cmd_data(args: argparse.Namespace) -> dict:
@@ -441,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(func=cmd_diagnose)
 
-    p = sub.add_parser("finetune", help="fine-tune an LM checkpoint on a task (classify)")
+    p = sub.add_parser("finetune", help="fine-tune an LM checkpoint on a task (classify, span, mlm)")
     p.add_argument("--task", required=True, choices=["classify", "mlm", "span"])
     p.add_argument("--data", required=True, help="training JSONL")
     p.add_argument("--valid", help="validation JSONL")
@@ -455,6 +455,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head-only", action="store_true", help="train the task head only")
     p.add_argument("--pooling", default="last", choices=["last", "mean"])
     p.add_argument("--lm-weight", type=float, default=0.0, help="lambda of the joint LM loss")
+    p.add_argument("--max-answer-len", type=int, default=64, help="span: longest answer in tokens")
+    p.add_argument("--mask-rate", type=float, default=0.15, help="mlm: fraction of tokens chosen for masking")
+    p.add_argument("--mask-token", help="mlm: the token standing for [MASK] (default: <unk>, or byte 0)")
     p.add_argument("--seed", type=int, default=0)
     common(p)
     p.set_defaults(func=cmd_finetune)

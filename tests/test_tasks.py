@@ -9,7 +9,7 @@ import torch
 from longseq import ModelConfig
 from longseq.data.tasks import TaskDataError, generate_listops, listops_value, read_jsonl
 from longseq.model import TransformerXLLM
-from longseq.model.heads import DocumentClassifier, mask_tokens
+from longseq.model.heads import DocumentClassifier, SpanExtractor, best_spans, mask_tokens
 
 N_CLASSES, SEG, N_SEG = 4, 8, 6
 
@@ -155,3 +155,117 @@ def train_mlm(bidirectional: bool) -> float:
 def test_masked_lm_uses_the_right_context_only_when_bidirectional():
     assert train_mlm(bidirectional=True) >= 0.9
     assert train_mlm(bidirectional=False) < 0.3  # chance is 0.1
+
+
+KEYS, SPAN_SEGMENTS = 8, 4
+
+
+def span_task(n: int, seed: int):
+    """The question (one of 8 key tokens, 2..9) fills the first segment; two segments of noise (10..29) follow;
+    the fourth segment holds four different keys at even offsets, each followed by a noise token.  The answer is
+    the question's key and the token after it: three segments after the question, reachable only through memory.
+    """
+    g = torch.Generator().manual_seed(seed)
+    docs = torch.randint(10, 30, (n, SEG * SPAN_SEGMENTS), generator=g)
+    last = (SPAN_SEGMENTS - 1) * SEG
+    starts = torch.empty(n, dtype=torch.long)
+    for row in range(n):
+        keys = (torch.randperm(KEYS, generator=g)[: SEG // 2] + 2).tolist()
+        question = keys[int(torch.randint(0, len(keys), (1,), generator=g))]
+        docs[row, : SEG - 1] = question
+        docs[row, SEG - 1] = 1  # separator
+        for slot, key in enumerate(keys):
+            docs[row, last + 2 * slot] = key
+        starts[row] = last + 2 * keys.index(question)
+    allowed = torch.zeros_like(docs, dtype=torch.bool)
+    allowed[:, SEG:] = True  # the context
+    return docs, allowed, starts, starts + 1
+
+
+def train_span(mem_len: int) -> float:
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=30, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0,
+                         mem_len=mem_len)  # fmt: skip
+    model = SpanExtractor(TransformerXLLM(config))
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for step in range(500):
+        docs, allowed, starts, ends = span_task(32, seed=1000 + step)
+        loss = model(docs, SEG, allowed, starts, ends)["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    docs, allowed, starts, ends = span_task(256, seed=1)
+    with torch.no_grad():
+        out = model(docs, SEG, allowed)
+    predicted = best_spans(out["start_logits"], out["end_logits"], max_len=4)
+    return float(((predicted[:, 0] == starts) & (predicted[:, 1] == ends)).float().mean())
+
+
+def test_an_answer_three_segments_after_the_question_is_found_with_memory_and_not_without():
+    assert train_span(mem_len=SEG * (SPAN_SEGMENTS - 1)) >= 0.9
+    assert train_span(mem_len=0) < 0.5  # four candidate keys: chance is 0.25
+
+
+def test_span_metrics_follow_squad():
+    from longseq.train.finetune import span_metrics
+
+    assert span_metrics(["the Denver Broncos!"], ["Denver Broncos"]) == {"exact_match": 1.0, "f1": 1.0}
+    # one of two gold words: precision 1, recall 1/2
+    assert span_metrics(["Broncos", "Carolina"], ["Denver Broncos", "Denver Broncos"]) == pytest.approx(
+        {"exact_match": 0.0, "f1": (2 / 3) / 2}
+    )
+
+
+@pytest.mark.parametrize("kind", ["byte", "char", "word"])
+def test_answer_offsets_map_to_the_answer_tokens(kind):
+    from longseq.data.tokenizers import build_tokenizer
+    from longseq.train.finetune import encode_spans
+
+    context = "north of the river\nlies the old mill, said Jörg.\n"
+    tokenizer = build_tokenizer(kind, context + "where is it?\n")
+    record = {"question": "where is it?", "context": context, "answer_start": context.index("old mill"),
+              "answer_text": "old mill"}  # fmt: skip
+    example = encode_spans([record], tokenizer, "q.jsonl")[0]
+    assert len(tokenizer.offsets(context)) == len(tokenizer.encode(context))
+    answer = example["ids"][example["start"] : example["end"] + 1]
+    assert tokenizer.decode(answer).strip() == ("old mill," if kind == "word" else "old mill")  # "mill," is one word
+    record = {**record, "answer_start": context.index("ld mill"), "answer_text": "ld mi"}  # parts of two tokens
+    example = encode_spans([record], tokenizer, "q.jsonl")[0]
+    partial = tokenizer.decode(example["ids"][example["start"] : example["end"] + 1]).strip()
+    assert partial == ("old mill," if kind == "word" else "ld mi")  # words are kept whole
+    with pytest.raises(TaskDataError, match="record 1: the answer is empty or overlaps no token"):
+        encode_spans([{**record, "answer_start": 5, "answer_text": " "}], tokenizer, "q.jsonl")
+
+
+def test_finetune_span_and_mlm_commands(tmp_path, capsys):
+    from test_train import tiny_corpus, tiny_run
+
+    from longseq.cli import main
+    from longseq.train import train
+
+    train(tiny_run(max_steps=2, eval_interval=2), str(tmp_path / "lm"), corpus=tiny_corpus(), progress=False)
+    lm = str(tmp_path / "lm" / "last")
+    rows = []
+    for i in range(8):
+        context = "hh gfe " * 4 + ("abc" if i % 2 else "fed") + " hh"
+        rows.append({"question": "gfe", "context": context, "answer_start": 28, "answer_text": context[28:31]})
+    (tmp_path / "span.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    code = main(["finetune", "--task", "span", "--data", str(tmp_path / "span.jsonl"), "--valid",
+                 str(tmp_path / "span.jsonl"), "--checkpoint", lm, "--out", str(tmp_path / "span"), "--steps", "60",
+                 "--lr", "3e-3", "--batch-size", "4", "--segment-len", "8", "--max-answer-len", "3", "--json"])  # fmt: skip
+    assert code == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["valid"]["exact_match"] >= 0.75  # the answer always sits at the same place
+    assert json.loads((tmp_path / "span" / "finetune.json").read_text())["task"] == "span"
+
+    (tmp_path / "mlm.jsonl").write_text("\n".join(json.dumps({"text": "hh gfe " * 6}) for _ in range(8)) + "\n")
+    args = ["finetune", "--task", "mlm", "--data", str(tmp_path / "mlm.jsonl"), "--checkpoint", lm, "--out",
+            str(tmp_path / "mlm"), "--batch-size", "4", "--segment-len", "8", "--json"]  # fmt: skip
+    assert main(args) == 2 and "no spare symbol for [MASK]" in capsys.readouterr().err  # a char vocabulary
+    results = []
+    for steps, lr in (("1", "1e-5"), ("60", "3e-3")):  # untrained, then fine-tuned
+        assert main([*args, "--mask-token", "a", "--mask-rate", "0.3", "--steps", steps, "--lr", lr]) == 0
+        results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["train"])
+    before, after = results
+    assert 0.25 * 8 * 42 < after["masked_tokens"] < 0.35 * 8 * 42  # 30% of the 8 x 42 characters
+    assert after["ppl"] < 0.7 * before["ppl"] and after["masked_accuracy"] > before["masked_accuracy"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 from collections.abc import Iterable
 
 import numpy as np
@@ -36,6 +37,10 @@ class Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
 
+    def offsets(self, text: str) -> np.ndarray:
+        """The character span [start, end) in ``text`` of every token ``encode(text)`` gives: (n, 2)."""
+        raise NotImplementedError
+
     def to_dict(self) -> dict:
         raise NotImplementedError
 
@@ -54,6 +59,10 @@ class ByteTokenizer(Tokenizer):
     def encode(self, text: str | bytes) -> np.ndarray:
         data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         return np.frombuffer(data, dtype=np.uint8).astype(np.int64)
+
+    def offsets(self, text: str) -> np.ndarray:
+        chars = [i for i, ch in enumerate(text) for _ in range(len(ch.encode("utf-8")))]  # a byte -> its character
+        return np.asarray([(i, i + 1) for i in chars], dtype=np.int64).reshape(-1, 2)
 
     def decode(self, ids: Iterable[int]) -> str:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
@@ -91,6 +100,9 @@ class CharTokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(self.chars[int(i)] for i in ids)
+
+    def offsets(self, text: str) -> np.ndarray:
+        return np.stack([np.arange(len(text)), np.arange(1, len(text) + 1)], axis=1).astype(np.int64).reshape(-1, 2)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "chars": self.chars}
@@ -145,6 +157,18 @@ class WordTokenizer(Tokenizer):
             word = self.words[int(i)]
             out.append("\n" if word == EOS else word + " ")
         return "".join(out)
+
+    def offsets(self, text: str) -> np.ndarray:
+        spans, start = [], 0
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()  # as in encode: a final newline ends the last line
+        for line in lines:
+            spans += [(start + m.start(), start + m.end()) for m in re.finditer(r"\S+", line)]
+            end = start + len(line)
+            spans.append((end, min(end + 1, len(text))))  # <eos>: the newline (empty at the end of the text)
+            start = end + 1
+        return np.asarray(spans, dtype=np.int64).reshape(-1, 2)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "words": self.words, "lowercase": self.lowercase}

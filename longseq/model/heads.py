@@ -1,8 +1,8 @@
 """Task heads on the Transformer-XL backbone: long-document classification, masked LM, span extraction.
 
 A document longer than one segment is read segment by segment with the memory carried, exactly as in language
-modeling; the memory is stop-gradient, so only the last segment's computation (or every segment's, with the joint
-LM loss) is trained.  Heads are small modules over the backbone's hidden states.
+modeling.  The memory is stop-gradient: the classifier trains the last segment's computation (every segment's with
+the joint LM loss), the span heads every segment's.  Heads are small modules over the backbone's hidden states.
 """
 
 from __future__ import annotations
@@ -57,6 +57,59 @@ class DocumentClassifier(nn.Module):
                 loss = loss + lm_weight * torch.stack(lm_losses).mean()
             out["loss"] = loss
         return out
+
+
+class SpanExtractor(nn.Module):
+    """Start and end heads for extractive question answering over a long (B, N) input, read segment by segment
+    with the memory carried: the question comes first, and the answer may lie many segments after it, reached
+    only through the memory.  Every segment's forward is trained (its own positions' start and end scores); the
+    memory between segments is stop-gradient, as in language modeling."""
+
+    def __init__(self, lm: TransformerXLLM) -> None:
+        super().__init__()
+        self.lm = lm
+        self.config = lm.config
+        self.qa = nn.Linear(lm.config.d_model, 2)  # start and end scores
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        segment_len: int,
+        allowed: Tensor | None = None,
+        starts: Tensor | None = None,
+        ends: Tensor | None = None,
+    ) -> dict[str, Tensor]:
+        """``input_ids`` (B, N) read in segments of ``segment_len``; ``allowed`` (B, N) marks the positions an
+        answer may start or end at (the context, not the question or padding).  Returns ``start_logits`` and
+        ``end_logits`` (B, N), -inf where not allowed, and with ``starts``/``ends`` (B,) token positions (inclusive)
+        ``loss``, the mean of the start and end cross-entropies."""
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
+        if allowed is not None and allowed.shape != input_ids.shape:
+            raise ValueError(
+                f"allowed must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(allowed.shape)}"
+            )
+        c, mems, hidden = self.lm.config, None, []
+        for segment in input_ids.split(segment_len, dim=1):
+            out, mems, _ = self.lm.transformer(segment, mems, c.mem_len, c.clamp_len, c.same_length)
+            hidden.append(out)
+        logits = self.qa(torch.cat(hidden, dim=1)).float()  # (B, N, 2)
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed.unsqueeze(-1), float("-inf"))
+        out = {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
+        if starts is not None and ends is not None:
+            out["loss"] = (F.cross_entropy(out["start_logits"], starts) + F.cross_entropy(out["end_logits"], ends)) / 2
+        return out
+
+
+def best_spans(start_logits: Tensor, end_logits: Tensor, max_len: int) -> Tensor:
+    """The (start, end) of highest start + end score with start <= end < start + ``max_len``, per row: (B, 2)."""
+    n = start_logits.size(-1)
+    scores = start_logits.unsqueeze(-1) + end_logits.unsqueeze(-2)  # (B, N start, N end)
+    offset = torch.arange(n).unsqueeze(0) - torch.arange(n).unsqueeze(1)  # end - start
+    scores = scores.masked_fill((offset < 0) | (offset >= max_len), float("-inf"))
+    best = scores.flatten(1).argmax(-1)
+    return torch.stack([best // n, best % n], dim=-1)
 
 
 def mask_tokens(
