@@ -53,12 +53,15 @@ def naive_attention(layer, hidden, memory, u, v, clamp_len, span):
     return hidden + attn_out if layer.pre_lnorm else layer.layer_norm(hidden + attn_out)
 
 
-@pytest.mark.parametrize("kernel", ["rel_shift", "reference"])
+@pytest.mark.parametrize("kernel", ["rel_shift", "reference", "rel_shift-inference"])
 @pytest.mark.parametrize(
     "mlen,same_length,clamp_len,pre_lnorm",
     [(0, False, -1, False), (5, False, -1, False), (5, True, -1, False), (6, False, 3, True), (4, True, 2, True)],
 )
 def test_attention_matches_naive_four_terms(kernel, mlen, same_length, clamp_len, pre_lnorm):
+    """``rel_shift-inference``: the fast kernel without gradients, where the softmax runs inside PyTorch's fused
+    scaled_dot_product_attention with the shifted position term as its bias."""
+    kernel, _, mode = kernel.partition("-")
     torch.manual_seed(0)
     layer = RelativeMultiHeadAttention(D_MODEL, N_HEAD, D_HEAD, 0.0, 0.0, pre_lnorm, 1e-5, kernel).double().eval()
     for p in layer.parameters():
@@ -71,7 +74,8 @@ def test_attention_matches_naive_four_terms(kernel, mlen, same_length, clamp_len
     span = 6 if same_length else None
     pos_emb = sinusoidal_embedding(relative_distances(mlen + qlen, clamp_len), D_MODEL, torch.float64)
     mask = causal_mask(qlen, mlen, span)
-    fast, _, _ = layer(hidden, layer.rel_keys(pos_emb), u, v, mask, memory)
+    with torch.set_grad_enabled(mode != "inference"):
+        fast, _, _ = layer(hidden, layer.rel_keys(pos_emb), u, v, mask, memory)
     naive = naive_attention(layer, hidden, memory, u, v, clamp_len, span)
     assert torch.allclose(fast, naive, atol=1e-10, rtol=0), (fast - naive).abs().max()
 

@@ -87,8 +87,9 @@ def make_layer(kernel: str, chunk: int, pos: str = "sinusoidal") -> RelativeMult
     return layer.double()
 
 
-def run_layer(layer, p, qlen, mlen, global_mask=None, docs=None):
-    """Output and gradients (hidden, memory, u, v, every parameter) of one attention layer."""
+def run_layer(layer, p, qlen, mlen, global_mask=None, docs=None, grad=True):
+    """Output and gradients (hidden, memory, u, v, every parameter) of one attention layer; with ``grad=False``
+    the output of a forward without autograd (the kernels' inference paths) and no gradients."""
     torch.manual_seed(1)
     hidden = torch.randn(2, qlen, D_MODEL, dtype=torch.float64, requires_grad=True)
     memory = torch.randn(2, mlen, D_MODEL, dtype=torch.float64, requires_grad=True) if mlen else None
@@ -105,7 +106,10 @@ def run_layer(layer, p, qlen, mlen, global_mask=None, docs=None):
     mask = PatternMask(p, qlen, mlen, None, query_docs, key_docs, flags)
     if layer.kernel == "reference":
         mask = mask.forbidden()  # the dense reference: the predicate evaluated on every pair
-    out, _, _ = layer(hidden, rel_key, u, v, mask, memory)
+    with torch.set_grad_enabled(grad):
+        out, _, _ = layer(hidden, rel_key, u, v, mask, memory)
+    if not grad:
+        return out, []
     weights = torch.randn_like(out)
     grads = torch.autograd.grad((out * weights).sum(), [hidden, u, v, *layer.parameters()] + ([memory] if mlen else []))
     return out, grads
@@ -125,6 +129,8 @@ def test_blocked_kernel_equals_dense_reference(name, mlen, causal, pos):
     fast = run_layer(make_layer("rel_shift", 5, pos), p, qlen, mlen, global_mask)
     slow = run_layer(make_layer("reference", 0, pos), p, qlen, mlen, global_mask)
     torch.testing.assert_close(fast[0], slow[0], rtol=0, atol=1e-10)
+    inference = run_layer(make_layer("rel_shift", 5, pos), p, qlen, mlen, global_mask, grad=False)
+    torch.testing.assert_close(inference[0], slow[0], rtol=0, atol=1e-10)
     for a, b in zip(fast[1], slow[1]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
 

@@ -109,6 +109,18 @@ def attention_probs(query, key, rel_key, r_w_bias, r_r_bias, mask) -> Tensor:
     return _softmax(scores.masked_fill(mask, float("-inf")))
 
 
+def fill_forbidden_(scores: Tensor, mask: Tensor) -> Tensor:
+    """``scores.masked_fill_(mask, -inf)``, touching only the key columns from the first forbidden one on: with
+    memory and causal attention no memory column is forbidden, and broadcasting a (T, K) mask over every head
+    costs more than the softmax."""
+    columns = mask.reshape(-1, mask.size(-1)).any(0)  # (K,) True where some query may not look
+    hits = columns.nonzero()
+    if hits.numel():
+        first = int(hits[0])
+        scores[..., first:].masked_fill_(mask[..., first:], float("-inf"))
+    return scores
+
+
 class _RelativeProbs(torch.autograd.Function):
     """probs = softmax(mask(q_c k^T + rel_shift(q_p R^T))) with a hand-written backward.
 
@@ -124,7 +136,7 @@ class _RelativeProbs(torch.autograd.Function):
         scores += rel_shift(
             torch.matmul(q_position, rel_key.transpose(-1, -2)), q_content.size(-2), key.size(-2)
         )  # (B, H, T, R) shifted
-        scores.masked_fill_(mask, float("-inf"))
+        fill_forbidden_(scores, mask)
         probs = torch.softmax(scores, dim=-1)
         ctx.save_for_backward(q_content, key, q_position, rel_key, probs)
         return probs
@@ -159,11 +171,20 @@ def rel_shift_attention(
     dropatt: float,
     training: bool,
 ) -> Tensor:
-    """Fast path: one matmul per term, the position term shifted by a strided view, fused softmax backward."""
+    """Fast path: one matmul per term, the position term shifted by a strided view, fused softmax backward.
+    Without gradients (evaluation, generation) the shifted position term becomes an additive bias of PyTorch's
+    fused ``scaled_dot_product_attention``, which never writes the probabilities out."""
     scale = 1.0 / math.sqrt(query.size(-1))
-    q_content = (query + r_w_bias[:, None]) * scale  # (B, H, T, D)
     q_position = (query + r_r_bias[:, None]) * scale
-    if query.dtype in (torch.float32, torch.float64):
+    full_precision = query.dtype in (torch.float32, torch.float64)
+    inference = not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, rel_key)))
+    if full_precision and inference and not (training and dropatt > 0):
+        position = torch.matmul(q_position, rel_key.transpose(-1, -2))  # (B, H, T, R)
+        bias = rel_shift(position, query.size(2), key.size(2))  # (B, H, T, K): its rows do not overlap
+        fill_forbidden_(bias, mask)  # in place, in the buffer of ``position``
+        return F.scaled_dot_product_attention(query + r_w_bias[:, None], key, value, attn_mask=bias)
+    q_content = (query + r_w_bias[:, None]) * scale  # (B, H, T, D)
+    if full_precision:
         probs = _RelativeProbs.apply(q_content, key, q_position, rel_key, mask)
     else:  # half precision: logits and softmax in float32 (autograd tracks the steps), probabilities cast back
         with torch.autocast(query.device.type, enabled=False):
