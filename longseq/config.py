@@ -331,8 +331,8 @@ class TrainConfig(_JsonConfig):
     ``history/step-N``); ``best`` is kept apart.
 
     ``optimizer``: adamw or lamb; ``layer_lr_decay`` < 1 scales each layer's learning rate by decay^(depth from the
-    top).  ``precision``: fp32, bf16 (autocast, CPU or GPU) or fp16 (autocast with dynamic loss scaling, GPU
-    only); attention logits, softmax and the loss stay in float32.  ``activation_checkpointing`` = k recomputes
+    top).  ``precision``: fp32, bf16 (autocast, CPU or GPU) or fp16 (autocast with dynamic loss scaling;
+    on CPU it runs, slowly, for testing); attention logits, softmax and the loss stay in float32.  ``activation_checkpointing`` = k recomputes
     every k-th decoder layer in the backward pass instead of keeping its activations (0: off).
     ``grad_norm_interval`` = N logs every layer's gradient norm every N steps; ``tensorboard`` also writes the
     metrics as TensorBoard events (needs the tensorboard package).  ``device``: auto (cuda when available),

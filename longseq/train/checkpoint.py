@@ -51,6 +51,7 @@ class TrainingState:
     mems: object  # any memory structure of longseq.model.memory, or None
     tokens_seen: int
     lr_scale: float = 1.0  # lowered by the NaN guard's rollbacks
+    scaler: dict | None = None  # the fp16 loss scaler's state (scale, growth tracker)
 
 
 def _sha256(path: str) -> str:
@@ -201,6 +202,7 @@ def _write_checkpoint_files(tmp, model, run, tokenizer, training, metrics, weigh
                 "optimizer": meta,
                 "tokens_seen": training.tokens_seen,
                 "lr_scale": training.lr_scale,
+                "scaler": training.scaler,
             },
         )
     files = sorted(os.listdir(tmp))
@@ -308,4 +310,5 @@ def load_training_state(directory: str) -> TrainingState:
         mems=memory_from_tensors(tensors),
         tokens_seen=meta.get("tokens_seen", 0),
         lr_scale=meta.get("lr_scale", 1.0),
+        scaler=meta.get("scaler"),
     )

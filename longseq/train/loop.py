@@ -184,8 +184,6 @@ def train(
     rows = world.rows(dc.batch_size)  # this rank's parallel streams
 
     device = _device(tc.device, world)
-    if tc.precision == "fp16" and device.type != "cuda":
-        raise ConfigError("precision=fp16 needs a GPU (dynamic loss scaling); on CPU use precision=bf16")
     sharded = tc.parallel == "fsdp" and world.size > 1
     if sharded and tc.precision == "fp16":
         raise ConfigError("precision=fp16 is not supported with parallel=fsdp yet; use precision=bf16")
@@ -200,7 +198,7 @@ def train(
 
         net = DistributedDataParallel(model)  # averages gradients across ranks; parameters start from rank 0's
     optimizer = build_optimizer(model, tc)
-    scaler = torch.amp.GradScaler("cuda") if tc.precision == "fp16" else None
+    scaler = torch.amp.GradScaler(device.type) if tc.precision == "fp16" else None  # dynamic loss scaling
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tc.precision)
     writer = _tensorboard(out_dir) if tc.tensorboard and world.main else None
     docs = corpus.doc_ids if dc.doc_reset else None
@@ -223,6 +221,8 @@ def train(
             optimizer.load_state_dict(state.optimizer)
         stream.load_state_dict(state.data_state)
         torch.set_rng_state(state.torch_rng)
+        if scaler is not None and state.scaler:
+            scaler.load_state_dict(state.scaler)
         mems = world.local_memory(state.mems)
         return mems, state.step, state.best_valid_loss, state.tokens_seen, state.lr_scale
 
@@ -268,6 +268,7 @@ def train(
                 full_mems,
                 tokens_seen,
                 lr_scale,
+                scaler.state_dict() if scaler is not None else None,
             )
         if not world.main:
             if with_state:
