@@ -299,7 +299,7 @@ def cmd_bench(args: argparse.Namespace) -> dict:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.task == "eval-speed":
-        rows = speed.eval_speed_vs_vanilla(args.attn_len, tgt_len=args.tgt_len, windows=args.steps)
+        rows = speed.eval_speed_vs_vanilla(args.attn_len, tgt_len=args.tgt_len, windows=args.steps, rounds=args.rounds)
         return {"task": "eval-speed", "tgt_len": args.tgt_len, "threads": torch.get_num_threads(), "lengths": rows}
     model = TransformerXLLM(speed.bench_config(args.mem_len, attn_chunk=args.attn_chunk))
     if args.task != "train" and (args.compile or args.autocast):
@@ -406,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mem-len", type=int, default=128)
     p.add_argument("--batch", type=int, default=8, help="parallel streams (train, eval)")
     p.add_argument("--steps", type=int, default=3, help="timed steps (train) or segments (eval)")
+    p.add_argument("--rounds", type=int, default=1, help="eval-speed: alternate XL and vanilla, report medians")
     p.add_argument("--prompt-len", type=int, default=2000)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--attn-chunk", type=int, default=64, help="query block size of the attention kernel (0: none)")

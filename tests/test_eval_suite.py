@@ -143,3 +143,18 @@ def test_eval_command_uses_sliding_windows_for_the_vanilla_model(tmp_path, capsy
     expected = sliding_window_losses(model, ids, context=saved.data.tgt_len, max_targets=5 * saved.data.tgt_len)
     assert result["protocol"] == f"sliding window of {saved.data.tgt_len}" and result["tokens"] == expected.size
     assert result["loss"] == pytest.approx(float(expected.mean()), abs=1e-9)
+
+
+def test_eval_speed_command_reports_medians_and_their_ratio(capsys):
+    """The JSON the issue specifies: one object per length with the two times and their ratio; with rounds, the
+    reported times are the medians of the rounds kept beside them."""
+    from longseq.cli import main
+
+    assert main(["bench", "eval-speed", "--attn-len", "16", "24", "--tgt-len", "8", "--steps", "1", "--rounds", "3",
+                 "--threads", "1", "--json"]) == 0  # fmt: skip
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["lengths"]
+    assert [r["attn_len"] for r in rows] == [16, 24]
+    for row in rows:
+        assert row["ratio"] == row["vanilla_ms_per_token"] / row["xl_ms_per_token"]
+        for key in ("xl_ms_per_token", "vanilla_ms_per_token"):
+            assert len(row["rounds"][key]) == 3 and row[key] == sorted(row["rounds"][key])[1]

@@ -8,6 +8,7 @@ Inputs are random token ids: speed does not depend on their values.
 from __future__ import annotations
 
 import resource
+import statistics
 import time
 
 import torch
@@ -121,22 +122,32 @@ def vanilla_ms_per_token(model: TransformerXLLM, *, attn_len: int, windows: int 
     return 1000 * (time.perf_counter() - start) / windows
 
 
-def eval_speed_vs_vanilla(attn_lens: list[int], *, tgt_len: int = 128, windows: int = 2, segments: int = 3) -> list:
+def eval_speed_vs_vanilla(
+    attn_lens: list[int], *, tgt_len: int = 128, windows: int = 2, segments: int = 3, rounds: int = 1
+) -> list:
     """Per-token evaluation time of Transformer-XL (segments of ``tgt_len``, memory of ``attn_len``) against the
-    vanilla Transformer with a sliding window of ``attn_len``, same size (the benchmark model), same process."""
+    vanilla Transformer with a sliding window of ``attn_len``, same size (the benchmark model), same process.
+    With ``rounds`` > 1 the two alternate that many times and the medians are reported (a shared machine is
+    noisy); every round's figures are kept under ``rounds``."""
     rows = []
     for attn_len in attn_lens:
         torch.manual_seed(0)
         xl = TransformerXLLM(bench_config(attn_len))
-        xl_ms = eval_per_token(xl, batch=1, tgt_len=tgt_len, mem_len=attn_len, segments=segments)["ms_per_token"]
         vanilla = TransformerXLLM(bench_config(0, pos="absolute"))
-        vanilla_ms = vanilla_ms_per_token(vanilla, attn_len=attn_len, windows=windows)
-        rows.append(
-            {
-                "attn_len": attn_len,
-                "xl_ms_per_token": xl_ms,
-                "vanilla_ms_per_token": vanilla_ms,
-                "ratio": vanilla_ms / xl_ms,
-            }
-        )
+        xl_times, vanilla_times = [], []
+        for _ in range(rounds):
+            xl_times.append(
+                eval_per_token(xl, batch=1, tgt_len=tgt_len, mem_len=attn_len, segments=segments)["ms_per_token"]
+            )
+            vanilla_times.append(vanilla_ms_per_token(vanilla, attn_len=attn_len, windows=windows))
+        xl_ms, vanilla_ms = statistics.median(xl_times), statistics.median(vanilla_times)
+        row = {
+            "attn_len": attn_len,
+            "xl_ms_per_token": xl_ms,
+            "vanilla_ms_per_token": vanilla_ms,
+            "ratio": vanilla_ms / xl_ms,
+        }
+        if rounds > 1:
+            row["rounds"] = {"xl_ms_per_token": xl_times, "vanilla_ms_per_token": vanilla_times}
+        rows.append(row)
     return rows
