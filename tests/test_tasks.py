@@ -269,3 +269,35 @@ def test_finetune_span_and_mlm_commands(tmp_path, capsys):
     before, after = results
     assert 0.25 * 8 * 42 < after["masked_tokens"] < 0.35 * 8 * 42  # 30% of the 8 x 42 characters
     assert after["ppl"] < 0.7 * before["ppl"] and after["masked_accuracy"] > before["masked_accuracy"]
+
+
+def test_padding_changes_nothing_for_the_real_tokens():
+    """With a bidirectional backbone, a document's span scores are the same unpadded and right-padded beside a
+    longer one, and its class logits the same with 3 or 11 positions of left padding: no real token attends to
+    filler."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=20, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
+                         mem_len=8, bidirectional=True)  # fmt: skip
+    lm = TransformerXLLM(config).eval()
+    short, long = torch.randint(1, 20, (13,)), torch.randint(1, 20, (21,))
+
+    def right_padded(docs, length):
+        ids = torch.zeros(len(docs), length, dtype=torch.long)
+        for row, d in enumerate(docs):
+            ids[row, : len(d)] = d
+        return ids, torch.arange(length) >= torch.tensor([len(d) for d in docs])[:, None]
+
+    span = SpanExtractor(lm).eval()
+    with torch.no_grad():
+        alone = span(short[None], 8)["start_logits"]  # 13 tokens: segments of 8 and 5, no filler
+        ids, pad = right_padded([short, long], 24)
+        beside = span(ids, 8, padding=pad)["start_logits"]
+    torch.testing.assert_close(alone[0], beside[0, :13], rtol=0, atol=1e-5)
+
+    classifier = DocumentClassifier(lm, 3, pooling="mean").eval()
+    with torch.no_grad():
+        ids, pad = right_padded([short.flip(0), long.flip(0)], 24)  # left padding: flip rows and columns back
+        ids, pad = ids.flip(1), pad.flip(1)
+        beside = classifier(ids, 8, padding=pad)["logits"][0]
+        alone = classifier(ids[:1, 8:], 8, padding=pad[:1, 8:])["logits"][0]
+    torch.testing.assert_close(alone, beside, rtol=0, atol=1e-5)

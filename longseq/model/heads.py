@@ -33,23 +33,38 @@ class DocumentClassifier(nn.Module):
         self.classifier = nn.Linear(lm.config.d_model, n_classes)
 
     def forward(
-        self, input_ids: Tensor, segment_len: int, labels: Tensor | None = None, lm_weight: float = 0.0
+        self,
+        input_ids: Tensor,
+        segment_len: int,
+        labels: Tensor | None = None,
+        lm_weight: float = 0.0,
+        padding: Tensor | None = None,
     ) -> dict[str, Tensor]:
         """``input_ids`` (B, N) read in segments of ``segment_len``; returns ``logits`` (B, C) and, with
-        ``labels`` (B,), ``loss`` = task loss + ``lm_weight`` x the mean next-token loss over the document."""
+        ``labels`` (B,), ``loss`` = task loss + ``lm_weight`` x the mean next-token loss over the document.
+        ``padding`` (B, N) marks filler positions: no real token attends to them, and pooling and the LM loss
+        leave them out."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
         segments = input_ids.split(segment_len, dim=1)
-        mems, lm_losses = None, []
-        for i, segment in enumerate(segments):
+        pads = padding_segments(padding, input_ids, segment_len)
+        mems, lm_losses, c = None, [], self.lm.config
+        for i, (segment, pad) in enumerate(zip(segments, pads)):
             final = i == len(segments) - 1
             with torch.set_grad_enabled(torch.is_grad_enabled() and (final or lm_weight > 0)):
-                c = self.lm.config
-                hidden, mems, _ = self.lm.transformer(segment, mems, c.mem_len, c.clamp_len, c.same_length)
+                docs = None if pad is None else pad.long()  # filler is a document of its own
+                hidden, mems, _ = self.lm.transformer(segment, mems, c.mem_len, c.clamp_len, c.same_length, docs)
                 if lm_weight > 0 and segment.size(1) > 1:
                     flat = hidden[:, :-1].reshape(-1, hidden.size(-1))
-                    lm_losses.append(self.lm.crit.nll(flat, segment[:, 1:].reshape(-1)).mean())
-        summary = hidden[:, -1] if self.pooling == "last" else hidden.mean(dim=1)  # (B, E)
+                    targets = segment[:, 1:] if pad is None else segment[:, 1:].masked_fill(pad[:, 1:], -1)
+                    nll = self.lm.crit.nll(flat, targets.clamp(min=0).reshape(-1))
+                    keep = (targets >= 0).reshape(-1).to(nll.dtype)
+                    lm_losses.append((nll * keep).sum() / keep.sum().clamp(min=1))
+        if self.pooling == "last":
+            summary = hidden[:, -1]  # (B, E)
+        else:
+            real = torch.ones_like(segment, dtype=hidden.dtype) if pad is None else (~pad).to(hidden.dtype)
+            summary = (hidden * real.unsqueeze(-1)).sum(1) / real.sum(1, keepdim=True).clamp(min=1)
         out = {"logits": self.classifier(summary)}
         if labels is not None:
             loss = F.cross_entropy(out["logits"], labels)
@@ -57,6 +72,18 @@ class DocumentClassifier(nn.Module):
                 loss = loss + lm_weight * torch.stack(lm_losses).mean()
             out["loss"] = loss
         return out
+
+
+def padding_segments(padding: Tensor | None, input_ids: Tensor, segment_len: int) -> list[Tensor | None]:
+    """``padding`` (B, N) cut like the input into segments; None (no filler anywhere) for each segment when absent."""
+    n_segments = -(-input_ids.size(1) // segment_len)
+    if padding is None or not bool(padding.any()):
+        return [None] * n_segments
+    if padding.shape != input_ids.shape:
+        raise ValueError(
+            f"padding must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(padding.shape)}"
+        )
+    return list(padding.bool().split(segment_len, dim=1))
 
 
 class SpanExtractor(nn.Module):
@@ -78,11 +105,13 @@ class SpanExtractor(nn.Module):
         allowed: Tensor | None = None,
         starts: Tensor | None = None,
         ends: Tensor | None = None,
+        padding: Tensor | None = None,
     ) -> dict[str, Tensor]:
         """``input_ids`` (B, N) read in segments of ``segment_len``; ``allowed`` (B, N) marks the positions an
         answer may start or end at (the context, not the question or padding).  Returns ``start_logits`` and
         ``end_logits`` (B, N), -inf where not allowed, and with ``starts``/``ends`` (B,) token positions (inclusive)
-        ``loss``, the mean of the start and end cross-entropies."""
+        ``loss``, the mean of the start and end cross-entropies.  ``padding`` (B, N) marks filler no real token
+        may attend to (it matters for a bidirectional backbone)."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
         if allowed is not None and allowed.shape != input_ids.shape:
@@ -90,8 +119,10 @@ class SpanExtractor(nn.Module):
                 f"allowed must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(allowed.shape)}"
             )
         c, mems, hidden = self.lm.config, None, []
-        for segment in input_ids.split(segment_len, dim=1):
-            out, mems, _ = self.lm.transformer(segment, mems, c.mem_len, c.clamp_len, c.same_length)
+        pads = padding_segments(padding, input_ids, segment_len)
+        for segment, pad in zip(input_ids.split(segment_len, dim=1), pads):
+            docs = None if pad is None else pad.long()  # filler is a document of its own: nothing real sees it
+            out, mems, _ = self.lm.transformer(segment, mems, c.mem_len, c.clamp_len, c.same_length, docs)
             hidden.append(out)
         logits = self.qa(torch.cat(hidden, dim=1)).float()  # (B, N, 2)
         if allowed is not None:
@@ -103,13 +134,20 @@ class SpanExtractor(nn.Module):
 
 
 def best_spans(start_logits: Tensor, end_logits: Tensor, max_len: int) -> Tensor:
-    """The (start, end) of highest start + end score with start <= end < start + ``max_len``, per row: (B, 2)."""
+    """The (start, end) of highest start + end score with start <= end < start + ``max_len``, per row: (B, 2).
+    Only the ``max_len`` diagonals are scored (memory B x N x max_len at most, not B x N x N)."""
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
     n = start_logits.size(-1)
-    scores = start_logits.unsqueeze(-1) + end_logits.unsqueeze(-2)  # (B, N start, N end)
-    offset = torch.arange(n).unsqueeze(0) - torch.arange(n).unsqueeze(1)  # end - start
-    scores = scores.masked_fill((offset < 0) | (offset >= max_len), float("-inf"))
-    best = scores.flatten(1).argmax(-1)
-    return torch.stack([best // n, best % n], dim=-1)
+    best = start_logits.new_full(start_logits.shape[:-1], float("-inf"))
+    spans = torch.zeros(*start_logits.shape[:-1], 2, dtype=torch.long, device=start_logits.device)
+    for length in range(min(max_len, n)):  # end = start + length
+        scores = start_logits[..., : n - length] + end_logits[..., length:]  # (B, N - length)
+        value, start = scores.max(dim=-1)
+        better = value > best
+        best = torch.where(better, value, best)
+        spans[better] = torch.stack([start, start + length], dim=-1)[better]
+    return spans
 
 
 def mask_tokens(

@@ -34,7 +34,7 @@ from longseq.config import TrainConfig, _check, _JsonConfig
 from longseq.data.tasks import TaskDataError, read_jsonl
 from longseq.data.tokenizers import TokenizerError
 from longseq.model import build_model
-from longseq.model.heads import DocumentClassifier, SpanExtractor, best_spans, mask_tokens
+from longseq.model.heads import DocumentClassifier, SpanExtractor, best_spans, mask_tokens, padding_segments
 from longseq.train.checkpoint import load_checkpoint
 from longseq.train.optim import build_optimizer
 
@@ -81,9 +81,11 @@ def _batch(docs, segment_len: int):
     longest = max(len(ids) for ids, _ in docs)
     length = -(-longest // segment_len) * segment_len
     inputs = torch.zeros(len(docs), length, dtype=torch.long)  # left padding with token 0
+    padding = torch.ones(len(docs), length, dtype=torch.bool)
     for row, (ids, _) in enumerate(docs):
         inputs[row, length - len(ids) :] = torch.as_tensor(ids)
-    return inputs, torch.as_tensor([label for _, label in docs])
+        padding[row, length - len(ids) :] = False
+    return inputs, torch.as_tensor([label for _, label in docs]), padding
 
 
 def classification_metrics(predicted: list[int], gold: list[int], n_classes: int) -> dict:
@@ -104,8 +106,8 @@ def evaluate_classifier(model: DocumentClassifier, docs, segment_len: int, batch
     model.eval()
     predicted, gold = [], []
     for start in range(0, len(docs), batch_size):
-        inputs, labels = _batch(docs[start : start + batch_size], segment_len)
-        predicted += model(inputs, segment_len)["logits"].argmax(-1).tolist()
+        inputs, labels, padding = _batch(docs[start : start + batch_size], segment_len)
+        predicted += model(inputs, segment_len, padding=padding)["logits"].argmax(-1).tolist()
         gold += labels.tolist()
     model.train()
     return classification_metrics(predicted, gold, n_classes)
@@ -184,8 +186,8 @@ def finetune_classifier(
     draw = _sampler(len(train_docs), config.batch_size, config.seed)
 
     def batch_loss():
-        inputs, labels = _batch([train_docs[i] for i in draw()], segment_len)
-        return model(inputs, segment_len, labels, lm_weight=lm_weight)["loss"]
+        inputs, labels, padding = _batch([train_docs[i] for i in draw()], segment_len)
+        return model(inputs, segment_len, labels, lm_weight=lm_weight, padding=padding)["loss"]
 
     trainable = model.classifier.parameters() if config.head_only else model.parameters()
     losses = _fit(model, list(trainable), batch_loss, config, log)
@@ -259,7 +261,8 @@ def _span_batch(examples: list[dict], segment_len: int):
         allowed[row, e["prefix"] : len(e["ids"])] = True  # the context only
     starts = torch.as_tensor([e["start"] for e in examples])
     ends = torch.as_tensor([e["end"] for e in examples])
-    return inputs, allowed, starts, ends
+    padding = torch.arange(length) >= torch.as_tensor([len(e["ids"]) for e in examples])[:, None]
+    return inputs, allowed, starts, ends, padding
 
 
 @torch.no_grad()
@@ -268,11 +271,12 @@ def evaluate_spans(model: SpanExtractor, examples, segment_len: int, batch_size:
     predicted = []
     for first in range(0, len(examples), batch_size):
         chunk = examples[first : first + batch_size]
-        inputs, allowed, _, _ = _span_batch(chunk, segment_len)
-        out = model(inputs, segment_len, allowed)
+        inputs, allowed, _, _, padding = _span_batch(chunk, segment_len)
+        out = model(inputs, segment_len, allowed, padding=padding)
         for e, (s, t) in zip(chunk, best_spans(out["start_logits"], out["end_logits"], max_answer_len).tolist()):
-            offsets = e["offsets"]
-            predicted.append(e["context"][offsets[s - e["prefix"], 0] : offsets[t - e["prefix"], 1]])
+            offsets, first, last = e["offsets"], s - e["prefix"], t - e["prefix"]
+            inside = 0 <= first <= last < len(offsets)  # a row with no finite score picks nothing
+            predicted.append(e["context"][offsets[first, 0] : offsets[last, 1]] if inside else "")
     model.train()
     return span_metrics(predicted, [e["answer"] for e in examples])
 
@@ -288,6 +292,8 @@ def finetune_span(
     log=None,
 ) -> dict:
     log, config = log or (lambda message: None), config or FinetuneConfig()
+    if max_answer_len < 1:
+        raise ValueError(f"max_answer_len must be >= 1 token, got {max_answer_len}")
     lm, tokenizer, run, _ = load_checkpoint(checkpoint)
     train_examples = encode_spans(read_jsonl(train_path, "span"), tokenizer, train_path)
     valid_examples = encode_spans(read_jsonl(valid_path, "span"), tokenizer, valid_path) if valid_path else None
@@ -297,8 +303,8 @@ def finetune_span(
     draw = _sampler(len(train_examples), config.batch_size, config.seed)
 
     def batch_loss():
-        inputs, allowed, starts, ends = _span_batch([train_examples[i] for i in draw()], segment_len)
-        return model(inputs, segment_len, allowed, starts, ends)["loss"]
+        inputs, allowed, starts, ends, padding = _span_batch([train_examples[i] for i in draw()], segment_len)
+        return model(inputs, segment_len, allowed, starts, ends, padding)["loss"]
 
     trainable = model.qa.parameters() if config.head_only else model.parameters()
     losses = _fit(model, list(trainable), batch_loss, config, log)
@@ -353,11 +359,13 @@ def _masked(inputs, real, rate, mask_id, vocab_size, generator):
     return masked, labels.masked_fill(~real, -100)  # padding is never a target
 
 
-def mlm_loss(model, inputs: torch.Tensor, labels: torch.Tensor, segment_len: int):
-    """Summed NLL and count of the labelled tokens, reading (B, N) in segments with the memory carried."""
+def mlm_loss(model, inputs: torch.Tensor, labels: torch.Tensor, segment_len: int, padding: torch.Tensor):
+    """Summed NLL and count of the labelled tokens, reading (B, N) in segments with the memory carried; the
+    ``padding`` (B, N) is a document of its own, so no real token attends to it."""
     mems, total, count = None, inputs.new_zeros((), dtype=torch.float32), 0
-    for x, y in zip(inputs.split(segment_len, dim=1), labels.split(segment_len, dim=1)):
-        out = model(x, mems, y)
+    pads = padding_segments(padding, inputs, segment_len)
+    for x, y, pad in zip(inputs.split(segment_len, dim=1), labels.split(segment_len, dim=1), pads):
+        out = model(x, mems, y, doc_ids=None if pad is None else pad.long())
         mems = out.mems
         total = total + out.nll.float().sum()
         count += int((y != -100).sum())
@@ -373,9 +381,9 @@ def evaluate_mlm(model, docs, segment_len, batch_size, rate, mask_id, seed: int)
     for first in range(0, len(docs), batch_size):
         inputs, real = _mlm_batch(docs[first : first + batch_size], segment_len)
         masked, labels = _masked(inputs, real, rate, mask_id, model.config.vocab_size, generator)
-        mems = None
-        for x, y in zip(masked.split(segment_len, dim=1), labels.split(segment_len, dim=1)):
-            out = model(x, mems)
+        mems, pads = None, padding_segments(~real, inputs, segment_len)
+        for x, y, pad in zip(masked.split(segment_len, dim=1), labels.split(segment_len, dim=1), pads):
+            out = model(x, mems, doc_ids=None if pad is None else pad.long())
             mems = out.mems
             scores = out.logits.float().log_softmax(-1)  # (B, T, V); log_softmax leaves log-probabilities as they are
             keep = y != -100
@@ -422,9 +430,8 @@ def finetune_mlm(
 
     def batch_loss():
         inputs, real = _mlm_batch([train_docs[i] for i in draw()], segment_len)
-        total, count = mlm_loss(
-            model, *_masked(inputs, real, mask_rate, mask_id, bidi.vocab_size, generator), segment_len
-        )
+        masked, labels = _masked(inputs, real, mask_rate, mask_id, bidi.vocab_size, generator)
+        total, count = mlm_loss(model, masked, labels, segment_len, ~real)
         return total / max(1, count)
 
     trainable = model.crit.parameters() if config.head_only else model.parameters()
