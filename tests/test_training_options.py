@@ -115,3 +115,26 @@ def test_fp16_overflow_is_left_to_the_loss_scaler_and_resume_keeps_its_scale(tmp
     assert state["scaler"]["scale"] == 2.0**15  # carried over the resume, not reset to 2^16
     with open(tmp_path / "whole" / "metrics.jsonl") as f:
         assert not any("skipped" in r for r in map(json.loads, f))
+
+
+def test_fp16_nan_loss_is_skipped_and_rolled_back_like_float32(tmp_path):
+    """A weight poisoned to inf makes every following loss NaN: under fp16 the guard skips those steps (the loss
+    scaler is closed each time) and rolls back to the last checkpoint, and the run finishes."""
+
+    def poison_step_3():
+        left = [1]
+
+        def hook(step, model):
+            if step == 3 and left[0]:
+                left[0] -= 1
+                with torch.no_grad():
+                    next(model.parameters()).fill_(float("inf"))
+
+        return hook
+
+    run = tiny_run(max_steps=6, eval_interval=1000, log_interval=1, precision="fp16", save_interval=2)
+    result = train(run, str(tmp_path), corpus=tiny_corpus(), progress=False, after_backward=poison_step_3())
+    with open(tmp_path / "metrics.jsonl") as f:
+        log = list(map(json.loads, f))
+    assert sum("skipped" in r for r in log) == 3 and sum("rollback" in r for r in log) == 1
+    assert result.step == 6 and all(math.isfinite(x) for x in result.losses[-3:])

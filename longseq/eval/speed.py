@@ -129,6 +129,8 @@ def eval_speed_vs_vanilla(
     vanilla Transformer with a sliding window of ``attn_len``, same size (the benchmark model), same process.
     With ``rounds`` > 1 the two alternate that many times and the medians are reported (a shared machine is
     noisy); every round's figures are kept under ``rounds``."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     rows = []
     for attn_len in attn_lens:
         torch.manual_seed(0)

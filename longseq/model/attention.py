@@ -177,7 +177,8 @@ def rel_shift_attention(
     scale = 1.0 / math.sqrt(query.size(-1))
     q_position = (query + r_r_bias[:, None]) * scale
     full_precision = query.dtype in (torch.float32, torch.float64)
-    inference = not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, rel_key)))
+    needs_grad = any(t.requires_grad for t in (query, key, value, rel_key, r_w_bias, r_r_bias))
+    inference = not (torch.is_grad_enabled() and needs_grad)
     if full_precision and inference and not (training and dropatt > 0):
         position = torch.matmul(q_position, rel_key.transpose(-1, -2))  # (B, H, T, R)
         bias = rel_shift(position, query.size(2), key.size(2))  # (B, H, T, K): its rows do not overlap

@@ -105,14 +105,17 @@ def full_tensor(tensor: Tensor) -> Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def full_state_dict(model) -> dict[str, Tensor]:
-    """The model's weights as whole CPU tensors (every rank must call it); tied weights stay one tensor object."""
+def full_state_dict(model, keep: bool = True) -> dict[str, Tensor]:
+    """The model's weights as whole CPU tensors (every rank must call it); tied weights stay one tensor object.
+    With ``keep=False`` (the ranks that do not write) each gathered tensor is dropped at once and {} returned."""
     gathered: dict[int, Tensor] = {}
     out = {}
     for name, value in model.state_dict(keep_vars=True).items():
         if id(value) not in gathered:
-            gathered[id(value)] = full_tensor(value.detach()).cpu()
-        out[name] = gathered[id(value)]
+            whole = full_tensor(value.detach())
+            gathered[id(value)] = whole.cpu() if keep else None
+        if keep:
+            out[name] = gathered[id(value)]
     return out
 
 
@@ -136,14 +139,17 @@ def load_full_state_dict(model, tensors: dict[str, Tensor]) -> None:
     model.load_state_dict(sharded)
 
 
-def full_optimizer_state(optimizer) -> dict:
-    """``optimizer.state_dict()`` with whole moments (every rank must call it): the one-process format."""
+def full_optimizer_state(optimizer, keep: bool = True) -> dict:
+    """``optimizer.state_dict()`` with whole moments (every rank must call it): the one-process format.  With
+    ``keep=False`` the moments are gathered (the collective) but not kept, and {} is returned."""
     state = optimizer.state_dict()  # its per-parameter dicts are the live ones: build new ones
     full = {}
     for index in sorted(state["state"]):
         slots = state["state"][index]
-        full[index] = {k: full_tensor(v).cpu() if isinstance(v, Tensor) else v for k, v in sorted(slots.items())}
-    return {"state": full, "param_groups": state["param_groups"]}
+        whole = {k: full_tensor(v).cpu() if isinstance(v, Tensor) else v for k, v in sorted(slots.items())}
+        if keep:
+            full[index] = whole
+    return {"state": full, "param_groups": state["param_groups"]} if keep else {}
 
 
 def shard_optimizer_state(optimizer, state: dict) -> dict:

@@ -187,6 +187,11 @@ def train(
     sharded = tc.parallel == "fsdp" and world.size > 1
     if sharded and tc.precision == "fp16":
         raise ConfigError("precision=fp16 is not supported with parallel=fsdp yet; use precision=bf16")
+    if sharded and run.model.cutoffs:
+        raise ConfigError(
+            "parallel=fsdp with the adaptive softmax (cutoffs) is not supported yet: a rank whose batch has no token "
+            "of a tail cluster leaves that cluster without a gradient; use cutoffs=[] or parallel=ddp"
+        )
     model = build_model(run.model).to(device)
     if hasattr(model, "transformer"):
         model.transformer.activation_checkpointing = tc.activation_checkpointing
@@ -255,7 +260,7 @@ def train(
         weights and the optimizer moments are gathered)."""
         nonlocal saved_at
         training = None
-        weights = full_state_dict(model) if sharded else None
+        weights = full_state_dict(model, keep=world.main) if sharded else None
         if with_state:
             saved_at = step
             full_mems = world.gather_memory(mems)
@@ -263,7 +268,7 @@ def train(
                 step,
                 stream.state_dict(),
                 best,
-                full_optimizer_state(optimizer) if sharded else optimizer.state_dict(),
+                full_optimizer_state(optimizer, keep=world.main) if sharded else optimizer.state_dict(),
                 torch.get_rng_state(),
                 full_mems,
                 tokens_seen,
@@ -367,6 +372,8 @@ def train(
                         f"The last good checkpoint is {last_dir}"
                     )
                 optimizer.zero_grad(set_to_none=True)
+                if scaler is not None:
+                    scaler.update()  # closes this step's unscale_ (and backs the scale off if it saw an overflow)
                 write_metrics({"step": step + 1, "skipped": what, "bad_steps": bad_steps})
                 log(f"step {step + 1}: skipped ({what}); {bad_steps} bad step(s) in a row")
                 in_step = False
@@ -411,6 +418,8 @@ def train(
                     write_metrics({**valid_record, "elapsed_s": clock_offset + elapsed})
                     unit_text = f", {unit} {valid[unit]:.4f}" if unit else ""
                     log(f"step {step}: valid loss {valid['loss']:.4f}{unit_text}")
+                    if sharded:  # every rank must take the same branch below: the best checkpoint is collective
+                        valid["loss"] = world.mean(valid["loss"])
                     if best is None or valid["loss"] < best:
                         best = valid["loss"]
                         checkpoint(best_dir, with_state=False, metrics={"step": step, **valid})
