@@ -56,10 +56,12 @@ class DocumentClassifier(nn.Module):
                 hidden, mems, _ = self.lm.transformer(segment, mems, c.mem_len, c.clamp_len, c.same_length, docs)
                 if lm_weight > 0 and segment.size(1) > 1:
                     flat = hidden[:, :-1].reshape(-1, hidden.size(-1))
-                    targets = segment[:, 1:] if pad is None else segment[:, 1:].masked_fill(pad[:, 1:], -1)
-                    nll = self.lm.crit.nll(flat, targets.clamp(min=0).reshape(-1))
-                    keep = (targets >= 0).reshape(-1).to(nll.dtype)
-                    lm_losses.append((nll * keep).sum() / keep.sum().clamp(min=1))
+                    nll = self.lm.crit.nll(flat, segment[:, 1:].reshape(-1))
+                    if pad is None:
+                        lm_losses.append(nll.mean())
+                    else:  # filler targets do not count
+                        keep = (~pad[:, 1:]).reshape(-1).to(nll.dtype)
+                        lm_losses.append((nll * keep).sum() / keep.sum().clamp(min=1))
         if self.pooling == "last":
             summary = hidden[:, -1]  # (B, E)
         else:

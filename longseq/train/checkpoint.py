@@ -114,7 +114,7 @@ def save_checkpoint(
     new one renamed into place.  A process killed at any point leaves either the old or the new checkpoint
     (:func:`recover_checkpoint` puts an interrupted swap right).  ``keep_previous_as`` keeps the replaced
     checkpoint under that path instead of deleting it (checkpoint rotation).  ``weights`` (a full state dict,
-    tied parameters as one tensor object) are written instead of ``model``'s own (a sharded model).  An ``OSError`` (disk full,
+    each tied parameter under one name) are written instead of ``model``'s own (a sharded model).  An ``OSError`` (disk full,
     permissions) becomes a :class:`CheckpointError` and leaves the previous checkpoint in place.
     """
     directory = os.path.abspath(directory)
@@ -182,12 +182,7 @@ def _write_checkpoint_files(tmp, model, run, tokenizer, training, metrics, weigh
     if weights is None:
         save_model(model, os.path.join(tmp, "model.safetensors"), metadata={"format": FORMAT})
     else:
-        unique, seen = {}, set()
-        for name in sorted(weights):  # a tied tensor once, under its alphabetically first name, as save_model does
-            if id(weights[name]) not in seen:
-                seen.add(id(weights[name]))
-                unique[name] = weights[name].contiguous()
-        save_file(unique, os.path.join(tmp, "model.safetensors"), metadata={"format": FORMAT})
+        save_file(weights, os.path.join(tmp, "model.safetensors"), metadata={"format": FORMAT})
     if training is not None:
         meta, tensors = _optimizer_to_files(training.optimizer)
         tensors["rng.torch"] = training.torch_rng

@@ -106,21 +106,23 @@ def full_tensor(tensor: Tensor) -> Tensor:
 
 
 def full_state_dict(model, keep: bool = True) -> dict[str, Tensor]:
-    """The model's weights as whole CPU tensors (every rank must call it); tied weights stay one tensor object.
-    With ``keep=False`` (the ranks that do not write) each gathered tensor is dropped at once and {} returned."""
-    gathered: dict[int, Tensor] = {}
+    """The model's weights as whole CPU tensors (every rank must call it), a tied weight once, under its
+    alphabetically first name (as safetensors' ``save_model`` writes it).  With ``keep=False`` (the ranks that
+    do not write) each gathered tensor is dropped at once and {} returned."""
+    weights, seen = model.state_dict(keep_vars=True), set()
     out = {}
-    for name, value in model.state_dict(keep_vars=True).items():
-        if id(value) not in gathered:
-            whole = full_tensor(value.detach())
-            gathered[id(value)] = whole.cpu() if keep else None
+    for name in sorted(weights):
+        if id(weights[name]) in seen:
+            continue
+        seen.add(id(weights[name]))
+        whole = full_tensor(weights[name].detach())
         if keep:
-            out[name] = gathered[id(value)]
+            out[name] = whole.cpu().contiguous()
     return out
 
 
 def load_full_state_dict(model, tensors: dict[str, Tensor]) -> None:
-    """Load whole tensors (as :func:`full_state_dict` gives, a tied weight under any one of its names) into a
+    """Load whole tensors (as :func:`full_state_dict` gives: a tied weight under any one of its names) into a
     sharded ``model``: each rank keeps its own shard."""
     targets = model.state_dict(keep_vars=True)
     names_of: dict[int, list[str]] = {}

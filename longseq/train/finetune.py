@@ -77,14 +77,22 @@ def _encode(records, tokenizer, label_index, path):
     return docs
 
 
+def _padded(seqs: list[list[int]], segment_len: int, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (B, N) padded with token 0 to a whole number of segments, on the left or the right, and the
+    (B, N) mask of the filler."""
+    length = -(-max(len(ids) for ids in seqs) // segment_len) * segment_len
+    inputs = torch.zeros(len(seqs), length, dtype=torch.long)
+    padding = torch.ones(len(seqs), length, dtype=torch.bool)
+    for row, ids in enumerate(seqs):
+        where = slice(length - len(ids), length) if left else slice(0, len(ids))
+        inputs[row, where] = torch.as_tensor(ids)
+        padding[row, where] = False
+    return inputs, padding
+
+
 def _batch(docs, segment_len: int):
-    longest = max(len(ids) for ids, _ in docs)
-    length = -(-longest // segment_len) * segment_len
-    inputs = torch.zeros(len(docs), length, dtype=torch.long)  # left padding with token 0
-    padding = torch.ones(len(docs), length, dtype=torch.bool)
-    for row, (ids, _) in enumerate(docs):
-        inputs[row, length - len(ids) :] = torch.as_tensor(ids)
-        padding[row, length - len(ids) :] = False
+    """Left-padded (the last position is every document's last token), labels, filler mask."""
+    inputs, padding = _padded([ids for ids, _ in docs], segment_len, left=True)
     return inputs, torch.as_tensor([label for _, label in docs]), padding
 
 
@@ -252,16 +260,12 @@ def encode_spans(records: list[dict], tokenizer, path: str) -> list[dict]:
 
 
 def _span_batch(examples: list[dict], segment_len: int):
-    longest = max(len(e["ids"]) for e in examples)
-    length = -(-longest // segment_len) * segment_len
-    inputs = torch.zeros(len(examples), length, dtype=torch.long)  # right padding with token 0
-    allowed = torch.zeros(len(examples), length, dtype=torch.bool)
+    inputs, padding = _padded([e["ids"] for e in examples], segment_len)
+    allowed = torch.zeros_like(padding)
     for row, e in enumerate(examples):
-        inputs[row, : len(e["ids"])] = torch.as_tensor(e["ids"])
         allowed[row, e["prefix"] : len(e["ids"])] = True  # the context only
     starts = torch.as_tensor([e["start"] for e in examples])
     ends = torch.as_tensor([e["end"] for e in examples])
-    padding = torch.arange(length) >= torch.as_tensor([len(e["ids"]) for e in examples])[:, None]
     return inputs, allowed, starts, ends, padding
 
 
@@ -343,20 +347,9 @@ def default_mask_id(tokenizer, mask_token: str | None) -> int:
     )
 
 
-def _mlm_batch(docs: list[list[int]], segment_len: int):
-    longest = max(len(d) for d in docs)
-    length = -(-longest // segment_len) * segment_len
-    inputs = torch.zeros(len(docs), length, dtype=torch.long)
-    real = torch.zeros(len(docs), length, dtype=torch.bool)
-    for row, d in enumerate(docs):
-        inputs[row, : len(d)] = torch.as_tensor(d)
-        real[row, : len(d)] = True
-    return inputs, real
-
-
-def _masked(inputs, real, rate, mask_id, vocab_size, generator):
+def _masked(inputs, padding, rate, mask_id, vocab_size, generator):
     masked, labels = mask_tokens(inputs, rate, mask_id, vocab_size, generator)
-    return masked, labels.masked_fill(~real, -100)  # padding is never a target
+    return masked, labels.masked_fill(padding, -100)  # filler is never a target
 
 
 def mlm_loss(model, inputs: torch.Tensor, labels: torch.Tensor, segment_len: int, padding: torch.Tensor):
@@ -379,9 +372,9 @@ def evaluate_mlm(model, docs, segment_len, batch_size, rate, mask_id, seed: int)
     generator = torch.Generator().manual_seed(seed)
     nll, correct, count = 0.0, 0, 0
     for first in range(0, len(docs), batch_size):
-        inputs, real = _mlm_batch(docs[first : first + batch_size], segment_len)
-        masked, labels = _masked(inputs, real, rate, mask_id, model.config.vocab_size, generator)
-        mems, pads = None, padding_segments(~real, inputs, segment_len)
+        inputs, padding = _padded(docs[first : first + batch_size], segment_len)
+        masked, labels = _masked(inputs, padding, rate, mask_id, model.config.vocab_size, generator)
+        mems, pads = None, padding_segments(padding, inputs, segment_len)
         for x, y, pad in zip(masked.split(segment_len, dim=1), labels.split(segment_len, dim=1), pads):
             out = model(x, mems, doc_ids=None if pad is None else pad.long())
             mems = out.mems
@@ -429,9 +422,9 @@ def finetune_mlm(
     )
 
     def batch_loss():
-        inputs, real = _mlm_batch([train_docs[i] for i in draw()], segment_len)
-        masked, labels = _masked(inputs, real, mask_rate, mask_id, bidi.vocab_size, generator)
-        total, count = mlm_loss(model, masked, labels, segment_len, ~real)
+        inputs, padding = _padded([train_docs[i] for i in draw()], segment_len)
+        masked, labels = _masked(inputs, padding, mask_rate, mask_id, bidi.vocab_size, generator)
+        total, count = mlm_loss(model, masked, labels, segment_len, padding)
         return total / max(1, count)
 
     trainable = model.crit.parameters() if config.head_only else model.parameters()
