@@ -24,7 +24,7 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from longseq.model.attention import blocked_attention, rel_shift_attention
-from longseq.model.patterns import AttentionPattern, PatternMask
+from longseq.model.attention.patterns import AttentionPattern, PatternMask
 
 H, D = 8, 32
 

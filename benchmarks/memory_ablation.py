@@ -24,7 +24,6 @@ import torch
 from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
 from longseq.data.corpus import load_ptb_char
 from longseq.eval import evaluate
-from longseq.model import memory_nbytes
 from longseq.train import load_checkpoint, train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,11 +49,11 @@ def memory_bytes_per_layer(model, corpus, config: ModelConfig) -> int:
     with torch.no_grad():
         for s in range(8):
             mems = model(x[:, s * 32 : (s + 1) * 32], mems).mems
-    return memory_nbytes(mems) // config.n_layer
+    return mems.nbytes // config.n_layer
 
 
 def run_variant(name: str, overrides: dict, corpus, steps: int, eval_segments: int, out: str) -> dict:
-    model_config = ModelConfig(
+    model_config = ModelConfig.of(
         vocab_size=corpus.tokenizer.vocab_size, n_layer=4, d_model=128, n_head=4, d_head=32, d_inner=512,
         dropout=0.1, **overrides,
     )  # fmt: skip
@@ -68,9 +67,13 @@ def run_variant(name: str, overrides: dict, corpus, steps: int, eval_segments: i
     model, _, _, _ = load_checkpoint(os.path.join(out, "last"))
     test = evaluate(model, corpus.test, batch_size=16, tgt_len=32, max_segments=eval_segments, bits_unit="bpc")
     extra = {}
-    if overrides.get("mem_quant", "none") == "none" and not model_config.uses_memory_state and model_config.mem_len:
+    if (
+        overrides.get("mem_quant", "none") == "none"
+        and not model_config.memory.compacted
+        and model_config.memory.mem_len
+    ):
         # the same weights evaluated with an 8-bit memory: the cost of quantization alone
-        quantized = type(model)(ModelConfig(**{**model_config.to_dict(), "mem_quant": "int8"}))
+        quantized = type(model)(ModelConfig.of(**{**model_config.to_dict(), "mem_quant": "int8"}))
         quantized.load_state_dict(model.state_dict())
         q = evaluate(quantized, corpus.test, batch_size=16, tgt_len=32, max_segments=eval_segments, bits_unit="bpc")
         extra["test_bpc_int8_memory_same_weights"] = q["bpc"]
@@ -79,8 +82,8 @@ def run_variant(name: str, overrides: dict, corpus, steps: int, eval_segments: i
         "variant": name,
         "test_bpc": test["bpc"],
         "memory_bytes_per_layer": memory_bytes_per_layer(model, corpus, model_config),
-        "memory_slots": model_config.mem_len + model_config.cmem_len,
-        "effective_context": model_config.mem_len + model_config.cmem_rate * model_config.cmem_len,
+        "memory_slots": model_config.memory.mem_len + model_config.memory.cmem_len,
+        "effective_context": model_config.memory.mem_len + model_config.memory.cmem_rate * model_config.memory.cmem_len,
         "train_tokens_per_s": result.tokens_per_s,
         "eval_tokens_per_s": test["tokens_per_s"],
         "test_tokens": test["tokens"],

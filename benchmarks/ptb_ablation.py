@@ -51,7 +51,7 @@ RECURRENCE = {"Transformer-XL": True, "no recurrence": False, "Shaw et al. encod
 
 
 def model_config(vocab: int, overrides: dict) -> ModelConfig:
-    return ModelConfig(
+    return ModelConfig.of(
         vocab_size=vocab, n_layer=4, d_model=128, n_head=4, d_head=32, d_inner=512, dropout=0.2, dropatt=0.0,
         cutoffs=[2000, 5000], **overrides,
     )  # fmt: skip
@@ -96,7 +96,7 @@ def main() -> None:
         result = train(run, out, corpus=corpus, progress=False)
         train_s = time.perf_counter() - began
         model, _, run, _ = load_checkpoint(os.path.join(out, "last"))
-        vanilla = cfg.pos == "absolute"
+        vanilla = cfg.positions.pos == "absolute"
         init = test_ppl(model, corpus, None, vanilla, 0)
         by_len = {TGT_LEN: init} if vanilla else {}  # absolute positions beyond the training length are untrained
         for attn_len in args.attn_lens if not vanilla else []:
@@ -106,7 +106,7 @@ def main() -> None:
             {
                 "model": name,
                 "recurrence": RECURRENCE.get(name, False),
-                "encoding": {"sinusoidal": "ours", "shaw": "Shaw et al.", "absolute": "absolute"}[cfg.pos],
+                "encoding": {"sinusoidal": "ours", "shaw": "Shaw et al.", "absolute": "absolute"}[cfg.positions.pos],
                 "params": model.num_parameters(),
                 "train_s": train_s,
                 "train_tokens_per_s": result.tokens_per_s,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from longseq.model import KVMemory, TransformerXLLM
+from longseq.model import Memory, TransformerXLLM
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -54,12 +54,13 @@ def generate(
     model.eval()
     try:
         overrides = {
-            "mem_len": model.config.mem_len if mem_len is None else mem_len,
+            "mem_len": model.config.memory.mem_len if mem_len is None else mem_len,
             "clamp_len": clamp_len,
             "same_length": same_length,
         }
         prompt_ids = prompt_ids.to(next(model.parameters()).device)
-        mems = None if model.config.uses_memory_state else KVMemory.empty(ring=True)  # never projected twice
+        storage = "hidden" if model.config.memory.compacted else "ring"  # ring: never projected twice, never copied
+        mems = Memory.empty(storage)
         context = prompt_ids[:, :-1]
         for start in range(0, context.size(1), segment_len):
             mems = model.read(context[:, start : start + segment_len], mems, **overrides)

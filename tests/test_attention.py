@@ -7,7 +7,7 @@ import torch
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.model.attention import ATTENTION_KERNELS, RelativeMultiHeadAttention, causal_mask, rel_shift
-from longseq.model.positions import relative_distances, sinusoidal_embedding
+from longseq.model.positions import RelativePositions, relative_distances, sinusoidal_embedding
 
 D_MODEL, N_HEAD, D_HEAD = 12, 3, 4
 
@@ -75,7 +75,8 @@ def test_attention_matches_naive_four_terms(kernel, mlen, same_length, clamp_len
     pos_emb = sinusoidal_embedding(relative_distances(mlen + qlen, clamp_len), D_MODEL, torch.float64)
     mask = causal_mask(qlen, mlen, span)
     with torch.set_grad_enabled(mode != "inference"):
-        fast, _, _ = layer(hidden, layer.rel_keys(pos_emb), u, v, mask, memory)
+        table = layer.relative_keys(RelativePositions(None, pos_emb, pos_emb.dtype))
+        fast, _, _ = layer(hidden, table, u, v, mask, memory)
     naive = naive_attention(layer, hidden, memory, u, v, clamp_len, span)
     assert torch.allclose(fast, naive, atol=1e-10, rtol=0), (fast - naive).abs().max()
 
@@ -100,8 +101,8 @@ def test_same_length_gives_every_query_mem_len_keys():
 def test_model_kernels_agree_end_to_end():
     cfg = dict(vocab_size=30, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=6, dropout=0.0)
     torch.manual_seed(1)
-    fast = TransformerXLLM(ModelConfig(**cfg, same_length=True, clamp_len=4)).double().eval()
-    ref = TransformerXLLM(ModelConfig(**cfg, same_length=True, clamp_len=4, attn_impl="reference")).double().eval()
+    fast = TransformerXLLM(ModelConfig.of(**cfg, same_length=True, clamp_len=4)).double().eval()
+    ref = TransformerXLLM(ModelConfig.of(**cfg, same_length=True, clamp_len=4, attn_impl="reference")).double().eval()
     ref.load_state_dict(fast.state_dict())
     x = torch.randint(0, 30, (2, 5))
     out_f, out_r = fast(x), ref(x)
@@ -138,8 +139,8 @@ def test_fast_kernel_gradients_match_reference(mlen, span):
 def test_query_chunking_is_exact(chunk):
     cfg = dict(vocab_size=30, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=7, dropout=0.0)
     torch.manual_seed(2)
-    whole = TransformerXLLM(ModelConfig(**cfg, attn_chunk=0, same_length=True)).double()
-    chunked = TransformerXLLM(ModelConfig(**cfg, attn_chunk=chunk, same_length=True)).double()
+    whole = TransformerXLLM(ModelConfig.of(**cfg, attn_chunk=0, same_length=True)).double()
+    chunked = TransformerXLLM(ModelConfig.of(**cfg, attn_chunk=chunk, same_length=True)).double()
     chunked.load_state_dict(whole.state_dict())
     x = torch.randint(0, 30, (2, 9))
     first = whole(x, labels=x)

@@ -89,6 +89,6 @@ def test_two_rank_resume_continues_bit_for_bit(tmp_path, options):
 def test_fsdp_configuration_errors():
     with pytest.raises(ConfigError, match="parallel must be ddp or fsdp"):
         TrainConfig(parallel="zero3")
-    lstm = build_model(ModelConfig(arch="lstm", vocab_size=11, d_model=8, d_inner=8, n_layer=1))
+    lstm = build_model(ModelConfig.of(arch="lstm", vocab_size=11, d_model=8, d_inner=8, n_layer=1))
     with pytest.raises(ConfigError, match="use parallel=ddp for arch=lstm"):
         shard_model(lstm)

@@ -119,7 +119,7 @@ def test_hf_default_zero_memory_is_reproducible(tmp_path):
     hf = hf_model("div1-untied-r")
     ours = load_hf(save_hf(hf, str(tmp_path / "hf")))
     x = torch.randint(0, 50, (2, 5))
-    zeros = tuple(torch.zeros(2, ours.config.mem_len, 16) for _ in range(2))
+    zeros = tuple(torch.zeros(2, ours.config.memory.mem_len, 16) for _ in range(2))
     assert torch.allclose(hf(x).prediction_scores, ours(x, zeros).logits, atol=1e-5)
 
 
@@ -147,22 +147,22 @@ def test_convert_cli_with_plain_text_vocab(tmp_path, capsys):
     out = str(tmp_path / "ls")
     assert main(["convert", "--from-hf", hf_dir, "--out", out, "--vocab", str(tmp_path / "vocab.txt"), "--json"]) == 0
     model, tokenizer, run, _ = load_checkpoint(out)
-    assert tokenizer.words == words and run.model.mem_len == 6 and run.model.untie_r
+    assert tokenizer.words == words and run.model.memory.mem_len == 6 and run.model.untie_r
     assert main(["generate", "--checkpoint", out, "--prompt", "the w3 w7", "--max-new-tokens", "4", "--json"]) == 0
     text = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"]
     assert len(text.split()) >= 1
     assert main(["convert", "--to-hf", "--checkpoint", out, "--out", str(tmp_path / "hf2")]) == 0
     assert (tmp_path / "hf2" / "vocab.txt").read_text().split("\n")[:3] == ["<eos>", "<unk>", "the"]
-    assert isinstance(TransformerXLLM.from_hf(str(tmp_path / "hf2")), TransformerXLLM)
+    assert isinstance(load_hf(str(tmp_path / "hf2")), TransformerXLLM)
 
 
 def test_conversion_errors_are_clear(tmp_path):
     hf_dir = save_hf(hf_model("div1-untied-r"), str(tmp_path / "hf"))
     with pytest.raises(ConversionError, match="pass --vocab"):
-        convert_from_hf(hf_dir, str(tmp_path / "out"))
+        convert_from_hf(hf_dir)
     (tmp_path / "bad_vocab.txt").write_text("a\nb\n")
     with pytest.raises(ConversionError, match="lacks <eos>"):
-        convert_from_hf(hf_dir, str(tmp_path / "out"), vocab=str(tmp_path / "bad_vocab.txt"))
+        convert_from_hf(hf_dir, vocab=str(tmp_path / "bad_vocab.txt"))
 
     other = tmp_path / "gpt2"
     other.mkdir()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from longseq import ModelConfig, TransformerXLLM
-from longseq.model import KVMemory
+from longseq.model import Memory
 
 BASE = dict(vocab_size=40, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.1, mem_len=7)
 
@@ -21,9 +21,9 @@ BASE = dict(vocab_size=40, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 def test_kv_memory_equals_hidden_state_memory(overrides, dtype, tol):
     torch.manual_seed(0)
-    model = TransformerXLLM(ModelConfig(**{**BASE, **overrides})).to(dtype).eval()
+    model = TransformerXLLM(ModelConfig.of(**{**BASE, **overrides})).to(dtype).eval()
     x = torch.randint(0, 40, (2, 40))
-    hidden_mems, kv_mems = None, KVMemory.empty()
+    hidden_mems, kv_mems = None, Memory.empty("kv")
     position = 0
     for length in (5, 1, 1, 9, 3, 1, 12, 1, 1):  # segments and single-token steps, memory full and not
         inp = x[:, position : position + length]
@@ -36,18 +36,18 @@ def test_kv_memory_equals_hidden_state_memory(overrides, dtype, tol):
         hidden_mems, kv_mems = expected.mems, actual.mems
         assert kv_mems.length == hidden_mems[0].size(1) == min(7, position)
     # the carried W_R R table was reused, not rebuilt, once it covered the longest segment
-    assert kv_mems.rel_keys is not None and kv_mems.rel_keys[0].size(1) >= 7 + 12 + 1
+    assert kv_mems.table is not None and kv_mems.table[0][0].size(1) >= 7 + 12 + 1
 
 
 def test_kv_memory_projects_only_the_new_positions():
     torch.manual_seed(0)
-    model = TransformerXLLM(ModelConfig(**BASE)).eval()
+    model = TransformerXLLM(ModelConfig.of(**BASE)).eval()
     rows = []
     model.transformer.layers[0].dec_attn.qkv_net.register_forward_hook(
         lambda m, args, out: rows.append(args[0].shape[1])
     )
     x = torch.randint(0, 40, (2, 20))
-    hidden_mems, kv_mems = None, KVMemory.empty()
+    hidden_mems, kv_mems = None, Memory.empty("kv")
     for start in range(0, 20, 5):
         hidden_mems = model(x[:, start : start + 5], hidden_mems).mems
     assert rows == [5, 10, 12, 12]  # memory + segment, every time
@@ -58,9 +58,9 @@ def test_kv_memory_projects_only_the_new_positions():
 
 
 def test_kv_memory_with_wrong_batch_is_an_error():
-    model = TransformerXLLM(ModelConfig(**BASE)).eval()
-    mems = model(torch.randint(0, 40, (2, 4)), KVMemory.empty()).mems
-    with pytest.raises(ValueError, match="KVMemory must hold"):
+    model = TransformerXLLM(ModelConfig.of(**BASE)).eval()
+    mems = model(torch.randint(0, 40, (2, 4)), Memory.empty("kv")).mems
+    with pytest.raises(ValueError, match="a key/value memory must hold"):
         model(torch.randint(0, 40, (3, 4)), mems)
 
 
@@ -70,7 +70,7 @@ def test_evaluate_gives_the_same_loss_with_either_memory():
     from longseq.eval import evaluate
 
     torch.manual_seed(0)
-    model = TransformerXLLM(ModelConfig(**BASE)).double()
+    model = TransformerXLLM(ModelConfig.of(**BASE)).double()
     ids = np.random.default_rng(0).integers(0, 40, 400)
     settings = dict(batch_size=3, tgt_len=6, mem_len=20, same_length=True)
     kv = evaluate(model, ids, kv_memory=True, **settings)
@@ -98,9 +98,9 @@ def test_ring_buffer_equals_concatenate_and_truncate():
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 def test_ring_kv_memory_equals_concatenating_kv_memory(dtype, tol):
     torch.manual_seed(0)
-    model = TransformerXLLM(ModelConfig(**{**BASE, "same_length": True})).to(dtype).eval()
+    model = TransformerXLLM(ModelConfig.of(**{**BASE, "same_length": True})).to(dtype).eval()
     x = torch.randint(0, 40, (2, 40))
-    plain, ring = KVMemory.empty(), KVMemory.empty(ring=True)
+    plain, ring = Memory.empty("kv"), Memory.empty("ring")
     position = 0
     for length in (5, 1, 1, 9, 3, 1, 1, 1, 4, 1):
         inp = x[:, position : position + length]

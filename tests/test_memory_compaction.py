@@ -6,16 +6,16 @@ import torch
 
 from longseq import ConfigError, ModelConfig, TransformerXLLM
 from longseq.data import OrderedStream
-from longseq.model import MemoryState, Quantized, memory_nbytes, reset_rows
-from longseq.model.compress import Compressor
-from longseq.model.memory import memory_from_tensors, memory_to_tensors, quantize
+from longseq.model import Memory, Quantized, reset_rows
+from longseq.model.memory import quantize
+from longseq.model.memory.compress import Compressor
 
 BASE = dict(vocab_size=40, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0, mem_len=8)
 
 
 def model_for(seed=0, **overrides):
     torch.manual_seed(seed)
-    return TransformerXLLM(ModelConfig(**{**BASE, **overrides}))
+    return TransformerXLLM(ModelConfig.of(**{**BASE, **overrides}))
 
 
 def test_document_ids_keep_documents_apart_inside_segments_and_memory():
@@ -68,9 +68,9 @@ def test_int8_memory_error_is_within_half_a_step_and_uses_a_quarter_of_the_bytes
         fo, qo = float_model(x[:, lo : lo + 6], fm), int8_model(x[:, lo : lo + 6], qm)
         fm, qm = fo.mems, qo.mems
         worst = max(worst, (fo.logits.log_softmax(-1) - qo.logits.log_softmax(-1)).abs().max().item())
-    assert isinstance(qm, MemoryState) and isinstance(qm.hidden[0], Quantized)
+    assert isinstance(qm, Memory) and isinstance(qm.layers[0].hidden, Quantized)
     assert worst < 0.02  # stated tolerance on log-probabilities for this model
-    assert memory_nbytes(qm) == memory_nbytes(fm) * (16 + 4) // (4 * 16)  # int8 values + one float32 scale a row
+    assert qm.nbytes == fm.nbytes * (16 + 4) // (4 * 16)  # int8 values + one float32 scale a row
 
 
 @pytest.mark.parametrize("kind", ["mean", "max", "conv", "linear"])
@@ -83,8 +83,12 @@ def test_compressive_memory_fills_and_trains_only_the_compressor(kind):
         mems = out.mems
         if out.aux_loss is not None:
             aux_seen = True
-            compressor = [p for n, p in model.named_parameters() if n.startswith("transformer.compressors")]
-            main = [p for n, p in model.named_parameters() if not n.startswith("transformer.compressors")]
+            compressor = [
+                p for n, p in model.named_parameters() if n.startswith("transformer.memory.policies.compression.")
+            ]
+            main = [
+                p for n, p in model.named_parameters() if not n.startswith("transformer.memory.policies.compression.")
+            ]
             grads = torch.autograd.grad(out.aux_loss, compressor + main, allow_unused=True)
             assert all(g is not None for g in grads[: len(compressor)])
             assert all(g is None for g in grads[len(compressor) :])  # the main model learns nothing from it
@@ -103,17 +107,17 @@ def test_compression_functions_and_their_errors():
     assert Compressor("mean", 4, 3)(states).shape == (2, 2, 3)  # a partial last group is pooled too
     assert Compressor("conv", 4, 3)(states).shape == (2, 2, 3)  # a short last group is padded with its last state
     with pytest.raises(ConfigError, match="needs a compression rate"):
-        ModelConfig(cmem_len=8)
+        ModelConfig.of(cmem_len=8)
     with pytest.raises(ConfigError, match="without a compressed memory"):
-        ModelConfig(cmem_rate=2)
+        ModelConfig.of(cmem_rate=2)
     with pytest.raises(ConfigError, match="cmem_fn"):
-        ModelConfig(cmem_len=4, cmem_rate=2, cmem_fn="median")
+        ModelConfig.of(cmem_len=4, cmem_rate=2, cmem_fn="median")
     from test_train import tiny_corpus, tiny_run
 
     from longseq.train.loop import prepare_model_config
 
     run = tiny_run()
-    run.model = ModelConfig(**{**run.model.to_dict(), "cmem_len": 4, "cmem_rate": 3, "cmem_fn": "linear"})
+    run.model = ModelConfig.of(**{**run.model.to_dict(), "cmem_len": 4, "cmem_rate": 3, "cmem_fn": "linear"})
     with pytest.raises(ConfigError, match="must be multiples of it"):
         prepare_model_config(run, tiny_corpus())
 
@@ -138,7 +142,7 @@ def test_memory_state_round_trips_through_checkpoint_tensors():
     mems = None
     for lo in range(0, 24, 6):
         mems = model(x[:, lo : lo + 6], mems).mems
-    again = memory_from_tensors(memory_to_tensors(mems))
+    again = Memory.from_tensors(mems.to_tensors())
     out_a, out_b = model(x[:, :6], mems).logits, model(x[:, :6], again).logits
     assert torch.equal(out_a, out_b)
 
@@ -150,9 +154,9 @@ def test_attention_pruning_keeps_the_segment_and_the_most_attended_old_slots():
     pruned = model_for(mem_len=8, mem_select="attention").eval()
     x = torch.randint(0, 40, (2, 16))
     first = recent(x[:, :6]).mems  # memory not full yet: nothing to choose
-    assert torch.equal(pruned(x[:, :6]).mems.hidden[0], first[0])
+    assert torch.equal(pruned(x[:, :6]).mems[0], first[0])
     state = pruned(x[:, 6:11], first).mems  # 6 old + 5 new > 8: keep 3 old slots and the 5 new
-    layer0 = state.hidden[0]
+    layer0 = state[0]
     embedded = recent.transformer.word_emb(x[:, 6:11])
     assert torch.equal(layer0[:, 3:], embedded)
     # the 3 old slots are those of layer 0 that received the most attention mass, in their original order
@@ -161,7 +165,7 @@ def test_attention_pruning_keeps_the_segment_and_the_most_attended_old_slots():
     q, k, _ = attn.qkv_net(context).split(16, dim=-1)
     q = q[:, -5:].reshape(2, 5, 2, 8).transpose(1, 2)
     k = k.reshape(2, 11, 2, 8).transpose(1, 2)
-    rel = recent.transformer._rel_keys(11, -1, torch.float32, x.device)[0]
+    rel = recent.transformer.relative_tables(11, -1, torch.float32, x.device)[0]
     mass = key_mass(q, k, rel, recent.transformer.r_w_bias, recent.transformer.r_r_bias, causal_mask(5, 6, None))[:, :6]
     chosen = mass.topk(3, dim=1).indices.sort(dim=1).values
     expected = first[0].gather(1, chosen[:, :, None].expand(-1, -1, 16))
@@ -194,7 +198,7 @@ def test_memory_tokens_and_compaction_resume_exactly(tmp_path):
 
     def run():
         r = tiny_run(max_steps=8, eval_interval=4)
-        r.model = ModelConfig(
+        r.model = ModelConfig.of(
             **{
                 **r.model.to_dict(),
                 "mem_tokens": 2,
@@ -237,7 +241,7 @@ def test_document_ids_work_with_chunked_attention_and_bad_combinations_are_rejec
         chunked(x, first_c.mems, doc_ids=docs + 1).logits, whole(x, first_w.mems, doc_ids=docs + 1).logits, atol=1e-12
     )
     with pytest.raises(ConfigError, match="cannot be combined with a compressed memory"):
-        ModelConfig(mem_select="attention", cmem_len=4, cmem_rate=2)
+        ModelConfig.of(mem_select="attention", cmem_len=4, cmem_rate=2)
     pruned = model_for(mem_select="attention")
     with pytest.raises(ValueError, match="does not support document ids"):
         pruned(x, doc_ids=docs)

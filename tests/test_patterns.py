@@ -8,8 +8,16 @@ import torch
 
 from longseq.config import ConfigError, ModelConfig
 from longseq.model.attention import RelativeMultiHeadAttention
-from longseq.model.patterns import PATTERN_NAMES, AttentionPattern, PatternError, PatternMask, global_keys
-from longseq.model.positions import relative_distances, sinusoidal_embedding
+from longseq.model.attention.patterns import (
+    PATTERN_NAMES,
+    AttentionPattern,
+    PatternError,
+    PatternMask,
+    global_keys,
+    layer_patterns,
+)
+from longseq.model.memory import Memory, Recurrence
+from longseq.model.positions import RelativePositions, relative_distances, sinusoidal_embedding
 from longseq.model.transformer import TransformerXLLM
 
 D_MODEL, N_HEAD, D_HEAD = 16, 4, 4
@@ -97,10 +105,8 @@ def run_layer(layer, p, qlen, mlen, global_mask=None, docs=None, grad=True):
     v = torch.randn(N_HEAD, D_HEAD, dtype=torch.float64, requires_grad=True)
     klen = qlen + mlen
     distances = relative_distances(klen, -1, bottom=0 if p.causal else -(qlen - 1))
-    if layer.pos == "shaw":
-        rel_key = layer.shaw_keys(distances).double()
-    else:
-        rel_key = layer.rel_keys(sinusoidal_embedding(distances, D_MODEL, torch.float64))
+    pos_emb = None if hasattr(layer, "rel_table") else sinusoidal_embedding(distances, D_MODEL, torch.float64)
+    rel_key = layer.relative_keys(RelativePositions(distances, pos_emb, torch.float64))
     flags = global_keys(global_mask, p.num_global, 2, qlen, mlen, None) if p.has_global else None
     query_docs, key_docs = docs if docs is not None else (None, None)
     mask = PatternMask(p, qlen, mlen, None, query_docs, key_docs, flags)
@@ -154,7 +160,7 @@ def test_local_key_ranges_are_bounded_by_block_plus_reach():
 
 def lm(attention, **extra):
     base = dict(vocab_size=40, n_layer=2, d_model=D_MODEL, n_head=N_HEAD, d_head=D_HEAD, d_inner=32, dropout=0.0)
-    config = ModelConfig(**{**base, "mem_len": 12, "attention": attention, **extra})
+    config = ModelConfig.of(**{**base, "mem_len": 12, "attention": attention, **extra})
     torch.manual_seed(0)
     return TransformerXLLM(config).double().eval()
 
@@ -193,8 +199,9 @@ def test_global_tokens_see_everything_and_are_seen_by_everything(causal):
     ids = torch.randint(0, 40, (1, 12))
     emb = model.transformer.word_emb(ids).detach().requires_grad_(True)
     hidden = model.transformer.layers[0].dec_attn  # one layer is enough to show who reads whom
-    rel = model.transformer._rel_keys(12, -1, torch.float64, None, qlen=12)[0]
-    mask = model.transformer._masks(12, 0, None, None, gmask, 1, None)[0]
+    rel = model.transformer.relative_tables(12, -1, torch.float64, None, qlen=12)[0]
+    step = model.transformer.memory.begin(Memory(), ids, Recurrence(0), None, False, model.transformer.layers)
+    mask = model.transformer._masks(step, gmask, None)[0]
     out, _, _ = hidden(emb, rel, model.transformer.r_w_bias, model.transformer.r_r_bias, mask)
     far_source = 0
     g_global = torch.autograd.grad(out[0, 5].sum(), emb, retain_graph=True)[0][0, far_source]
@@ -209,7 +216,7 @@ def test_shaw_position_term_is_the_clipped_learned_table():
     hidden = torch.randn(1, qlen, D_MODEL, dtype=torch.float64)
     memory = torch.randn(1, mlen, D_MODEL, dtype=torch.float64)
     zero = torch.zeros(N_HEAD, D_HEAD, dtype=torch.float64)
-    rel_key = layer.shaw_keys(relative_distances(qlen + mlen, -1)).double()
+    rel_key = layer.relative_keys(RelativePositions(relative_distances(qlen + mlen, -1), None, torch.float64))
     mask = PatternMask(pattern("full"), qlen, mlen)
     out, (key, value), _ = layer(hidden, rel_key, zero, zero, mask, memory)
     query = layer.qkv_net(hidden).split(N_HEAD * D_HEAD, -1)[0].view(1, qlen, N_HEAD, D_HEAD)
@@ -229,16 +236,16 @@ def test_shaw_position_term_is_the_clipped_learned_table():
 
 def test_bad_pattern_configurations_get_clear_errors():
     with pytest.raises(ConfigError, match="window must be >= 1"):
-        ModelConfig(attention="window", window=0)
+        ModelConfig.of(attention="window", window=0)
     with pytest.raises(ConfigError, match="nothing to attend to"):
-        ModelConfig(attention="dilated", dilation=[1, 0, 2, 1])
+        ModelConfig.of(attention="dilated", dilation=[1, 0, 2, 1])
     with pytest.raises(ConfigError, match="one per head"):
-        ModelConfig(attention="dilated", dilation=[1, 2, 3])
+        ModelConfig.of(attention="dilated", dilation=[1, 2, 3])
     with pytest.raises(ConfigError, match="did you mean window"):
-        ModelConfig(attention="windw")
+        ModelConfig.of(attention="windw")
     with pytest.raises(ConfigError, match="one per layer"):
-        ModelConfig(attention=["window", "full"], n_layer=4)
-    assert ModelConfig(attention="window,full,full,full").layer_patterns()[1].name == "full"
+        ModelConfig.of(attention=["window", "full"], n_layer=4)
+    assert layer_patterns(ModelConfig.of(attention="window,full,full,full"))[1].name == "full"
     model = lm(["global"], window=3)
     ids = torch.randint(0, 40, (2, 8))
     with pytest.raises(ValueError, match=r"global_mask must have the input's shape \(2, 8\), got \(2, 7\)"):
@@ -253,7 +260,7 @@ def test_bad_pattern_configurations_get_clear_errors():
 @pytest.mark.parametrize("name", ["window", "dilated"])
 def test_banded_path_runs_and_equals_dense_reference(name, causal, monkeypatch):
     """Longer sequences take the batched banded kernel (every block at once); it must agree too."""
-    import longseq.model.attention as attention
+    import longseq.model.attention.kernels as attention
 
     calls = []
     original = attention.banded_attention

@@ -25,7 +25,7 @@ def memory_task(n: int, seed: int):
 
 def train_classifier(mem_len: int) -> float:
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=20, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0,
+    config = ModelConfig.of(vocab_size=20, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0,
                          mem_len=mem_len)  # fmt: skip
     model = DocumentClassifier(TransformerXLLM(config), N_CLASSES, pooling="last")
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -49,7 +49,9 @@ def test_a_label_five_segments_back_is_learned_with_memory_and_not_without():
 
 def test_joint_lm_loss_adds_to_the_task_loss():
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=20, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0, mem_len=8)
+    config = ModelConfig.of(
+        vocab_size=20, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0, mem_len=8
+    )
     model = DocumentClassifier(TransformerXLLM(config), N_CLASSES, pooling="mean")
     docs, labels = memory_task(4, seed=3)
     task = model(docs, SEG, labels)["loss"]
@@ -130,7 +132,7 @@ def train_mlm(bidirectional: bool) -> float:
     """Documents of pairs (a, a + 10) with a in 1..10; a masked first element is predictable only from the token
     after it."""
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=21, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0,
+    config = ModelConfig.of(vocab_size=21, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0,
                          mem_len=8, bidirectional=bidirectional)  # fmt: skip
     model = TransformerXLLM(config)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -184,7 +186,7 @@ def span_task(n: int, seed: int):
 
 def train_span(mem_len: int) -> float:
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=30, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0,
+    config = ModelConfig.of(vocab_size=30, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0,
                          mem_len=mem_len)  # fmt: skip
     model = SpanExtractor(TransformerXLLM(config))
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -276,7 +278,7 @@ def test_padding_changes_nothing_for_the_real_tokens():
     longer one, and its class logits the same with 3 or 11 positions of left padding: no real token attends to
     filler."""
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=20, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
+    config = ModelConfig.of(vocab_size=20, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
                          mem_len=8, bidirectional=True)  # fmt: skip
     lm = TransformerXLLM(config).eval()
     short, long = torch.randint(1, 20, (13,)), torch.randint(1, 20, (21,))

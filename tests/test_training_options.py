@@ -33,7 +33,7 @@ def test_lamb_matches_the_update_rule_written_out():
 
 
 def test_layer_wise_decay_scales_each_depth():
-    model = TransformerXLLM(ModelConfig(vocab_size=20, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32))
+    model = TransformerXLLM(ModelConfig.of(vocab_size=20, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32))
     opt = build_optimizer(model, TrainConfig(layer_lr_decay=0.5))
     scale = {id(p): g["lr_scale"] for g in opt.param_groups for p in g["params"]}
     named = dict(model.named_parameters())
@@ -47,7 +47,9 @@ def test_layer_wise_decay_scales_each_depth():
 
 
 def test_activation_checkpointing_gives_the_same_loss_and_gradients():
-    config = ModelConfig(vocab_size=20, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.2, mem_len=6)
+    config = ModelConfig.of(
+        vocab_size=20, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.2, mem_len=6
+    )
     torch.manual_seed(0)
     model = TransformerXLLM(config).double().train()
     ids = torch.randint(0, 20, (2, 10))

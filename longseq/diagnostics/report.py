@@ -87,10 +87,8 @@ def _grad_norms(model: TransformerXLLM, input_ids: Tensor, labels: Tensor, mems)
 
 
 def _memory_stats(mems) -> list[dict]:
-    layers = mems.hidden if hasattr(mems, "hidden") else mems
     stats = []
-    for mem in layers or ():
-        mem = mem.dequantize() if hasattr(mem, "dequantize") else mem
+    for mem in mems:  # every layer's (B, M, E) states, dequantized
         m = mem.double()
         stats.append(
             {
@@ -166,9 +164,7 @@ def diagnose(model: TransformerXLLM, ids: np.ndarray, out_dir: str, *, tgt_len: 
 
 
 def _memory_length(mems) -> int:
-    if hasattr(mems, "mem_length"):
-        return int(mems.mem_length + mems.cmem_length)
-    return int(mems[0].size(1)) if mems else 0
+    return int(mems.length)
 
 
 def _plots(plt, maps, summary, grad_norms, mlen, out_dir) -> list[str]:

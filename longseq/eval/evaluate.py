@@ -10,7 +10,8 @@ import torch
 from tqdm import tqdm
 
 from longseq.data.batching import OrderedStream
-from longseq.model import KVMemory, TransformerXLLM
+from longseq.model import Memory, TransformerXLLM
+from longseq.model.positions import position_encoding
 
 
 @torch.no_grad()
@@ -42,8 +43,9 @@ def evaluate(
     stream = OrderedStream(ids, batch_size, tgt_len, doc_ids=doc_ids)
     total = stream.n_segments() if not max_segments else min(max_segments, stream.n_segments())
     c = model.config
-    kv_memory = kv_memory and c.arch == "transformer" and c.pos != "absolute" and not c.uses_memory_state
-    mems = KVMemory.empty() if kv_memory and doc_ids is None else None
+    relative = c.arch == "transformer" and position_encoding(c.positions.pos).relative
+    kv_memory = kv_memory and relative and not c.memory.compacted and doc_ids is None
+    mems = Memory.empty("kv") if kv_memory else None
     nll_sum, n_tokens = 0.0, 0
     start = time.perf_counter()
     with tqdm(total=total, desc="eval", unit="seg", disable=not progress or None, leave=False) as bar:

@@ -14,13 +14,13 @@ import time
 import torch
 
 from longseq.config import ModelConfig
-from longseq.model import KVMemory, TransformerXLLM
+from longseq.model import Memory, TransformerXLLM
 
 
 def bench_config(mem_len: int, **overrides) -> ModelConfig:
     """The benchmark model of the performance issue: 4 layers, d_model 256, 8 heads x 32, d_inner 1024, bytes."""
     base = dict(vocab_size=256, n_layer=4, d_model=256, n_head=8, d_head=32, d_inner=1024, dropout=0.1, dropatt=0.0)
-    return ModelConfig(**{**base, **overrides, "mem_len": mem_len})
+    return ModelConfig.of(**{**base, **overrides, "mem_len": mem_len})
 
 
 def peak_rss_mb() -> float:
@@ -84,7 +84,7 @@ def eval_per_token(model: TransformerXLLM, *, batch: int, tgt_len: int, mem_len:
     model.eval()
     fill = -(-mem_len // tgt_len)
     data = torch.randint(0, model.config.vocab_size, (batch, (fill + segments) * tgt_len + 1))
-    mems = KVMemory.empty()
+    mems = Memory.empty("kv")
     start = 0.0
     for s in range(fill + segments):
         if s == fill:

@@ -67,7 +67,7 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
     cutoffs = list(hf.get("cutoffs", [20000, 40000, 200000]))
     share = hf.get("proj_share_all_but_first", True)
     try:
-        return ModelConfig(
+        return ModelConfig.of(
             vocab_size=hf.get("vocab_size", 267735),
             n_layer=hf.get("n_layer", 18),
             d_model=hf.get("d_model", 1024),
@@ -97,10 +97,11 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
 def hf_config_from_model(config: ModelConfig) -> dict:
     """An HF ``TransfoXLConfig`` dict for a longseq model config."""
     ties = config.proj_ties
-    if set(config.attention) != {"full"} or config.bidirectional or config.pos != "sinusoidal":
+    p, pos = config.pattern, config.positions.pos
+    if set(p.attention) != {"full"} or p.bidirectional or pos != "sinusoidal" or config.memory.compacted:
         raise ConversionError(
-            f"HF TransfoXL has causal full attention with sinusoidal positions only; this model has "
-            f"attention={config.attention}, bidirectional={config.bidirectional}, pos={config.pos}"
+            f"HF TransfoXL has causal full attention with sinusoidal positions and a plain memory only; this model "
+            f"has attention={p.attention}, bidirectional={p.bidirectional}, pos={pos}, memory={config.memory}"
         )
     if len(set(ties[1:])) > 1 or ties[0]:
         raise ConversionError(f"tie_projs={ties} has no HF equivalent: HF ties all projections but the first, or none")
@@ -117,9 +118,9 @@ def hf_config_from_model(config: ModelConfig) -> dict:
         "div_val": config.div_val,
         "pre_lnorm": config.pre_lnorm,
         "n_layer": config.n_layer,
-        "mem_len": config.mem_len,
-        "clamp_len": config.clamp_len,
-        "same_length": config.same_length,
+        "mem_len": config.memory.mem_len,
+        "clamp_len": config.positions.clamp_len,
+        "same_length": config.memory.same_length,
         "proj_share_all_but_first": bool(ties[1]) if len(ties) > 1 else True,
         "attn_type": 0,
         "sample_softmax": -1,
@@ -259,10 +260,9 @@ def load_hf(directory: str) -> TransformerXLLM:
     return model.eval()
 
 
-def convert_from_hf(directory: str, out: str, vocab: str | None = None) -> RunConfig:
-    """Write a longseq checkpoint for an HF TransfoXL directory."""
-    from longseq.train.checkpoint import save_checkpoint
-
+def convert_from_hf(directory: str, vocab: str | None = None) -> tuple[TransformerXLLM, Tokenizer, RunConfig]:
+    """The longseq model, tokenizer and run config of an HF TransfoXL directory (save them with
+    :func:`longseq.train.checkpoint.save_checkpoint`)."""
     hf = _read_hf_config(directory)
     model = load_hf(directory)
     tokenizer: Tokenizer
@@ -284,8 +284,7 @@ def convert_from_hf(directory: str, out: str, vocab: str | None = None) -> RunCo
         data=DataConfig(tokenizer=tokenizer.kind, tgt_len=tgt_len, eval_tgt_len=tgt_len),
         train=TrainConfig(),
     )
-    save_checkpoint(out, model, run, tokenizer, metrics={"converted_from": os.path.abspath(directory)})
-    return run
+    return model, tokenizer, run
 
 
 def export_to_hf(model: TransformerXLLM, out: str, tokenizer: Tokenizer | None = None) -> None:

@@ -1,6 +1,6 @@
 """Transformer-XL architecture: attention, positions, memory, adaptive softmax, backbone."""
 
-from longseq.model.memory import KVMemory, Memory, MemoryState, Quantized, memory_nbytes, reset_rows, update_memory
+from longseq.model.memory import LayerMemory, Memory, Quantized, Recurrence, reset_rows
 from longseq.model.transformer import LMOutput, TransformerXL, TransformerXLLM
 
 
@@ -14,15 +14,13 @@ def build_model(config):
 
 
 __all__ = [
-    "build_model",
-    "KVMemory",
     "LMOutput",
+    "LayerMemory",
     "Memory",
-    "MemoryState",
     "Quantized",
-    "memory_nbytes",
-    "reset_rows",
+    "Recurrence",
     "TransformerXL",
     "TransformerXLLM",
-    "update_memory",
+    "build_model",
+    "reset_rows",
 ]

@@ -48,12 +48,12 @@ class DocumentClassifier(nn.Module):
             raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
         segments = input_ids.split(segment_len, dim=1)
         pads = padding_segments(padding, input_ids, segment_len)
-        mems, lm_losses, c = None, [], self.lm.config
+        mems, lm_losses = None, []
         for i, (segment, pad) in enumerate(zip(segments, pads)):
             final = i == len(segments) - 1
             with torch.set_grad_enabled(torch.is_grad_enabled() and (final or lm_weight > 0)):
                 docs = None if pad is None else pad.long()  # filler is a document of its own
-                hidden, mems, _ = self.lm.transformer(segment, mems, c.mem_len, c.clamp_len, c.same_length, docs)
+                hidden, mems, _ = self.lm.hidden_states(segment, mems, doc_ids=docs)
                 if lm_weight > 0 and segment.size(1) > 1:
                     flat = hidden[:, :-1].reshape(-1, hidden.size(-1))
                     nll = self.lm.crit.nll(flat, segment[:, 1:].reshape(-1))
@@ -120,11 +120,11 @@ class SpanExtractor(nn.Module):
             raise ValueError(
                 f"allowed must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(allowed.shape)}"
             )
-        c, mems, hidden = self.lm.config, None, []
+        mems, hidden = None, []
         pads = padding_segments(padding, input_ids, segment_len)
         for segment, pad in zip(input_ids.split(segment_len, dim=1), pads):
             docs = None if pad is None else pad.long()  # filler is a document of its own: nothing real sees it
-            out, mems, _ = self.lm.transformer(segment, mems, c.mem_len, c.clamp_len, c.same_length, docs)
+            out, mems, _ = self.lm.hidden_states(segment, mems, doc_ids=docs)
             hidden.append(out)
         logits = self.qa(torch.cat(hidden, dim=1)).float()  # (B, N, 2)
         if allowed is not None:

@@ -2,7 +2,7 @@
 
 Embedding -> dropout -> ``n_layer`` LSTM layers of width ``d_model`` -> dropout -> softmax tied to the
 embedding (``tie_weight``).  Its "memory" is the recurrent state carried across segments (truncated BPTT),
-one (B, 2, E) tensor per layer holding h and c, batch-first like every longseq memory.
+one (B, 2, E) state per layer holding h and c in a :class:`~longseq.model.memory.Memory`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longseq.config import ModelConfig
+from longseq.config.model import ModelConfig
+from longseq.model.memory import LayerMemory, Memory
 from longseq.model.transformer import IGNORE_INDEX, LMOutput
 
 
@@ -57,8 +58,8 @@ class LSTMLM(nn.Module):
             raise ValueError(f"input_ids must be a (batch, time) tensor, got shape {tuple(input_ids.shape)}")
         batch = input_ids.size(0)
         state = None
-        if mems:  # tuple of (B, 2, E) per layer
-            stacked = torch.stack(list(mems), dim=0)  # (L, B, 2, E)
+        if mems is not None and len(mems.layers):  # a Memory: the (B, 2, E) state of every layer
+            stacked = torch.stack([layer.state for layer in mems.layers], dim=0)  # (L, B, 2, E)
             if stacked.shape != (self.config.n_layer, batch, 2, self.config.d_model):
                 raise ValueError(
                     f"LSTM state must be {self.config.n_layer} tensors of shape {(batch, 2, self.config.d_model)}"
@@ -67,7 +68,7 @@ class LSTMLM(nn.Module):
         hidden = self.drop(self.embedding(input_ids.long()))  # (B, T, E)
         output, (h, c) = self.lstm(hidden, state)
         logits = self.decoder(self.drop(output))  # (B, T, V)
-        new_mems = tuple(torch.stack([h[i], c[i]], dim=1).detach() for i in range(self.config.n_layer))
+        new_mems = Memory(tuple(LayerMemory(state=torch.stack([h[i], c[i]], dim=1).detach()) for i in range(len(h))))
         if labels is None:
             return LMOutput(loss=None, logits=logits, nll=None, mems=new_mems)
         flat = labels.reshape(-1).long()

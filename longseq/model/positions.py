@@ -1,10 +1,25 @@
-"""Relative positions: the sinusoidal R of Transformer-XL (Vaswani et al., 2017; Dai et al., 2019, section 3.3)
-and the clipped learned table of Shaw et al. (2018)."""
+"""Position encodings, a small registry chosen by ``ModelConfig.positions.pos``.
+
+* ``sinusoidal``: the relative encoding of Transformer-XL (Dai et al., 2019, section 3.3): a sinusoidal R
+  (Vaswani et al., 2017) of every distance, projected per layer by W_{k,R} (``r_net``), with the learned
+  biases u and v.
+* ``shaw``: the clipped learned relative table of Shaw et al. (2018), one key per distance in
+  [-max, max] per layer (``rel_table``), without u and v.
+* ``absolute``: the vanilla Transformer (Al-Rfou et al., 2018): sinusoidal absolute positions added to the
+  embeddings, no relative term and no memory (a memory would repeat absolute positions).
+
+An encoding creates its parameters on each attention module (``setup``), so checkpoints keep the paper's
+tensor names, and turns the forward pass's :class:`RelativePositions` into that layer's relative table.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from longseq.config.model import POSITIONS
 
 
 def relative_distances(klen: int, clamp_len: int, device: torch.device | None = None, bottom: int = 0) -> Tensor:
@@ -37,3 +52,85 @@ def sinusoidal_embedding(distances: Tensor, d_model: int, dtype: torch.dtype = t
 def clipped_index(distances: Tensor, max_distance: int) -> Tensor:
     """Row of a learned relative table (Shaw et al., 2018) for each distance: clip(d, -max, max) + max."""
     return distances.round().long().clamp(-max_distance, max_distance) + max_distance
+
+
+@dataclass(frozen=True)
+class RelativePositions:
+    """The relative positions of one forward pass, shared by all layers; each layer projects them with its own
+    weights inside its own forward (so a sharded layer, FSDP, has gathered those weights when it reads them).
+
+    ``distances`` (R,) are the distances of the table's rows; ``pos_emb`` (R, E) their sinusoidal embedding
+    (None when the encoding does not use it); ``dtype`` the table's dtype."""
+
+    distances: Tensor
+    pos_emb: Tensor | None
+    dtype: torch.dtype
+
+
+def _exact(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class SinusoidalRelative:
+    """Transformer-XL's R with W_{k,R} per layer and the learned u, v."""
+
+    learned_biases = True  # u and v (``r_w_bias``, ``r_r_bias``)
+    relative = True  # a relative term in every score, so the memory can be reused across segments
+
+    def setup(self, attention: nn.Module, d_model: int, max_relative_distance: int) -> None:
+        attention.r_net = nn.Linear(d_model, attention.n_head * attention.d_head, bias=False)  # W_{k,R}
+
+    def positions(self, distances: Tensor, d_model: int, dtype: torch.dtype, dropout: nn.Module) -> RelativePositions:
+        pos_emb = dropout(sinusoidal_embedding(distances, d_model, _exact(dtype)).to(dtype))  # (R, E)
+        return RelativePositions(distances, pos_emb, dtype)
+
+    def relative_keys(self, attention: nn.Module, positions: RelativePositions) -> Tensor:
+        """W_R R for every row, as (H, R, D)."""
+        return attention.r_net(positions.pos_emb).view(-1, attention.n_head, attention.d_head).transpose(0, 1)
+
+    def embed(self, hidden: Tensor) -> Tensor:
+        return hidden
+
+
+class ShawRelative(SinusoidalRelative):
+    """Shaw et al.'s clipped learned table: terms (a) and (b) of the score, no u and v."""
+
+    learned_biases = False
+
+    def setup(self, attention: nn.Module, d_model: int, max_relative_distance: int) -> None:
+        attention.max_relative_distance = max_relative_distance
+        width = attention.n_head * attention.d_head
+        attention.rel_table = nn.Parameter(torch.zeros(2 * max_relative_distance + 1, width))
+
+    def positions(self, distances: Tensor, d_model: int, dtype: torch.dtype, dropout: nn.Module) -> RelativePositions:
+        return RelativePositions(distances, None, dtype)
+
+    def relative_keys(self, attention: nn.Module, positions: RelativePositions) -> Tensor:
+        """The learned keys a_{clip(d)} for every distance, as (H, R, D)."""
+        rows = attention.rel_table[clipped_index(positions.distances, attention.max_relative_distance)]  # (R, H*D)
+        return rows.view(-1, attention.n_head, attention.d_head).transpose(0, 1).to(positions.dtype)
+
+
+class AbsolutePositions(ShawRelative):
+    """The vanilla Transformer: sinusoidal positions 0 .. T-1 added to the input; content scores only."""
+
+    relative = False
+
+    def setup(self, attention: nn.Module, d_model: int, max_relative_distance: int) -> None:
+        pass
+
+    def relative_keys(self, attention: nn.Module, positions: RelativePositions) -> None:
+        return None
+
+    def embed(self, hidden: Tensor) -> Tensor:
+        positions = torch.arange(hidden.size(1), device=hidden.device, dtype=torch.float32)
+        return hidden + sinusoidal_embedding(positions, hidden.size(-1), _exact(hidden.dtype)).to(hidden.dtype)
+
+
+POSITION_ENCODINGS = {"sinusoidal": SinusoidalRelative(), "shaw": ShawRelative(), "absolute": AbsolutePositions()}
+assert tuple(POSITION_ENCODINGS) == POSITIONS, "the registry must implement every name the config accepts"
+
+
+def position_encoding(name: str) -> SinusoidalRelative:
+    """The encoding registered under ``name`` (``ModelConfig.positions.pos``)."""
+    return POSITION_ENCODINGS[name]

@@ -27,12 +27,16 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from longseq.config import ConfigError, RunConfig
+from longseq.config import ConfigError, ModelConfig, RunConfig
 from longseq.data.tokenizers import Tokenizer, TokenizerError, tokenizer_from_dict
-from longseq.model import TransformerXLLM, build_model
-from longseq.model.memory import memory_from_tensors, memory_to_tensors
+from longseq.model import Memory, TransformerXLLM, build_model
 
-FORMAT = "longseq-checkpoint-v1"
+FORMAT = "longseq-checkpoint-v2"
+FORMAT_V1 = "longseq-checkpoint-v1"  # before the redesign: a flat model config, other memory tensor names
+V1_WEIGHT_NAMES = {  # format v1 name prefix -> today's
+    "transformer.compressors.": "transformer.memory.policies.compression.compressors.",
+    "transformer.memory_tokens": "transformer.memory.policies.tokens.initial",
+}
 
 
 class CheckpointError(RuntimeError):
@@ -186,7 +190,7 @@ def _write_checkpoint_files(tmp, model, run, tokenizer, training, metrics, weigh
     if training is not None:
         meta, tensors = _optimizer_to_files(training.optimizer)
         tensors["rng.torch"] = training.torch_rng
-        tensors.update(memory_to_tensors(training.mems))
+        tensors.update(training.mems.to_tensors() if training.mems is not None else {})
         save_file(tensors, os.path.join(tmp, "trainer.safetensors"))
         _write_json(
             os.path.join(tmp, "trainer_state.json"),
@@ -241,6 +245,9 @@ def _read_config(directory: str) -> tuple[RunConfig, dict]:
     try:
         with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
+        if config.get("format") == FORMAT_V1:
+            run = dict(config["run"])
+            return RunConfig.from_dict({**run, "model": ModelConfig.of(**run["model"]).to_dict()}), config
         if config.get("format") != FORMAT:
             raise CheckpointError(f"{directory} has checkpoint format {config.get('format')!r}, expected {FORMAT!r}")
         return RunConfig.from_dict(config["run"]), config
@@ -265,22 +272,46 @@ def load_checkpoint(
     except (json.JSONDecodeError, KeyError, TokenizerError) as exc:
         raise CheckpointError(f"checkpoint {directory} has an invalid tokenizer: {exc}") from None
     model = build_model(run.model)
-    load_weights(model, directory, device)
+    load_weights(model, directory, device, v1=config.get("format") == FORMAT_V1)
     model.to(device).eval()
     return model, tokenizer, run, config.get("metrics", {})
 
 
-def load_weights(model: TransformerXLLM, directory: str, device: str | torch.device = "cpu") -> None:
-    """Load ``directory/model.safetensors`` into ``model``; every tensor must match by name and shape."""
+def load_weights(model: TransformerXLLM, directory: str, device: str | torch.device = "cpu", v1: bool = False) -> None:
+    """Load ``directory/model.safetensors`` into ``model``; every tensor must match by name and shape.  ``v1``
+    renames the tensors of a format v1 checkpoint first."""
     path = os.path.join(directory, "model.safetensors")
     try:
-        missing, unexpected = load_model(model, path, strict=False, device=str(device))
+        if v1:
+            missing, unexpected = _load_v1_weights(model, path, device)
+        else:
+            missing, unexpected = load_model(model, path, strict=False, device=str(device))
     except (SafetensorError, RuntimeError) as exc:
         raise CheckpointError(f"cannot load weights from {path}: {exc}") from None
     if missing or unexpected:
         raise CheckpointError(
             f"weights in {path} do not match the config: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
         )
+
+
+def _load_v1_weights(model, path: str, device) -> tuple[list[str], list[str]]:
+    tensors = {}
+    for name, tensor in load_file(path, device=str(device)).items():
+        for old, new in V1_WEIGHT_NAMES.items():
+            if name.startswith(old):
+                name = new + name[len(old) :]
+        tensors[name] = tensor
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    shared = _shared_names(model)
+    return [m for m in missing if m not in shared or not any(n in tensors for n in shared[m])], list(unexpected)
+
+
+def _shared_names(model) -> dict[str, list[str]]:
+    """For every parameter name, the other names of the same tensor (tied weights)."""
+    by_id: dict[int, list[str]] = {}
+    for name, value in model.state_dict(keep_vars=True).items():
+        by_id.setdefault(id(value), []).append(name)
+    return {name: [n for n in names if n != name] for names in by_id.values() for name in names}
 
 
 def load_training_state(directory: str) -> TrainingState:
@@ -302,7 +333,7 @@ def load_training_state(directory: str) -> TrainingState:
         best_valid_loss=meta["best_valid_loss"],
         optimizer=_optimizer_from_files(meta["optimizer"], tensors),
         torch_rng=tensors["rng.torch"],
-        mems=memory_from_tensors(tensors),
+        mems=Memory.from_tensors(tensors),
         tokens_seen=meta.get("tokens_seen", 0),
         lr_scale=meta.get("lr_scale", 1.0),
         scaler=meta.get("scaler"),

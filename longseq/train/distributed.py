@@ -24,7 +24,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from longseq.config import ConfigError
-from longseq.model.memory import join_memory, memory_from_tensors, memory_to_tensors, split_memory
+from longseq.model.memory import Memory
 
 
 @dataclass(frozen=True)
@@ -55,23 +55,21 @@ class World:
         """Every rank's memory joined in rank order (all ranks must call it); None stays None."""
         if self.size == 1 or mems is None:
             return mems
-        tensors = memory_to_tensors(mems)
+        tensors = mems.to_tensors()
         gathered = [{} for _ in range(self.size)]
         for name in sorted(tensors):
             parts = [torch.empty_like(tensors[name]) for _ in range(self.size)]
             dist.all_gather(parts, tensors[name].contiguous())
             for rank, part in enumerate(parts):
                 gathered[rank][name] = part
-        restored = [memory_from_tensors(parts) for parts in gathered]
-        if hasattr(mems, "tokens_age"):  # a scalar of the state, the same on every rank
-            restored = [type(m)(m.hidden, m.compressed, m.doc_ids, m.tokens, mems.tokens_age) for m in restored]
-        return join_memory(restored)
+        restored = [Memory.from_tensors(parts, tokens_age=mems.tokens_age) for parts in gathered]
+        return Memory.join(restored)
 
     def local_memory(self, mems):
         """This rank's rows of a full memory (read from a checkpoint)."""
         if self.size == 1 or mems is None:
             return mems
-        return split_memory(mems, self.size)[self.rank]
+        return mems.split(self.size)[self.rank]
 
     def barrier(self) -> None:
         if self.size > 1:

@@ -30,7 +30,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_model
 
-from longseq.config import TrainConfig, _check, _JsonConfig
+from longseq.config.base import JsonConfig, check
+from longseq.config.run import TrainConfig
 from longseq.data.tasks import TaskDataError, read_jsonl
 from longseq.data.tokenizers import TokenizerError
 from longseq.model import build_model
@@ -42,7 +43,7 @@ TRAIN_SCORED = 1000  # the "train" metrics score the first this many training ex
 
 
 @dataclass
-class FinetuneConfig(_JsonConfig):
+class FinetuneConfig(JsonConfig):
     """What every task's fine-tuning shares.  ``segment_len`` 0 takes the checkpoint's ``tgt_len``;
     ``layer_lr_decay`` < 1 scales each layer's learning rate by decay^(depth from the top); ``head_only`` trains
     the task head alone."""
@@ -57,10 +58,10 @@ class FinetuneConfig(_JsonConfig):
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size"):
-            _check(getattr(self, name) >= 1, f"FinetuneConfig.{name} must be >= 1, got {getattr(self, name)}")
-        _check(self.segment_len >= 0, f"FinetuneConfig.segment_len must be >= 0, got {self.segment_len}")
-        _check(self.lr > 0, f"FinetuneConfig.lr must be > 0, got {self.lr}")
-        _check(
+            check(getattr(self, name) >= 1, f"FinetuneConfig.{name} must be >= 1, got {getattr(self, name)}")
+        check(self.segment_len >= 0, f"FinetuneConfig.segment_len must be >= 0, got {self.segment_len}")
+        check(self.lr > 0, f"FinetuneConfig.lr must be > 0, got {self.lr}")
+        check(
             0 < self.layer_lr_decay <= 1, f"FinetuneConfig.layer_lr_decay must be in (0, 1], got {self.layer_lr_decay}"
         )
 
@@ -413,7 +414,7 @@ def finetune_mlm(
     valid_docs = encode(valid_path) if valid_path else None
     segment_len = config.segment_len or run.data.tgt_len
     torch.manual_seed(config.seed)
-    bidi = type(lm.config).from_dict({**lm.config.to_dict(), "bidirectional": True})
+    bidi = lm.config.replace(pattern={**lm.config.pattern.to_dict(), "bidirectional": True})
     model = build_model(bidi)  # the same weights, attending both ways inside a segment
     model.load_state_dict(lm.state_dict())
     draw, generator = (

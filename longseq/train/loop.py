@@ -26,7 +26,7 @@ from longseq.data.batching import OrderedStream
 from longseq.data.corpus import Corpus, load_corpus, unigram_bits_per_token
 from longseq.eval.evaluate import evaluate
 from longseq.model import build_model
-from longseq.model.memory import detach_memory, join_memory, split_memory
+from longseq.model.memory import Memory
 from longseq.train.checkpoint import TrainingState, load_training_state, load_weights, save_checkpoint
 from longseq.train.distributed import (
     full_optimizer_state,
@@ -132,8 +132,9 @@ def prepare_model_config(run: RunConfig, corpus: Corpus) -> None:
             f"adaptive softmax cutoffs {run.model.cutoffs} do not fit the {vocab}-token vocabulary of {corpus.source}; "
             f"pass --set cutoffs=... with values below {vocab}, or cutoffs=[] for a plain softmax"
         )
-    run.model = type(run.model).from_dict({**run.model.to_dict(), "vocab_size": vocab})
-    m, rate = run.model, run.model.cmem_rate
+    run.model = run.model.replace(vocab_size=vocab)
+    m = run.model.memory
+    rate = m.cmem_rate
     if (
         m.cmem_len
         and m.cmem_fn in ("conv", "linear")
@@ -250,7 +251,7 @@ def train(
     log(
         f"model: {model.num_parameters():,} parameters; data: {len(corpus.train):,} training tokens from {corpus.source}"
     )
-    if run.model.cmem_len:
+    if run.model.memory.cmem_len:
         log(
             f"memory: effective temporal range (mem_len + cmem_rate * cmem_len) * n_layer = {run.model.effective_range}"
         )
@@ -308,7 +309,7 @@ def train(
         )
 
     losses: list[float] = []
-    window = run.model.mem_tokens_bptt if run.model.mem_tokens else 1
+    window = run.model.memory.mem_tokens_bptt if run.model.memory.mem_tokens else 1
     pending: list = [None] * tc.grad_accum
     valid: dict = {}
     end = tc.max_steps if stop_after is None else min(tc.max_steps, step + stop_after)
@@ -333,7 +334,8 @@ def train(
             # tokens back-propagate through several segments
             segments = [stream.next_segment() for _ in range(window)]
             optimizer.zero_grad(set_to_none=True)
-            chunk_mems, loss_sum = split_memory(mems, tc.grad_accum), 0.0
+            chunk_mems = mems.split(tc.grad_accum) if mems is not None else [None] * tc.grad_accum
+            loss_sum = 0.0
             for j, segment in enumerate(segments):
                 if segment.new_epoch:
                     chunk_mems = [None] * tc.grad_accum
@@ -393,7 +395,7 @@ def train(
                     )
                 continue  # the memory of the step before is kept
             bad_steps = 0
-            mems = detach_memory(join_memory(chunk_mems))
+            mems = Memory.join(chunk_mems).detach()
             segment = segments[-1]
             if scaler is not None:
                 scaler.step(optimizer)

@@ -38,10 +38,13 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-PATTERN_NAMES = ("full", "window", "dilated", "strided", "block_sparse", "global", "bigbird")
+from longseq.config.base import ConfigError
+from longseq.config.model import PATTERNS, ModelConfig, check_pattern
+
+PATTERN_NAMES = PATTERNS
 
 
-class PatternError(ValueError):
+class PatternError(ConfigError):
     """An attention pattern's parameters or inputs are invalid."""
 
 
@@ -63,18 +66,10 @@ class AttentionPattern:
     def __post_init__(self) -> None:
         if self.name not in PATTERN_NAMES:
             raise PatternError(f"unknown attention pattern {self.name!r}; known patterns: {', '.join(PATTERN_NAMES)}")
-        if self.window < 1:
-            raise PatternError(f"attention window must be >= 1 key, got window={self.window}")
-        if not self.dilation or any(d < 1 for d in self.dilation):
-            raise PatternError(
-                f"dilation must be >= 1 for every head, got {list(self.dilation)}: "
-                "a dilation of 0 or less leaves a query nothing to attend to"
-            )
-        for name in ("stride", "block_size"):
-            if getattr(self, name) < 1:
-                raise PatternError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 1 <= self.block_summary <= self.block_size:
-            raise PatternError(f"block_summary must be in [1, block_size={self.block_size}], got {self.block_summary}")
+        try:
+            check_pattern(self.window, self.dilation, self.stride, self.block_size, self.block_summary)
+        except ConfigError as exc:
+            raise PatternError(str(exc)) from None
         if self.num_global < 0 or self.num_random_blocks < 0:
             raise PatternError("num_global and num_random_blocks must be >= 0")
 
@@ -138,6 +133,19 @@ class AttentionPattern:
         table.scatter_(1, picks, True)
         table &= score >= 0  # a causal query block early in the window has fewer than r eligible blocks
         return table[q_blocks - first][:, key[0] // size]  # (Tq, Tk)
+
+
+def layer_patterns(config: ModelConfig) -> list[AttentionPattern]:
+    """One :class:`AttentionPattern` per layer of ``config`` (``attention`` holds one name or one per layer)."""
+    p = config.pattern
+    return [
+        AttentionPattern(
+            name=name, causal=not p.bidirectional, window=p.window, dilation=tuple(p.dilation), stride=p.stride,
+            block_size=p.block_size, block_summary=p.block_summary, num_global=p.num_global,
+            num_random_blocks=p.num_random_blocks, seed=p.pattern_seed,
+        )
+        for name in config.layer_pattern_names
+    ]  # fmt: skip
 
 
 def _mix(x: Tensor) -> Tensor:

@@ -1,59 +1,29 @@
-"""Relative multi-head attention of Transformer-XL (Dai et al., 2019, section 3.3).
+"""Fast attention kernels, chosen by name from :data:`ATTENTION_KERNELS`, beside the readable reference.
 
-Dimension glossary (batch-first everywhere):
-
-    B  batch (parallel streams)         T  query length (the current segment)
-    M  memory length                    K  key length, M + T
-    H  heads                            D  head dimension (d_head)
-    E  model width (d_model)            R  relative positions, K + 1 (distances K .. 0)
-
-For query i (absolute position M + i) and key j the score is
-
-    A_ij = (q_i + u) . k_j  +  (q_i + v) . W_R R_{M+i-j}          (terms (a)+(c) and (b)+(d))
-
-scaled by 1/sqrt(D).  Paper symbols map to parameters as u -> ``r_w_bias``,
-v -> ``r_r_bias``, W_R -> ``r_net``; W_q, W_k, W_v are the three blocks of ``qkv_net``.
-
-Kernels are chosen by name from :data:`ATTENTION_KERNELS`: ``reference`` gathers R for every
-(i, j) pair and is meant to be read; ``rel_shift`` computes one (T, R) matrix for the position
-term and shifts it with a strided view, the path used in training.
+``rel_shift`` computes one (T, R) matrix for the position term and shifts it with a strided view (the training
+path; without gradients it runs inside PyTorch's fused SDPA).  :func:`blocked_attention` cuts a problem into
+blocks of queries, each with only the keys its pattern can reach, and :func:`banded_attention` runs every block
+of a local pattern in one batched matmul: what makes local patterns linear in length.  ``content_attention`` is
+the vanilla Transformer's (no relative term).
 
 Kernel contract: a kernel gets queries (B, H, T, D), keys and values (B, H, K, D), a relative table
 ``rel_key`` (H, R, D) whose row ``T - i + j`` holds W_R R for the distance of pair (i, j) (R >= K + 1;
 rows past the end are only read for forbidden pairs), u, v and a bool mask broadcastable to
-(B, H, T, K), True where forbidden.  :func:`blocked_attention` cuts a problem into blocks of queries,
-each with only the keys its attention pattern can reach, and hands every block to a kernel as a
-smaller instance of the same contract: that is what makes local patterns linear in length.
+(B, H, T, K), True where forbidden.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from longseq.model.patterns import PatternMask
-from longseq.model.positions import clipped_index
-
-
-def causal_mask(qlen: int, mlen: int, span: int | None, device: torch.device | None = None) -> Tensor:
-    """Boolean (T, K) mask, True where attention is forbidden.
-
-    Query i sits at absolute position ``mlen + i`` and sees keys at distance 0 .. mlen + i.
-    With ``span`` (``same_length``) it sees only the last ``span`` keys, so every query has
-    the same context length once the memory is full.
-    """
-    query = torch.arange(qlen, device=device)[:, None] + mlen  # (T, 1)
-    key = torch.arange(mlen + qlen, device=device)[None, :]  # (1, K)
-    distance = query - key  # (T, K)
-    masked = distance < 0
-    if span is not None:
-        masked = masked | (distance >= span)
-    return masked
+from longseq.config.model import KERNELS
+from longseq.model.attention.patterns import PatternMask
+from longseq.model.attention.reference import dense_mask, reference_attention
 
 
 def rel_shift(position_scores: Tensor, qlen: int, klen: int | None = None) -> Tensor:
@@ -71,42 +41,6 @@ def rel_shift(position_scores: Tensor, qlen: int, klen: int | None = None) -> Te
     return position_scores.as_strided(
         (*lead, rows, klen), (*s_lead, s_t - 1, 1), position_scores.storage_offset() + qlen
     )
-
-
-def _softmax(scores: Tensor) -> Tensor:
-    if scores.dtype in (torch.float16, torch.bfloat16):
-        return torch.softmax(scores.float(), dim=-1).to(scores.dtype)
-    return torch.softmax(scores, dim=-1)
-
-
-def reference_attention(
-    query: Tensor,  # (B, H, T, D)
-    key: Tensor,  # (B, H, K, D)
-    value: Tensor,  # (B, H, K, D)
-    rel_key: Tensor,  # (H, R, D): W_R R for distances K .. 0
-    r_w_bias: Tensor,  # (H, D): u
-    r_r_bias: Tensor,  # (H, D): v
-    mask: Tensor,  # (T, K) bool
-    dropatt: float,
-    training: bool,
-) -> Tensor:
-    """Readable reference: gather W_R R_{i-j} for every (i, j) and add the two terms."""
-    probs = F.dropout(attention_probs(query, key, rel_key, r_w_bias, r_r_bias, mask), p=dropatt, training=training)
-    return probs @ value  # (B, H, T, D)
-
-
-def attention_probs(query, key, rel_key, r_w_bias, r_r_bias, mask) -> Tensor:
-    """The attention probabilities (B, H, T, K) of the reference, without dropout (``rel_key`` None: content only)."""
-    qlen, klen = query.size(2), key.size(2)
-    content = torch.einsum("bhtd,bhkd->bhtk", query + r_w_bias[:, None], key)  # (a) + (c)
-    scores = content
-    if rel_key is not None:
-        rows = qlen - torch.arange(qlen, device=query.device)[:, None] + torch.arange(klen, device=query.device)
-        rows = rows.clamp(max=rel_key.size(1) - 1)  # (T, K) row of R for each pair; rows past the end are masked
-        rel_pairs = rel_key[:, rows]  # (H, T, K, D)
-        scores = content + torch.einsum("bhtd,htkd->bhtk", query + r_r_bias[:, None], rel_pairs)  # (b) + (d)
-    scores = scores / math.sqrt(query.size(-1))
-    return _softmax(scores.masked_fill(mask, float("-inf")))
 
 
 def fill_forbidden_(scores: Tensor, mask: Tensor) -> Tensor:
@@ -211,11 +145,6 @@ def key_mass(query, key, rel_key, r_w_bias, r_r_bias, mask) -> Tensor:
     return torch.softmax(scores, dim=-1).sum(dim=(1, 2))
 
 
-def dense_mask(mask: PatternMask | Tensor) -> Tensor:
-    """The whole (T, K)-shaped forbidden mask, from a :class:`PatternMask` or as given."""
-    return mask if isinstance(mask, Tensor) else mask.forbidden()
-
-
 def _key_window(states: Tensor, start: int, stop: int) -> Tensor:
     """Positions [start, stop) of (B, H, K, D) states, zeros outside [0, K)."""
     klen = states.size(2)
@@ -315,152 +244,21 @@ def blocked_attention(
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, T, D)
 
 
+def content_attention(query, key, value, mask: PatternMask | Tensor, dropatt: float, training: bool, kernel: str):
+    """Content-only attention (the vanilla Transformer, absolute positions): PyTorch's fused SDPA, causal by flag
+    when the mask is the plain causal one; ``kernel="reference"`` runs the readable reference instead."""
+    if kernel == "reference":
+        zeros = query.new_zeros(query.size(1), query.size(-1))  # no u: (H, D)
+        return reference_attention(query, key, value, None, zeros, zeros, dense_mask(mask), dropatt, training)
+    causal = isinstance(mask, PatternMask) and mask.is_causal_full and mask.mlen == 0 and mask.span is None
+    return F.scaled_dot_product_attention(
+        query, key, value, attn_mask=None if causal else ~dense_mask(mask),
+        dropout_p=dropatt if training else 0.0, is_causal=causal,
+    )  # fmt: skip
+
+
 ATTENTION_KERNELS: dict[str, AttentionKernel] = {
     "reference": reference_attention,
     "rel_shift": rel_shift_attention,
 }
-
-
-@dataclass(frozen=True)
-class RelativePositions:
-    """The relative positions of one forward pass, shared by all layers; each layer projects them with its own
-    weights inside its own forward (so a sharded layer, FSDP, has gathered those weights when it reads them).
-
-    ``distances`` (R,) are the distances of the table's rows; ``pos_emb`` (R, E) their sinusoidal embedding
-    (None with Shaw's or absolute positions); ``dtype`` the table's dtype."""
-
-    distances: Tensor
-    pos_emb: Tensor | None
-    dtype: torch.dtype
-
-
-class RelativeMultiHeadAttention(nn.Module):
-    """Multi-head attention over [memory; segment] with relative positions and a residual + LayerNorm.
-
-    ``pre_lnorm`` normalises the attention input (memory included); otherwise the residual sum is
-    normalised (post-LN), as in the paper.
-    """
-
-    def __init__(
-        self,
-        d_model: int,
-        n_head: int,
-        d_head: int,
-        dropout: float,
-        dropatt: float,
-        pre_lnorm: bool,
-        eps: float,
-        kernel: str,
-        chunk: int = 0,
-        pos: str = "sinusoidal",
-        max_relative_distance: int = 0,
-    ) -> None:
-        super().__init__()
-        self.chunk = chunk
-        self.n_head, self.d_head = n_head, d_head
-        self.pre_lnorm = pre_lnorm
-        self.dropatt = dropatt
-        self.kernel = kernel
-        self.qkv_net = nn.Linear(d_model, 3 * n_head * d_head, bias=False)  # W_q, W_{k,E}, W_v
-        self.pos = pos
-        self.max_relative_distance = max_relative_distance
-        if pos == "shaw":  # Shaw et al. (2018): one learned key per clipped distance, both directions
-            self.rel_table = nn.Parameter(torch.zeros(2 * max_relative_distance + 1, n_head * d_head))
-        elif pos != "absolute":  # absolute positions are added to the input: no position term here
-            self.r_net = nn.Linear(d_model, n_head * d_head, bias=False)  # W_{k,R}
-        self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
-        self.layer_norm = nn.LayerNorm(d_model, eps=eps)
-        self.drop = nn.Dropout(dropout)
-
-    def rel_keys(self, pos_emb: Tensor) -> Tensor:
-        """W_R R for every row of ``pos_emb`` (R, E), as (H, R, D)."""
-        return self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)
-
-    def relative_keys(self, positions: RelativePositions | Tensor | None) -> Tensor | None:
-        """This layer's relative table (H, R, D) for ``positions``; a tensor is taken as an already projected
-        table (the evaluation cache), and absolute positions have none."""
-        if not isinstance(positions, RelativePositions):
-            return positions
-        if self.pos == "shaw":
-            return self.shaw_keys(positions.distances).to(positions.dtype)
-        if self.pos == "absolute":
-            return None
-        return self.rel_keys(positions.pos_emb)
-
-    def shaw_keys(self, distances: Tensor) -> Tensor:
-        """The learned relative keys a_{clip(d)} of Shaw et al. for every distance (R,), as (H, R, D)."""
-        rows = self.rel_table[clipped_index(distances, self.max_relative_distance)]  # (R, H*D)
-        return rows.view(-1, self.n_head, self.d_head).transpose(0, 1)
-
-    def _project(self, hidden: Tensor, memory: Tensor | None, cache) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries (B, H, T, D) of the segment; keys and values (B, H, K, D) of [memory; segment]."""
-        batch, qlen, _ = hidden.shape
-        width = self.n_head * self.d_head
-        if cache is not None:
-            source = self.layer_norm(hidden) if self.pre_lnorm else hidden
-            query, key, value = self.qkv_net(source).split(width, dim=-1)  # (B, T, H*D) each
-            key = key.view(batch, qlen, self.n_head, self.d_head).transpose(1, 2)
-            value = value.view(batch, qlen, self.n_head, self.d_head).transpose(1, 2)
-            if hasattr(cache, "extend"):  # ring storage: append in place, read a view
-                key, value = cache.extend(key, value)  # (B, H, K, D)
-            elif cache[0].size(2):
-                key = torch.cat([cache[0], key], dim=2)  # (B, H, K, D)
-                value = torch.cat([cache[1], value], dim=2)
-        else:
-            context = (
-                hidden if memory is None or memory.size(1) == 0 else torch.cat([memory, hidden], dim=1)
-            )  # (B, K, E)
-            if self.pre_lnorm:
-                context = self.layer_norm(context)
-            query, key, value = self.qkv_net(context).split(width, dim=-1)  # (B, K, H*D) each
-            query = query[:, -qlen:]
-            key = key.view(batch, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, D)
-            value = value.view(batch, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, D)
-        query = query.reshape(batch, qlen, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, D)
-        return query, key, value
-
-    @torch.no_grad()
-    def probs(self, hidden, rel_key, r_w_bias, r_r_bias, mask, memory=None, cache=None, with_mass=False) -> Tensor:
-        """The attention probabilities (B, H, T, K) this layer uses for these inputs (the reference, no dropout;
-        same arguments as :meth:`forward`, for diagnostics).  A ring cache must not be passed: it would grow."""
-        query, key, _ = self._project(hidden, memory, cache)
-        return attention_probs(query, key, self.relative_keys(rel_key), r_w_bias, r_r_bias, dense_mask(mask))
-
-    def forward(
-        self,
-        hidden: Tensor,  # (B, T, E)
-        rel_key: RelativePositions | Tensor | None,  # positions, or the (H, R, D) table W_R R of distances K .. 0
-        r_w_bias: Tensor,  # (H, D)
-        r_r_bias: Tensor,  # (H, D)
-        mask: PatternMask | Tensor,  # the layer's pattern, or a dense causal (T, K) mask
-        memory: Tensor | None = None,  # (B, M, E) hidden-state memory
-        cache=None,  # (keys, values) (B, H, M, D) of the memory, or a RingKV
-        with_mass: bool = False,
-    ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None]:
-        """Returns the layer output (B, T, E), the keys and values of [memory; segment] (B, H, K, D), and with
-        ``with_mass`` the attention mass every key received (B, K), else None.
-
-        With ``cache`` the memory's keys and values are reused instead of being projected again
-        (identical results: the projection is per position, LayerNorm included).
-        """
-        batch, qlen, _ = hidden.shape
-        width = self.n_head * self.d_head
-        rel_key = self.relative_keys(rel_key)  # (H, R, D)
-        query, key, value = self._project(hidden, memory, cache)  # (B, H, T, D), (B, H, K, D) x 2
-
-        if self.pos == "absolute":  # the vanilla Transformer: content scores only, PyTorch's fused attention
-            causal = isinstance(mask, PatternMask) and mask.is_causal_full and mask.mlen == 0 and mask.span is None
-            attn = F.scaled_dot_product_attention(
-                query, key, value, attn_mask=None if causal else ~dense_mask(mask),
-                dropout_p=self.dropatt if self.training else 0.0, is_causal=causal,
-            )  # fmt: skip
-        else:
-            kernel = ATTENTION_KERNELS[self.kernel]
-            attn = blocked_attention(
-                kernel, self.chunk, query, key, value, rel_key, r_w_bias, r_r_bias, mask, self.dropatt, self.training
-            )  # (B, H, T, D)
-        attn = attn.transpose(1, 2).reshape(batch, qlen, width)  # (B, T, H*D)
-        out = self.drop(self.o_net(attn))  # (B, T, E)
-        out = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
-        mass = key_mass(query, key, rel_key, r_w_bias, r_r_bias, dense_mask(mask)) if with_mass else None
-        return out, (key, value), mass
+assert tuple(ATTENTION_KERNELS) == KERNELS, "the registry must implement every kernel name the config accepts"

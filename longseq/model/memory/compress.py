@@ -21,7 +21,44 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-COMPRESSION_FUNCTIONS = ("mean", "max", "conv", "linear")
+from longseq.model.memory.policy import LayerContext, MemoryPolicy, Update
+
+
+class Compression(MemoryPolicy):
+    """The Compressive Transformer's second memory: evicted states compressed at ``rate`` into ``cmem_len`` slots
+    per layer, older than the plain memory.  Layers read [compressed; memory]; learned compressors add the
+    attention-reconstruction loss to the step's auxiliary losses in training."""
+
+    def __init__(self, kind: str, rate: int, cmem_len: int, d_model: int, n_layer: int) -> None:
+        super().__init__()
+        self.rate, self.cmem_len = rate, cmem_len
+        self.compressors = nn.ModuleList(Compressor(kind, rate, d_model) for _ in range(n_layer))
+
+    def read(self, step, layer: int, context: LayerContext) -> LayerContext:
+        compressed = step.layer(layer).compressed
+        if compressed is None or compressed.size(1) == 0:
+            return context
+        plain = context.memory
+        compressed = compressed.to(plain.dtype if plain is not None else compressed.dtype)
+        context.memory = compressed if plain is None else torch.cat([compressed, plain], dim=1)  # (B, C + M, E)
+        return context
+
+    def write(self, step, update: Update) -> None:
+        out = []
+        for i, (inputs, old) in enumerate(zip(update.inputs, update.plain)):
+            previous = step.layer(i).compressed
+            if previous is None:
+                previous = inputs.new_zeros(inputs.size(0), 0, inputs.size(2))
+            if update.n_evicted == 0:
+                out.append(previous)
+                continue
+            joined = inputs if old is None else torch.cat([old, inputs], dim=1)
+            evicted = joined[:, : update.n_evicted].detach()  # (B, n, E), oldest first
+            squeezed = self.compressors[i](evicted)  # (B, n / rate, E)
+            if step.training and self.compressors[i].learned:
+                update.aux_losses.append(reconstruction_loss(step.layers[i].dec_attn, inputs, evicted, squeezed))
+            out.append(torch.cat([previous, squeezed.detach()], dim=1)[:, -self.cmem_len :])
+        update.compressed = tuple(out)
 
 
 class Compressor(nn.Module):

@@ -1,0 +1,49 @@
+"""What every command shares: the output conventions and the flags every command takes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+
+def say(message: str) -> None:
+    """A line for people, on stderr."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def emit(result: dict, as_json: bool) -> None:
+    """The command's result on stdout: one JSON object, or aligned ``key: value`` lines."""
+    if as_json:
+        print(json.dumps(result, sort_keys=True))
+        return
+    for key, value in result.items():
+        if isinstance(value, float):
+            value = f"{value:.4f}" if math.isfinite(value) else str(value)
+        print(f"{key:>16}: {value}")
+
+
+def common_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line of stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def overrides(values: list[list[str]] | None) -> list[str]:
+    """The ``--set`` groups as one list of ``key=value`` strings."""
+    return [item for group in (values or []) for item in group]
+
+
+def library_errors() -> tuple[type[BaseException], ...]:
+    """The error types that carry a message for the user (printed without a traceback)."""
+    from longseq.config import ConfigError
+    from longseq.data.batching import BatchingError
+    from longseq.data.corpus import CorpusError
+    from longseq.data.tokenizers import TokenizerError
+    from longseq.interop.hf import ConversionError
+    from longseq.train.checkpoint import CheckpointError
+    from longseq.train.loop import TrainingError
+
+    return (ConfigError, CorpusError, TokenizerError, CheckpointError, ConversionError, TrainingError, BatchingError,
+            ValueError, FileNotFoundError)  # fmt: skip

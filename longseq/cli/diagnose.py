@@ -1,0 +1,34 @@
+"""``longseq diagnose``: attention maps, entropy, gradient norms and memory statistics of a checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+
+from longseq.cli.common import common_flags, say
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("diagnose", help="attention maps, entropy, gradient norms and memory statistics of a checkpoint")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--data", help="corpus (default: the checkpoint's)")
+    p.add_argument("--split", default="valid", choices=["train", "valid", "test"])
+    p.add_argument("--tgt-len", type=int, default=0, help="segment length (default: the checkpoint's eval_tgt_len)")
+    p.add_argument("--warmup", type=int, default=2, help="segments read first to fill the memory")
+    p.add_argument("--out", required=True, help="report directory (PNG plots, report.md, report.json)")
+    return common_flags(p)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from longseq.data.corpus import load_corpus
+    from longseq.diagnostics import diagnose
+    from longseq.train.checkpoint import load_checkpoint
+
+    model, tokenizer, run, _ = load_checkpoint(args.checkpoint)
+    data = args.data if args.data is not None else run.data.path
+    ids = load_corpus(data, tokenizer.kind, tokenizer=tokenizer, lowercase=run.data.lowercase).split(args.split)
+    tgt_len = args.tgt_len or run.data.eval_tgt_len
+    report = diagnose(model, ids, args.out, tgt_len=tgt_len, warmup=args.warmup)
+    for warning in report["warnings"]:
+        say(f"warning: {warning}")
+    keep = ("layers", "heads", "tgt_len", "mem_len", "loss", "grad_norms", "warnings", "files")
+    return {"out": args.out, **{k: report[k] for k in keep}}

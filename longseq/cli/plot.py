@@ -1,0 +1,21 @@
+"""``longseq plot``: training curves of runs against step and wall time."""
+
+from __future__ import annotations
+
+import argparse
+
+from longseq.cli.common import common_flags
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("plot", help="training curves of runs against step and wall time")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--out", required=True, help="PNG file")
+    p.add_argument("--bits", action="store_true", help="plot bits per token instead of nats")
+    return common_flags(p)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from longseq.diagnostics import plot_runs
+
+    return plot_runs(args.runs, args.out, bits=args.bits)

@@ -1,0 +1,73 @@
+"""``longseq train``: train a language model from a preset and overrides, with checkpoints and exact resume."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from longseq.cli.common import common_flags, overrides, say
+from longseq.config import PRESETS, RunConfig, apply_overrides, get_preset
+
+EPILOG = f"""presets: {", ".join(PRESETS)}
+override any field of the model, data or train config with --set key=value (dotted, e.g. model.dropout or
+memory.mem_len, when a name is ambiguous); lists as comma lists or JSON, e.g. --set cutoffs=20000,40000,200000.
+keys include: max_steps batch_size tgt_len mem_len n_layer d_model n_head d_head d_inner lr dropout
+dropatt clamp_len same_length pre_lnorm cutoffs div_val untie_r warmup_steps schedule clip grad_accum
+attention window dilation pos optimizer layer_lr_decay precision activation_checkpointing nan_patience keep_last.
+data parallel: torchrun --nproc_per_node N -m longseq train ..."""
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "train",
+        help="train a model (default: tiny-shakespeare preset on the bundled corpus)",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--preset", default="tiny-shakespeare", help="named configuration (default: %(default)s)")
+    p.add_argument("--set", nargs="+", action="append", metavar="KEY=VALUE", help="override a config field")
+    p.add_argument("--data", help="corpus file or directory (default: bundled tiny-shakespeare)")
+    p.add_argument("--tokenizer", choices=["byte", "char", "word"], help="tokenizer kind")
+    p.add_argument("--out", help="run directory (default: runs/PRESET)")
+    p.add_argument("--resume", action="store_true", help="continue exactly from OUT/last")
+    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events (OUT/tensorboard)")
+    return common_flags(p)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from longseq.train.checkpoint import load_checkpoint_config
+    from longseq.train.loop import train
+
+    extra = overrides(args.set)
+    if args.data is not None:
+        extra.append(f"data.path={args.data}")
+    if args.tokenizer is not None:
+        extra.append(f"data.tokenizer={args.tokenizer}")
+    if args.tensorboard:
+        extra.append("train.tensorboard=true")
+    out = args.out or os.path.join("runs", args.preset)
+    config = load_checkpoint_config(os.path.join(out, "last")) if args.resume else get_preset(args.preset)
+    config = RunConfig(**apply_overrides({"model": config.model, "data": config.data, "train": config.train}, extra))
+    result = train(config, out, resume=args.resume, progress=not args.quiet, log=say)
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # under torchrun: rank 0 reports
+        rank = dist.get_rank()
+        dist.destroy_process_group()
+        if rank != 0:
+            return {}
+    summary = {
+        "step": result.step,
+        "train_loss": result.train_loss,
+        "loss": result.valid.get("loss", float("nan")),
+        "ppl": result.valid.get("ppl", float("nan")),
+        "best_valid_loss": result.best_valid_loss,
+        "tokens": result.tokens,
+        "tokens_per_s": result.tokens_per_s,
+        "checkpoint": os.path.join(out, "best"),
+    }
+    if "bpc" in result.valid:
+        summary["bpc"] = result.valid["bpc"]
+        summary["unigram_bpc"] = result.unigram_bpc
+        say(f"validation bpc {summary['bpc']:.3f} vs. unigram model {summary['unigram_bpc']:.3f}")
+    return summary

@@ -1,0 +1,25 @@
+"""Typed configuration: a base with strict JSON round trips and ``--set`` overrides, the model's config in
+sections, the run's configs, and presets."""
+
+from longseq.config.base import ConfigError, JsonConfig, apply_overrides, coerce_value
+from longseq.config.model import MemoryConfig, ModelConfig, PatternConfig, PositionConfig
+from longseq.config.presets import PRESETS, get_preset
+from longseq.config.run import SCHEDULES, DataConfig, EvalConfig, RunConfig, TrainConfig
+
+__all__ = [
+    "PRESETS",
+    "SCHEDULES",
+    "ConfigError",
+    "DataConfig",
+    "EvalConfig",
+    "JsonConfig",
+    "MemoryConfig",
+    "ModelConfig",
+    "PatternConfig",
+    "PositionConfig",
+    "RunConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "coerce_value",
+    "get_preset",
+]

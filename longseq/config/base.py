@@ -1,0 +1,225 @@
+"""The base of every config: strict JSON round trips, nested sections, and ``key=value`` overrides.
+
+A config is a dataclass that mixes in :class:`JsonConfig` and validates itself in ``__post_init__``.  A field
+whose type is another such dataclass is a section (``ModelConfig.memory``); it is written as a nested JSON
+object.  Unknown keys are an error that names the close matches.
+
+Overrides address a field by its path (``model.memory.mem_len``) or by any dotted tail of it that names one
+field only (``memory.mem_len``, ``mem_len``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value, key or preset is invalid."""
+
+
+def check(condition: bool, message: str) -> None:
+    """Raise :class:`ConfigError` with ``message`` unless ``condition`` holds."""
+    if not condition:
+        raise ConfigError(message)
+
+
+def check_choice(owner: str, value: str, choices: tuple[str, ...]) -> None:
+    """``value`` must be one of ``choices``; the error names the close matches."""
+    if value in choices:
+        return
+    close = difflib.get_close_matches(str(value), choices, n=2)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise ConfigError(f"{owner}: unknown value {value!r}{hint}; choose one of {', '.join(choices)}")
+
+
+def is_section(annotation: Any) -> bool:
+    return isinstance(annotation, type) and dataclasses.is_dataclass(annotation) and issubclass(annotation, JsonConfig)
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+class JsonConfig:
+    """Mixin: strict ``from_dict`` (nested sections included) and plain ``to_dict``."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        if not isinstance(data, dict):
+            raise ConfigError(f"{cls.__name__} expects a JSON object, got {type(data).__name__}")
+        types_ = field_types(cls)
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            hints = []
+            for key in unknown:
+                close = difflib.get_close_matches(key, names + leaf_paths(cls), n=3)
+                hints.append(f"{key!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+            raise ConfigError(f"unknown {cls.__name__} key(s): {'; '.join(hints)}")
+        values = {name: coerce_value(name, data[name], types_[name]) for name in names if name in data}
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def replace(self, **changes):
+        """A validated copy with ``changes`` (field names of this config, or of its sections as dicts)."""
+        return type(self).from_dict({**self.to_dict(), **changes})
+
+
+def leaf_paths(cls: type, prefix: str = "") -> list[str]:
+    """Every field of ``cls`` that is not a section, as a dotted path ("memory.mem_len")."""
+    paths = []
+    for name, annotation in field_types(cls).items():
+        if name not in {f.name for f in dataclasses.fields(cls)}:
+            continue
+        if is_section(annotation):
+            paths += leaf_paths(annotation, f"{prefix}{name}.")
+        else:
+            paths.append(f"{prefix}{name}")
+    return paths
+
+
+def coerce_value(key: str, value: Any, annotation: Any) -> Any:
+    """Convert ``value`` (a JSON value or a command-line string) to ``annotation`` or raise :class:`ConfigError`."""
+    if is_section(annotation):
+        return value if isinstance(value, annotation) else annotation.from_dict(value)
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in args:
+                return None
+        inner = [a for a in args if a is not type(None)]
+        return coerce_value(key, value, inner[0])
+    if origin is list:
+        return [coerce_value(key, v, args[0]) for v in _as_list(key, value)]
+    coerce = _SCALARS.get(annotation)
+    if coerce is None:
+        raise ConfigError(f"{key}: unsupported field type {annotation}")
+    return coerce(key, value)
+
+
+def _as_list(key: str, value: Any) -> list:
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{key}: cannot parse {value!r} as a list: {exc}") from None
+        else:
+            value = [v for v in text.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{key}: expected a list, got {value!r}")
+    return list(value)
+
+
+def _to_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"{key}: expected true or false, got {value!r}")
+
+
+def _to_int(key: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.replace("_", ""))
+        except ValueError:
+            pass
+    raise ConfigError(f"{key}: expected an integer, got {value!r}")
+
+
+def _to_float(key: str, value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ConfigError(f"{key}: expected a number, got {value!r}")
+
+
+def _to_str(key: str, value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    raise ConfigError(f"{key}: expected a string, got {value!r}")
+
+
+_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+
+
+def resolve_key(key: str, paths: list[str]) -> str:
+    """The one path that ``key`` names: the path itself or a dotted tail of it; an error lists the candidates."""
+    matches = [p for p in paths if p == key or p.endswith("." + key)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ConfigError(f"key {key!r} is ambiguous: use one of {', '.join(matches)}")
+    tails = {t for p in paths for t in _tails(p)}
+    close = difflib.get_close_matches(key, sorted(tails), n=4, cutoff=0.6)
+    sections = sorted({p.split(".")[0] for p in paths})
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; sections: {', '.join(sections)}"
+    raise ConfigError(f"unknown config key {key!r}{hint}")
+
+
+def _tails(path: str) -> list[str]:
+    parts = path.split(".")
+    return [".".join(parts[i:]) for i in range(len(parts))]
+
+
+def set_path(data: dict, path: str, value: Any) -> None:
+    """Set ``path`` ("memory.mem_len") in a nested dict."""
+    *outer, last = path.split(".")
+    for part in outer:
+        data = data.setdefault(part, {})
+    data[last] = value
+
+
+def get_annotation(cls: type, path: str) -> Any:
+    head, _, rest = path.partition(".")
+    annotation = field_types(cls)[head]
+    return get_annotation(annotation, rest) if rest else annotation
+
+
+def apply_overrides(sections: dict[str, JsonConfig], overrides: list[str]) -> dict[str, JsonConfig]:
+    """Apply ``key=value`` strings to named config sections and return new, validated configs.
+
+    A key is a field's path below the section names (``model.memory.mem_len``) or any dotted tail of that
+    path naming one field only (``mem_len``).  An unknown key is an error that lists the close matches.
+    """
+    paths = [f"{name}.{p}" for name, cfg in sections.items() for p in leaf_paths(type(cfg))]
+    changes: dict[str, dict] = {name: {} for name in sections}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value")
+        key, raw = item.split("=", 1)
+        path = resolve_key(key.strip(), paths)
+        section, rest = path.split(".", 1)
+        value = coerce_value(key.strip(), raw, get_annotation(type(sections[section]), rest))
+        set_path(changes[section], rest, value)
+    return {name: type(cfg).from_dict(merge(cfg.to_dict(), changes[name])) for name, cfg in sections.items()}
+
+
+def merge(base: dict, changes: dict) -> dict:
+    """``base`` with ``changes`` laid over it, nested dicts merged key by key."""
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out

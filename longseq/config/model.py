@@ -1,0 +1,279 @@
+"""The model's typed config: the architecture, in sections for the memory, the attention pattern and positions.
+
+The names a config may choose from (patterns, kernels, position encodings, compression functions) are listed
+here; :mod:`longseq.model` maps each name to its implementation, and a test holds the two lists together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from longseq.config.base import ConfigError, JsonConfig, check, check_choice
+
+PATTERNS = ("full", "window", "dilated", "strided", "block_sparse", "global", "bigbird")
+KERNELS = ("reference", "rel_shift")
+POSITIONS = ("sinusoidal", "shaw", "absolute")
+COMPRESSION_FUNCTIONS = ("mean", "max", "conv", "linear")
+ARCHS = ("transformer", "lstm")
+
+
+@dataclass
+class MemoryConfig(JsonConfig):
+    """The recurrence memory and its compaction policies (:mod:`longseq.model.memory`).
+
+    ``mem_len``: the paper's memory, the last ``mem_len`` layer inputs, stop-gradient.  ``same_length``: every
+    query sees exactly the last ``mem_len`` keys.  ``mem_dropout`` zeroes that fraction of memory slots in
+    training.  ``mem_quant="int8"`` stores the memory in 8 bits with a scale per row (position) or per channel
+    (``mem_quant_axis``).  ``cmem_len`` > 0 keeps a compressed memory of that many slots, made from evicted
+    states at rate ``cmem_rate`` with ``cmem_fn`` (Compressive Transformer).  ``mem_select="attention"`` keeps,
+    of the old memory, the slots that received the most attention mass.  ``mem_tokens`` > 0 adds that many
+    memory tokens (Recurrent Memory Transformer), back-propagated through ``mem_tokens_bptt`` segments.
+    """
+
+    mem_len: int = 64
+    same_length: bool = False
+    mem_dropout: float = 0.0
+    mem_quant: str = "none"
+    mem_quant_axis: str = "row"
+    cmem_len: int = 0
+    cmem_rate: int = 0
+    cmem_fn: str = "mean"
+    mem_select: str = "recent"
+    mem_tokens: int = 0
+    mem_tokens_bptt: int = 1
+
+    def __post_init__(self) -> None:
+        check(self.mem_len >= 0, f"ModelConfig.mem_len must be >= 0, got {self.mem_len}")
+        check(0.0 <= self.mem_dropout < 1.0, f"ModelConfig.mem_dropout must be in [0, 1), got {self.mem_dropout}")
+        check(self.mem_quant in ("none", "int8"), f"ModelConfig.mem_quant must be none or int8, got {self.mem_quant!r}")
+        check(
+            self.mem_quant_axis in ("row", "channel"),
+            f"ModelConfig.mem_quant_axis must be row or channel, got {self.mem_quant_axis!r}",
+        )
+        check(self.cmem_len >= 0 and self.cmem_rate >= 0, "ModelConfig.cmem_len and cmem_rate must be >= 0")
+        check(
+            not self.cmem_len or self.cmem_rate >= 1,
+            f"ModelConfig.cmem_len={self.cmem_len} needs a compression rate: set cmem_rate >= 1",
+        )
+        check(
+            not self.cmem_rate or self.cmem_len,
+            f"ModelConfig.cmem_rate={self.cmem_rate} without a compressed memory: set cmem_len >= 1",
+        )
+        check(
+            not self.cmem_len or self.mem_len >= 1,
+            "ModelConfig.cmem_len needs mem_len >= 1: only states evicted from the memory are compressed",
+        )
+        check(
+            self.mem_select in ("recent", "attention"),
+            f"ModelConfig.mem_select must be recent or attention, got {self.mem_select!r}",
+        )
+        check(
+            self.mem_select == "recent" or not self.cmem_len,
+            "ModelConfig.mem_select=attention cannot be combined with a compressed memory (cmem_len > 0)",
+        )
+        check(self.mem_tokens >= 0, f"ModelConfig.mem_tokens must be >= 0, got {self.mem_tokens}")
+        check(self.mem_tokens_bptt >= 1, f"ModelConfig.mem_tokens_bptt must be >= 1, got {self.mem_tokens_bptt}")
+        if self.cmem_fn not in COMPRESSION_FUNCTIONS:
+            raise ConfigError(f"ModelConfig.cmem_fn must be one of {COMPRESSION_FUNCTIONS}, got {self.cmem_fn!r}")
+
+    @property
+    def compacted(self) -> bool:
+        """True when a policy beyond plain truncation is on (compression, 8 bits, selection, memory tokens)."""
+        return self.cmem_len > 0 or self.mem_quant != "none" or self.mem_select != "recent" or self.mem_tokens > 0
+
+
+@dataclass
+class PatternConfig(JsonConfig):
+    """Attention patterns (:mod:`longseq.model.attention.patterns`): ``attention`` names one pattern for every
+    layer or one per layer, with the parameters ``window``, ``dilation`` (one value, or one per head),
+    ``stride``, ``block_size``, ``block_summary``, ``num_global``, ``num_random_blocks`` and ``pattern_seed``.
+    ``bidirectional`` makes every pattern two-sided (encoders: masked LM, classification)."""
+
+    attention: list[str] = field(default_factory=lambda: ["full"])
+    bidirectional: bool = False
+    window: int = 256
+    dilation: list[int] = field(default_factory=lambda: [1])
+    stride: int = 128
+    block_size: int = 64
+    block_summary: int = 1
+    num_global: int = 0
+    num_random_blocks: int = 0
+    pattern_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attention, str):
+            self.attention = self.attention.split(",")
+        if isinstance(self.dilation, int):
+            self.dilation = [self.dilation]
+        self.attention = [a.strip() for a in self.attention if a.strip()]
+        self.dilation = list(self.dilation)
+        check(bool(self.attention), "ModelConfig.attention needs at least one pattern name")
+        for name in self.attention:
+            check_choice("ModelConfig.attention", name, PATTERNS)
+        check_pattern(self.window, self.dilation, self.stride, self.block_size, self.block_summary)
+        check(self.num_global >= 0 and self.num_random_blocks >= 0, "num_global and num_random_blocks must be >= 0")
+
+
+def check_pattern(window: int, dilation, stride: int, block_size: int, block_summary: int) -> None:
+    """The parameter ranges every pattern relies on (shared by the config and the pattern predicate)."""
+    check(window >= 1, f"attention window must be >= 1 key, got window={window}")
+    check(
+        bool(dilation) and all(d >= 1 for d in dilation),
+        f"dilation must be >= 1 for every head, got {list(dilation)}: "
+        "a dilation of 0 or less leaves a query nothing to attend to",
+    )
+    check(stride >= 1, f"stride must be >= 1, got {stride}")
+    check(block_size >= 1, f"block_size must be >= 1, got {block_size}")
+    check(
+        1 <= block_summary <= block_size, f"block_summary must be in [1, block_size={block_size}], got {block_summary}"
+    )
+
+
+@dataclass
+class PositionConfig(JsonConfig):
+    """Position encodings (:mod:`longseq.model.positions`): ``pos`` is ``sinusoidal`` (the paper's R with u and
+    v), ``shaw`` (Shaw et al.'s clipped learned table, ``max_relative_distance`` entries each way, no u, v) or
+    ``absolute`` (the vanilla Transformer: sinusoidal positions added to the input, no memory).  ``clamp_len``
+    > 0 clamps relative distances."""
+
+    pos: str = "sinusoidal"
+    clamp_len: int = -1
+    max_relative_distance: int = 64
+
+    def __post_init__(self) -> None:
+        check(self.pos in POSITIONS, f"ModelConfig.pos must be sinusoidal, shaw or absolute, got {self.pos!r}")
+        check(
+            self.pos != "shaw" or self.max_relative_distance >= 1,
+            f"ModelConfig.max_relative_distance must be >= 1 with pos=shaw, got {self.max_relative_distance}",
+        )
+
+
+@dataclass
+class ModelConfig(JsonConfig):
+    """Transformer-XL architecture (Dai et al., 2019), with its ``memory``, ``pattern`` and ``positions``.
+
+    ``cutoffs`` switch on the adaptive input embedding and adaptive softmax; ``div_val`` shrinks each tail
+    cluster's embedding by that factor.  ``tie_projs[i]`` ties the softmax projection of cluster ``i`` to the
+    embedding's (default: all but the head cluster when ``div_val > 1``, as in the paper).  ``attn_impl`` names
+    the attention kernel (``rel_shift`` fast path or ``reference``); ``attn_chunk`` processes queries in blocks
+    of that size (0: all at once), which is exact, faster on CPU and linear in length for local patterns.
+    ``arch="lstm"`` is the LSTM baseline (``n_layer`` LSTM layers of width ``d_model``).
+    """
+
+    vocab_size: int = 256
+    n_layer: int = 4
+    d_model: int = 128
+    n_head: int = 4
+    d_head: int = 32
+    d_inner: int = 512
+    dropout: float = 0.1
+    dropatt: float = 0.0
+    pre_lnorm: bool = False
+    cutoffs: list[int] = field(default_factory=list)
+    div_val: int = 1
+    d_embed: int | None = None
+    tie_weight: bool = True
+    tie_projs: list[bool] | None = None
+    untie_r: bool = False
+    init_std: float = 0.02
+    proj_init_std: float = 0.01
+    layer_norm_eps: float = 1e-5
+    attn_impl: str = "rel_shift"
+    attn_chunk: int = 64
+    arch: str = "transformer"
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    pattern: PatternConfig = field(default_factory=PatternConfig)
+    positions: PositionConfig = field(default_factory=PositionConfig)
+
+    @classmethod
+    def of(cls, **fields) -> ModelConfig:
+        """A config from fields of the model and of its sections alike, by name: ``ModelConfig.of(n_layer=2,
+        mem_len=32, attention=["window"])``.  Format v1 checkpoints store this flat form."""
+        sections = {"memory": MemoryConfig, "pattern": PatternConfig, "positions": PositionConfig}
+        nested: dict = {}
+        for key, value in fields.items():
+            if key in sections:
+                nested.setdefault(key, {}).update(value.to_dict() if isinstance(value, JsonConfig) else value)
+                continue
+            owner = next((s for s, section in sections.items() if key in section.__dataclass_fields__), None)
+            (nested.setdefault(owner, {}) if owner else nested)[key] = value
+        return cls.from_dict(nested)
+
+    @property
+    def effective_range(self) -> int:
+        """Temporal range of the memory: (mem_len + cmem_rate * cmem_len) * n_layer (Rae et al., 2019)."""
+        m = self.memory
+        return (m.mem_len + m.cmem_rate * m.cmem_len) * self.n_layer
+
+    @property
+    def embed_dim(self) -> int:
+        """Embedding width of the head cluster: ``d_embed``, or ``d_model`` when unset."""
+        return self.d_model if self.d_embed is None else self.d_embed
+
+    @property
+    def proj_ties(self) -> list[bool]:
+        """``tie_projs``, or the default: tie every tail cluster's projection when ``div_val > 1``."""
+        if self.tie_projs is not None:
+            return list(self.tie_projs)
+        return [False] + [self.div_val > 1] * len(self.cutoffs)
+
+    @property
+    def layer_pattern_names(self) -> list[str]:
+        """One pattern name per layer."""
+        names = self.pattern.attention
+        return names * self.n_layer if len(names) == 1 else list(names)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_layer", "d_model", "n_head", "d_head", "d_inner", "div_val"):
+            check(getattr(self, name) >= 1, f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        check(self.attn_chunk >= 0, f"ModelConfig.attn_chunk must be >= 0 (0: no chunking), got {self.attn_chunk}")
+        for name in ("dropout", "dropatt"):
+            check(0.0 <= getattr(self, name) < 1.0, f"ModelConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+        check(self.d_embed is None or self.d_embed >= 1, f"ModelConfig.d_embed must be >= 1, got {self.d_embed}")
+        check(
+            self.attn_impl in KERNELS, f"ModelConfig.attn_impl must be one of {sorted(KERNELS)}, got {self.attn_impl!r}"
+        )
+        check(self.arch in ARCHS, f"ModelConfig.arch must be transformer or lstm, got {self.arch!r}")
+        self._check_softmax()
+        self._check_sections()
+
+    def _check_softmax(self) -> None:
+        self.cutoffs = list(self.cutoffs)
+        bounds = [0, *self.cutoffs, self.vocab_size]
+        check(
+            all(a < b for a, b in zip(bounds, bounds[1:])),
+            f"ModelConfig.cutoffs must be strictly increasing and inside (0, vocab_size={self.vocab_size}), "
+            f"got {self.cutoffs}",
+        )
+        if self.div_val > 1:
+            check(bool(self.cutoffs), "ModelConfig.div_val > 1 needs cutoffs (adaptive embedding)")
+            check(
+                self.embed_dim // self.div_val ** len(self.cutoffs) >= 1,
+                f"d_embed={self.embed_dim} is too small for div_val={self.div_val}",
+            )
+        check(
+            self.tie_projs is None or len(self.tie_projs) == len(self.cutoffs) + 1,
+            f"ModelConfig.tie_projs needs one entry per cluster ({len(self.cutoffs) + 1}), got {self.tie_projs}",
+        )
+
+    def _check_sections(self) -> None:
+        mem, pattern, pos = self.memory, self.pattern, self.positions
+        check(
+            len(pattern.attention) in (1, self.n_layer),
+            f"ModelConfig.attention needs one pattern or one per layer ({self.n_layer}), got {pattern.attention}",
+        )
+        check(
+            len(pattern.dilation) in (1, self.n_head),
+            f"dilation needs one value or one per head ({self.n_head}), got {list(pattern.dilation)}",
+        )
+        check(
+            pos.pos != "absolute" or (mem.mem_len == 0 and not mem.mem_tokens),
+            f"ModelConfig.pos=absolute (the vanilla Transformer) has no memory: absolute positions cannot be reused "
+            f"across segments; set mem_len=0 (got mem_len={mem.mem_len}, mem_tokens={mem.mem_tokens})",
+        )
+        check(
+            not pattern.bidirectional
+            or not (mem.same_length or mem.cmem_len or mem.mem_tokens or mem.mem_select != "recent"),
+            "ModelConfig.bidirectional=true supports the plain hidden-state memory only "
+            "(no same_length, compressed memory, memory tokens or attention-based selection)",
+        )

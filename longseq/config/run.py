@@ -1,0 +1,171 @@
+"""The run's typed configs: data, training and evaluation, and the run that holds them with the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from longseq.config.base import ConfigError, JsonConfig, check
+from longseq.config.model import ModelConfig
+
+
+@dataclass
+class DataConfig(JsonConfig):
+    """Corpus, tokenizer and ordered LM batching.
+
+    ``path`` is a file or a directory in a standard layout (``None`` = the bundled
+    tiny-shakespeare).  ``varlen`` draws segment lengths around ``tgt_len`` as the paper's code does.
+    ``doc_reset`` keeps documents apart (a directory of documents): no token attends to another document,
+    in the segment or in the memory.
+    """
+
+    path: str | None = None
+    tokenizer: str = "char"
+    lowercase: bool = False
+    tgt_len: int = 64
+    batch_size: int = 16
+    eval_tgt_len: int = 64
+    eval_batch_size: int = 16
+    varlen: bool = False
+    doc_reset: bool = False
+
+    def __post_init__(self) -> None:
+        check(
+            self.tokenizer in ("byte", "char", "word"),
+            f"DataConfig.tokenizer must be byte, char or word, got {self.tokenizer!r}",
+        )
+        for name in ("tgt_len", "batch_size", "eval_tgt_len", "eval_batch_size"):
+            check(getattr(self, name) >= 1, f"DataConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+
+SCHEDULES = ("cosine", "linear", "inv_sqrt", "constant")
+
+
+@dataclass
+class TrainConfig(JsonConfig):
+    """Optimisation, schedule, evaluation cadence and checkpointing.
+
+    NaN guard: a step whose loss or gradient norm is NaN or Inf is skipped (no update, the memory of the
+    step before is kept) and logged; after ``nan_patience`` consecutive bad steps the run rolls back to the
+    last checkpoint and multiplies the learning rate by ``nan_lr_factor`` (``nan_patience=0``: stop with an
+    error at the first bad step).  ``keep_last`` > 1 keeps that many training checkpoints (``last`` plus
+    ``history/step-N``); ``best`` is kept apart.
+
+    ``optimizer``: adamw or lamb; ``layer_lr_decay`` < 1 scales each layer's learning rate by decay^(depth from the
+    top).  ``precision``: fp32, bf16 (autocast, CPU or GPU) or fp16 (autocast with dynamic loss scaling;
+    on CPU it runs, slowly, for testing); attention logits, softmax and the loss stay in float32.  ``activation_checkpointing`` = k recomputes
+    every k-th decoder layer in the backward pass instead of keeping its activations (0: off).
+    ``grad_norm_interval`` = N logs every layer's gradient norm every N steps; ``tensorboard`` also writes the
+    metrics as TensorBoard events (needs the tensorboard package).  ``device``: auto (cuda when available),
+    cpu or cuda[:N]; under torchrun each rank takes cuda:LOCAL_RANK.  ``parallel``: how torchrun processes share
+    the model, ddp (every rank holds all weights) or fsdp (weights, gradients and optimizer moments sharded
+    across ranks, PyTorch's ``fully_shard``, one unit per decoder layer); one process ignores it.
+    """
+
+    max_steps: int = 1200
+    lr: float = 1e-3
+    min_lr: float = 1e-5
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    warmup_steps: int = 100
+    schedule: str = "cosine"
+    clip: float = 0.25
+    grad_accum: int = 1
+    eval_interval: int = 300
+    eval_max_segments: int = 0
+    log_interval: int = 20
+    save_interval: int = 0
+    seed: int = 1111
+    nan_patience: int = 3
+    nan_lr_factor: float = 0.5
+    keep_last: int = 1
+    optimizer: str = "adamw"
+    layer_lr_decay: float = 1.0
+    precision: str = "fp32"
+    activation_checkpointing: int = 0
+    grad_norm_interval: int = 0
+    tensorboard: bool = False
+    device: str = "auto"
+    parallel: str = "ddp"
+
+    def __post_init__(self) -> None:
+        check(self.max_steps >= 1, f"TrainConfig.max_steps must be >= 1, got {self.max_steps}")
+        check(self.nan_patience >= 0, f"TrainConfig.nan_patience must be >= 0, got {self.nan_patience}")
+        check(0 < self.nan_lr_factor <= 1, f"TrainConfig.nan_lr_factor must be in (0, 1], got {self.nan_lr_factor}")
+        check(self.keep_last >= 1, f"TrainConfig.keep_last must be >= 1, got {self.keep_last}")
+        check(
+            self.optimizer in ("adamw", "lamb"), f"TrainConfig.optimizer must be adamw or lamb, got {self.optimizer!r}"
+        )
+        check(0 < self.layer_lr_decay <= 1, f"TrainConfig.layer_lr_decay must be in (0, 1], got {self.layer_lr_decay}")
+        check(
+            self.precision in ("fp32", "bf16", "fp16"),
+            f"TrainConfig.precision must be fp32, bf16 or fp16, got {self.precision!r}",
+        )
+        for name in ("activation_checkpointing", "grad_norm_interval"):
+            check(getattr(self, name) >= 0, f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
+        check(
+            self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"),
+            f"TrainConfig.device must be auto, cpu or cuda[:N], got {self.device!r}",
+        )
+        check(self.parallel in ("ddp", "fsdp"), f"TrainConfig.parallel must be ddp or fsdp, got {self.parallel!r}")
+        check(self.lr > 0, f"TrainConfig.lr must be > 0, got {self.lr}")
+        check(0 <= self.min_lr <= self.lr, f"TrainConfig.min_lr must be in [0, lr], got {self.min_lr}")
+        check(self.schedule in SCHEDULES, f"TrainConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        for name in ("warmup_steps", "eval_max_segments", "save_interval"):
+            check(getattr(self, name) >= 0, f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("grad_accum", "eval_interval", "log_interval"):
+            check(getattr(self, name) >= 1, f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+        check(self.clip >= 0, f"TrainConfig.clip must be >= 0 (0 disables), got {self.clip}")
+
+
+@dataclass
+class EvalConfig(JsonConfig):
+    """Evaluation-time settings; ``None`` keeps the checkpoint's own value.
+
+    The paper evaluates with a much longer memory than it trains with, e.g. WikiText-103 with
+    ``tgt_len=64, mem_len=640, clamp_len=400, same_length=True``.
+    """
+
+    split: str = "valid"
+    tgt_len: int | None = None
+    mem_len: int | None = None
+    clamp_len: int | None = None
+    same_length: bool | None = None
+    batch_size: int | None = None
+    max_segments: int = 0
+
+    def __post_init__(self) -> None:
+        check(
+            self.split in ("train", "valid", "test"),
+            f"EvalConfig.split must be train, valid or test, got {self.split!r}",
+        )
+        for name in ("tgt_len", "batch_size"):
+            value = getattr(self, name)
+            check(value is None or value >= 1, f"EvalConfig.{name} must be >= 1, got {value}")
+        check(self.mem_len is None or self.mem_len >= 0, f"EvalConfig.mem_len must be >= 0, got {self.mem_len}")
+        check(self.max_segments >= 0, f"EvalConfig.max_segments must be >= 0, got {self.max_segments}")
+
+
+@dataclass
+class RunConfig:
+    """The three configs of a training run, stored together in every checkpoint."""
+
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model.to_dict(), "data": self.data.to_dict(), "train": self.train.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        if not isinstance(data, dict) or set(data) != {"model", "data", "train"}:
+            keys = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise ConfigError(f"a run config needs exactly the sections model, data and train, got {keys}")
+        return cls(
+            model=ModelConfig.from_dict(data["model"]),
+            data=DataConfig.from_dict(data["data"]),
+            train=TrainConfig.from_dict(data["train"]),
+        )

@@ -1,0 +1,72 @@
+"""The readable reference of relative attention: every (query, key) pair's four terms written out, a dense
+mask, one softmax.  Kernels in :mod:`longseq.model.attention.kernels` are tested against it.
+
+See :mod:`longseq.model.attention` for the dimension glossary and the score.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from longseq.model.attention.patterns import PatternMask
+
+
+def causal_mask(qlen: int, mlen: int, span: int | None, device: torch.device | None = None) -> Tensor:
+    """Boolean (T, K) mask, True where attention is forbidden.
+
+    Query i sits at absolute position ``mlen + i`` and sees keys at distance 0 .. mlen + i.
+    With ``span`` (``same_length``) it sees only the last ``span`` keys, so every query has
+    the same context length once the memory is full.
+    """
+    query = torch.arange(qlen, device=device)[:, None] + mlen  # (T, 1)
+    key = torch.arange(mlen + qlen, device=device)[None, :]  # (1, K)
+    distance = query - key  # (T, K)
+    masked = distance < 0
+    if span is not None:
+        masked = masked | (distance >= span)
+    return masked
+
+
+def _softmax(scores: Tensor) -> Tensor:
+    if scores.dtype in (torch.float16, torch.bfloat16):
+        return torch.softmax(scores.float(), dim=-1).to(scores.dtype)
+    return torch.softmax(scores, dim=-1)
+
+
+def reference_attention(
+    query: Tensor,  # (B, H, T, D)
+    key: Tensor,  # (B, H, K, D)
+    value: Tensor,  # (B, H, K, D)
+    rel_key: Tensor,  # (H, R, D): W_R R for distances K .. 0
+    r_w_bias: Tensor,  # (H, D): u
+    r_r_bias: Tensor,  # (H, D): v
+    mask: Tensor,  # (T, K) bool
+    dropatt: float,
+    training: bool,
+) -> Tensor:
+    """Readable reference: gather W_R R_{i-j} for every (i, j) and add the two terms."""
+    probs = F.dropout(attention_probs(query, key, rel_key, r_w_bias, r_r_bias, mask), p=dropatt, training=training)
+    return probs @ value  # (B, H, T, D)
+
+
+def attention_probs(query, key, rel_key, r_w_bias, r_r_bias, mask) -> Tensor:
+    """The attention probabilities (B, H, T, K) of the reference, without dropout (``rel_key`` None: content only)."""
+    qlen, klen = query.size(2), key.size(2)
+    content = torch.einsum("bhtd,bhkd->bhtk", query + r_w_bias[:, None], key)  # (a) + (c)
+    scores = content
+    if rel_key is not None:
+        rows = qlen - torch.arange(qlen, device=query.device)[:, None] + torch.arange(klen, device=query.device)
+        rows = rows.clamp(max=rel_key.size(1) - 1)  # (T, K) row of R for each pair; rows past the end are masked
+        rel_pairs = rel_key[:, rows]  # (H, T, K, D)
+        scores = content + torch.einsum("bhtd,htkd->bhtk", query + r_r_bias[:, None], rel_pairs)  # (b) + (d)
+    scores = scores / math.sqrt(query.size(-1))
+    return _softmax(scores.masked_fill(mask, float("-inf")))
+
+
+def dense_mask(mask: PatternMask | Tensor) -> Tensor:
+    """The whole (T, K)-shaped forbidden mask, from a :class:`PatternMask` or as given."""
+    return mask if isinstance(mask, Tensor) else mask.forbidden()

@@ -1,0 +1,180 @@
+"""Key/value storage for evaluation and generation: per layer, the projected keys and values of the last M
+positions (B, H, M, D), so the memory is never projected again, and the projected relative table W_R R, carried
+between calls so that it is not projected again either.  The outputs equal those of the hidden-state memory.
+
+``storage="ring"`` keeps keys and values in preallocated ring buffers (generation: no copy of the memory per
+token).  A ring is written in place, so only the memory returned by the latest call is valid; an older one is
+refused by name (:meth:`~longseq.model.memory.state.Memory.check`).
+
+Truncation to ``mem_len`` is the only policy here: compaction, memory tokens and document ids need the
+hidden-state memory, and a bidirectional model cannot cache keys (every segment token sees the later ones).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from longseq.model.memory.policy import LayerContext
+from longseq.model.memory.state import LayerMemory, Memory, Recurrence
+
+
+class KeyValueStep:
+    """One forward pass over a key/value memory (the interface of :class:`~longseq.model.memory.step.HiddenStep`)."""
+
+    def __init__(self, policies, memory: Memory, batch: int, qlen: int, recurrence: Recurrence,
+                 doc_ids: Tensor | None, training: bool, device: torch.device, layers) -> None:  # fmt: skip
+        config = policies.config
+        if config.pattern.bidirectional:
+            raise ValueError(
+                "a bidirectional model cannot use a key/value memory: every segment token sees the later ones"
+            )
+        if doc_ids is not None or memory.doc_ids is not None:
+            raise ValueError("document resets need the hidden-state memory, not a key/value memory")
+        if config.memory.compacted:
+            raise ValueError(
+                "memory compaction (cmem_len, mem_quant, mem_select, mem_tokens) needs the hidden-state memory"
+            )
+        if recurrence.same_length and recurrence.mem_len < 1:
+            raise ValueError("same_length=True needs mem_len >= 1: it limits every query to the last mem_len keys")
+        self.memory, self.recurrence, self.batch, self.qlen, self.layers = memory, recurrence, batch, qlen, layers
+        self.training, self.device, self.docs, self.mlen = training, device, None, memory.length
+        self.presents: list = []
+        self.rings = self._rings() if memory.storage == "ring" else None
+        self.table = memory.table
+
+    @property
+    def klen(self) -> int:
+        return self.mlen + self.qlen
+
+    @property
+    def span(self) -> int | None:
+        return self.recurrence.mem_len if self.recurrence.same_length else None
+
+    def _rings(self) -> list[RingKV]:
+        mem_len = self.recurrence.mem_len
+        rings = [layer.ring for layer in self.memory.layers] or [
+            RingKV(mem_len + self.qlen, mem_len) for _ in self.layers
+        ]
+        if rings[0].keys.capacity < rings[0].length + self.qlen:
+            rings = [r.grown(rings[0].length + self.qlen + mem_len) for r in rings]
+        return rings
+
+    def wrap(self, hidden: Tensor) -> Tensor:
+        return hidden
+
+    def wrap_flags(self, flags: Tensor) -> Tensor:
+        return flags
+
+    def read(self, i: int, hidden: Tensor) -> LayerContext:
+        if self.rings is not None:
+            return LayerContext(cache=self.rings[i])
+        if not self.mlen:
+            empty = hidden.new_zeros(hidden.size(0), self.layers[i].dec_attn.n_head, 0, self.layers[i].dec_attn.d_head)
+            return LayerContext(cache=(empty, empty))
+        layer = self.memory.layers[i]
+        return LayerContext(cache=(layer.keys, layer.values))
+
+    def record(self, i: int, present, mass) -> None:
+        self.presents.append(present)
+
+    def relative_tables(self, positions, project) -> list[Tensor]:
+        """Every layer's projected table (H, K + 1, D): the carried one when it is long enough (evaluation has no
+        dropout on R), else projected anew for ``mem_len`` + this segment, and carried on."""
+        klen, clamp = self.klen, self.recurrence.clamp_len
+        table = None if self.table is None or self.table[1] != clamp else self.table[0]
+        dtype = self.layers[0].dec_attn.qkv_net.weight.dtype
+        if self.training or table is None or table[0].size(1) < klen + 1 or table[0].dtype != dtype:
+            horizon = max(klen, self.recurrence.mem_len + self.qlen)
+            table = tuple(project(positions(horizon + 1)))
+        self.table = (table, clamp)
+        rows = table[0].size(1)
+        return [t[:, rows - klen - 1 :] for t in table]
+
+    def write(self, hidden: Tensor) -> tuple[Tensor, Memory, None]:
+        if self.rings is not None:
+            layers = tuple(LayerMemory(ring=r, ring_version=r.version) for r in self.rings)
+            return hidden, Memory(layers, "ring", table=self.table), None
+        mem_len = self.recurrence.mem_len
+        with torch.no_grad():
+            layers = tuple(
+                LayerMemory(
+                    keys=k[:, :, max(0, k.size(2) - mem_len) :].detach(),
+                    values=v[:, :, max(0, v.size(2) - mem_len) :].detach(),
+                )
+                for k, v in self.presents
+            )
+        return hidden, Memory(layers, "kv", table=self.table), None
+
+
+class RingBuffer:
+    """The last ``capacity`` positions of a stream along ``dim``, in preallocated storage.
+
+    A mirrored ring: every position is written twice, at ``i`` and ``i + capacity``, so the
+    chronological window is always one contiguous slice of the storage.  Appending never
+    reallocates and reading never copies; truncation is only a moved start index.
+    """
+
+    def __init__(self, capacity: int, dim: int = 2) -> None:
+        if capacity < 1:
+            raise ValueError(f"a ring buffer needs capacity >= 1, got {capacity}")
+        self.capacity, self.dim = capacity, dim
+        self.storage: Tensor | None = None
+        self.start = 0  # storage index of the oldest position, in [0, capacity)
+        self.length = 0
+
+    def append(self, x: Tensor) -> None:
+        """Add ``x``'s positions (along ``dim``) after the current ones, dropping the oldest beyond capacity."""
+        n = x.size(self.dim)
+        if n > self.capacity:
+            x, n = x.narrow(self.dim, n - self.capacity, self.capacity), self.capacity
+        if self.storage is None:
+            shape = list(x.shape)
+            shape[self.dim] = 2 * self.capacity
+            self.storage = x.new_empty(shape)
+        end = (self.start + self.length) % self.capacity  # where the next position goes
+        first = min(n, self.capacity - end)
+        for offset in (0, self.capacity):  # the two mirrored copies
+            self.storage.narrow(self.dim, end + offset, first).copy_(x.narrow(self.dim, 0, first))
+            if n > first:
+                self.storage.narrow(self.dim, offset, n - first).copy_(x.narrow(self.dim, first, n - first))
+        overflow = max(0, self.length + n - self.capacity)
+        self.start = (self.start + overflow) % self.capacity
+        self.length = min(self.capacity, self.length + n)
+
+    def view(self, last: int | None = None) -> Tensor:
+        """The newest ``last`` positions (default: all), oldest first, as a view of the storage."""
+        last = self.length if last is None else min(last, self.length)
+        if self.storage is None:
+            raise ValueError("the ring buffer is empty")
+        return self.storage.narrow(self.dim, self.start + self.length - last, last)
+
+
+class RingKV:
+    """One layer's key/value memory in two ring buffers of capacity ``mem_len`` + the longest segment."""
+
+    def __init__(self, capacity: int, mem_len: int) -> None:
+        self.keys, self.values = RingBuffer(capacity, dim=2), RingBuffer(capacity, dim=2)
+        self.mem_len = mem_len
+        self.length = 0  # positions of memory (before the next segment)
+        self.version = 0  # writes so far: a memory made at an older version is stale
+
+    def extend(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Append the segment's (B, H, T, D) keys and values; return those of [memory; segment] as views."""
+        total = self.length + key.size(2)
+        if total > self.keys.capacity:
+            raise ValueError(f"ring capacity {self.keys.capacity} is below memory + segment = {total}")
+        self.keys.append(key.detach())
+        self.values.append(value.detach())
+        self.length = min(total, self.mem_len)
+        self.version += 1
+        return self.keys.view(total), self.values.view(total)
+
+    def grown(self, capacity: int) -> RingKV:
+        """A copy with more capacity (only when a longer segment than ever before arrives)."""
+        ring = RingKV(capacity, self.mem_len)
+        if self.length:
+            ring.keys.append(self.keys.view(self.length))
+            ring.values.append(self.values.view(self.length))
+            ring.length = self.length
+        return ring

@@ -1,0 +1,300 @@
+"""The recurrence memory as one immutable object: what a forward pass hands to the next.
+
+A :class:`Memory` holds, per layer, what the next segment attends to before itself:
+
+* with ``storage="hidden"`` (training, and every compaction policy) the layer inputs of the last M positions
+  (B, M, E), as floats or 8-bit :class:`~longseq.model.memory.quantize.Quantized`, and the Compressive
+  Transformer's older compressed states (B, C, E);
+* with ``storage="kv"`` or ``"ring"`` (evaluation, generation) the projected keys and values (B, H, M, D), so the
+  memory is never projected twice; ``ring`` keeps them in preallocated ring buffers.
+
+Beside them: the document id of every slot, the memory tokens written by the last segment, and (key/value
+storage) the projected relative table, carried so that W_R R is not projected again either.
+
+``forward`` never changes a memory; it returns a new one.  Everything but the memory tokens is detached: no
+gradient reaches an earlier segment (the paper's SG(.)).  ``memory[i]`` is layer i's hidden-state memory
+(B, M, E), as in the paper's ``mems`` list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from longseq.model.memory.quantize import Quantized, dense, join_rows, split_rows
+
+STORAGES = ("hidden", "kv", "ring")
+
+
+@dataclass(frozen=True)
+class Recurrence:
+    """How one call reads and writes the memory: ``mem_len`` positions kept, relative distances clamped to
+    ``clamp_len`` (<= 0: no clamp), and with ``same_length`` every query sees exactly the last ``mem_len`` keys."""
+
+    mem_len: int
+    clamp_len: int = -1
+    same_length: bool = False
+
+
+@dataclass(frozen=True)
+class LayerMemory:
+    """One layer's part of the memory (see :class:`Memory`)."""
+
+    hidden: Tensor | Quantized | None = None  # (B, M, E)
+    compressed: Tensor | None = None  # (B, C, E), older than hidden
+    keys: Tensor | None = None  # (B, H, M, D)
+    values: Tensor | None = None  # (B, H, M, D)
+    ring: object | None = None  # a RingKV holding keys and values (ring storage)
+    ring_version: int = 0  # the ring's write count when this memory was made
+    state: Tensor | None = None  # a recurrent layer's state, e.g. the LSTM's (h, c) as (B, 2, E)
+
+    @property
+    def mem_length(self) -> int:
+        if self.hidden is not None:
+            return self.hidden.size(1)
+        if self.keys is not None:
+            return self.keys.size(2)
+        return self.ring.length if self.ring is not None else 0
+
+    @property
+    def cmem_length(self) -> int:
+        return 0 if self.compressed is None else self.compressed.size(1)
+
+    def tensors(self) -> list[Tensor]:
+        out = [t for t in (self.compressed, self.keys, self.values, self.state) if t is not None]
+        if isinstance(self.hidden, Quantized):
+            out += [self.hidden.values, self.hidden.scale]
+        elif self.hidden is not None:
+            out.append(self.hidden)
+        return out
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The memory one forward pass hands to the next (see the module docstring).  Start from :meth:`empty`
+    (or ``None``), or from a list of (B, M, E) tensors with :meth:`from_hidden`."""
+
+    layers: tuple[LayerMemory, ...] = ()
+    storage: str = "hidden"
+    doc_ids: Tensor | None = None  # (B, C + M): document of every slot, -1 where cleared
+    tokens: Tensor | None = None  # (B, n, E) memory tokens, written by the last segment (keep their graph)
+    tokens_age: int = 0  # segments the tokens' graph spans
+    table: tuple | None = None  # key/value storage: (per-layer (H, R, D) relative tables, their clamp_len)
+
+    def __post_init__(self) -> None:
+        if self.storage not in STORAGES:
+            raise ValueError(f"memory storage must be one of {STORAGES}, got {self.storage!r}")
+
+    @classmethod
+    def empty(cls, storage: str = "hidden") -> Memory:
+        """An empty memory.  ``kv`` stores projected keys and values (evaluation: identical outputs, less work);
+        ``ring`` keeps them in ring buffers that are never reallocated (generation: no copy per token)."""
+        return cls(storage=storage)
+
+    @classmethod
+    def from_hidden(cls, states: Sequence[Tensor]) -> Memory:
+        """A hidden-state memory from one (B, M, E) tensor per layer, detached."""
+        if isinstance(states, Memory):
+            return states
+        return cls(tuple(LayerMemory(hidden=s.detach()) for s in states))
+
+    # --- sizes -----------------------------------------------------------------------------------------------
+
+    @property
+    def mem_length(self) -> int:
+        """Positions of the (uncompressed) memory."""
+        return self.layers[0].mem_length if self.layers else 0
+
+    @property
+    def cmem_length(self) -> int:
+        return self.layers[0].cmem_length if self.layers else 0
+
+    @property
+    def length(self) -> int:
+        """Positions a query of the next segment sees before the segment: compressed plus plain memory."""
+        return self.cmem_length + self.mem_length
+
+    @property
+    def batch_size(self) -> int | None:
+        tensors = [t for layer in self.layers for t in layer.tensors()]
+        if tensors:
+            return tensors[0].size(0)
+        if self.layers and self.layers[0].ring is not None and self.layers[0].ring.keys.storage is not None:
+            return self.layers[0].ring.keys.storage.size(0)
+        return None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the memory's tensors (hidden, compressed, keys and values, memory tokens)."""
+        total = sum(t.numel() * t.element_size() for layer in self.layers for t in layer.tensors())
+        return total + (0 if self.tokens is None else self.tokens.numel() * self.tokens.element_size())
+
+    # --- the paper's list of per-layer states ----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, layer: int) -> Tensor:
+        """Layer ``layer``'s hidden-state memory (B, M, E), dequantized if stored in 8 bits (a recurrent layer:
+        its state); a slice gives a tuple of them."""
+        if isinstance(layer, slice):
+            return tuple(self[i] for i in range(len(self.layers))[layer])
+        hidden = self.layers[layer].hidden
+        if hidden is None and self.layers[layer].state is not None:
+            return self.layers[layer].state
+        if hidden is None:
+            raise ValueError(f"this {self.storage} memory holds keys and values, not hidden states")
+        return dense(hidden, torch.float32) if isinstance(hidden, Quantized) else hidden
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    # --- transformations (each returns a new memory) ---------------------------------------------------------
+
+    def detach(self) -> Memory:
+        """The memory with the memory tokens' graph cut (the end of a back-propagation window)."""
+        if self.tokens is None:
+            return self
+        return replace(self, tokens=self.tokens.detach(), tokens_age=0)
+
+    def split(self, chunks: int) -> list[Memory]:
+        """The memory cut along the batch (stream) axis into ``chunks`` parts (gradient accumulation, ranks)."""
+        if self.storage != "hidden":
+            raise ValueError("only a hidden-state memory can be split across batch chunks")
+
+        def cut(x):
+            return [None] * chunks if x is None else list(x.chunk(chunks, 0))
+
+        per_layer = [
+            [
+                LayerMemory(h, c, state=r)
+                for h, c, r in zip(split_rows(layer.hidden, chunks), cut(layer.compressed), cut(layer.state))
+            ]
+            for layer in self.layers
+        ]
+        docs, tokens = cut(self.doc_ids), cut(self.tokens)
+        return [
+            replace(self, layers=tuple(layer[i] for layer in per_layer), doc_ids=docs[i], tokens=tokens[i])
+            for i in range(chunks)
+        ]
+
+    @classmethod
+    def join(cls, parts: Sequence[Memory]) -> Memory:
+        """Inverse of :meth:`split`."""
+        first = parts[0]
+
+        def cat(xs):
+            return None if xs[0] is None else torch.cat(list(xs))
+
+        layers = tuple(
+            LayerMemory(
+                join_rows([p.layers[i].hidden for p in parts]),
+                cat([p.layers[i].compressed for p in parts]),
+                state=cat([p.layers[i].state for p in parts]),
+            )
+            for i in range(len(first.layers))
+        )
+        return replace(
+            first, layers=layers, doc_ids=cat([p.doc_ids for p in parts]), tokens=cat([p.tokens for p in parts])
+        )
+
+    # --- checkpoints -----------------------------------------------------------------------------------------
+
+    def to_tensors(self) -> dict[str, Tensor]:
+        """Flat, named CPU tensors for a checkpoint (safetensors); hidden-state memories only."""
+        if self.storage != "hidden":
+            raise ValueError("only a hidden-state memory is saved in checkpoints")
+        out: dict[str, Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            if isinstance(layer.hidden, Quantized):
+                out[f"memory.hidden_q.{i}"] = layer.hidden.values
+                out[f"memory.hidden_scale.{i}"] = layer.hidden.scale
+            elif layer.hidden is not None:
+                out[f"memory.hidden.{i}"] = layer.hidden
+            if layer.compressed is not None:
+                out[f"memory.compressed.{i}"] = layer.compressed
+            if layer.state is not None:
+                out[f"memory.state.{i}"] = layer.state
+        if self.doc_ids is not None:
+            out["memory.doc_ids"] = self.doc_ids
+        if self.tokens is not None:
+            out["memory.tokens"] = self.tokens
+        return {k: v.detach().cpu().contiguous() for k, v in out.items()}
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, Tensor], tokens_age: int = 0) -> Memory | None:
+        """Inverse of :meth:`to_tensors` (None when the checkpoint holds no memory).  Reads the names of format
+        v1 checkpoints too (``mems.i``, ``state.*``)."""
+        t = {_v1_name(k): v for k, v in tensors.items()}
+        layers = sorted({int(k.rsplit(".", 1)[1]) for k in t if k.startswith(("memory.hidden", "memory.state."))})
+        if not layers and "memory.tokens" not in t:
+            return None
+
+        def hidden(i):
+            if f"memory.hidden_q.{i}" in t:
+                return Quantized(t[f"memory.hidden_q.{i}"], t[f"memory.hidden_scale.{i}"])
+            return t.get(f"memory.hidden.{i}")
+
+        parts = tuple(
+            LayerMemory(hidden(i), t.get(f"memory.compressed.{i}"), state=t.get(f"memory.state.{i}")) for i in layers
+        )
+        return cls(parts, doc_ids=t.get("memory.doc_ids"), tokens=t.get("memory.tokens"), tokens_age=tokens_age)
+
+    # --- checks ----------------------------------------------------------------------------------------------
+
+    def check(self, n_layer: int, batch: int, d_model: int, n_head: int, d_head: int) -> None:
+        """Raise ``ValueError`` naming the problem when this memory does not fit a model and a batch."""
+        if self.storage == "ring":
+            return _check_ring(self, batch)
+        if not self.layers:
+            return
+        if len(self.layers) != n_layer:
+            raise ValueError(f"mems must hold one tensor per layer ({n_layer}), got {len(self.layers)}")
+        if self.storage == "kv":
+            want = (batch, n_head, self.mem_length, d_head)
+            if any(tuple(x.shape) != want for layer in self.layers for x in (layer.keys, layer.values)):
+                raise ValueError(
+                    f"a key/value memory must hold {n_layer} key and value tensors of shape (B, H, M, D) = {want}"
+                )
+            return
+        want = (batch, self.mem_length, d_model)
+        for i, layer in enumerate(self.layers):
+            shape = tuple(layer.hidden.shape) if layer.hidden is not None else None
+            if shape != want:
+                raise ValueError(f"mems[{i}] must have shape (batch, mem_len, d_model) = {want}, got {shape}")
+
+
+def _check_ring(memory: Memory, batch: int) -> None:
+    rows = memory.batch_size
+    if rows is not None and rows != batch:
+        raise ValueError(f"the ring memory holds {rows} streams, the input {batch}")
+    for layer in memory.layers:
+        if layer.ring.version != layer.ring_version:
+            raise ValueError(
+                "this ring memory was superseded: ring storage is written in place, so only the memory returned by "
+                "the latest call may be passed on (use storage='kv' to keep several)"
+            )
+
+
+def _v1_name(name: str) -> str:
+    """Tensor names of format v1 checkpoints' memories, in today's terms."""
+    if name.startswith("mems."):
+        return "memory.hidden." + name.split(".", 1)[1]
+    return "memory." + name.split(".", 1)[1] if name.startswith("state.") else name
+
+
+def as_memory(mems) -> Memory:
+    """``None``, a :class:`Memory`, or one (B, M, E) tensor per layer, as a :class:`Memory`."""
+    if mems is None:
+        return Memory()
+    if isinstance(mems, Memory):
+        return mems
+    if isinstance(mems, (list, tuple)) and all(isinstance(m, Tensor) for m in mems):
+        for i, m in enumerate(mems):
+            if m.dim() != 3:
+                raise ValueError(f"mems[{i}] must have shape (batch, mem_len, d_model), got {tuple(m.shape)}")
+        return Memory.from_hidden(mems)
+    raise ValueError(f"mems must be a Memory, None or one (B, M, E) tensor per layer, got {type(mems).__name__}")

@@ -1,0 +1,27 @@
+"""Truncation, the paper's memory: keep the last ``mem_len`` positions of [memory; segment], detached."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from longseq.model.memory.policy import MemoryPolicy, Update
+
+
+def keep_recent(inputs: Tensor, old: Tensor | None, mem_len: int) -> Tensor:
+    """The last ``mem_len`` positions of [old; inputs] (B, M', E), detached: no gradient reaches an earlier
+    segment (the paper's SG(.))."""
+    with torch.no_grad():
+        if mem_len == 0:
+            return inputs[:, :0].detach()
+        joined = inputs if old is None or old.size(1) == 0 else torch.cat([old, inputs], dim=1)  # (B, M + T, E)
+        return joined[:, -mem_len:].detach()
+
+
+class Truncate(MemoryPolicy):
+    """The selection policy ``mem_select="recent"``: the most recent ``mem_len`` positions stay."""
+
+    def write(self, step, update: Update) -> None:
+        mem_len = step.recurrence.mem_len
+        update.kept = tuple(keep_recent(x, old, mem_len) for x, old in zip(update.inputs, update.plain))
+        update.n_evicted = step.memory.mem_length + update.inputs[0].size(1) - update.kept[0].size(1)
