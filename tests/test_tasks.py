@@ -118,7 +118,7 @@ def test_finetune_and_data_commands(tmp_path, capsys):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(result["valid"]) == {"accuracy", "macro_f1"} and result["labels"] == ["even", "odd"]
     assert result["valid"]["accuracy"] == 1.0  # the last word decides the label
-    assert (tmp_path / "ft" / "model.safetensors").exists()
+    assert (tmp_path / "ft" / "best" / "model.safetensors").exists() and (tmp_path / "ft" / "last").is_dir()
     (tmp_path / "bad.jsonl").write_text(json.dumps(rows[0]) + "\n" + '{"text": "x"}\n')
     code = main(["finetune", "--task", "classify", "--data", str(tmp_path / "bad.jsonl"), "--checkpoint",
                  str(tmp_path / "lm" / "last"), "--out", str(tmp_path / "ft2")])  # fmt: skip
@@ -209,7 +209,7 @@ def test_an_answer_three_segments_after_the_question_is_found_with_memory_and_no
 
 
 def test_span_metrics_follow_squad():
-    from longseq.train.finetune import span_metrics
+    from longseq.tasks.span import span_metrics
 
     assert span_metrics(["the Denver Broncos!"], ["Denver Broncos"]) == {"exact_match": 1.0, "f1": 1.0}
     # one of two gold words: precision 1, recall 1/2
@@ -221,7 +221,7 @@ def test_span_metrics_follow_squad():
 @pytest.mark.parametrize("kind", ["byte", "char", "word"])
 def test_answer_offsets_map_to_the_answer_tokens(kind):
     from longseq.data.tokenizers import build_tokenizer
-    from longseq.train.finetune import encode_spans
+    from longseq.tasks.span import encode_spans
 
     context = "north of the river\nlies the old mill, said Jörg.\n"
     tokenizer = build_tokenizer(kind, context + "where is it?\n")
@@ -258,7 +258,7 @@ def test_finetune_span_and_mlm_commands(tmp_path, capsys):
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["valid"]["exact_match"] >= 0.75  # the answer always sits at the same place
-    assert json.loads((tmp_path / "span" / "finetune.json").read_text())["task"] == "span"
+    assert json.loads((tmp_path / "span" / "best" / "config.json").read_text())["run"]["task"]["name"] == "span"
 
     (tmp_path / "mlm.jsonl").write_text("\n".join(json.dumps({"text": "hh gfe " * 6}) for _ in range(8)) + "\n")
     args = ["finetune", "--task", "mlm", "--data", str(tmp_path / "mlm.jsonl"), "--checkpoint", lm, "--out",
@@ -266,7 +266,9 @@ def test_finetune_span_and_mlm_commands(tmp_path, capsys):
     assert main(args) == 2 and "no spare symbol for [MASK]" in capsys.readouterr().err  # a char vocabulary
     results = []
     for steps, lr in (("1", "1e-5"), ("60", "3e-3")):  # untrained, then fine-tuned
-        assert main([*args, "--mask-token", "a", "--mask-rate", "0.3", "--steps", steps, "--lr", lr]) == 0
+        assert (
+            main([*args, "--mask-token", "a", "--mask-rate", "0.3", "--steps", steps, "--lr", lr, "--overwrite"]) == 0
+        )
         results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["train"])
     before, after = results
     assert 0.25 * 8 * 42 < after["masked_tokens"] < 0.35 * 8 * 42  # 30% of the 8 x 42 characters

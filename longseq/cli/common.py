@@ -43,7 +43,7 @@ def library_errors() -> tuple[type[BaseException], ...]:
     from longseq.data.tokenizers import TokenizerError
     from longseq.interop.hf import ConversionError
     from longseq.train.checkpoint import CheckpointError
-    from longseq.train.loop import TrainingError
+    from longseq.train.trainer import TrainingError
 
     return (ConfigError, CorpusError, TokenizerError, CheckpointError, ConversionError, TrainingError, BatchingError,
             ValueError, FileNotFoundError)  # fmt: skip

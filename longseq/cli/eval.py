@@ -32,10 +32,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> dict:
     from longseq.data.corpus import load_corpus
-    from longseq.eval.evaluate import evaluate
+    from longseq.eval.evaluate import bits_unit, evaluate
     from longseq.model.positions import position_encoding
     from longseq.train.checkpoint import load_checkpoint
-    from longseq.train.loop import bits_unit
 
     if args.mode == "recl":
         return run_recl(args)

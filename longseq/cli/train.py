@@ -36,7 +36,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> dict:
     from longseq.train.checkpoint import load_checkpoint_config
-    from longseq.train.loop import train
+    from longseq.train.trainer import train
 
     extra = overrides(args.set)
     if args.data is not None:

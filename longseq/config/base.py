@@ -101,6 +101,10 @@ def coerce_value(key: str, value: Any, annotation: Any) -> Any:
         return coerce_value(key, value, inner[0])
     if origin is list:
         return [coerce_value(key, v, args[0]) for v in _as_list(key, value)]
+    if annotation is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected an object, got {value!r}")
+        return dict(value)
     coerce = _SCALARS.get(annotation)
     if coerce is None:
         raise ConfigError(f"{key}: unsupported field type {annotation}")

@@ -157,7 +157,8 @@ class ModelConfig(JsonConfig):
     embedding's (default: all but the head cluster when ``div_val > 1``, as in the paper).  ``attn_impl`` names
     the attention kernel (``rel_shift`` fast path or ``reference``); ``attn_chunk`` processes queries in blocks
     of that size (0: all at once), which is exact, faster on CPU and linear in length for local patterns.
-    ``arch="lstm"`` is the LSTM baseline (``n_layer`` LSTM layers of width ``d_model``).
+    ``arch="lstm"`` is the LSTM baseline (``n_layer`` LSTM layers of width ``d_model``).  ``vocab_size=0`` means
+    "from the tokenizer": training sets it (presets use it, so ``cutoffs`` are checked against the real vocabulary).
     """
 
     vocab_size: int = 256
@@ -224,7 +225,11 @@ class ModelConfig(JsonConfig):
         return names * self.n_layer if len(names) == 1 else list(names)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_layer", "d_model", "n_head", "d_head", "d_inner", "div_val"):
+        check(
+            self.vocab_size >= 0,
+            f"ModelConfig.vocab_size must be >= 1 (0: taken from the tokenizer), got {self.vocab_size}",
+        )
+        for name in ("n_layer", "d_model", "n_head", "d_head", "d_inner", "div_val"):
             check(getattr(self, name) >= 1, f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
         check(self.attn_chunk >= 0, f"ModelConfig.attn_chunk must be >= 0 (0: no chunking), got {self.attn_chunk}")
         for name in ("dropout", "dropatt"):
@@ -239,6 +244,10 @@ class ModelConfig(JsonConfig):
 
     def _check_softmax(self) -> None:
         self.cutoffs = list(self.cutoffs)
+        if self.vocab_size == 0:  # not known yet: training takes it from the tokenizer and checks the cutoffs then
+            check(self.cutoffs == sorted(set(self.cutoffs)) and all(c > 0 for c in self.cutoffs),
+                  f"ModelConfig.cutoffs must be strictly increasing and positive, got {self.cutoffs}")  # fmt: skip
+            return
         bounds = [0, *self.cutoffs, self.vocab_size]
         check(
             all(a < b for a, b in zip(bounds, bounds[1:])),

@@ -13,7 +13,7 @@ def tiny_shakespeare() -> RunConfig:
     """The default: a 4-layer character model on the bundled corpus, a few minutes on 2 CPU cores."""
     return RunConfig(
         model=ModelConfig(
-            vocab_size=65,
+            vocab_size=0,
             n_layer=4,
             d_model=128,
             n_head=4,
@@ -33,7 +33,7 @@ def enwik8_base() -> RunConfig:
     """The paper's 12-layer enwik8 model (run_enwik8_base.sh); evaluate with tgt_len=80, mem_len=2100, clamp_len=820."""
     return RunConfig(
         model=ModelConfig(
-            vocab_size=256, n_layer=12, d_model=512, n_head=8, d_head=64, d_inner=2048, dropout=0.1, dropatt=0.0,
+            vocab_size=0, n_layer=12, d_model=512, n_head=8, d_head=64, d_inner=2048, dropout=0.1, dropatt=0.0,
             memory=MemoryConfig(mem_len=512),
         ),
         data=DataConfig(tokenizer="byte", tgt_len=512, batch_size=22, eval_tgt_len=128, eval_batch_size=10),
@@ -47,7 +47,6 @@ def enwik8_base() -> RunConfig:
 def text8_base() -> RunConfig:
     """The paper's 12-layer text8 model (same architecture as enwik8-base)."""
     run = enwik8_base()
-    run.model.vocab_size = 27
     run.data.tokenizer = "char"
     return run
 
@@ -56,7 +55,7 @@ def wt103_base() -> RunConfig:
     """The paper's 16-layer WikiText-103 model with adaptive softmax; evaluate with tgt_len=64, mem_len=640, clamp_len=400, same_length=True."""
     return RunConfig(
         model=ModelConfig(
-            vocab_size=267_735, n_layer=16, d_model=410, n_head=10, d_head=41, d_inner=2100, dropout=0.1,
+            vocab_size=0, n_layer=16, d_model=410, n_head=10, d_head=41, d_inner=2100, dropout=0.1,
             dropatt=0.0, memory=MemoryConfig(mem_len=150), cutoffs=[20_000, 40_000, 200_000], div_val=1,
         ),
         data=DataConfig(tokenizer="word", tgt_len=150, batch_size=60, eval_tgt_len=150, eval_batch_size=10),
@@ -74,7 +73,7 @@ def ptb() -> RunConfig:
     """
     return RunConfig(
         model=ModelConfig(
-            vocab_size=10_000, n_layer=16, d_model=380, n_head=10, d_head=38, d_inner=900, dropout=0.5,
+            vocab_size=0, n_layer=16, d_model=380, n_head=10, d_head=38, d_inner=900, dropout=0.5,
             dropatt=0.2, memory=MemoryConfig(mem_len=70), cutoffs=[2000, 4000, 8000], div_val=1,
         ),
         data=DataConfig(tokenizer="word", tgt_len=70, batch_size=20, eval_tgt_len=70, eval_batch_size=10),

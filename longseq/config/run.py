@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from longseq.config.base import ConfigError, JsonConfig, check
+from longseq.config.base import ConfigError, JsonConfig, check, check_choice
 from longseq.config.model import ModelConfig
 
 
@@ -51,6 +51,10 @@ class TrainConfig(JsonConfig):
     error at the first bad step).  ``keep_last`` > 1 keeps that many training checkpoints (``last`` plus
     ``history/step-N``); ``best`` is kept apart.
 
+    Checkpoints of ``last`` are written at every validation (``eval_interval``), every ``save_interval`` steps
+    (0: off), and at the first step boundary ``save_every_s`` seconds after the previous save (default 600: a
+    SIGKILL loses at most ten minutes; 0: off), and when SIGINT, SIGTERM or SIGHUP asks the run to stop.
+
     ``optimizer``: adamw or lamb; ``layer_lr_decay`` < 1 scales each layer's learning rate by decay^(depth from the
     top).  ``precision``: fp32, bf16 (autocast, CPU or GPU) or fp16 (autocast with dynamic loss scaling;
     on CPU it runs, slowly, for testing); attention logits, softmax and the loss stay in float32.  ``activation_checkpointing`` = k recomputes
@@ -77,6 +81,7 @@ class TrainConfig(JsonConfig):
     eval_max_segments: int = 0
     log_interval: int = 20
     save_interval: int = 0
+    save_every_s: float = 600.0
     seed: int = 1111
     nan_patience: int = 3
     nan_lr_factor: float = 0.5
@@ -113,6 +118,7 @@ class TrainConfig(JsonConfig):
         check(self.lr > 0, f"TrainConfig.lr must be > 0, got {self.lr}")
         check(0 <= self.min_lr <= self.lr, f"TrainConfig.min_lr must be in [0, lr], got {self.min_lr}")
         check(self.schedule in SCHEDULES, f"TrainConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        check(self.save_every_s >= 0, f"TrainConfig.save_every_s must be >= 0 (0 disables), got {self.save_every_s}")
         for name in ("warmup_steps", "eval_max_segments", "save_interval"):
             check(getattr(self, name) >= 0, f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("grad_accum", "eval_interval", "log_interval"):
@@ -148,24 +154,55 @@ class EvalConfig(JsonConfig):
         check(self.max_segments >= 0, f"EvalConfig.max_segments must be >= 0, got {self.max_segments}")
 
 
+TASKS = ("lm", "classify", "span", "mlm")
+
+
+@dataclass
+class TaskConfig(JsonConfig):
+    """What a run trains for: ``lm`` (language modeling on ``data``) or a fine-tuning task (:mod:`longseq.tasks`).
+    ``options`` are the task's own typed options (files, segment length, labels, ...), validated by the task."""
+
+    name: str = "lm"
+    options: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_choice("TaskConfig.name", self.name, TASKS)
+
+
 @dataclass
 class RunConfig:
-    """The three configs of a training run, stored together in every checkpoint."""
+    """The configs of a training run, stored together in every checkpoint: the model, the data, the training, and
+    for fine-tuning the task (None: language modeling)."""
 
     model: ModelConfig
     data: DataConfig
     train: TrainConfig
+    task: TaskConfig | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model.to_dict(), "data": self.data.to_dict(), "train": self.train.to_dict()}
+        out = {"model": self.model.to_dict(), "data": self.data.to_dict(), "train": self.train.to_dict()}
+        return out if self.task is None else {**out, "task": self.task.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        if not isinstance(data, dict) or set(data) != {"model", "data", "train"}:
+        if not isinstance(data, dict) or not {"model", "data", "train"} <= set(data) <= {
+            "model",
+            "data",
+            "train",
+            "task",
+        }:
             keys = sorted(data) if isinstance(data, dict) else type(data).__name__
-            raise ConfigError(f"a run config needs exactly the sections model, data and train, got {keys}")
+            raise ConfigError(
+                f"a run config needs the sections model, data and train (and optionally task), got {keys}"
+            )
         return cls(
             model=ModelConfig.from_dict(data["model"]),
             data=DataConfig.from_dict(data["data"]),
             train=TrainConfig.from_dict(data["train"]),
+            task=TaskConfig.from_dict(data["task"]) if data.get("task") is not None else None,
         )
+
+    @property
+    def sections(self) -> dict[str, JsonConfig]:
+        """The sections ``--set`` overrides address: model, data, train."""
+        return {"model": self.model, "data": self.data, "train": self.train}

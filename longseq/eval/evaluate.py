@@ -14,6 +14,11 @@ from longseq.model import Memory, TransformerXLLM
 from longseq.model.positions import position_encoding
 
 
+def bits_unit(tokenizer_kind: str) -> str | None:
+    """``"bpc"`` where a token is a character or a byte (bits per token are then bits per character), else None."""
+    return "bpc" if tokenizer_kind in ("byte", "char") else None
+
+
 @torch.no_grad()
 def evaluate(
     model: TransformerXLLM,

@@ -265,16 +265,20 @@ class TransformerXLLM(nn.Module):
         doc_ids: Tensor | None = None,  # (B, T)
         global_mask: Tensor | None = None,  # (B, T) bool, for the global and bigbird patterns
     ) -> LMOutput:
-        c = self.config
         hidden, new_mems, aux = self._recur(
             input_ids, mems, mem_len, clamp_len, same_length, labels, doc_ids, global_mask
-        )
-        # hidden: (B, T, E)
+        )  # hidden: (B, T, E)
+        return self.head(hidden, labels, new_mems, aux)
+
+    def head(self, hidden: Tensor, labels: Tensor | None = None, mems: Memory | None = None, aux=None) -> LMOutput:
+        """The softmax over hidden states (B, T, E): logits (log-probabilities with adaptive softmax), or with
+        ``labels`` (B, T) the mean NLL and the per-token NLL (-100 ignored)."""
+        c = self.config
         batch, qlen, _ = hidden.shape
         flat = hidden.reshape(batch * qlen, -1)  # (N, E)
         if labels is None:
             scores = self.crit.log_prob(flat) if self.crit.n_clusters else self.crit.logits(flat)
-            return LMOutput(loss=None, logits=scores.view(batch, qlen, -1), nll=None, mems=new_mems, aux_loss=aux)
+            return LMOutput(loss=None, logits=scores.view(batch, qlen, -1), nll=None, mems=mems, aux_loss=aux)
         labels = labels.reshape(-1).long()
         keep = labels != IGNORE_INDEX
         kept = labels[keep]
@@ -286,9 +290,8 @@ class TransformerXLLM(nn.Module):
             index = keep.nonzero().squeeze(1)
             picked = self.crit.nll(flat[index], kept)
             nll = picked.new_zeros(labels.shape).index_copy(0, index, picked)  # (N,), 0 where ignored
-        count = keep.sum()
-        loss = nll.sum() / count.clamp(min=1)
-        return LMOutput(loss=loss, logits=None, nll=nll.view(batch, qlen), mems=new_mems, aux_loss=aux)
+        loss = nll.sum() / keep.sum().clamp(min=1)
+        return LMOutput(loss=loss, logits=None, nll=nll.view(batch, qlen), mems=mems, aux_loss=aux)
 
     def _recur(self, input_ids, mems, mem_len, clamp_len, same_length, labels=None, doc_ids=None, global_mask=None):
         m, memory = self.config.memory, as_memory(mems)
