@@ -305,3 +305,68 @@ def test_padding_changes_nothing_for_the_real_tokens():
         beside = classifier(ids, 8, padding=pad)["logits"][0]
         alone = classifier(ids[:1, 8:], 8, padding=pad[:1, 8:])["logits"][0]
     torch.testing.assert_close(alone, beside, rtol=0, atol=1e-5)
+
+
+def test_predict_reproduces_what_fine_tuning_reported(tmp_path, capsys):
+    """finetune then predict on the validation file: one output line per input line, and the same accuracy (the
+    labels are noisy, so it is not 1), F1 and exact match; mlm fills exactly the [MASK] tokens."""
+    import random
+
+    from test_train import tiny_corpus, tiny_run
+
+    from longseq.cli import main
+    from longseq.train import train
+
+    train(tiny_run(max_steps=2, eval_interval=2), str(tmp_path / "lm"), corpus=tiny_corpus(), progress=False)
+    lm, rng = str(tmp_path / "lm" / "last"), random.Random(0)
+    rows = [{"text": "hh gfe " * 3 + ("abc" if i % 2 else "defg"), "label": (i + (rng.random() < 0.2)) % 2}
+            for i in range(40)]  # fmt: skip
+    (tmp_path / "cls.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    common = ["--checkpoint", lm, "--steps", "30", "--lr", "3e-3", "--batch-size", "4", "--segment-len", "8",
+              "--quiet", "--json"]  # fmt: skip
+    cls = [
+        "finetune",
+        "--task",
+        "classify",
+        "--data",
+        str(tmp_path / "cls.jsonl"),
+        "--valid",
+        str(tmp_path / "cls.jsonl"),
+    ]
+    assert main([*cls, *common, "--out", str(tmp_path / "ft")]) == 0
+    reported = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["valid"]
+    assert 0.5 < reported["accuracy"] < 1.0
+    assert main(["predict", "--checkpoint", str(tmp_path / "ft"), "--data", str(tmp_path / "cls.jsonl"), "--out",
+                 str(tmp_path / "pred.jsonl"), "--json"]) == 0  # fmt: skip
+    predicted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert predicted["accuracy"] == reported["accuracy"] and predicted["macro_f1"] == reported["macro_f1"]
+    lines = [json.loads(line) for line in (tmp_path / "pred.jsonl").read_text().splitlines()]
+    assert len(lines) == 40 and all(p["prediction"] in ("0", "1") and set(p["scores"]) == {"0", "1"} for p in lines)
+
+    spans = []
+    for i in range(12):
+        context = "hh gfe " * 4 + ("abc" if i % 2 else "fed") + " hh"
+        spans.append({"question": "gfe", "context": context, "answer_start": 28, "answer_text": context[28:31]})
+    (tmp_path / "span.jsonl").write_text("\n".join(json.dumps(r) for r in spans) + "\n")
+    span = ["finetune", "--task", "span", "--data", str(tmp_path / "span.jsonl"), "--valid", str(tmp_path / "span.jsonl"),
+            "--max-answer-len", "3"]  # fmt: skip
+    assert main([*span, *common, "--out", str(tmp_path / "sp")]) == 0
+    reported = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["valid"]
+    assert main(["predict", "--checkpoint", str(tmp_path / "sp" / "best"), "--data", str(tmp_path / "span.jsonl"),
+                 "--out", str(tmp_path / "spans.jsonl"), "--json"]) == 0  # fmt: skip
+    predicted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (predicted["exact_match"], predicted["f1"]) == (reported["exact_match"], reported["f1"])
+    answers = [json.loads(line) for line in (tmp_path / "spans.jsonl").read_text().splitlines()]
+    assert all(a["prediction"] == spans[i]["context"][a["start"] : a["end"]] for i, a in enumerate(answers))
+
+    (tmp_path / "mlm.jsonl").write_text("\n".join(json.dumps({"text": "hh gfe " * 6}) for _ in range(8)) + "\n")
+    mlm = ["finetune", "--task", "mlm", "--data", str(tmp_path / "mlm.jsonl"), "--mask-token", "a"]
+    assert main([*mlm, *common, "--out", str(tmp_path / "mlm")]) == 0
+    capsys.readouterr()
+    (tmp_path / "holes.jsonl").write_text(json.dumps({"text": "hh afe hh gfe ha"}) + "\n")
+    assert main(["predict", "--checkpoint", str(tmp_path / "mlm"), "--data", str(tmp_path / "holes.jsonl"), "--out",
+                 str(tmp_path / "filled.jsonl")]) == 0  # fmt: skip
+    filled = json.loads((tmp_path / "filled.jsonl").read_text())
+    assert len(filled["filled"]) == 2 and len(filled["prediction"]) == len("hh afe hh gfe ha")
+    unmasked = [c for c, t in zip(filled["prediction"], "hh afe hh gfe ha") if t != "a"]
+    assert "".join(unmasked) == "hh fe hh gfe h"  # only the [MASK] positions changed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from longseq.cli.common import common_flags, say
+from longseq.cli.common import common_flags, device_flag, load_model, read_corpus, say
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -15,17 +15,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--tgt-len", type=int, default=0, help="segment length (default: the checkpoint's eval_tgt_len)")
     p.add_argument("--warmup", type=int, default=2, help="segments read first to fill the memory")
     p.add_argument("--out", required=True, help="report directory (PNG plots, report.md, report.json)")
+    device_flag(p)
     return common_flags(p)
 
 
 def run(args: argparse.Namespace) -> dict:
-    from longseq.data.corpus import load_corpus
     from longseq.diagnostics import diagnose
-    from longseq.train.checkpoint import load_checkpoint
 
-    model, tokenizer, run, _ = load_checkpoint(args.checkpoint)
-    data = args.data if args.data is not None else run.data.path
-    ids = load_corpus(data, tokenizer.kind, tokenizer=tokenizer, lowercase=run.data.lowercase).split(args.split)
+    checkpoint, model, tokenizer, run = load_model(args.checkpoint, args.device)
+    ids = read_corpus(args.data, run, tokenizer, checkpoint).split(args.split)
     tgt_len = args.tgt_len or run.data.eval_tgt_len
     report = diagnose(model, ids, args.out, tgt_len=tgt_len, warmup=args.warmup)
     for warning in report["warnings"]:

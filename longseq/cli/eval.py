@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from longseq.cli.common import common_flags, overrides
+from longseq.cli.common import common_flags, device_flag, load_model, overrides, read_corpus
 from longseq.config import EvalConfig, apply_overrides
 
 EPILOG = """override evaluation settings with --set key=value; keys: split tgt_len mem_len clamp_len same_length
@@ -27,14 +27,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--contexts", type=int, nargs="+", default=[32, 64, 128, 256], help="RECL context lengths")
     p.add_argument("--r", type=float, nargs="+", default=[0.1, 0.5, 1.0], help="RECL top-r fractions")
     p.add_argument("--max-tokens", type=int, default=4000, help="RECL: tokens scored per model and length")
+    device_flag(p)
     return common_flags(p)
 
 
 def run(args: argparse.Namespace) -> dict:
-    from longseq.data.corpus import load_corpus
     from longseq.eval.evaluate import bits_unit, evaluate
     from longseq.model.positions import position_encoding
-    from longseq.train.checkpoint import load_checkpoint
 
     if args.mode == "recl":
         return run_recl(args)
@@ -43,9 +42,10 @@ def run(args: argparse.Namespace) -> dict:
             f"longseq eval takes one --checkpoint (got {len(args.checkpoint)}); RECL of a group: eval recl"
         )
     settings = apply_overrides({"eval": EvalConfig(split=args.split)}, overrides(args.set))["eval"]
-    model, tokenizer, run_config, _ = load_checkpoint(args.checkpoint[0])
-    path = args.data if args.data is not None else run_config.data.path
-    corpus = load_corpus(path, tokenizer.kind, tokenizer=tokenizer, lowercase=run_config.data.lowercase)
+    checkpoint, model, tokenizer, run_config = load_model(args.checkpoint[0], args.device)
+    if run_config.task is not None:
+        raise ValueError(f"{checkpoint} is fine-tuned for {run_config.task.name}; score it with longseq predict")
+    corpus = read_corpus(args.data, run_config, tokenizer, checkpoint)
     ids = corpus.split(settings.split)
     doc_ids = corpus.doc_ids[settings.split] if run_config.data.doc_reset and corpus.doc_ids is not None else None
     unit = bits_unit(tokenizer.kind)
@@ -72,22 +72,17 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def run_recl(args: argparse.Namespace) -> dict:
-    from longseq.data.corpus import load_corpus
     from longseq.eval.recl import group_losses, recl
-    from longseq.train.checkpoint import load_checkpoint
 
     if args.set:
         raise ValueError("eval recl takes no --set; choose the lengths with --contexts")
     models, corpus_ids, names = {}, None, []
     for path in args.checkpoint:
-        model, tokenizer, run_config, _ = load_checkpoint(path)
+        path, model, tokenizer, run_config = load_model(path, args.device)
         name = os.path.basename(os.path.dirname(os.path.abspath(path))) or path
         if name in models:
             name = path
-        data = args.data if args.data is not None else run_config.data.path
-        ids = load_corpus(data, tokenizer.kind, tokenizer=tokenizer, lowercase=run_config.data.lowercase).split(
-            args.split
-        )
+        ids = read_corpus(args.data, run_config, tokenizer, path).split(args.split)
         if corpus_ids is not None and (len(ids) != len(corpus_ids) or (ids[:1000] != corpus_ids[:1000]).any()):
             raise ValueError(f"{path} reads a different token sequence than {names[0]}: RECL needs the same tokens")
         corpus_ids = ids

@@ -23,6 +23,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--layer-lr-decay", type=float, default=0.8)
     p.add_argument("--eval-interval", type=int, default=0, help="validate every N steps (default: at the end)")
+    p.add_argument("--save-interval", type=int, default=0, help="also save last/ every N steps (0: off)")
     p.add_argument("--head-only", action="store_true", help="train the task head only")
     p.add_argument("--pooling", default="last", choices=["last", "mean"])
     p.add_argument("--lm-weight", type=float, default=0.0, help="lambda of the joint LM loss")
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> dict:
     if not args.resume and (args.task is None or args.data is None):
         raise ValueError("a new fine-tuning run needs --task, --data and --checkpoint (or --resume to continue one)")
     settings = dict(steps=args.steps, batch_size=args.batch_size, lr=args.lr, layer_lr_decay=args.layer_lr_decay,
-                    seed=args.seed, device=args.device, eval_interval=args.eval_interval, train=args.data,
+                    seed=args.seed, device=args.device, eval_interval=args.eval_interval, save_interval=args.save_interval, train=args.data,
                     valid=args.valid, segment_len=args.segment_len or 0, head_only=args.head_only)  # fmt: skip
     for name in TASK_OPTIONS.get(args.task, ()):
         settings[name] = getattr(args, name)

@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 
-from longseq.cli.common import common_flags, say
+from longseq.cli.common import common_flags, device_flag, load_model
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -19,7 +19,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, help="a fine-tuned checkpoint, or its run directory (uses best/)")
     p.add_argument("--data", required=True, help="input JSONL: the fields the task reads (text; question, context)")
     p.add_argument("--out", required=True, help="output JSONL, one line per input line")
-    p.add_argument("--device", default="cpu", help="cpu, cuda[:N] or auto")
+    device_flag(p)
     return common_flags(p)
 
 
@@ -28,10 +28,8 @@ def run(args: argparse.Namespace) -> dict:
     from longseq.tasks import task_for
     from longseq.tasks.classify import classification_metrics, label_name
     from longseq.tasks.span import span_metrics
-    from longseq.train.checkpoint import load_checkpoint, resolve_checkpoint
 
-    path = resolve_checkpoint(args.checkpoint, say)
-    model, tokenizer, run_config, _ = load_checkpoint(path, device=_device(args.device))
+    path, model, tokenizer, run_config = load_model(args.checkpoint, args.device)
     if run_config.task is None:
         raise ValueError(f"{path} is a language model, not a fine-tuned one; sample from it with longseq generate")
     if not os.path.isfile(args.data):
@@ -56,9 +54,3 @@ def run(args: argparse.Namespace) -> dict:
     if run_config.task.name == "span" and all("answer_text" in r for r in records):
         result.update(span_metrics([o["prediction"] for o in outputs], [r["answer_text"] for r in records]))
     return result
-
-
-def _device(name: str) -> str:
-    import torch
-
-    return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name

@@ -30,6 +30,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", choices=["byte", "char", "word"], help="tokenizer kind")
     p.add_argument("--out", help="run directory (default: runs/PRESET)")
     p.add_argument("--resume", action="store_true", help="continue exactly from OUT/last")
+    p.add_argument("--overwrite", action="store_true", help="start over an existing run in OUT (its files are deleted)")
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events (OUT/tensorboard)")
     return common_flags(p)
 
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> dict:
     out = args.out or os.path.join("runs", args.preset)
     config = load_checkpoint_config(os.path.join(out, "last")) if args.resume else get_preset(args.preset)
     config = RunConfig(**apply_overrides({"model": config.model, "data": config.data, "train": config.train}, extra))
-    result = train(config, out, resume=args.resume, progress=not args.quiet, log=say)
+    result = train(config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet, log=say)
     import torch.distributed as dist
 
     if dist.is_initialized():  # under torchrun: rank 0 reports

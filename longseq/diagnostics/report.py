@@ -116,7 +116,8 @@ def diagnose(model: TransformerXLLM, ids: np.ndarray, out_dir: str, *, tgt_len: 
             f"diagnose needs at least {needed:,} tokens ({warmup} + 1 segments of {tgt_len}), got {len(ids):,}"
         )
     os.makedirs(out_dir, exist_ok=True)
-    data = torch.as_tensor(np.asarray(ids[:needed], dtype=np.int64)).view(1, -1)
+    device = next(model.parameters()).device
+    data = torch.as_tensor(np.asarray(ids[:needed], dtype=np.int64)).view(1, -1).to(device)
     mems = None
     with torch.no_grad():
         for s in range(warmup):

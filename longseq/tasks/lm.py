@@ -3,6 +3,8 @@ carried from one optimizer step to the next, validation by one ordered pass with
 
 from __future__ import annotations
 
+import os
+
 from torch import nn
 
 from longseq.config.base import ConfigError
@@ -42,6 +44,8 @@ class LanguageModeling(Task):
 
     def prepare(self) -> RunConfig:
         d = self.run.data
+        if d.path is not None:  # stored absolute, so the checkpoint finds its corpus from any directory
+            d = d.replace(path=os.path.abspath(os.path.expanduser(d.path)))
         if self.corpus is None:
             self.corpus = load_corpus(d.path, d.tokenizer, lowercase=d.lowercase)
         self.tokenizer = self.corpus.tokenizer

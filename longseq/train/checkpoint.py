@@ -290,8 +290,23 @@ def load_checkpoint(
             tokenizer = tokenizer_from_dict(json.load(f))
     except (json.JSONDecodeError, KeyError, TokenizerError) as exc:
         raise CheckpointError(f"checkpoint {directory} has an invalid tokenizer: {exc}") from None
+    if tokenizer.vocab_size != run.model.vocab_size:
+        raise CheckpointError(
+            f"checkpoint {directory}: tokenizer.json has {tokenizer.vocab_size} tokens but the model "
+            f"{run.model.vocab_size}; the two files do not belong together"
+        )
     model = task_for(run, tokenizer).build_model()  # a language model, or a fine-tuned task's model
     load_weights(model, directory, device, v1=config.get("format") == FORMAT_V1)
+    broken = [
+        name
+        for name, tensor in model.state_dict().items()
+        if tensor.is_floating_point() and not tensor.isfinite().all()
+    ]
+    if broken:
+        raise CheckpointError(
+            f"checkpoint {directory} is broken: {len(broken)} weight tensor(s) hold NaN or Inf values "
+            f"({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}); use an earlier checkpoint"
+        )
     model.to(device).eval()
     return model, tokenizer, run, config.get("metrics", {})
 

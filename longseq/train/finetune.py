@@ -24,7 +24,7 @@ from longseq.train.trainer import Trainer
 
 def finetune_run(base: RunConfig, base_path: str, task: str, options: dict, *, steps: int = 200,
                  batch_size: int = 8, lr: float = 1e-3, layer_lr_decay: float = 0.8, seed: int = 0,
-                 device: str = "auto", eval_interval: int = 0) -> RunConfig:  # fmt: skip
+                 device: str = "auto", eval_interval: int = 0, save_interval: int = 0) -> RunConfig:  # fmt: skip
     """The run config of a fine-tuning run from an LM checkpoint's run config ``base``."""
     options = {**options, "base": os.path.abspath(base_path)}
     for key in ("train", "valid"):
@@ -37,7 +37,7 @@ def finetune_run(base: RunConfig, base_path: str, task: str, options: dict, *, s
     train = TrainConfig(
         max_steps=steps, lr=lr, min_lr=0.0, warmup_steps=max(1, steps // 10), schedule="constant", clip=1.0,
         layer_lr_decay=1.0 if head_only else layer_lr_decay, seed=seed, device=device,
-        eval_interval=eval_interval or steps, log_interval=max(1, steps // 10),
+        eval_interval=eval_interval or steps, log_interval=max(1, steps // 10), save_interval=save_interval,
     )  # fmt: skip
     return RunConfig(base.model, data, train, TaskConfig(task, options))
 
@@ -46,7 +46,7 @@ def finetune(base_checkpoint: str | None, out_dir: str, task: str = "classify", 
              overwrite: bool = False, progress: bool = False, log=None, **settings) -> dict:  # fmt: skip
     """Fine-tune ``base_checkpoint`` on ``task`` into ``out_dir`` (``resume``: continue ``out_dir/last``; no base
     needed).  ``settings``: ``steps``, ``batch_size``, ``lr``, ``layer_lr_decay``, ``seed``, ``device``,
-    ``eval_interval``, and the task's options (``train``, ``valid``, ``segment_len``, ``head_only``, ``pooling``,
+    ``eval_interval``, ``save_interval``, and the task's options (``train``, ``valid``, ``segment_len``, ``head_only``, ``pooling``,
     ``lm_weight``, ``max_answer_len``, ``mask_rate``, ``mask_token``)."""
     log = log or (lambda message: None)
     if resume:
@@ -61,7 +61,7 @@ def finetune(base_checkpoint: str | None, out_dir: str, task: str = "classify", 
         base, tokenizer, base_run, _ = load_checkpoint(path)
         if base_run.task is not None:
             raise ValueError(f"{path} is already fine-tuned for {base_run.task.name}; start from a language model")
-        run_keys = ("steps", "batch_size", "lr", "layer_lr_decay", "seed", "device", "eval_interval")
+        run_keys = ("steps", "batch_size", "lr", "layer_lr_decay", "seed", "device", "eval_interval", "save_interval")
         run = finetune_run(base_run, path, task, {k: v for k, v in settings.items() if k not in run_keys and v is not None},
                            **{k: v for k, v in settings.items() if k in run_keys and v is not None})  # fmt: skip
     job = task_for(run, tokenizer, log, base=base)

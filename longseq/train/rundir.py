@@ -69,10 +69,13 @@ class RunDirectory:
         self._lock.truncate()
         self._lock.write(f"pid {os.getpid()}\n")
         self._lock.flush()
+        recover_checkpoint(self.last)  # under the lock: put back a checkpoint whose save was killed halfway
+        recover_checkpoint(self.best)
         return self
 
     def clear(self) -> None:
         """Remove the previous run's files (``--overwrite``), nothing else."""
+        self.existing = [name for name in RUN_FILES if os.path.exists(os.path.join(self.path, name))]
         for name in self.existing:
             target = os.path.join(self.path, name)
             shutil.rmtree(target) if os.path.isdir(target) else os.remove(target)

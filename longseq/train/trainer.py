@@ -338,9 +338,11 @@ class Trainer:
         return self.clock_offset + time.perf_counter() - self.start_time
 
     def _open(self) -> None:
-        """The directory (after everything that can fail on bad input has been built), then the restored state."""
+        """Lock the directory, build everything (a failure removes a directory this run created), then restore."""
         self.dir.open()
+        self.world.barrier()  # rank 0 holds the lock and has repaired a half-done save before anyone reads
         try:
+            self.build()
             if self.overwrite and self.world.main:
                 self.dir.clear()
             self.world.barrier()
@@ -362,7 +364,6 @@ class Trainer:
 
     def fit(self, stop_after: int | None = None) -> TrainResult:
         """Train to ``max_steps`` (or ``stop_after`` more steps, checkpointing first: a simulated interruption)."""
-        self.build()
         self._open()
         try:
             with StopSignals() as stop:
