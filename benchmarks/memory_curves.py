@@ -15,7 +15,8 @@ Variants are lists of overrides applied after ``--set``; ``--variant NAME KEY=VA
 
 Files under ``--out``: ``VARIANT/seedS/`` (the run: checkpoints, metrics.jsonl, result.json once scored),
 ``summary.json``, ``summary.md``, ``curves.png`` (validation bpc against step and against wall time, mean and
-range over seeds), ``per_position.png``, ``context.png``.  A run with a result.json is finished and reused; a run
+range over seeds), ``per_position.png``, ``context.png``, and with ``--set keep_last=N`` (history checkpoints)
+``memory_share.png``: the share of attention mass in the memory against step (attention dilution).  A run with a result.json is finished and reused; a run
 with a checkpoint but no result continues with ``--resume`` (and is refused without it).
 
 Usage::
@@ -49,6 +50,7 @@ import torch
 from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
 from longseq.config import apply_overrides
 from longseq.data.corpus import load_corpus, load_ptb_char
+from longseq.diagnostics import memory_attention_share
 from longseq.eval import evaluate
 from longseq.eval.context import context_curve, per_position_losses
 from longseq.train import load_checkpoint, train
@@ -123,7 +125,27 @@ def score(model, run: RunConfig, corpus, args) -> dict:
     test = evaluate(model, corpus.test, **common, bits_unit="bpc")
     positions = per_position_losses(model, corpus.test, **common, skip_segments=args.skip_segments)
     curve = context_curve(model, corpus.test, args.contexts, **common, skip_segments=args.skip_segments)
-    return {"test": test, "per_position": positions, "context_curve": curve}
+    return {"test": test, "per_position": positions, "context_curve": curve, "memory_share": share(model, run, corpus)}
+
+
+def share(model, run: RunConfig, corpus) -> dict | None:
+    """Share of attention mass in the memory per (layer, head), 8 test segments of 4 streams (None: no memory)."""
+    if not run.model.memory.mem_len:
+        return None
+    return memory_attention_share(model, corpus.test, tgt_len=run.data.eval_tgt_len, batch_size=4, segments=8)
+
+
+def share_history(out: str, corpus, device: str) -> list[tuple[int, float]]:
+    """(step, memory share averaged over layers and heads) of every checkpoint kept under ``out/history`` (runs
+    with ``--set keep_last=N``): attention dilution over the memory as training goes on."""
+    history = os.path.join(out, "history")
+    points = []
+    for name in sorted(os.listdir(history)) if os.path.isdir(history) else []:
+        model, _, run, _ = load_checkpoint(os.path.join(history, name), device=device)
+        measured = share(model, run, corpus)
+        if measured is not None:
+            points.append((int(name.split("-")[-1]), float(np.mean(measured["memory_share"]))))
+    return points
 
 
 def run_one(name: str, overrides: list[str], seed: int, corpus, args, log) -> dict:
@@ -153,7 +175,10 @@ def run_one(name: str, overrides: list[str], seed: int, corpus, args, log) -> di
         "variant": name, "seed": seed, "overrides": overrides, "run": config,
         "params": model.num_parameters(), "step": trained.step, "session_train_s": time.perf_counter() - began,
         "train_tokens_per_s": trained.tokens_per_s, "curve": read_curve(out), **score(model, saved, corpus, args),
+        "share_history": share_history(out, corpus, args.device),
     }  # fmt: skip
+    if result["memory_share"] is not None and result["share_history"]:  # the last checkpoint closes the series
+        result["share_history"].append((trained.step, float(np.mean(result["memory_share"]["memory_share"]))))
     write_json(result_path, result)
     log(f"{name} seed {seed}: test bpc {result['test']['bpc']:.4f}")
     return result
@@ -209,6 +234,18 @@ def summarize_variant(results: list[dict]) -> dict:
             "by_context": [stats(curves[:, i]) for i in range(curves.shape[1])],
         },
         "train_tokens_per_s": stats([r["train_tokens_per_s"] for r in results]),
+        "memory_share_by_layer": layer_shares(results),
+    }
+
+
+def layer_shares(results: list[dict]) -> dict | None:
+    """The memory share of every layer, mean over heads and seeds, and the uniform share (None: no memory)."""
+    if results[0]["memory_share"] is None:
+        return None
+    shares = np.array([r["memory_share"]["memory_share"] for r in results])  # (seeds, L, H)
+    return {
+        "mean_over_heads": shares.mean(axis=(0, 2)).tolist(),
+        "uniform_share": results[0]["memory_share"]["uniform_share"],
     }
 
 
@@ -292,6 +329,7 @@ def plot_final(by_variant: dict[str, list[dict]], out_dir: str) -> list[str]:
             ax.plot(positions, cut, "--", color=line.get_color(), label=f"{name}, memory cut to 0")
         contexts = results[0]["context_curve"]["contexts"]
         ax2.plot(contexts, np.mean([r["context_curve"]["loss"] for r in results], 0) * BITS, "o-", label=name)
+    _plot_share_history(plt, by_variant, out_dir)
     ax.set_xlabel("position inside the segment")
     ax.set_ylabel("test bpc (mean over seeds)")
     ax2.set_xlabel("evaluation memory (same_length)")
@@ -305,6 +343,24 @@ def plot_final(by_variant: dict[str, list[dict]], out_dir: str) -> list[str]:
         plt.close(figure)
         names.append(file)
     return names
+
+
+def _plot_share_history(plt, by_variant: dict[str, list[dict]], out_dir: str) -> None:
+    """memory_share.png: memory share against step, one line per run, when history checkpoints were kept."""
+    runs = [(name, r) for name, results in by_variant.items() for r in results if r.get("share_history")]
+    if not runs:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, r in runs:
+        steps, values = zip(*r["share_history"])
+        ax.plot(steps, values, "o-", markersize=3, label=f"{name} seed {r['seed']}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("attention mass in the memory (mean over layers, heads)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "memory_share.png"), dpi=100)
+    plt.close(fig)
 
 
 def markdown(summary: dict) -> str:
@@ -345,6 +401,11 @@ def markdown(summary: dict) -> str:
     for name, v in variants.items():
         cells = [f"{s['mean']:.4f} ± {s['std']:.4f}" for s in v["context_curve_bpc"]["by_context"]]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "| variant | memory share per layer (mean over heads and seeds) | uniform share |", "|---|---|---:|"]
+    for name, v in variants.items():
+        if v["memory_share_by_layer"]:
+            per_layer = " / ".join(f"{x:.3f}" for x in v["memory_share_by_layer"]["mean_over_heads"])
+            lines.append(f"| {name} | {per_layer} | {v['memory_share_by_layer']['uniform_share']:.3f} |")
     lines += [
         "",
         "| variant | first step from which the ranges stay apart | gap there | gap at the last step |",

@@ -74,6 +74,57 @@ def summarize_attention(maps: list[Tensor], mlen: int) -> dict:
     return {"entropy": entropy, "mass_by_distance": by_distance, "memory_share": memory_share}
 
 
+@torch.no_grad()
+def memory_attention_share(
+    model: TransformerXLLM, ids: np.ndarray, *, tgt_len: int, batch_size: int = 4, segments: int = 8
+) -> dict:
+    """Share of every (layer, head)'s attention mass that goes into the memory, averaged over ``segments`` segments
+    of ``batch_size`` ordered streams read once the memory is full (ceil(mem_len / tgt_len) segments first).
+
+    ``uniform_share`` is the share a head spreading its mass evenly over its keys would give (memory keys over
+    all keys a query sees, averaged over queries): a head far below it ignores the memory; attention dilution is a
+    share near it with no gain from the memory.  The uniform share assumes the full pattern (every causal key, or
+    the last ``mem_len`` with ``same_length``)."""
+    mem_len = model.config.memory.mem_len
+    if mem_len < 1:
+        raise ValueError("memory_attention_share needs a model with a memory (mem_len >= 1)")
+    fill = math.ceil(mem_len / tgt_len)
+    n_step = len(ids) // batch_size
+    if n_step < (fill + segments) * tgt_len + 1:
+        raise ValueError(
+            f"{len(ids):,} tokens cannot give {batch_size} streams of {fill + segments} segments of {tgt_len}"
+        )
+    data = torch.as_tensor(np.asarray(ids[: n_step * batch_size], dtype=np.int64)).view(batch_size, n_step)  # (B, N)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    mems, total = None, None
+    try:
+        for s in range(fill + segments):
+            x = data[:, s * tgt_len : (s + 1) * tgt_len].to(device)
+            if s < fill:
+                mems = model(x, mems).mems
+                continue
+            mlen = _memory_length(mems)
+            maps, mems = attention_maps(model, x, mems)
+            share = torch.tensor(summarize_attention(maps, mlen)["memory_share"], dtype=torch.float64)  # (L, H)
+            total = share if total is None else total + share
+    finally:
+        model.train(was_training)
+    seen = torch.arange(tgt_len, dtype=torch.float64) + 1  # segment keys query t sees: t + 1
+    if model.config.memory.same_length:  # every query sees the last `span` keys
+        span = mem_len + model.config.memory.cmem_len
+        uniform = float(((span - seen).clamp(min=0) / span).mean())
+    else:
+        uniform = float((mlen / (mlen + seen)).mean())
+    return {
+        "memory_share": (total / segments).tolist(),
+        "uniform_share": uniform,
+        "mem_len": mlen,
+        "segments": segments,
+    }
+
+
 def _grad_norms(model: TransformerXLLM, input_ids: Tensor, labels: Tensor, mems) -> tuple[list[float], float]:
     model.zero_grad(set_to_none=True)
     was_training = model.training
