@@ -222,6 +222,10 @@ def test_diagnose_command_adds_the_curves_and_the_memory_share_per_head(checkpoi
     assert report["context_curve"]["contexts"] == result["context_curve"]["contexts"] == [0, 8, 16]
     share = np.array(report["memory_share"])
     assert share.shape == (2, 2) and ((share > 0) & (share < 1)).all()
+    from longseq.diagnostics import memory_attention_share
+
+    averaged = memory_attention_share(net, ids, tgt_len=8, batch_size=2)
+    np.testing.assert_allclose(report["memory_attention"]["memory_share"], averaged["memory_share"], atol=1e-9)
     assert {"memory_share.png", "per_position.png", "context_curve.png"} <= set(result["files"])
     markdown = (out / "report.md").read_text()
     assert "Loss by position inside the segment" in markdown and "per head" in markdown

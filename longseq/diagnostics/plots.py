@@ -90,7 +90,8 @@ def plot_per_position(result: dict, out_path: str, *, bits: bool = False, title:
     ax.plot(positions, [v * scale for v in result["loss_no_memory"]], "--", label="memory cut to 0")
     ax.set_xlabel("position inside the segment")
     ax.set_ylabel("bits per token" if bits else "loss (nats)")
-    ax.set_title(title or f"loss by position ({result.get('segments', '?')} segments per stream after the first)")
+    scored = f"{result.get('segments', '?')} segments per stream scored, the first {result.get('skip_segments', '?')} skipped"
+    ax.set_title(title or f"loss by position ({scored})", fontsize=10)
     ax.legend()
     ax.grid(alpha=0.3)
     return _save_figure(plt, fig, out_path)

@@ -181,10 +181,17 @@ def context_evidence(
     if contexts is None:
         contexts = default_contexts(model.config.memory.mem_len, tgt_len)
     common = dict(tgt_len=tgt_len, batch_size=batch_size, max_segments=max_segments)
-    return {
+    evidence = {
         "per_position": per_position_losses(model, ids, **common),
         "context_curve": context_curve(model, ids, contexts, **common),
     }
+    try:  # the memory share over several segments and streams, when the split is long enough
+        evidence["memory_attention"] = memory_attention_share(
+            model, ids, tgt_len=tgt_len, batch_size=min(batch_size, 4)
+        )
+    except ValueError:
+        evidence["memory_attention"] = None
+    return evidence
 
 
 def diagnose(
@@ -251,12 +258,14 @@ def diagnose(
         "memory": memory,
         "warnings": warnings,
     }
-    images = _plots(plt, maps, summary, grad_norms, mlen, out_dir)
+    evidence = None
     if contexts != [] and model.config.memory.mem_len:
         evidence = context_evidence(
             model, ids, tgt_len=tgt_len, batch_size=batch_size, contexts=contexts, max_segments=max_segments
         )
         report.update(evidence)
+    images = _plots(plt, maps, summary, grad_norms, mlen, out_dir, report.get("memory_attention"))
+    if evidence is not None:
         images += _evidence_plots(evidence, model.config.memory.mem_len, out_dir)
     with open(os.path.join(out_dir, "report.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
@@ -270,7 +279,7 @@ def _memory_length(mems) -> int:
     return int(mems.length)
 
 
-def _plots(plt, maps, summary, grad_norms, mlen, out_dir) -> list[str]:
+def _plots(plt, maps, summary, grad_norms, mlen, out_dir, averaged=None) -> list[str]:
     images = []
     for i, probs in enumerate(maps):
         heads = probs.size(1)
@@ -304,11 +313,22 @@ def _plots(plt, maps, summary, grad_norms, mlen, out_dir) -> list[str]:
 
     if mlen:
         fig, ax = plt.subplots(figsize=(6, 3))
-        im = ax.imshow(np.array(summary["memory_share"]), aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
+        share = np.array(summary["memory_share"] if averaged is None else averaged["memory_share"])  # (L, H)
+        im = ax.imshow(share, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
+        for (layer, head), value in np.ndenumerate(share):
+            ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=7, color="white")
+        ax.set_xticks(range(share.shape[1]))
+        ax.set_yticks(range(share.shape[0]))
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
-        ax.set_title(f"share of attention mass in the memory ({mlen} positions)")
+        where = (
+            "one segment"
+            if averaged is None
+            else f"{averaged['segments']} segments; uniform {averaged['uniform_share']:.2f}"
+        )
+        ax.set_title(f"attention mass in the memory ({mlen} positions, {where})", fontsize=9)
         fig.colorbar(im, ax=ax)
+        fig.tight_layout()
         images.append(_save(plt, fig, out_dir, "memory_share.png"))
 
     fig, ax = plt.subplots(figsize=(6, 3))
@@ -362,10 +382,18 @@ def _markdown(report: dict, images: list[str]) -> str:
         share = sum(report["memory_share"][i]) / len(report["memory_share"][i])
         lines.append(f"| {i} | " + " | ".join(f"{e:.2f}" for e in heads) + f" | {share:.3f} |")
     if report["mem_len"]:
-        lines += ["", "## Share of attention mass in the memory, per head", ""]
+        averaged = report.get("memory_attention")
+        shares = report["memory_share"] if averaged is None else averaged["memory_share"]
+        where = (
+            "the diagnosed segment"
+            if averaged is None
+            else f"{averaged['segments']} segments of several streams; a uniform head would give "
+            f"{averaged['uniform_share']:.3f}"
+        )
+        lines += ["", f"## Share of attention mass in the memory, per head ({where})", ""]
         lines += ["| layer | " + " | ".join(f"head {h}" for h in range(report["heads"])) + " |"]
         lines += ["|---" * (report["heads"] + 1) + "|"]
-        for i, heads in enumerate(report["memory_share"]):
+        for i, heads in enumerate(shares):
             lines.append(f"| {i} | " + " | ".join(f"{v:.3f}" for v in heads) + " |")
     lines += _evidence_markdown(report)
     lines += ["", "## Gradient norms and memory", "", "| layer | grad norm | memory slots | mean | std | max abs |"]
