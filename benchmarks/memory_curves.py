@@ -28,6 +28,8 @@ Usage::
     # the recipe table: every candidate that is a setting today
     python benchmarks/memory_curves.py --out runs/recipe --steps 6000 --seeds 1 2 3 \\
         --variants no-memory xl xl-mem64 xl-warmup-long xl-mem-dropout xl-same-length xl-clamp xl-dropatt
+    # RECL of the group (reported in summary.md only where a variant's test bpc is apart from the baseline's)
+    python benchmarks/memory_curves.py --out runs/curves --steps 6000 --seeds 1 2 3 --recl-tokens 3000 --resume
     # pilot (minutes on 2 CPU cores)
     python benchmarks/memory_curves.py --out /tmp/curves-pilot --steps 60 --eval-interval 20 --seeds 1 \\
         --test-segments 20 --set n_layer=2
@@ -53,6 +55,7 @@ from longseq.data.corpus import load_corpus, load_ptb_char
 from longseq.diagnostics import memory_attention_share
 from longseq.eval import evaluate
 from longseq.eval.context import context_curve, per_position_losses
+from longseq.eval.recl import group_losses, recl
 from longseq.train import load_checkpoint, train
 from longseq.train.checkpoint import load_checkpoint_config
 
@@ -417,7 +420,45 @@ def markdown(summary: dict) -> str:
         gap = f"{rows[first]['gap_pct']:+.2f}%" if first is not None else ""
         last = f"{rows[-1]['gap_pct']:+.2f}%" if rows else ""
         lines.append(f"| {name} | {at} | {gap} | {last} |")
+    lines += recl_lines(summary)
     return "\n".join(lines) + "\n"
+
+
+def recl_lines(summary: dict) -> list[str]:
+    """RECL per variant and seed, shown only where the variant's test bpc is apart from the baseline's over the
+    seeds (the issue: RECL only at budgets where the models differ by more than their seed spread)."""
+    if not summary.get("recl"):
+        return []
+    variants, base = summary["variants"], summary["variants"].get(summary["baseline"])
+    separated = {
+        name: base is not None and name != summary["baseline"] and apart(v["test_bpc"], base["test_bpc"])
+        for name, v in variants.items()
+    }
+    separated[summary["baseline"]] = any(separated.values())  # the baseline is shown beside any separated variant
+    lines = ["", "| variant | RECL r=0.1 / 0.5 / 1.0, per seed |", "|---|---|"]
+    for name, by_r in summary["recl"]["by_variant"].items():
+        shown = separated.get(name, False)
+        cells = " / ".join(str(by_r[k]) for k in ("r0.1", "r0.5", "r1"))
+        lines.append(f"| {name} | {cells if shown else 'not reported: within the seed spread of the baseline'} |")
+    return lines
+
+
+def group_recl(args, corpus, log) -> dict:
+    """RECL (r = 0.1, 0.5, 1) of the group of variants at every seed, on the first ``--recl-tokens`` test targets
+    after the longest context: ``{variant: {r: [RECL at each seed]}}``."""
+    contexts = sorted({16, 32, 64, 128, 256, 512})
+    out: dict = {name: {} for name in args.variant_overrides}
+    for seed in args.seeds:
+        models = {}
+        for name in args.variant_overrides:
+            model, _, run, _ = load_checkpoint(os.path.join(args.out, name, f"seed{seed}", "last"), device=args.device)
+            models[name] = (model, run)
+        log(f"RECL of the group at seed {seed}")
+        losses = group_losses(models, corpus.test, contexts, max_targets=args.recl_tokens)
+        for r in (0.1, 0.5, 1.0):
+            for name, value in recl(losses, r=r).items():
+                out[name].setdefault(f"r{r:g}", []).append(value)
+    return {"contexts": contexts, "tokens": args.recl_tokens, "by_variant": out}
 
 
 def machine() -> dict:
@@ -454,6 +495,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--skip-segments", type=int, default=8, help="segments read before scoring the curves")
     parser.add_argument("--contexts", type=int, nargs="+", default=[0, 64, 128, 256, 512])
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override for every variant")
+    parser.add_argument("--recl-tokens", type=int, default=0, help="RECL of the group on this many test targets")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="for scoring")
     parser.add_argument("--resume", action="store_true", help="continue unfinished runs from their checkpoints")
     args = parser.parse_args(argv)
@@ -488,6 +530,7 @@ def main(argv=None) -> None:
         "baseline": args.baseline,
         "variants": {name: summarize_variant(results) for name, results in by_variant.items()},
         "curve_gaps": curve_gaps(by_variant, args.baseline),
+        "recl": group_recl(args, corpus, log) if args.recl_tokens else None,
     }
     write_json(os.path.join(args.out, "summary.json"), summary)
     table = markdown(summary)
