@@ -5,12 +5,13 @@ Every command is a module of this package with ``add_parser(subparsers)`` and ``
     longseq train [--preset tiny-shakespeare] [--set key=value ...] [--data PATH] [--tokenizer byte|char|word]
                   [--out DIR] [--resume] [--json]
     longseq eval --checkpoint DIR [--split valid|test] [--set mem_len=1600 ...] [--data PATH] [--json]
+    longseq eval --checkpoint DIR --per-position | --context-curve 0,64,128,256 [--plot FILE.png] [--json]
     longseq eval recl --checkpoint A --checkpoint B ... [--contexts 32 64 128] [--r 0.1 0.5 1.0] [--json]
     longseq generate --checkpoint DIR --prompt TEXT --max-new-tokens N [--temperature T] [--top-k K]
                   [--top-p P] [--seed S] [--json]
     longseq bench train|eval|generate|eval-speed [--attn-len 800 1800 ...] [--json]
     longseq convert --from-hf HF_DIR --out DIR [--vocab vocab.txt] | --to-hf --checkpoint DIR --out HF_DIR
-    longseq diagnose --checkpoint DIR [--data PATH] --out DIR [--json]
+    longseq diagnose --checkpoint DIR [--data PATH] --out DIR [--contexts 0,64,128] [--json]
     longseq plot RUN_DIR [RUN_DIR ...] --out FILE.png [--bits]
     longseq finetune --task classify|span|mlm --data train.jsonl [--valid valid.jsonl] --checkpoint DIR --out DIR
                   [--resume] [--json]

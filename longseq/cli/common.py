@@ -30,6 +30,17 @@ def common_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def memory_lengths(text: str) -> list[int]:
+    """An argparse type: comma-separated memory lengths >= 0, such as ``0,64,128``."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,64,128, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected memory lengths >= 0 such as 0,64,128, got {text!r}")
+    return values
+
+
 def overrides(values: list[list[str]] | None) -> list[str]:
     """The ``--set`` groups as one list of ``key=value`` strings."""
     return [item for group in (values or []) for item in group]
