@@ -27,7 +27,8 @@ Usage::
     python benchmarks/memory_curves.py --out runs/curves --steps 6000 --seeds 1 2 3 --variants xl no-memory --resume
     # the recipe table: every candidate that is a setting today
     python benchmarks/memory_curves.py --out runs/recipe --steps 6000 --seeds 1 2 3 \\
-        --variants no-memory xl xl-mem64 xl-warmup-long xl-mem-dropout xl-same-length xl-clamp xl-dropatt
+        --variants no-memory xl xl-mem64 xl-warmup-long xl-mem-dropout xl-same-length xl-clamp xl-dropatt \
+            xl-curriculum xl-no-r-dropout xl-uv-zeros
     # RECL of the group (reported in summary.md only where a variant's test bpc is apart from the baseline's)
     python benchmarks/memory_curves.py --out runs/curves --steps 6000 --seeds 1 2 3 --recl-tokens 3000 --resume
     # pilot (minutes on 2 CPU cores)
@@ -76,6 +77,9 @@ VARIANTS = {
     "xl-same-length": ["mem_len=128", "same_length=true"],  # every query sees 128 keys in training too
     "xl-clamp": ["mem_len=128", "clamp_len=64"],  # distances beyond 64 share one position vector
     "xl-dropatt": ["mem_len=128", "dropatt=0.1"],
+    "xl-curriculum": ["mem_len=128", "mem_len_start=16", "mem_len_warmup_steps=2000"],  # gradual context expansion
+    "xl-no-r-dropout": ["mem_len=128", "dropout_r=0"],  # R kept whole (the paper's code drops it with dropout)
+    "xl-uv-zeros": ["mem_len=128", "uv_init=zeros"],  # u and v start at zero
 }
 BASELINE = "no-memory"
 

@@ -157,7 +157,8 @@ class ModelConfig(JsonConfig):
     embedding's (default: all but the head cluster when ``div_val > 1``, as in the paper).  ``attn_impl`` names
     the attention kernel (``rel_shift`` fast path or ``reference``); ``attn_chunk`` processes queries in blocks
     of that size (0: all at once), which is exact, faster on CPU and linear in length for local patterns.
-    ``arch="lstm"`` is the LSTM baseline (``n_layer`` LSTM layers of width ``d_model``).  ``vocab_size=0`` means
+    ``dropout_r`` is the dropout on the sinusoidal R (unset: ``dropout``, as in the paper's code); ``uv_init`` starts
+    u and v at normal(0, ``init_std``) or at zeros.  ``arch="lstm"`` is the LSTM baseline (``n_layer`` LSTM layers of width ``d_model``).  ``vocab_size=0`` means
     "from the tokenizer": training sets it (presets use it, so ``cutoffs`` are checked against the real vocabulary).
     """
 
@@ -169,6 +170,7 @@ class ModelConfig(JsonConfig):
     d_inner: int = 512
     dropout: float = 0.1
     dropatt: float = 0.0
+    dropout_r: float | None = None
     pre_lnorm: bool = False
     cutoffs: list[int] = field(default_factory=list)
     div_val: int = 1
@@ -178,6 +180,7 @@ class ModelConfig(JsonConfig):
     untie_r: bool = False
     init_std: float = 0.02
     proj_init_std: float = 0.01
+    uv_init: str = "normal"
     layer_norm_eps: float = 1e-5
     attn_impl: str = "rel_shift"
     attn_chunk: int = 64
@@ -234,6 +237,11 @@ class ModelConfig(JsonConfig):
         check(self.attn_chunk >= 0, f"ModelConfig.attn_chunk must be >= 0 (0: no chunking), got {self.attn_chunk}")
         for name in ("dropout", "dropatt"):
             check(0.0 <= getattr(self, name) < 1.0, f"ModelConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+        check(
+            self.dropout_r is None or 0.0 <= self.dropout_r < 1.0,
+            f"ModelConfig.dropout_r must be in [0, 1) (or unset: dropout), got {self.dropout_r}",
+        )
+        check(self.uv_init in ("normal", "zeros"), f"ModelConfig.uv_init must be normal or zeros, got {self.uv_init!r}")
         check(self.d_embed is None or self.d_embed >= 1, f"ModelConfig.d_embed must be >= 1, got {self.d_embed}")
         check(
             self.attn_impl in KERNELS, f"ModelConfig.attn_impl must be one of {sorted(KERNELS)}, got {self.attn_impl!r}"

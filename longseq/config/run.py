@@ -51,6 +51,9 @@ class TrainConfig(JsonConfig):
     error at the first bad step).  ``keep_last`` > 1 keeps that many training checkpoints (``last`` plus
     ``history/step-N``); ``best`` is kept apart.
 
+    Memory-length curriculum (gradual context expansion): with ``mem_len_start`` >= 0 training reads a memory of
+    ``mem_len_start`` positions at first, growing linearly to the model's ``mem_len`` over ``mem_len_warmup_steps``.
+
     Checkpoints of ``last`` are written at every validation (``eval_interval``), every ``save_interval`` steps
     (0: off), and at the first step boundary ``save_every_s`` seconds after the previous save (default 600: a
     SIGKILL loses at most ten minutes; 0: off), and when SIGINT, SIGTERM or SIGHUP asks the run to stop.
@@ -82,6 +85,8 @@ class TrainConfig(JsonConfig):
     log_interval: int = 20
     save_interval: int = 0
     save_every_s: float = 600.0
+    mem_len_start: int = -1
+    mem_len_warmup_steps: int = 0
     seed: int = 1111
     nan_patience: int = 3
     nan_lr_factor: float = 0.5
@@ -118,6 +123,13 @@ class TrainConfig(JsonConfig):
         check(self.lr > 0, f"TrainConfig.lr must be > 0, got {self.lr}")
         check(0 <= self.min_lr <= self.lr, f"TrainConfig.min_lr must be in [0, lr], got {self.min_lr}")
         check(self.schedule in SCHEDULES, f"TrainConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        check(
+            self.mem_len_start >= -1, f"TrainConfig.mem_len_start must be >= 0 (or -1: off), got {self.mem_len_start}"
+        )
+        check(
+            self.mem_len_warmup_steps >= 0,
+            f"TrainConfig.mem_len_warmup_steps must be >= 0, got {self.mem_len_warmup_steps}",
+        )
         check(self.save_every_s >= 0, f"TrainConfig.save_every_s must be >= 0 (0 disables), got {self.save_every_s}")
         for name in ("warmup_steps", "eval_max_segments", "save_interval"):
             check(getattr(self, name) >= 0, f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")

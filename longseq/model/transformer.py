@@ -89,6 +89,7 @@ class TransformerXL(nn.Module):
         self.config = c = config
         self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
         self.drop = nn.Dropout(c.dropout)
+        self.drop_r = nn.Dropout(c.dropout if c.dropout_r is None else c.dropout_r)  # on the sinusoidal R
         self.encoding = position_encoding(c.positions.pos)
         bias_shape = (c.n_layer, c.n_head, c.d_head) if c.untie_r else (c.n_head, c.d_head)
         if self.encoding.learned_biases:
@@ -144,7 +145,7 @@ class TransformerXL(nn.Module):
         -(qlen - 1) for the later keys of the segment.  Every layer projects them itself."""
         bottom = -(qlen - 1) if self.config.pattern.bidirectional else 0
         distances = relative_distances(rows - 1, clamp_len, device, bottom)
-        return self.encoding.positions(distances, self.config.d_model, dtype, self.drop)
+        return self.encoding.positions(distances, self.config.d_model, dtype, self.drop_r)
 
     def relative_tables(self, klen: int, clamp_len: int = -1, dtype=torch.float32, device=None, qlen: int = 1):
         """Every layer's projected relative table (H, R, D) for ``klen`` keys (R = klen + 1, or klen + qlen with a
@@ -207,7 +208,8 @@ class TransformerXLLM(nn.Module):
     def init_weights(self) -> None:
         """The paper's initialisation.
 
-        * Linear, embedding and softmax weights, u and v: normal(0, ``init_std`` = 0.02); biases 0.
+        * Linear, embedding and softmax weights, u and v: normal(0, ``init_std`` = 0.02) (u and v 0 with
+          ``uv_init="zeros"``); biases 0.
         * Embedding and softmax projections (``emb_projs``, ``out_projs``): normal(0, ``proj_init_std`` = 0.01).
         * LayerNorm weights normal(1, ``init_std``), biases 0.
         * Cluster weights of the adaptive softmax normal(0, ``init_std``), cluster biases 0.
@@ -219,6 +221,8 @@ class TransformerXLLM(nn.Module):
             elif "layer_norm.weight" in name:
                 nn.init.normal_(param, 1.0, std)
             elif name.endswith("bias") and "r_w_bias" not in name and "r_r_bias" not in name:
+                nn.init.zeros_(param)
+            elif ("r_w_bias" in name or "r_r_bias" in name) and self.config.uv_init == "zeros":
                 nn.init.zeros_(param)
             else:
                 nn.init.normal_(param, 0.0, std)

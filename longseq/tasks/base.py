@@ -32,6 +32,7 @@ class StepContext:
     grad_accum: int
     autocast_dtype: torch.dtype | None = None
     scaler: object | None = None  # the fp16 GradScaler, or None
+    step: int = 0  # the optimizer step being computed (0-based), for schedules a task follows
 
     def autocast(self):
         if self.autocast_dtype is None:

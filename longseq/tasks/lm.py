@@ -8,7 +8,7 @@ import os
 from torch import nn
 
 from longseq.config.base import ConfigError
-from longseq.config.run import RunConfig
+from longseq.config.run import RunConfig, TrainConfig
 from longseq.data.batching import OrderedStream
 from longseq.data.corpus import Corpus, load_corpus, unigram_bits_per_token
 from longseq.eval.evaluate import bits_unit, evaluate
@@ -87,6 +87,7 @@ class LanguageModeling(Task):
         """Every segment of the window through every gradient-accumulation chunk of this rank's rows; one backward
         per chunk at the end of the window (through all its segments), the memory carried chunk by chunk."""
         accum, window = ctx.grad_accum, len(segments)
+        mem_len = mem_len_at(ctx.step, self.run.train, self.run.model.memory.mem_len)
         chunk_mems = mems.split(accum) if mems is not None else [None] * accum
         pending, loss_sum = [None] * accum, 0.0
         for j, segment in enumerate(segments):
@@ -99,7 +100,7 @@ class LanguageModeling(Task):
                 docs = segment.doc_ids[ctx.rows].to(ctx.device).chunk(accum, dim=0)
             for c, (inp, lab, doc) in enumerate(zip(inputs, labels, docs)):
                 with ctx.autocast():
-                    out = ctx.net(inp, chunk_mems[c], lab, doc_ids=doc)
+                    out = ctx.net(inp, chunk_mems[c], lab, doc_ids=doc, mem_len=mem_len)
                 total = out.loss if out.aux_loss is None else out.loss + out.aux_loss
                 pending[c] = total if pending[c] is None else pending[c] + total
                 loss_sum += out.loss.item()
@@ -117,6 +118,15 @@ class LanguageModeling(Task):
             max_segments=self.run.train.eval_max_segments, bits_unit=self.unit, doc_ids=self._doc_ids("valid"),
             kv_memory=not sharded,  # the key/value cache projects W_R R outside the (sharded) layers
         )  # fmt: skip
+
+
+def mem_len_at(step: int, train: TrainConfig, final: int) -> int:
+    """The memory length the curriculum (``mem_len_start``, ``mem_len_warmup_steps``) allows at optimizer step
+    ``step`` (0-based), growing linearly; ``final`` without a curriculum."""
+    start, warmup = train.mem_len_start, train.mem_len_warmup_steps
+    if start < 0 or start >= final or step >= warmup:
+        return final
+    return start + (final - start) * step // warmup
 
 
 def prepare_model_config(run: RunConfig, corpus: Corpus):

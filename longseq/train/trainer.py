@@ -210,6 +210,7 @@ class Trainer:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         batch = self.batches.next()
         self.optimizer.zero_grad(set_to_none=True)
+        self.ctx.step = self.step_count
         result = self.task.train_step(self.ctx, batch, self.state)
         loss = self.world.mean(result.loss)
         if self.after_backward is not None:
