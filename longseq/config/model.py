@@ -15,6 +15,7 @@ KERNELS = ("reference", "rel_shift")
 POSITIONS = ("sinusoidal", "shaw", "absolute")
 COMPRESSION_FUNCTIONS = ("mean", "max", "conv", "linear")
 ARCHS = ("transformer", "lstm")
+MIXERS = ("attention", "ssm", "conv", "rnn")
 
 
 @dataclass
@@ -149,6 +150,51 @@ class PositionConfig(JsonConfig):
 
 
 @dataclass
+class MixerConfig(JsonConfig):
+    """The layers that are not attention (:mod:`longseq.model.mixers`).  ``ssm``: a selective state-space layer
+    (Mamba-2's SSD: ``d_state`` per head of ``head_dim`` channels, ``expand`` x d_model inner width, chunks of
+    ``chunk`` positions); ``conv``: a gated causal depthwise convolution of ``conv_kernel`` taps (the SSM's own
+    short convolution has the same width); ``rnn``: an LSTM layer.  Their recurrent states are part of the memory;
+    ``state_bptt`` > 1 back-propagates through that many segments (1: stop-gradient, like the XL memory)."""
+
+    d_state: int = 16
+    head_dim: int = 32
+    expand: int = 2
+    chunk: int = 64
+    conv_kernel: int = 4
+    state_bptt: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("d_state", "head_dim", "expand", "chunk", "conv_kernel", "state_bptt"):
+            check(getattr(self, name) >= 1, f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class HourglassConfig(JsonConfig):
+    """Multi-resolution (Nawrot et al., 2021): layers ``shorten_layers[0]`` .. ``shorten_layers[1] - 1`` run on
+    the sequence shortened by ``shorten_factor`` (a causal shift, then ``shorten_fn`` = linear or mean pooling of
+    each group); an upsampling step with a residual link brings back full resolution for the layers after.  Empty
+    ``shorten_layers``: one resolution."""
+
+    shorten_layers: list[int] = field(default_factory=list)
+    shorten_factor: int = 2
+    shorten_fn: str = "linear"
+
+    def __post_init__(self) -> None:
+        check(
+            not self.shorten_layers
+            or (len(self.shorten_layers) == 2 and 0 < self.shorten_layers[0] < self.shorten_layers[1]),
+            f"ModelConfig.shorten_layers needs two layer indices 0 < first < end (the shortened layers are first .. "
+            f"end - 1; the first and the last layers run at full resolution), got {self.shorten_layers}",
+        )
+        check(
+            self.shorten_factor >= 2 or not self.shorten_layers,
+            f"shorten_factor must be >= 2, got {self.shorten_factor}",
+        )
+        check(self.shorten_fn in ("linear", "mean"), f"shorten_fn must be linear or mean, got {self.shorten_fn!r}")
+
+
+@dataclass
 class ModelConfig(JsonConfig):
     """Transformer-XL architecture (Dai et al., 2019), with its ``memory``, ``pattern`` and ``positions``.
 
@@ -185,15 +231,19 @@ class ModelConfig(JsonConfig):
     attn_impl: str = "rel_shift"
     attn_chunk: int = 64
     arch: str = "transformer"
+    mixer: list[str] = field(default_factory=lambda: ["attention"])
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     pattern: PatternConfig = field(default_factory=PatternConfig)
     positions: PositionConfig = field(default_factory=PositionConfig)
+    mixers: MixerConfig = field(default_factory=MixerConfig)
+    hourglass: HourglassConfig = field(default_factory=HourglassConfig)
 
     @classmethod
     def of(cls, **fields) -> ModelConfig:
         """A config from fields of the model and of its sections alike, by name: ``ModelConfig.of(n_layer=2,
         mem_len=32, attention=["window"])``.  Format v1 checkpoints store this flat form."""
-        sections = {"memory": MemoryConfig, "pattern": PatternConfig, "positions": PositionConfig}
+        sections = {"memory": MemoryConfig, "pattern": PatternConfig, "positions": PositionConfig,
+                    "mixers": MixerConfig, "hourglass": HourglassConfig}  # fmt: skip
         nested: dict = {}
         for key, value in fields.items():
             if key in sections:
@@ -220,6 +270,11 @@ class ModelConfig(JsonConfig):
         if self.tie_projs is not None:
             return list(self.tie_projs)
         return [False] + [self.div_val > 1] * len(self.cutoffs)
+
+    @property
+    def layer_mixers(self) -> list[str]:
+        """One mixer name per layer (``attention`` for the relative attention)."""
+        return self.mixer * self.n_layer if len(self.mixer) == 1 else list(self.mixer)
 
     @property
     def layer_pattern_names(self) -> list[str]:
@@ -273,7 +328,41 @@ class ModelConfig(JsonConfig):
             f"ModelConfig.tie_projs needs one entry per cluster ({len(self.cutoffs) + 1}), got {self.tie_projs}",
         )
 
+    def _check_mixers(self) -> None:
+        if isinstance(self.mixer, str):
+            self.mixer = self.mixer.split(",")
+        self.mixer = [m.strip() for m in self.mixer if m.strip()]
+        check(
+            len(self.mixer) in (1, self.n_layer),
+            f"ModelConfig.mixer needs one name or one per layer ({self.n_layer}), got {self.mixer}",
+        )
+        for name in self.mixer:
+            check_choice("ModelConfig.mixer", name, MIXERS)
+        mixers, mem = self.layer_mixers, self.memory
+        if any(m != "attention" for m in mixers):
+            inner = self.mixers.expand * self.d_model
+            check(
+                "ssm" not in mixers or inner % self.mixers.head_dim == 0,
+                f"the ssm inner width expand x d_model = {inner} must be a multiple of head_dim={self.mixers.head_dim}",
+            )
+            check(
+                not (mem.cmem_len or mem.mem_select != "recent" or mem.mem_tokens or mem.mem_quant != "none"),
+                "the memory compaction options (cmem_len, mem_select, mem_tokens, mem_quant) apply to attention-only "
+                "stacks; a stack with ssm, conv or rnn layers keeps the plain memory",
+            )
+            check(
+                not self.pattern.bidirectional,
+                "ssm, conv and rnn layers are causal: bidirectional=true needs attention layers",
+            )
+        h = self.hourglass
+        if h.shorten_layers:
+            check(
+                h.shorten_layers[1] < self.n_layer,
+                f"shorten_layers={h.shorten_layers}: the last layer must run at full resolution (n_layer={self.n_layer})",
+            )
+
     def _check_sections(self) -> None:
+        self._check_mixers()
         mem, pattern, pos = self.memory, self.pattern, self.positions
         check(
             len(pattern.attention) in (1, self.n_layer),

@@ -18,6 +18,7 @@ from longseq.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from longseq.model.attention import RelativeMultiHeadAttention
 from longseq.model.attention.patterns import PatternMask, global_keys, layer_patterns
 from longseq.model.memory import LayerContext, Memory, MemoryPolicies, Recurrence, as_memory
+from longseq.model.mixers import MixerLayer
 from longseq.model.positions import RelativePositions, position_encoding, relative_distances
 
 IGNORE_INDEX = -100
@@ -65,8 +66,12 @@ class DecoderLayer(nn.Module):
         )
         self.pos_ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps)
 
-    def forward(self, hidden, rel_key, r_w_bias, r_r_bias, mask, memory=None, cache=None, with_mass=False):
-        hidden, present, mass = self.dec_attn(hidden, rel_key, r_w_bias, r_r_bias, mask, memory, cache, with_mass)
+    def forward(self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: LayerContext):
+        """The layer over ``context`` (its memory or key/value cache); returns the output, the keys and values of
+        [memory; segment], and with ``context.with_mass`` the attention mass of every key."""
+        hidden, present, mass = self.dec_attn(
+            hidden, rel_key, r_w_bias, r_r_bias, mask, context.memory, context.cache, context.with_mass
+        )
         return self.pos_ff(hidden), present, mass
 
 
@@ -99,7 +104,11 @@ class TransformerXL(nn.Module):
             self.register_buffer("r_w_bias", torch.zeros(bias_shape), persistent=False)
             self.register_buffer("r_r_bias", torch.zeros(bias_shape), persistent=False)
         self.patterns = layer_patterns(c)
-        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layer))
+        self.layers = nn.ModuleList(
+            DecoderLayer(c) if name == "attention"
+            else MixerLayer(name, c, PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps))
+            for name in c.layer_mixers
+        )  # fmt: skip
         self.memory = MemoryPolicies(c)
 
     @property
@@ -134,8 +143,8 @@ class TransformerXL(nn.Module):
             return self.r_w_bias[layer], self.r_r_bias[layer]
         return self.r_w_bias, self.r_r_bias
 
-    def _run_layer(self, i: int, hidden: Tensor, table, mask: PatternMask, context: LayerContext):
-        args = (hidden, table, *self._biases(i), mask, context.memory, context.cache, context.with_mass)
+    def _run_layer(self, i: int, hidden: Tensor, table, mask: PatternMask | None, context: LayerContext):
+        args = (hidden, table, *self._biases(i), mask, context)
         if self.training and self.activation_checkpointing and i % self.activation_checkpointing == 0:
             return checkpoint(self.layers[i], *args, use_reentrant=False)  # recomputed in backward, same dropout
         return self.layers[i](*args)
@@ -154,15 +163,18 @@ class TransformerXL(nn.Module):
 
     def _project(self, positions: RelativePositions) -> list[Tensor | None]:
         """Every layer's relative table (H, R, D), projected outside the layers (the key/value memory's cache)."""
-        return [layer.dec_attn.relative_keys(positions) for layer in self.layers]
+        return [
+            layer.dec_attn.relative_keys(positions) if hasattr(layer, "dec_attn") else None for layer in self.layers
+        ]
 
     def _masks(self, step, global_mask: Tensor | None, device) -> list[PatternMask]:
         """Each layer's :class:`PatternMask` (layers with the same pattern share one)."""
         if global_mask is not None:
             global_mask = step.wrap_flags(global_mask.to(torch.bool))
         query_docs, key_docs = step.docs if step.docs is not None else (None, None)
-        shared: dict = {}
-        for pattern in self.patterns:
+        shared: dict = {None: None}  # layers that do not attend need no mask
+        patterns = [p if hasattr(layer, "dec_attn") else None for p, layer in zip(self.patterns, self.layers)]
+        for pattern in patterns:
             if pattern not in shared:
                 flags = None
                 if pattern.has_global:
@@ -170,7 +182,7 @@ class TransformerXL(nn.Module):
                 shared[pattern] = PatternMask(
                     pattern, step.qlen, step.mlen, step.span, query_docs, key_docs, flags, device
                 )
-        return [shared[pattern] for pattern in self.patterns]
+        return [shared[pattern] for pattern in patterns]
 
 
 @dataclass

@@ -17,8 +17,8 @@ from longseq.tasks.base import StepContext, StepResult, Task
 
 
 class LMBatches:
-    """Each optimizer step reads ``window`` consecutive segments: 1, or ``mem_tokens_bptt`` when memory tokens
-    back-propagate through several segments."""
+    """Each optimizer step reads ``window`` consecutive segments: 1, or ``mem_tokens_bptt`` (``state_bptt``) when
+    memory tokens (recurrent layers' states) back-propagate through several segments."""
 
     def __init__(self, stream: OrderedStream, window: int) -> None:
         self.stream, self.window = stream, window
@@ -81,7 +81,9 @@ class LanguageModeling(Task):
         stream = OrderedStream(
             self.corpus.train, d.batch_size, d.tgt_len, varlen=d.varlen, seed=t.seed, doc_ids=self._doc_ids("train")
         )
-        return LMBatches(stream, m.mem_tokens_bptt if m.mem_tokens else 1)
+        recurrent = any(name != "attention" for name in self.run.model.layer_mixers)
+        window = max(m.mem_tokens_bptt if m.mem_tokens else 1, self.run.model.mixers.state_bptt if recurrent else 1)
+        return LMBatches(stream, window)
 
     def train_step(self, ctx: StepContext, segments: list, mems: Memory | None) -> StepResult:
         """Every segment of the window through every gradient-accumulation chunk of this rank's rows; one backward

@@ -37,6 +37,7 @@ class Documents(MemoryPolicy):
     def write(self, step, update: Update) -> None:
         if step.docs is None:
             return
+        update.last_doc = step.docs[0][:, -1]  # recurrent layers' states belong to it
         key_docs = step.docs[1]  # (B, C + M + T) in memory order, memory tokens removed
         cmem = step.memory.cmem_length
         cmem_docs, mem_docs = key_docs[:, :cmem], key_docs[:, cmem:]
@@ -69,4 +70,13 @@ def reset_rows(memory: Memory | None, rows: Tensor, initial_tokens: Tensor | Non
         if initial_tokens is None:
             raise ValueError("this memory carries memory tokens: pass initial_tokens=model.transformer.memory_tokens")
         tokens = torch.where(rows[:, None, None], initial_tokens.to(tokens.dtype).expand_as(tokens), tokens)
-    return replace(memory, doc_ids=doc.masked_fill(rows[:, None], -1), tokens=tokens)
+    layers = tuple(  # a recurrent layer's state restarts from zeros, as at the start of a stream
+        replace(layer, state=tuple(t.masked_fill(_rows_of(rows, t), 0) for t in layer.state)) if layer.state else layer
+        for layer in memory.layers
+    )
+    last = None if memory.last_doc is None else memory.last_doc.masked_fill(rows, -1)
+    return replace(memory, layers=layers, doc_ids=doc.masked_fill(rows[:, None], -1), tokens=tokens, last_doc=last)
+
+
+def _rows_of(rows: Tensor, t: Tensor) -> Tensor:
+    return rows.view(-1, *[1] * (t.dim() - 1))
