@@ -59,7 +59,7 @@ def test_per_position_curves_equal_one_whole_forward_and_independent_segments():
     np.testing.assert_allclose(result["loss_memory"], whole.mean(dim=(0, 1)).numpy(), rtol=0, atol=1e-10)
     np.testing.assert_allclose(result["loss_no_memory"], alone.mean(dim=(0, 1)).numpy(), rtol=0, atol=1e-10)
     # the first position reads nothing without memory: the two differ there
-    assert abs(result["loss_memory"][0] - result["loss_no_memory"][0]) > 1e-3
+    assert abs(result["loss_memory"][0] - result["loss_no_memory"][0]) > 1e-6  # float64: far above rounding
 
 
 def test_per_position_skips_the_segments_that_fill_the_memory_and_counts_a_short_last_segment():

@@ -202,3 +202,67 @@ def test_state_bptt_back_propagates_through_that_many_segments():
         assert first.mems[0][1].requires_grad == reaches
         if reaches:
             torch.autograd.grad(second.loss, [first.mems[0][1]])  # the graph goes back through the state
+
+
+def hourglass(factor: int, **extra):
+    torch.manual_seed(7)
+    config = ModelConfig.of(**{**SMALL, "mixer": ["attention", "ssm", "attention", "conv"], "mem_len": 48,
+                               "shorten_layers": [1, 3], "shorten_factor": factor, **extra})  # fmt: skip
+    return TransformerXLLM(config).double().eval()
+
+
+@pytest.mark.parametrize("factor", [2, 3, 4])
+def test_the_hourglass_is_causal_at_every_shortening_factor(factor):
+    """Shortening is where leaks hide: changing token t + 1 changes no output at or before t, for every t."""
+    model = hourglass(factor)
+    x = torch.randint(0, 30, (2, 17))
+    with torch.no_grad():
+        base = model(x).logits
+        for t in range(16):
+            y = x.clone()
+            y[:, t + 1] = (y[:, t + 1] + 1) % 30
+            torch.testing.assert_close(model(y).logits[:, : t + 1], base[:, : t + 1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("factor", [2, 3])
+def test_the_hourglass_keeps_the_xl_memory_at_each_resolution(factor):
+    """Segments of 5 (which cut through the groups), token-by-token generation and the whole sequence agree; with
+    documents, the previous document's content changes nothing after the boundary, across segments too."""
+    model = hourglass(factor)
+    x = torch.randint(0, 30, (2, 23))
+    docs = torch.tensor([[0] * 9 + [1] * 14, [0] * 9 + [1] * 14])
+    with torch.no_grad():
+        whole = model(x).logits
+        mems, parts = None, []
+        for lo in range(0, 23, 5):
+            out = model(x[:, lo : lo + 5], mems)
+            parts.append(out.logits)
+            mems = out.mems
+        ring, steps = Memory.empty("ring"), []
+        for t in range(23):
+            scores, ring = model.next_token_scores(x[:, t : t + 1], ring)
+            steps.append(scores)
+        other = x.clone()
+        other[:, :9] = torch.randint(0, 30, (2, 9))
+        first = model(x[:, :7], doc_ids=docs[:, :7]).mems
+        continued = model(x[:, 7:], first, doc_ids=docs[:, 7:]).logits[:, 2:]
+        replaced = model(other, doc_ids=docs).logits[:, 9:]
+    torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=0, atol=1e-10)
+    torch.testing.assert_close(torch.stack(steps, dim=1), whole, rtol=0, atol=1e-10)
+    torch.testing.assert_close(continued, replaced, rtol=0, atol=1e-10)
+
+
+def test_training_an_hourglass_resumes_bit_for_bit(tmp_path):
+    def run():
+        config = tiny_run(max_steps=8, eval_interval=4, grad_accum=2)
+        model = config.model.to_dict()
+        model.update(n_layer=3)
+        model["hourglass"].update(shorten_layers=[1, 2], shorten_factor=2)
+        config.model = ModelConfig.from_dict(model)
+        return config
+
+    corpus = tiny_corpus()
+    whole = train(run(), str(tmp_path / "whole"), corpus=corpus, progress=False)
+    first = train(run(), str(tmp_path / "split"), corpus=corpus, progress=False, stop_after=3)
+    second = train(run(), str(tmp_path / "split"), corpus=corpus, progress=False, resume=True)
+    assert first.losses + second.losses == whole.losses

@@ -357,6 +357,11 @@ class ModelConfig(JsonConfig):
         h = self.hourglass
         if h.shorten_layers:
             check(
+                not (mem.compacted or self.pattern.bidirectional),
+                "an hourglass keeps the plain memory at each resolution and is causal: no cmem_len, mem_select, "
+                "mem_tokens, mem_quant or bidirectional with shorten_layers",
+            )
+            check(
                 h.shorten_layers[1] < self.n_layer,
                 f"shorten_layers={h.shorten_layers}: the last layer must run at full resolution (n_layer={self.n_layer})",
             )

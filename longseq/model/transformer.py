@@ -1,121 +1,34 @@
 """The Transformer-XL backbone and language model (Dai et al., 2019).
 
-Reads top to bottom: feed-forward, decoder layer, backbone, language model.  Tensors are
-batch-first; see :mod:`longseq.model.attention` for the dimension glossary.
+Reads top to bottom: backbone (the embedding and the layer stack of :mod:`longseq.model.stack`), language model.
+Tensors are batch-first; see :mod:`longseq.model.attention` for the dimension glossary.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from longseq.config.model import ModelConfig
 from longseq.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
-from longseq.model.attention import RelativeMultiHeadAttention
-from longseq.model.attention.patterns import PatternMask, global_keys, layer_patterns
-from longseq.model.memory import LayerContext, Memory, MemoryPolicies, Recurrence, as_memory
-from longseq.model.mixers import MixerLayer
-from longseq.model.positions import RelativePositions, position_encoding, relative_distances
+from longseq.model.layers import DecoderLayer, PositionwiseFF
+from longseq.model.memory import Memory, Recurrence, as_memory
+from longseq.model.stack import LayerStack
 
 IGNORE_INDEX = -100
 
-
-class PositionwiseFF(nn.Module):
-    """Linear -> ReLU -> Dropout -> Linear -> Dropout, with residual and pre- or post-LayerNorm."""
-
-    def __init__(self, d_model: int, d_inner: int, dropout: float, pre_lnorm: bool, eps: float) -> None:
-        super().__init__()
-        self.pre_lnorm = pre_lnorm
-        self.core_net = nn.Sequential(
-            nn.Linear(d_model, d_inner),
-            nn.ReLU(inplace=True),
-            nn.Dropout(dropout),
-            nn.Linear(d_inner, d_model),
-            nn.Dropout(dropout),
-        )
-        self.layer_norm = nn.LayerNorm(d_model, eps=eps)
-
-    def forward(self, hidden: Tensor) -> Tensor:  # (B, T, E) -> (B, T, E)
-        if self.pre_lnorm:
-            return hidden + self.core_net(self.layer_norm(hidden))
-        return self.layer_norm(hidden + self.core_net(hidden))
+__all__ = ["DecoderLayer", "IGNORE_INDEX", "LMOutput", "PositionwiseFF", "TransformerXL", "TransformerXLLM"]
 
 
-class DecoderLayer(nn.Module):
-    """Relative multi-head attention over [memory; segment], then the position-wise feed-forward."""
+class TransformerXL(LayerStack):
+    """The embedding, then the layer stack over a recurrence memory; returns hidden states and the new memory."""
 
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
+        super().__init__(config)
         c = config
-        self.dec_attn = RelativeMultiHeadAttention(
-            c.d_model,
-            c.n_head,
-            c.d_head,
-            c.dropout,
-            c.dropatt,
-            c.pre_lnorm,
-            c.layer_norm_eps,
-            c.attn_impl,
-            c.attn_chunk,
-            c.positions.pos,
-            c.positions.max_relative_distance,
-        )
-        self.pos_ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps)
-
-    def forward(self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: LayerContext):
-        """The layer over ``context`` (its memory or key/value cache); returns the output, the keys and values of
-        [memory; segment], and with ``context.with_mass`` the attention mass of every key."""
-        hidden, present, mass = self.dec_attn(
-            hidden, rel_key, r_w_bias, r_r_bias, mask, context.memory, context.cache, context.with_mass
-        )
-        return self.pos_ff(hidden), present, mass
-
-
-class TransformerXL(nn.Module):
-    """Embedding, dropout and the stack of decoder layers over a recurrence memory.
-
-    u and v (``r_w_bias``, ``r_r_bias``) are (H, D) shared by all layers, or (L, H, D) with ``untie_r``; an
-    encoding without them (Shaw's, absolute) has fixed zeros.  Each layer attends with its own pattern.  What the
-    layers read from the memory and what is kept of them is the memory policies' business
-    (:mod:`longseq.model.memory`); the backbone only hands each layer its context.
-
-    ``activation_checkpointing`` (an execution setting, not architecture; the trainer sets it from
-    ``TrainConfig``) = k recomputes every k-th layer in the backward pass instead of storing its activations.
-    """
-
-    activation_checkpointing: int = 0
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.config = c = config
         self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
-        self.drop = nn.Dropout(c.dropout)
-        self.drop_r = nn.Dropout(c.dropout if c.dropout_r is None else c.dropout_r)  # on the sinusoidal R
-        self.encoding = position_encoding(c.positions.pos)
-        bias_shape = (c.n_layer, c.n_head, c.d_head) if c.untie_r else (c.n_head, c.d_head)
-        if self.encoding.learned_biases:
-            self.r_w_bias = nn.Parameter(torch.zeros(bias_shape))  # u
-            self.r_r_bias = nn.Parameter(torch.zeros(bias_shape))  # v
-        else:  # Shaw: terms (a) and (b) only; absolute: content only
-            self.register_buffer("r_w_bias", torch.zeros(bias_shape), persistent=False)
-            self.register_buffer("r_r_bias", torch.zeros(bias_shape), persistent=False)
-        self.patterns = layer_patterns(c)
-        self.layers = nn.ModuleList(
-            DecoderLayer(c) if name == "attention"
-            else MixerLayer(name, c, PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps))
-            for name in c.layer_mixers
-        )  # fmt: skip
-        self.memory = MemoryPolicies(c)
-
-    @property
-    def memory_tokens(self) -> Tensor | None:
-        """The learned initial memory tokens (n, E), or None without memory tokens."""
-        tokens = self.memory.policies["tokens"] if "tokens" in self.memory.policies else None
-        return None if tokens is None else tokens.initial
 
     def forward(
         self,
@@ -126,63 +39,11 @@ class TransformerXL(nn.Module):
         global_mask: Tensor | None = None,  # (B, T) bool: global tokens of the global and bigbird patterns
     ) -> tuple[Tensor, Memory, Tensor | None]:
         """Returns hidden states (B, T, E), the new memory and the memory policies' auxiliary loss (or None)."""
-        step = self.memory.begin(memory, input_ids, recurrence, doc_ids, self.training, self.layers)
+        batch, qlen = input_ids.shape
+        step = self.memory.begin(memory, batch, qlen, input_ids.device, recurrence, doc_ids, self.training, self.layers)
         hidden = self.drop(step.wrap(self.encoding.embed(self.word_emb(input_ids))))  # (B, T', E)
-        positions = partial(self._positions, recurrence.clamp_len, step.qlen, hidden.dtype, hidden.device)
-        tables = step.relative_tables(positions, self._project)  # one per layer
-        masks = self._masks(step, global_mask, input_ids.device)  # one per layer
-        for i in range(len(self.layers)):
-            context = step.read(i, hidden)
-            hidden, present, mass = self._run_layer(i, hidden, tables[i], masks[i], context)
-            step.record(i, present, mass)
-        hidden, memory, aux = step.write(hidden)
+        hidden, memory, aux = self.run(step, hidden, recurrence, global_mask)
         return self.drop(hidden), memory, aux
-
-    def _biases(self, layer: int) -> tuple[Tensor, Tensor]:
-        if self.config.untie_r:
-            return self.r_w_bias[layer], self.r_r_bias[layer]
-        return self.r_w_bias, self.r_r_bias
-
-    def _run_layer(self, i: int, hidden: Tensor, table, mask: PatternMask | None, context: LayerContext):
-        args = (hidden, table, *self._biases(i), mask, context)
-        if self.training and self.activation_checkpointing and i % self.activation_checkpointing == 0:
-            return checkpoint(self.layers[i], *args, use_reentrant=False)  # recomputed in backward, same dropout
-        return self.layers[i](*args)
-
-    def _positions(self, clamp_len: int, qlen: int, dtype: torch.dtype, device, rows: int) -> RelativePositions:
-        """The relative positions of distances ``rows - 1`` .. 0; a bidirectional model continues down to
-        -(qlen - 1) for the later keys of the segment.  Every layer projects them itself."""
-        bottom = -(qlen - 1) if self.config.pattern.bidirectional else 0
-        distances = relative_distances(rows - 1, clamp_len, device, bottom)
-        return self.encoding.positions(distances, self.config.d_model, dtype, self.drop_r)
-
-    def relative_tables(self, klen: int, clamp_len: int = -1, dtype=torch.float32, device=None, qlen: int = 1):
-        """Every layer's projected relative table (H, R, D) for ``klen`` keys (R = klen + 1, or klen + qlen with a
-        bidirectional model): what a layer multiplies its queries with (tests, diagnostics)."""
-        return self._project(self._positions(clamp_len, qlen, dtype, device, klen + 1))
-
-    def _project(self, positions: RelativePositions) -> list[Tensor | None]:
-        """Every layer's relative table (H, R, D), projected outside the layers (the key/value memory's cache)."""
-        return [
-            layer.dec_attn.relative_keys(positions) if hasattr(layer, "dec_attn") else None for layer in self.layers
-        ]
-
-    def _masks(self, step, global_mask: Tensor | None, device) -> list[PatternMask]:
-        """Each layer's :class:`PatternMask` (layers with the same pattern share one)."""
-        if global_mask is not None:
-            global_mask = step.wrap_flags(global_mask.to(torch.bool))
-        query_docs, key_docs = step.docs if step.docs is not None else (None, None)
-        shared: dict = {None: None}  # layers that do not attend need no mask
-        patterns = [p if hasattr(layer, "dec_attn") else None for p, layer in zip(self.patterns, self.layers)]
-        for pattern in patterns:
-            if pattern not in shared:
-                flags = None
-                if pattern.has_global:
-                    flags = global_keys(global_mask, pattern.num_global, step.batch, step.qlen, step.mlen, device)
-                shared[pattern] = PatternMask(
-                    pattern, step.qlen, step.mlen, step.span, query_docs, key_docs, flags, device
-                )
-        return [shared[pattern] for pattern in patterns]
 
 
 @dataclass
@@ -267,7 +128,7 @@ class TransformerXLLM(nn.Module):
             raise ValueError(f"token ids must lie in [0, {c.vocab_size}), got values in [{low}, {high}]")
         if labels is not None and labels.shape != input_ids.shape:
             raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
-        memory.check(c.n_layer, input_ids.size(0), c.d_model, c.n_head, c.d_head)
+        memory.check(len(self.transformer.layers), input_ids.size(0), c.d_model, c.n_head, c.d_head)
 
     def forward(
         self,

@@ -40,9 +40,9 @@ class KeyValueStep:
             raise ValueError("same_length=True needs mem_len >= 1: it limits every query to the last mem_len keys")
         self.memory, self.recurrence, self.batch, self.qlen, self.layers = memory, recurrence, batch, qlen, layers
         self.training, self.device, self.docs, self.mlen = training, device, None, memory.length
-        self.attends = [name == "attention" for name in config.layer_mixers]
+        self.attends = [hasattr(layer, "dec_attn") for layer in layers]  # the others carry a state
         self.presents: list = []
-        self.states: dict[int, tuple] = {}
+        self.states: dict[int, LayerMemory] = {}
         self.rings = self._rings() if memory.storage == "ring" else None
         self.table = memory.table
 
@@ -72,7 +72,8 @@ class KeyValueStep:
 
     def read(self, i: int, hidden: Tensor) -> LayerContext:
         if not self.attends[i]:  # a recurrent layer: its state, whatever the storage
-            return LayerContext(state=self.memory.layers[i].state if self.memory.layers else None)
+            stored = self.memory.layers[i] if self.memory.layers else LayerMemory()
+            return LayerContext(state=stored.state, inner=stored.inner, recurrence=self.recurrence)
         if self.rings is not None:
             return LayerContext(cache=self.rings[i])
         if not self.mlen:
@@ -86,7 +87,7 @@ class KeyValueStep:
         if self.attends[i]:
             self.presents.append(present)
         else:
-            self.states[i] = tuple(t.detach() for t in present)
+            self.states[i] = LayerMemory(state=tuple(t.detach() for t in present.state), inner=present.inner)
             self.presents.append(None)
 
     def relative_tables(self, positions, project) -> list:
@@ -109,16 +110,14 @@ class KeyValueStep:
     def write(self, hidden: Tensor) -> tuple[Tensor, Memory, None]:
         if self.rings is not None:
             layers = tuple(
-                LayerMemory(ring=r, ring_version=r.version) if r is not None else LayerMemory(state=self.states[i])
+                LayerMemory(ring=r, ring_version=r.version) if r is not None else self.states[i]
                 for i, r in enumerate(self.rings)
             )
             return hidden, Memory(layers, "ring", table=self.table), None
         mem_len = self.recurrence.mem_len
         with torch.no_grad():
             layers = tuple(
-                LayerMemory(state=self.states[i])
-                if kv is None
-                else LayerMemory(keys=_last(kv[0], mem_len), values=_last(kv[1], mem_len))
+                self.states[i] if kv is None else LayerMemory(keys=_last(kv[0], mem_len), values=_last(kv[1], mem_len))
                 for i, kv in enumerate(self.presents)
             )
         return hidden, Memory(layers, "kv", table=self.table), None

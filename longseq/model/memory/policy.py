@@ -36,6 +36,8 @@ class LayerContext:
     with_mass: bool = False
     state: tuple | None = None
     docs: tuple | None = None
+    inner: object | None = None  # an hourglass block's memory of its shortened layers
+    recurrence: object | None = None  # the call's Recurrence (an hourglass derives its shortened layers' from it)
 
 
 @dataclass

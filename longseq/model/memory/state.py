@@ -50,6 +50,7 @@ class LayerMemory:
     ring: object | None = None  # a RingKV holding keys and values (ring storage)
     ring_version: int = 0  # the ring's write count when this memory was made
     state: tuple[Tensor, ...] | None = None  # a recurrent layer's state (ssm, conv, rnn mixers; the LSTM baseline)
+    inner: Memory | None = None  # an hourglass block's memory of its shortened layers
 
     @property
     def mem_length(self) -> int:
@@ -65,6 +66,8 @@ class LayerMemory:
 
     def tensors(self) -> list[Tensor]:
         out = [t for t in (self.compressed, self.keys, self.values, *(self.state or ())) if t is not None]
+        if self.inner is not None:
+            out += [t for layer in self.inner.layers for t in layer.tensors()]
         if isinstance(self.hidden, Quantized):
             out += [self.hidden.values, self.hidden.scale]
         elif self.hidden is not None:
@@ -158,7 +161,11 @@ class Memory:
         """The memory with the graphs of the memory tokens and the recurrent states cut (the end of a
         back-propagation window)."""
         layers = tuple(
-            replace(layer, state=tuple(t.detach() for t in layer.state)) if layer.state is not None else layer
+            replace(
+                layer,
+                state=None if layer.state is None else tuple(t.detach() for t in layer.state),
+                inner=None if layer.inner is None else layer.inner.detach(),
+            )
             for layer in self.layers
         )
         tokens = None if self.tokens is None else self.tokens.detach()
@@ -175,10 +182,18 @@ class Memory:
         def cut_state(state):
             return [None] * chunks if state is None else list(zip(*(t.chunk(chunks, 0) for t in state)))
 
+        def cut_inner(inner):
+            return [None] * chunks if inner is None else inner.split(chunks)
+
         per_layer = [
             [
-                LayerMemory(h, c, state=r)
-                for h, c, r in zip(split_rows(layer.hidden, chunks), cut(layer.compressed), cut_state(layer.state))
+                LayerMemory(h, c, state=r, inner=m)
+                for h, c, r, m in zip(
+                    split_rows(layer.hidden, chunks),
+                    cut(layer.compressed),
+                    cut_state(layer.state),
+                    cut_inner(layer.inner),
+                )
             ]
             for layer in self.layers
         ]
@@ -206,6 +221,7 @@ class Memory:
                 join_rows([p.layers[i].hidden for p in parts]),
                 cat([p.layers[i].compressed for p in parts]),
                 state=cat_state([p.layers[i].state for p in parts]),
+                inner=None if first.layers[i].inner is None else Memory.join([p.layers[i].inner for p in parts]),
             )
             for i in range(len(first.layers))
         )
@@ -229,6 +245,8 @@ class Memory:
                 out[f"memory.compressed.{i}"] = layer.compressed
             for j, tensor in enumerate(layer.state or ()):
                 out[f"memory.state.{i}.{j}"] = tensor
+            if layer.inner is not None:
+                out.update({f"memory.inner.{i}/{k}": v for k, v in layer.inner.to_tensors().items()})
         if self.doc_ids is not None:
             out["memory.doc_ids"] = self.doc_ids
         if self.tokens is not None:
@@ -241,7 +259,7 @@ class Memory:
     def from_tensors(cls, tensors: dict[str, Tensor], tokens_age: int = 0) -> Memory | None:
         """Inverse of :meth:`to_tensors` (None when the checkpoint holds no memory).  Reads the names of format
         v1 checkpoints too (``mems.i``, ``state.*``)."""
-        t = {_v1_name(k): v for k, v in tensors.items()}
+        t = {_v1_name(k): v for k, v in tensors.items() if "/" not in k}
         layers = sorted({int(k.split(".")[2]) for k in t if k.startswith(("memory.hidden", "memory.state."))})
         if not layers and "memory.tokens" not in t:
             return None
@@ -255,7 +273,14 @@ class Memory:
             n = sum(k.startswith(f"memory.state.{i}.") for k in t)
             return tuple(t[f"memory.state.{i}.{j}"] for j in range(n)) or None
 
-        parts = tuple(LayerMemory(hidden(i), t.get(f"memory.compressed.{i}"), state=state(i)) for i in layers)
+        def inner(i):
+            prefix = f"memory.inner.{i}/"
+            nested = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+            return Memory.from_tensors(nested) if nested else None
+
+        parts = tuple(
+            LayerMemory(hidden(i), t.get(f"memory.compressed.{i}"), state=state(i), inner=inner(i)) for i in layers
+        )
         return cls(parts, doc_ids=t.get("memory.doc_ids"), tokens=t.get("memory.tokens"), tokens_age=tokens_age,
                    last_doc=t.get("memory.last_doc"))  # fmt: skip
 

@@ -26,8 +26,8 @@ class HiddenStep:
         self.inputs: list[Tensor] = []
         self.plain: list[Tensor | None] = []
         self.masses: list[Tensor | None] = []
-        self.attends = [name == "attention" for name in policies.config.layer_mixers]
-        self.states: dict[int, tuple] = {}
+        self.attends = [hasattr(layer, "dec_attn") for layer in layers]  # the others carry a state
+        self.states: dict[int, LayerMemory] = {}
         for policy in policies.active:
             policy.begin(self)
 
@@ -59,7 +59,10 @@ class HiddenStep:
         if not self.attends[i]:
             self.inputs.append(None)
             self.plain.append(None)
-            return LayerContext(state=self.layer(i).state, docs=self.state_docs())
+            stored = self.layer(i)
+            return LayerContext(
+                state=stored.state, docs=self.state_docs(), inner=stored.inner, recurrence=self.recurrence
+            )
         self.inputs.append(hidden)
         stored = self.layer(i).hidden
         plain = None if stored is None or stored.size(1) == 0 else self.policies.codec.decode(stored, hidden.dtype)
@@ -95,7 +98,7 @@ class HiddenStep:
         codec, keep_graph = self.policies.codec, self.training and self.policies.config.mixers.state_bptt > 1
         compressed = update.compressed or (None,) * len(update.kept)
         layers = tuple(
-            LayerMemory(codec.encode(h), c) if h is not None else LayerMemory(state=self._state(i, keep_graph))
+            LayerMemory(codec.encode(h), c) if h is not None else self._state(i, keep_graph)
             for i, (h, c) in enumerate(zip(update.kept, compressed))
         )
         memory = Memory(layers, "hidden", doc_ids=update.doc_ids, last_doc=update.last_doc, tokens=update.tokens,
@@ -103,6 +106,7 @@ class HiddenStep:
         aux = torch.stack(update.aux_losses).mean() if update.aux_losses else None
         return update.hidden, memory, aux
 
-    def _state(self, i: int, keep_graph: bool) -> tuple:
+    def _state(self, i: int, keep_graph: bool) -> LayerMemory:
         """A recurrent layer's new state: stop-gradient unless it back-propagates through several segments."""
-        return tuple(t if keep_graph else t.detach() for t in self.states[i])
+        made = self.states[i]
+        return LayerMemory(state=tuple(t if keep_graph else t.detach() for t in made.state), inner=made.inner)

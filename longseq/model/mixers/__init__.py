@@ -7,6 +7,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from longseq.config.model import MIXERS, ModelConfig
+from longseq.model.memory import LayerMemory
 from longseq.model.mixers.conv import GatedConv
 from longseq.model.mixers.rnn import LSTMMixer
 from longseq.model.mixers.ssm import Mamba2
@@ -25,8 +26,8 @@ def build_mixer(name: str, config: ModelConfig) -> nn.Module:
 
 class MixerLayer(nn.Module):
     """A mixer, then the position-wise feed-forward, each with a residual and a pre- or post-LayerNorm: the
-    decoder layer's shape with the attention replaced.  Called like a decoder layer; its "present" is the new
-    state."""
+    decoder layer's shape with the attention replaced.  Called like a decoder layer; its "present" is its part of the new
+    memory."""
 
     def __init__(self, name: str, config: ModelConfig, feed_forward: nn.Module) -> None:
         super().__init__()
@@ -41,4 +42,4 @@ class MixerLayer(nn.Module):
         out, state = self.mixer(source, context.state, context.docs)
         out = self.drop(out)
         hidden = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
-        return self.pos_ff(hidden), state, None
+        return self.pos_ff(hidden), LayerMemory(state=state), None
