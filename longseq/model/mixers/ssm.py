@@ -70,8 +70,7 @@ class Mamba2(nn.Module):
         x, b, c = F.silu(xbc).split([self.inner, self.d_state, self.d_state], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # (B, T, H)
         x = x.view(batch, length, self.heads, self.head_dim)
-        b = b[:, :, None].expand(batch, length, self.heads, self.d_state)  # one group: B and C shared by heads
-        c = c[:, :, None].expand(batch, length, self.heads, self.d_state)
+        b, c = b[:, :, None], c[:, :, None]  # (B, T, 1, N): one group, B and C shared by the heads
         y, scan_state = self._scan(x, dt, b, c, scan_state, docs)
         y = y + x * self.D[:, None].to(x.dtype)
         y = self.norm(y.reshape(batch, length, self.inner) * F.silu(z))
@@ -84,13 +83,12 @@ class Mamba2(nn.Module):
         fused = _fused_scan() if x.is_cuda and self.scan == "chunked" else None
         if fused is not None:  # untested here (no GPU): mamba-ssm's kernel, documents as its seq_idx
             seq_idx = None if docs is None else (docs[0] - docs[0][:, :1]).to(torch.int32).contiguous()
-            first = b[:, :, :1]  # (B, T, 1, N): one group
-            return fused(x, dt, A, first, c[:, :, :1], chunk_size=self.chunk, initial_states=state,
+            return fused(x, dt, A, b, c, chunk_size=self.chunk, initial_states=state,
                          seq_idx=seq_idx, return_final_states=True)  # fmt: skip
         a = dt * A  # (B, T, H), log-decays
         if docs is not None:  # a token that starts a document forgets the state before it
             previous = torch.cat([docs[1][:, None], docs[0][:, :-1]], dim=1)
             a = a.masked_fill((docs[0] != previous)[:, :, None], float("-inf"))
-        if self.scan == "reference":
+        if self.scan == "reference" or x.size(1) <= 4:  # a few positions (generation): the recurrence itself
             return ssd_reference(x * dt[..., None], a, b, c, state)
         return ssd_chunked(x * dt[..., None], a, b, c, self.chunk, state)
