@@ -230,3 +230,30 @@ def test_prepare_refuses_a_non_empty_output_and_leaves_nothing_when_it_fails(tmp
     with pytest.raises(CorpusError, match=r"bad.txt is not valid UTF-8 \(byte 1003"):
         prepare_corpus(str(tmp_path / "bad.txt"), "char", str(tmp_path / "out"), progress=False)
     assert sorted(os.listdir(tmp_path)) == ["bad.txt", "full"]  # no half-written directory
+
+
+def test_the_command_line_prepares_trains_and_evaluates_on_a_prepared_corpus(tmp_path, sources, capsys):
+    from longseq.cli import main
+    from longseq.train.checkpoint import load_checkpoint_config
+
+    prep, run = str(tmp_path / "prep"), str(tmp_path / "run")
+    argv = ["data", "prepare", "--data", sources["file"], "--tokenizer", "bpe", "--vocab-size", "300"]
+    assert main([*argv, "--out", prep, "--json", "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["vocab_size"] == 300 and summary["dtype"] == "uint16" and summary["train_tokens"] > 0
+    tiny = ["--set", "max_steps=3", "eval_interval=3", "eval_max_segments=2", "n_layer=1", "d_model=16", "n_head=2",
+            "d_head=8", "d_inner=32", "batch_size=2", "tgt_len=8", "eval_tgt_len=8", "eval_batch_size=2"]  # fmt: skip
+    assert main(["train", "--data", prep, "--out", run, "--json", "--quiet", *tiny]) == 0  # no --tokenizer needed
+    capsys.readouterr()
+    data = load_checkpoint_config(os.path.join(run, "last")).data
+    assert (data.path, data.tokenizer, data.vocab_size) == (prep, "bpe", 300)
+    assert main(["eval", "--checkpoint", os.path.join(run, "best"), "--data", prep, "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tokens"] > 0
+    for argv, message in [
+        (["train", "--data", prep, "--tokenizer", "char", "--out", run], "prepared with tokenizer=bpe"),
+        (["data", "prepare", "--data", sources["file"], "--out", str(tmp_path / "x")], "needs --tokenizer"),
+        (["data", "prepare", "--tokenizer", "bpe", "--vocab-size", "10", "--out", str(tmp_path / "x")], "vocab_size"),
+    ]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err

@@ -26,29 +26,48 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument("--preset", default="tiny-shakespeare", help="named configuration (default: %(default)s)")
     p.add_argument("--set", nargs="+", action="append", metavar="KEY=VALUE", help="override a config field")
-    p.add_argument("--data", help="corpus file or directory (default: bundled tiny-shakespeare)")
-    p.add_argument("--tokenizer", choices=["byte", "char", "word"], help="tokenizer kind")
+    p.add_argument(
+        "--data", help="corpus file or directory, or a directory from longseq data prepare (default: tiny-shakespeare)"
+    )
+    p.add_argument("--tokenizer", help="byte, char, word, bpe, or the path of a tokenizer .json file")
+    p.add_argument("--vocab-size", type=int, help="tokens of a BPE learnt from the training text (default 8192)")
     p.add_argument("--out", help="run directory (default: runs/PRESET)")
     p.add_argument("--resume", action="store_true", help="continue exactly from OUT/last")
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events (OUT/tensorboard)")
     return common_flags(p)
 
 
-def run(args: argparse.Namespace) -> dict:
-    from longseq.train.checkpoint import load_checkpoint_config
-    from longseq.train.loop import train
+def data_overrides(args: argparse.Namespace) -> list[str]:
+    """The overrides of the command line, in order: what a prepared ``--data`` directory was made with (so that
+    ``--data DIR`` alone matches it), then ``--set``, then the flags."""
+    from longseq.data.prepared import prepared_data_settings
+    from longseq.data.sources import is_prepared
 
-    extra = overrides(args.set)
+    extra = []
+    if args.data is not None and args.tokenizer is None and is_prepared(args.data):
+        extra += [f"data.{key}={value}" for key, value in prepared_data_settings(args.data).items()]
+    extra += overrides(args.set)
     if args.data is not None:
         extra.append(f"data.path={args.data}")
     if args.tokenizer is not None:
         extra.append(f"data.tokenizer={args.tokenizer}")
+    if args.vocab_size is not None:
+        extra.append(f"data.vocab_size={args.vocab_size}")
     if args.tensorboard:
         extra.append("train.tensorboard=true")
+    return extra
+
+
+def run(args: argparse.Namespace) -> dict:
+    from longseq.data.corpus import load_data
+    from longseq.train.checkpoint import load_checkpoint_config
+    from longseq.train.loop import train
+
     out = args.out or os.path.join("runs", args.preset)
     config = load_checkpoint_config(os.path.join(out, "last")) if args.resume else get_preset(args.preset)
-    config = RunConfig(**apply_overrides({"model": config.model, "data": config.data, "train": config.train}, extra))
-    result = train(config, out, resume=args.resume, progress=not args.quiet, log=say)
+    config = RunConfig(**apply_overrides(config.sections(), data_overrides(args)))
+    corpus = load_data(config.data)  # every data setting, the BPE vocabulary size included
+    result = train(config, out, resume=args.resume, corpus=corpus, progress=not args.quiet, log=say)
     import torch.distributed as dist
 
     if dist.is_initialized():  # under torchrun: rank 0 reports

@@ -166,6 +166,10 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model.to_dict(), "data": self.data.to_dict(), "train": self.train.to_dict()}
 
+    def sections(self) -> dict[str, JsonConfig]:
+        """The three configs by section name, as :func:`~longseq.config.base.apply_overrides` takes them."""
+        return {"model": self.model, "data": self.data, "train": self.train}
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         if not isinstance(data, dict) or set(data) != {"model", "data", "train"}:
