@@ -356,7 +356,8 @@ def prepare_corpus(
         encoded = time.perf_counter()
         for split, (_, n) in spans.items():
             if n == 0:
-                raise CorpusError(f"the {split} split of {source.path} is empty: no tokens to train or evaluate on")
+                what = source.files[split] if source.kind == "layout" else f"the {split} split of {source.path}"
+                raise CorpusError(f"{what} is empty: no tokens to train or evaluate on")
         if counts is not None:  # pass 3: ids ordered by frequency in the training text
             tokenizer = tokenizer.frequency_ordered(counts)
             for split in SPLITS:

@@ -348,7 +348,16 @@ def fit_order(tokenizer: Tokenizer, texts: Iterable[str]) -> Tokenizer:
     return tokenizer.frequency_ordered(counts)
 
 
-def tokenizer_from_dict(data: dict) -> Tokenizer:
+def tokenizer_from_dict(data: dict, vocab_size: int | None = None, path: str = "tokenizer.json") -> Tokenizer:
+    """The tokenizer that ``data`` (ours, or an HF tokenizers file's contents) describes; with ``vocab_size``, it
+    must have that many tokens (:func:`check_tokenizer_fits`; ``path`` names the file in the error)."""
+    tokenizer = _tokenizer_from_dict(data)
+    if vocab_size is not None:
+        check_tokenizer_fits(tokenizer, vocab_size, path)
+    return tokenizer
+
+
+def _tokenizer_from_dict(data: dict) -> Tokenizer:
     kind = data.get("kind") if isinstance(data, dict) else None
     if kind == "byte":
         return ByteTokenizer()
