@@ -257,3 +257,13 @@ def test_the_command_line_prepares_trains_and_evaluates_on_a_prepared_corpus(tmp
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
+
+
+def test_invalid_utf8_is_reported_at_its_byte_across_block_boundaries(tmp_path, monkeypatch):
+    monkeypatch.setattr(prepared_module, "BLOCK_BYTES", 777)
+    for data, where in [(b"a" * 776 + b"\xc3" + b"A" * 100, 776), (b"a" * 2000 + b"\xe2\x82", 2000)]:
+        (tmp_path / "bad.txt").write_bytes(data)
+        with pytest.raises(CorpusError, match=rf"bad.txt is not valid UTF-8 \(byte {where}:"):
+            prepare_corpus(str(tmp_path / "bad.txt"), "char", str(tmp_path / "out"), progress=False)
+        with pytest.raises(CorpusError, match=rf"bad.txt is not valid UTF-8 \(byte {where}:"):
+            load_corpus(str(tmp_path / "bad.txt"), "char")

@@ -101,8 +101,11 @@ class _Reader:
         for block in self.bytes_blocks(path):
             try:
                 yield decoder.decode(block)
-            except UnicodeDecodeError as exc:
-                raise not_utf8(path, offset + exc.start, exc.object[exc.start : exc.start + 4]) from None
+            except (
+                UnicodeDecodeError
+            ) as exc:  # exc.object: the bytes the decoder kept from the block before, then this one
+                where = offset - (len(exc.object) - len(block)) + exc.start
+                raise not_utf8(path, where, exc.object[exc.start : exc.start + 4]) from None
             offset += len(block)
         try:
             decoder.decode(b"", final=True)
@@ -121,10 +124,6 @@ class _Reader:
 
     def close(self) -> None:
         self.bar.close()
-
-
-def _stream_paths(source: Source) -> list[str]:
-    return list(source.files.values()) if source.kind == "layout" else list(source.files)
 
 
 def fit_tokenizer(source: Source, spec: str, vocab_size: int, lowercase: bool, progress: bool) -> Tokenizer:
@@ -175,7 +174,7 @@ class _TrainingMark:
 
     def passed(self, piece: str) -> bool:
         """Whether ``piece`` starts past the training text (counting its bytes if not)."""
-        if self.tokens is not None or self.offset >= self.limit:
+        if self.offset >= self.limit:
             return True
         self.offset += len(piece.encode("utf-8", errors="surrogatepass"))
         return False
@@ -325,7 +324,7 @@ def _counts(path: str, dtype: np.dtype, n_tokens: int, tokenizer: Tokenizer) -> 
     """How often every id occurs in the first ``n_tokens`` of ``path`` (the training text)."""
     if n_tokens == 0:
         return np.zeros(tokenizer.vocab_size, dtype=np.int64)
-    return token_counts(np.memmap(path, dtype=dtype, mode="r")[:n_tokens], tokenizer.vocab_size, CHUNK_TOKENS)
+    return token_counts(np.memmap(path, dtype=dtype, mode="r", shape=(n_tokens,)), tokenizer.vocab_size, CHUNK_TOKENS)
 
 
 def prepare_corpus(

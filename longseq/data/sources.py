@@ -18,6 +18,7 @@ A subword tokenizer learns from the training text: the train file of a layout, e
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -194,8 +195,15 @@ def check_nonempty(ids: np.ndarray, what: str) -> np.ndarray:
 
 
 def token_counts(ids: np.ndarray, vocab_size: int, chunk: int = 1 << 24) -> np.ndarray:
-    """How often every id occurs in ``ids``, read ``chunk`` ids at a time (a memory-mapped split is never loaded)."""
+    """How often every id occurs in ``ids``, read ``chunk`` ids at a time.  A memory-mapped split is read from its
+    file, not through the map, so the pass leaves none of it resident in the process."""
     counts = np.zeros(vocab_size, dtype=np.int64)
+    whole_map = isinstance(ids, np.memmap) and isinstance(ids.base, mmap.mmap)  # not a view of one
     for start in range(0, len(ids), chunk):
-        counts += np.bincount(np.asarray(ids[start : start + chunk], dtype=np.int64), minlength=vocab_size)
+        if whole_map:
+            count = min(chunk, len(ids) - start)
+            part = np.fromfile(ids.filename, ids.dtype, count, offset=ids.offset + start * ids.itemsize)
+        else:
+            part = ids[start : start + chunk]
+        counts += np.bincount(np.asarray(part, dtype=np.int64), minlength=vocab_size)
     return counts

@@ -273,11 +273,14 @@ class BPETokenizer(Tokenizer):
         an unordered tokenizer), most frequent first, ties by library id."""
         return BPETokenizer(self.hf_json, np.argsort(-np.asarray(counts), kind="stable"))
 
-    def encode_pieces(self, pieces: list[str]) -> np.ndarray:
+    def encode_pieces(self, pieces: list[str], batch: int = 4096) -> np.ndarray:
+        """The ids of ``pieces``, ``batch`` pieces per call of the library (which spreads a call over every core)."""
         encode = getattr(self.hf, "encode_batch_fast", self.hf.encode_batch)  # _fast (no offsets) since 0.20
-        encodings = encode(pieces, add_special_tokens=False)
-        ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int64)
-        return self.rank[ids]
+        parts = [np.zeros(0, dtype=np.int64)]
+        for start in range(0, len(pieces), batch):
+            encodings = encode(pieces[start : start + batch], add_special_tokens=False)
+            parts.append(np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int64))
+        return self.rank[np.concatenate(parts)]
 
     def encode(self, text: str) -> np.ndarray:
         return self.encode_pieces(list(iter_pieces([text])))
