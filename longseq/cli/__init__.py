@@ -2,8 +2,8 @@
 
 Every command is a module of this package with ``add_parser(subparsers)`` and ``run(args) -> dict``::
 
-    longseq train [--preset tiny-shakespeare] [--set key=value ...] [--data PATH] [--tokenizer byte|char|word]
-                  [--out DIR] [--resume] [--json]
+    longseq train [--preset tiny-shakespeare] [--config RUN.toml] [--set key=value ...] [--data PATH]
+                  [--tokenizer byte|char|word|bpe|FILE.json] [--vocab-size N] [--out DIR] [--resume] [--json]
     longseq eval --checkpoint DIR [--split valid|test] [--set mem_len=1600 ...] [--data PATH] [--json]
     longseq eval --checkpoint DIR --per-position | --context-curve 0,64,128,256 [--plot FILE.png] [--json]
     longseq eval recl --checkpoint A --checkpoint B ... [--contexts 32 64 128] [--r 0.1 0.5 1.0] [--json]
@@ -16,6 +16,7 @@ Every command is a module of this package with ``add_parser(subparsers)`` and ``
     longseq finetune --task classify|span|mlm --data train.jsonl [--valid valid.jsonl] --checkpoint DIR --out DIR
                   [--resume] [--json]
     longseq predict --checkpoint DIR --data IN.jsonl --out OUT.jsonl [--json]
+    longseq data prepare --data PATH --tokenizer byte|char|word|bpe|FILE.json [--vocab-size N] --out DIR [--json]
     longseq data listops --out DIR [--seed N] [--train 2000 --valid 200 --test 200]
 
 Human-readable progress goes to stderr; the result goes to stdout (one JSON object on the last line with ``--json``).

@@ -8,19 +8,24 @@ from typing import Any
 from longseq.config.base import ConfigError, JsonConfig, check, check_choice
 from longseq.config.model import ModelConfig
 
+TOKENIZERS = ("byte", "char", "word", "bpe")
+
 
 @dataclass
 class DataConfig(JsonConfig):
     """Corpus, tokenizer and ordered LM batching.
 
-    ``path`` is a file or a directory in a standard layout (``None`` = the bundled
-    tiny-shakespeare).  ``varlen`` draws segment lengths around ``tgt_len`` as the paper's code does.
+    ``path`` is a file, a directory in a standard layout or a directory prepared by ``longseq data prepare``
+    (``None`` = the bundled tiny-shakespeare).  ``tokenizer``: byte, char, word, bpe (a byte-level BPE of
+    ``vocab_size`` tokens learnt from the training text), or the path of a tokenizer file (``.json``: ours, or
+    an HF ``tokenizer.json`` such as GPT-2's).  ``varlen`` draws segment lengths around ``tgt_len`` as the paper's code does.
     ``doc_reset`` keeps documents apart (a directory of documents): no token attends to another document,
     in the segment or in the memory.
     """
 
     path: str | None = None
     tokenizer: str = "char"
+    vocab_size: int = 8192
     lowercase: bool = False
     tgt_len: int = 64
     batch_size: int = 16
@@ -31,9 +36,11 @@ class DataConfig(JsonConfig):
 
     def __post_init__(self) -> None:
         check(
-            self.tokenizer in ("byte", "char", "word"),
-            f"DataConfig.tokenizer must be byte, char or word, got {self.tokenizer!r}",
+            self.tokenizer in TOKENIZERS or self.tokenizer.endswith(".json"),
+            f"DataConfig.tokenizer must be byte, char, word, bpe or the path of a tokenizer .json file, "
+            f"got {self.tokenizer!r}",
         )
+        check(256 <= self.vocab_size < 1 << 24, f"DataConfig.vocab_size must be in [256, 2**24), got {self.vocab_size}")
         for name in ("tgt_len", "batch_size", "eval_tgt_len", "eval_batch_size"):
             check(getattr(self, name) >= 1, f"DataConfig.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -195,6 +202,10 @@ class RunConfig:
         out = {"model": self.model.to_dict(), "data": self.data.to_dict(), "train": self.train.to_dict()}
         return out if self.task is None else {**out, "task": self.task.to_dict()}
 
+    def sections(self) -> dict[str, JsonConfig]:
+        """The three configs by section name, as :func:`~longseq.config.base.apply_overrides` takes them."""
+        return {"model": self.model, "data": self.data, "train": self.train}
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         if not isinstance(data, dict) or not {"model", "data", "train"} <= set(data) <= {
@@ -213,8 +224,3 @@ class RunConfig:
             train=TrainConfig.from_dict(data["train"]),
             task=TaskConfig.from_dict(data["task"]) if data.get("task") is not None else None,
         )
-
-    @property
-    def sections(self) -> dict[str, JsonConfig]:
-        """The sections ``--set`` overrides address: model, data, train."""
-        return {"model": self.model, "data": self.data, "train": self.train}

@@ -10,7 +10,7 @@ from torch import nn
 from longseq.config.base import ConfigError
 from longseq.config.run import RunConfig, TrainConfig
 from longseq.data.batching import OrderedStream
-from longseq.data.corpus import Corpus, load_corpus, unigram_bits_per_token
+from longseq.data.corpus import Corpus, load_data, unigram_bits_per_token
 from longseq.eval.evaluate import bits_unit, evaluate
 from longseq.model import Memory, build_model
 from longseq.tasks.base import StepContext, StepResult, Task
@@ -46,8 +46,8 @@ class LanguageModeling(Task):
         d = self.run.data
         if d.path is not None:  # stored absolute, so the checkpoint finds its corpus from any directory
             d = d.replace(path=os.path.abspath(os.path.expanduser(d.path)))
-        if self.corpus is None:
-            self.corpus = load_corpus(d.path, d.tokenizer, lowercase=d.lowercase)
+        if self.corpus is None:  # a resumed run reads with the checkpoint's tokenizer (a BPE is not learnt again)
+            self.corpus = load_data(d, tokenizer=self.tokenizer)
         self.tokenizer = self.corpus.tokenizer
         self.run = RunConfig(prepare_model_config(self.run, self.corpus), d, self.run.train, self.run.task)
         if d.doc_reset and self.corpus.doc_ids is None:
@@ -78,9 +78,8 @@ class LanguageModeling(Task):
 
     def batches(self, world) -> LMBatches:
         d, t, m = self.run.data, self.run.train, self.run.model.memory
-        stream = OrderedStream(
-            self.corpus.train, d.batch_size, d.tgt_len, varlen=d.varlen, seed=t.seed, doc_ids=self._doc_ids("train")
-        )
+        stream = OrderedStream(self.corpus.train, d.batch_size, d.tgt_len, varlen=d.varlen, seed=t.seed,
+                               doc_ids=self._doc_ids("train"), rows=world.rows(d.batch_size))  # this rank's rows only  # fmt: skip
         recurrent = any(name != "attention" for name in self.run.model.layer_mixers)
         window = max(m.mem_tokens_bptt if m.mem_tokens else 1, self.run.model.mixers.state_bptt if recurrent else 1)
         return LMBatches(stream, window)
@@ -95,11 +94,11 @@ class LanguageModeling(Task):
         for j, segment in enumerate(segments):
             if segment.new_epoch:
                 chunk_mems = [None] * accum
-            inputs = segment.input_ids[ctx.rows].to(ctx.device).chunk(accum, dim=0)
-            labels = segment.labels[ctx.rows].to(ctx.device).chunk(accum, dim=0)
+            inputs = segment.input_ids.to(ctx.device).chunk(accum, dim=0)  # the stream holds this rank's rows
+            labels = segment.labels.to(ctx.device).chunk(accum, dim=0)
             docs = [None] * accum
             if segment.doc_ids is not None:
-                docs = segment.doc_ids[ctx.rows].to(ctx.device).chunk(accum, dim=0)
+                docs = segment.doc_ids.to(ctx.device).chunk(accum, dim=0)
             for c, (inp, lab, doc) in enumerate(zip(inputs, labels, docs)):
                 with ctx.autocast():
                     out = ctx.net(inp, chunk_mems[c], lab, doc_ids=doc, mem_len=mem_len)

@@ -287,7 +287,7 @@ def load_checkpoint(
     run, config = _read_config(directory)
     try:
         with open(os.path.join(directory, "tokenizer.json"), encoding="utf-8") as f:
-            tokenizer = tokenizer_from_dict(json.load(f))
+            tokenizer = tokenizer_from_dict(json.load(f), vocab_size=run.model.vocab_size, path=f.name)
     except (json.JSONDecodeError, KeyError, TokenizerError) as exc:
         raise CheckpointError(f"checkpoint {directory} has an invalid tokenizer: {exc}") from None
     if tokenizer.vocab_size != run.model.vocab_size:

@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 
 from longseq.config import ConfigError, RunConfig
+from longseq.config.files import write_run_config
 from longseq.tasks.base import StepContext, Task, set_trainable
 from longseq.train.checkpoint import TrainingState, load_training_state, load_weights, save_checkpoint
 from longseq.train.config_check import check_resumable
@@ -57,6 +58,13 @@ class TrainResult:
     tokens_per_s: float
     unigram_bpc: float | None
     losses: list[float]
+
+
+def saved_tokenizer(directory: str):
+    """The tokenizer stored in a checkpoint directory."""
+    from longseq.data.tokenizers import load_tokenizer
+
+    return load_tokenizer(os.path.join(directory, "tokenizer.json"))
 
 
 def resolve_device(name: str, world) -> torch.device:
@@ -131,6 +139,8 @@ class Trainer:
     def build(self) -> None:
         tc, world = self.tc, self.world
         torch.manual_seed(tc.seed)
+        if self.resume and self.task.tokenizer is None:  # read the data with the tokenizer the run was trained with
+            self.task.tokenizer = saved_tokenizer(self.dir.last)
         self.run = self.task.prepare()
         if self.run.data.batch_size % (tc.grad_accum * world.size):
             raise ConfigError(
@@ -348,6 +358,8 @@ class Trainer:
                 self.dir.clear()
             self.world.barrier()
             self.writer = self._tensorboard() if self.tc.tensorboard and self.world.main else None
+            if self.world.main:  # the resolved configuration: longseq train --config OUT/run.toml runs it again
+                write_run_config(self.run, os.path.join(self.dir.path, "run.toml"))
             if self.checkpoint_state is not None:
                 self.restore(self.checkpoint_state)
                 self.clock_offset = self.dir.truncate_metrics(self.step_count) if self.world.main else 0.0
