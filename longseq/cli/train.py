@@ -91,10 +91,14 @@ def run(args: argparse.Namespace) -> dict:
     config = load_checkpoint_config(os.path.join(out, "last")) if args.resume else base_config(args)
     config = RunConfig(**apply_overrides(config.sections(), data_overrides(args)))
     result = train(config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet, log=say)
+    import gc
+
     import torch.distributed as dist
 
     if dist.is_initialized():  # under torchrun: rank 0 reports
         rank = dist.get_rank()
+        gc.collect()  # the trainer's DDP reducer and its pending work go before the process group does
+        dist.barrier()  # no rank tears the group down while another still talks in it
         dist.destroy_process_group()
         if rank != 0:
             return {}
