@@ -89,7 +89,9 @@ def pairs_per_token(model, length: int) -> tuple[float, float]:
         pieces = sparse_pieces(mask, CHUNK)
         scored = sum(p.width for p in pieces) + (0 if flags is None else int(flags.sum()) * (length + MEM_LEN) / length)
     else:
-        scored = sum(hi - lo for lo, hi in (mask.key_range(q0, min(length, q0 + CHUNK)) for q0 in range(0, length, CHUNK)))
+        scored = sum(
+            hi - lo for lo, hi in (mask.key_range(q0, min(length, q0 + CHUNK)) for q0 in range(0, length, CHUNK))
+        )
         scored *= CHUNK / length
     return allowed / length, scored
 
