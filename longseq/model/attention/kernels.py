@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from longseq.config.model import KERNELS
+from longseq.model.attention.flex import flex_available, flex_reach, flex_relative_attention
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.reference import dense_mask, reference_attention
 from longseq.model.attention.shift import RelativeProbs, fill_forbidden_, key_bands
@@ -189,5 +190,20 @@ def content_attention(query, key, value, mask: PatternMask | Tensor, dropatt: fl
 ATTENTION_KERNELS: dict[str, AttentionKernel] = {
     "reference": reference_attention,
     "rel_shift": rel_shift_attention,
+    "flex": flex_relative_attention,
 }
 assert tuple(ATTENTION_KERNELS) == KERNELS, "the registry must implement every kernel name the config accepts"
+
+
+def resolve_kernel(name: str, device_type: str, mask: PatternMask | Tensor, dropout: bool) -> str:
+    """The kernel ``attn_impl`` names for these inputs: ``auto`` is ``flex`` on CUDA for full attention and patterns
+    of bounded reach (window, dilated) when this PyTorch has FlexAttention and no attention dropout is trained, and
+    ``rel_shift`` otherwise.  Why not Flex for the sparse patterns: its block mask visits every 128 x 128 block that
+    holds one allowed pair (stride columns and block summaries reach every block), and their relative term needs a
+    (T, K) bias; the sparse pieces of ``rel_shift`` cost what the pattern allows."""
+    if name != "auto":
+        return name
+    local = isinstance(mask, PatternMask) and (mask.pattern.name == "full" or flex_reach(mask) is not None)
+    if device_type == "cuda" and local and not dropout and flex_available():
+        return "flex"
+    return "rel_shift"

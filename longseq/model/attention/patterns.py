@@ -258,6 +258,31 @@ class PatternMask:
             ok = ok & (q_docs == self.key_docs[:, key])[:, None]
         return ~ok
 
+    def mask_mod(self):
+        """This mask as FlexAttention's ``mask_mod(b, h, q_idx, kv_idx) -> allowed``, one pair at a time: the same
+        rules as :meth:`forbidden_at` (pattern, global tokens, causality, ``span``, documents), with query ``q_idx``
+        of the segment at window position M + q_idx: keys are longer than queries, the memory comes first."""
+        pattern, mlen, klen, span = self.pattern, self.mlen, self.klen, self.span
+        dilation = torch.tensor(pattern.dilation, device=self.device)
+        random = pattern.random_table(klen, self.device)
+        flags, query_docs, key_docs = self.global_keys, self.query_docs, self.key_docs
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            query = q_idx + mlen
+            ok = pattern.rule(query, kv_idx, dilation[h % dilation.numel()], random)
+            if flags is not None:
+                ok = ok | flags[b, query] | flags[b, kv_idx]
+            distance = query - kv_idx
+            if pattern.causal:
+                ok = ok & (distance >= 0)
+            if span is not None:
+                ok = ok & (distance < span)
+            if key_docs is not None:
+                ok = ok & (query_docs[b, q_idx] == key_docs[b, kv_idx])
+            return ok
+
+        return mask_mod
+
     def band(self, block: int) -> tuple[int, int] | None:
         """For a local pattern, the keys a block of ``block`` queries needs before and after itself, rounded
         up to whole blocks (so every block has the same band); None when the pattern is not local."""
