@@ -118,7 +118,9 @@ class RelativeMultiHeadAttention(nn.Module):
 
         if rel_key is None:  # absolute positions: content scores only
             attn = content_attention(query, key, value, mask, self.dropatt, self.training, self.kernel)
-        elif (name := resolve_kernel(self.kernel, query.device.type, mask, self.training and self.dropatt > 0)) == "flex":
+        elif (
+            name := resolve_kernel(self.kernel, query.device.type, mask, self.training and self.dropatt > 0)
+        ) == "flex":
             attn = flex_relative_attention(
                 query, key, value, rel_key, r_w_bias, r_r_bias, mask, self.dropatt, self.training
             )
