@@ -51,7 +51,12 @@ def test_sparse_kernel_equals_dense_reference(name, mlen, causal, pos, pieces_bu
     flags = global_tokens(qlen) if p.has_global else None
     fast = run_layer(make_layer("rel_shift", 8, pos), p, qlen, mlen, flags)
     slow = run_layer(make_layer("reference", 0, pos), p, qlen, mlen, flags)
-    expected = {"strided": "Periodic", "block_sparse": "Periodic", "global": "GlobalColumns", "bigbird": "RandomBlocks"}
+    expected = {
+        "strided": "StrideColumns",
+        "block_sparse": "SummaryColumns",
+        "global": "GlobalColumns",
+        "bigbird": "RandomBlocks",
+    }
     assert pieces_built[0] == "Band" and expected[name] in pieces_built
     torch.testing.assert_close(fast[0], slow[0], rtol=0, atol=1e-10)
     for a, b in zip(fast[1], slow[1]):
@@ -99,7 +104,7 @@ def count_scored_pairs(monkeypatch) -> list[int]:
         return wrapped
 
     monkeypatch.setattr(sparse, "relative_scores", counting(sparse.relative_scores))
-    for name in ("DiagonalScores", "RelativeProbs"):
+    for name in ("DiagonalScores", "RelativeProbs", "PositionScores"):
         cls = getattr(sparse, name)
         monkeypatch.setattr(sparse, name, type(name, (), {"apply": staticmethod(counting(cls.apply))}))
     return counted
@@ -138,3 +143,26 @@ def test_sparse_kernel_scores_only_the_pairs_its_pattern_reaches(name, monkeypat
         bound = band + (qlen + 32) * 3 * 32 + qlen * 4 + 4 * klen
     allowed = int((~mask.forbidden()).sum())
     assert allowed <= scored <= bound < qlen * klen / 4, (allowed, scored, bound)
+
+
+@pytest.mark.parametrize("name", list(SPARSE))
+def test_sparse_kernels_under_activation_checkpointing_give_the_same_gradients(name):
+    """Recomputed in the backward pass (saved tensors unpacked once), every parameter's gradient is unchanged."""
+    from test_patterns import lm
+
+    grads = []
+    for every in (0, 1):
+        params = {("pattern_seed" if k == "seed" else k): v for k, v in SPARSE[name].items()}
+        model = lm([name], attn_chunk=4, mem_len=6, **params).train()
+        model.transformer.activation_checkpointing = every
+        ids = torch.randint(0, 40, (2, 25), generator=torch.Generator().manual_seed(0))
+        flags = None
+        if name in ("global", "bigbird"):
+            flags = torch.zeros(2, 12, dtype=torch.bool)
+            flags[0, :2] = flags[1, 7] = True
+        first = model(ids[:, :12], labels=ids[:, 1:13], global_mask=flags)
+        second = model(ids[:, 12:24], first.mems, labels=ids[:, 13:25], global_mask=flags)
+        (first.loss + second.loss).backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)

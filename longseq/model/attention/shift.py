@@ -41,22 +41,28 @@ def fill_forbidden_(scores: Tensor, mask: Tensor) -> Tensor:
     return scores
 
 
-def _relative_backward(ctx, grad_scores: Tensor):
-    """Gradients of q_c k^T + rel_shift(q_p R^T) for (..., T, K) ``grad_scores``; inputs may broadcast."""
-    q_content, key, q_position, rel_key = ctx.saved_tensors[:4]
+def _position_backward(grad_scores: Tensor, q_position: Tensor, rel_key: Tensor, needs_qp: bool, needs_rel: bool):
+    """Gradients of rel_shift(q_p R^T) for (..., T, K) ``grad_scores``, back through the same strided view."""
     *lead, qlen, klen = grad_scores.shape
     grad_position = grad_scores.new_zeros(*lead, qlen, rel_key.size(-2))  # (..., T, R)
     rel_shift(grad_position, qlen, klen).copy_(grad_scores)
-    grad_qc = grad_key = grad_qp = grad_rel = None
+    grad_qp = torch.matmul(grad_position, rel_key).sum_to_size(q_position.shape) if needs_qp else None
+    grad_rel = None
+    if needs_rel:
+        grad_rel = torch.matmul(grad_position.transpose(-1, -2), q_position).sum_to_size(rel_key.shape)
+    return grad_qp, grad_rel
+
+
+def _relative_backward(ctx, grad_scores: Tensor, q_content, key, q_position, rel_key):
+    """Gradients of q_c k^T + rel_shift(q_p R^T) for (..., T, K) ``grad_scores``; inputs may broadcast.  The saved
+    tensors come as arguments: ``ctx.saved_tensors`` may be unpacked only once (activation checkpointing)."""
+    grad_qc = grad_key = None
     if ctx.needs_input_grad[0]:
         grad_qc = torch.matmul(grad_scores, key).sum_to_size(q_content.shape)
     if ctx.needs_input_grad[1]:
         grad_key = torch.matmul(grad_scores.transpose(-1, -2), q_content).sum_to_size(key.shape)
-    if ctx.needs_input_grad[2]:
-        grad_qp = torch.matmul(grad_position, rel_key).sum_to_size(q_position.shape)
-    if ctx.needs_input_grad[3]:
-        grad_rel = torch.matmul(grad_position.transpose(-1, -2), q_position).sum_to_size(rel_key.shape)
-    return grad_qc, grad_key, grad_qp, grad_rel
+    needs = ctx.needs_input_grad
+    return (grad_qc, grad_key, *_position_backward(grad_scores, q_position, rel_key, needs[2], needs[3]))
 
 
 def _relative_scores(q_content: Tensor, key: Tensor, q_position: Tensor, rel_key: Tensor) -> Tensor:
@@ -84,9 +90,9 @@ class RelativeProbs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_probs):
-        probs = ctx.saved_tensors[4]
+        *inputs, probs = ctx.saved_tensors
         grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)  # (B, H, T, K)
-        return (*_relative_backward(ctx, grad_scores), None)
+        return (*_relative_backward(ctx, grad_scores, *inputs), None)
 
 
 class RelativeScores(torch.autograd.Function):
@@ -103,7 +109,25 @@ class RelativeScores(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_scores):
-        return (*_relative_backward(ctx, grad_scores), None)
+        return (*_relative_backward(ctx, grad_scores, *ctx.saved_tensors), None)
+
+
+class PositionScores(torch.autograd.Function):
+    """scores = mask(rel_shift(q_p R^T)) over ``klen`` keys, -inf where forbidden: the position term alone, for a
+    piece whose content term is a plain matmul in another layout.  Inputs may broadcast."""
+
+    @staticmethod
+    def forward(ctx, q_position, rel_key, mask, klen):
+        position = torch.matmul(q_position, rel_key.transpose(-1, -2))  # (..., T, R)
+        scores = rel_shift(position, q_position.size(-2), klen).masked_fill_(mask, float("-inf"))  # (..., T, K)
+        ctx.save_for_backward(q_position, rel_key)
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad_scores):
+        q_position, rel_key = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        return (*_position_backward(grad_scores, q_position, rel_key, needs[0], needs[1]), None, None)
 
 
 def key_window(states: Tensor, start: int, stop: int) -> Tensor:
@@ -126,8 +150,10 @@ def key_bands(states: Tensor, mlen: int, n_blocks: int, block: int, before: int,
 def table_rows(rel_key: Tensor, rows: Tensor) -> Tensor:
     """Rows ``rows`` (any shape S) of the (H, R, D) relative table, as (H, *S, D).  Rows outside the table are
     only read for forbidden pairs (keys before the window, or later than a causal table reaches), so they are
-    clamped to its ends."""
-    return rel_key[:, rows.clamp(0, rel_key.size(1) - 1)]
+    clamped to its ends.  ``index_select``: its backward adds the rows up with ``index_add_``, which is much faster
+    on CPU than the accumulating ``index_put_`` of advanced indexing when rows repeat."""
+    flat = rows.clamp(0, rel_key.size(1) - 1).flatten()
+    return rel_key.index_select(1, flat).unflatten(1, rows.shape)
 
 
 class DiagonalScores(torch.autograd.Function):

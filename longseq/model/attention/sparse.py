@@ -30,7 +30,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from longseq.model.attention.patterns import PatternMask
-from longseq.model.attention.shift import DiagonalScores, RelativeProbs, RelativeScores, key_bands, table_rows
+from longseq.model.attention.shift import (
+    DiagonalScores,
+    PositionScores,
+    RelativeProbs,
+    RelativeScores,
+    key_bands,
+    table_rows,
+)
 
 
 def relative_scores(q_content: Tensor, key: Tensor, q_position: Tensor, rel_key: Tensor, forbidden: Tensor) -> Tensor:
@@ -107,26 +114,57 @@ class Periodic:
         self.rows = base + torch.arange(n_rows, device=device) * period  # (P or 1, S, R')
         self.width = self.nb * (1 if classes is None else classes.numel())
 
-    def scores(self, q_content: Tensor, q_position: Tensor, key: Tensor, rel_key: Tensor) -> Tensor:
-        keys = self._key_classes(key)  # (B, H, P or 1, S, nb, D)
-        qc, qp = (self._query_classes(x)[:, :, :, None] for x in (q_content, q_position))  # (B, H, P, 1, na, D)
-        scores = relative_scores(qc, keys, qp, table_rows(rel_key, self.rows), self.forbidden)  # (B, H, P, S, na, nb)
-        scores = scores.permute(0, 1, 4, 2, 3, 5).flatten(2, 3).flatten(3, 4)  # (B, H, na * P, S * nb)
-        return scores[:, :, self.front : self.front + self.mask.qlen]
-
-    def output(self, probs: Tensor, value: Tensor) -> Tensor:  # (B, H, T, S * nb) -> (B, H, T, D)
-        values = self._key_classes(value).flatten(3, 4)  # (B, H, P or 1, S * nb, D)
-        probs = self._query_classes(probs)  # (B, H, P, na, S * nb)
-        out = torch.matmul(probs, values).transpose(2, 3).flatten(2, 3)  # (B, H, P, na, D) -> (B, H, na * P, D)
-        return out[:, :, self.front : self.front + self.mask.qlen]
-
     def _query_classes(self, x: Tensor) -> Tensor:  # (B, H, T, X) -> (B, H, P, na, X)
         rows = _pad_rows(x, self.front, self.na * self.period).unflatten(2, (self.na, self.period))
         return rows.transpose(2, 3)
 
-    def _key_classes(self, x: Tensor) -> Tensor:  # (B, H, K, D) -> (B, H, P or 1, S, nb, D)
-        rows = _pad_rows(x, 0, self.nb * self.period).unflatten(2, (self.nb, self.period)).transpose(2, 3)
-        return rows[:, :, :, None] if self.classes is None else rows[:, :, self.classes][:, :, None]
+    def _natural(self, x: Tensor) -> Tensor:  # (B, H, P, na, X) -> (B, H, T, X)
+        return x.transpose(2, 3).flatten(2, 3)[:, :, self.front : self.front + self.mask.qlen]
+
+    def _key_classes(self, x: Tensor) -> Tensor:  # (B, H, K, D) -> (B, H, P, nb, D)
+        return _pad_rows(x, 0, self.nb * self.period).unflatten(2, (self.nb, self.period)).transpose(2, 3)
+
+
+class StrideColumns(Periodic):
+    """strided: query class r reads key class r, a dense (na x nb) problem per class in layout (B, H, P, na, nb)."""
+
+    def __init__(self, mask: PatternMask, earlier: list) -> None:
+        super().__init__(mask, mask.pattern.stride, None, earlier)
+        self.forbidden = self.forbidden[..., 0, :, :]  # (B|1, H|1, P, na, nb): one key class per query class
+        self.rows = self.rows[0]  # (1, R'): the same distances for every class
+
+    def scores(self, q_content: Tensor, q_position: Tensor, key: Tensor, rel_key: Tensor) -> Tensor:
+        qc, qp = self._query_classes(q_content), self._query_classes(q_position)  # (B, H, P, na, D)
+        table = table_rows(rel_key, self.rows)  # (H, 1, R', D)
+        scores = relative_scores(qc, self._key_classes(key), qp, table, self.forbidden)  # (B, H, P, na, nb)
+        return self._natural(scores)  # (B, H, T, nb)
+
+    def output(self, probs: Tensor, value: Tensor) -> Tensor:  # (B, H, T, nb) -> (B, H, T, D)
+        return self._natural(torch.matmul(self._query_classes(probs), self._key_classes(value)))
+
+
+class SummaryColumns(Periodic):
+    """block_sparse: the same S * nb summary columns for every query, so the content term and the output are plain
+    matmuls in query order; only the position term needs the class layout (one table per (r, t))."""
+
+    def __init__(self, mask: PatternMask, earlier: list) -> None:
+        size, summary = mask.pattern.block_size, mask.pattern.block_summary
+        super().__init__(mask, size, torch.arange(size - summary, size, device=mask.device), earlier)
+        blocks = torch.arange(self.nb, device=mask.device) * size
+        self.columns = (self.classes[:, None] + blocks).flatten()  # (S * nb,) column t * nb + b is key b P + t
+
+    def scores(self, q_content: Tensor, q_position: Tensor, key: Tensor, rel_key: Tensor) -> Tensor:
+        content = torch.matmul(q_content, self._columns(key).transpose(-1, -2))  # (B, H, T, S * nb)
+        qp = self._query_classes(q_position)[:, :, :, None]  # (B, H, P, 1, na, D)
+        table = table_rows(rel_key, self.rows)  # (H, P, S, R', D)
+        position = PositionScores.apply(qp, table, self.forbidden, self.nb)  # (B, H, P, S, na, nb)
+        return content + self._natural(position.transpose(3, 4).flatten(4, 5))  # (B, H, P, na, S * nb) -> natural
+
+    def output(self, probs: Tensor, value: Tensor) -> Tensor:  # (B, H, T, S * nb) -> (B, H, T, D)
+        return torch.matmul(probs, self._columns(value))
+
+    def _columns(self, states: Tensor) -> Tensor:  # (B, H, K, D) -> (B, H, S * nb, D)
+        return _pad_rows(states, 0, self.nb * self.period).index_select(2, self.columns)
 
 
 class GlobalColumns:
@@ -206,7 +244,7 @@ class RandomBlocks:
 
     def _picked(self, states: Tensor) -> Tensor:  # (B, H, K, D) -> (B, H, na, r, s, D)
         blocks = _pad_rows(states, 0, self.n_blocks * self.size).unflatten(2, (self.n_blocks, self.size))
-        return blocks[:, :, self.picks]
+        return blocks.index_select(2, self.picks.flatten()).unflatten(2, self.picks.shape)  # see table_rows
 
 
 def sparse_pieces(mask: PatternMask, block: int) -> list:
@@ -216,11 +254,9 @@ def sparse_pieces(mask: PatternMask, block: int) -> list:
         pattern = mask.pattern
         pieces: list = [Band(mask, block)]
         if pattern.name == "strided":
-            pieces.append(Periodic(mask, pattern.stride, None, pieces))
+            pieces.append(StrideColumns(mask, pieces))
         elif pattern.name == "block_sparse":
-            size = pattern.block_size
-            summaries = torch.arange(size - pattern.block_summary, size, device=mask.device)
-            pieces.append(Periodic(mask, size, summaries, pieces))
+            pieces.append(SummaryColumns(mask, pieces))
         else:  # global, bigbird
             if mask.has_global_tokens:
                 pieces.append(GlobalColumns(mask, list(pieces)))
