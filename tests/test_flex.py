@@ -4,7 +4,7 @@ implementation on CPU); bf16 against float64; the block mask built at exactly (T
 
 import pytest
 import torch
-from test_patterns import make_layer, pattern, run_layer
+from test_patterns import assert_same_run, make_layer, pattern, run_layer
 
 from longseq.model.attention.flex import flex_available
 from longseq.model.attention.patterns import PATTERN_NAMES
@@ -29,9 +29,7 @@ def test_flex_equals_dense_reference(name, mlen, causal, pos):
     qlen = 17
     flex = run_layer(make_layer("flex", 0, pos), p, qlen, mlen, global_mask(p, qlen))
     slow = run_layer(make_layer("reference", 0, pos), p, qlen, mlen, global_mask(p, qlen))
-    torch.testing.assert_close(flex[0], slow[0], rtol=0, atol=1e-10)
-    for a, b in zip(flex[1], slow[1]):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    assert_same_run(flex, slow)
 
 
 def test_flex_keeps_documents_apart_and_runs_without_gradients():
@@ -41,9 +39,7 @@ def test_flex_keeps_documents_apart_and_runs_without_gradients():
     args = (p, 17, 5, None, (docs[:, 5:], docs))
     slow = run_layer(make_layer("reference", 0), *args)
     flex = run_layer(make_layer("flex", 0), *args)
-    torch.testing.assert_close(flex[0], slow[0], rtol=0, atol=1e-10)
-    for a, b in zip(flex[1], slow[1]):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    assert_same_run(flex, slow)
     inference = run_layer(make_layer("flex", 0), *args, grad=False)
     torch.testing.assert_close(inference[0], slow[0], rtol=0, atol=1e-10)
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from test_patterns import make_layer, run_layer
+from test_patterns import assert_same_run, make_layer, run_layer
 
 import longseq.model.attention.sparse as sparse
 from longseq.model.attention.patterns import AttentionPattern, PatternMask
@@ -58,9 +58,7 @@ def test_sparse_kernel_equals_dense_reference(name, mlen, causal, pos, pieces_bu
         "bigbird": "RandomBlocks",
     }
     assert pieces_built[0] == "Band" and expected[name] in pieces_built
-    torch.testing.assert_close(fast[0], slow[0], rtol=0, atol=1e-10)
-    for a, b in zip(fast[1], slow[1]):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    assert_same_run(fast, slow)
     inference = run_layer(make_layer("rel_shift", 8, pos), p, qlen, mlen, flags, grad=False)
     torch.testing.assert_close(inference[0], slow[0], rtol=0, atol=1e-10)
 
@@ -72,9 +70,7 @@ def test_sparse_kernel_keeps_documents_apart(name):
     args = (p, 40, 12, global_tokens(40) if p.has_global else None, (docs[:, 12:], docs))
     fast = run_layer(make_layer("rel_shift", 8), *args)
     slow = run_layer(make_layer("reference", 0), *args)
-    torch.testing.assert_close(fast[0], slow[0], rtol=0, atol=1e-10)
-    for a, b in zip(fast[1], slow[1]):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    assert_same_run(fast, slow)
 
 
 def test_half_precision_sparse_kernel_computes_in_float32():

@@ -67,11 +67,11 @@ def train_throughput(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     mems = None
-    start = 0.0
+    start, usage = 0.0, None
     for step in range(steps + warmup):
         _sync(device)
         if step == warmup:
-            start = time.perf_counter()
+            start, usage = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         begin = time.perf_counter()
         x = data[:, step * tgt_len : (step + 1) * tgt_len]
         y = data[:, step * tgt_len + 1 : (step + 1) * tgt_len + 1]
@@ -87,10 +87,15 @@ def train_throughput(
             compile_s += time.perf_counter() - begin
     _sync(device)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF)
     result = {
         "tokens_per_s": steps * batch * tgt_len / elapsed,
         "step_ms": 1000 * elapsed / steps,
         "loss": float(out.loss),
+        # what the timed steps cost the process in CPU time (all threads), in system time and in page faults
+        "cpu_s_per_step": (after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime) / steps,
+        "sys_s_per_step": (after.ru_stime - usage.ru_stime) / steps,
+        "minor_faults_per_step": (after.ru_minflt - usage.ru_minflt) / steps,
     }
     result.update(_peak_memory(device))
     if compile:

@@ -7,7 +7,8 @@ A query's keys are split into disjoint pieces, each a dense problem in a layout 
   blocks of ``block`` queries, each over the same-width band of keys, as in the banded kernel;
 * periodic columns: the keys at distances that are multiples of ``stride`` (strided), or the summary columns of
   every block (block_sparse).  Grouped by window position modulo the period P, either becomes dense attention of
-  T/P queries over K/P keys, whose relative rows are every P-th row of the table: the rel-shift view applies;
+  T/P queries over K/P keys, whose relative rows are every P-th row of the table: the rel-shift view applies.  The
+  summary columns are the same for every query, so only their position term needs that layout;
 * global columns: the few global tokens every query reads; the position term of one column over all queries is one
   reversed slice of the relative table;
 * random blocks (bigbird): each query block with its r key blocks, the relative rows sliced per block pair;
@@ -158,7 +159,8 @@ class SummaryColumns(Periodic):
         qp = self._query_classes(q_position)[:, :, :, None]  # (B, H, P, 1, na, D)
         table = table_rows(rel_key, self.rows)  # (H, P, S, R', D)
         position = PositionScores.apply(qp, table, self.forbidden, self.nb)  # (B, H, P, S, na, nb)
-        return content + self._natural(position.transpose(3, 4).flatten(4, 5))  # (B, H, P, na, S * nb) -> natural
+        position = position.permute(0, 1, 4, 2, 3, 5).flatten(2, 3).flatten(3, 4)  # (B, H, na * P, S * nb), one copy
+        return content.add_(position[:, :, self.front : self.front + self.mask.qlen])  # in place: one buffer less
 
     def output(self, probs: Tensor, value: Tensor) -> Tensor:  # (B, H, T, S * nb) -> (B, H, T, D)
         return torch.matmul(probs, self._columns(value))
