@@ -7,6 +7,8 @@ the last ``mem_len`` positions.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -28,8 +30,22 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     return logits
 
 
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int, top_p: float, mem_len: int | None) -> None:
+    """Each sampling argument in its range, or a ``ValueError`` naming the one that is not."""
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0: off), got {top_k}")
+    if not (math.isfinite(top_p) and 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1] (1: off), got {top_p}")
+    if mem_len is not None and mem_len < 0:
+        raise ValueError(f"mem_len must be >= 0, got {mem_len}")
+
+
 @torch.no_grad()
-def generate(
+def generate_stream(
     model: TransformerXLLM,
     prompt_ids: Tensor,  # (B, P)
     max_new_tokens: int,
@@ -42,14 +58,11 @@ def generate(
     clamp_len: int | None = None,
     same_length: bool | None = None,
     generator: torch.Generator | None = None,
-) -> Tensor:
-    """Return (B, max_new_tokens) sampled continuations; ``temperature=0`` is greedy."""
+):
+    """Yield the sampled tokens (B, 1) one step at a time, as they are drawn; ``temperature=0`` is greedy."""
     if prompt_ids.dim() != 2 or prompt_ids.size(1) == 0:
         raise ValueError(f"prompt_ids must be a non-empty (batch, time) tensor, got shape {tuple(prompt_ids.shape)}")
-    if max_new_tokens < 0 or temperature < 0 or top_k < 0 or not 0.0 < top_p <= 1.0:
-        raise ValueError("need max_new_tokens >= 0, temperature >= 0, top_k >= 0 and 0 < top_p <= 1")
-    if mem_len is not None and mem_len < 0:
-        raise ValueError(f"mem_len must be >= 0, got {mem_len}")
+    check_sampling(max_new_tokens, temperature, top_k, top_p, mem_len)
     was_training = model.training
     model.eval()
     try:
@@ -65,7 +78,6 @@ def generate(
         for start in range(0, context.size(1), segment_len):
             mems = model.read(context[:, start : start + segment_len], mems, **overrides)
         token = prompt_ids[:, -1:]
-        out = []
         for _ in range(max_new_tokens):
             scores, mems = model.next_token_scores(token, mems, **overrides)  # (B, V)
             if temperature == 0:
@@ -73,7 +85,12 @@ def generate(
             else:
                 scores = filter_logits(scores.float() / temperature, top_k, top_p)
                 token = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)
-            out.append(token)
-        return torch.cat(out, dim=1) if out else prompt_ids.new_zeros(prompt_ids.size(0), 0)
+            yield token
     finally:
         model.train(was_training)
+
+
+def generate(model: TransformerXLLM, prompt_ids: Tensor, max_new_tokens: int, **sampling) -> Tensor:
+    """Return (B, max_new_tokens) sampled continuations (arguments as :func:`generate_stream`)."""
+    out = list(generate_stream(model, prompt_ids, max_new_tokens, **sampling))
+    return torch.cat(out, dim=1) if out else prompt_ids.new_zeros(prompt_ids.size(0), 0)

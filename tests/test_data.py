@@ -122,3 +122,72 @@ def test_character_ptb_conversion_matches_the_published_size():
     assert len(converted.encode()) == 9_812_816  # data/SOURCES.md
     assert converted.startswith("a e r _ b a n k n o t e _ ")
     assert ptb_to_char(" a <unk> cat \n") == "a _ <unk> _ c a t \n"
+
+
+# Reliability (issue 15, items 7, 14 and 15)
+
+
+def test_a_layout_missing_a_split_is_an_error_naming_the_file_not_a_directory_of_documents(tmp_path):
+    """Read as documents, wiki.test.tokens would be split 90/5/5 and its text trained on."""
+    from longseq.data import prepare_corpus
+
+    for split in ("train", "test"):
+        (tmp_path / f"wiki.{split}.tokens").write_text(f" {split} words here \n" * 50)
+    for read in (
+        lambda: load_corpus(str(tmp_path), "word"),
+        lambda: prepare_corpus(str(tmp_path), "word", str(tmp_path / "p")),
+    ):
+        with pytest.raises(
+            CorpusError, match=r"wikitext layout's wiki.train.tokens, wiki.test.tokens but not wiki.valid.tokens"
+        ):
+            read()
+    (tmp_path / "wiki.valid.tokens").write_text("")
+    for read in (
+        lambda: load_corpus(str(tmp_path), "char"),
+        lambda: prepare_corpus(str(tmp_path), "char", str(tmp_path / "p"), progress=False),
+    ):
+        with pytest.raises(CorpusError, match=r"wiki.valid.tokens is empty"):
+            read()
+
+
+def test_a_character_only_in_the_test_split_does_not_stop_character_level_training(tmp_path):
+    """A layout's character vocabulary is the characters of its three files (which characters exist, not their
+    counts), as the byte tokenizer's 256 values all exist: a rare character of the test text is no reason to fail."""
+    from longseq.data import prepare_corpus
+
+    (tmp_path / "train.txt").write_text("plain ascii text\n" * 30)
+    (tmp_path / "valid.txt").write_text("plain text\n" * 5)
+    (tmp_path / "test.txt").write_text("a café in 東京\n" * 5)
+    corpus = load_corpus(str(tmp_path), "char")
+    assert {"é", "東", "京"} <= set(corpus.tokenizer.chars)
+    assert corpus.tokenizer.decode(corpus.test) == "a café in 東京\n" * 5
+    prepare_corpus(str(tmp_path), "char", str(tmp_path / "prepared"), progress=False)
+    assert np.array_equal(load_corpus(str(tmp_path / "prepared"), "char").test, corpus.test)
+
+
+def test_an_unseen_character_is_an_error_naming_the_file_the_character_its_place_and_the_fix(tmp_path, monkeypatch):
+    """A tokenizer built elsewhere (a checkpoint's, a tokenizer file) meets a character it lacks."""
+    from longseq.data import prepare_corpus
+    from longseq.data import prepared as prepared_module
+
+    monkeypatch.setattr(prepared_module, "BLOCK_BYTES", 64)  # the place is counted across blocks
+    tok = CharTokenizer.build("abcdefgh \n")
+    tok.save(str(tmp_path / "chars.json"))
+    (tmp_path / "one.txt").write_text("abc defg\n" * 40 + "ab\tc\n")
+    message = r"one.txt, line 41, column 3: character '\\t' \(U\+0009\) is not in .*or use --tokenizer byte"
+    with pytest.raises(CorpusError, match=message):
+        load_corpus(str(tmp_path / "one.txt"), "char", tokenizer=tok)
+    with pytest.raises(CorpusError, match=message):
+        prepare_corpus(str(tmp_path / "one.txt"), str(tmp_path / "chars.json"), str(tmp_path / "out"), progress=False)
+
+
+def test_a_checkpoint_whose_tokenizer_does_not_fit_the_model_is_an_error_naming_both_sizes(tmp_path):
+    from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
+    from longseq.model import build_model
+    from longseq.train import CheckpointError, load_checkpoint, save_checkpoint
+
+    run = RunConfig(ModelConfig.of(vocab_size=12, n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16), DataConfig(),
+                    TrainConfig())  # fmt: skip
+    save_checkpoint(str(tmp_path / "ckpt"), build_model(run.model), run, CharTokenizer.build("abcdefghijklmnop"))
+    with pytest.raises(CheckpointError, match=r"ckpt/tokenizer.json has 16 tokens but the model's vocabulary has 12"):
+        load_checkpoint(str(tmp_path / "ckpt"))

@@ -35,7 +35,7 @@ def test_two_ranks_match_one_process_on_the_same_global_batch(tmp_path, parallel
     two = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "longseq", "train", "--out", str(tmp_path / "two"), *settings, f"parallel={parallel}"]  # fmt: skip
     done = subprocess.run(two, capture_output=True, text=True, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, done.stderr[:4000] + "\n...\n" + done.stderr[-1500:]
     single, ddp = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert sorted(ddp) == list(range(1, 21))
     for step in range(1, 21):
@@ -77,7 +77,7 @@ def test_two_rank_resume_continues_bit_for_bit(tmp_path, options):
     def run(out, steps, *extra):
         cmd = [*launch, "train", "--out", str(out), *extra, *common, *options, f"max_steps={steps}"]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.returncode == 0, done.stderr[:4000] + "\n...\n" + done.stderr[-1500:]
 
     run(tmp_path / "whole", 12)
     run(tmp_path / "split", 6)

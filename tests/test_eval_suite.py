@@ -69,7 +69,7 @@ def test_lstm_baseline_carries_its_state_like_a_memory():
     first = model(ids[:, :5], None, ids[:, :5])
     second = model(ids[:, 5:], first.mems, ids[:, 5:])
     torch.testing.assert_close(torch.cat([first.nll, second.nll], 1), whole, rtol=0, atol=1e-12)
-    assert first.mems[0].shape == (2, 2, 16)
+    assert first.mems[0][0].shape == first.mems[0][1].shape == (2, 16)  # (h, c) of layer 0
 
 
 def test_diagnostics_write_what_they_promise(tmp_path):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 from test_train import corpus_file, tiny_corpus, tiny_run
 
@@ -90,31 +91,141 @@ def test_a_kill_in_the_middle_of_a_checkpoint_swap_is_repaired(tmp_path):
     assert resumed.step == 6 and not list(tmp_path.glob(".last.*"))
 
 
+TINY_CLI = ["--tokenizer", "char", "--quiet", "--set", "eval_interval=1000", "log_interval=1", "n_layer=2",
+            "d_model=16", "n_head=2", "d_head=8", "d_inner=32", "mem_len=8", "tgt_len=8", "batch_size=4",
+            "eval_max_segments=2", "warmup_steps=3", "save_every_s=0"]  # fmt: skip
+TRAIN = [sys.executable, "-m", "longseq", "train"]
+
+
+def losses(path) -> dict:
+    return {r["step"]: r["loss"] for r in records(path / "metrics.jsonl") if "loss" in r}
+
+
+def logged_steps(path) -> int:
+    try:
+        return len(losses(path))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return 0
+
+
+def pause_when(condition, proc, seconds=120):
+    """Wait until ``condition()`` holds for the running ``proc``, then stop it (SIGSTOP) where it is: a fault is then
+    injected into a live run however fast the machine is (SIGCONT lets it go on)."""
+    deadline = time.time() + seconds
+    while not condition() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGSTOP)
+    assert proc.poll() is None, "the run ended before the fault could be injected"
+
+
 def test_sigkill_at_random_moments_then_resume_gives_the_same_losses(tmp_path):
     """The CLI run is killed with SIGKILL twice at random moments (checkpoints are written every step, so kills
     land inside saves too); resuming gives the uninterrupted run's losses bit for bit."""
-    data = corpus_file(tmp_path)
-    settings = ["--data", str(data), "--tokenizer", "char", "--quiet", "--set", "max_steps=24", "save_interval=1",
-                "eval_interval=1000", "log_interval=1", "n_layer=2", "d_model=16", "n_head=2", "d_head=8",
-                "d_inner=32", "mem_len=8", "tgt_len=8", "batch_size=4", "eval_max_segments=2", "warmup_steps=3"]  # fmt: skip
-    command = [sys.executable, "-m", "longseq", "train"]
-    subprocess.run([*command, "--out", str(tmp_path / "whole"), *settings], check=True, capture_output=True)
+    settings = ["--data", str(corpus_file(tmp_path)), *TINY_CLI, "max_steps=60", "save_interval=1"]
+    subprocess.run([*TRAIN, "--out", str(tmp_path / "whole"), *settings], check=True, capture_output=True)
     out = tmp_path / "killed"
     rng = random.Random(7)
     for attempt in range(2):
         extra = ["--resume"] if attempt else []
-        proc = subprocess.Popen([*command, "--out", str(out), *extra, *settings], stderr=subprocess.DEVNULL)
-        deadline = time.time() + 120
-        while not (out / "last").exists() and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.02)
-        time.sleep(rng.uniform(0.0, 0.6))
+        proc = subprocess.Popen([*TRAIN, "--out", str(out), *extra, *settings], stderr=subprocess.DEVNULL)
+        start = load_training_state(str(out / "last")).step if attempt else 0  # the run is not alive here
+        target = start + rng.randint(3, 12)
+        pause_when(lambda target=target: logged_steps(out) >= target, proc)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         assert proc.returncode == -signal.SIGKILL  # killed mid-run, not finished
-        assert load_training_state(str(out / "last")).step < 24
-    subprocess.run([*command, "--out", str(out), "--resume", *settings], check=True, capture_output=True)
+        assert load_training_state(str(out / "last")).step < 60
+    subprocess.run([*TRAIN, "--out", str(out), "--resume", *settings], check=True, capture_output=True)
+    assert losses(out) == losses(tmp_path / "whole") and len(losses(out)) == 60
 
-    def losses(path):
-        return {r["step"]: r["loss"] for r in records(path / "metrics.jsonl") if "loss" in r}
 
-    assert losses(out) == losses(tmp_path / "whole") and len(losses(out)) == 24
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_scheduler_signal_saves_a_checkpoint_that_resumes_bit_for_bit(tmp_path, sig):
+    """No checkpoint is due (no evaluation, no save interval, no time cadence) when the signal comes: the run saves
+    last/ at the next step boundary, exits 128 + signal with the resume command, and --resume continues exactly."""
+    settings = ["--data", str(corpus_file(tmp_path)), *TINY_CLI, "max_steps=40"]
+    subprocess.run([*TRAIN, "--out", str(tmp_path / "whole"), *settings], check=True, capture_output=True)
+    out = tmp_path / "stopped"
+    proc = subprocess.Popen([*TRAIN, "--out", str(out), *settings], stderr=subprocess.PIPE, text=True)
+    pause_when(lambda: logged_steps(out) >= 5, proc)
+    proc.send_signal(sig)
+    proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, err[-2000:]
+    assert f"stopped by {signal.Signals(sig).name}" in err and "resume with: longseq train" in err and "--resume" in err
+    stopped_at = load_training_state(str(out / "last")).step
+    assert 5 <= stopped_at < 40 and not (out / "best").exists()  # nothing had been saved before the signal
+    subprocess.run([*TRAIN, "--out", str(out), "--resume", *settings], check=True, capture_output=True)
+    assert losses(out) == losses(tmp_path / "whole") and len(losses(out)) == 40
+
+
+def test_sigterm_during_a_checkpoint_save_is_taken_after_the_save(tmp_path, monkeypatch):
+    """SIGTERM arriving in the middle of writing a checkpoint: the save completes, the run stops at that step,
+    and the resumed run gives the uninterrupted run's losses bit for bit."""
+    from longseq.train import Interrupted
+    from longseq.train import checkpoint as checkpoint_module
+
+    corpus = tiny_corpus()
+    run = lambda: tiny_run(max_steps=12, save_interval=2, eval_interval=100)  # noqa: E731
+    whole = train(run(), str(tmp_path / "whole"), corpus=corpus, progress=False)
+    original, calls = checkpoint_module._write_checkpoint_files, {"n": 0}
+
+    def signalled(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the save at step 6
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module, "_write_checkpoint_files", signalled)
+    with pytest.raises(Interrupted) as stopped:
+        train(run(), str(tmp_path / "cut"), corpus=corpus, progress=False)
+    assert stopped.value.step == 6 and stopped.value.exit_code == 128 + signal.SIGTERM
+    monkeypatch.setattr(checkpoint_module, "_write_checkpoint_files", original)
+    resumed = train(run(), str(tmp_path / "cut"), corpus=corpus, progress=False, resume=True)
+    assert resumed.losses == whole.losses[6:]
+
+
+def test_a_second_trainer_on_a_locked_run_is_refused_and_the_first_finishes_unharmed(tmp_path):
+    settings = ["--data", str(corpus_file(tmp_path)), *TINY_CLI, "max_steps=40", "save_interval=5"]
+    subprocess.run([*TRAIN, "--out", str(tmp_path / "alone"), *settings], check=True, capture_output=True)
+    out = tmp_path / "shared"
+    first = subprocess.Popen([*TRAIN, "--out", str(out), *settings], stderr=subprocess.DEVNULL)
+    pause_when(lambda: logged_steps(out) >= 7, first)  # paused past its first save, holding the lock
+    for extra in (["--resume"], ["--overwrite"]):
+        second = subprocess.run([*TRAIN, "--out", str(out), *extra, *settings], capture_output=True, text=True)
+        assert second.returncode == 2 and "is being trained into by pid" in second.stderr, second.stderr[-1000:]
+    first.send_signal(signal.SIGCONT)
+    assert first.wait(timeout=300) == 0
+    assert losses(out) == losses(tmp_path / "alone") and len(losses(out)) == 40
+
+
+def finetune_command(tmp_path, lm, out, *extra):
+    rows = [{"text": "hh gfe " * 3 + ("abc" if i % 2 else "defg"), "label": i % 2} for i in range(16)]
+    (tmp_path / "cls.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return [sys.executable, "-m", "longseq", "finetune", "--task", "classify", "--data", str(tmp_path / "cls.jsonl"),
+            "--checkpoint", lm, "--out", str(out), "--steps", "60", "--lr", "3e-3", "--batch-size", "4",
+            "--segment-len", "8", "--quiet", "--json", *extra]  # fmt: skip
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_fine_tuning_killed_and_resumed_ends_bit_for_bit_where_the_whole_run_does(tmp_path, sig):
+    from safetensors.torch import load_file
+
+    train(tiny_run(max_steps=2, eval_interval=2), str(tmp_path / "lm"), corpus=tiny_corpus(), progress=False)
+    lm = str(tmp_path / "lm" / "best")
+    subprocess.run(finetune_command(tmp_path, lm, tmp_path / "whole"), check=True, capture_output=True)
+    out = tmp_path / "cut"
+    proc = subprocess.Popen(finetune_command(tmp_path, lm, out, "--save-interval", "1"), stderr=subprocess.DEVNULL)
+    pause_when(lambda: logged_steps(out) >= 2, proc)  # logs every 6 steps (a tenth), saves every step
+    proc.send_signal(sig)
+    proc.send_signal(signal.SIGCONT)
+    proc.wait(timeout=120)
+    assert proc.returncode in (-signal.SIGKILL, 128 + signal.SIGTERM)
+    assert 6 <= load_training_state(str(out / "last")).step < 60
+    resumed = subprocess.run(finetune_command(tmp_path, lm, out, "--resume"), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    whole, cut = (
+        load_file(str(tmp_path / "whole" / "last" / "model.safetensors")),
+        load_file(str(out / "last" / "model.safetensors")),
+    )
+    assert whole.keys() == cut.keys() and all(torch.equal(whole[k], cut[k]) for k in whole)

@@ -114,7 +114,7 @@ def test_compression_functions_and_their_errors():
         ModelConfig.of(cmem_len=4, cmem_rate=2, cmem_fn="median")
     from test_train import tiny_corpus, tiny_run
 
-    from longseq.train.loop import prepare_model_config
+    from longseq.tasks.lm import prepare_model_config
 
     run = tiny_run()
     run.model = ModelConfig.of(**{**run.model.to_dict(), "cmem_len": 4, "cmem_rate": 3, "cmem_fn": "linear"})

@@ -207,7 +207,7 @@ def test_global_tokens_see_everything_and_are_seen_by_everything(causal):
     emb = model.transformer.word_emb(ids).detach().requires_grad_(True)
     hidden = model.transformer.layers[0].dec_attn  # one layer is enough to show who reads whom
     rel = model.transformer.relative_tables(12, -1, torch.float64, None, qlen=12)[0]
-    step = model.transformer.memory.begin(Memory(), ids, Recurrence(0), None, False, model.transformer.layers)
+    step = model.transformer.memory.begin(Memory(), 1, 12, None, Recurrence(0), None, False, model.transformer.layers)
     mask = model.transformer._masks(step, gmask, None)[0]
     out, _, _ = hidden(emb, rel, model.transformer.r_w_bias, model.transformer.r_r_bias, mask)
     far_source = 0

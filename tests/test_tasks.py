@@ -118,7 +118,7 @@ def test_finetune_and_data_commands(tmp_path, capsys):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(result["valid"]) == {"accuracy", "macro_f1"} and result["labels"] == ["even", "odd"]
     assert result["valid"]["accuracy"] == 1.0  # the last word decides the label
-    assert (tmp_path / "ft" / "model.safetensors").exists()
+    assert (tmp_path / "ft" / "best" / "model.safetensors").exists() and (tmp_path / "ft" / "last").is_dir()
     (tmp_path / "bad.jsonl").write_text(json.dumps(rows[0]) + "\n" + '{"text": "x"}\n')
     code = main(["finetune", "--task", "classify", "--data", str(tmp_path / "bad.jsonl"), "--checkpoint",
                  str(tmp_path / "lm" / "last"), "--out", str(tmp_path / "ft2")])  # fmt: skip
@@ -209,7 +209,7 @@ def test_an_answer_three_segments_after_the_question_is_found_with_memory_and_no
 
 
 def test_span_metrics_follow_squad():
-    from longseq.train.finetune import span_metrics
+    from longseq.tasks.span import span_metrics
 
     assert span_metrics(["the Denver Broncos!"], ["Denver Broncos"]) == {"exact_match": 1.0, "f1": 1.0}
     # one of two gold words: precision 1, recall 1/2
@@ -221,7 +221,7 @@ def test_span_metrics_follow_squad():
 @pytest.mark.parametrize("kind", ["byte", "char", "word"])
 def test_answer_offsets_map_to_the_answer_tokens(kind):
     from longseq.data.tokenizers import build_tokenizer
-    from longseq.train.finetune import encode_spans
+    from longseq.tasks.span import encode_spans
 
     context = "north of the river\nlies the old mill, said Jörg.\n"
     tokenizer = build_tokenizer(kind, context + "where is it?\n")
@@ -258,7 +258,7 @@ def test_finetune_span_and_mlm_commands(tmp_path, capsys):
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["valid"]["exact_match"] >= 0.75  # the answer always sits at the same place
-    assert json.loads((tmp_path / "span" / "finetune.json").read_text())["task"] == "span"
+    assert json.loads((tmp_path / "span" / "best" / "config.json").read_text())["run"]["task"]["name"] == "span"
 
     (tmp_path / "mlm.jsonl").write_text("\n".join(json.dumps({"text": "hh gfe " * 6}) for _ in range(8)) + "\n")
     args = ["finetune", "--task", "mlm", "--data", str(tmp_path / "mlm.jsonl"), "--checkpoint", lm, "--out",
@@ -266,7 +266,9 @@ def test_finetune_span_and_mlm_commands(tmp_path, capsys):
     assert main(args) == 2 and "no spare symbol for [MASK]" in capsys.readouterr().err  # a char vocabulary
     results = []
     for steps, lr in (("1", "1e-5"), ("60", "3e-3")):  # untrained, then fine-tuned
-        assert main([*args, "--mask-token", "a", "--mask-rate", "0.3", "--steps", steps, "--lr", lr]) == 0
+        assert (
+            main([*args, "--mask-token", "a", "--mask-rate", "0.3", "--steps", steps, "--lr", lr, "--overwrite"]) == 0
+        )
         results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["train"])
     before, after = results
     assert 0.25 * 8 * 42 < after["masked_tokens"] < 0.35 * 8 * 42  # 30% of the 8 x 42 characters
@@ -303,3 +305,68 @@ def test_padding_changes_nothing_for_the_real_tokens():
         beside = classifier(ids, 8, padding=pad)["logits"][0]
         alone = classifier(ids[:1, 8:], 8, padding=pad[:1, 8:])["logits"][0]
     torch.testing.assert_close(alone, beside, rtol=0, atol=1e-5)
+
+
+def test_predict_reproduces_what_fine_tuning_reported(tmp_path, capsys):
+    """finetune then predict on the validation file: one output line per input line, and the same accuracy (the
+    labels are noisy, so it is not 1), F1 and exact match; mlm fills exactly the [MASK] tokens."""
+    import random
+
+    from test_train import tiny_corpus, tiny_run
+
+    from longseq.cli import main
+    from longseq.train import train
+
+    train(tiny_run(max_steps=2, eval_interval=2), str(tmp_path / "lm"), corpus=tiny_corpus(), progress=False)
+    lm, rng = str(tmp_path / "lm" / "last"), random.Random(0)
+    rows = [{"text": "hh gfe " * 3 + ("abc" if i % 2 else "defg"), "label": (i + (rng.random() < 0.2)) % 2}
+            for i in range(40)]  # fmt: skip
+    (tmp_path / "cls.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    common = ["--checkpoint", lm, "--steps", "30", "--lr", "3e-3", "--batch-size", "4", "--segment-len", "8",
+              "--quiet", "--json"]  # fmt: skip
+    cls = [
+        "finetune",
+        "--task",
+        "classify",
+        "--data",
+        str(tmp_path / "cls.jsonl"),
+        "--valid",
+        str(tmp_path / "cls.jsonl"),
+    ]
+    assert main([*cls, *common, "--out", str(tmp_path / "ft")]) == 0
+    reported = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["valid"]
+    assert 0.5 < reported["accuracy"] < 1.0
+    assert main(["predict", "--checkpoint", str(tmp_path / "ft"), "--data", str(tmp_path / "cls.jsonl"), "--out",
+                 str(tmp_path / "pred.jsonl"), "--json"]) == 0  # fmt: skip
+    predicted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert predicted["accuracy"] == reported["accuracy"] and predicted["macro_f1"] == reported["macro_f1"]
+    lines = [json.loads(line) for line in (tmp_path / "pred.jsonl").read_text().splitlines()]
+    assert len(lines) == 40 and all(p["prediction"] in ("0", "1") and set(p["scores"]) == {"0", "1"} for p in lines)
+
+    spans = []
+    for i in range(12):
+        context = "hh gfe " * 4 + ("abc" if i % 2 else "fed") + " hh"
+        spans.append({"question": "gfe", "context": context, "answer_start": 28, "answer_text": context[28:31]})
+    (tmp_path / "span.jsonl").write_text("\n".join(json.dumps(r) for r in spans) + "\n")
+    span = ["finetune", "--task", "span", "--data", str(tmp_path / "span.jsonl"), "--valid", str(tmp_path / "span.jsonl"),
+            "--max-answer-len", "3"]  # fmt: skip
+    assert main([*span, *common, "--out", str(tmp_path / "sp")]) == 0
+    reported = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["valid"]
+    assert main(["predict", "--checkpoint", str(tmp_path / "sp" / "best"), "--data", str(tmp_path / "span.jsonl"),
+                 "--out", str(tmp_path / "spans.jsonl"), "--json"]) == 0  # fmt: skip
+    predicted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (predicted["exact_match"], predicted["f1"]) == (reported["exact_match"], reported["f1"])
+    answers = [json.loads(line) for line in (tmp_path / "spans.jsonl").read_text().splitlines()]
+    assert all(a["prediction"] == spans[i]["context"][a["start"] : a["end"]] for i, a in enumerate(answers))
+
+    (tmp_path / "mlm.jsonl").write_text("\n".join(json.dumps({"text": "hh gfe " * 6}) for _ in range(8)) + "\n")
+    mlm = ["finetune", "--task", "mlm", "--data", str(tmp_path / "mlm.jsonl"), "--mask-token", "a"]
+    assert main([*mlm, *common, "--out", str(tmp_path / "mlm")]) == 0
+    capsys.readouterr()
+    (tmp_path / "holes.jsonl").write_text(json.dumps({"text": "hh afe hh gfe ha"}) + "\n")
+    assert main(["predict", "--checkpoint", str(tmp_path / "mlm"), "--data", str(tmp_path / "holes.jsonl"), "--out",
+                 str(tmp_path / "filled.jsonl")]) == 0  # fmt: skip
+    filled = json.loads((tmp_path / "filled.jsonl").read_text())
+    assert len(filled["filled"]) == 2 and len(filled["prediction"]) == len("hh afe hh gfe ha")
+    unmasked = [c for c, t in zip(filled["prediction"], "hh afe hh gfe ha") if t != "a"]
+    assert "".join(unmasked) == "hh fe hh gfe h"  # only the [MASK] positions changed

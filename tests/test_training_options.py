@@ -140,3 +140,41 @@ def test_fp16_nan_loss_is_skipped_and_rolled_back_like_float32(tmp_path):
         log = list(map(json.loads, f))
     assert sum("skipped" in r for r in log) == 3 and sum("rollback" in r for r in log) == 1
     assert result.step == 6 and all(math.isfinite(x) for x in result.losses[-3:])
+
+
+def test_memory_length_curriculum_grows_the_carried_memory(tmp_path):
+    """mem_len_start=2 growing to mem_len=8 over 6 steps: after step k the memory holds mem_len_at(k) positions."""
+    from longseq.tasks.lm import LanguageModeling, mem_len_at
+    from longseq.train import Trainer
+
+    run = tiny_run(max_steps=10, eval_interval=100, grad_accum=1, mem_len_start=2, mem_len_warmup_steps=6)
+    run.data.varlen = False
+    assert [mem_len_at(k, run.train, 8) for k in range(8)] == [2, 3, 4, 5, 6, 7, 8, 8]
+    trainer = Trainer(LanguageModeling(run, corpus=tiny_corpus()), run, str(tmp_path), progress=False)
+    trainer._open()
+    lengths = []
+    for _ in range(8):
+        trainer.step()
+        lengths.append(trainer.state.mem_length)
+    trainer.dir.close()
+    assert lengths == [2, 3, 4, 5, 6, 7, 8, 8]
+
+
+def test_dropout_on_r_and_the_uv_initialisation_are_their_own_settings():
+    base = dict(vocab_size=20, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0, mem_len=4)
+    x = torch.randint(0, 20, (2, 6))
+
+    def two_draws(**extra):
+        torch.manual_seed(0)
+        model = TransformerXLLM(ModelConfig.of(**base, **extra)).train()
+        return model(x).logits, model(x).logits
+
+    a, b = two_draws()
+    assert torch.equal(a, b)  # no dropout anywhere
+    a, b = two_draws(dropout_r=0.5)
+    assert not torch.equal(a, b)  # only R is dropped
+    torch.manual_seed(0)
+    zeros = TransformerXLLM(ModelConfig.of(**base, uv_init="zeros"))
+    normal = TransformerXLLM(ModelConfig.of(**base))
+    assert not zeros.transformer.r_w_bias.any() and not zeros.transformer.r_r_bias.any()
+    assert normal.transformer.r_w_bias.abs().sum() > 0

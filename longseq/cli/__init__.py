@@ -2,17 +2,21 @@
 
 Every command is a module of this package with ``add_parser(subparsers)`` and ``run(args) -> dict``::
 
-    longseq train [--preset tiny-shakespeare] [--set key=value ...] [--data PATH] [--tokenizer byte|char|word]
-                  [--out DIR] [--resume] [--json]
+    longseq train [--preset tiny-shakespeare] [--config RUN.toml] [--set key=value ...] [--data PATH]
+                  [--tokenizer byte|char|word|bpe|FILE.json] [--vocab-size N] [--out DIR] [--resume] [--json]
     longseq eval --checkpoint DIR [--split valid|test] [--set mem_len=1600 ...] [--data PATH] [--json]
+    longseq eval --checkpoint DIR --per-position | --context-curve 0,64,128,256 [--plot FILE.png] [--json]
     longseq eval recl --checkpoint A --checkpoint B ... [--contexts 32 64 128] [--r 0.1 0.5 1.0] [--json]
     longseq generate --checkpoint DIR --prompt TEXT --max-new-tokens N [--temperature T] [--top-k K]
                   [--top-p P] [--seed S] [--json]
     longseq bench train|eval|generate|eval-speed [--attn-len 800 1800 ...] [--json]
     longseq convert --from-hf HF_DIR --out DIR [--vocab vocab.txt] | --to-hf --checkpoint DIR --out HF_DIR
-    longseq diagnose --checkpoint DIR [--data PATH] --out DIR [--json]
+    longseq diagnose --checkpoint DIR [--data PATH] --out DIR [--contexts 0,64,128] [--json]
     longseq plot RUN_DIR [RUN_DIR ...] --out FILE.png [--bits]
-    longseq finetune --task classify|span|mlm --data train.jsonl [--valid valid.jsonl] --checkpoint DIR --out DIR [--json]
+    longseq finetune --task classify|span|mlm --data train.jsonl [--valid valid.jsonl] --checkpoint DIR --out DIR
+                  [--resume] [--json]
+    longseq predict --checkpoint DIR --data IN.jsonl --out OUT.jsonl [--json]
+    longseq data prepare --data PATH --tokenizer byte|char|word|bpe|FILE.json [--vocab-size N] --out DIR [--json]
     longseq data listops --out DIR [--seed N] [--train 2000 --valid 200 --test 200]
 
 Human-readable progress goes to stderr; the result goes to stdout (one JSON object on the last line with ``--json``).
@@ -26,7 +30,7 @@ import sys
 
 from longseq.cli.common import emit, library_errors
 
-COMMANDS = ("train", "eval", "generate", "convert", "bench", "diagnose", "plot", "finetune", "data")
+COMMANDS = ("train", "eval", "generate", "convert", "bench", "diagnose", "plot", "finetune", "predict", "data")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,8 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    from longseq.train.signals import Interrupted
+
     try:
         result = args.func(args)
+    except Interrupted as stopped:
+        resume = " ".join(a for a in sys.argv[1:] if a not in ("--overwrite", "--resume")) + " --resume"
+        print(f"longseq {args.command}: {stopped}\nresume with: longseq {resume}", file=sys.stderr)
+        return stopped.exit_code
     except library_errors() as exc:
         print(f"longseq {args.command}: error: {exc}", file=sys.stderr)
         return 2

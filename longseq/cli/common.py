@@ -30,6 +30,17 @@ def common_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def memory_lengths(text: str) -> list[int]:
+    """An argparse type: comma-separated memory lengths >= 0, such as ``0,64,128``."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,64,128, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected memory lengths >= 0 such as 0,64,128, got {text!r}")
+    return values
+
+
 def overrides(values: list[list[str]] | None) -> list[str]:
     """The ``--set`` groups as one list of ``key=value`` strings."""
     return [item for group in (values or []) for item in group]
@@ -43,7 +54,49 @@ def library_errors() -> tuple[type[BaseException], ...]:
     from longseq.data.tokenizers import TokenizerError
     from longseq.interop.hf import ConversionError
     from longseq.train.checkpoint import CheckpointError
-    from longseq.train.loop import TrainingError
+    from longseq.train.trainer import TrainingError
 
     return (ConfigError, CorpusError, TokenizerError, CheckpointError, ConversionError, TrainingError, BatchingError,
             ValueError, FileNotFoundError)  # fmt: skip
+
+
+def device_flag(p: argparse.ArgumentParser, default: str = "auto") -> None:
+    p.add_argument(
+        "--device", default=default, help="auto (CUDA when available), cpu or cuda[:N] (default: %(default)s)"
+    )
+
+
+def resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}, but this machine has no GPU that torch can use")
+    return name
+
+
+def load_model(checkpoint: str, device: str = "auto"):
+    """(path, model, tokenizer, run config) of ``checkpoint`` (a run directory means its best/, said on stderr)."""
+    from longseq.train.checkpoint import load_checkpoint, resolve_checkpoint
+
+    path = resolve_checkpoint(checkpoint, say)
+    model, tokenizer, run, _ = load_checkpoint(path, device=resolve_device(device))
+    return path, model, tokenizer, run
+
+
+def read_corpus(data: str | None, run, tokenizer, checkpoint: str):
+    """The corpus to score: ``--data``, else the one the checkpoint was trained on (named in the error when it is
+    not where the checkpoint says)."""
+    from longseq.data.corpus import CorpusError, load_corpus
+
+    path = data if data is not None else run.data.path
+    try:
+        return load_corpus(path, tokenizer.kind, tokenizer=tokenizer, lowercase=run.data.lowercase)
+    except CorpusError as exc:
+        if data is None and path is not None:
+            raise CorpusError(
+                f"checkpoint {checkpoint} was trained on {path}, which cannot be read here ({exc}); "
+                "pass --data PATH to give the corpus"
+            ) from None
+        raise

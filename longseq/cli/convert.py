@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from longseq.cli.common import common_flags
+from longseq.cli.common import common_flags, say
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> dict:
     import os
 
     from longseq.interop.hf import convert_from_hf, export_to_hf
-    from longseq.train.checkpoint import load_checkpoint, save_checkpoint
+    from longseq.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 
     if bool(args.from_hf) == bool(args.to_hf):
         raise ValueError("give exactly one of --from-hf DIR or --to-hf (with --checkpoint DIR)")
@@ -43,6 +43,6 @@ def run(args: argparse.Namespace) -> dict:
         }
     if not args.checkpoint:
         raise ValueError("--to-hf needs --checkpoint DIR (a longseq checkpoint)")
-    model, tokenizer, _, _ = load_checkpoint(args.checkpoint)
+    model, tokenizer, _, _ = load_checkpoint(resolve_checkpoint(args.checkpoint, say))
     export_to_hf(model, args.out, tokenizer)
     return {"checkpoint": args.checkpoint, "to_hf": args.out}

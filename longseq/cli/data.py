@@ -1,4 +1,11 @@
-"""``longseq data``: generate task data (LRA ListOps)."""
+"""``longseq data``: tokenize a corpus once into a prepared directory (``prepare``), or generate task data
+(``listops``, LRA ListOps).
+
+    longseq data prepare --data PATH --tokenizer byte|char|word|bpe|FILE.json [--vocab-size 8192] --out DIR
+    longseq data listops --out DIR [--seed N] [--train 2000 --valid 200 --test 200]
+
+``longseq train --data DIR`` and ``longseq eval --data DIR`` then read DIR by memory map.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +15,42 @@ from longseq.cli.common import common_flags
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("data", help="generate task data")
-    p.add_argument("kind", choices=["listops"])
-    p.add_argument("--out", required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--train", type=int, default=2000)
-    p.add_argument("--valid", type=int, default=200)
-    p.add_argument("--test", type=int, default=200)
-    p.add_argument("--min-length", type=int, default=500)
-    p.add_argument("--max-length", type=int, default=2000)
+    p = sub.add_parser("data", help="prepare a corpus (tokenize once, read by memory map) or generate task data")
+    p.add_argument("kind", choices=["prepare", "listops"])
+    p.add_argument("--out", required=True, help="the directory to write")
+    prepare = p.add_argument_group("prepare")
+    prepare.add_argument("--data", help="corpus file or directory (default: bundled tiny-shakespeare)")
+    prepare.add_argument("--tokenizer", help="byte, char, word, bpe, or the path of a tokenizer .json file")
+    prepare.add_argument("--vocab-size", type=int, default=8192, help="tokens of a BPE to learn (default %(default)s)")
+    prepare.add_argument("--lowercase", action="store_true", help="word tokenizer: lowercase the text")
+    listops = p.add_argument_group("listops")
+    listops.add_argument("--seed", type=int, default=0)
+    listops.add_argument("--train", type=int, default=2000)
+    listops.add_argument("--valid", type=int, default=200)
+    listops.add_argument("--test", type=int, default=200)
+    listops.add_argument("--min-length", type=int, default=500)
+    listops.add_argument("--max-length", type=int, default=2000)
     return common_flags(p)
 
 
 def run(args: argparse.Namespace) -> dict:
+    if args.kind == "prepare":
+        return run_prepare(args)
     from longseq.data.tasks import write_listops
 
     sizes = {"train": args.train, "valid": args.valid, "test": args.test}
     lengths = {"min_length": args.min_length, "max_length": args.max_length}
     return {"out": args.out, "seed": args.seed, **write_listops(args.out, args.seed, sizes, **lengths)}
+
+
+def run_prepare(args: argparse.Namespace) -> dict:
+    from longseq.config import DataConfig
+    from longseq.data.prepared import prepare_corpus
+
+    if args.tokenizer is None:
+        raise ValueError("longseq data prepare needs --tokenizer (byte, char, word, bpe or a tokenizer .json file)")
+    DataConfig(tokenizer=args.tokenizer, vocab_size=args.vocab_size)  # the same checks as a run's config
+    return prepare_corpus(
+        args.data, args.tokenizer, args.out, vocab_size=args.vocab_size, lowercase=args.lowercase,
+        progress=not args.quiet,
+    )  # fmt: skip

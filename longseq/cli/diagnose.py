@@ -1,34 +1,58 @@
-"""``longseq diagnose``: attention maps, entropy, gradient norms and memory statistics of a checkpoint."""
+"""``longseq diagnose``: attention maps, entropy, memory share, gradient norms, memory statistics, loss by position
+and the context curve of a checkpoint."""
 
 from __future__ import annotations
 
 import argparse
 
-from longseq.cli.common import common_flags, say
+from longseq.cli.common import common_flags, device_flag, load_model, memory_lengths, read_corpus, say
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("diagnose", help="attention maps, entropy, gradient norms and memory statistics of a checkpoint")
+    p = sub.add_parser(
+        "diagnose", help="attention maps, entropy, memory share, gradient norms, loss by position, context curve"
+    )
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--data", help="corpus (default: the checkpoint's)")
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"])
     p.add_argument("--tgt-len", type=int, default=0, help="segment length (default: the checkpoint's eval_tgt_len)")
     p.add_argument("--warmup", type=int, default=2, help="segments read first to fill the memory")
     p.add_argument("--out", required=True, help="report directory (PNG plots, report.md, report.json)")
+    device_flag(p)
+    p.add_argument(
+        "--contexts",
+        type=_lengths,
+        metavar="C1,C2,...",
+        help="context curve's memory lengths (default: 0, 1/2, 1, 2, 4 x mem_len; 'none': neither loss curve)",
+    )
+    p.add_argument("--batch-size", type=int, default=0, help="streams of the curves' pass (default: eval_batch_size)")
+    p.add_argument("--max-segments", type=int, default=50, help="segments of the curves' pass (0: the whole split)")
     return common_flags(p)
 
 
 def run(args: argparse.Namespace) -> dict:
-    from longseq.data.corpus import load_corpus
     from longseq.diagnostics import diagnose
-    from longseq.train.checkpoint import load_checkpoint
 
-    model, tokenizer, run, _ = load_checkpoint(args.checkpoint)
-    data = args.data if args.data is not None else run.data.path
-    ids = load_corpus(data, tokenizer.kind, tokenizer=tokenizer, lowercase=run.data.lowercase).split(args.split)
+    checkpoint, model, tokenizer, run = load_model(args.checkpoint, args.device)
+    ids = read_corpus(args.data, run, tokenizer, checkpoint).split(args.split)
     tgt_len = args.tgt_len or run.data.eval_tgt_len
-    report = diagnose(model, ids, args.out, tgt_len=tgt_len, warmup=args.warmup)
+    report = diagnose(
+        model, ids, args.out, tgt_len=tgt_len, warmup=args.warmup, contexts=args.contexts,
+        batch_size=args.batch_size or run.data.eval_batch_size, max_segments=args.max_segments,
+    )  # fmt: skip
     for warning in report["warnings"]:
         say(f"warning: {warning}")
-    keep = ("layers", "heads", "tgt_len", "mem_len", "loss", "grad_norms", "warnings", "files")
-    return {"out": args.out, **{k: report[k] for k in keep}}
+    keep = ("layers", "heads", "tgt_len", "mem_len", "loss", "memory_share", "grad_norms", "warnings", "files")
+    result = {"out": args.out, **{k: report[k] for k in keep}}
+    if "per_position" in report:
+        pp, curve = report["per_position"], report["context_curve"]
+        result["loss_memory_mean"] = sum(pp["loss_memory"]) / len(pp["loss_memory"])
+        result["loss_no_memory_mean"] = sum(pp["loss_no_memory"]) / len(pp["loss_no_memory"])
+        result["context_curve"] = {"contexts": curve["contexts"], "loss": curve["loss"]}
+    return result
+
+
+def _lengths(text: str) -> list[int]:
+    if text.strip().lower() == "none":
+        return []
+    return memory_lengths(text)

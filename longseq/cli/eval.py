@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import argparse
 import os
+from functools import partial
 
-from longseq.cli.common import common_flags, overrides
+from longseq.cli.common import common_flags, device_flag, load_model, memory_lengths, overrides, read_corpus
 from longseq.config import EvalConfig, apply_overrides
 
 EPILOG = """override evaluation settings with --set key=value; keys: split tgt_len mem_len clamp_len same_length
 batch_size max_segments.  The paper evaluates with a longer memory than it trains with, e.g.
---set tgt_len=64 mem_len=640 clamp_len=400 same_length=true for WikiText-103."""
+--set tgt_len=64 mem_len=640 clamp_len=400 same_length=true for WikiText-103.
+
+is the context used?  --per-position: mean loss at each position inside the segment with the memory (--set
+mem_len etc.) and with it cut to 0, over the segments after those that fill the memory (JSON: positions,
+loss_memory, loss_no_memory, nats).  --context-curve 0,64,128,256: loss with every token seeing exactly that
+many positions (same_length; --set same_length=false lets the segment add to it; --set clamp_len=N clamps
+distances), JSON: contexts, loss (nats).  --plot FILE.png draws either."""
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -24,34 +31,68 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"])
     p.add_argument("--data", help="corpus to evaluate (default: the one the checkpoint was trained on)")
     p.add_argument("--set", nargs="+", action="append", metavar="KEY=VALUE", help="evaluation override")
+    evidence = p.add_mutually_exclusive_group()
+    evidence.add_argument(
+        "--per-position",
+        action="store_true",
+        help="mean loss at each position inside the segment, with the memory and with it cut to 0 (nats)",
+    )
+    evidence.add_argument(
+        "--context-curve",
+        type=memory_lengths,
+        metavar="C1,C2,...",
+        help="loss at each evaluation memory length, e.g. 0,64,128,256 (same_length unless --set same_length=false)",
+    )
+    p.add_argument("--plot", metavar="FILE.png", help="with --per-position or --context-curve: write the figure")
+    p.add_argument(
+        "--skip-segments",
+        type=int,
+        help="segments read before scoring (default: per-position, those that fill the memory; context curve, 0)",
+    )
     p.add_argument("--contexts", type=int, nargs="+", default=[32, 64, 128, 256], help="RECL context lengths")
     p.add_argument("--r", type=float, nargs="+", default=[0.1, 0.5, 1.0], help="RECL top-r fractions")
     p.add_argument("--max-tokens", type=int, default=4000, help="RECL: tokens scored per model and length")
+    device_flag(p)
     return common_flags(p)
 
 
-def run(args: argparse.Namespace) -> dict:
-    from longseq.data.corpus import load_corpus
-    from longseq.eval.evaluate import evaluate
-    from longseq.model.positions import position_encoding
-    from longseq.train.checkpoint import load_checkpoint
-    from longseq.train.loop import bits_unit
+def _load(args: argparse.Namespace):
+    """The checkpoint's model, the evaluation settings, the split's ids (and documents) and the bits unit."""
+    from longseq.eval.evaluate import bits_unit
 
-    if args.mode == "recl":
-        return run_recl(args)
     if len(args.checkpoint) != 1:
         raise ValueError(
             f"longseq eval takes one --checkpoint (got {len(args.checkpoint)}); RECL of a group: eval recl"
         )
     settings = apply_overrides({"eval": EvalConfig(split=args.split)}, overrides(args.set))["eval"]
-    model, tokenizer, run_config, _ = load_checkpoint(args.checkpoint[0])
-    path = args.data if args.data is not None else run_config.data.path
-    corpus = load_corpus(path, tokenizer.kind, tokenizer=tokenizer, lowercase=run_config.data.lowercase)
+    checkpoint, model, tokenizer, run_config = load_model(args.checkpoint[0], args.device)
+    if run_config.task is not None:
+        raise ValueError(f"{checkpoint} is fine-tuned for {run_config.task.name}; score it with longseq predict")
+    corpus = read_corpus(args.data, run_config, tokenizer, checkpoint)
     ids = corpus.split(settings.split)
     doc_ids = corpus.doc_ids[settings.split] if run_config.data.doc_reset and corpus.doc_ids is not None else None
-    unit = bits_unit(tokenizer.kind)
+    return model, settings, run_config, ids, doc_ids, bits_unit(tokenizer.kind)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from longseq.eval.evaluate import evaluate
+    from longseq.model.positions import position_encoding
+
+    if args.mode == "recl":
+        return run_recl(args)
+    if args.plot and not (args.per_position or args.context_curve):
+        raise ValueError("--plot draws --per-position or --context-curve; give one of them")
+    model, settings, run_config, ids, doc_ids, unit = _load(args)
     batch_size = settings.batch_size or run_config.data.eval_batch_size
-    if not position_encoding(model.config.positions.pos).relative:  # the vanilla Transformer: sliding windows
+    relative = position_encoding(model.config.positions.pos).relative
+    if args.per_position or args.context_curve:
+        if not relative or doc_ids is not None:
+            raise ValueError(
+                "--per-position and --context-curve need a model with a memory over one ordered stream: "
+                + ("this one has absolute positions" if not relative else "this run keeps documents apart")
+            )
+        return run_evidence(args, model, settings, run_config, ids, unit, batch_size)
+    if not relative:  # the vanilla Transformer: sliding windows
         from longseq.eval.sliding import evaluate_sliding
 
         tgt_len = settings.tgt_len or run_config.data.tgt_len
@@ -72,23 +113,49 @@ def run(args: argparse.Namespace) -> dict:
     return {"split": settings.split, **metrics}
 
 
+def run_evidence(args, model, settings, run_config, ids, unit, batch_size) -> dict:
+    """``--per-position`` or ``--context-curve``: the numbers (nats), and the figure with ``--plot``."""
+    from longseq.diagnostics.plots import plot_context_curve, plot_per_position
+    from longseq.eval.context import context_curve, per_position_losses
+
+    tgt_len = settings.tgt_len or run_config.data.eval_tgt_len
+    common = dict(tgt_len=tgt_len, batch_size=batch_size, clamp_len=settings.clamp_len,
+                  max_segments=settings.max_segments, progress=not args.quiet)  # fmt: skip
+    if args.per_position:
+        result = per_position_losses(
+            model, ids, mem_len=settings.mem_len, same_length=settings.same_length,
+            skip_segments=args.skip_segments, **common,
+        )  # fmt: skip
+        summary = {
+            "loss_memory_mean": sum(result["loss_memory"]) / len(result["loss_memory"]),
+            "loss_no_memory_mean": sum(result["loss_no_memory"]) / len(result["loss_no_memory"]),
+        }
+        plot = plot_per_position
+    else:
+        same_length = True if settings.same_length is None else settings.same_length
+        result = context_curve(
+            model, ids, args.context_curve, same_length=same_length, skip_segments=args.skip_segments or 0, **common
+        )
+        summary = {"train_mem_len": model.config.memory.mem_len}
+        plot = partial(plot_context_curve, train_mem_len=model.config.memory.mem_len)
+    out = {"split": settings.split, "tgt_len": tgt_len, **result, **summary}
+    if args.plot:
+        out["plot"] = plot(result, args.plot, bits=unit is not None)
+    return out
+
+
 def run_recl(args: argparse.Namespace) -> dict:
-    from longseq.data.corpus import load_corpus
     from longseq.eval.recl import group_losses, recl
-    from longseq.train.checkpoint import load_checkpoint
 
     if args.set:
         raise ValueError("eval recl takes no --set; choose the lengths with --contexts")
     models, corpus_ids, names = {}, None, []
     for path in args.checkpoint:
-        model, tokenizer, run_config, _ = load_checkpoint(path)
+        path, model, tokenizer, run_config = load_model(path, args.device)
         name = os.path.basename(os.path.dirname(os.path.abspath(path))) or path
         if name in models:
             name = path
-        data = args.data if args.data is not None else run_config.data.path
-        ids = load_corpus(data, tokenizer.kind, tokenizer=tokenizer, lowercase=run_config.data.lowercase).split(
-            args.split
-        )
+        ids = read_corpus(args.data, run_config, tokenizer, path).split(args.split)
         if corpus_ids is not None and (len(ids) != len(corpus_ids) or (ids[:1000] != corpus_ids[:1000]).any()):
             raise ValueError(f"{path} reads a different token sequence than {names[0]}: RECL needs the same tokens")
         corpus_ids = ids

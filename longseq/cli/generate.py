@@ -1,16 +1,20 @@
-"""``longseq generate``: sample a continuation of a prompt with the recurrence memory."""
+"""``longseq generate``: sample a continuation of a prompt with the recurrence memory.
+
+Tokens are printed as they are drawn (flushed), so an interrupted run keeps what it sampled; ``--json`` prints one
+object at the end (also when interrupted, with ``"interrupted": true``)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
-from longseq.cli.common import common_flags
+from longseq.cli.common import common_flags, device_flag, load_model, say
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="sample a continuation of a prompt")
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory")
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory, or a run directory (uses best/)")
     p.add_argument("--prompt", required=True, help="text to continue")
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=1.0, help="0 for greedy decoding")
@@ -18,41 +22,91 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mem-len", type=int, help="memory length while sampling (default: train mem_len + tgt_len)")
+    device_flag(p)
     return common_flags(p)
+
+
+def prompt_ids(tokenizer, prompt: str) -> list[int]:
+    """The prompt's ids; a word prompt not ending in a newline does not end its line (no <eos>).  Unknown words
+    are named on stderr."""
+    ids = tokenizer.encode(prompt).tolist()
+    if tokenizer.kind == "word":
+        if ids and not prompt.endswith("\n") and tokenizer.words[ids[-1]] == "<eos>":
+            ids = ids[:-1]
+        words = [w.lower() if tokenizer.lowercase else w for w in prompt.split()]
+        unknown = sorted({w for w in words if w not in tokenizer.index})
+        if unknown:
+            say(f"warning: {len(unknown)} prompt word(s) are not in the vocabulary and read as <unk>: "
+                + ", ".join(repr(w) for w in unknown[:10]))  # fmt: skip
+    if not ids:
+        raise ValueError("the prompt is empty; give at least one character or word")
+    return ids
+
+
+class StreamText:
+    """Decoded text of a growing id sequence, printed as soon as it is complete (a byte tokenizer may need several
+    bytes for one character)."""
+
+    def __init__(self, tokenizer, prompt: list[int], shown_prompt: str) -> None:
+        self.tokenizer, self.pending, self.text = tokenizer, [], ""
+        joint = tokenizer.decode(prompt)
+        gap = joint[len(joint.rstrip()) :]  # words are separated by a space the prompt may not end with
+        self.lead = "" if shown_prompt.endswith(gap) else gap
+
+    def feed(self, token: int) -> str:
+        self.pending.append(token)
+        text = self.tokenizer.decode(self.pending)
+        if text.endswith("\ufffd") and len(self.pending) < 4:  # an unfinished UTF-8 character: wait for its bytes
+            return ""
+        self.pending = []
+        return self._emit(text)
+
+    def flush(self) -> str:
+        text, self.pending = self.tokenizer.decode(self.pending) if self.pending else "", []
+        return self._emit(text)
+
+    def _emit(self, text: str) -> str:
+        if self.lead and text:
+            text, self.lead = self.lead + text, ""
+        self.text += text
+        return text
 
 
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from longseq.generation import generate
-    from longseq.train.checkpoint import load_checkpoint
+    from longseq.generation import check_sampling, generate_stream
 
-    model, tokenizer, run, _ = load_checkpoint(args.checkpoint)
-    prompt = tokenizer.encode(args.prompt)
-    if len(prompt) == 0:
-        raise ValueError("the prompt is empty; give at least one character or word")
-    generator = torch.Generator().manual_seed(args.seed)
-    mem_len = args.mem_len if args.mem_len is not None else run.model.memory.mem_len + run.data.tgt_len
-    start = time.perf_counter()
-    ids = generate(
-        model,
-        torch.as_tensor(prompt)[None],
-        args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        mem_len=mem_len,
-        segment_len=run.data.tgt_len,
-        generator=generator,
-    )
-    elapsed = time.perf_counter() - start
-    text = tokenizer.decode(ids[0].tolist())
+    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.mem_len)
+    _, model, tokenizer, run_config = load_model(args.checkpoint, args.device)
+    if run_config.task is not None:
+        raise ValueError(f"{args.checkpoint} is fine-tuned for {run_config.task.name}; use longseq predict")
+    ids = prompt_ids(tokenizer, args.prompt)
+    mem_len = args.mem_len if args.mem_len is not None else run_config.model.memory.mem_len + run_config.data.tgt_len
+    stream = StreamText(tokenizer, ids, args.prompt)
+    tokens = generate_stream(
+        model, torch.as_tensor(ids)[None], args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, mem_len=mem_len, segment_len=run_config.data.tgt_len,
+        generator=torch.Generator().manual_seed(args.seed),
+    )  # fmt: skip
+    start, count, interrupted = time.perf_counter(), 0, False
     if not args.json:
-        print(args.prompt + text)
-        return {}
-    return {
-        "prompt": args.prompt,
-        "text": text,
-        "tokens": ids.size(1),
-        "tokens_per_s": ids.size(1) / max(elapsed, 1e-9),
-    }
+        print(args.prompt, end="", flush=True)
+    try:
+        for token in tokens:
+            count += 1
+            piece = stream.feed(int(token[0, 0]))
+            if piece and not args.json:
+                print(piece, end="", flush=True)
+    except KeyboardInterrupt:
+        interrupted = True
+    tail = stream.flush()
+    elapsed = time.perf_counter() - start
+    result = {"prompt": args.prompt, "text": stream.text, "tokens": count, "tokens_per_s": count / max(elapsed, 1e-9)}
+    if args.json:
+        print(json.dumps({**result, **({"interrupted": True} if interrupted else {})}, sort_keys=True), flush=True)
+    else:
+        print(tail, flush=True)
+    if interrupted:
+        raise KeyboardInterrupt
+    return {}  # the result is printed above, as it streamed

@@ -1,4 +1,6 @@
-"""``longseq train``: train a language model from a preset and overrides, with checkpoints and exact resume."""
+"""``longseq train``: train a language model from a preset or a config file and overrides, with checkpoints and
+exact resume.  Every run writes its resolved configuration to ``OUT/run.toml``; ``longseq train --config
+OUT/run.toml`` runs it again."""
 
 from __future__ import annotations
 
@@ -6,9 +8,13 @@ import argparse
 import os
 
 from longseq.cli.common import common_flags, overrides, say
-from longseq.config import PRESETS, RunConfig, apply_overrides, get_preset
+from longseq.config import PRESETS, ConfigError, RunConfig, apply_overrides, get_preset, load_run_config
 
-EPILOG = f"""presets: {", ".join(PRESETS)}
+DEFAULT_PRESET = "tiny-shakespeare"
+
+EPILOG = f"""presets: {", ".join(PRESETS)} (TOML files of the package: longseq/config/presets)
+--config FILE (.toml or .json, sections [model] [data] [train], the keys of --set) is laid over the preset the file
+names (preset = "NAME"), else over --preset when given, else over the configs' defaults; --set goes on top of both.
 override any field of the model, data or train config with --set key=value (dotted, e.g. model.dropout or
 memory.mem_len, when a name is ambiguous); lists as comma lists or JSON, e.g. --set cutoffs=20000,40000,200000.
 keys include: max_steps batch_size tgt_len mem_len n_layer d_model n_head d_head d_inner lr dropout
@@ -24,31 +30,67 @@ def add_parser(sub) -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--preset", default="tiny-shakespeare", help="named configuration (default: %(default)s)")
+    p.add_argument("--preset", help=f"named configuration (default: {DEFAULT_PRESET} without --config)")
+    p.add_argument("--config", metavar="FILE", help="a run config file (.toml or .json), e.g. another run's run.toml")
     p.add_argument("--set", nargs="+", action="append", metavar="KEY=VALUE", help="override a config field")
-    p.add_argument("--data", help="corpus file or directory (default: bundled tiny-shakespeare)")
-    p.add_argument("--tokenizer", choices=["byte", "char", "word"], help="tokenizer kind")
-    p.add_argument("--out", help="run directory (default: runs/PRESET)")
+    p.add_argument(
+        "--data", help="corpus file or directory, or a directory from longseq data prepare (default: tiny-shakespeare)"
+    )
+    p.add_argument("--tokenizer", help="byte, char, word, bpe, or the path of a tokenizer .json file")
+    p.add_argument("--vocab-size", type=int, help="tokens of a BPE learnt from the training text (default 8192)")
+    p.add_argument("--out", help="run directory (default: runs/PRESET or runs/CONFIG-NAME)")
     p.add_argument("--resume", action="store_true", help="continue exactly from OUT/last")
+    p.add_argument("--overwrite", action="store_true", help="start over an existing run in OUT (its files are deleted)")
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events (OUT/tensorboard)")
     return common_flags(p)
 
 
-def run(args: argparse.Namespace) -> dict:
-    from longseq.train.checkpoint import load_checkpoint_config
-    from longseq.train.loop import train
+def run_name(args: argparse.Namespace) -> str:
+    if args.preset or not args.config:
+        return args.preset or DEFAULT_PRESET
+    return os.path.splitext(os.path.basename(args.config))[0]
 
-    extra = overrides(args.set)
+
+def base_config(args: argparse.Namespace) -> RunConfig:
+    """The preset, or the config file laid over the preset it names, else over ``--preset``, else the defaults."""
+    if not args.config:
+        return get_preset(args.preset or DEFAULT_PRESET)
+    return load_run_config(args.config, base=get_preset(args.preset) if args.preset else None)
+
+
+def data_overrides(args: argparse.Namespace) -> list[str]:
+    """The overrides of the command line, in order: what a prepared ``--data`` directory was made with (so that
+    ``--data DIR`` alone matches it), then ``--set``, then the flags."""
+    from longseq.data.prepared import prepared_data_settings
+    from longseq.data.sources import is_prepared
+
+    extra = []
+    if args.data is not None and args.tokenizer is None and is_prepared(args.data):
+        extra += [f"data.{key}={value}" for key, value in prepared_data_settings(args.data).items()]
+    extra += overrides(args.set)
     if args.data is not None:
         extra.append(f"data.path={args.data}")
     if args.tokenizer is not None:
         extra.append(f"data.tokenizer={args.tokenizer}")
+    if args.vocab_size is not None:
+        extra.append(f"data.vocab_size={args.vocab_size}")
     if args.tensorboard:
         extra.append("train.tensorboard=true")
-    out = args.out or os.path.join("runs", args.preset)
-    config = load_checkpoint_config(os.path.join(out, "last")) if args.resume else get_preset(args.preset)
-    config = RunConfig(**apply_overrides({"model": config.model, "data": config.data, "train": config.train}, extra))
-    result = train(config, out, resume=args.resume, progress=not args.quiet, log=say)
+    return extra
+
+
+def run(args: argparse.Namespace) -> dict:
+    from longseq.train.checkpoint import load_checkpoint_config
+    from longseq.train.trainer import train
+
+    out = args.out or os.path.join("runs", run_name(args))
+    if args.resume and args.config:
+        raise ConfigError(
+            "--resume continues the run's own config (OUT/last); change settings with --set, not --config"
+        )
+    config = load_checkpoint_config(os.path.join(out, "last")) if args.resume else base_config(args)
+    config = RunConfig(**apply_overrides(config.sections(), data_overrides(args)))
+    result = train(config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet, log=say)
     import torch.distributed as dist
 
     if dist.is_initialized():  # under torchrun: rank 0 reports

@@ -1,7 +1,8 @@
 """Typed configuration: a base with strict JSON round trips and ``--set`` overrides, the model's config in
-sections, the run's configs, and presets."""
+sections, the run's configs, config files (TOML or JSON) and the presets shipped as such files."""
 
 from longseq.config.base import ConfigError, JsonConfig, apply_overrides, coerce_value
+from longseq.config.files import load_run_config, write_run_config
 from longseq.config.model import MemoryConfig, ModelConfig, PatternConfig, PositionConfig
 from longseq.config.presets import PRESETS, get_preset
 from longseq.config.run import SCHEDULES, DataConfig, EvalConfig, RunConfig, TrainConfig
@@ -22,4 +23,6 @@ __all__ = [
     "apply_overrides",
     "coerce_value",
     "get_preset",
+    "load_run_config",
+    "write_run_config",
 ]

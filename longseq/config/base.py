@@ -101,6 +101,10 @@ def coerce_value(key: str, value: Any, annotation: Any) -> Any:
         return coerce_value(key, value, inner[0])
     if origin is list:
         return [coerce_value(key, v, args[0]) for v in _as_list(key, value)]
+    if annotation is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected an object, got {value!r}")
+        return dict(value)
     coerce = _SCALARS.get(annotation)
     if coerce is None:
         raise ConfigError(f"{key}: unsupported field type {annotation}")
@@ -204,15 +208,23 @@ def apply_overrides(sections: dict[str, JsonConfig], overrides: list[str]) -> di
     A key is a field's path below the section names (``model.memory.mem_len``) or any dotted tail of that
     path naming one field only (``mem_len``).  An unknown key is an error that lists the close matches.
     """
-    paths = [f"{name}.{p}" for name, cfg in sections.items() for p in leaf_paths(type(cfg))]
-    changes: dict[str, dict] = {name: {} for name in sections}
+    items = []
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key=value")
         key, raw = item.split("=", 1)
-        path = resolve_key(key.strip(), paths)
+        items.append((key.strip(), raw))
+    return apply_values(sections, items)
+
+
+def apply_values(sections: dict[str, JsonConfig], items: list[tuple[str, Any]]) -> dict[str, JsonConfig]:
+    """:func:`apply_overrides` for ``(key, value)`` pairs: values are strings or already typed (a config file's)."""
+    paths = [f"{name}.{p}" for name, cfg in sections.items() for p in leaf_paths(type(cfg))]
+    changes: dict[str, dict] = {name: {} for name in sections}
+    for key, raw in items:
+        path = resolve_key(key, paths)
         section, rest = path.split(".", 1)
-        value = coerce_value(key.strip(), raw, get_annotation(type(sections[section]), rest))
+        value = coerce_value(key, raw, get_annotation(type(sections[section]), rest))
         set_path(changes[section], rest, value)
     return {name: type(cfg).from_dict(merge(cfg.to_dict(), changes[name])) for name, cfg in sections.items()}
 

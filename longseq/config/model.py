@@ -16,6 +16,7 @@ KERNEL_CHOICES = (*KERNELS, "auto")  # auto: chosen per device and pattern when 
 POSITIONS = ("sinusoidal", "shaw", "absolute")
 COMPRESSION_FUNCTIONS = ("mean", "max", "conv", "linear")
 ARCHS = ("transformer", "lstm")
+MIXERS = ("attention", "ssm", "conv", "rnn")
 
 
 @dataclass
@@ -150,6 +151,51 @@ class PositionConfig(JsonConfig):
 
 
 @dataclass
+class MixerConfig(JsonConfig):
+    """The layers that are not attention (:mod:`longseq.model.mixers`).  ``ssm``: a selective state-space layer
+    (Mamba-2's SSD: ``d_state`` per head of ``head_dim`` channels, ``expand`` x d_model inner width, chunks of
+    ``chunk`` positions); ``conv``: a gated causal depthwise convolution of ``conv_kernel`` taps (the SSM's own
+    short convolution has the same width); ``rnn``: an LSTM layer.  Their recurrent states are part of the memory;
+    ``state_bptt`` > 1 back-propagates through that many segments (1: stop-gradient, like the XL memory)."""
+
+    d_state: int = 16
+    head_dim: int = 32
+    expand: int = 2
+    chunk: int = 64
+    conv_kernel: int = 4
+    state_bptt: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("d_state", "head_dim", "expand", "chunk", "conv_kernel", "state_bptt"):
+            check(getattr(self, name) >= 1, f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class HourglassConfig(JsonConfig):
+    """Multi-resolution (Nawrot et al., 2021): layers ``shorten_layers[0]`` .. ``shorten_layers[1] - 1`` run on
+    the sequence shortened by ``shorten_factor`` (a causal shift, then ``shorten_fn`` = linear or mean pooling of
+    each group); an upsampling step with a residual link brings back full resolution for the layers after.  Empty
+    ``shorten_layers``: one resolution."""
+
+    shorten_layers: list[int] = field(default_factory=list)
+    shorten_factor: int = 2
+    shorten_fn: str = "linear"
+
+    def __post_init__(self) -> None:
+        check(
+            not self.shorten_layers
+            or (len(self.shorten_layers) == 2 and 0 < self.shorten_layers[0] < self.shorten_layers[1]),
+            f"ModelConfig.shorten_layers needs two layer indices 0 < first < end (the shortened layers are first .. "
+            f"end - 1; the first and the last layers run at full resolution), got {self.shorten_layers}",
+        )
+        check(
+            self.shorten_factor >= 2 or not self.shorten_layers,
+            f"shorten_factor must be >= 2, got {self.shorten_factor}",
+        )
+        check(self.shorten_fn in ("linear", "mean"), f"shorten_fn must be linear or mean, got {self.shorten_fn!r}")
+
+
+@dataclass
 class ModelConfig(JsonConfig):
     """Transformer-XL architecture (Dai et al., 2019), with its ``memory``, ``pattern`` and ``positions``.
 
@@ -161,7 +207,9 @@ class ModelConfig(JsonConfig):
     patterns when PyTorch has it and no attention dropout is trained, ``rel_shift`` otherwise);
     ``attn_chunk`` processes queries in blocks of that size (0: all at once), which is exact, faster on CPU and
     linear in length for local and sparse patterns.
-    ``arch="lstm"`` is the LSTM baseline (``n_layer`` LSTM layers of width ``d_model``).
+    ``dropout_r`` is the dropout on the sinusoidal R (unset: ``dropout``, as in the paper's code); ``uv_init`` starts
+    u and v at normal(0, ``init_std``) or at zeros.  ``arch="lstm"`` is the LSTM baseline (``n_layer`` LSTM layers of width ``d_model``).  ``vocab_size=0`` means
+    "from the tokenizer": training sets it (presets use it, so ``cutoffs`` are checked against the real vocabulary).
     """
 
     vocab_size: int = 256
@@ -172,6 +220,7 @@ class ModelConfig(JsonConfig):
     d_inner: int = 512
     dropout: float = 0.1
     dropatt: float = 0.0
+    dropout_r: float | None = None
     pre_lnorm: bool = False
     cutoffs: list[int] = field(default_factory=list)
     div_val: int = 1
@@ -181,19 +230,24 @@ class ModelConfig(JsonConfig):
     untie_r: bool = False
     init_std: float = 0.02
     proj_init_std: float = 0.01
+    uv_init: str = "normal"
     layer_norm_eps: float = 1e-5
     attn_impl: str = "auto"
     attn_chunk: int = 64
     arch: str = "transformer"
+    mixer: list[str] = field(default_factory=lambda: ["attention"])
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     pattern: PatternConfig = field(default_factory=PatternConfig)
     positions: PositionConfig = field(default_factory=PositionConfig)
+    mixers: MixerConfig = field(default_factory=MixerConfig)
+    hourglass: HourglassConfig = field(default_factory=HourglassConfig)
 
     @classmethod
     def of(cls, **fields) -> ModelConfig:
         """A config from fields of the model and of its sections alike, by name: ``ModelConfig.of(n_layer=2,
         mem_len=32, attention=["window"])``.  Format v1 checkpoints store this flat form."""
-        sections = {"memory": MemoryConfig, "pattern": PatternConfig, "positions": PositionConfig}
+        sections = {"memory": MemoryConfig, "pattern": PatternConfig, "positions": PositionConfig,
+                    "mixers": MixerConfig, "hourglass": HourglassConfig}  # fmt: skip
         nested: dict = {}
         for key, value in fields.items():
             if key in sections:
@@ -222,17 +276,31 @@ class ModelConfig(JsonConfig):
         return [False] + [self.div_val > 1] * len(self.cutoffs)
 
     @property
+    def layer_mixers(self) -> list[str]:
+        """One mixer name per layer (``attention`` for the relative attention)."""
+        return self.mixer * self.n_layer if len(self.mixer) == 1 else list(self.mixer)
+
+    @property
     def layer_pattern_names(self) -> list[str]:
         """One pattern name per layer."""
         names = self.pattern.attention
         return names * self.n_layer if len(names) == 1 else list(names)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_layer", "d_model", "n_head", "d_head", "d_inner", "div_val"):
+        check(
+            self.vocab_size >= 0,
+            f"ModelConfig.vocab_size must be >= 1 (0: taken from the tokenizer), got {self.vocab_size}",
+        )
+        for name in ("n_layer", "d_model", "n_head", "d_head", "d_inner", "div_val"):
             check(getattr(self, name) >= 1, f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
         check(self.attn_chunk >= 0, f"ModelConfig.attn_chunk must be >= 0 (0: no chunking), got {self.attn_chunk}")
         for name in ("dropout", "dropatt"):
             check(0.0 <= getattr(self, name) < 1.0, f"ModelConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+        check(
+            self.dropout_r is None or 0.0 <= self.dropout_r < 1.0,
+            f"ModelConfig.dropout_r must be in [0, 1) (or unset: dropout), got {self.dropout_r}",
+        )
+        check(self.uv_init in ("normal", "zeros"), f"ModelConfig.uv_init must be normal or zeros, got {self.uv_init!r}")
         check(self.d_embed is None or self.d_embed >= 1, f"ModelConfig.d_embed must be >= 1, got {self.d_embed}")
         check(
             self.attn_impl in KERNEL_CHOICES,
@@ -248,6 +316,10 @@ class ModelConfig(JsonConfig):
 
     def _check_softmax(self) -> None:
         self.cutoffs = list(self.cutoffs)
+        if self.vocab_size == 0:  # not known yet: training takes it from the tokenizer and checks the cutoffs then
+            check(self.cutoffs == sorted(set(self.cutoffs)) and all(c > 0 for c in self.cutoffs),
+                  f"ModelConfig.cutoffs must be strictly increasing and positive, got {self.cutoffs}")  # fmt: skip
+            return
         bounds = [0, *self.cutoffs, self.vocab_size]
         check(
             all(a < b for a, b in zip(bounds, bounds[1:])),
@@ -265,7 +337,46 @@ class ModelConfig(JsonConfig):
             f"ModelConfig.tie_projs needs one entry per cluster ({len(self.cutoffs) + 1}), got {self.tie_projs}",
         )
 
+    def _check_mixers(self) -> None:
+        if isinstance(self.mixer, str):
+            self.mixer = self.mixer.split(",")
+        self.mixer = [m.strip() for m in self.mixer if m.strip()]
+        check(
+            len(self.mixer) in (1, self.n_layer),
+            f"ModelConfig.mixer needs one name or one per layer ({self.n_layer}), got {self.mixer}",
+        )
+        for name in self.mixer:
+            check_choice("ModelConfig.mixer", name, MIXERS)
+        mixers, mem = self.layer_mixers, self.memory
+        if any(m != "attention" for m in mixers):
+            inner = self.mixers.expand * self.d_model
+            check(
+                "ssm" not in mixers or inner % self.mixers.head_dim == 0,
+                f"the ssm inner width expand x d_model = {inner} must be a multiple of head_dim={self.mixers.head_dim}",
+            )
+            check(
+                not (mem.cmem_len or mem.mem_select != "recent" or mem.mem_tokens or mem.mem_quant != "none"),
+                "the memory compaction options (cmem_len, mem_select, mem_tokens, mem_quant) apply to attention-only "
+                "stacks; a stack with ssm, conv or rnn layers keeps the plain memory",
+            )
+            check(
+                not self.pattern.bidirectional,
+                "ssm, conv and rnn layers are causal: bidirectional=true needs attention layers",
+            )
+        h = self.hourglass
+        if h.shorten_layers:
+            check(
+                not (mem.compacted or self.pattern.bidirectional),
+                "an hourglass keeps the plain memory at each resolution and is causal: no cmem_len, mem_select, "
+                "mem_tokens, mem_quant or bidirectional with shorten_layers",
+            )
+            check(
+                h.shorten_layers[1] < self.n_layer,
+                f"shorten_layers={h.shorten_layers}: the last layer must run at full resolution (n_layer={self.n_layer})",
+            )
+
     def _check_sections(self) -> None:
+        self._check_mixers()
         mem, pattern, pos = self.memory, self.pattern, self.positions
         check(
             len(pattern.attention) in (1, self.n_layer),

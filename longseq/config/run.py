@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from longseq.config.base import ConfigError, JsonConfig, check
+from longseq.config.base import ConfigError, JsonConfig, check, check_choice
 from longseq.config.model import ModelConfig
+
+TOKENIZERS = ("byte", "char", "word", "bpe")
 
 
 @dataclass
 class DataConfig(JsonConfig):
     """Corpus, tokenizer and ordered LM batching.
 
-    ``path`` is a file or a directory in a standard layout (``None`` = the bundled
-    tiny-shakespeare).  ``varlen`` draws segment lengths around ``tgt_len`` as the paper's code does.
+    ``path`` is a file, a directory in a standard layout or a directory prepared by ``longseq data prepare``
+    (``None`` = the bundled tiny-shakespeare).  ``tokenizer``: byte, char, word, bpe (a byte-level BPE of
+    ``vocab_size`` tokens learnt from the training text), or the path of a tokenizer file (``.json``: ours, or
+    an HF ``tokenizer.json`` such as GPT-2's).  ``varlen`` draws segment lengths around ``tgt_len`` as the paper's code does.
     ``doc_reset`` keeps documents apart (a directory of documents): no token attends to another document,
     in the segment or in the memory.
     """
 
     path: str | None = None
     tokenizer: str = "char"
+    vocab_size: int = 8192
     lowercase: bool = False
     tgt_len: int = 64
     batch_size: int = 16
@@ -31,9 +36,11 @@ class DataConfig(JsonConfig):
 
     def __post_init__(self) -> None:
         check(
-            self.tokenizer in ("byte", "char", "word"),
-            f"DataConfig.tokenizer must be byte, char or word, got {self.tokenizer!r}",
+            self.tokenizer in TOKENIZERS or self.tokenizer.endswith(".json"),
+            f"DataConfig.tokenizer must be byte, char, word, bpe or the path of a tokenizer .json file, "
+            f"got {self.tokenizer!r}",
         )
+        check(256 <= self.vocab_size < 1 << 24, f"DataConfig.vocab_size must be in [256, 2**24), got {self.vocab_size}")
         for name in ("tgt_len", "batch_size", "eval_tgt_len", "eval_batch_size"):
             check(getattr(self, name) >= 1, f"DataConfig.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -50,6 +57,13 @@ class TrainConfig(JsonConfig):
     last checkpoint and multiplies the learning rate by ``nan_lr_factor`` (``nan_patience=0``: stop with an
     error at the first bad step).  ``keep_last`` > 1 keeps that many training checkpoints (``last`` plus
     ``history/step-N``); ``best`` is kept apart.
+
+    Memory-length curriculum (gradual context expansion): with ``mem_len_start`` >= 0 training reads a memory of
+    ``mem_len_start`` positions at first, growing linearly to the model's ``mem_len`` over ``mem_len_warmup_steps``.
+
+    Checkpoints of ``last`` are written at every validation (``eval_interval``), every ``save_interval`` steps
+    (0: off), and at the first step boundary ``save_every_s`` seconds after the previous save (default 600: a
+    SIGKILL loses at most ten minutes; 0: off), and when SIGINT, SIGTERM or SIGHUP asks the run to stop.
 
     ``optimizer``: adamw or lamb; ``layer_lr_decay`` < 1 scales each layer's learning rate by decay^(depth from the
     top).  ``precision``: fp32, bf16 (autocast, CPU or GPU) or fp16 (autocast with dynamic loss scaling;
@@ -77,6 +91,9 @@ class TrainConfig(JsonConfig):
     eval_max_segments: int = 0
     log_interval: int = 20
     save_interval: int = 0
+    save_every_s: float = 600.0
+    mem_len_start: int = -1
+    mem_len_warmup_steps: int = 0
     seed: int = 1111
     nan_patience: int = 3
     nan_lr_factor: float = 0.5
@@ -113,6 +130,14 @@ class TrainConfig(JsonConfig):
         check(self.lr > 0, f"TrainConfig.lr must be > 0, got {self.lr}")
         check(0 <= self.min_lr <= self.lr, f"TrainConfig.min_lr must be in [0, lr], got {self.min_lr}")
         check(self.schedule in SCHEDULES, f"TrainConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        check(
+            self.mem_len_start >= -1, f"TrainConfig.mem_len_start must be >= 0 (or -1: off), got {self.mem_len_start}"
+        )
+        check(
+            self.mem_len_warmup_steps >= 0,
+            f"TrainConfig.mem_len_warmup_steps must be >= 0, got {self.mem_len_warmup_steps}",
+        )
+        check(self.save_every_s >= 0, f"TrainConfig.save_every_s must be >= 0 (0 disables), got {self.save_every_s}")
         for name in ("warmup_steps", "eval_max_segments", "save_interval"):
             check(getattr(self, name) >= 0, f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("grad_accum", "eval_interval", "log_interval"):
@@ -148,24 +173,54 @@ class EvalConfig(JsonConfig):
         check(self.max_segments >= 0, f"EvalConfig.max_segments must be >= 0, got {self.max_segments}")
 
 
+TASKS = ("lm", "classify", "span", "mlm")
+
+
+@dataclass
+class TaskConfig(JsonConfig):
+    """What a run trains for: ``lm`` (language modeling on ``data``) or a fine-tuning task (:mod:`longseq.tasks`).
+    ``options`` are the task's own typed options (files, segment length, labels, ...), validated by the task."""
+
+    name: str = "lm"
+    options: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_choice("TaskConfig.name", self.name, TASKS)
+
+
 @dataclass
 class RunConfig:
-    """The three configs of a training run, stored together in every checkpoint."""
+    """The configs of a training run, stored together in every checkpoint: the model, the data, the training, and
+    for fine-tuning the task (None: language modeling)."""
 
     model: ModelConfig
     data: DataConfig
     train: TrainConfig
+    task: TaskConfig | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model.to_dict(), "data": self.data.to_dict(), "train": self.train.to_dict()}
+        out = {"model": self.model.to_dict(), "data": self.data.to_dict(), "train": self.train.to_dict()}
+        return out if self.task is None else {**out, "task": self.task.to_dict()}
+
+    def sections(self) -> dict[str, JsonConfig]:
+        """The three configs by section name, as :func:`~longseq.config.base.apply_overrides` takes them."""
+        return {"model": self.model, "data": self.data, "train": self.train}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        if not isinstance(data, dict) or set(data) != {"model", "data", "train"}:
+        if not isinstance(data, dict) or not {"model", "data", "train"} <= set(data) <= {
+            "model",
+            "data",
+            "train",
+            "task",
+        }:
             keys = sorted(data) if isinstance(data, dict) else type(data).__name__
-            raise ConfigError(f"a run config needs exactly the sections model, data and train, got {keys}")
+            raise ConfigError(
+                f"a run config needs the sections model, data and train (and optionally task), got {keys}"
+            )
         return cls(
             model=ModelConfig.from_dict(data["model"]),
             data=DataConfig.from_dict(data["data"]),
             train=TrainConfig.from_dict(data["train"]),
+            task=TaskConfig.from_dict(data["task"]) if data.get("task") is not None else None,
         )

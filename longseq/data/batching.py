@@ -32,6 +32,12 @@ class Segment:
 class OrderedStream:
     """Endless (for training) or one-pass (for evaluation) iterator over ordered segments.
 
+    ``ids`` is any flat array of token ids: in memory, or a ``np.memmap`` of a prepared corpus.  Row b of the
+    stream is the contiguous slice ``ids[b * N : (b + 1) * N]`` (N = ``len(ids) // batch_size``); a segment reads
+    only its own window of every row, so a memory-mapped corpus is never loaded.  ``rows`` (a slice of
+    ``range(batch_size)``) yields only those rows: a data-parallel rank reads its own streams only.
+    ``doc_ids`` (an array, or a :class:`~longseq.data.sources.DocumentIds`) is sliced the same way.
+
     ``varlen`` draws each segment length as the paper's code does: ``tgt_len`` (or half of it with
     probability 0.05), plus Gaussian noise of std 5, clipped to [5, tgt_len + 15].
     """
@@ -43,23 +49,20 @@ class OrderedStream:
         tgt_len: int,
         varlen: bool = False,
         seed: int = 0,
-        doc_ids: np.ndarray | None = None,
+        doc_ids=None,
+        rows: slice | None = None,
     ) -> None:
         n_step = len(ids) // batch_size
         if n_step < 2:
             raise BatchingError(
                 f"{len(ids)} tokens cannot fill {batch_size} streams of at least 2 tokens; lower batch_size"
             )
-        self.data = torch.from_numpy(
-            np.ascontiguousarray(ids[: n_step * batch_size].reshape(batch_size, n_step))
-        )  # (B, N)
-        self.docs = None
-        if doc_ids is not None:
-            if len(doc_ids) != len(ids):
-                raise BatchingError(f"doc_ids has {len(doc_ids)} entries for {len(ids)} tokens")
-            self.docs = torch.from_numpy(
-                np.ascontiguousarray(doc_ids[: n_step * batch_size].reshape(batch_size, n_step))
-            )
+        if doc_ids is not None and len(doc_ids) != len(ids):
+            raise BatchingError(f"doc_ids has {len(doc_ids)} entries for {len(ids)} tokens")
+        self.ids, self.doc_ids, self.n_step = ids, doc_ids, n_step
+        self.rows = range(batch_size)[rows if rows is not None else slice(None)]
+        if len(self.rows) == 0:
+            raise BatchingError(f"rows={rows} selects none of the {batch_size} streams")
         self.batch_size, self.tgt_len, self.varlen, self.seed = batch_size, tgt_len, varlen, seed
         self.epoch = 0
         self.position = 0
@@ -67,7 +70,17 @@ class OrderedStream:
 
     @property
     def stream_len(self) -> int:
-        return self.data.size(1)
+        return self.n_step
+
+    @property
+    def data(self) -> Tensor:
+        """All of this stream's rows, (R, N): reads every token (for tests and small corpora)."""
+        return self._window(self.ids, 0, self.n_step)
+
+    def _window(self, array, start: int, length: int) -> Tensor:
+        """Columns [start, start + length) of this stream's rows of ``array``, (R, length), int64."""
+        parts = [np.asarray(array[b * self.n_step + start : b * self.n_step + start + length]) for b in self.rows]
+        return torch.from_numpy(np.stack(parts).astype(np.int64, copy=False))
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position, "segment": self.segment}
@@ -91,12 +104,11 @@ class OrderedStream:
         new_epoch = self.position == 0
         length = min(self._length(), self.stream_len - 1 - self.position)
         start = self.position
-        input_ids = self.data[:, start : start + length]
-        labels = self.data[:, start + 1 : start + 1 + length]
+        window = self._window(self.ids, start, length + 1)  # (R, T + 1): the inputs and, shifted by one, the labels
         self.position += length
         self.segment += 1
-        docs = None if self.docs is None else self.docs[:, start : start + length]
-        return Segment(input_ids, labels, new_epoch, docs)
+        docs = None if self.doc_ids is None else self._window(self.doc_ids, start, length)
+        return Segment(window[:, :-1], window[:, 1:], new_epoch, docs)
 
     def n_segments(self) -> int:
         """Segments in one pass at fixed length."""

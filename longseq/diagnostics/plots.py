@@ -34,11 +34,7 @@ def curves(records: list[dict], bits: bool) -> dict[str, tuple[list[float], list
 
 def plot_runs(run_dirs: list[str], out_path: str, *, bits: bool = False) -> dict:
     """Plot training and validation loss of every run against step (left) and wall time (right)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     if not run_dirs:
         raise ValueError("plot needs at least one run directory")
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
@@ -62,8 +58,59 @@ def plot_runs(run_dirs: list[str], out_path: str, *, bits: bool = False) -> dict
         ax.set_ylabel(unit)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
+    _save_figure(plt, fig, out_path)
+    return {"out": out_path, "runs": summary}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save_figure(plt, fig, out_path: str) -> str:
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     fig.savefig(out_path, dpi=100)
     plt.close(fig)
-    return {"out": out_path, "runs": summary}
+    return out_path
+
+
+def plot_per_position(result: dict, out_path: str, *, bits: bool = False, title: str | None = None) -> str:
+    """The result of :func:`longseq.eval.context.per_position_losses` as one figure: loss at each position inside
+    the segment with the memory and with it cut to 0 (context fragmentation and its cure)."""
+    plt = _pyplot()
+    scale = 1 / math.log(2) if bits else 1.0
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    positions = result["positions"]
+    ax.plot(positions, [v * scale for v in result["loss_memory"]], "-", label="with memory")
+    ax.plot(positions, [v * scale for v in result["loss_no_memory"]], "--", label="memory cut to 0")
+    ax.set_xlabel("position inside the segment")
+    ax.set_ylabel("bits per token" if bits else "loss (nats)")
+    scored = f"{result.get('segments', '?')} segments per stream scored, the first {result.get('skip_segments', '?')} skipped"
+    ax.set_title(title or f"loss by position ({scored})", fontsize=10)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return _save_figure(plt, fig, out_path)
+
+
+def plot_context_curve(
+    result: dict, out_path: str, *, bits: bool = False, train_mem_len: int | None = None, title: str | None = None
+) -> str:
+    """The result of :func:`longseq.eval.context.context_curve`: loss against the evaluation memory length, with
+    the training memory marked (does context beyond it help?)."""
+    plt = _pyplot()
+    scale = 1 / math.log(2) if bits else 1.0
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    ax.plot(result["contexts"], [v * scale for v in result["loss"]], "o-")
+    if train_mem_len:
+        ax.axvline(train_mem_len, color="gray", linestyle=":", label=f"training mem_len {train_mem_len}")
+        ax.legend()
+    ax.set_xlabel("evaluation memory (positions)" + (", same_length" if result.get("same_length") else ""))
+    ax.set_ylabel("bits per token" if bits else "loss (nats)")
+    ax.set_title(title or "loss against evaluation memory")
+    ax.grid(alpha=0.3)
+    return _save_figure(plt, fig, out_path)

@@ -6,7 +6,13 @@ One segment is read after ``warmup`` segments have filled the memory.  The repor
     entropy.png              attention entropy per layer and head (nats)
     distance.png             attention mass against relative distance, per layer
     grad_norms.png           gradient norm of every layer's parameters for this segment's loss
+    memory_share.png         share of every head's attention mass that goes into the memory, per layer
+    per_position.png         loss at each position inside the segment, with the memory and with it cut to 0
+    context_curve.png        loss against the evaluation memory length (``same_length``)
     report.md, report.json   the numbers, memory statistics and warnings
+
+The attention figures come from one segment of one stream; the two loss curves from an ordered pass over
+``batch_size`` streams of the split (at most ``max_segments`` segments).
 
 Attention probabilities are recomputed from each layer's inputs with the readable reference
 (:meth:`longseq.model.attention.RelativeMultiHeadAttention.probs`), captured by forward hooks, so the model code stays
@@ -68,6 +74,57 @@ def summarize_attention(maps: list[Tensor], mlen: int) -> dict:
     return {"entropy": entropy, "mass_by_distance": by_distance, "memory_share": memory_share}
 
 
+@torch.no_grad()
+def memory_attention_share(
+    model: TransformerXLLM, ids: np.ndarray, *, tgt_len: int, batch_size: int = 4, segments: int = 8
+) -> dict:
+    """Share of every (layer, head)'s attention mass that goes into the memory, averaged over ``segments`` segments
+    of ``batch_size`` ordered streams read once the memory is full (ceil(mem_len / tgt_len) segments first).
+
+    ``uniform_share`` is the share a head spreading its mass evenly over its keys would give (memory keys over
+    all keys a query sees, averaged over queries): a head far below it ignores the memory; attention dilution is a
+    share near it with no gain from the memory.  The uniform share assumes the full pattern (every causal key, or
+    the last ``mem_len`` with ``same_length``)."""
+    mem_len = model.config.memory.mem_len
+    if mem_len < 1:
+        raise ValueError("memory_attention_share needs a model with a memory (mem_len >= 1)")
+    fill = math.ceil(mem_len / tgt_len)
+    n_step = len(ids) // batch_size
+    if n_step < (fill + segments) * tgt_len + 1:
+        raise ValueError(
+            f"{len(ids):,} tokens cannot give {batch_size} streams of {fill + segments} segments of {tgt_len}"
+        )
+    data = torch.as_tensor(np.asarray(ids[: n_step * batch_size], dtype=np.int64)).view(batch_size, n_step)  # (B, N)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    mems, total = None, None
+    try:
+        for s in range(fill + segments):
+            x = data[:, s * tgt_len : (s + 1) * tgt_len].to(device)
+            if s < fill:
+                mems = model(x, mems).mems
+                continue
+            mlen = _memory_length(mems)
+            maps, mems = attention_maps(model, x, mems)
+            share = torch.tensor(summarize_attention(maps, mlen)["memory_share"], dtype=torch.float64)  # (L, H)
+            total = share if total is None else total + share
+    finally:
+        model.train(was_training)
+    seen = torch.arange(tgt_len, dtype=torch.float64) + 1  # segment keys query t sees: t + 1
+    if model.config.memory.same_length:  # every query sees the last `span` keys
+        span = mem_len + model.config.memory.cmem_len
+        uniform = float(((span - seen).clamp(min=0) / span).mean())
+    else:
+        uniform = float((mlen / (mlen + seen)).mean())
+    return {
+        "memory_share": (total / segments).tolist(),
+        "uniform_share": uniform,
+        "mem_len": mlen,
+        "segments": segments,
+    }
+
+
 def _grad_norms(model: TransformerXLLM, input_ids: Tensor, labels: Tensor, mems) -> tuple[list[float], float]:
     model.zero_grad(set_to_none=True)
     was_training = model.training
@@ -103,8 +160,55 @@ def _memory_stats(mems) -> list[dict]:
     return stats
 
 
-def diagnose(model: TransformerXLLM, ids: np.ndarray, out_dir: str, *, tgt_len: int, warmup: int = 2) -> dict:
-    """Write the report for the segment after ``warmup`` memory-filling segments of ``ids``; returns the numbers."""
+def default_contexts(mem_len: int, tgt_len: int) -> list[int]:
+    """The context curve's default memory lengths: 0, half, one, two and four times the training memory."""
+    base = mem_len or tgt_len
+    return sorted({0, base // 2, base, 2 * base, 4 * base})
+
+
+def context_evidence(
+    model: TransformerXLLM,
+    ids: np.ndarray,
+    *,
+    tgt_len: int,
+    batch_size: int,
+    contexts: list[int] | None = None,
+    max_segments: int = 0,
+) -> dict:
+    """The per-position curves and the context curve (:mod:`longseq.eval.context`), nats per token."""
+    from longseq.eval.context import context_curve, per_position_losses
+
+    if contexts is None:
+        contexts = default_contexts(model.config.memory.mem_len, tgt_len)
+    common = dict(tgt_len=tgt_len, batch_size=batch_size, max_segments=max_segments)
+    evidence = {
+        "per_position": per_position_losses(model, ids, **common),
+        "context_curve": context_curve(model, ids, contexts, **common),
+    }
+    try:  # the memory share over several segments and streams, when the split is long enough
+        evidence["memory_attention"] = memory_attention_share(
+            model, ids, tgt_len=tgt_len, batch_size=min(batch_size, 4)
+        )
+    except ValueError:
+        evidence["memory_attention"] = None
+    return evidence
+
+
+def diagnose(
+    model: TransformerXLLM,
+    ids: np.ndarray,
+    out_dir: str,
+    *,
+    tgt_len: int,
+    warmup: int = 2,
+    batch_size: int = 1,
+    contexts: list[int] | None = None,
+    max_segments: int = 0,
+) -> dict:
+    """Write the report for the segment after ``warmup`` memory-filling segments of ``ids``; returns the numbers.
+
+    ``batch_size``, ``contexts`` and ``max_segments`` set the pass of the two loss curves (see
+    :func:`context_evidence`); ``contexts=[]`` leaves the curves out."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -116,7 +220,8 @@ def diagnose(model: TransformerXLLM, ids: np.ndarray, out_dir: str, *, tgt_len: 
             f"diagnose needs at least {needed:,} tokens ({warmup} + 1 segments of {tgt_len}), got {len(ids):,}"
         )
     os.makedirs(out_dir, exist_ok=True)
-    data = torch.as_tensor(np.asarray(ids[:needed], dtype=np.int64)).view(1, -1)
+    device = next(model.parameters()).device
+    data = torch.as_tensor(np.asarray(ids[:needed], dtype=np.int64)).view(1, -1).to(device)
     mems = None
     with torch.no_grad():
         for s in range(warmup):
@@ -154,7 +259,15 @@ def diagnose(model: TransformerXLLM, ids: np.ndarray, out_dir: str, *, tgt_len: 
         "memory": memory,
         "warnings": warnings,
     }
-    images = _plots(plt, maps, summary, grad_norms, mlen, out_dir)
+    evidence = None
+    if contexts != [] and model.config.memory.mem_len:
+        evidence = context_evidence(
+            model, ids, tgt_len=tgt_len, batch_size=batch_size, contexts=contexts, max_segments=max_segments
+        )
+        report.update(evidence)
+    images = _plots(plt, maps, summary, grad_norms, mlen, out_dir, report.get("memory_attention"))
+    if evidence is not None:
+        images += _evidence_plots(evidence, model.config.memory.mem_len, out_dir)
     with open(os.path.join(out_dir, "report.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
     with open(os.path.join(out_dir, "report.md"), "w", encoding="utf-8") as f:
@@ -167,7 +280,7 @@ def _memory_length(mems) -> int:
     return int(mems.length)
 
 
-def _plots(plt, maps, summary, grad_norms, mlen, out_dir) -> list[str]:
+def _plots(plt, maps, summary, grad_norms, mlen, out_dir, averaged=None) -> list[str]:
     images = []
     for i, probs in enumerate(maps):
         heads = probs.size(1)
@@ -199,6 +312,26 @@ def _plots(plt, maps, summary, grad_norms, mlen, out_dir) -> list[str]:
     fig.colorbar(im, ax=ax)
     images.append(_save(plt, fig, out_dir, "entropy.png"))
 
+    if mlen:
+        fig, ax = plt.subplots(figsize=(6, 3))
+        share = np.array(summary["memory_share"] if averaged is None else averaged["memory_share"])  # (L, H)
+        im = ax.imshow(share, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
+        for (layer, head), value in np.ndenumerate(share):
+            ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=7, color="white")
+        ax.set_xticks(range(share.shape[1]))
+        ax.set_yticks(range(share.shape[0]))
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        where = (
+            "one segment"
+            if averaged is None
+            else f"{averaged['segments']} segments; uniform {averaged['uniform_share']:.2f}"
+        )
+        ax.set_title(f"attention mass in the memory ({mlen} positions, {where})", fontsize=9)
+        fig.colorbar(im, ax=ax)
+        fig.tight_layout()
+        images.append(_save(plt, fig, out_dir, "memory_share.png"))
+
     fig, ax = plt.subplots(figsize=(6, 3))
     for i, mass in enumerate(summary["mass_by_distance"]):
         ax.plot(range(len(mass)), mass, label=f"layer {i}")
@@ -214,6 +347,14 @@ def _plots(plt, maps, summary, grad_norms, mlen, out_dir) -> list[str]:
     ax.set_ylabel("gradient norm")
     images.append(_save(plt, fig, out_dir, "grad_norms.png"))
     return images
+
+
+def _evidence_plots(evidence: dict, mem_len: int, out_dir: str) -> list[str]:
+    from longseq.diagnostics.plots import plot_context_curve, plot_per_position
+
+    plot_per_position(evidence["per_position"], os.path.join(out_dir, "per_position.png"))
+    plot_context_curve(evidence["context_curve"], os.path.join(out_dir, "context_curve.png"), train_mem_len=mem_len)
+    return ["per_position.png", "context_curve.png"]
 
 
 def _save(plt, fig, out_dir: str, name: str) -> str:
@@ -241,6 +382,21 @@ def _markdown(report: dict, images: list[str]) -> str:
     for i, heads in enumerate(report["entropy"]):
         share = sum(report["memory_share"][i]) / len(report["memory_share"][i])
         lines.append(f"| {i} | " + " | ".join(f"{e:.2f}" for e in heads) + f" | {share:.3f} |")
+    if report["mem_len"]:
+        averaged = report.get("memory_attention")
+        shares = report["memory_share"] if averaged is None else averaged["memory_share"]
+        where = (
+            "the diagnosed segment"
+            if averaged is None
+            else f"{averaged['segments']} segments of several streams; a uniform head would give "
+            f"{averaged['uniform_share']:.3f}"
+        )
+        lines += ["", f"## Share of attention mass in the memory, per head ({where})", ""]
+        lines += ["| layer | " + " | ".join(f"head {h}" for h in range(report["heads"])) + " |"]
+        lines += ["|---" * (report["heads"] + 1) + "|"]
+        for i, heads in enumerate(shares):
+            lines.append(f"| {i} | " + " | ".join(f"{v:.3f}" for v in heads) + " |")
+    lines += _evidence_markdown(report)
     lines += ["", "## Gradient norms and memory", "", "| layer | grad norm | memory slots | mean | std | max abs |"]
     lines.append("|---|---|---|---|---|---|")
     for i, g in enumerate(report["grad_norms"]):
@@ -250,3 +406,29 @@ def _markdown(report: dict, images: list[str]) -> str:
         )
     lines += ["", "## Plots", ""] + [f"![{name}]({name})" for name in images]
     return "\n".join(lines) + "\n"
+
+
+def _evidence_markdown(report: dict) -> list[str]:
+    """The per-position curves at a few positions and the context curve, in nats."""
+    if "per_position" not in report:
+        return []
+    pp, curve = report["per_position"], report["context_curve"]
+    picks = sorted({0, 1, len(pp["positions"]) // 2, len(pp["positions"]) - 1})
+    lines = [
+        "",
+        f"## Loss by position inside the segment (nats; {pp['segments']} segments per stream, the first "
+        f"{pp['skip_segments']} skipped)",
+        "",
+        "| position | " + " | ".join(str(pp["positions"][i]) for i in picks) + " | mean |",
+        "|---" * (len(picks) + 2) + "|",
+    ]
+    for key, label in (("loss_memory", "with memory"), ("loss_no_memory", "memory cut to 0")):
+        values = pp[key]
+        lines.append(
+            f"| {label} | " + " | ".join(f"{values[i]:.4f}" for i in picks) + f" | {sum(values) / len(values):.4f} |"
+        )
+    lines += ["", "## Loss against evaluation memory (nats, same_length)", ""]
+    lines += ["| memory | " + " | ".join(str(c) for c in curve["contexts"]) + " |"]
+    lines += ["|---" * (len(curve["contexts"]) + 1) + "|"]
+    lines += ["| loss | " + " | ".join(f"{v:.4f}" for v in curve["loss"]) + " |"]
+    return lines

@@ -1,5 +1,6 @@
 """Evaluation metrics."""
 
-from longseq.eval.evaluate import evaluate
+from longseq.eval.context import context_curve, per_position_losses
+from longseq.eval.evaluate import evaluate, segment_losses
 
-__all__ = ["evaluate"]
+__all__ = ["context_curve", "evaluate", "per_position_losses", "segment_losses"]

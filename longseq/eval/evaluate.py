@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
+from torch import Tensor
 from tqdm import tqdm
 
 from longseq.data.batching import OrderedStream
@@ -14,7 +16,70 @@ from longseq.model import Memory, TransformerXLLM
 from longseq.model.positions import position_encoding
 
 
+def bits_unit(tokenizer_kind: str) -> str | None:
+    """``"bpc"`` where a token is a character or a byte (bits per token are then bits per character), else None."""
+    return "bpc" if tokenizer_kind in ("byte", "char") else None
+
+
+def _start_memory(model: TransformerXLLM, kv_memory: bool, doc_ids) -> Memory | None:
+    """The memory an ordered pass starts from: projected keys and values when the model allows it."""
+    c = model.config
+    relative = c.arch == "transformer" and position_encoding(c.positions.pos).relative
+    if kv_memory and relative and not c.memory.compacted and doc_ids is None:
+        return Memory.empty("kv")
+    return None
+
+
 @torch.no_grad()
+def segment_losses(
+    model: TransformerXLLM,
+    ids: np.ndarray,
+    *,
+    batch_size: int,
+    tgt_len: int,
+    mem_len: int | None = None,
+    clamp_len: int | None = None,
+    same_length: bool | None = None,
+    max_segments: int = 0,
+    carry: bool = True,
+    progress: bool = False,
+    kv_memory: bool = True,
+    doc_ids: np.ndarray | None = None,
+) -> Iterator[Tensor]:
+    """The per-token NLL (B, T) of every segment of one ordered pass (``batch_size`` streams), in order.
+
+    The settings are those of :func:`evaluate`.  With ``carry=False`` every segment starts from an empty memory
+    (the model reads each segment alone).  The model is in eval mode while the generator runs.
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    stream = OrderedStream(ids, batch_size, tgt_len, doc_ids=doc_ids)
+    total = stream.n_segments() if not max_segments else min(max_segments, stream.n_segments())
+    start = _start_memory(model, kv_memory, doc_ids)
+    mems = start
+    try:
+        with tqdm(total=total, desc="eval", unit="seg", disable=not progress or None, leave=False) as bar:
+            for _ in range(total):
+                segment = stream.next_segment(cycle=False)
+                if segment is None:
+                    break
+                out = model(
+                    segment.input_ids.to(device),
+                    mems if carry else start,
+                    segment.labels.to(device),
+                    mem_len=mem_len,
+                    clamp_len=clamp_len,
+                    same_length=same_length,
+                    doc_ids=None if segment.doc_ids is None else segment.doc_ids.to(device),
+                )
+                mems = out.mems
+                bar.update(1)
+                yield out.nll
+    finally:
+        model.train(was_training)
+
+
 def evaluate(
     model: TransformerXLLM,
     ids: np.ndarray,
@@ -25,6 +90,7 @@ def evaluate(
     clamp_len: int | None = None,
     same_length: bool | None = None,
     max_segments: int = 0,
+    skip_segments: int = 0,
     bits_unit: str | None = None,
     progress: bool = False,
     kv_memory: bool = True,
@@ -33,41 +99,24 @@ def evaluate(
     """One pass over ``ids`` in ``batch_size`` streams of ``tgt_len`` segments, memory carried across.
 
     ``mem_len``, ``clamp_len`` and ``same_length`` override the model's own settings (``None`` keeps
-    them).  ``max_segments`` > 0 stops early.  ``bits_unit`` (``"bpc"``) adds loss / ln 2.  ``kv_memory``
-    carries projected keys and values instead of hidden states (same results, less work per segment).
+    them).  ``max_segments`` > 0 stops early.  ``skip_segments`` > 0 reads that many segments first without
+    scoring them (to fill the memory).  ``bits_unit`` (``"bpc"``) adds loss / ln 2.  ``kv_memory`` carries
+    projected keys and values instead of hidden states (same results, less work per segment).
     ``doc_ids`` (one per token) keeps documents apart.
     """
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    stream = OrderedStream(ids, batch_size, tgt_len, doc_ids=doc_ids)
-    total = stream.n_segments() if not max_segments else min(max_segments, stream.n_segments())
-    c = model.config
-    relative = c.arch == "transformer" and position_encoding(c.positions.pos).relative
-    kv_memory = kv_memory and relative and not c.memory.compacted and doc_ids is None
-    mems = Memory.empty("kv") if kv_memory else None
+    if skip_segments < 0:
+        raise ValueError(f"skip_segments must be >= 0, got {skip_segments}")
     nll_sum, n_tokens = 0.0, 0
     start = time.perf_counter()
-    with tqdm(total=total, desc="eval", unit="seg", disable=not progress or None, leave=False) as bar:
-        for _ in range(total):
-            segment = stream.next_segment(cycle=False)
-            if segment is None:
-                break
-            out = model(
-                segment.input_ids.to(device),
-                mems,
-                segment.labels.to(device),
-                mem_len=mem_len,
-                clamp_len=clamp_len,
-                same_length=same_length,
-                doc_ids=None if segment.doc_ids is None else segment.doc_ids.to(device),
-            )
-            mems = out.mems
-            nll_sum += float(out.nll.double().sum())
-            n_tokens += segment.labels.numel()
-            bar.update(1)
+    passes = segment_losses(
+        model, ids, batch_size=batch_size, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
+        same_length=same_length, max_segments=max_segments, progress=progress, kv_memory=kv_memory, doc_ids=doc_ids,
+    )  # fmt: skip
+    for index, nll in enumerate(passes):
+        if index >= skip_segments:
+            nll_sum += float(nll.double().sum())
+            n_tokens += nll.numel()
     elapsed = time.perf_counter() - start
-    model.train(was_training)
     loss = nll_sum / max(n_tokens, 1)
     metrics = {
         "loss": loss,

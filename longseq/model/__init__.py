@@ -6,6 +6,8 @@ from longseq.model.transformer import LMOutput, TransformerXL, TransformerXLLM
 
 def build_model(config):
     """The language model a config describes: Transformer-XL (and its vanilla and Shaw variants) or the LSTM."""
+    if config.vocab_size < 1:
+        raise ValueError("ModelConfig.vocab_size is 0 (taken from the tokenizer in training): set it to build a model")
     if config.arch == "lstm":
         from longseq.model.lstm import LSTMLM
 

@@ -16,6 +16,25 @@ from longseq.model.transformer import TransformerXLLM
 POOLING = ("last", "mean")
 
 
+def read_segments(lm: TransformerXLLM, input_ids: Tensor, segment_len: int, padding: Tensor | None = None,
+                  track=None):  # fmt: skip
+    """Read a (B, N) document segment by segment with the memory carried, as in language modeling: yields
+    ``(index, segment ids (B, T), filler mask (B, T) or None, hidden states (B, T, E))`` for every segment.
+
+    The one reader of every task head.  ``padding`` (B, N) marks filler: it is a document of its own, so no real
+    token attends to it.  ``track(index, last)`` says whether a segment's computation keeps its graph (default:
+    all); the memory between segments is stop-gradient whatever it says."""
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
+    segments = input_ids.split(segment_len, dim=1)
+    mems = None
+    for i, (segment, pad) in enumerate(zip(segments, padding_segments(padding, input_ids, segment_len))):
+        keep_graph = track is None or track(i, i == len(segments) - 1)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and keep_graph):
+            hidden, mems, _ = lm.hidden_states(segment, mems, doc_ids=None if pad is None else pad.long())
+        yield i, segment, pad, hidden
+
+
 class DocumentClassifier(nn.Module):
     """Classify a (B, N) document from the summary of its final segment: the last position (a summary token) or
     the mean over the final segment (``pooling``).  ``lm`` is a :class:`TransformerXLLM` (e.g. loaded from an LM
@@ -43,25 +62,14 @@ class DocumentClassifier(nn.Module):
         """``input_ids`` (B, N) read in segments of ``segment_len``; returns ``logits`` (B, C) and, with
         ``labels`` (B,), ``loss`` = task loss + ``lm_weight`` x the mean next-token loss over the document.
         ``padding`` (B, N) marks filler positions: no real token attends to them, and pooling and the LM loss
-        leave them out."""
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
-        segments = input_ids.split(segment_len, dim=1)
-        pads = padding_segments(padding, input_ids, segment_len)
-        mems, lm_losses = None, []
-        for i, (segment, pad) in enumerate(zip(segments, pads)):
-            final = i == len(segments) - 1
-            with torch.set_grad_enabled(torch.is_grad_enabled() and (final or lm_weight > 0)):
-                docs = None if pad is None else pad.long()  # filler is a document of its own
-                hidden, mems, _ = self.lm.hidden_states(segment, mems, doc_ids=docs)
-                if lm_weight > 0 and segment.size(1) > 1:
-                    flat = hidden[:, :-1].reshape(-1, hidden.size(-1))
-                    nll = self.lm.crit.nll(flat, segment[:, 1:].reshape(-1))
-                    if pad is None:
-                        lm_losses.append(nll.mean())
-                    else:  # filler targets do not count
-                        keep = (~pad[:, 1:]).reshape(-1).to(nll.dtype)
-                        lm_losses.append((nll * keep).sum() / keep.sum().clamp(min=1))
+        leave them out.  Only the final segment trains, every segment with the joint LM loss."""
+        lm_losses = []
+        for _, segment, pad, hidden in read_segments(
+            self.lm, input_ids, segment_len, padding, track=lambda i, last: last or lm_weight > 0
+        ):
+            if lm_weight > 0 and segment.size(1) > 1:
+                targets = segment[:, 1:] if pad is None else segment[:, 1:].masked_fill(pad[:, 1:], -100)
+                lm_losses.append(self.lm.head(hidden[:, :-1], targets).loss)  # filler targets do not count
         if self.pooling == "last":
             summary = hidden[:, -1]  # (B, E)
         else:
@@ -114,18 +122,11 @@ class SpanExtractor(nn.Module):
         ``end_logits`` (B, N), -inf where not allowed, and with ``starts``/``ends`` (B,) token positions (inclusive)
         ``loss``, the mean of the start and end cross-entropies.  ``padding`` (B, N) marks filler no real token
         may attend to (it matters for a bidirectional backbone)."""
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
         if allowed is not None and allowed.shape != input_ids.shape:
             raise ValueError(
                 f"allowed must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(allowed.shape)}"
             )
-        mems, hidden = None, []
-        pads = padding_segments(padding, input_ids, segment_len)
-        for segment, pad in zip(input_ids.split(segment_len, dim=1), pads):
-            docs = None if pad is None else pad.long()  # filler is a document of its own: nothing real sees it
-            out, mems, _ = self.lm.hidden_states(segment, mems, doc_ids=docs)
-            hidden.append(out)
+        hidden = [h for _, _, _, h in read_segments(self.lm, input_ids, segment_len, padding)]
         logits = self.qa(torch.cat(hidden, dim=1)).float()  # (B, N, 2)
         if allowed is not None:
             logits = logits.masked_fill(~allowed.unsqueeze(-1), float("-inf"))
@@ -133,6 +134,37 @@ class SpanExtractor(nn.Module):
         if starts is not None and ends is not None:
             out["loss"] = (F.cross_entropy(out["start_logits"], starts) + F.cross_entropy(out["end_logits"], ends)) / 2
         return out
+
+
+class MaskedLM(nn.Module):
+    """Masked language modeling over a long (B, N) input read segment by segment: the LM's own softmax restores the
+    masked tokens.  ``lm`` should be bidirectional (every segment token sees the later ones)."""
+
+    def __init__(self, lm: TransformerXLLM) -> None:
+        super().__init__()
+        self.lm = lm
+        self.config = lm.config
+
+    def forward(
+        self, input_ids: Tensor, segment_len: int, labels: Tensor | None = None, padding: Tensor | None = None
+    ) -> dict[str, Tensor]:
+        """With ``labels`` (B, N; -100 where not masked): ``nll`` (summed over the labelled tokens, float32),
+        ``count`` and ``correct`` (argmax hits); without: ``logits`` (B, N, V)."""
+        segment_labels = None if labels is None else labels.split(segment_len, dim=1)
+        nll, correct, count, logits = input_ids.new_zeros((), dtype=torch.float32), 0, 0, []
+        for i, _, _, hidden in read_segments(self.lm, input_ids, segment_len, padding):
+            if segment_labels is None:
+                logits.append(self.lm.head(hidden).logits)
+                continue
+            y = segment_labels[i]
+            nll = nll + self.lm.head(hidden, y).nll.float().sum()
+            keep = y != -100
+            if keep.any() and not torch.is_grad_enabled():
+                correct += int((self.lm.head(hidden).logits[keep].argmax(-1) == y[keep]).sum())
+            count += int(keep.sum())
+        if segment_labels is None:
+            return {"logits": torch.cat(logits, dim=1)}
+        return {"nll": nll, "count": torch.tensor(count), "correct": torch.tensor(correct)}
 
 
 def best_spans(start_logits: Tensor, end_logits: Tensor, max_len: int) -> Tensor:

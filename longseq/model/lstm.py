@@ -2,7 +2,7 @@
 
 Embedding -> dropout -> ``n_layer`` LSTM layers of width ``d_model`` -> dropout -> softmax tied to the
 embedding (``tie_weight``).  Its "memory" is the recurrent state carried across segments (truncated BPTT),
-one (B, 2, E) state per layer holding h and c in a :class:`~longseq.model.memory.Memory`.
+one (h, c) state per layer, (B, E) each, in a :class:`~longseq.model.memory.Memory`.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ class LSTMLM(nn.Module):
             raise ValueError(f"input_ids must be a (batch, time) tensor, got shape {tuple(input_ids.shape)}")
         batch = input_ids.size(0)
         state = None
-        if mems is not None and len(mems.layers):  # a Memory: the (B, 2, E) state of every layer
-            stacked = torch.stack([layer.state for layer in mems.layers], dim=0)  # (L, B, 2, E)
+        if mems is not None and len(mems.layers):  # a Memory: the (h, c) state of every layer, (B, E) each
+            stacked = torch.stack([torch.stack(layer.state, dim=1) for layer in mems.layers], dim=0)  # (L, B, 2, E)
             if stacked.shape != (self.config.n_layer, batch, 2, self.config.d_model):
                 raise ValueError(
                     f"LSTM state must be {self.config.n_layer} tensors of shape {(batch, 2, self.config.d_model)}"
@@ -68,7 +68,7 @@ class LSTMLM(nn.Module):
         hidden = self.drop(self.embedding(input_ids.long()))  # (B, T, E)
         output, (h, c) = self.lstm(hidden, state)
         logits = self.decoder(self.drop(output))  # (B, T, V)
-        new_mems = Memory(tuple(LayerMemory(state=torch.stack([h[i], c[i]], dim=1).detach()) for i in range(len(h))))
+        new_mems = Memory(tuple(LayerMemory(state=(h[i].detach(), c[i].detach())) for i in range(len(h))))
         if labels is None:
             return LMOutput(loss=None, logits=logits, nll=None, mems=new_mems)
         flat = labels.reshape(-1).long()

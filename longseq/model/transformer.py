@@ -1,111 +1,34 @@
 """The Transformer-XL backbone and language model (Dai et al., 2019).
 
-Reads top to bottom: feed-forward, decoder layer, backbone, language model.  Tensors are
-batch-first; see :mod:`longseq.model.attention` for the dimension glossary.
+Reads top to bottom: backbone (the embedding and the layer stack of :mod:`longseq.model.stack`), language model.
+Tensors are batch-first; see :mod:`longseq.model.attention` for the dimension glossary.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from longseq.config.model import ModelConfig
 from longseq.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
-from longseq.model.attention import RelativeMultiHeadAttention
-from longseq.model.attention.patterns import PatternMask, global_keys, layer_patterns
-from longseq.model.memory import LayerContext, Memory, MemoryPolicies, Recurrence, as_memory
-from longseq.model.positions import RelativePositions, position_encoding, relative_distances
+from longseq.model.layers import DecoderLayer, PositionwiseFF
+from longseq.model.memory import Memory, Recurrence, as_memory
+from longseq.model.stack import LayerStack
 
 IGNORE_INDEX = -100
 
-
-class PositionwiseFF(nn.Module):
-    """Linear -> ReLU -> Dropout -> Linear -> Dropout, with residual and pre- or post-LayerNorm."""
-
-    def __init__(self, d_model: int, d_inner: int, dropout: float, pre_lnorm: bool, eps: float) -> None:
-        super().__init__()
-        self.pre_lnorm = pre_lnorm
-        self.core_net = nn.Sequential(
-            nn.Linear(d_model, d_inner),
-            nn.ReLU(inplace=True),
-            nn.Dropout(dropout),
-            nn.Linear(d_inner, d_model),
-            nn.Dropout(dropout),
-        )
-        self.layer_norm = nn.LayerNorm(d_model, eps=eps)
-
-    def forward(self, hidden: Tensor) -> Tensor:  # (B, T, E) -> (B, T, E)
-        if self.pre_lnorm:
-            return hidden + self.core_net(self.layer_norm(hidden))
-        return self.layer_norm(hidden + self.core_net(hidden))
+__all__ = ["DecoderLayer", "IGNORE_INDEX", "LMOutput", "PositionwiseFF", "TransformerXL", "TransformerXLLM"]
 
 
-class DecoderLayer(nn.Module):
-    """Relative multi-head attention over [memory; segment], then the position-wise feed-forward."""
+class TransformerXL(LayerStack):
+    """The embedding, then the layer stack over a recurrence memory; returns hidden states and the new memory."""
 
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
+        super().__init__(config)
         c = config
-        self.dec_attn = RelativeMultiHeadAttention(
-            c.d_model,
-            c.n_head,
-            c.d_head,
-            c.dropout,
-            c.dropatt,
-            c.pre_lnorm,
-            c.layer_norm_eps,
-            c.attn_impl,
-            c.attn_chunk,
-            c.positions.pos,
-            c.positions.max_relative_distance,
-        )
-        self.pos_ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps)
-
-    def forward(self, hidden, rel_key, r_w_bias, r_r_bias, mask, memory=None, cache=None, with_mass=False):
-        hidden, present, mass = self.dec_attn(hidden, rel_key, r_w_bias, r_r_bias, mask, memory, cache, with_mass)
-        return self.pos_ff(hidden), present, mass
-
-
-class TransformerXL(nn.Module):
-    """Embedding, dropout and the stack of decoder layers over a recurrence memory.
-
-    u and v (``r_w_bias``, ``r_r_bias``) are (H, D) shared by all layers, or (L, H, D) with ``untie_r``; an
-    encoding without them (Shaw's, absolute) has fixed zeros.  Each layer attends with its own pattern.  What the
-    layers read from the memory and what is kept of them is the memory policies' business
-    (:mod:`longseq.model.memory`); the backbone only hands each layer its context.
-
-    ``activation_checkpointing`` (an execution setting, not architecture; the trainer sets it from
-    ``TrainConfig``) = k recomputes every k-th layer in the backward pass instead of storing its activations.
-    """
-
-    activation_checkpointing: int = 0
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.config = c = config
         self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
-        self.drop = nn.Dropout(c.dropout)
-        self.encoding = position_encoding(c.positions.pos)
-        bias_shape = (c.n_layer, c.n_head, c.d_head) if c.untie_r else (c.n_head, c.d_head)
-        if self.encoding.learned_biases:
-            self.r_w_bias = nn.Parameter(torch.zeros(bias_shape))  # u
-            self.r_r_bias = nn.Parameter(torch.zeros(bias_shape))  # v
-        else:  # Shaw: terms (a) and (b) only; absolute: content only
-            self.register_buffer("r_w_bias", torch.zeros(bias_shape), persistent=False)
-            self.register_buffer("r_r_bias", torch.zeros(bias_shape), persistent=False)
-        self.patterns = layer_patterns(c)
-        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layer))
-        self.memory = MemoryPolicies(c)
-
-    @property
-    def memory_tokens(self) -> Tensor | None:
-        """The learned initial memory tokens (n, E), or None without memory tokens."""
-        tokens = self.memory.policies["tokens"] if "tokens" in self.memory.policies else None
-        return None if tokens is None else tokens.initial
 
     def forward(
         self,
@@ -116,60 +39,11 @@ class TransformerXL(nn.Module):
         global_mask: Tensor | None = None,  # (B, T) bool: global tokens of the global and bigbird patterns
     ) -> tuple[Tensor, Memory, Tensor | None]:
         """Returns hidden states (B, T, E), the new memory and the memory policies' auxiliary loss (or None)."""
-        step = self.memory.begin(memory, input_ids, recurrence, doc_ids, self.training, self.layers)
+        batch, qlen = input_ids.shape
+        step = self.memory.begin(memory, batch, qlen, input_ids.device, recurrence, doc_ids, self.training, self.layers)
         hidden = self.drop(step.wrap(self.encoding.embed(self.word_emb(input_ids))))  # (B, T', E)
-        positions = partial(self._positions, recurrence.clamp_len, step.qlen, hidden.dtype, hidden.device)
-        tables = step.relative_tables(positions, self._project)  # one per layer
-        masks = self._masks(step, global_mask, input_ids.device)  # one per layer
-        for i in range(len(self.layers)):
-            context = step.read(i, hidden)
-            hidden, present, mass = self._run_layer(i, hidden, tables[i], masks[i], context)
-            step.record(i, present, mass)
-        hidden, memory, aux = step.write(hidden)
+        hidden, memory, aux = self.run(step, hidden, recurrence, global_mask)
         return self.drop(hidden), memory, aux
-
-    def _biases(self, layer: int) -> tuple[Tensor, Tensor]:
-        if self.config.untie_r:
-            return self.r_w_bias[layer], self.r_r_bias[layer]
-        return self.r_w_bias, self.r_r_bias
-
-    def _run_layer(self, i: int, hidden: Tensor, table, mask: PatternMask, context: LayerContext):
-        args = (hidden, table, *self._biases(i), mask, context.memory, context.cache, context.with_mass)
-        if self.training and self.activation_checkpointing and i % self.activation_checkpointing == 0:
-            return checkpoint(self.layers[i], *args, use_reentrant=False)  # recomputed in backward, same dropout
-        return self.layers[i](*args)
-
-    def _positions(self, clamp_len: int, qlen: int, dtype: torch.dtype, device, rows: int) -> RelativePositions:
-        """The relative positions of distances ``rows - 1`` .. 0; a bidirectional model continues down to
-        -(qlen - 1) for the later keys of the segment.  Every layer projects them itself."""
-        bottom = -(qlen - 1) if self.config.pattern.bidirectional else 0
-        distances = relative_distances(rows - 1, clamp_len, device, bottom)
-        return self.encoding.positions(distances, self.config.d_model, dtype, self.drop)
-
-    def relative_tables(self, klen: int, clamp_len: int = -1, dtype=torch.float32, device=None, qlen: int = 1):
-        """Every layer's projected relative table (H, R, D) for ``klen`` keys (R = klen + 1, or klen + qlen with a
-        bidirectional model): what a layer multiplies its queries with (tests, diagnostics)."""
-        return self._project(self._positions(clamp_len, qlen, dtype, device, klen + 1))
-
-    def _project(self, positions: RelativePositions) -> list[Tensor | None]:
-        """Every layer's relative table (H, R, D), projected outside the layers (the key/value memory's cache)."""
-        return [layer.dec_attn.relative_keys(positions) for layer in self.layers]
-
-    def _masks(self, step, global_mask: Tensor | None, device) -> list[PatternMask]:
-        """Each layer's :class:`PatternMask` (layers with the same pattern share one)."""
-        if global_mask is not None:
-            global_mask = step.wrap_flags(global_mask.to(torch.bool))
-        query_docs, key_docs = step.docs if step.docs is not None else (None, None)
-        shared: dict = {}
-        for pattern in self.patterns:
-            if pattern not in shared:
-                flags = None
-                if pattern.has_global:
-                    flags = global_keys(global_mask, pattern.num_global, step.batch, step.qlen, step.mlen, device)
-                shared[pattern] = PatternMask(
-                    pattern, step.qlen, step.mlen, step.span, query_docs, key_docs, flags, device
-                )
-        return [shared[pattern] for pattern in self.patterns]
 
 
 @dataclass
@@ -207,7 +81,8 @@ class TransformerXLLM(nn.Module):
     def init_weights(self) -> None:
         """The paper's initialisation.
 
-        * Linear, embedding and softmax weights, u and v: normal(0, ``init_std`` = 0.02); biases 0.
+        * Linear, embedding and softmax weights, u and v: normal(0, ``init_std`` = 0.02) (u and v 0 with
+          ``uv_init="zeros"``); biases 0.
         * Embedding and softmax projections (``emb_projs``, ``out_projs``): normal(0, ``proj_init_std`` = 0.01).
         * LayerNorm weights normal(1, ``init_std``), biases 0.
         * Cluster weights of the adaptive softmax normal(0, ``init_std``), cluster biases 0.
@@ -219,6 +94,8 @@ class TransformerXLLM(nn.Module):
             elif "layer_norm.weight" in name:
                 nn.init.normal_(param, 1.0, std)
             elif name.endswith("bias") and "r_w_bias" not in name and "r_r_bias" not in name:
+                nn.init.zeros_(param)
+            elif ("r_w_bias" in name or "r_r_bias" in name) and self.config.uv_init == "zeros":
                 nn.init.zeros_(param)
             else:
                 nn.init.normal_(param, 0.0, std)
@@ -251,7 +128,7 @@ class TransformerXLLM(nn.Module):
             raise ValueError(f"token ids must lie in [0, {c.vocab_size}), got values in [{low}, {high}]")
         if labels is not None and labels.shape != input_ids.shape:
             raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
-        memory.check(c.n_layer, input_ids.size(0), c.d_model, c.n_head, c.d_head)
+        memory.check(len(self.transformer.layers), input_ids.size(0), c.d_model, c.n_head, c.d_head)
 
     def forward(
         self,
@@ -265,16 +142,20 @@ class TransformerXLLM(nn.Module):
         doc_ids: Tensor | None = None,  # (B, T)
         global_mask: Tensor | None = None,  # (B, T) bool, for the global and bigbird patterns
     ) -> LMOutput:
-        c = self.config
         hidden, new_mems, aux = self._recur(
             input_ids, mems, mem_len, clamp_len, same_length, labels, doc_ids, global_mask
-        )
-        # hidden: (B, T, E)
+        )  # hidden: (B, T, E)
+        return self.head(hidden, labels, new_mems, aux)
+
+    def head(self, hidden: Tensor, labels: Tensor | None = None, mems: Memory | None = None, aux=None) -> LMOutput:
+        """The softmax over hidden states (B, T, E): logits (log-probabilities with adaptive softmax), or with
+        ``labels`` (B, T) the mean NLL and the per-token NLL (-100 ignored)."""
+        c = self.config
         batch, qlen, _ = hidden.shape
         flat = hidden.reshape(batch * qlen, -1)  # (N, E)
         if labels is None:
             scores = self.crit.log_prob(flat) if self.crit.n_clusters else self.crit.logits(flat)
-            return LMOutput(loss=None, logits=scores.view(batch, qlen, -1), nll=None, mems=new_mems, aux_loss=aux)
+            return LMOutput(loss=None, logits=scores.view(batch, qlen, -1), nll=None, mems=mems, aux_loss=aux)
         labels = labels.reshape(-1).long()
         keep = labels != IGNORE_INDEX
         kept = labels[keep]
@@ -286,9 +167,8 @@ class TransformerXLLM(nn.Module):
             index = keep.nonzero().squeeze(1)
             picked = self.crit.nll(flat[index], kept)
             nll = picked.new_zeros(labels.shape).index_copy(0, index, picked)  # (N,), 0 where ignored
-        count = keep.sum()
-        loss = nll.sum() / count.clamp(min=1)
-        return LMOutput(loss=loss, logits=None, nll=nll.view(batch, qlen), mems=new_mems, aux_loss=aux)
+        loss = nll.sum() / keep.sum().clamp(min=1)
+        return LMOutput(loss=loss, logits=None, nll=nll.view(batch, qlen), mems=mems, aux_loss=aux)
 
     def _recur(self, input_ids, mems, mem_len, clamp_len, same_length, labels=None, doc_ids=None, global_mask=None):
         m, memory = self.config.memory, as_memory(mems)

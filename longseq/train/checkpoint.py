@@ -29,7 +29,8 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 
 from longseq.config import ConfigError, ModelConfig, RunConfig
 from longseq.data.tokenizers import Tokenizer, TokenizerError, tokenizer_from_dict
-from longseq.model import Memory, TransformerXLLM, build_model
+from longseq.model import Memory, TransformerXLLM
+from longseq.tasks import task_for
 
 FORMAT = "longseq-checkpoint-v2"
 FORMAT_V1 = "longseq-checkpoint-v1"  # before the redesign: a flat model config, other memory tensor names
@@ -56,6 +57,7 @@ class TrainingState:
     tokens_seen: int
     lr_scale: float = 1.0  # lowered by the NaN guard's rollbacks
     scaler: dict | None = None  # the fp16 loss scaler's state (scale, growth tracker)
+    cuda_rng: list | None = None  # every CUDA device's RNG state, when CUDA is in use
 
 
 def _sha256(path: str) -> str:
@@ -190,6 +192,8 @@ def _write_checkpoint_files(tmp, model, run, tokenizer, training, metrics, weigh
     if training is not None:
         meta, tensors = _optimizer_to_files(training.optimizer)
         tensors["rng.torch"] = training.torch_rng
+        for i, state in enumerate(training.cuda_rng or ()):
+            tensors[f"rng.cuda.{i}"] = state
         tensors.update(training.mems.to_tensors() if training.mems is not None else {})
         save_file(tensors, os.path.join(tmp, "trainer.safetensors"))
         _write_json(
@@ -255,6 +259,20 @@ def _read_config(directory: str) -> tuple[RunConfig, dict]:
         raise CheckpointError(f"checkpoint {directory} has an invalid config.json: {exc}") from None
 
 
+def resolve_checkpoint(path: str, log=None) -> str:
+    """``path`` itself when it is a checkpoint; a run directory's ``best/`` (else its ``last/``), said on ``log``."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if os.path.isfile(os.path.join(path, "manifest.json")) or not os.path.isdir(path):
+        return path
+    for name in ("best", "last"):
+        candidate = os.path.join(path, name)
+        if os.path.isfile(os.path.join(candidate, "manifest.json")):
+            if log is not None:
+                log(f"{path} is a run directory: using its {name}/ checkpoint")
+            return candidate
+    raise CheckpointError(f"{path} is neither a checkpoint (no manifest.json) nor a run directory with best/ or last/")
+
+
 def load_checkpoint_config(directory: str) -> RunConfig:
     """The run config stored in a checkpoint (the manifest is checked first)."""
     return _read_config(os.path.abspath(os.path.expanduser(directory)))[0]
@@ -263,16 +281,32 @@ def load_checkpoint_config(directory: str) -> RunConfig:
 def load_checkpoint(
     directory: str, device: str | torch.device = "cpu"
 ) -> tuple[TransformerXLLM, Tokenizer, RunConfig, dict]:
-    """Load a checkpoint's model (in eval mode), tokenizer, run config and stored metrics."""
+    """Load a checkpoint's model (in eval mode), tokenizer, run config and stored metrics.  A fine-tuned
+    checkpoint gives its task's model (``run.task`` names the task and its options, the label set among them)."""
     directory = os.path.abspath(os.path.expanduser(directory))
     run, config = _read_config(directory)
     try:
         with open(os.path.join(directory, "tokenizer.json"), encoding="utf-8") as f:
-            tokenizer = tokenizer_from_dict(json.load(f))
+            tokenizer = tokenizer_from_dict(json.load(f), vocab_size=run.model.vocab_size, path=f.name)
     except (json.JSONDecodeError, KeyError, TokenizerError) as exc:
         raise CheckpointError(f"checkpoint {directory} has an invalid tokenizer: {exc}") from None
-    model = build_model(run.model)
+    if tokenizer.vocab_size != run.model.vocab_size:
+        raise CheckpointError(
+            f"checkpoint {directory}: tokenizer.json has {tokenizer.vocab_size} tokens but the model "
+            f"{run.model.vocab_size}; the two files do not belong together"
+        )
+    model = task_for(run, tokenizer).build_model()  # a language model, or a fine-tuned task's model
     load_weights(model, directory, device, v1=config.get("format") == FORMAT_V1)
+    broken = [
+        name
+        for name, tensor in model.state_dict().items()
+        if tensor.is_floating_point() and not tensor.isfinite().all()
+    ]
+    if broken:
+        raise CheckpointError(
+            f"checkpoint {directory} is broken: {len(broken)} weight tensor(s) hold NaN or Inf values "
+            f"({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}); use an earlier checkpoint"
+        )
     model.to(device).eval()
     return model, tokenizer, run, config.get("metrics", {})
 
@@ -337,4 +371,6 @@ def load_training_state(directory: str) -> TrainingState:
         tokens_seen=meta.get("tokens_seen", 0),
         lr_scale=meta.get("lr_scale", 1.0),
         scaler=meta.get("scaler"),
+        cuda_rng=[tensors[f"rng.cuda.{i}"] for i in range(len([k for k in tensors if k.startswith("rng.cuda.")]))]
+        or None,
     )

@@ -51,6 +51,14 @@ class World:
         dist.all_reduce(buffer)
         return float(buffer) / self.size
 
+    def any(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on some rank (a decision every rank must take alike)."""
+        if self.size == 1:
+            return flag
+        buffer = torch.tensor([float(flag)])
+        dist.all_reduce(buffer, op=dist.ReduceOp.MAX)
+        return bool(buffer.item())
+
     def gather_memory(self, mems):
         """Every rank's memory joined in rank order (all ranks must call it); None stays None."""
         if self.size == 1 or mems is None:

@@ -20,7 +20,8 @@ from longseq.model.memory.state import LayerMemory, Memory, Recurrence
 
 
 class KeyValueStep:
-    """One forward pass over a key/value memory (the interface of :class:`~longseq.model.memory.step.HiddenStep`)."""
+    """One forward pass over a key/value memory (the interface of :class:`~longseq.model.memory.step.HiddenStep`);
+    recurrent layers (ssm, conv, rnn) carry their state as in the hidden-state memory."""
 
     def __init__(self, policies, memory: Memory, batch: int, qlen: int, recurrence: Recurrence,
                  doc_ids: Tensor | None, training: bool, device: torch.device, layers) -> None:  # fmt: skip
@@ -39,7 +40,9 @@ class KeyValueStep:
             raise ValueError("same_length=True needs mem_len >= 1: it limits every query to the last mem_len keys")
         self.memory, self.recurrence, self.batch, self.qlen, self.layers = memory, recurrence, batch, qlen, layers
         self.training, self.device, self.docs, self.mlen = training, device, None, memory.length
+        self.attends = [hasattr(layer, "dec_attn") for layer in layers]  # the others carry a state
         self.presents: list = []
+        self.states: dict[int, LayerMemory] = {}
         self.rings = self._rings() if memory.storage == "ring" else None
         self.table = memory.table
 
@@ -51,13 +54,14 @@ class KeyValueStep:
     def span(self) -> int | None:
         return self.recurrence.mem_len if self.recurrence.same_length else None
 
-    def _rings(self) -> list[RingKV]:
+    def _rings(self) -> list:
         mem_len = self.recurrence.mem_len
-        rings = [layer.ring for layer in self.memory.layers] or [
-            RingKV(mem_len + self.qlen, mem_len) for _ in self.layers
-        ]
-        if rings[0].keys.capacity < rings[0].length + self.qlen:
-            rings = [r.grown(rings[0].length + self.qlen + mem_len) for r in rings]
+        rings = [layer.ring for layer in self.memory.layers]
+        if not rings:
+            rings = [RingKV(mem_len + self.qlen, mem_len) if attends else None for attends in self.attends]
+        live = [r for r in rings if r is not None]
+        if live and live[0].keys.capacity < live[0].length + self.qlen:
+            rings = [None if r is None else r.grown(live[0].length + self.qlen + mem_len) for r in rings]
         return rings
 
     def wrap(self, hidden: Tensor) -> Tensor:
@@ -67,44 +71,61 @@ class KeyValueStep:
         return flags
 
     def read(self, i: int, hidden: Tensor) -> LayerContext:
+        if not self.attends[i]:  # a recurrent layer: its state, whatever the storage
+            stored = self.memory.layers[i] if self.memory.layers else LayerMemory()
+            return LayerContext(state=stored.state, inner=stored.inner, recurrence=self.recurrence)
         if self.rings is not None:
             return LayerContext(cache=self.rings[i])
         if not self.mlen:
-            empty = hidden.new_zeros(hidden.size(0), self.layers[i].dec_attn.n_head, 0, self.layers[i].dec_attn.d_head)
+            attention = self.layers[i].dec_attn
+            empty = hidden.new_zeros(hidden.size(0), attention.n_head, 0, attention.d_head)
             return LayerContext(cache=(empty, empty))
         layer = self.memory.layers[i]
         return LayerContext(cache=(layer.keys, layer.values))
 
     def record(self, i: int, present, mass) -> None:
-        self.presents.append(present)
+        if self.attends[i]:
+            self.presents.append(present)
+        else:
+            self.states[i] = LayerMemory(state=tuple(t.detach() for t in present.state), inner=present.inner)
+            self.presents.append(None)
 
-    def relative_tables(self, positions, project) -> list[Tensor]:
+    def relative_tables(self, positions, project) -> list:
         """Every layer's projected table (H, K + 1, D): the carried one when it is long enough (evaluation has no
         dropout on R), else projected anew for ``mem_len`` + this segment, and carried on."""
+        attention = next((layer.dec_attn for layer in self.layers if hasattr(layer, "dec_attn")), None)
+        if attention is None:  # no attention layer reads a table
+            return [None] * len(self.layers)
         klen, clamp = self.klen, self.recurrence.clamp_len
         table = None if self.table is None or self.table[1] != clamp else self.table[0]
-        dtype = self.layers[0].dec_attn.qkv_net.weight.dtype
-        if self.training or table is None or table[0].size(1) < klen + 1 or table[0].dtype != dtype:
+        dtype = attention.qkv_net.weight.dtype
+        live = [t for t in table or () if t is not None]
+        if self.training or not live or live[0].size(1) < klen + 1 or live[0].dtype != dtype:
             horizon = max(klen, self.recurrence.mem_len + self.qlen)
             table = tuple(project(positions(horizon + 1)))
         self.table = (table, clamp)
-        rows = table[0].size(1)
-        return [t[:, rows - klen - 1 :] for t in table]
+        rows = next(t for t in table if t is not None).size(1)
+        return [None if t is None else t[:, rows - klen - 1 :] for t in table]
 
     def write(self, hidden: Tensor) -> tuple[Tensor, Memory, None]:
         if self.rings is not None:
-            layers = tuple(LayerMemory(ring=r, ring_version=r.version) for r in self.rings)
+            layers = tuple(
+                LayerMemory(ring=r, ring_version=r.version) if r is not None else self.states[i]
+                for i, r in enumerate(self.rings)
+            )
             return hidden, Memory(layers, "ring", table=self.table), None
         mem_len = self.recurrence.mem_len
         with torch.no_grad():
             layers = tuple(
-                LayerMemory(
-                    keys=k[:, :, max(0, k.size(2) - mem_len) :].detach(),
-                    values=v[:, :, max(0, v.size(2) - mem_len) :].detach(),
-                )
-                for k, v in self.presents
+                self.states[i] if kv is None else LayerMemory(keys=_last(kv[0], mem_len), values=_last(kv[1], mem_len))
+                for i, kv in enumerate(self.presents)
             )
         return hidden, Memory(layers, "kv", table=self.table), None
+
+
+def _last(states: Tensor, mem_len: int) -> Tensor:
+    """The last ``mem_len`` positions of (B, H, K, D), detached."""
+    return states[:, :, max(0, states.size(2) - mem_len) :].detach()
 
 
 class RingBuffer:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import nn
 
 from longseq.config.model import ModelConfig
 from longseq.model.memory.cache import KeyValueStep
@@ -29,11 +29,11 @@ class MemoryPolicies(nn.Module):
         self.policies = nn.ModuleDict(build_policies(config))  # named, so checkpoints name their parameters
         self.active = list(self.policies.values())
 
-    def begin(self, memory: Memory, input_ids: Tensor, recurrence: Recurrence, doc_ids, training: bool, layers):
-        """The step of one forward pass over ``memory`` for the (B, T) ``input_ids``."""
-        batch, qlen = input_ids.shape
+    def begin(self, memory: Memory, batch: int, qlen: int, device, recurrence: Recurrence, doc_ids, training: bool,
+              layers):  # fmt: skip
+        """The step of one forward pass over ``memory`` for a (batch, qlen) segment through ``layers``."""
         step_type = HiddenStep if memory.storage == "hidden" else KeyValueStep
-        return step_type(self, memory, batch, qlen, recurrence, doc_ids, training, input_ids.device, layers)
+        return step_type(self, memory, batch, qlen, recurrence, doc_ids, training, device, layers)
 
 
 def build_policies(config: ModelConfig) -> dict[str, MemoryPolicy]:

@@ -37,6 +37,7 @@ class Documents(MemoryPolicy):
     def write(self, step, update: Update) -> None:
         if step.docs is None:
             return
+        update.last_doc = step.docs[0][:, -1]  # recurrent layers' states belong to it
         key_docs = step.docs[1]  # (B, C + M + T) in memory order, memory tokens removed
         cmem = step.memory.cmem_length
         cmem_docs, mem_docs = key_docs[:, :cmem], key_docs[:, cmem:]
@@ -69,4 +70,16 @@ def reset_rows(memory: Memory | None, rows: Tensor, initial_tokens: Tensor | Non
         if initial_tokens is None:
             raise ValueError("this memory carries memory tokens: pass initial_tokens=model.transformer.memory_tokens")
         tokens = torch.where(rows[:, None, None], initial_tokens.to(tokens.dtype).expand_as(tokens), tokens)
-    return replace(memory, doc_ids=doc.masked_fill(rows[:, None], -1), tokens=tokens)
+    layers = tuple(  # a recurrent layer's state restarts from zeros, as at the start of a stream
+        replace(layer, state=_zero_rows(layer.state, rows), inner=reset_rows(layer.inner, rows))
+        for layer in memory.layers
+    )
+    last = None if memory.last_doc is None else memory.last_doc.masked_fill(rows, -1)
+    return replace(memory, layers=layers, doc_ids=doc.masked_fill(rows[:, None], -1), tokens=tokens, last_doc=last)
+
+
+def _zero_rows(state: tuple | None, rows: Tensor) -> tuple | None:
+    """The state's floating tensors with the chosen rows zeroed (counters and document ids stay)."""
+    if state is None:
+        return None
+    return tuple(t.masked_fill(rows.view(-1, *[1] * (t.dim() - 1)), 0) if t.is_floating_point() else t for t in state)

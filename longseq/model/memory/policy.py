@@ -26,19 +26,25 @@ from torch import Tensor, nn
 
 @dataclass
 class LayerContext:
-    """What one layer attends to before the segment: hidden states (B, C + M, E), or a key/value ``cache``
-    ((keys, values) of (B, H, M, D), or a ring); ``with_mass`` asks the layer for the attention mass of every key."""
+    """What one layer reads from the memory: an attention layer attends to hidden states (B, C + M, E), or to a
+    key/value ``cache`` ((keys, values) of (B, H, M, D), or a ring), and ``with_mass`` asks it for the attention mass
+    of every key; a recurrent layer (ssm, conv, rnn) continues from its ``state``, with ``docs`` = (document of every
+    position (B, T), document of the last position before the segment (B,)) when documents are tracked."""
 
     memory: Tensor | None = None
     cache: object | None = None
     with_mass: bool = False
+    state: tuple | None = None
+    docs: tuple | None = None
+    inner: object | None = None  # an hourglass block's memory of its shortened layers
+    recurrence: object | None = None  # the call's Recurrence (an hourglass derives its shortened layers' from it)
 
 
 @dataclass
 class Update:
     """The new memory under construction, filled in by the policies' ``write`` in order."""
 
-    inputs: list[Tensor]  # per layer, the segment's layer inputs (B, T, E)
+    inputs: list[Tensor | None]  # per layer, the segment's layer inputs (B, T, E); None for a recurrent layer
     plain: list[Tensor | None]  # per layer, the dense memory the layer attended to (B, M, E), compressed part aside
     masses: list[Tensor | None]  # per layer, attention mass of every key (B, K) when asked for
     hidden: Tensor  # the last layer's output (B, T', E), memory tokens included until the tokens policy strips them
@@ -46,6 +52,7 @@ class Update:
     n_evicted: int = 0  # positions of [memory; segment] that left the plain memory
     compressed: tuple[Tensor, ...] | None = None
     doc_ids: Tensor | None = None
+    last_doc: Tensor | None = None  # (B,) document of the segment's last position
     tokens: Tensor | None = None
     tokens_age: int = 0
     aux_losses: list[Tensor] = field(default_factory=list)

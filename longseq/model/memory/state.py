@@ -49,7 +49,8 @@ class LayerMemory:
     values: Tensor | None = None  # (B, H, M, D)
     ring: object | None = None  # a RingKV holding keys and values (ring storage)
     ring_version: int = 0  # the ring's write count when this memory was made
-    state: Tensor | None = None  # a recurrent layer's state, e.g. the LSTM's (h, c) as (B, 2, E)
+    state: tuple[Tensor, ...] | None = None  # a recurrent layer's state (ssm, conv, rnn mixers; the LSTM baseline)
+    inner: Memory | None = None  # an hourglass block's memory of its shortened layers
 
     @property
     def mem_length(self) -> int:
@@ -64,7 +65,9 @@ class LayerMemory:
         return 0 if self.compressed is None else self.compressed.size(1)
 
     def tensors(self) -> list[Tensor]:
-        out = [t for t in (self.compressed, self.keys, self.values, self.state) if t is not None]
+        out = [t for t in (self.compressed, self.keys, self.values, *(self.state or ())) if t is not None]
+        if self.inner is not None:
+            out += [t for layer in self.inner.layers for t in layer.tensors()]
         if isinstance(self.hidden, Quantized):
             out += [self.hidden.values, self.hidden.scale]
         elif self.hidden is not None:
@@ -80,6 +83,7 @@ class Memory:
     layers: tuple[LayerMemory, ...] = ()
     storage: str = "hidden"
     doc_ids: Tensor | None = None  # (B, C + M): document of every slot, -1 where cleared
+    last_doc: Tensor | None = None  # (B,): document of the last position read (recurrent layers' states belong to it)
     tokens: Tensor | None = None  # (B, n, E) memory tokens, written by the last segment (keep their graph)
     tokens_age: int = 0  # segments the tokens' graph spans
     table: tuple | None = None  # key/value storage: (per-layer (H, R, D) relative tables, their clamp_len)
@@ -105,12 +109,12 @@ class Memory:
 
     @property
     def mem_length(self) -> int:
-        """Positions of the (uncompressed) memory."""
-        return self.layers[0].mem_length if self.layers else 0
+        """Positions of the (uncompressed) memory (of the attention layers; recurrent layers hold a state)."""
+        return max((layer.mem_length for layer in self.layers), default=0)
 
     @property
     def cmem_length(self) -> int:
-        return self.layers[0].cmem_length if self.layers else 0
+        return max((layer.cmem_length for layer in self.layers), default=0)
 
     @property
     def length(self) -> int:
@@ -122,9 +126,8 @@ class Memory:
         tensors = [t for layer in self.layers for t in layer.tensors()]
         if tensors:
             return tensors[0].size(0)
-        if self.layers and self.layers[0].ring is not None and self.layers[0].ring.keys.storage is not None:
-            return self.layers[0].ring.keys.storage.size(0)
-        return None
+        rings = [layer.ring for layer in self.layers if layer.ring is not None and layer.ring.keys.storage is not None]
+        return rings[0].keys.storage.size(0) if rings else None
 
     @property
     def nbytes(self) -> int:
@@ -155,10 +158,18 @@ class Memory:
     # --- transformations (each returns a new memory) ---------------------------------------------------------
 
     def detach(self) -> Memory:
-        """The memory with the memory tokens' graph cut (the end of a back-propagation window)."""
-        if self.tokens is None:
-            return self
-        return replace(self, tokens=self.tokens.detach(), tokens_age=0)
+        """The memory with the graphs of the memory tokens and the recurrent states cut (the end of a
+        back-propagation window)."""
+        layers = tuple(
+            replace(
+                layer,
+                state=None if layer.state is None else tuple(t.detach() for t in layer.state),
+                inner=None if layer.inner is None else layer.inner.detach(),
+            )
+            for layer in self.layers
+        )
+        tokens = None if self.tokens is None else self.tokens.detach()
+        return replace(self, layers=layers, tokens=tokens, tokens_age=0 if tokens is not None else self.tokens_age)
 
     def split(self, chunks: int) -> list[Memory]:
         """The memory cut along the batch (stream) axis into ``chunks`` parts (gradient accumulation, ranks)."""
@@ -168,16 +179,29 @@ class Memory:
         def cut(x):
             return [None] * chunks if x is None else list(x.chunk(chunks, 0))
 
+        def cut_state(state):
+            return [None] * chunks if state is None else list(zip(*(t.chunk(chunks, 0) for t in state)))
+
+        def cut_inner(inner):
+            return [None] * chunks if inner is None else inner.split(chunks)
+
         per_layer = [
             [
-                LayerMemory(h, c, state=r)
-                for h, c, r in zip(split_rows(layer.hidden, chunks), cut(layer.compressed), cut(layer.state))
+                LayerMemory(h, c, state=r, inner=m)
+                for h, c, r, m in zip(
+                    split_rows(layer.hidden, chunks),
+                    cut(layer.compressed),
+                    cut_state(layer.state),
+                    cut_inner(layer.inner),
+                )
             ]
             for layer in self.layers
         ]
-        docs, tokens = cut(self.doc_ids), cut(self.tokens)
+        docs, tokens, last = cut(self.doc_ids), cut(self.tokens), cut(self.last_doc)
         return [
-            replace(self, layers=tuple(layer[i] for layer in per_layer), doc_ids=docs[i], tokens=tokens[i])
+            replace(
+                self, layers=tuple(layer[i] for layer in per_layer), doc_ids=docs[i], tokens=tokens[i], last_doc=last[i]
+            )  # fmt: skip
             for i in range(chunks)
         ]
 
@@ -189,17 +213,20 @@ class Memory:
         def cat(xs):
             return None if xs[0] is None else torch.cat(list(xs))
 
+        def cat_state(states):
+            return None if states[0] is None else tuple(torch.cat(list(ts)) for ts in zip(*states))
+
         layers = tuple(
             LayerMemory(
                 join_rows([p.layers[i].hidden for p in parts]),
                 cat([p.layers[i].compressed for p in parts]),
-                state=cat([p.layers[i].state for p in parts]),
+                state=cat_state([p.layers[i].state for p in parts]),
+                inner=None if first.layers[i].inner is None else Memory.join([p.layers[i].inner for p in parts]),
             )
             for i in range(len(first.layers))
         )
-        return replace(
-            first, layers=layers, doc_ids=cat([p.doc_ids for p in parts]), tokens=cat([p.tokens for p in parts])
-        )
+        return replace(first, layers=layers, doc_ids=cat([p.doc_ids for p in parts]),
+                       tokens=cat([p.tokens for p in parts]), last_doc=cat([p.last_doc for p in parts]))  # fmt: skip
 
     # --- checkpoints -----------------------------------------------------------------------------------------
 
@@ -216,20 +243,24 @@ class Memory:
                 out[f"memory.hidden.{i}"] = layer.hidden
             if layer.compressed is not None:
                 out[f"memory.compressed.{i}"] = layer.compressed
-            if layer.state is not None:
-                out[f"memory.state.{i}"] = layer.state
+            for j, tensor in enumerate(layer.state or ()):
+                out[f"memory.state.{i}.{j}"] = tensor
+            if layer.inner is not None:
+                out.update({f"memory.inner.{i}/{k}": v for k, v in layer.inner.to_tensors().items()})
         if self.doc_ids is not None:
             out["memory.doc_ids"] = self.doc_ids
         if self.tokens is not None:
             out["memory.tokens"] = self.tokens
+        if self.last_doc is not None:
+            out["memory.last_doc"] = self.last_doc
         return {k: v.detach().cpu().contiguous() for k, v in out.items()}
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, Tensor], tokens_age: int = 0) -> Memory | None:
         """Inverse of :meth:`to_tensors` (None when the checkpoint holds no memory).  Reads the names of format
         v1 checkpoints too (``mems.i``, ``state.*``)."""
-        t = {_v1_name(k): v for k, v in tensors.items()}
-        layers = sorted({int(k.rsplit(".", 1)[1]) for k in t if k.startswith(("memory.hidden", "memory.state."))})
+        t = {_v1_name(k): v for k, v in tensors.items() if "/" not in k}
+        layers = sorted({int(k.split(".")[2]) for k in t if k.startswith(("memory.hidden", "memory.state."))})
         if not layers and "memory.tokens" not in t:
             return None
 
@@ -238,10 +269,20 @@ class Memory:
                 return Quantized(t[f"memory.hidden_q.{i}"], t[f"memory.hidden_scale.{i}"])
             return t.get(f"memory.hidden.{i}")
 
+        def state(i):
+            n = sum(k.startswith(f"memory.state.{i}.") for k in t)
+            return tuple(t[f"memory.state.{i}.{j}"] for j in range(n)) or None
+
+        def inner(i):
+            prefix = f"memory.inner.{i}/"
+            nested = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+            return Memory.from_tensors(nested) if nested else None
+
         parts = tuple(
-            LayerMemory(hidden(i), t.get(f"memory.compressed.{i}"), state=t.get(f"memory.state.{i}")) for i in layers
+            LayerMemory(hidden(i), t.get(f"memory.compressed.{i}"), state=state(i), inner=inner(i)) for i in layers
         )
-        return cls(parts, doc_ids=t.get("memory.doc_ids"), tokens=t.get("memory.tokens"), tokens_age=tokens_age)
+        return cls(parts, doc_ids=t.get("memory.doc_ids"), tokens=t.get("memory.tokens"), tokens_age=tokens_age,
+                   last_doc=t.get("memory.last_doc"))  # fmt: skip
 
     # --- checks ----------------------------------------------------------------------------------------------
 
@@ -255,13 +296,16 @@ class Memory:
             raise ValueError(f"mems must hold one tensor per layer ({n_layer}), got {len(self.layers)}")
         if self.storage == "kv":
             want = (batch, n_head, self.mem_length, d_head)
-            if any(tuple(x.shape) != want for layer in self.layers for x in (layer.keys, layer.values)):
+            kv = [x for layer in self.layers if layer.state is None for x in (layer.keys, layer.values)]
+            if any(x is None or tuple(x.shape) != want for x in kv):
                 raise ValueError(
                     f"a key/value memory must hold {n_layer} key and value tensors of shape (B, H, M, D) = {want}"
                 )
             return
         want = (batch, self.mem_length, d_model)
         for i, layer in enumerate(self.layers):
+            if layer.hidden is None and layer.state is not None:
+                continue  # a recurrent layer's state
             shape = tuple(layer.hidden.shape) if layer.hidden is not None else None
             if shape != want:
                 raise ValueError(f"mems[{i}] must have shape (batch, mem_len, d_model) = {want}, got {shape}")
@@ -272,7 +316,7 @@ def _check_ring(memory: Memory, batch: int) -> None:
     if rows is not None and rows != batch:
         raise ValueError(f"the ring memory holds {rows} streams, the input {batch}")
     for layer in memory.layers:
-        if layer.ring.version != layer.ring_version:
+        if layer.ring is not None and layer.ring.version != layer.ring_version:
             raise ValueError(
                 "this ring memory was superseded: ring storage is written in place, so only the memory returned by "
                 "the latest call may be passed on (use storage='kv' to keep several)"

@@ -10,7 +10,8 @@ from longseq.model.memory.state import LayerMemory, Memory, Recurrence
 
 
 class HiddenStep:
-    """One forward pass over a hidden-state memory: each layer attends to [compressed; memory; segment]."""
+    """One forward pass over a hidden-state memory: each attention layer attends to [compressed; memory; segment];
+    each recurrent layer (ssm, conv, rnn) continues from its state."""
 
     def __init__(self, policies, memory: Memory, batch: int, qlen: int, recurrence: Recurrence,
                  doc_ids: Tensor | None, training: bool, device: torch.device, layers) -> None:  # fmt: skip
@@ -25,6 +26,8 @@ class HiddenStep:
         self.inputs: list[Tensor] = []
         self.plain: list[Tensor | None] = []
         self.masses: list[Tensor | None] = []
+        self.attends = [hasattr(layer, "dec_attn") for layer in layers]  # the others carry a state
+        self.states: dict[int, LayerMemory] = {}
         for policy in policies.active:
             policy.begin(self)
 
@@ -53,6 +56,13 @@ class HiddenStep:
 
     def read(self, i: int, hidden: Tensor) -> LayerContext:
         """Layer ``i``'s context; ``hidden`` (B, T', E) is the layer's input, kept for the update."""
+        if not self.attends[i]:
+            self.inputs.append(None)
+            self.plain.append(None)
+            stored = self.layer(i)
+            return LayerContext(
+                state=stored.state, docs=self.state_docs(), inner=stored.inner, recurrence=self.recurrence
+            )
         self.inputs.append(hidden)
         stored = self.layer(i).hidden
         plain = None if stored is None or stored.size(1) == 0 else self.policies.codec.decode(stored, hidden.dtype)
@@ -64,6 +74,16 @@ class HiddenStep:
 
     def record(self, i: int, present, mass: Tensor | None) -> None:
         self.masses.append(mass)
+        if not self.attends[i]:
+            self.states[i] = present
+
+    def state_docs(self) -> tuple | None:
+        """(document of every position (B, T), document of the last position before the segment (B,)), or None."""
+        if self.docs is None:
+            return None
+        query = self.docs[0]
+        last = self.memory.last_doc if self.memory.last_doc is not None else query[:, 0]  # no ids: continue
+        return query, last
 
     def relative_tables(self, positions, project) -> list:
         """The relative positions every layer receives: the shared ``positions`` object (each layer projects it
@@ -75,9 +95,18 @@ class HiddenStep:
         update = Update(self.inputs, self.plain, self.masses, hidden)
         for policy in self.policies.active:
             policy.write(self, update)
-        codec = self.policies.codec
+        codec, keep_graph = self.policies.codec, self.training and self.policies.config.mixers.state_bptt > 1
         compressed = update.compressed or (None,) * len(update.kept)
-        layers = tuple(LayerMemory(codec.encode(h), c) for h, c in zip(update.kept, compressed))
-        memory = Memory(layers, "hidden", update.doc_ids, update.tokens, update.tokens_age)
+        layers = tuple(
+            LayerMemory(codec.encode(h), c) if h is not None else self._state(i, keep_graph)
+            for i, (h, c) in enumerate(zip(update.kept, compressed))
+        )
+        memory = Memory(layers, "hidden", doc_ids=update.doc_ids, last_doc=update.last_doc, tokens=update.tokens,
+                        tokens_age=update.tokens_age)  # fmt: skip
         aux = torch.stack(update.aux_losses).mean() if update.aux_losses else None
         return update.hidden, memory, aux
+
+    def _state(self, i: int, keep_graph: bool) -> LayerMemory:
+        """A recurrent layer's new state: stop-gradient unless it back-propagates through several segments."""
+        made = self.states[i]
+        return LayerMemory(state=tuple(t if keep_graph else t.detach() for t in made.state), inner=made.inner)

@@ -23,5 +23,9 @@ class Truncate(MemoryPolicy):
 
     def write(self, step, update: Update) -> None:
         mem_len = step.recurrence.mem_len
-        update.kept = tuple(keep_recent(x, old, mem_len) for x, old in zip(update.inputs, update.plain))
-        update.n_evicted = step.memory.mem_length + update.inputs[0].size(1) - update.kept[0].size(1)
+        update.kept = tuple(
+            None if x is None else keep_recent(x, old, mem_len) for x, old in zip(update.inputs, update.plain)
+        )  # recurrent layers (None) keep a state instead
+        attending = [(x, kept) for x, kept in zip(update.inputs, update.kept) if x is not None]
+        if attending:
+            update.n_evicted = step.memory.mem_length + attending[0][0].size(1) - attending[0][1].size(1)

@@ -1,0 +1,549 @@
+"""Does the memory earn its keep?  Learning curves of Transformer-XL against no memory, several seeds, resumable.
+
+Every named variant trains the same model on the same data for the same steps, once per seed; the validation
+loss is logged every ``--eval-interval`` steps.  After training, each run's last checkpoint is scored on the
+test split: bpc at its training setting, loss by position inside the segment with its memory and with it cut
+to 0 (:func:`longseq.eval.context.per_position_losses`), and loss against evaluation memory with
+``same_length`` (:func:`longseq.eval.context.context_curve`).  Per variant: mean, sample std and range over the
+seeds; against the baseline variant, the gap and whether the ranges are apart.  The learning curves give, per
+evaluation step, the gap between each variant and the baseline and whether the seeds' ranges separate there:
+the budget at which a table can claim a difference.
+
+Base model (every variant; ``--set`` changes it for all): 4 layers, d_model 128, 4 heads x 32, d_inner 512,
+dropout 0.1; tgt_len 64, batch 16, eval_tgt_len 64; AdamW lr 2e-3, cosine to 1e-4, 200 warm-up steps, clip 0.25.
+Variants are lists of overrides applied after ``--set``; ``--variant NAME KEY=VALUE ...`` adds one.
+
+Files under ``--out``: ``VARIANT/seedS/`` (the run: checkpoints, metrics.jsonl, result.json once scored),
+``summary.json``, ``summary.md``, ``curves.png`` (validation bpc against step and against wall time, mean and
+range over seeds), ``per_position.png``, ``context.png``, and with ``--set keep_last=N`` (history checkpoints)
+``memory_share.png``: the share of attention mass in the memory against step (attention dilution).  A run with a result.json is finished and reused; a run
+with a checkpoint but no result continues with ``--resume`` (and is refused without it).
+
+Usage::
+
+    # the issue's comparison: character PTB, 3 seeds, XL (mem_len 128) against no memory
+    python benchmarks/memory_curves.py --out runs/curves --steps 6000 --seeds 1 2 3 --variants xl no-memory
+    # the same command again with --resume after an interruption: finished runs are reused
+    python benchmarks/memory_curves.py --out runs/curves --steps 6000 --seeds 1 2 3 --variants xl no-memory --resume
+    # the recipe table: every candidate that is a setting today
+    python benchmarks/memory_curves.py --out runs/recipe --steps 6000 --seeds 1 2 3 \\
+        --variants no-memory xl xl-mem64 xl-warmup-long xl-mem-dropout xl-same-length xl-clamp xl-dropatt \
+            xl-curriculum xl-no-r-dropout xl-uv-zeros
+    # RECL of the group (reported in summary.md only where a variant's test bpc is apart from the baseline's)
+    python benchmarks/memory_curves.py --out runs/curves --steps 6000 --seeds 1 2 3 --recl-tokens 3000 --resume
+    # pilot (minutes on 2 CPU cores)
+    python benchmarks/memory_curves.py --out /tmp/curves-pilot --steps 60 --eval-interval 20 --seeds 1 \\
+        --test-segments 20 --set n_layer=2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
+from longseq.config import apply_overrides
+from longseq.data.corpus import load_corpus, load_ptb_char
+from longseq.diagnostics import memory_attention_share
+from longseq.eval import evaluate
+from longseq.eval.context import context_curve, per_position_losses
+from longseq.eval.recl import group_losses, recl
+from longseq.train import load_checkpoint, train
+from longseq.train.checkpoint import load_checkpoint_config
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "..", "..", "shared", "data")
+CORPORA = {  # name -> (loader, tokenizer kind, overrides every variant gets)
+    "ptb-char": (lambda: load_ptb_char(os.path.join(DATA, "ptb")), "char", []),
+    "wt2": (lambda: load_corpus(os.path.join(DATA, "wikitext-2"), "word"), "word", ["cutoffs=2000,10000"]),
+    "wt2-char": (lambda: load_corpus(os.path.join(DATA, "wikitext-2"), "char"), "char", []),
+}
+VARIANTS = {
+    "xl": ["mem_len=128"],
+    "no-memory": ["mem_len=0"],
+    # recipe candidates that are settings today (part 2 of the issue); the others need code, see BENCHMARKS.md
+    "xl-mem64": ["mem_len=64"],  # fewer memory keys to dilute attention over
+    "xl-warmup-long": ["mem_len=128", "warmup_steps=1000"],  # the design's longer warm-up for memory models
+    "xl-mem-dropout": ["mem_len=128", "mem_dropout=0.1"],
+    "xl-same-length": ["mem_len=128", "same_length=true"],  # every query sees 128 keys in training too
+    "xl-clamp": ["mem_len=128", "clamp_len=64"],  # distances beyond 64 share one position vector
+    "xl-dropatt": ["mem_len=128", "dropatt=0.1"],
+    "xl-curriculum": ["mem_len=128", "mem_len_start=16", "mem_len_warmup_steps=2000"],  # gradual context expansion
+    "xl-no-r-dropout": ["mem_len=128", "dropout_r=0"],  # R kept whole (the paper's code drops it with dropout)
+    "xl-uv-zeros": ["mem_len=128", "uv_init=zeros"],  # u and v start at zero
+}
+BASELINE = "no-memory"
+
+
+def base_run(steps: int, eval_interval: int, eval_segments: int, seed: int, tokenizer: str, vocab: int) -> RunConfig:
+    model = ModelConfig.of(
+        vocab_size=vocab, n_layer=4, d_model=128, n_head=4, d_head=32, d_inner=512, dropout=0.1, mem_len=128
+    )
+    return RunConfig(
+        model=model,
+        data=DataConfig(tokenizer=tokenizer, tgt_len=64, batch_size=16, eval_tgt_len=64, eval_batch_size=16),
+        train=TrainConfig(
+            max_steps=steps, lr=2e-3, min_lr=1e-4, warmup_steps=200, clip=0.25, eval_interval=eval_interval,
+            eval_max_segments=eval_segments, log_interval=50, seed=seed,
+        ),
+    )  # fmt: skip
+
+
+def variant_run(args, overrides: list[str], seed: int, vocab: int) -> RunConfig:
+    _, tokenizer, corpus_overrides = CORPORA[args.corpus]
+    run = base_run(args.steps, args.eval_interval, args.eval_segments, seed, tokenizer, vocab)
+    sections = {"model": run.model, "data": run.data, "train": run.train}
+    return RunConfig(**apply_overrides(sections, [*corpus_overrides, *args.set, *overrides]))
+
+
+def write_json(path: str, data) -> None:
+    """Write atomically: a killed run never leaves half a result."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_curve(run_dir: str) -> list[tuple[int, float, float]]:
+    """(step, elapsed seconds, validation loss) of every validation record of a run."""
+    curve = []
+    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            if "valid_loss" in record:
+                curve.append((record["step"], record.get("elapsed_s", math.nan), record["valid_loss"]))
+    return curve
+
+
+def score(model, run: RunConfig, corpus, args) -> dict:
+    """Test bpc at the training setting, the per-position curves and the context curve (nats)."""
+    common = dict(tgt_len=run.data.eval_tgt_len, batch_size=run.data.eval_batch_size, max_segments=args.test_segments)
+    test = evaluate(model, corpus.test, **common, bits_unit="bpc")
+    positions = per_position_losses(model, corpus.test, **common, skip_segments=args.skip_segments)
+    curve = context_curve(model, corpus.test, args.contexts, **common, skip_segments=args.skip_segments)
+    return {"test": test, "per_position": positions, "context_curve": curve, "memory_share": share(model, run, corpus)}
+
+
+def share(model, run: RunConfig, corpus) -> dict | None:
+    """Share of attention mass in the memory per (layer, head), 8 test segments of 4 streams (None: no memory)."""
+    if not run.model.memory.mem_len:
+        return None
+    return memory_attention_share(model, corpus.test, tgt_len=run.data.eval_tgt_len, batch_size=4, segments=8)
+
+
+def share_history(out: str, corpus, device: str) -> list[tuple[int, float]]:
+    """(step, memory share averaged over layers and heads) of every checkpoint kept under ``out/history`` (runs
+    with ``--set keep_last=N``): attention dilution over the memory as training goes on."""
+    history = os.path.join(out, "history")
+    points = []
+    for name in sorted(os.listdir(history)) if os.path.isdir(history) else []:
+        model, _, run, _ = load_checkpoint(os.path.join(history, name), device=device)
+        measured = share(model, run, corpus)
+        if measured is not None:
+            points.append((int(name.split("-")[-1]), float(np.mean(measured["memory_share"]))))
+    return points
+
+
+def run_one(name: str, overrides: list[str], seed: int, corpus, args, log) -> dict:
+    """Train (or resume, or reuse) one variant at one seed and score it."""
+    out = os.path.join(args.out, name, f"seed{seed}")
+    run = variant_run(args, overrides, seed, corpus.tokenizer.vocab_size)
+    result_path = os.path.join(out, "result.json")
+    if os.path.exists(result_path):
+        with open(result_path, encoding="utf-8") as f:
+            result = json.load(f)
+        if result["run"] != run.to_dict():  # same steps, seed, model and data, or a refusal
+            raise SystemExit(f"{out} was trained with another config; use another --out or remove it")
+        log(f"{name} seed {seed}: finished, reused")
+        return result
+    config = run.to_dict()
+    resume = os.path.isdir(os.path.join(out, "last"))
+    if resume and not args.resume:
+        raise SystemExit(f"{out} holds an unfinished run: pass --resume to continue it, or remove it")
+    if resume and load_checkpoint_config(os.path.join(out, "last")).to_dict() != config:
+        raise SystemExit(f"{out} holds a run of another config; use another --out or remove it")
+    log(f"{name} seed {seed}: {'resuming' if resume else 'training'} ({' '.join(overrides)})")
+    began = time.perf_counter()
+    trained = train(run, out, resume=resume, corpus=corpus, progress=False, log=log)
+    model, _, saved, _ = load_checkpoint(os.path.join(out, "last"))
+    model.to(args.device)
+    result = {
+        "variant": name, "seed": seed, "overrides": overrides, "run": config,
+        "params": model.num_parameters(), "step": trained.step, "session_train_s": time.perf_counter() - began,
+        "train_tokens_per_s": trained.tokens_per_s, "curve": read_curve(out), **score(model, saved, corpus, args),
+        "share_history": share_history(out, corpus, args.device),
+    }  # fmt: skip
+    if result["memory_share"] is not None and result["share_history"]:  # the last checkpoint closes the series
+        result["share_history"].append((trained.step, float(np.mean(result["memory_share"]["memory_share"]))))
+    write_json(result_path, result)
+    log(f"{name} seed {seed}: test bpc {result['test']['bpc']:.4f}")
+    return result
+
+
+def stats(values) -> dict:
+    v = np.asarray(values, dtype=np.float64)
+    return {
+        "mean": float(v.mean()),
+        "std": float(v.std(ddof=1)) if v.size > 1 else 0.0,
+        "min": float(v.min()),
+        "max": float(v.max()),
+        "n": int(v.size),
+    }
+
+
+def apart(a: dict, b: dict) -> bool:
+    """True when the seeds' ranges of two stats do not overlap (with one seed each: never claimed)."""
+    return min(a["n"], b["n"]) > 1 and (a["max"] < b["min"] or b["max"] < a["min"])
+
+
+BITS = 1 / math.log(2)
+
+
+def position_bands(loss: list[float]) -> dict:
+    """bpc at the first position, over the first eighth of the segment, its middle half and all of it."""
+    n = len(loss)
+    first, middle = loss[: max(1, n // 8)], loss[n // 4 : max(n // 4 + 1, 3 * n // 4)]
+    return {
+        "pos0": loss[0] * BITS,
+        "first_eighth": float(np.mean(first)) * BITS,
+        "middle_half": float(np.mean(middle)) * BITS,
+        "all": float(np.mean(loss)) * BITS,
+    }
+
+
+def summarize_variant(results: list[dict]) -> dict:
+    """Mean, std and range over seeds of the test bpc, the per-position bands and the context curve (bpc)."""
+    bands = {
+        key: [position_bands(r["per_position"][key]) for r in results] for key in ("loss_memory", "loss_no_memory")
+    }
+    curves = np.array([r["context_curve"]["loss"] for r in results]) * BITS  # (seeds, contexts)
+    return {
+        "seeds": [r["seed"] for r in results],
+        "overrides": results[0]["overrides"],
+        "params": results[0]["params"],
+        "test_bpc": stats([r["test"]["bpc"] for r in results]),
+        "per_position_bpc": {
+            key: {band: stats([b[band] for b in per_seed]) for band in per_seed[0]} for key, per_seed in bands.items()
+        },
+        "context_curve_bpc": {
+            "contexts": results[0]["context_curve"]["contexts"],
+            "by_context": [stats(curves[:, i]) for i in range(curves.shape[1])],
+        },
+        "train_tokens_per_s": stats([r["train_tokens_per_s"] for r in results]),
+        "memory_share_by_layer": layer_shares(results),
+    }
+
+
+def layer_shares(results: list[dict]) -> dict | None:
+    """The memory share of every layer, mean over heads and seeds, and the uniform share (None: no memory)."""
+    if results[0]["memory_share"] is None:
+        return None
+    shares = np.array([r["memory_share"]["memory_share"] for r in results])  # (seeds, L, H)
+    return {
+        "mean_over_heads": shares.mean(axis=(0, 2)).tolist(),
+        "uniform_share": results[0]["memory_share"]["uniform_share"],
+    }
+
+
+def curve_gaps(by_variant: dict[str, list[dict]], baseline: str) -> dict:
+    """Per variant, at every validation step all its seeds and the baseline's logged: the mean validation bpc of
+    both, the relative gap (positive: the variant is better) and whether the seeds' ranges are apart."""
+    if baseline not in by_variant:
+        return {}
+
+    def at_steps(results):
+        table = {}
+        for r in results:
+            for step, _, loss in r["curve"]:
+                table.setdefault(step, []).append(loss * BITS)
+        return {s: v for s, v in table.items() if len(v) == len(results)}
+
+    base = at_steps(by_variant[baseline])
+    gaps = {}
+    for name, results in by_variant.items():
+        if name == baseline:
+            continue
+        rows = []
+        for step, values in sorted(at_steps(results).items()):
+            if step in base:
+                a, b = stats(values), stats(base[step])
+                rows.append({"step": step, "bpc": a["mean"], "baseline_bpc": b["mean"],
+                             "gap_pct": 100 * (b["mean"] - a["mean"]) / b["mean"], "apart": apart(a, b)})  # fmt: skip
+        gaps[name] = rows
+    return gaps
+
+
+def plot_curves(by_variant: dict[str, list[dict]], path: str) -> None:
+    """Validation bpc against step (left) and wall time (right): the mean over seeds, the range shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for name, results in by_variant.items():
+        steps = sorted({s for r in results for s, _, _ in r["curve"]})
+        values = {s: [] for s in steps}
+        times = {s: [] for s in steps}
+        for r in results:
+            for s, t, loss in r["curve"]:
+                values[s].append(loss * BITS)
+                times[s].append(t)
+        full = [s for s in steps if len(values[s]) == len(results)]
+        mean = [np.mean(values[s]) for s in full]
+        low, high = [min(values[s]) for s in full], [max(values[s]) for s in full]
+        clock = [np.nanmean(times[s]) for s in full]
+        for ax, x in ((axes[0], full), (axes[1], clock)):
+            line = ax.plot(x, mean, "o-", markersize=3, label=f"{name} ({len(results)} seeds)")[0]
+            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
+    axes[0].set_xlabel("step")
+    axes[1].set_xlabel("wall time (s, mean over seeds; validation included)")
+    axes[0].set_ylabel("validation bpc")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_final(by_variant: dict[str, list[dict]], out_dir: str) -> list[str]:
+    """The per-position curves (with memory solid, memory cut dashed) and the context curves, mean over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    fig2, ax2 = plt.subplots(figsize=(7, 4))
+    for name, results in by_variant.items():
+        positions = results[0]["per_position"]["positions"]
+        memory = np.mean([r["per_position"]["loss_memory"] for r in results], 0) * BITS
+        line = ax.plot(positions, memory, "-", label=f"{name}, with its memory")[0]
+        if results[0]["run"]["model"]["memory"]["mem_len"]:
+            cut = np.mean([r["per_position"]["loss_no_memory"] for r in results], 0) * BITS
+            ax.plot(positions, cut, "--", color=line.get_color(), label=f"{name}, memory cut to 0")
+        contexts = results[0]["context_curve"]["contexts"]
+        ax2.plot(contexts, np.mean([r["context_curve"]["loss"] for r in results], 0) * BITS, "o-", label=name)
+    _plot_share_history(plt, by_variant, out_dir)
+    ax.set_xlabel("position inside the segment")
+    ax.set_ylabel("test bpc (mean over seeds)")
+    ax2.set_xlabel("evaluation memory (same_length)")
+    ax2.set_ylabel("test bpc (mean over seeds)")
+    names = []
+    for figure, axis, file in ((fig, ax, "per_position.png"), (fig2, ax2, "context.png")):
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+        figure.tight_layout()
+        figure.savefig(os.path.join(out_dir, file), dpi=100)
+        plt.close(figure)
+        names.append(file)
+    return names
+
+
+def _plot_share_history(plt, by_variant: dict[str, list[dict]], out_dir: str) -> None:
+    """memory_share.png: memory share against step, one line per run, when history checkpoints were kept."""
+    runs = [(name, r) for name, results in by_variant.items() for r in results if r.get("share_history")]
+    if not runs:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, r in runs:
+        steps, values = zip(*r["share_history"])
+        ax.plot(steps, values, "o-", markersize=3, label=f"{name} seed {r['seed']}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("attention mass in the memory (mean over layers, heads)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "memory_share.png"), dpi=100)
+    plt.close(fig)
+
+
+def markdown(summary: dict) -> str:
+    """The tables for BENCHMARKS.md: test bpc and per-position bands per variant, the context curve, and the
+    budget at which each variant's learning curve separates from the baseline's."""
+    fmt = lambda s: f"{s['mean']:.4f} ± {s['std']:.4f} [{s['min']:.4f}, {s['max']:.4f}]"  # noqa: E731
+    lines = ["| variant | overrides | seeds | test bpc mean ± std [min, max] | gap to baseline | ranges apart |",
+             "|---|---|---:|---|---:|---|"]  # fmt: skip
+    variants = summary["variants"]
+    base = variants.get(summary["baseline"])
+    for name, v in variants.items():
+        gap, sep = "", ""
+        if base is not None and name != summary["baseline"]:
+            gap = f"{100 * (base['test_bpc']['mean'] - v['test_bpc']['mean']) / base['test_bpc']['mean']:+.2f}%"
+            sep = "yes" if apart(v["test_bpc"], base["test_bpc"]) else "no"
+        lines.append(
+            f"| {name} | {' '.join(v['overrides'])} | {v['test_bpc']['n']} | {fmt(v['test_bpc'])} | {gap} | {sep} |"
+        )
+    lines += [
+        "",
+        "| variant | curve | position 0 | first eighth | middle half | all positions |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, v in variants.items():
+        for key, label in (("loss_memory", "with memory"), ("loss_no_memory", "memory cut to 0")):
+            bands = v["per_position_bpc"][key]
+            lines.append(
+                f"| {name} | {label} | "
+                + " | ".join(f"{bands[b]['mean']:.4f} ± {bands[b]['std']:.4f}" for b in bands)
+                + " |"
+            )
+    contexts = next(iter(variants.values()))["context_curve_bpc"]["contexts"]
+    lines += [
+        "",
+        "| variant | " + " | ".join(f"memory {c}" for c in contexts) + " |",
+        "|---" * (len(contexts) + 1) + "|",
+    ]
+    for name, v in variants.items():
+        cells = [f"{s['mean']:.4f} ± {s['std']:.4f}" for s in v["context_curve_bpc"]["by_context"]]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "| variant | memory share per layer (mean over heads and seeds) | uniform share |", "|---|---|---:|"]
+    for name, v in variants.items():
+        if v["memory_share_by_layer"]:
+            per_layer = " / ".join(f"{x:.3f}" for x in v["memory_share_by_layer"]["mean_over_heads"])
+            lines.append(f"| {name} | {per_layer} | {v['memory_share_by_layer']['uniform_share']:.3f} |")
+    lines += [
+        "",
+        "| variant | first step from which the ranges stay apart | gap there | gap at the last step |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, rows in summary["curve_gaps"].items():
+        first = next((i for i in range(len(rows)) if all(r["apart"] for r in rows[i:])), None)
+        at = f"{rows[first]['step']}" if first is not None else "never"
+        gap = f"{rows[first]['gap_pct']:+.2f}%" if first is not None else ""
+        last = f"{rows[-1]['gap_pct']:+.2f}%" if rows else ""
+        lines.append(f"| {name} | {at} | {gap} | {last} |")
+    lines += recl_lines(summary)
+    return "\n".join(lines) + "\n"
+
+
+def recl_lines(summary: dict) -> list[str]:
+    """RECL per variant and seed, shown only where the variant's test bpc is apart from the baseline's over the
+    seeds (the issue: RECL only at budgets where the models differ by more than their seed spread)."""
+    if not summary.get("recl"):
+        return []
+    variants, base = summary["variants"], summary["variants"].get(summary["baseline"])
+    separated = {
+        name: base is not None and name != summary["baseline"] and apart(v["test_bpc"], base["test_bpc"])
+        for name, v in variants.items()
+    }
+    separated[summary["baseline"]] = any(separated.values())  # the baseline is shown beside any separated variant
+    lines = ["", "| variant | RECL r=0.1 / 0.5 / 1.0, per seed |", "|---|---|"]
+    for name, by_r in summary["recl"]["by_variant"].items():
+        shown = separated.get(name, False)
+        cells = " / ".join(str(by_r[k]) for k in ("r0.1", "r0.5", "r1"))
+        lines.append(f"| {name} | {cells if shown else 'not reported: within the seed spread of the baseline'} |")
+    return lines
+
+
+def group_recl(args, corpus, log) -> dict:
+    """RECL (r = 0.1, 0.5, 1) of the group of variants at every seed, on the first ``--recl-tokens`` test targets
+    after the longest context: ``{variant: {r: [RECL at each seed]}}``."""
+    contexts = sorted({16, 32, 64, 128, 256, 512})
+    out: dict = {name: {} for name in args.variant_overrides}
+    for seed in args.seeds:
+        models = {}
+        for name in args.variant_overrides:
+            model, _, run, _ = load_checkpoint(os.path.join(args.out, name, f"seed{seed}", "last"), device=args.device)
+            models[name] = (model, run)
+        log(f"RECL of the group at seed {seed}")
+        losses = group_losses(models, corpus.test, contexts, max_targets=args.recl_tokens)
+        for r in (0.1, 0.5, 1.0):
+            for name, value in recl(losses, r=r).items():
+                out[name].setdefault(f"r{r:g}", []).append(value)
+    return {"contexts": contexts, "tokens": args.recl_tokens, "by_variant": out}
+
+
+def machine() -> dict:
+    cpu = ""
+    try:
+        cpu = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
+                if line.startswith("Model name")
+            ),
+            "",
+        )
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"cpu": cpu or platform.processor(), "gpu": gpu, "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv)}  # fmt: skip
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="directory of the runs and the summary")
+    parser.add_argument("--corpus", default="ptb-char", choices=sorted(CORPORA))
+    parser.add_argument("--variants", nargs="+", default=["xl", "no-memory"], help=f"names among {sorted(VARIANTS)}")
+    parser.add_argument("--variant", nargs="+", action="append", default=[], metavar=("NAME", "KEY=VALUE"),
+                        help="define a variant: a name and its overrides (repeatable); it joins --variants")  # fmt: skip
+    parser.add_argument("--baseline", default=BASELINE, help="the variant the others are compared with")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--steps", type=int, default=6000)
+    parser.add_argument("--eval-interval", type=int, default=250)
+    parser.add_argument("--eval-segments", type=int, default=40, help="validation segments per evaluation (0: all)")
+    parser.add_argument("--test-segments", type=int, default=0, help="test segments scored at the end (0: all)")
+    parser.add_argument("--skip-segments", type=int, default=8, help="segments read before scoring the curves")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[0, 64, 128, 256, 512])
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override for every variant")
+    parser.add_argument("--recl-tokens", type=int, default=0, help="RECL of the group on this many test targets")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="for scoring")
+    parser.add_argument("--resume", action="store_true", help="continue unfinished runs from their checkpoints")
+    args = parser.parse_args(argv)
+    variants = {name: VARIANTS[name] for name in args.variants if name in VARIANTS}
+    unknown = [n for n in args.variants if n not in VARIANTS and n not in {v[0] for v in args.variant}]
+    if unknown:
+        parser.error(f"unknown variant(s) {unknown}; known: {sorted(VARIANTS)}, or define one with --variant")
+    for name, *overrides in args.variant:
+        variants[name] = overrides
+    args.variant_overrides = variants
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    os.makedirs(args.out, exist_ok=True)
+    corpus = CORPORA[args.corpus][0]()
+    by_variant = {name: [] for name in args.variant_overrides}
+    for seed in args.seeds:  # every variant at one seed before the next seed: a partial run is already a comparison
+        for name, overrides in args.variant_overrides.items():
+            by_variant[name].append(run_one(name, overrides, seed, corpus, args, log))
+    summary = {
+        "meta": {
+            **machine(),
+            "corpus": args.corpus,
+            "steps": args.steps,
+            "seeds": args.seeds,
+            "base_overrides": args.set,
+            "test_segments": args.test_segments,
+        },  # fmt: skip
+        "baseline": args.baseline,
+        "variants": {name: summarize_variant(results) for name, results in by_variant.items()},
+        "curve_gaps": curve_gaps(by_variant, args.baseline),
+        "recl": group_recl(args, corpus, log) if args.recl_tokens else None,
+    }
+    write_json(os.path.join(args.out, "summary.json"), summary)
+    table = markdown(summary)
+    with open(os.path.join(args.out, "summary.md"), "w", encoding="utf-8") as f:
+        f.write(table)
+    plot_curves(by_variant, os.path.join(args.out, "curves.png"))
+    plot_final(by_variant, args.out)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

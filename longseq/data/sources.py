@@ -1,0 +1,209 @@
+"""What a corpus is and where its text lies: the layouts, the splits, and the rules that the in-RAM reader
+(:mod:`longseq.data.corpus`) and the prepared-corpus writer (:mod:`longseq.data.prepared`) share.
+
+``path`` may be:
+
+* ``None``: the bundled tiny-shakespeare (public domain), split 90/5/5;
+* a directory with ``ptb.{train,valid,test}.txt`` (Mikolov's PTB), ``wiki.{train,valid,test}.tokens``
+  (WikiText) or ``{train,valid,test}.txt``: a *layout*, every split its own file.  A directory holding
+  some but not all three files of a layout is an error (read as documents, its test text would be trained on);
+* a single file (enwik8/text8 style), split into the first 90% / next 5% / last 5% of its tokens,
+  which is exactly 90M/5M/5M for the 100M-byte enwik8 and text8;
+* a directory of documents: every regular file, in sorted order, joined by newlines, then split 90/5/5;
+* a directory written by ``longseq data prepare`` (it holds ``index.json``).
+
+A subword tokenizer learns from the training text: the train file of a layout, else the pieces of the text
+(:func:`~longseq.data.tokenizers.iter_pieces`) that start in its first 90% of bytes.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from importlib import resources
+
+import numpy as np
+
+from longseq.data.tokenizers import Tokenizer, UnknownCharacterError
+
+SPLITS = ("train", "valid", "test")
+LAYOUTS = {
+    "ptb": "ptb.{}.txt",
+    "wikitext": "wiki.{}.tokens",
+    "plain": "{}.txt",
+}
+TRAIN_FRACTION, VALID_FRACTION = 0.9, 0.05
+PREPARED_INDEX = "index.json"
+
+
+class CorpusError(ValueError):
+    """A corpus that cannot be read: missing, empty, or not valid text."""
+
+
+@dataclass
+class Corpus:
+    """Token ids of each split and the tokenizer that produced them.
+
+    The ids are arrays in memory, or read-only ``np.memmap`` views of a prepared corpus (nothing loaded).
+    ``doc_ids`` gives, per split, the document of every token (directories of documents): an array, or for a
+    prepared corpus a :class:`DocumentIds` that computes them for the slices asked for.
+    """
+
+    train: np.ndarray
+    valid: np.ndarray
+    test: np.ndarray
+    tokenizer: Tokenizer
+    source: str
+    doc_ids: dict | None = None
+
+    def split(self, name: str) -> np.ndarray:
+        if name not in SPLITS:
+            raise CorpusError(f"unknown split {name!r}; choose one of {SPLITS}")
+        return getattr(self, name)
+
+
+class DocumentIds:
+    """The document of every token of a split, computed from document start offsets for the slices read.
+
+    ``starts`` are the token offsets (in the whole token stream) where each document begins, ascending;
+    ``offset`` is where this split begins in that stream.  ``ids[a:b]`` equals the full array's slice.
+    """
+
+    def __init__(self, starts: np.ndarray, offset: int, length: int) -> None:
+        self.starts, self.offset, self.length = np.asarray(starts, dtype=np.int64), int(offset), int(length)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: slice) -> np.ndarray:
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            raise TypeError("DocumentIds supports contiguous slices only")
+        start, stop, _ = index.indices(self.length)
+        positions = np.arange(self.offset + start, self.offset + max(start, stop), dtype=np.int64)
+        return np.searchsorted(self.starts, positions, side="right") - 1  # (n,) the document of each token
+
+
+@dataclass
+class Source:
+    """Where a corpus's text is: ``layout`` (``files`` maps each split to its file), ``documents`` (``files``
+    lists the documents in order) or ``file`` (one file)."""
+
+    kind: str
+    path: str
+    files: dict[str, str] | list[str]
+
+
+def bundled_corpus_path() -> str:
+    return str(resources.files("longseq.data") / "corpora" / "tinyshakespeare.txt")
+
+
+def read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise CorpusError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def decode_text(data: bytes, path: str, offset: int = 0) -> str:
+    """``data`` (read from ``path`` at byte ``offset``) as UTF-8, or an error naming the file and byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise not_utf8(path, offset + exc.start, data[exc.start : exc.start + 4]) from None
+
+
+def not_utf8(path: str, position: int, sample: bytes) -> CorpusError:
+    return CorpusError(
+        f"{path} is not valid UTF-8 (byte {position}: {sample!r}); use --tokenizer byte for binary or non-UTF-8 data"
+    )
+
+
+def unknown_character(path: str, exc: UnknownCharacterError, line: int | None = None, column: int | None = None):
+    """A :class:`CorpusError` for a character the vocabulary lacks, at its line and column in ``path`` (those of
+    ``exc`` unless given: the text encoded may have been a block of the file)."""
+    where = f"line {exc.line if line is None else line}, column {exc.column if column is None else column}"
+    return CorpusError(
+        f"{path}, {where}: character {exc.char!r} (U+{ord(exc.char):04X}) is not in the tokenizer's "
+        f"vocabulary; build the tokenizer from text that contains it, or use --tokenizer byte (every byte has an id)"
+    )
+
+
+def find_layout(directory: str) -> dict[str, str] | None:
+    """The split files of the layout in ``directory``; None if it holds no file of any layout."""
+    for name, pattern in LAYOUTS.items():
+        files = {split: os.path.join(directory, pattern.format(split)) for split in SPLITS}
+        present = [split for split, f in files.items() if os.path.isfile(f)]
+        if len(present) == len(SPLITS):
+            return files
+        if present:
+            missing = ", ".join(os.path.basename(files[s]) for s in SPLITS if s not in present)
+            raise CorpusError(
+                f"{directory} holds the {name} layout's {', '.join(os.path.basename(files[s]) for s in present)} but "
+                f"not {missing}: add the missing split (read as documents instead, its test text would be trained on)"
+            )
+    return None
+
+
+def document_files(directory: str) -> list[str]:
+    names = sorted(
+        n for n in os.listdir(directory) if not n.startswith(".") and os.path.isfile(os.path.join(directory, n))
+    )
+    if not names:
+        raise CorpusError(f"{directory} holds no documents and no known layout (ptb.*.txt, wiki.*.tokens, train.txt)")
+    return [os.path.join(directory, n) for n in names]
+
+
+def resolve_source(path: str | None) -> Source:
+    """The :class:`Source` that ``path`` names (not a prepared directory: see :func:`is_prepared`)."""
+    source = bundled_corpus_path() if path is None else os.path.expanduser(path)
+    if not os.path.exists(source):
+        raise CorpusError(f"corpus path {source} does not exist")
+    if not os.path.isdir(source):
+        return Source("file", source, [source])
+    layout = find_layout(source)
+    return Source("layout", source, layout) if layout else Source("documents", source, document_files(source))
+
+
+def is_prepared(path: str | None) -> bool:
+    return path is not None and os.path.isfile(os.path.join(os.path.expanduser(path), PREPARED_INDEX))
+
+
+def split_cuts(n_tokens: int) -> tuple[int, int]:
+    """Where a single token stream is cut into train / valid / test (90% / 5% / 5%)."""
+    train = int(n_tokens * TRAIN_FRACTION)
+    return train, train + int(n_tokens * VALID_FRACTION)
+
+
+def training_pieces(pieces: Iterable[str], total_bytes: int) -> Iterator[str]:
+    """The pieces of a single stream that a subword tokenizer learns from: those that start in its first 90% of
+    bytes (``total_bytes`` in all)."""
+    limit, offset = int(total_bytes * TRAIN_FRACTION), 0
+    for piece in pieces:
+        if offset >= limit:
+            return
+        yield piece
+        offset += len(piece.encode("utf-8", errors="surrogatepass"))
+
+
+def check_nonempty(ids: np.ndarray, what: str) -> np.ndarray:
+    if len(ids) == 0:
+        raise CorpusError(f"{what} is empty: no tokens to train or evaluate on")
+    return ids
+
+
+def token_counts(ids: np.ndarray, vocab_size: int, chunk: int = 1 << 24) -> np.ndarray:
+    """How often every id occurs in ``ids``, read ``chunk`` ids at a time.  A memory-mapped split is read from its
+    file, not through the map, so the pass leaves none of it resident in the process."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    whole_map = isinstance(ids, np.memmap) and isinstance(ids.base, mmap.mmap)  # not a view of one
+    for start in range(0, len(ids), chunk):
+        if whole_map:
+            count = min(chunk, len(ids) - start)
+            part = np.fromfile(ids.filename, ids.dtype, count, offset=ids.offset + start * ids.itemsize)
+        else:
+            part = ids[start : start + chunk]
+        counts += np.bincount(np.asarray(part, dtype=np.int64), minlength=vocab_size)
+    return counts

@@ -1,0 +1,138 @@
+"""Is the long context used?  Loss by position inside the segment, and loss as the evaluation memory grows.
+
+* :func:`per_position_losses` is the picture of context fragmentation and its cure.  A model without memory
+  predicts the first positions of a segment from almost nothing, so its loss is high there and falls along the
+  segment; a memory that works flattens the curve.  Both curves come from the same model on the same segments.
+* :func:`context_curve` is the loss when every token sees a given number of positions (``same_length``): it
+  shows whether context beyond the training memory is used (the paper's models improve up to several times
+  their training memory).
+
+Losses are in nats per token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from longseq.eval.evaluate import evaluate, segment_losses
+
+
+def _full_memory_segments(model, tgt_len: int, mem_len: int | None) -> int:
+    """Segments an ordered pass reads before the memory holds ``mem_len`` positions (at least 1)."""
+    length = model.config.memory.mem_len if mem_len is None else mem_len
+    return max(1, math.ceil(length / tgt_len))
+
+
+@torch.no_grad()
+def per_position_losses(
+    model,
+    ids: np.ndarray,
+    *,
+    tgt_len: int,
+    batch_size: int,
+    mem_len: int | None = None,
+    clamp_len: int | None = None,
+    same_length: bool | None = None,
+    max_segments: int = 0,
+    skip_segments: int | None = None,
+    progress: bool = False,
+) -> dict:
+    """Mean NLL at each position 0 .. ``tgt_len`` - 1 inside the segment, with the memory and without it.
+
+    One ordered pass over ``ids`` (``batch_size`` streams of ``tgt_len`` segments, at most ``max_segments``
+    of them) gives ``loss_memory``: the memory carried across segments, with the model's ``mem_len``,
+    ``clamp_len`` and ``same_length`` or the overrides given.  A second pass over the same segments gives
+    ``loss_no_memory``: every segment read alone from an empty memory (``mem_len`` 0, causal attention inside
+    the segment), the same weights.
+
+    The first segments of a pass have an empty or partly filled memory in both passes, so they are read but
+    not scored: ``skip_segments`` of them, by default as many as fill the memory (ceil(mem_len / tgt_len),
+    at least 1).  Both curves average the same tokens.  A last segment shorter than ``tgt_len`` counts at the
+    positions it has; ``tokens`` gives the count per position.
+    """
+    if skip_segments is None:
+        skip_segments = _full_memory_segments(model, tgt_len, mem_len)
+    if skip_segments < 0:
+        raise ValueError(f"skip_segments must be >= 0, got {skip_segments}")
+    common = dict(batch_size=batch_size, tgt_len=tgt_len, clamp_len=clamp_len, max_segments=max_segments)
+    was_training = model.training
+    with_memory = segment_losses(model, ids, mem_len=mem_len, same_length=same_length, progress=progress, **common)
+    alone = segment_losses(model, ids, mem_len=0, same_length=False, carry=False, **common)
+    sums = {"memory": torch.zeros(tgt_len, dtype=torch.float64), "alone": torch.zeros(tgt_len, dtype=torch.float64)}
+    counts = torch.zeros(tgt_len, dtype=torch.float64)
+    scored = 0
+    try:
+        for index, (nll_memory, nll_alone) in enumerate(zip(with_memory, alone)):
+            if index < skip_segments:
+                continue
+            length = nll_memory.size(1)  # (B, T)
+            sums["memory"][:length] += nll_memory.double().sum(0).cpu()
+            sums["alone"][:length] += nll_alone.double().sum(0).cpu()
+            counts[:length] += nll_memory.size(0)
+            scored += 1
+    finally:
+        with_memory.close()
+        alone.close()
+        model.train(was_training)
+    if not scored:
+        raise ValueError(
+            f"no segment left to score: the pass has at most {max_segments or 'all'} segments and the first "
+            f"{skip_segments} only fill the memory; give more data, a larger max_segments or a smaller skip_segments"
+        )
+    keep = counts > 0
+    return {
+        "positions": torch.arange(tgt_len)[keep].tolist(),
+        "loss_memory": (sums["memory"][keep] / counts[keep]).tolist(),
+        "loss_no_memory": (sums["alone"][keep] / counts[keep]).tolist(),
+        "tokens": counts[keep].long().tolist(),
+        "segments": scored,
+        "skip_segments": skip_segments,
+    }
+
+
+def context_curve(
+    model,
+    ids: np.ndarray,
+    contexts: list[int],
+    *,
+    tgt_len: int,
+    batch_size: int,
+    same_length: bool = True,
+    clamp_len: int | None = None,
+    max_segments: int = 0,
+    skip_segments: int = 0,
+    progress: bool = False,
+) -> dict:
+    """Loss of one ordered pass for every evaluation memory length in ``contexts``.
+
+    Context c is :func:`~longseq.eval.evaluate.evaluate` with ``mem_len=c`` and ``same_length`` (every token
+    then sees exactly the last c positions once the memory is full); context 0 is the segment alone
+    (``mem_len`` 0, causal attention inside the segment: ``same_length`` needs a memory).  ``clamp_len`` > 0
+    clamps relative distances, as the paper does when it evaluates with long memories.  ``skip_segments``
+    reads that many segments first without scoring them; ceil(max(contexts) / tgt_len) scores every context on
+    tokens whose memory is full.
+    """
+    if not contexts:
+        raise ValueError("context_curve needs at least one context length")
+    if any(c < 0 for c in contexts):
+        raise ValueError(f"context lengths must be >= 0, got {list(contexts)}")
+    losses, tokens = [], 0
+    for c in contexts:
+        metrics = evaluate(
+            model, ids, batch_size=batch_size, tgt_len=tgt_len, mem_len=c, clamp_len=clamp_len,
+            same_length=same_length and c > 0, max_segments=max_segments, skip_segments=skip_segments,
+            progress=progress,
+        )  # fmt: skip
+        losses.append(metrics["loss"])
+        tokens = metrics["tokens"]
+    return {
+        "contexts": list(contexts),
+        "loss": losses,
+        "tokens": tokens,
+        "same_length": same_length,
+        "clamp_len": clamp_len,
+        "skip_segments": skip_segments,
+    }

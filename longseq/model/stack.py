@@ -1,0 +1,140 @@
+"""A stack of layers over a recurrence memory, the body of the Transformer-XL backbone (and of an hourglass's
+shortened middle): for every layer, read its context from the memory step, run it, record what it made."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from longseq.config.model import ModelConfig
+from longseq.model.attention.patterns import AttentionPattern, PatternMask, global_keys, layer_patterns
+from longseq.model.hourglass import Hourglass, inner_config
+from longseq.model.layers import DecoderLayer, PositionwiseFF
+from longseq.model.memory import LayerContext, MemoryPolicies, Recurrence
+from longseq.model.mixers import MixerLayer
+from longseq.model.positions import RelativePositions, position_encoding, relative_distances
+
+
+def build_layers(config: ModelConfig) -> list[nn.Module]:
+    """One module per layer of ``config``; an hourglass's shortened layers form one :class:`Hourglass` block."""
+    c, layers = config, []
+    first, end = c.hourglass.shorten_layers or (c.n_layer, c.n_layer)
+    for i, name in enumerate(c.layer_mixers):
+        if i == first:
+            layers.append(Hourglass(c, LayerStack(inner_config(c))))
+        if first <= i < end:
+            continue
+        if name == "attention":
+            layers.append(DecoderLayer(c))
+        else:
+            layers.append(
+                MixerLayer(name, c, PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps))
+            )
+    return layers
+
+
+def outer_patterns(config: ModelConfig) -> list[AttentionPattern | None]:
+    """The pattern of every layer :func:`build_layers` makes (None for the hourglass block)."""
+    patterns = layer_patterns(config)
+    first, end = config.hourglass.shorten_layers or (config.n_layer, config.n_layer)
+    return patterns[:first] + ([None] if first < config.n_layer else []) + patterns[end:]
+
+
+class LayerStack(nn.Module):
+    """A stack of layers over a recurrence memory: decoder layers (attention), recurrent layers (ssm, conv, rnn)
+    and, with an hourglass, one block that runs its own stack at a shorter resolution.
+
+    u and v (``r_w_bias``, ``r_r_bias``) are (H, D) shared by all layers, or (L, H, D) with ``untie_r``; an
+    encoding without them (Shaw's, absolute) has fixed zeros.  Each layer attends with its own pattern.  What the
+    layers read from the memory and what is kept of them is the memory policies' business
+    (:mod:`longseq.model.memory`); the backbone only hands each layer its context.
+
+    ``activation_checkpointing`` (an execution setting, not architecture; the trainer sets it from
+    ``TrainConfig``) = k recomputes every k-th layer in the backward pass instead of storing its activations.
+    """
+
+    activation_checkpointing: int = 0
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        self.drop = nn.Dropout(c.dropout)
+        self.drop_r = nn.Dropout(c.dropout if c.dropout_r is None else c.dropout_r)  # on the sinusoidal R
+        self.encoding = position_encoding(c.positions.pos)
+        self.layers = nn.ModuleList(build_layers(c))
+        bias_shape = (len(self.layers), c.n_head, c.d_head) if c.untie_r else (c.n_head, c.d_head)
+        if self.encoding.learned_biases:
+            self.r_w_bias = nn.Parameter(torch.zeros(bias_shape))  # u
+            self.r_r_bias = nn.Parameter(torch.zeros(bias_shape))  # v
+        else:  # Shaw: terms (a) and (b) only; absolute: content only
+            self.register_buffer("r_w_bias", torch.zeros(bias_shape), persistent=False)
+            self.register_buffer("r_r_bias", torch.zeros(bias_shape), persistent=False)
+        self.patterns = outer_patterns(c)
+        self.memory = MemoryPolicies(c)
+
+    @property
+    def memory_tokens(self) -> Tensor | None:
+        """The learned initial memory tokens (n, E), or None without memory tokens."""
+        tokens = self.memory.policies["tokens"] if "tokens" in self.memory.policies else None
+        return None if tokens is None else tokens.initial
+
+    def run(self, step, hidden: Tensor, recurrence: Recurrence, global_mask: Tensor | None = None):
+        """The layers over ``hidden`` (B, T', E) with the memory ``step`` opened for them: returns the output, the
+        new memory and the auxiliary loss (or None)."""
+        positions = partial(self._positions, recurrence.clamp_len, step.qlen, hidden.dtype, hidden.device)
+        tables = step.relative_tables(positions, self._project)  # one per layer
+        masks = self._masks(step, global_mask, hidden.device)  # one per layer
+        for i in range(len(self.layers)):
+            context = step.read(i, hidden)
+            hidden, present, mass = self._run_layer(i, hidden, tables[i], masks[i], context)
+            step.record(i, present, mass)
+        return step.write(hidden)
+
+    def _biases(self, layer: int) -> tuple[Tensor, Tensor]:
+        if self.config.untie_r:
+            return self.r_w_bias[layer], self.r_r_bias[layer]
+        return self.r_w_bias, self.r_r_bias
+
+    def _run_layer(self, i: int, hidden: Tensor, table, mask: PatternMask | None, context: LayerContext):
+        args = (hidden, table, *self._biases(i), mask, context)
+        if self.training and self.activation_checkpointing and i % self.activation_checkpointing == 0:
+            return checkpoint(self.layers[i], *args, use_reentrant=False)  # recomputed in backward, same dropout
+        return self.layers[i](*args)
+
+    def _positions(self, clamp_len: int, qlen: int, dtype: torch.dtype, device, rows: int) -> RelativePositions:
+        """The relative positions of distances ``rows - 1`` .. 0; a bidirectional model continues down to
+        -(qlen - 1) for the later keys of the segment.  Every layer projects them itself."""
+        bottom = -(qlen - 1) if self.config.pattern.bidirectional else 0
+        distances = relative_distances(rows - 1, clamp_len, device, bottom)
+        return self.encoding.positions(distances, self.config.d_model, dtype, self.drop_r)
+
+    def relative_tables(self, klen: int, clamp_len: int = -1, dtype=torch.float32, device=None, qlen: int = 1):
+        """Every layer's projected relative table (H, R, D) for ``klen`` keys (R = klen + 1, or klen + qlen with a
+        bidirectional model): what a layer multiplies its queries with (tests, diagnostics)."""
+        return self._project(self._positions(clamp_len, qlen, dtype, device, klen + 1))
+
+    def _project(self, positions: RelativePositions) -> list[Tensor | None]:
+        """Every layer's relative table (H, R, D), projected outside the layers (the key/value memory's cache)."""
+        return [
+            layer.dec_attn.relative_keys(positions) if hasattr(layer, "dec_attn") else None for layer in self.layers
+        ]
+
+    def _masks(self, step, global_mask: Tensor | None, device) -> list[PatternMask]:
+        """Each layer's :class:`PatternMask` (layers with the same pattern share one)."""
+        if global_mask is not None:
+            global_mask = step.wrap_flags(global_mask.to(torch.bool))
+        query_docs, key_docs = step.docs if step.docs is not None else (None, None)
+        shared: dict = {None: None}  # layers that do not attend need no mask
+        patterns = [p if hasattr(layer, "dec_attn") else None for p, layer in zip(self.patterns, self.layers)]
+        for pattern in patterns:
+            if pattern not in shared:
+                flags = None
+                if pattern.has_global:
+                    flags = global_keys(global_mask, pattern.num_global, step.batch, step.qlen, step.mlen, device)
+                shared[pattern] = PatternMask(
+                    pattern, step.qlen, step.mlen, step.span, query_docs, key_docs, flags, device
+                )
+        return [shared[pattern] for pattern in patterns]

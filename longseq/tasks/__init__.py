@@ -1,0 +1,22 @@
+"""Tasks as plug-ins: language modeling and the fine-tuning tasks, each one file with a :class:`Task` subclass.
+``TASKS`` maps the names ``TaskConfig.name`` accepts to them."""
+
+from longseq.config.run import TASKS as TASK_NAMES
+from longseq.config.run import RunConfig
+from longseq.tasks.base import FinetuneOptions, StepContext, StepResult, Task
+from longseq.tasks.classify import Classify
+from longseq.tasks.lm import LanguageModeling
+from longseq.tasks.mlm import MaskedLM
+from longseq.tasks.span import Span
+
+TASKS: dict[str, type[Task]] = {"lm": LanguageModeling, "classify": Classify, "span": Span, "mlm": MaskedLM}
+assert tuple(TASKS) == TASK_NAMES, "the registry must implement every task name the config accepts"
+
+
+def task_for(run: RunConfig, tokenizer=None, log=None, **kwargs) -> Task:
+    """The task a run config names (language modeling when it names none)."""
+    name = "lm" if run.task is None else run.task.name
+    return TASKS[name](run, tokenizer, log, **kwargs)
+
+
+__all__ = ["TASKS", "FinetuneOptions", "StepContext", "StepResult", "Task", "task_for"]

@@ -1,0 +1,188 @@
+"""The task interface the one :class:`~longseq.train.trainer.Trainer` trains, and what tasks share.
+
+A task says how a run's examples are read, encoded and batched, what one optimizer step computes, how a model is
+scored and how it predicts.  Language modeling is a task (:mod:`longseq.tasks.lm`) like the fine-tuning ones
+(classify, span, mlm); a new task is one file with a :class:`Task` subclass, registered in :mod:`longseq.tasks`.
+
+Batches are drawn by a stateful, JSON-serialisable iterator, so a resumed run reads exactly the batches the
+uninterrupted run would have read.  The trainer hands each step a :class:`StepContext`: the (possibly
+DDP-wrapped) model, the device, this rank's rows, mixed-precision autocast and the loss-scaling backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from longseq.config.base import ConfigError, JsonConfig, check
+from longseq.config.run import RunConfig
+
+
+@dataclass
+class StepContext:
+    """What the trainer lends a task for one optimizer step."""
+
+    net: nn.Module  # the model as it runs (DDP-wrapped under torchrun)
+    device: torch.device
+    rows: slice  # this rank's share of the batch rows
+    grad_accum: int
+    autocast_dtype: torch.dtype | None = None
+    scaler: object | None = None  # the fp16 GradScaler, or None
+    step: int = 0  # the optimizer step being computed (0-based), for schedules a task follows
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def backward(self, loss: Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+
+@dataclass
+class StepResult:
+    """One optimizer step's mean training loss (this rank), the state carried to the next step (the LM's memory,
+    else None) and the tokens (or examples) it consumed."""
+
+    loss: float
+    state: object | None
+    tokens: int
+
+
+class Task:
+    """The interface; see the module docstring.  Subclasses set ``name`` and ``options_type``."""
+
+    name = ""
+    options_type: type[JsonConfig] | None = None
+
+    def __init__(self, run: RunConfig, tokenizer, log=None, base: nn.Module | None = None) -> None:
+        self.run, self.tokenizer, self.base = run, tokenizer, base  # base: the LM a new fine-tuning run starts from
+        self.log = log or (lambda message: None)
+
+    @property
+    def options(self):
+        return self.options_type.from_dict(self.run.task.options) if self.options_type else None
+
+    def prepare(self) -> RunConfig:
+        """Read what the run needs (data, labels) and return the run config completed by it."""
+        return self.run
+
+    def build_model(self) -> nn.Module:
+        """A fresh model for the run (initialised; the trainer then restores or :meth:`initialize`-s it)."""
+        raise NotImplementedError
+
+    def initialize(self, model: nn.Module) -> None:
+        """Prepare a new run's model (fine-tuning: load the base LM's weights)."""
+
+    def trainable(self, model: nn.Module) -> list | None:
+        """The parameters that train (head-only fine-tuning), or None for all; applied on every build."""
+        return None
+
+    def batches(self, world):
+        """The stateful training batch iterator (``next()``, ``state_dict()``, ``load_state_dict()``)."""
+        raise NotImplementedError
+
+    def train_step(self, ctx: StepContext, batch, state) -> StepResult:
+        """Forward and backward of one optimizer step (``ctx.backward`` each loss part)."""
+        raise NotImplementedError
+
+    def validate(self, model: nn.Module, sharded: bool = False) -> dict:
+        """Validation metrics; ``loss`` (lower is better) picks the best checkpoint.  Empty without validation data."""
+        return {}
+
+    def report(self, model: nn.Module) -> dict:
+        """The task's final metrics (fine-tuning: train and valid), for the command line."""
+        return {}
+
+    def predict(self, model: nn.Module, records: list[dict]) -> list[dict]:
+        """One output per input record: ``prediction`` plus scores."""
+        raise ConfigError(f"the {self.name} task has no predictions; use longseq generate for a language model")
+
+
+@dataclass
+class FinetuneOptions(JsonConfig):
+    """What every fine-tuning task shares: the training and validation JSONL files, the segment length the
+    document is read in (0: the LM's ``tgt_len``), the LM checkpoint it starts from (``base``) and ``head_only``
+    (train the task head alone)."""
+
+    train: str = ""
+    valid: str | None = None
+    segment_len: int = 0
+    base: str | None = None
+    head_only: bool = False
+
+    def __post_init__(self) -> None:
+        check(bool(self.train), "a fine-tuning task needs its training file (--data FILE.jsonl)")
+        check(self.segment_len >= 0, f"segment_len must be >= 0, got {self.segment_len}")
+
+
+class ExampleBatches:
+    """Shuffled batches of example indices, epoch after epoch; the order of epoch e is a permutation drawn from
+    (seed, e), so the state is two integers and a resumed run draws the same batches."""
+
+    def __init__(self, n: int, batch_size: int, seed: int) -> None:
+        if n < 1:
+            raise ConfigError("no training examples")
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.epoch, self.position = 0, 0
+
+    def _order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(self.n)
+
+    def next(self) -> list[int]:
+        picked: list[int] = []
+        while len(picked) < min(self.batch_size, self.n):
+            order = self._order(self.epoch)
+            take = order[self.position : self.position + self.batch_size - len(picked)]
+            picked += take.tolist()
+            self.position += len(take)
+            if self.position >= self.n:
+                self.epoch, self.position = self.epoch + 1, 0
+        return picked
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+def padded(seqs: list[list[int]], segment_len: int, left: bool = False) -> tuple[Tensor, Tensor]:
+    """Token ids (B, N) padded with token 0 to a whole number of segments, on the left or the right, and the
+    (B, N) mask of the filler."""
+    length = -(-max(len(ids) for ids in seqs) // segment_len) * segment_len
+    inputs = torch.zeros(len(seqs), length, dtype=torch.long)
+    padding = torch.ones(len(seqs), length, dtype=torch.bool)
+    for row, ids in enumerate(seqs):
+        where = slice(length - len(ids), length) if left else slice(0, len(ids))
+        inputs[row, where] = torch.as_tensor(ids)
+        padding[row, where] = False
+    return inputs, padding
+
+
+def set_trainable(model: nn.Module, trainable) -> None:
+    """Train only the parameters in ``trainable`` (head-only fine-tuning), or all of them when it is None."""
+    keep = None if trainable is None else {id(p) for p in trainable}
+    for p in model.parameters():
+        p.requires_grad_(keep is None or id(p) in keep)
+
+
+def chunks(items: list, n: int) -> list[list]:
+    """``items`` cut into ``n`` nearly equal consecutive parts (gradient accumulation); empty parts dropped."""
+    size = -(-len(items) // n)
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+TRAIN_SCORED = 1000  # the "train" metrics score the first this many training examples (a large set takes long)
+
+
+@dataclass
+class Encoded:
+    """A task's training and validation examples, encoded once."""
+
+    train: list = field(default_factory=list)
+    valid: list | None = None

@@ -1,0 +1,163 @@
+"""Long-document classification: the document is read segment by segment with the memory, and its final segment's
+summary (the last position, or the mean of the final segment) is classified.  Documents are left-padded within a
+batch to a whole number of segments, so the last position is every document's real last token.  Metrics: accuracy
+and macro-F1; predictions: the label and every label's probability."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from longseq.config.base import check, check_choice
+from longseq.data.tasks import TaskDataError, read_jsonl
+from longseq.model import build_model
+from longseq.model.heads import POOLING, DocumentClassifier
+from longseq.tasks.base import (
+    TRAIN_SCORED,
+    ExampleBatches,
+    FinetuneOptions,
+    StepContext,
+    StepResult,
+    Task,
+    chunks,
+    padded,
+)  # fmt: skip
+
+
+@dataclass
+class ClassifyOptions(FinetuneOptions):
+    """``labels``: the label set, in class order (found in the training file; stored so a checkpoint knows its
+    classes); ``pooling``: last or mean; ``lm_weight``: the weight of a joint next-token loss."""
+
+    labels: list[str] = field(default_factory=list)
+    pooling: str = "last"
+    lm_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("pooling", self.pooling, POOLING)
+        check(self.lm_weight >= 0, f"lm_weight must be >= 0, got {self.lm_weight}")
+
+
+def label_name(value) -> str:
+    """One name per label: 0 and "0" are the same class (JSON numbers and strings alike)."""
+    return str(value)
+
+
+def classification_metrics(predicted: list[int], gold: list[int], n_classes: int) -> dict:
+    """Accuracy and macro-F1 (the mean of per-class F1 over classes present in gold or predictions)."""
+    accuracy = sum(p == g for p, g in zip(predicted, gold)) / max(1, len(gold))
+    f1s = []
+    for c in range(n_classes):
+        tp = sum(p == c and g == c for p, g in zip(predicted, gold))
+        fp = sum(p == c and g != c for p, g in zip(predicted, gold))
+        fn = sum(p != c and g == c for p, g in zip(predicted, gold))
+        if tp + fp + fn:
+            f1s.append(2 * tp / (2 * tp + fp + fn))
+    return {"accuracy": accuracy, "macro_f1": sum(f1s) / max(1, len(f1s))}
+
+
+class Classify(Task):
+    name = "classify"
+    options_type = ClassifyOptions
+
+    def prepare(self):
+        o = self.options
+        records = read_jsonl(o.train, "classify")
+        if not o.labels:  # a new run: the classes are the training file's labels
+            names = sorted({label_name(r["label"]) for r in records})
+            if len(names) < 2:
+                raise TaskDataError(f"{o.train}: classification needs at least 2 labels, found {names}")
+            self.run.task.options = {**self.run.task.options, "labels": names}
+        self.index = {name: i for i, name in enumerate(self.options.labels)}
+        self.train_docs = self.encode(records, o.train, labelled=True)
+        self.valid_docs = self.encode(read_jsonl(o.valid, "classify"), o.valid, labelled=True) if o.valid else None
+        return self.run
+
+    @property
+    def segment_len(self) -> int:
+        return self.options.segment_len or self.run.data.tgt_len
+
+    def encode(self, records: list[dict], path: str, labelled: bool) -> list[tuple[list[int], int]]:
+        docs = []
+        for number, record in enumerate(records, 1):
+            if not isinstance(record.get("text"), str):
+                raise TaskDataError(f"{path}: record {number} has no text field")
+            ids = self.tokenizer.encode(record["text"]).tolist()
+            if not ids:
+                raise TaskDataError(f"{path}: record {number} has an empty text")
+            label = -1
+            if labelled:
+                name = label_name(record["label"])
+                if name not in self.index:
+                    raise TaskDataError(f"{path}: record {number} has label {record['label']!r}, unseen in training")
+                label = self.index[name]
+            docs.append((ids, label))
+        return docs
+
+    def build_model(self) -> nn.Module:
+        o = self.options
+        return DocumentClassifier(build_model(self.run.model), len(o.labels), o.pooling)
+
+    def initialize(self, model: DocumentClassifier) -> None:
+        if self.base is not None:
+            model.lm.load_state_dict(self.base.state_dict())
+
+    def trainable(self, model: DocumentClassifier) -> list | None:
+        return list(model.classifier.parameters()) if self.options.head_only else None
+
+    def batches(self, world) -> ExampleBatches:
+        return ExampleBatches(len(self.train_docs), self.run.data.batch_size, self.run.train.seed)
+
+    def _batch(self, docs):
+        inputs, padding = padded([ids for ids, _ in docs], self.segment_len, left=True)
+        return inputs, torch.as_tensor([label for _, label in docs]), padding
+
+    def train_step(self, ctx: StepContext, indices: list[int], state) -> StepResult:
+        picked = [self.train_docs[i] for i in indices][ctx.rows]
+        parts, total = chunks(picked, ctx.grad_accum), 0.0
+        for part in parts:
+            inputs, labels, padding = (t.to(ctx.device) for t in self._batch(part))
+            with ctx.autocast():
+                loss = ctx.net(inputs, self.segment_len, labels, self.options.lm_weight, padding)["loss"]
+            ctx.backward(loss * len(part) / len(picked))
+            total += loss.item() * len(part) / len(picked)
+        return StepResult(total, None, len(picked))
+
+    @torch.no_grad()
+    def scores(self, model, docs) -> torch.Tensor:
+        """Class probabilities (n, C) of encoded documents, in batches."""
+        was_training, out = model.training, []
+        model.eval()
+        device = next(model.parameters()).device
+        for start in range(0, len(docs), self.run.data.batch_size):
+            inputs, _, padding = (t.to(device) for t in self._batch(docs[start : start + self.run.data.batch_size]))
+            out.append(model(inputs, self.segment_len, padding=padding)["logits"].float().softmax(-1).cpu())
+        model.train(was_training)
+        return torch.cat(out)
+
+    def metrics(self, model, docs) -> dict:
+        probs = self.scores(model, docs)
+        gold = torch.as_tensor([label for _, label in docs])
+        metrics = classification_metrics(probs.argmax(-1).tolist(), gold.tolist(), len(self.options.labels))
+        return {**metrics, "loss": float(F.nll_loss(probs.clamp(min=1e-30).log(), gold))}
+
+    def validate(self, model, sharded: bool = False) -> dict:
+        return self.metrics(model, self.valid_docs) if self.valid_docs else {}
+
+    def report(self, model) -> dict:
+        drop_loss = lambda m: {k: v for k, v in m.items() if k != "loss"}  # noqa: E731
+        out = {"labels": self.options.labels, "train": drop_loss(self.metrics(model, self.train_docs[:TRAIN_SCORED]))}
+        if self.valid_docs:
+            out["valid"] = drop_loss(self.metrics(model, self.valid_docs))
+        return out
+
+    def predict(self, model, records: list[dict], path: str = "input") -> list[dict]:
+        probs = self.scores(model, self.encode(records, path, labelled=False))
+        names = self.options.labels
+        return [
+            {"prediction": names[int(p.argmax())], "scores": {n: float(v) for n, v in zip(names, p)}} for p in probs
+        ]

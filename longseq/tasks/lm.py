@@ -1,0 +1,152 @@
+"""Language modeling, the task of a plain ``longseq train`` run: ordered segments of parallel streams, the memory
+carried from one optimizer step to the next, validation by one ordered pass with the memory."""
+
+from __future__ import annotations
+
+import os
+
+from torch import nn
+
+from longseq.config.base import ConfigError
+from longseq.config.run import RunConfig, TrainConfig
+from longseq.data.batching import OrderedStream
+from longseq.data.corpus import Corpus, load_data, unigram_bits_per_token
+from longseq.eval.evaluate import bits_unit, evaluate
+from longseq.model import Memory, build_model
+from longseq.tasks.base import StepContext, StepResult, Task
+
+
+class LMBatches:
+    """Each optimizer step reads ``window`` consecutive segments: 1, or ``mem_tokens_bptt`` (``state_bptt``) when
+    memory tokens (recurrent layers' states) back-propagate through several segments."""
+
+    def __init__(self, stream: OrderedStream, window: int) -> None:
+        self.stream, self.window = stream, window
+
+    def next(self) -> list:
+        return [self.stream.next_segment() for _ in range(self.window)]
+
+    def state_dict(self) -> dict:
+        return self.stream.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state)
+
+
+class LanguageModeling(Task):
+    """Next-token prediction on ``run.data``'s corpus (``corpus`` given: that one instead, e.g. in tests)."""
+
+    name = "lm"
+
+    def __init__(self, run: RunConfig, tokenizer=None, log=None, corpus: Corpus | None = None) -> None:
+        super().__init__(run, tokenizer, log)
+        self.corpus = corpus
+
+    def prepare(self) -> RunConfig:
+        d = self.run.data
+        if d.path is not None:  # stored absolute, so the checkpoint finds its corpus from any directory
+            d = d.replace(path=os.path.abspath(os.path.expanduser(d.path)))
+        if self.corpus is None:  # a resumed run reads with the checkpoint's tokenizer (a BPE is not learnt again)
+            self.corpus = load_data(d, tokenizer=self.tokenizer)
+        self.tokenizer = self.corpus.tokenizer
+        self.run = RunConfig(prepare_model_config(self.run, self.corpus), d, self.run.train, self.run.task)
+        if d.doc_reset and self.corpus.doc_ids is None:
+            raise ConfigError(
+                f"doc_reset=true needs a corpus of several documents (a directory of files); {self.corpus.source} is one"
+            )
+        self.log(
+            f"data: {len(self.corpus.train):,} training tokens from {self.corpus.source}; "
+            f"vocabulary {self.tokenizer.vocab_size:,}"
+        )
+        return self.run
+
+    @property
+    def unit(self) -> str | None:
+        return bits_unit(self.run.data.tokenizer)
+
+    def unigram_bpc(self) -> float | None:
+        """Bits per character of a unigram model of the corpus, the baseline a char/byte model must beat."""
+        if self.unit is None:
+            return None
+        return unigram_bits_per_token(self.corpus.train, self.corpus.valid, self.tokenizer.vocab_size)
+
+    def build_model(self) -> nn.Module:
+        return build_model(self.run.model)
+
+    def _doc_ids(self, split: str):
+        return self.corpus.doc_ids[split] if self.run.data.doc_reset else None
+
+    def batches(self, world) -> LMBatches:
+        d, t, m = self.run.data, self.run.train, self.run.model.memory
+        stream = OrderedStream(self.corpus.train, d.batch_size, d.tgt_len, varlen=d.varlen, seed=t.seed,
+                               doc_ids=self._doc_ids("train"), rows=world.rows(d.batch_size))  # this rank's rows only  # fmt: skip
+        recurrent = any(name != "attention" for name in self.run.model.layer_mixers)
+        window = max(m.mem_tokens_bptt if m.mem_tokens else 1, self.run.model.mixers.state_bptt if recurrent else 1)
+        return LMBatches(stream, window)
+
+    def train_step(self, ctx: StepContext, segments: list, mems: Memory | None) -> StepResult:
+        """Every segment of the window through every gradient-accumulation chunk of this rank's rows; one backward
+        per chunk at the end of the window (through all its segments), the memory carried chunk by chunk."""
+        accum, window = ctx.grad_accum, len(segments)
+        mem_len = mem_len_at(ctx.step, self.run.train, self.run.model.memory.mem_len)
+        chunk_mems = mems.split(accum) if mems is not None else [None] * accum
+        pending, loss_sum = [None] * accum, 0.0
+        for j, segment in enumerate(segments):
+            if segment.new_epoch:
+                chunk_mems = [None] * accum
+            inputs = segment.input_ids.to(ctx.device).chunk(accum, dim=0)  # the stream holds this rank's rows
+            labels = segment.labels.to(ctx.device).chunk(accum, dim=0)
+            docs = [None] * accum
+            if segment.doc_ids is not None:
+                docs = segment.doc_ids.to(ctx.device).chunk(accum, dim=0)
+            for c, (inp, lab, doc) in enumerate(zip(inputs, labels, docs)):
+                with ctx.autocast():
+                    out = ctx.net(inp, chunk_mems[c], lab, doc_ids=doc, mem_len=mem_len)
+                total = out.loss if out.aux_loss is None else out.loss + out.aux_loss
+                pending[c] = total if pending[c] is None else pending[c] + total
+                loss_sum += out.loss.item()
+                chunk_mems[c] = out.mems
+                if j == window - 1:
+                    ctx.backward(pending[c] / (accum * window))
+                    pending[c] = None
+        tokens = sum(seg.labels.numel() for seg in segments)
+        return StepResult(loss_sum / (accum * window), Memory.join(chunk_mems).detach(), tokens)
+
+    def validate(self, model: nn.Module, sharded: bool = False) -> dict:
+        d, valid = self.run.data, self.corpus.valid
+        return evaluate(
+            model, valid, batch_size=min(d.eval_batch_size, max(1, len(valid) // 2)), tgt_len=d.eval_tgt_len,
+            max_segments=self.run.train.eval_max_segments, bits_unit=self.unit, doc_ids=self._doc_ids("valid"),
+            kv_memory=not sharded,  # the key/value cache projects W_R R outside the (sharded) layers
+        )  # fmt: skip
+
+
+def mem_len_at(step: int, train: TrainConfig, final: int) -> int:
+    """The memory length the curriculum (``mem_len_start``, ``mem_len_warmup_steps``) allows at optimizer step
+    ``step`` (0-based), growing linearly; ``final`` without a curriculum."""
+    start, warmup = train.mem_len_start, train.mem_len_warmup_steps
+    if start < 0 or start >= final or step >= warmup:
+        return final
+    return start + (final - start) * step // warmup
+
+
+def prepare_model_config(run: RunConfig, corpus: Corpus):
+    """The model config with the vocabulary size of the tokenizer, after checking that the cutoffs fit it."""
+    vocab = corpus.tokenizer.vocab_size
+    if run.model.cutoffs and run.model.cutoffs[-1] >= vocab:
+        raise ConfigError(
+            f"adaptive softmax cutoffs {run.model.cutoffs} do not fit the {vocab}-token vocabulary of {corpus.source}; "
+            f"pass --set cutoffs=... with values below {vocab}, or cutoffs=[] for a plain softmax"
+        )
+    model = run.model.replace(vocab_size=vocab)
+    m, d = model.memory, run.data
+    if (
+        m.cmem_len
+        and m.cmem_fn in ("conv", "linear")
+        and (d.tgt_len % m.cmem_rate or m.mem_len % m.cmem_rate or d.varlen)
+    ):
+        raise ConfigError(
+            f"cmem_fn={m.cmem_fn} compresses groups of exactly cmem_rate={m.cmem_rate} evicted states: "
+            f"tgt_len={d.tgt_len} and mem_len={m.mem_len} must be multiples of it, and varlen must be off"
+        )
+    return model

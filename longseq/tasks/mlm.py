@@ -1,0 +1,177 @@
+"""Masked language modeling: the LM's weights in a bidirectional copy (every segment token sees the later ones;
+the memory still carries earlier segments), trained to restore BERT-masked tokens (80% [MASK], 10% random, 10%
+kept).  Metrics: masked-token accuracy and perplexity; predictions: the input with its [MASK] tokens filled."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from longseq.config.base import check
+from longseq.config.run import RunConfig
+from longseq.data.tasks import TaskDataError, read_jsonl
+from longseq.data.tokenizers import TokenizerError
+from longseq.model import build_model
+from longseq.model.heads import MaskedLM as MaskedLMHead
+from longseq.model.heads import mask_tokens
+from longseq.tasks.base import (
+    TRAIN_SCORED,
+    ExampleBatches,
+    FinetuneOptions,
+    StepContext,
+    StepResult,
+    Task,
+    chunks,
+    padded,
+)  # fmt: skip
+
+
+@dataclass
+class MlmOptions(FinetuneOptions):
+    """``mask_rate``: the share of tokens chosen; ``mask_token``: the text of the token standing for [MASK]
+    (default: <unk> for words, byte 0 for bytes; a character vocabulary needs one); ``mask_id``: its id, found
+    when the run starts (-1 until then)."""
+
+    mask_rate: float = 0.15
+    mask_token: str | None = None
+    mask_id: int = -1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(0.0 < self.mask_rate < 1.0, f"mask_rate must be in (0, 1), got {self.mask_rate}")
+
+
+def default_mask_id(tokenizer, mask_token: str | None) -> int:
+    """The id that stands for [MASK]: ``mask_token`` if given, else <unk> (word) or byte 0 (byte)."""
+    if mask_token is not None:
+        try:
+            ids = tokenizer.encode(mask_token).tolist()
+        except TokenizerError as exc:
+            raise TaskDataError(f"--mask-token {mask_token!r}: {exc}") from None
+        ids = ids[:1] if tokenizer.kind == "word" and len(ids) == 2 else ids  # drop the <eos> a word line ends with
+        if len(ids) != 1:
+            raise TaskDataError(f"--mask-token {mask_token!r} must be exactly one token, it is {len(ids)}")
+        return ids[0]
+    if tokenizer.kind == "word":
+        return tokenizer.unk_id
+    if tokenizer.kind == "byte":
+        return 0
+    raise TaskDataError(
+        "a character vocabulary has no spare symbol for [MASK]; pass --mask-token with one character of the "
+        "vocabulary to stand for it"
+    )
+
+
+def bidirectional(run: RunConfig) -> RunConfig:
+    """The run with a bidirectional model: the same weights, attending both ways inside a segment."""
+    model = run.model.replace(pattern={**run.model.pattern.to_dict(), "bidirectional": True})
+    return RunConfig(model, run.data, run.train, run.task)
+
+
+class MaskedLM(Task):
+    name = "mlm"
+    options_type = MlmOptions
+
+    def prepare(self):
+        o = self.options
+        if o.mask_id < 0:
+            self.run.task.options = {**self.run.task.options, "mask_id": default_mask_id(self.tokenizer, o.mask_token)}
+        self.run = bidirectional(self.run)
+        self.train_docs = self.encode(o.train)
+        self.valid_docs = self.encode(o.valid) if o.valid else None
+        return self.run
+
+    def encode(self, path: str) -> list[list[int]]:
+        docs = [self.tokenizer.encode(r["text"]).tolist() for r in read_jsonl(path, "mlm")]
+        for number, d in enumerate(docs, 1):
+            if not d:
+                raise TaskDataError(f"{path}: record {number} has an empty text")
+        return docs
+
+    @property
+    def segment_len(self) -> int:
+        return self.options.segment_len or self.run.data.tgt_len
+
+    def build_model(self) -> nn.Module:
+        return MaskedLMHead(build_model(self.run.model))
+
+    def initialize(self, model: MaskedLMHead) -> None:
+        if self.base is not None:
+            model.lm.load_state_dict(self.base.state_dict())
+
+    def trainable(self, model: MaskedLMHead) -> list | None:
+        return list(model.lm.crit.parameters()) if self.options.head_only else None
+
+    def batches(self, world) -> ExampleBatches:
+        return ExampleBatches(len(self.train_docs), self.run.data.batch_size, self.run.train.seed)
+
+    def masked(self, docs: list[list[int]], generator: torch.Generator):
+        """Padded, masked inputs (B, N), their labels (-100 where not chosen, and on filler) and the filler mask."""
+        inputs, padding = padded(docs, self.segment_len)
+        o = self.options
+        masked, labels = mask_tokens(inputs, o.mask_rate, o.mask_id, self.run.model.vocab_size, generator)
+        return masked, labels.masked_fill(padding, -100), padding
+
+    def train_step(self, ctx: StepContext, indices: list[int], state) -> StepResult:
+        generator = torch.Generator().manual_seed(self.run.train.seed * 1_000_003 + sum(indices) + len(indices))
+        picked = [self.train_docs[i] for i in indices][ctx.rows]
+        masked, labels, padding = (t.to(ctx.device) for t in self.masked(picked, generator))
+        total, count = 0.0, max(1, int((labels != -100).sum()))
+        for part in chunks(list(range(len(picked))), ctx.grad_accum):
+            rows = slice(part[0], part[-1] + 1)
+            with ctx.autocast():
+                nll = ctx.net(masked[rows], self.segment_len, labels[rows], padding[rows])["nll"]
+            ctx.backward(nll / count)
+            total += nll.item() / count
+        return StepResult(total, None, len(picked))
+
+    @torch.no_grad()
+    def metrics(self, model, docs: list[list[int]]) -> dict:
+        """Masked-token accuracy and perplexity on ``docs`` masked with a fixed seed."""
+        was_training = model.training
+        model.eval()
+        generator = torch.Generator().manual_seed(self.run.train.seed + 1)
+        device, size = next(model.parameters()).device, self.run.data.batch_size
+        nll, correct, count = 0.0, 0, 0
+        for first in range(0, len(docs), size):
+            masked, labels, padding = (t.to(device) for t in self.masked(docs[first : first + size], generator))
+            out = model(masked, self.segment_len, labels, padding)
+            nll, correct, count = nll + float(out["nll"]), correct + int(out["correct"]), count + int(out["count"])
+        model.train(was_training)
+        loss = nll / max(1, count)
+        return {"masked_accuracy": correct / max(1, count), "ppl": math.exp(loss), "masked_tokens": count, "loss": loss}
+
+    def validate(self, model, sharded: bool = False) -> dict:
+        return self.metrics(model, self.valid_docs) if self.valid_docs else {}
+
+    def report(self, model) -> dict:
+        drop_loss = lambda m: {k: v for k, v in m.items() if k != "loss"}  # noqa: E731
+        out = {"mask_id": self.options.mask_id, "train": drop_loss(self.metrics(model, self.train_docs[:TRAIN_SCORED]))}
+        if self.valid_docs:
+            out["valid"] = drop_loss(self.metrics(model, self.valid_docs))
+        return out
+
+    @torch.no_grad()
+    def predict(self, model, records: list[dict], path: str = "input") -> list[dict]:
+        """Every [MASK] token of each record's text replaced by the model's most likely token."""
+        model.eval()
+        device, out = next(model.parameters()).device, []
+        mask_id = self.options.mask_id
+        for number, record in enumerate(records, 1):
+            if not isinstance(record.get("text"), str):
+                raise TaskDataError(f"{path}: record {number} needs a string field text")
+            ids = self.tokenizer.encode(record["text"]).tolist()
+            inputs, padding = (t.to(device) for t in padded([ids], self.segment_len))
+            logits = model(inputs, self.segment_len, padding=padding)["logits"]
+            where = [i for i, t in enumerate(ids) if t == mask_id]
+            probs = logits[0].float().softmax(-1)
+            filled = list(ids)
+            for i in where:
+                filled[i] = int(probs[i].argmax())
+            tokens = [self.tokenizer.decode([filled[i]]) for i in where]
+            out.append({"prediction": self.tokenizer.decode(filled), "filled": tokens,
+                        "scores": [float(probs[i].max()) for i in where]})  # fmt: skip
+        return out

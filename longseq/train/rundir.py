@@ -1,0 +1,122 @@
+"""A run's output directory: it is never overwritten unasked, never shared by two trainers, and not left behind
+empty by a run that failed before it wrote anything.
+
+    last/           full checkpoint (weights + optimizer + RNG + data position + memory): what --resume reads
+    best/           weights of the best validation loss
+    history/        older training checkpoints (keep_last > 1)
+    metrics.jsonl   one JSON object per logged step and per validation
+    run.toml        the resolved run configuration
+    .lock           held (flock) by the process training into the directory
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+
+from longseq.config import ConfigError
+from longseq.train.checkpoint import CheckpointError, recover_checkpoint
+
+RUN_FILES = ("last", "best", "history", "metrics.jsonl", "run.toml", "tensorboard")
+
+
+class RunDirectory:
+    """Open ``path`` for training: refuse an existing run unless resuming or ``overwrite``; take the lock."""
+
+    def __init__(self, path: str, *, resume: bool, overwrite: bool, main: bool = True) -> None:
+        self.path = os.path.abspath(os.path.expanduser(path))
+        self.main, self.created, self._lock = main, False, None
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise ConfigError(f"--out {path} is a file, not a directory; give a directory for the run")
+        if resume and overwrite:
+            raise ConfigError("--resume continues a run and --overwrite starts it over: give one of them")
+        if os.path.isdir(self.path):
+            recover_checkpoint(self.last)  # a save killed halfway leaves last/ beside its parts: put it back
+            recover_checkpoint(self.best)
+        existing = [name for name in RUN_FILES if os.path.exists(os.path.join(self.path, name))]
+        if resume and not os.path.isdir(self.last):
+            raise CheckpointError(
+                f"--resume: checkpoint {self.last} does not exist; {self.path} holds no run to continue"
+            )
+        if existing and not resume and not overwrite:
+            raise ConfigError(
+                f"{self.path} already holds a run ({', '.join(existing)}); continue it with --resume, or start it "
+                f"over with --overwrite, or choose another --out"
+            )
+        self.existing = existing
+
+    def open(self) -> RunDirectory:
+        """Create the directory if need be, take the lock, and (``overwrite``) remove the previous run."""
+        if not self.main:
+            return self
+        if not os.path.isdir(self.path):
+            os.makedirs(self.path)
+            self.created = True
+        self._lock = open(os.path.join(self.path, ".lock"), "a+")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock.seek(0)
+            holder = self._lock.read().strip() or "another process"
+            self._lock.close()
+            self._lock = None
+            raise ConfigError(
+                f"{self.path} is being trained into by {holder}; wait for it or choose another --out"
+            ) from None
+        self._lock.seek(0)
+        self._lock.truncate()
+        self._lock.write(f"pid {os.getpid()}\n")
+        self._lock.flush()
+        recover_checkpoint(self.last)  # under the lock: put back a checkpoint whose save was killed halfway
+        recover_checkpoint(self.best)
+        return self
+
+    def clear(self) -> None:
+        """Remove the previous run's files (``--overwrite``), nothing else."""
+        self.existing = [name for name in RUN_FILES if os.path.exists(os.path.join(self.path, name))]
+        for name in self.existing:
+            target = os.path.join(self.path, name)
+            shutil.rmtree(target) if os.path.isdir(target) else os.remove(target)
+
+    def close(self, failed: bool = False) -> None:
+        """Release the lock; a directory this run created and wrote nothing into is removed after a failure."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+        if failed and self.created and set(os.listdir(self.path)) <= {".lock"}:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    @property
+    def last(self) -> str:
+        return os.path.join(self.path, "last")
+
+    @property
+    def best(self) -> str:
+        return os.path.join(self.path, "best")
+
+    @property
+    def metrics(self) -> str:
+        return os.path.join(self.path, "metrics.jsonl")
+
+    def append_metrics(self, record: dict) -> None:
+        with open(self.metrics, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def truncate_metrics(self, step: int) -> float:
+        """Drop log records written after the checkpoint we resume from, so the log matches the run; returns the
+        training wall time (``elapsed_s``) logged by then, so the resumed run's clock continues from it."""
+        if not os.path.exists(self.metrics):
+            return 0.0
+        records = []
+        with open(self.metrics, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:  # a line cut short by a kill: the resumed run writes it again
+                    continue
+        kept = [r for r in records if r.get("step", 0) <= step]
+        with open(self.metrics, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        return max((r.get("elapsed_s", 0.0) for r in kept), default=0.0)

@@ -1,0 +1,463 @@
+"""The one trainer: build, restore, step, validate, save, for language modeling and every fine-tuning task.
+
+The trainer knows nothing of Transformer-XL or of any task: a :class:`~longseq.tasks.base.Task` reads the data,
+builds the model and computes each optimizer step's loss; the trainer owns everything around it, once:
+
+* the run directory (never overwritten unasked, locked against a second trainer; :mod:`longseq.train.rundir`);
+* atomic, verified checkpoints (``last/`` to resume, ``best/`` by validation loss), exact resume (weights,
+  optimizer, every RNG, the data position and the carried memory), saved at validation, every
+  ``save_interval`` steps, every ``save_every_s`` seconds, and on SIGINT, SIGTERM or SIGHUP
+  (:mod:`longseq.train.signals`);
+* the NaN guard (skip a non-finite step; roll back and lower the learning rate after ``nan_patience``);
+* the schedule, gradient clipping, mixed precision (bf16, fp16 with loss scaling), activation checkpointing,
+  DDP and FSDP under torchrun, the progress bar, ``metrics.jsonl`` and TensorBoard.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+
+import torch
+from safetensors.torch import load_file
+from tqdm import tqdm
+
+from longseq.config import ConfigError, RunConfig
+from longseq.config.files import write_run_config
+from longseq.tasks.base import StepContext, Task, set_trainable
+from longseq.train.checkpoint import TrainingState, load_training_state, load_weights, save_checkpoint
+from longseq.train.config_check import check_resumable
+from longseq.train.distributed import (
+    full_optimizer_state,
+    full_state_dict,
+    full_tensor,
+    init_world,
+    load_full_state_dict,
+    shard_model,
+    shard_optimizer_state,
+)
+from longseq.train.optim import build_optimizer, layer_of, learning_rate
+from longseq.train.rundir import RunDirectory
+from longseq.train.signals import Interrupted, StopSignals
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (for example, the loss became NaN or infinite)."""
+
+
+@dataclass
+class TrainResult:
+    step: int
+    train_loss: float
+    valid: dict
+    best_valid_loss: float | None
+    tokens: int
+    tokens_per_s: float
+    unigram_bpc: float | None
+    losses: list[float]
+
+
+def saved_tokenizer(directory: str):
+    """The tokenizer stored in a checkpoint directory."""
+    from longseq.data.tokenizers import load_tokenizer
+
+    return load_tokenizer(os.path.join(directory, "tokenizer.json"))
+
+
+def resolve_device(name: str, world) -> torch.device:
+    """``auto``: CUDA when available; under torchrun each rank takes cuda:LOCAL_RANK."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and world.size > 1:
+        name = f"cuda:{int(os.environ.get('LOCAL_RANK', world.rank))}"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={name} but this machine has no GPU that torch can use")
+    return torch.device(name)
+
+
+def rng_states() -> tuple[torch.Tensor, list | None]:
+    """The CPU RNG state and, when CUDA is in use, every device's."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def set_rng_states(cpu: torch.Tensor, cuda: list | None) -> None:
+    torch.set_rng_state(cpu)
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
+
+
+def layer_grad_norms(model) -> dict[str, float]:
+    """L2 norm of the gradient of every depth (:func:`~longseq.train.optim.layer_of`): embedding, layer0, ..., top."""
+    n_layer = getattr(model.config, "n_layer", 0)
+    squares: dict[str, float] = {}
+    for name, param in model.named_parameters():
+        if param.grad is None:
+            continue
+        depth = layer_of(name, n_layer)
+        key = "embedding" if depth == 0 else "top" if depth == n_layer + 1 else f"layer{depth - 1}"
+        squares[key] = squares.get(key, 0.0) + float(full_tensor(param.grad.double().pow(2).sum()))
+    return {key: value**0.5 for key, value in squares.items()}
+
+
+def _flatten(record: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}/"))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+class Trainer:
+    """Trains ``task`` for ``run`` into ``out_dir``; :meth:`fit` runs the loop.
+
+    ``resume`` continues from ``out_dir/last`` exactly; ``overwrite`` starts an existing run over.
+    ``after_backward(step, model)`` is called after every backward pass, before the NaN guard looks at the
+    gradients (fault injection in tests)."""
+
+    def __init__(self, task: Task, run: RunConfig, out_dir: str, *, resume: bool = False, overwrite: bool = False,
+                 progress: bool = True, log=None, after_backward=None) -> None:  # fmt: skip
+        self.world = init_world()
+        self.log = log if (log is not None and self.world.main) else (lambda message: None)
+        self.task, self.run, self.tc = task, run, run.train
+        task.log = self.log  # rank 0 speaks for the run
+        self.dir = RunDirectory(out_dir, resume=resume, overwrite=overwrite, main=self.world.main)
+        self.resume, self.overwrite, self.progress, self.after_backward = resume, overwrite, progress, after_backward
+        self.step_count, self.best, self.tokens_seen, self.lr_scale, self.state = 0, None, 0, 1.0, None
+        self.bad_steps, self.saved_at, self.clock_offset, self.last_save = 0, -1, 0.0, time.monotonic()
+        self.losses: list[float] = []
+        self.valid: dict = {}
+        self.writer, self.start_time, self.start_tokens, self.last_lr = None, time.perf_counter(), 0, 0.0
+
+    # --- build and restore ------------------------------------------------------------------------------------
+
+    def build(self) -> None:
+        tc, world = self.tc, self.world
+        torch.manual_seed(tc.seed)
+        if self.resume and self.task.tokenizer is None:  # read the data with the tokenizer the run was trained with
+            self.task.tokenizer = saved_tokenizer(self.dir.last)
+        self.run = self.task.prepare()
+        if self.run.data.batch_size % (tc.grad_accum * world.size):
+            raise ConfigError(
+                f"batch_size={self.run.data.batch_size} must be divisible by grad_accum={tc.grad_accum} x "
+                f"{world.size} process(es)"
+            )
+        self.checkpoint_state = load_training_state(self.dir.last) if self.resume else None
+        if self.resume:
+            check_resumable(self.dir.last, self.run, self.task.tokenizer)
+        self.device = resolve_device(tc.device, world)
+        self.sharded = tc.parallel == "fsdp" and world.size > 1
+        self._check_parallel()
+        self._build_model()
+        self.optimizer = build_optimizer(self.model, tc)
+        self.scaler = torch.amp.GradScaler(self.device.type) if tc.precision == "fp16" else None
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tc.precision)
+        self.batches = self.task.batches(world)
+        self.ctx = StepContext(self.net, self.device, world.rows(self.run.data.batch_size), tc.grad_accum,
+                               self.autocast_dtype, self.scaler)  # fmt: skip
+
+    def _check_parallel(self) -> None:
+        if self.sharded and self.tc.precision == "fp16":
+            raise ConfigError("precision=fp16 is not supported with parallel=fsdp yet; use precision=bf16")
+        if self.sharded and self.run.model.cutoffs:
+            raise ConfigError(
+                "parallel=fsdp with the adaptive softmax (cutoffs) is not supported yet: a rank whose batch has no "
+                "token of a tail cluster leaves that cluster without a gradient; use cutoffs=[] or parallel=ddp"
+            )
+
+    def _build_model(self) -> None:
+        model = self.task.build_model().to(self.device)
+        backbone = getattr(getattr(model, "lm", model), "transformer", None)
+        if backbone is not None:
+            backbone.activation_checkpointing = self.tc.activation_checkpointing
+        if not self.resume:
+            self.task.initialize(model)
+        set_trainable(model, self.task.trainable(model))
+        self.model = self.net = model
+        if self.sharded:
+            shard_model(getattr(model, "lm", model))  # in place: every rank built the same init
+            if model is not getattr(model, "lm", model):
+                from torch.distributed.fsdp import fully_shard
+
+                fully_shard(model)
+        elif self.world.size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.net = DistributedDataParallel(model)  # averages gradients; parameters start from rank 0's
+
+    def restore(self, state: TrainingState) -> None:
+        """Everything :meth:`save` stored: weights, optimizer, data position, RNG, loss scale, memory."""
+        if self.sharded:
+            load_full_state_dict(self.model, load_file(os.path.join(self.dir.last, "model.safetensors")))
+            self.optimizer.load_state_dict(shard_optimizer_state(self.optimizer, state.optimizer))
+        else:
+            load_weights(self.model, self.dir.last)
+            self.optimizer.load_state_dict(state.optimizer)
+        self.batches.load_state_dict(state.data_state)
+        set_rng_states(state.torch_rng, state.cuda_rng)
+        if self.scaler is not None and state.scaler:
+            self.scaler.load_state_dict(state.scaler)
+        self.state = self.world.local_memory(state.mems)
+        self.step_count, self.best, self.tokens_seen, self.lr_scale = (
+            state.step,
+            state.best_valid_loss,
+            state.tokens_seen,
+            state.lr_scale,
+        )
+
+    # --- one step ---------------------------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One optimizer step; False when the NaN guard skipped it (the state of the step before is kept)."""
+        tc = self.tc
+        lr = learning_rate(self.step_count, tc) * self.lr_scale
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+        batch = self.batches.next()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.ctx.step = self.step_count
+        result = self.task.train_step(self.ctx, batch, self.state)
+        loss = self.world.mean(result.loss)
+        if self.after_backward is not None:
+            self.after_backward(self.step_count + 1, self.model)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if tc.grad_norm_interval and (self.step_count + 1) % tc.grad_norm_interval == 0:
+            self.write_metrics({"step": self.step_count + 1, "grad_norms": layer_grad_norms(self.model)})
+        norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip or float("inf")))
+        grad_norm = 0.0 if self.scaler is not None and math.isfinite(loss) else float(norm)  # fp16: the scaler's job
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            self._bad_step(f"loss {loss}, gradient norm {grad_norm}", lr)
+            return False
+        self.bad_steps, self.state = 0, result.state
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.step_count += 1
+        self.tokens_seen += result.tokens
+        self.losses.append(loss)
+        self.last_lr = lr
+        return True
+
+    def _bad_step(self, what: str, lr: float) -> None:
+        """The NaN guard: skip the step; after ``nan_patience`` in a row, roll back to ``last/`` at a lower rate."""
+        tc, step = self.tc, self.step_count + 1
+        self.bad_steps += 1
+        if tc.nan_patience == 0:
+            raise TrainingError(
+                f"{what} at step {step} (lr {lr:.3g}); lower lr or raise warmup_steps. "
+                f"The last good checkpoint is {self.dir.last}"
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler.update()  # closes this step's unscale_ (and backs the scale off if it saw an overflow)
+        self.write_metrics({"step": step, "skipped": what, "bad_steps": self.bad_steps})
+        self.log(f"step {step}: skipped ({what}); {self.bad_steps} bad step(s) in a row")
+        if self.bad_steps < tc.nan_patience:
+            return
+        if not os.path.isdir(self.dir.last):
+            raise TrainingError(
+                f"{self.bad_steps} non-finite steps in a row at step {step} and no checkpoint to roll back to yet; "
+                f"lower lr or raise warmup_steps"
+            )
+        self.restore(load_training_state(self.dir.last))
+        self.lr_scale *= tc.nan_lr_factor
+        self.bad_steps = 0
+        self.write_metrics({"step": self.step_count, "rollback": self.dir.last, "lr_scale": self.lr_scale})
+        self.log(
+            f"rolled back to {self.dir.last} (step {self.step_count}) after {tc.nan_patience} non-finite steps; "
+            f"learning rate scaled by {self.lr_scale:g}"
+        )
+
+    # --- validate and save ------------------------------------------------------------------------------------
+
+    def validate(self, stop: StopSignals) -> None:
+        """Validation (aborted by a signal), the best checkpoint, then ``last/``."""
+        if self.world.main or self.sharded:  # under DDP the others go on to the checkpoint and wait there
+            valid = stop.interruptible(self.task.validate, self.model, self.sharded)
+            if valid is None:  # stopped by a signal: the loop saves and stops
+                return
+            self.valid = valid
+            if valid:
+                self.write_metrics({"step": self.step_count, **{f"valid_{k}": v for k, v in valid.items()},
+                                    "elapsed_s": self.elapsed})  # fmt: skip
+                shown = {k: v for k, v in valid.items() if k in ("loss", "bpc", "accuracy", "exact_match", "f1", "ppl")}
+                self.log(f"step {self.step_count}: " + ", ".join(f"valid {k} {v:.4f}" for k, v in shown.items()))
+            loss = valid.get("loss")
+            if self.sharded and loss is not None:  # every rank must take the same branch: the save is collective
+                loss = self.world.mean(loss)
+            if loss is not None and (self.best is None or loss < self.best):
+                self.best = loss
+                self.save(self.dir.best, with_state=False, metrics={"step": self.step_count, **valid})
+        self.save(self.dir.last, with_state=True)
+
+    def save(self, directory: str, with_state: bool, metrics: dict | None = None) -> None:
+        """Rank 0 writes; with the training state, or a sharded model, every rank takes part (the memory, the
+        weights and the optimizer moments are gathered)."""
+        world, training = self.world, None
+        weights = full_state_dict(self.model, keep=world.main) if self.sharded else None
+        if with_state:
+            self.saved_at, self.last_save = self.step_count, time.monotonic()
+            optimizer = full_optimizer_state(self.optimizer, keep=world.main) if self.sharded else None
+            cpu, cuda = rng_states()
+            training = TrainingState(
+                self.step_count, self.batches.state_dict(), self.best, optimizer or self.optimizer.state_dict(),
+                cpu, world.gather_memory(self.state), self.tokens_seen, self.lr_scale,
+                self.scaler.state_dict() if self.scaler is not None else None, cuda,
+            )  # fmt: skip
+        if world.main:
+            keep = self._history_slot(directory) if with_state else None
+            save_checkpoint(directory, self.model, self.run, self.task.tokenizer, training, metrics,
+                            keep_previous_as=keep, weights=weights)  # fmt: skip
+            self._rotate(keep)
+        if with_state:
+            world.barrier()  # the others may read it next (NaN rollback)
+
+    def _history_slot(self, directory: str) -> str | None:
+        if self.tc.keep_last <= 1 or not os.path.isdir(directory):
+            return None
+        previous = load_training_state(directory).step
+        os.makedirs(os.path.join(self.dir.path, "history"), exist_ok=True)
+        return os.path.join(self.dir.path, "history", f"step-{previous:08d}")
+
+    def _rotate(self, keep: str | None) -> None:
+        if keep is None:
+            return
+        history = sorted(os.listdir(os.path.dirname(keep)))
+        for stale in history[: max(0, len(history) - (self.tc.keep_last - 1))]:
+            shutil.rmtree(os.path.join(os.path.dirname(keep), stale), ignore_errors=True)
+
+    # --- the loop ---------------------------------------------------------------------------------------------
+
+    def write_metrics(self, record: dict) -> None:
+        if self.world.main:
+            self.dir.append_metrics(record)
+        if self.writer is not None:
+            for key, value in _flatten(record).items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.writer.add_scalar(key, value, record["step"])
+
+    @property
+    def elapsed(self) -> float:
+        return self.clock_offset + time.perf_counter() - self.start_time
+
+    def _open(self) -> None:
+        """Lock the directory, build everything (a failure removes a directory this run created), then restore."""
+        self.dir.open()
+        self.world.barrier()  # rank 0 holds the lock and has repaired a half-done save before anyone reads
+        try:
+            self.build()
+            if self.overwrite and self.world.main:
+                self.dir.clear()
+            self.world.barrier()
+            self.writer = self._tensorboard() if self.tc.tensorboard and self.world.main else None
+            if self.world.main:  # the resolved configuration: longseq train --config OUT/run.toml runs it again
+                write_run_config(self.run, os.path.join(self.dir.path, "run.toml"))
+            if self.checkpoint_state is not None:
+                self.restore(self.checkpoint_state)
+                self.clock_offset = self.dir.truncate_metrics(self.step_count) if self.world.main else 0.0
+                self.log(f"resumed from {self.dir.last} at step {self.step_count}")
+        except BaseException:
+            self.dir.close(failed=True)
+            raise
+
+    def _tensorboard(self):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ConfigError("tensorboard=true needs the tensorboard package: pip install tensorboard") from None
+        return SummaryWriter(os.path.join(self.dir.path, "tensorboard"))
+
+    def fit(self, stop_after: int | None = None) -> TrainResult:
+        """Train to ``max_steps`` (or ``stop_after`` more steps, checkpointing first: a simulated interruption)."""
+        self._open()
+        try:
+            with StopSignals() as stop:
+                self._loop(stop, stop_after)
+        finally:
+            self.dir.close(failed=self.saved_at < 0)
+        return self._result()
+
+    def _loop(self, stop: StopSignals, stop_after: int | None) -> None:
+        tc = self.tc
+        self.model.train()
+        self.log(f"model: {sum(p.numel() for p in self.model.parameters()):,} parameters")
+        if self.run.model.memory.cmem_len:
+            self.log(f"memory: effective temporal range (mem_len + cmem_rate * cmem_len) * n_layer = "
+                     f"{self.run.model.effective_range}")  # fmt: skip
+        end = tc.max_steps if stop_after is None else min(tc.max_steps, self.step_count + stop_after)
+        self.start_time, self.start_tokens = time.perf_counter(), self.tokens_seen
+        start_tokens = self.start_tokens
+        bar = tqdm(total=tc.max_steps, initial=self.step_count, desc="train", unit="step", dynamic_ncols=True,
+                   disable=not (self.progress and self.world.main) or None)  # fmt: skip
+        with bar:
+            while self.step_count < end:
+                snapshot = (self.batches.state_dict(), rng_states(), self.state)  # the last completed step's state
+                try:
+                    if not self.step():
+                        continue
+                except KeyboardInterrupt:  # inside a step: go back to where the last completed step left things
+                    self.batches.load_state_dict(snapshot[0])
+                    set_rng_states(*snapshot[1])
+                    self.state = snapshot[2]
+                    self.log(f"interrupted at step {self.step_count}; saving {self.dir.last} for --resume")
+                    self.save(self.dir.last, with_state=True)
+                    raise
+                speed = (self.tokens_seen - start_tokens) / max(time.perf_counter() - self.start_time, 1e-9)
+                bar.update(1)
+                bar.set_postfix(loss=f"{self.losses[-1]:.3f}", lr=f"{self.last_lr:.2e}", tok_s=f"{speed:,.0f}")
+                self._after_step(stop, end, speed)
+        if self.saved_at != self.step_count:
+            self.save(self.dir.last, with_state=True)
+        if self.step_count >= tc.max_steps and not os.path.isdir(self.dir.best):  # nothing was validated
+            self.save(self.dir.best, with_state=False, metrics={"step": self.step_count, "validated": False})
+
+    def _after_step(self, stop: StopSignals, end: int, speed: float) -> None:
+        """Log, validate and save as the cadence asks; stop with a saved checkpoint when a signal came."""
+        tc, step = self.tc, self.step_count
+        if step % tc.log_interval == 0 or step == end:
+            self.write_metrics({"step": step, "loss": self.losses[-1], "lr": self.last_lr, "tokens_per_s": speed,
+                                "elapsed_s": self.elapsed})  # fmt: skip
+        if step % tc.eval_interval == 0 or step == tc.max_steps:
+            self.validate(stop)
+        elif tc.save_interval and step % tc.save_interval == 0:
+            self.save(self.dir.last, with_state=True)
+        elif self.world.any(tc.save_every_s > 0 and time.monotonic() - self.last_save >= tc.save_every_s):
+            self.save(self.dir.last, with_state=True)
+        if self.world.any(stop.signum is not None):
+            if self.saved_at != step:
+                self.save(self.dir.last, with_state=True)
+            raise Interrupted(stop.signum or 15, step, self.dir.last)
+
+    def _result(self) -> TrainResult:
+        elapsed = max(time.perf_counter() - self.start_time, 1e-9)
+        unigram = self.task.unigram_bpc() if hasattr(self.task, "unigram_bpc") else None
+        return TrainResult(
+            step=self.step_count, train_loss=self.losses[-1] if self.losses else float("nan"), valid=self.valid,
+            best_valid_loss=self.best, tokens=self.tokens_seen,
+            tokens_per_s=(self.tokens_seen - self.start_tokens) / elapsed,
+            unigram_bpc=unigram, losses=self.losses,
+        )  # fmt: skip
+
+
+def train(run: RunConfig, out_dir: str, *, resume: bool = False, overwrite: bool = False, corpus=None,
+          stop_after: int | None = None, progress: bool = True, log=None, after_backward=None) -> TrainResult:  # fmt: skip
+    """Train a language model for ``run`` and write checkpoints and metrics under ``out_dir``.
+
+    ``resume`` continues from ``out_dir/last`` exactly (same batches, dropout masks, memory and optimizer state);
+    ``overwrite`` starts an existing run over.  ``corpus`` replaces reading ``run.data`` (tests).  ``stop_after``
+    ends the run early after that many optimizer steps (checkpointing first), which is how an interruption is
+    simulated in tests."""
+    from longseq.tasks.lm import LanguageModeling
+
+    task = LanguageModeling(run, log=log, corpus=corpus)
+    trainer = Trainer(task, run, out_dir, resume=resume, overwrite=overwrite, progress=progress, log=log,
+                      after_backward=after_backward)  # fmt: skip
+    return trainer.fit(stop_after=stop_after)

@@ -1,0 +1,176 @@
+"""Config files: the TOML writer read back by tomllib, run configs round-tripped through TOML and JSON, strict keys,
+presets as shipped files, and a run reproduced from its own run.toml with identical losses."""
+
+import json
+import math
+import os
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
+from longseq.config import PRESETS, ConfigError, get_preset, load_run_config, write_run_config
+from longseq.config.files import dumps_toml, preset_names
+from longseq.train import train
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+from test_train import tiny_corpus, tiny_run  # noqa: E402
+
+KEYS = st.text(min_size=1, max_size=12)
+SCALARS = (
+    st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text()  # quotes, backslashes, control characters and any unicode
+)
+VALUES = (
+    SCALARS
+    | st.lists(st.integers())
+    | st.lists(st.booleans())
+    | st.lists(st.text())
+    | st.lists(st.floats(allow_nan=False))
+)
+TABLES = st.recursive(
+    st.dictionaries(KEYS, VALUES, max_size=5), lambda t: st.dictionaries(KEYS, VALUES | t, max_size=4), max_leaves=20
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(TABLES)
+def test_the_toml_writer_is_read_back_exactly_by_tomllib(table):
+    assert tomllib.loads(dumps_toml(table, header="a header\nwith two lines")) == table
+
+
+def test_the_toml_writer_leaves_out_none_and_writes_special_floats():
+    text = dumps_toml({"a": None, "b": {"c": None, "d": float("inf"), "e": -0.0}, "f": float("nan")})
+    back = tomllib.loads(text)
+    assert "a" not in back and back["b"] == {"d": math.inf, "e": 0.0} and math.isnan(back["f"])
+    assert math.copysign(1, back["b"]["e"]) == -1
+    with pytest.raises(ConfigError, match="TOML cannot hold None"):
+        dumps_toml({"x": [1, None]})
+
+
+def varied_run() -> RunConfig:
+    """Every kind of field: nested sections, lists of ints, bools and strings, an unset optional (d_embed), a set
+    optional (tie_projs) and strings that need escapes."""
+    return RunConfig(
+        model=ModelConfig.of(
+            vocab_size=300, n_layer=2, cutoffs=[40, 120], tie_projs=[False, True, True], attention=["window", "full"],
+            dilation=[1, 2, 1, 2], mem_len=12, same_length=True, init_std=1e-5,
+        ),
+        data=DataConfig(path='dir with "quotes" \\ back\\slash, ünï 東京', tokenizer="bpe", vocab_size=4096),
+        train=TrainConfig(max_steps=7, lr=2.5e-4, min_lr=0.0, clip=float("inf")),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
+def test_a_run_config_written_and_read_back_is_equal(tmp_path, suffix):
+    run = varied_run()
+    assert run.model.d_embed is None
+    path = str(tmp_path / f"run{suffix}")
+    write_run_config(run, path)
+    assert load_run_config(path) == run
+    assert load_run_config(path, base=get_preset("enwik8-base")) == run  # the file sets every field but d_embed
+    if suffix == ".toml":
+        with open(path, "rb") as f:
+            assert "d_embed" not in tomllib.load(f)["model"]  # unset: left out, read back unset
+
+
+def test_presets_are_shipped_files_that_round_trip(tmp_path):
+    assert set(PRESETS) == set(preset_names()) == {"tiny-shakespeare", "enwik8-base", "text8-base", "wt103-base", "ptb"}
+    for name in PRESETS:
+        run = PRESETS[name]()
+        assert run == get_preset(name) and run is not get_preset(name)
+        write_run_config(run, str(tmp_path / f"{name}.toml"))
+        assert load_run_config(str(tmp_path / f"{name}.toml")) == run
+    text8, enwik8 = get_preset("text8-base"), get_preset("enwik8-base")  # text8-base names enwik8-base as its base
+    assert (text8.data.tokenizer, enwik8.data.tokenizer) == ("char", "byte")  # what text8-base changes
+    assert text8.model == enwik8.model and text8.train == enwik8.train  # the rest it inherits
+    assert text8.model.vocab_size == 0  # taken from the tokenizer when training starts
+    with pytest.raises(ConfigError, match=r"unknown preset 'wt-103' \(did you mean wt103-base"):
+        get_preset("wt-103")
+
+
+def write(tmp_path, text, name="run.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_keys_are_those_of_set_as_tails_or_paths_in_their_section(tmp_path):
+    path = write(tmp_path, 'preset = "tiny-shakespeare"\n[model]\nmem_len = 32\nn_layer = 3\n'
+                 '[model.pattern]\nattention = ["window"]\n[train]\nmax_steps = 9\nlr = "1e-4"\n')  # fmt: skip
+    run = load_run_config(path)
+    base = get_preset("tiny-shakespeare")
+    assert run.model.memory.mem_len == 32 and run.model.n_layer == 3 and run.model.pattern.attention == ["window"]
+    assert run.train.max_steps == 9 and run.train.lr == 1e-4 and run.data == base.data
+    assert load_run_config(write(tmp_path, "[train]\nmax_steps = 9\n", "partial.toml")).model == ModelConfig()
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("[model]\nmem_lenn = 3\n", r"run.toml: \[model\] unknown config key 'mem_lenn'; did you mean mem_len"),
+        ("[train]\nmem_len = 3\n", r"\[train\] unknown config key 'mem_len'"),
+        ("[modle]\nn_layer = 3\n", r"unknown top-level key\(s\) 'modle' \(did you mean model"),
+        ("[model]\nmem_len = 3\n[model.memory]\nmem_len = 4\n", "sets model.memory.mem_len twice"),
+        ("[model]\nn_layer = 0\n", "n_layer must be >= 1"),
+        ("[train]\nlr = true\n", "lr: expected a number"),
+        ("[model\n", "is not valid TOML"),
+        ('preset = "nope"\n', "unknown preset 'nope'"),
+        ("model = 3\n", r"\[model\] must be a table"),
+    ],
+)
+def test_bad_config_files_are_errors_naming_the_file(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(write(tmp_path, text))
+
+
+def test_a_file_that_names_a_preset_cannot_take_another_base(tmp_path):
+    with pytest.raises(ConfigError, match="names the preset 'ptb' and another base"):
+        load_run_config(write(tmp_path, 'preset = "ptb"\n'), base=get_preset("enwik8-base"))
+    with pytest.raises(ConfigError, match=".toml or .json"):
+        load_run_config(write(tmp_path, "", "run.yaml"))
+
+
+def test_training_twice_from_the_same_config_file_gives_identical_losses(tmp_path):
+    path = str(tmp_path / "tiny.toml")
+    write_run_config(tiny_run(max_steps=6), path)
+    corpus = tiny_corpus()
+    a = train(load_run_config(path), str(tmp_path / "a"), corpus=corpus, progress=False)
+    b = train(load_run_config(path), str(tmp_path / "b"), corpus=corpus, progress=False)
+    assert len(a.losses) == 6 and a.losses == b.losses
+
+
+def test_the_command_line_writes_run_toml_and_reruns_it_with_identical_losses(tmp_path, capsys):
+    from test_train import corpus_file
+
+    from longseq.cli import main
+
+    data = str(corpus_file(tmp_path))
+    tiny = ["--set", "max_steps=4", "eval_interval=2", "eval_max_segments=2", "n_layer=1", "d_model=16", "n_head=2",
+            "d_head=8", "d_inner=32", "batch_size=2", "tgt_len=8", "eval_tgt_len=8", "eval_batch_size=2", "mem_len=8", "log_interval=1"]  # fmt: skip
+    first, again = str(tmp_path / "first"), str(tmp_path / "again")
+    assert main(["train", "--data", data, "--out", first, "--quiet", "--json", *tiny]) == 0
+    assert main(["train", "--config", os.path.join(first, "run.toml"), "--out", again, "--quiet", "--json"]) == 0
+    capsys.readouterr()
+    assert load_run_config(os.path.join(again, "run.toml")) == load_run_config(os.path.join(first, "run.toml"))
+
+    def losses(run_dir):
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            return [r["loss"] for r in map(json.loads, f) if "loss" in r]
+
+    assert len(losses(first)) == 4 and losses(first) == losses(again)
+    for argv, message in [
+        (["train", "--config", os.path.join(first, "run.toml"), "--out", first, "--resume"], "--resume continues"),
+        (["train", "--config", str(tmp_path / "missing.toml")], "cannot read config file"),
+    ]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err

@@ -1,0 +1,173 @@
+"""Tokenizers: exact round trips (property-based), the BPE's frequency order, loading any saved tokenizer, and the
+checks that name a tokenizer file that does not fit."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from longseq.config import ConfigError, DataConfig
+from longseq.data.corpus import bundled_corpus_path
+from longseq.data.tokenizers import (
+    EOS,
+    UNK,
+    BPETokenizer,
+    ByteTokenizer,
+    CharTokenizer,
+    TokenizerError,
+    WordTokenizer,
+    build_tokenizer,
+    check_tokenizer_fits,
+    iter_pieces,
+    load_tokenizer,
+    tokenizer_from_dict,
+    train_bpe,
+)
+
+with open(bundled_corpus_path(), encoding="utf-8") as f:
+    TRAINING_TEXT = (
+        f.read(20_000) + "Ünïcödé façade — naïve café, 東京 and emoji 😀 too.\n\ttabs\tand  double  spaces\r\n"
+    )
+BPE = build_tokenizer("bpe", TRAINING_TEXT, vocab_size=400)
+PROPERTY = settings(max_examples=150, deadline=None)
+
+
+@PROPERTY
+@given(st.text())
+def test_byte_tokenizer_round_trips_any_text(text):
+    tok = ByteTokenizer()
+    assert tok.decode(tok.encode(text)) == text
+
+
+@PROPERTY
+@given(st.text(min_size=1), st.data())
+def test_char_tokenizer_round_trips_any_text_over_its_vocabulary(training, data):
+    tok = CharTokenizer.build(training)
+    text = "".join(data.draw(st.lists(st.sampled_from(sorted(set(training))))))
+    assert tok.decode(tok.encode(text)) == text
+    assert tokenizer_from_dict(json.loads(json.dumps(tok.to_dict()))).encode(text).tolist() == tok.encode(text).tolist()
+
+
+WORDS = st.text(st.characters(blacklist_categories=("Z", "C")), min_size=1, max_size=8).filter(
+    lambda w: w.split() == [w] and w not in (EOS, UNK)
+)
+SPACES = st.text(" \t", min_size=1, max_size=3)
+
+
+@PROPERTY
+@given(st.lists(st.lists(WORDS, max_size=6), min_size=1, max_size=6), st.data())
+def test_word_tokenizer_round_trips_lines_of_its_words(lines, data):
+    """Round trip for the word tokenizer: a text of vocabulary words, separated by any runs of spaces and tabs, in
+    lines that each end with a newline, decodes to the same words in the same lines; and ``encode(decode(ids))``
+    is ``ids`` for any ids that end with ``<eos>``.  (Whitespace inside a line is not kept: decode writes one
+    space after every word.)"""
+    text = "".join(data.draw(SPACES).join(words) + "\n" for words in lines)
+    tok = WordTokenizer.build(text)
+    ids = tok.encode(text)
+    decoded = tok.decode(ids)
+    assert [line.split() for line in decoded.split("\n")[:-1]] == lines
+    assert tok.encode(decoded).tolist() == ids.tolist()
+
+
+@PROPERTY
+@given(st.text())
+def test_bpe_round_trips_any_text(text):
+    ids = BPE.encode(text)
+    assert BPE.decode(ids) == text
+    assert ids.dtype == np.int64 and (ids.size == 0 or 0 <= ids.min() <= ids.max() < BPE.vocab_size)
+
+
+@PROPERTY
+@given(st.text(st.characters(codec="utf-8"), max_size=300), st.lists(st.integers(0, 300), max_size=6))
+def test_pieces_and_bpe_ids_do_not_depend_on_how_the_text_is_cut(text, cuts):
+    """A file read in blocks encodes exactly as its whole text: the pieces are those of the text."""
+    bounds = [0, *sorted(c for c in cuts if c <= len(text)), len(text)]
+    chunks = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    assert list(iter_pieces(chunks, limit=7)) == list(iter_pieces([text], limit=7))
+    assert "".join(iter_pieces(chunks, limit=7)) == text
+    assert all(len(p) <= 7 and "\n" not in p[:-1] for p in iter_pieces([text], limit=7))
+    assert BPE.encode_pieces(list(iter_pieces(chunks))).tolist() == BPE.encode(text).tolist()
+
+
+def test_bpe_ids_are_ordered_by_frequency_in_the_training_text():
+    counts = np.bincount(BPE.encode(TRAINING_TEXT), minlength=BPE.vocab_size)
+    assert BPE.vocab_size == 400 and BPE.ordered
+    assert np.all(np.diff(counts) <= 0)  # id 0 the most frequent, as the adaptive softmax cutoffs need
+    unordered = train_bpe(iter_pieces([TRAINING_TEXT]), 400)
+    raw = np.bincount(unordered.encode(TRAINING_TEXT), minlength=400)
+    assert np.any(np.diff(raw) > 0)  # the library's own ids are not: the remap is needed
+    assert np.array_equal(np.sort(raw)[::-1], counts)
+
+
+def test_bpe_offsets_are_the_character_spans_of_its_tokens():
+    text = "Before we proceed any further,\n  hear me speak.\n"
+    ids, spans = BPE.encode(text), BPE.offsets(text)
+    assert spans.shape == (len(ids), 2)
+    assert [text[a:b] for a, b in spans] == [BPE.decode([i]) for i in ids]
+    accented = BPE.offsets("é")  # two byte-level tokens of one character share its span
+    assert accented.tolist() in ([[0, 1]], [[0, 1], [0, 1]])
+
+
+def test_an_hf_tokenizer_file_loads_as_bpe_and_gets_the_training_texts_order(tmp_path):
+    library = train_bpe(iter_pieces([TRAINING_TEXT]), 350)
+    hf_file = tmp_path / "tokenizer.json"
+    library.hf.save(str(hf_file))  # the library's own format, as GPT-2's tokenizer.json
+    loaded = load_tokenizer(str(hf_file))
+    assert isinstance(loaded, BPETokenizer) and loaded.kind == "bpe" and not loaded.ordered
+    assert loaded.encode(TRAINING_TEXT).tolist() == library.encode(TRAINING_TEXT).tolist()
+    fitted = build_tokenizer(str(hf_file), TRAINING_TEXT)
+    assert fitted.ordered and np.all(np.diff(np.bincount(fitted.encode(TRAINING_TEXT), minlength=350)) <= 0)
+    ours = tmp_path / "ours.json"
+    fitted.save(str(ours))
+    again = load_tokenizer(str(ours))  # our file keeps its order; building from it changes nothing
+    assert again.to_dict() == fitted.to_dict()
+    assert build_tokenizer(str(ours), "other text").to_dict() == fitted.to_dict()
+
+
+def test_every_kind_of_saved_tokenizer_loads(tmp_path):
+    text = "a b a\nc a\n"
+    for tok in (ByteTokenizer(), CharTokenizer.build(text), WordTokenizer.build(text), BPE):
+        tok.save(str(tmp_path / f"{tok.kind}.json"))
+        again = load_tokenizer(str(tmp_path / f"{tok.kind}.json"))
+        assert type(again) is type(tok) and again.to_dict() == tok.to_dict()
+
+
+def test_bad_tokenizer_files_are_errors_naming_the_file(tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(TokenizerError, match="broken.json"):
+        load_tokenizer(str(broken))
+    wordpiece = tmp_path / "wordpiece.json"
+    spec = json.loads(BPE.hf.to_str())
+    spec["model"] = {"type": "WordPiece", "vocab": {"[UNK]": 0, "a": 1}, "unk_token": "[UNK]"}
+    wordpiece.write_text(json.dumps(spec))
+    with pytest.raises(TokenizerError, match="wordpiece.json.*only BPE"):
+        load_tokenizer(str(wordpiece))
+    with pytest.raises(TokenizerError, match="permutation"):
+        tokenizer_from_dict({**BPE.to_dict(), "order": [0] * BPE.vocab_size})
+    with pytest.raises(TokenizerError, match="outside the 400-token"):
+        BPE.decode([400])
+    with pytest.raises(TokenizerError, match="256"):
+        train_bpe(["abc"], 100)
+
+
+def test_check_tokenizer_fits_names_the_file_and_both_sizes():
+    check_tokenizer_fits(BPE, 400, "run/tokenizer.json")
+    with pytest.raises(TokenizerError, match=r"run/tokenizer.json has 400 tokens .* vocabulary has 8192"):
+        check_tokenizer_fits(BPE, 8192, "run/tokenizer.json")
+
+
+def test_char_tokenizer_error_names_the_character_and_its_line_and_column():
+    with pytest.raises(TokenizerError, match=r"'z' \(U\+007A\) at line 2, column 3"):
+        CharTokenizer.build("abc\n").encode("abc\nabz")
+
+
+def test_data_config_takes_bpe_and_tokenizer_files():
+    assert DataConfig(tokenizer="bpe", vocab_size=4096).vocab_size == 4096
+    assert DataConfig(tokenizer="gpt2/tokenizer.json").tokenizer == "gpt2/tokenizer.json"
+    with pytest.raises(ConfigError, match="byte, char, word, bpe or the path"):
+        DataConfig(tokenizer="bpee")
+    with pytest.raises(ConfigError, match="vocab_size"):
+        DataConfig(tokenizer="bpe", vocab_size=100)
