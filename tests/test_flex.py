@@ -125,3 +125,27 @@ def test_auto_is_flex_on_cuda_for_full_and_local_patterns_only():
     assert ModelConfig().attn_impl == "auto"
     with pytest.raises(ConfigError, match="no attention dropout"):
         ModelConfig.of(attn_impl="flex", dropatt=0.1)
+
+
+def test_compiled_flex_does_not_compile_again_for_new_lengths(monkeypatch):
+    """Lengths and block counts marked dynamic: over five (segment, memory) lengths dynamo builds two graphs (the
+    first segment, where K = T, and the rest; or one), not one per length.  Checked with the aot_eager backend, which runs
+    the same dynamo tracing and guards as the CUDA compile without building kernels."""
+    import torch.nn.attention.flex_attention as flex_api
+    from torch._dynamo.utils import counters
+
+    import longseq.model.attention.flex as flex
+    from longseq.model.attention.patterns import AttentionPattern, PatternMask
+
+    torch._dynamo.reset()
+    compiled = torch.compile(flex_api.flex_attention, dynamic=True, backend="aot_eager")
+    monkeypatch.setattr(flex, "_flex", lambda *args: flex.compiled_flex_call(compiled, *args))
+    counters.clear()
+    heads, d_head = 2, 16
+    for qlen, mlen in [(256, 0), (256, 256), (384, 256), (512, 128), (640, 300)]:
+        q, k, v = (torch.randn(1, heads, n, d_head) for n in (qlen, qlen + mlen, qlen + mlen))
+        rel, u, w = torch.randn(heads, qlen + mlen + 1, d_head), torch.randn(heads, d_head), torch.randn(heads, d_head)
+        mask = PatternMask(AttentionPattern("window", window=16), qlen, mlen)
+        with torch.no_grad():
+            flex.flex_relative_attention(q, k, v, rel, u, w, mask, 0.0, False)
+    assert 1 <= counters["stats"]["unique_graphs"] <= 2

@@ -96,15 +96,21 @@ def _flex(query, key, value, score_mod, block_mask, scale) -> Tensor:
     from torch.nn.attention.flex_attention import flex_attention
 
     if query.device.type == "cuda":
-        for tensor in (query, key, value):
-            torch._dynamo.maybe_mark_dynamic(tensor, 2)  # T and K vary
-        for tensor in block_mask.as_tuple():
-            for dim in range(2, tensor.dim() if isinstance(tensor, Tensor) else 0):
-                torch._dynamo.maybe_mark_dynamic(tensor, dim)  # and with them the block counts
-        return _compiled_flex()(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale)
+        return compiled_flex_call(_compiled_flex(), query, key, value, score_mod, block_mask, scale)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
         return _eager_flex_with_grad(query, key, value, score_mod, block_mask, scale)
     return flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale)
+
+
+def compiled_flex_call(compiled, query, key, value, score_mod, block_mask, scale) -> Tensor:
+    """Call a compiled ``flex_attention`` with the lengths marked dynamic: T and K, and with them the block mask's
+    block counts (its tensors would otherwise be specialised on their first sizes and compiled again)."""
+    for tensor in (query, key, value):
+        torch._dynamo.maybe_mark_dynamic(tensor, 2)
+    for tensor in block_mask.as_tuple():
+        for dim in range(2, tensor.dim() if isinstance(tensor, Tensor) else 0):
+            torch._dynamo.maybe_mark_dynamic(tensor, dim)
+    return compiled(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
 
 @cache
