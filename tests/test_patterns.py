@@ -121,6 +121,13 @@ def run_layer(layer, p, qlen, mlen, global_mask=None, docs=None, grad=True):
     return out, grads
 
 
+def assert_same_run(fast, slow, atol=1e-10):
+    """Two :func:`run_layer` results agree: the output and every gradient."""
+    torch.testing.assert_close(fast[0], slow[0], rtol=0, atol=atol)
+    for a, b in zip(fast[1], slow[1]):
+        torch.testing.assert_close(a, b, rtol=0, atol=atol)
+
+
 @pytest.mark.parametrize("pos", ["sinusoidal", "shaw"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("mlen", [0, 9])

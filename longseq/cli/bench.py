@@ -1,4 +1,9 @@
-"""``longseq bench``: training, evaluation and generation speed of the benchmark model on this machine."""
+"""``longseq bench``: training, evaluation and generation speed of the benchmark model on this machine.
+
+``train`` and ``eval`` also report model FLOPs utilisation (``mfu``): the model's matrix-multiply FLOPs per token
+(:func:`longseq.eval.speed.model_flops_per_token`) times tokens per second, over the matrix-multiply throughput this
+command measures on the same machine in the same run (``matmul_flops_per_s``), as nanoGPT and torchtitan report it.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +33,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--attn-chunk", type=int, default=64, help="query block size of the attention kernel (0: none)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (compile time reported apart)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
-    p.add_argument("--autocast", choices=["bf16"], help="train under CPU bf16 autocast")
+    p.add_argument("--autocast", choices=["bf16"], help="train under bf16 autocast")
+    p.add_argument("--no-mfu", action="store_true", help="skip the matrix-multiply probe (about 2 s) and the MFU")
     return common_flags(p)
 
 
@@ -75,4 +81,19 @@ def run(args: argparse.Namespace) -> dict:
         )
     if args.task != "generate":
         settings["batch"] = args.batch
+        if not args.no_mfu:
+            device = next(model.parameters()).device
+            dtype = torch.bfloat16 if args.autocast == "bf16" else torch.float32
+            peak = speed.matmul_flops_per_s(device, dtype)
+            result.update(
+                speed.mfu(
+                    model.config,
+                    result["tokens_per_s"],
+                    args.tgt_len,
+                    args.mem_len,
+                    args.batch,
+                    peak,
+                    args.task == "train",
+                )
+            )
     return {**settings, **result}

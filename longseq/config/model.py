@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from longseq.config.base import ConfigError, JsonConfig, check, check_choice
 
 PATTERNS = ("full", "window", "dilated", "strided", "block_sparse", "global", "bigbird")
-KERNELS = ("reference", "rel_shift")
+KERNELS = ("reference", "rel_shift", "flex")
+KERNEL_CHOICES = (*KERNELS, "auto")  # auto: chosen per device and pattern when the model runs
 POSITIONS = ("sinusoidal", "shaw", "absolute")
 COMPRESSION_FUNCTIONS = ("mean", "max", "conv", "linear")
 ARCHS = ("transformer", "lstm")
@@ -201,8 +202,11 @@ class ModelConfig(JsonConfig):
     ``cutoffs`` switch on the adaptive input embedding and adaptive softmax; ``div_val`` shrinks each tail
     cluster's embedding by that factor.  ``tie_projs[i]`` ties the softmax projection of cluster ``i`` to the
     embedding's (default: all but the head cluster when ``div_val > 1``, as in the paper).  ``attn_impl`` names
-    the attention kernel (``rel_shift`` fast path or ``reference``); ``attn_chunk`` processes queries in blocks
-    of that size (0: all at once), which is exact, faster on CPU and linear in length for local patterns.
+    the attention kernel: ``rel_shift`` (the fast path), ``flex`` (PyTorch's FlexAttention, compiled on CUDA; no
+    attention dropout), ``reference`` (readable), or ``auto`` (the default: ``flex`` on CUDA for full and local
+    patterns when PyTorch has it and no attention dropout is trained, ``rel_shift`` otherwise);
+    ``attn_chunk`` processes queries in blocks of that size (0: all at once), which is exact, faster on CPU and
+    linear in length for local and sparse patterns.
     ``dropout_r`` is the dropout on the sinusoidal R (unset: ``dropout``, as in the paper's code); ``uv_init`` starts
     u and v at normal(0, ``init_std``) or at zeros.  ``arch="lstm"`` is the LSTM baseline (``n_layer`` LSTM layers of width ``d_model``).  ``vocab_size=0`` means
     "from the tokenizer": training sets it (presets use it, so ``cutoffs`` are checked against the real vocabulary).
@@ -228,7 +232,7 @@ class ModelConfig(JsonConfig):
     proj_init_std: float = 0.01
     uv_init: str = "normal"
     layer_norm_eps: float = 1e-5
-    attn_impl: str = "rel_shift"
+    attn_impl: str = "auto"
     attn_chunk: int = 64
     arch: str = "transformer"
     mixer: list[str] = field(default_factory=lambda: ["attention"])
@@ -299,7 +303,12 @@ class ModelConfig(JsonConfig):
         check(self.uv_init in ("normal", "zeros"), f"ModelConfig.uv_init must be normal or zeros, got {self.uv_init!r}")
         check(self.d_embed is None or self.d_embed >= 1, f"ModelConfig.d_embed must be >= 1, got {self.d_embed}")
         check(
-            self.attn_impl in KERNELS, f"ModelConfig.attn_impl must be one of {sorted(KERNELS)}, got {self.attn_impl!r}"
+            self.attn_impl in KERNEL_CHOICES,
+            f"ModelConfig.attn_impl must be one of {sorted(KERNEL_CHOICES)}, got {self.attn_impl!r}",
+        )
+        check(
+            self.attn_impl != "flex" or self.dropatt == 0,
+            f"ModelConfig.attn_impl=flex has no attention dropout: set dropatt=0 (got {self.dropatt}) or use rel_shift",
         )
         check(self.arch in ARCHS, f"ModelConfig.arch must be transformer or lstm, got {self.arch!r}")
         self._check_softmax()

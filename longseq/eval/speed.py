@@ -28,6 +28,19 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_memory(device: torch.device) -> dict:
+    """Peak resident set size, and on CUDA the peak memory torch allocated on the device, in MiB."""
+    peaks = {"peak_rss_mb": peak_rss_mb()}
+    if device.type == "cuda":
+        peaks["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return peaks
+
+
 def train_throughput(
     model: TransformerXLLM,
     *,
@@ -39,60 +52,150 @@ def train_throughput(
     compile: bool = False,
     autocast: str | None = None,
 ) -> dict:
-    """Tokens per second of full training steps (forward, backward, clipping, Adam) with memory carried."""
+    """Tokens per second of full training steps (forward, backward, clipping, Adam) with memory carried, on the
+    device the model's parameters are on (``autocast="bf16"`` there)."""
     torch.manual_seed(seed)
     model.train()
+    device = next(model.parameters()).device
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    step_fn = model
     compile_s = 0.0
     if compile:  # the decoder layers only: the input checks and the loss stay eager
         for layer in model.transformer.layers:
             layer.compile()
         warmup = max(warmup, 3)  # graphs for no memory, a growing memory and a full one
-    data = torch.randint(0, model.config.vocab_size, (batch, (steps + warmup) * tgt_len + 1))
+    data = torch.randint(0, model.config.vocab_size, (batch, (steps + warmup) * tgt_len + 1), device=device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     mems = None
-    start = 0.0
+    start, usage = 0.0, None
     for step in range(steps + warmup):
+        _sync(device)
         if step == warmup:
-            start = time.perf_counter()
+            start, usage = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         begin = time.perf_counter()
         x = data[:, step * tgt_len : (step + 1) * tgt_len]
         y = data[:, step * tgt_len + 1 : (step + 1) * tgt_len + 1]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast == "bf16"):
-            out = step_fn(x, mems, y)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast == "bf16"):
+            out = model(x, mems, y)
         optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
         optimizer.step()
         mems = out.mems
         if compile and step < warmup:
+            _sync(device)
             compile_s += time.perf_counter() - begin
+    _sync(device)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF)
     result = {
         "tokens_per_s": steps * batch * tgt_len / elapsed,
         "step_ms": 1000 * elapsed / steps,
-        "peak_rss_mb": peak_rss_mb(),
+        "loss": float(out.loss),
+        # what the timed steps cost the process in CPU time (all threads), in system time and in page faults
+        "cpu_s_per_step": (after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime) / steps,
+        "sys_s_per_step": (after.ru_stime - usage.ru_stime) / steps,
+        "minor_faults_per_step": (after.ru_minflt - usage.ru_minflt) / steps,
     }
+    result.update(_peak_memory(device))
     if compile:
         result["compile_s"] = compile_s
     return result
 
 
+def model_flops_per_token(
+    config: ModelConfig,
+    tgt_len: int,
+    mem_len: int,
+    batch: int = 1,
+    keys_per_query: float | None = None,
+    kv_memory: bool = False,
+) -> dict:
+    """Matrix-multiply FLOPs per token of one forward pass of a Transformer-XL with ``config``, a segment of
+    ``tgt_len`` tokens over a memory of ``mem_len`` (2 FLOPs per multiply-add), by part, and their total.
+
+    Counted per segment token: the q/k/v projection of every position of [memory; segment] (the hidden-state memory
+    is projected again each segment), the W_R projection of the K + 1 relative rows (once for the ``batch`` rows of a
+    segment), per (query, key) pair the
+    content score, the position score and the weighted value (3 dot products of d_head), the output projection,
+    the feed-forward and the softmax layer.  ``keys_per_query`` is the pattern's average number of allowed keys
+    (default: full causal attention, mem_len + (tgt_len + 1) / 2).  With ``kv_memory`` (evaluation), the memory's
+    keys and values and the W_R R table are kept from earlier segments, so only the segment is projected.  Training
+    is taken as 3x the forward (the
+    backward computes two products per forward one), as nanoGPT and torchtitan count; layer norms, the softmax,
+    masking and the optimizer are not matrix multiplies and are left out."""
+    c = config
+    width, klen = c.n_head * c.d_head, tgt_len + mem_len
+    keys = mem_len + (tgt_len + 1) / 2 if keys_per_query is None else keys_per_query
+    projected = tgt_len if kv_memory else klen
+    per_layer = {
+        "qkv": 2 * c.d_model * 3 * width * projected / tgt_len,
+        "r_net": 2 * c.d_model * width * (klen + 1) / (tgt_len * batch)
+        if c.positions.pos == "sinusoidal" and not kv_memory
+        else 0.0,
+        "attention": 3 * 2 * width * keys,
+        "o_net": 2 * width * c.d_model,
+        "feed_forward": 2 * 2 * c.d_model * c.d_inner,
+    }
+    parts = {name: c.n_layer * flops for name, flops in per_layer.items()}
+    parts["softmax_layer"] = 2 * c.d_model * c.vocab_size
+    return {"forward": sum(parts.values()), "train": 3 * sum(parts.values()), "parts": parts}
+
+
+def matmul_flops_per_s(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seconds: float = 1.0):
+    """The matrix-multiply throughput of this machine, now: FLOP/s of square products (1024 on CPU, 8192 on GPU)
+    repeated for about ``seconds``, the best of three rounds (the denominator of model FLOPs utilisation)."""
+    device = torch.device(device)
+    n = 8192 if device.type == "cuda" else 1024
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    torch.matmul(a, b)  # warm-up
+    _sync(device)
+    start = time.perf_counter()
+    reps = 1
+    while True:  # calibrate: enough products for a third of the time
+        torch.matmul(a, b)
+        _sync(device)
+        if time.perf_counter() - start > seconds / 6:
+            break
+        reps += 1
+    best = 0.0
+    for _ in range(3):
+        begin = time.perf_counter()
+        for _ in range(reps):
+            torch.matmul(a, b)
+        _sync(device)
+        best = max(best, reps * 2 * n**3 / (time.perf_counter() - begin))
+    return best
+
+
+def mfu(config: ModelConfig, tokens_per_s: float, tgt_len: int, mem_len: int, batch: int, peak: float, training: bool):
+    """Model FLOPs utilisation: the model's matrix-multiply FLOPs per token times tokens per second, over ``peak``
+    (the measured :func:`matmul_flops_per_s`); evaluation counts a key/value memory."""
+    flops = model_flops_per_token(config, tgt_len, mem_len, batch, kv_memory=not training)
+    per_token = flops["train" if training else "forward"]
+    return {"model_flops_per_token": per_token, "matmul_flops_per_s": peak, "mfu": per_token * tokens_per_s / peak}
+
+
 @torch.no_grad()
 def eval_per_token(model: TransformerXLLM, *, batch: int, tgt_len: int, mem_len: int, segments: int = 3) -> dict:
-    """Milliseconds per token of evaluation once the memory holds ``mem_len`` positions."""
+    """Milliseconds per token of evaluation once the memory holds ``mem_len`` positions (a key/value memory), on
+    the device the model's parameters are on."""
     model.eval()
+    device = next(model.parameters()).device
     fill = -(-mem_len // tgt_len)
-    data = torch.randint(0, model.config.vocab_size, (batch, (fill + segments) * tgt_len + 1))
+    data = torch.randint(0, model.config.vocab_size, (batch, (fill + segments) * tgt_len + 1), device=device)
     mems = Memory.empty("kv")
     start = 0.0
     for s in range(fill + segments):
         if s == fill:
+            _sync(device)
             start = time.perf_counter()
         x = data[:, s * tgt_len : (s + 1) * tgt_len]
         mems = model(x, mems, data[:, s * tgt_len + 1 : (s + 1) * tgt_len + 1], mem_len=mem_len).mems
+    _sync(device)
     elapsed = time.perf_counter() - start
-    return {"ms_per_token": 1000 * elapsed / (segments * batch * tgt_len), "peak_rss_mb": peak_rss_mb()}
+    ms = 1000 * elapsed / (segments * batch * tgt_len)
+    return {"ms_per_token": ms, "tokens_per_s": 1000 / ms, **_peak_memory(device)}
 
 
 def generate_speed(

@@ -22,76 +22,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from longseq.config.model import KERNELS
+from longseq.model.attention.flex import flex_available, flex_reach, flex_relative_attention
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.reference import dense_mask, reference_attention
-
-
-def rel_shift(position_scores: Tensor, qlen: int, klen: int | None = None) -> Tensor:
-    """Turn (B, H, T, R) scores indexed by relative row into (B, H, T, K) scores indexed by key.
-
-    Row r of R is distance K - r (causal: R = K + 1 rows, distances K .. 0; bidirectional: R = K + T rows,
-    down to -(T - 1)), and key j of query i is distance M + i - j, so out[..., i, j] = in[..., i, T - i + j].
-    That is a strided view (offset T, row stride R - 1): no padding, no copy.  Entries past the last row
-    (future keys of a causal table) read neighbouring rows and must be masked.  ``klen`` defaults to R - 1.
-    """
-    *lead, rows, n_rel = position_scores.shape
-    klen = n_rel - 1 if klen is None else klen
-    position_scores = position_scores.contiguous()
-    *s_lead, s_t, _ = position_scores.stride()
-    return position_scores.as_strided(
-        (*lead, rows, klen), (*s_lead, s_t - 1, 1), position_scores.storage_offset() + qlen
-    )
-
-
-def fill_forbidden_(scores: Tensor, mask: Tensor) -> Tensor:
-    """``scores.masked_fill_(mask, -inf)``, touching only the key columns from the first forbidden one on: with
-    memory and causal attention no memory column is forbidden, and broadcasting a (T, K) mask over every head
-    costs more than the softmax."""
-    columns = mask.reshape(-1, mask.size(-1)).any(0)  # (K,) True where some query may not look
-    hits = columns.nonzero()
-    if hits.numel():
-        first = int(hits[0])
-        scores[..., first:].masked_fill_(mask[..., first:], float("-inf"))
-    return scores
-
-
-class _RelativeProbs(torch.autograd.Function):
-    """probs = softmax(mask(q_c k^T + rel_shift(q_p R^T))) with a hand-written backward.
-
-    The forward accumulates and masks the scores in place and saves only the probabilities.  The
-    backward needs no mask: the softmax gradient is already zero wherever a probability is zero.
-    The position gradient goes back through the same strided view into a (T, R) buffer.  Any leading
-    dimensions work (the banded kernel adds one for blocks; its ``rel_key`` is then (H, 1, R, D)).
-    """
-
-    @staticmethod
-    def forward(ctx, q_content, key, q_position, rel_key, mask):
-        scores = torch.matmul(q_content, key.transpose(-1, -2))  # (B, H, T, K)
-        scores += rel_shift(
-            torch.matmul(q_position, rel_key.transpose(-1, -2)), q_content.size(-2), key.size(-2)
-        )  # (B, H, T, R) shifted
-        fill_forbidden_(scores, mask)
-        probs = torch.softmax(scores, dim=-1)
-        ctx.save_for_backward(q_content, key, q_position, rel_key, probs)
-        return probs
-
-    @staticmethod
-    def backward(ctx, grad_probs):
-        q_content, key, q_position, rel_key, probs = ctx.saved_tensors
-        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)  # (B, H, T, K)
-        *lead, qlen, klen = grad_scores.shape
-        grad_position = grad_scores.new_zeros(*lead, qlen, rel_key.size(-2))  # (B, H, T, R)
-        rel_shift(grad_position, qlen, klen).copy_(grad_scores)
-        grad_qc = grad_key = grad_qp = grad_rel = None
-        if ctx.needs_input_grad[0]:
-            grad_qc = torch.matmul(grad_scores, key)
-        if ctx.needs_input_grad[1]:
-            grad_key = torch.matmul(grad_scores.transpose(-1, -2), q_content)
-        if ctx.needs_input_grad[2]:
-            grad_qp = torch.matmul(grad_position, rel_key)
-        if ctx.needs_input_grad[3]:
-            grad_rel = torch.matmul(grad_position.transpose(-1, -2), q_position).sum_to_size(rel_key.shape)
-        return grad_qc, grad_key, grad_qp, grad_rel, None
+from longseq.model.attention.shift import RelativeProbs, fill_forbidden_, key_bands
+from longseq.model.attention.shift import rel_shift as rel_shift  # re-exported: part of the kernels' interface
+from longseq.model.attention.sparse import sparse_attention
 
 
 def rel_shift_attention(
@@ -120,7 +56,7 @@ def rel_shift_attention(
         return F.scaled_dot_product_attention(query + r_w_bias[:, None], key, value, attn_mask=bias)
     q_content = (query + r_w_bias[:, None]) * scale  # (B, H, T, D)
     if full_precision:
-        probs = _RelativeProbs.apply(q_content, key, q_position, rel_key, mask)
+        probs = RelativeProbs.apply(q_content, key, q_position, rel_key, mask)
     else:  # half precision: logits and softmax in float32 (autograd tracks the steps), probabilities cast back
         with torch.autocast(query.device.type, enabled=False):
             content = torch.matmul(q_content.float(), key.float().transpose(-1, -2))
@@ -143,13 +79,6 @@ def key_mass(query, key, rel_key, r_w_bias, r_r_bias, mask) -> Tensor:
     scores += rel_shift(position, query.size(2), key.size(2))
     scores.masked_fill_(mask, float("-inf"))
     return torch.softmax(scores, dim=-1).sum(dim=(1, 2))
-
-
-def _key_window(states: Tensor, start: int, stop: int) -> Tensor:
-    """Positions [start, stop) of (B, H, K, D) states, zeros outside [0, K)."""
-    klen = states.size(2)
-    inner = states[:, :, max(start, 0) : min(stop, klen)]
-    return F.pad(inner, (0, 0, max(0, -start), max(0, stop - max(klen, start))))
 
 
 def banded_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask: PatternMask, block, band, dropatt, training):
@@ -176,15 +105,11 @@ def banded_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask: Patte
     q_content = F.pad((query + r_w_bias[:, None]) * scale, (0, 0, 0, pad)).view(batch, heads, n_blocks, block, d_head)
     q_position = F.pad((query + r_r_bias[:, None]) * scale, (0, 0, 0, pad)).view(batch, heads, n_blocks, block, d_head)
 
-    def bands(states: Tensor) -> Tensor:  # (B, H, K, D) -> (B, H, n, W, D)
-        padded = _key_window(states, mlen - before, mlen + n_blocks * block + after)
-        parts = [padded[:, :, t * block : (t + n_blocks) * block] for t in range(width // block)]
-        return torch.stack([p.reshape(batch, heads, n_blocks, block, d_head) for p in parts], dim=3).flatten(3, 4)
-
     forbidden = mask.banded(n_blocks, block, before, width)  # (B or 1, H or 1, n, block, W)
-    probs = _RelativeProbs.apply(q_content, bands(key), q_position, local_rel, forbidden)  # (B, H, n, block, W)
+    key_band, value_band = (key_bands(x, mlen, n_blocks, block, before, width) for x in (key, value))  # (B, H, n, W, D)
+    probs = RelativeProbs.apply(q_content, key_band, q_position, local_rel, forbidden)  # (B, H, n, block, W)
     probs = F.dropout(probs, p=dropatt, training=training)
-    out = torch.matmul(probs, bands(value))  # (B, H, n, block, D)
+    out = torch.matmul(probs, value_band)  # (B, H, n, block, D)
     return out.view(batch, heads, n_blocks * block, d_head)[:, :, :qlen]
 
 
@@ -208,16 +133,21 @@ def blocked_attention(
     M' = M + q0 - lo over keys [lo, hi), and the relative table rows they need start at T - q1 + lo
     (row T - i + j of the whole problem is row T' - i' + j' of the block).  For a local pattern the
     key range is the block plus the pattern's reach, so time and saved activations grow linearly with T.
+    Local patterns run every block at once (:func:`banded_attention`); sparse ones (strided, block_sparse, global
+    tokens, random blocks) as pieces of the allowed pairs under one softmax (:func:`sparse_attention`).
     A dense ``mask`` tensor (T, K) or (B, 1|H, T, K) must be causal; blocks then skip only future keys.
     ``chunk`` = 0 means one block.
     """
     qlen, klen = query.size(2), key.size(2)
     step = chunk if 0 < chunk < qlen else qlen
-    fused = kernel is rel_shift_attention and query.dtype in (torch.float32, torch.float64)
-    if fused and isinstance(mask, PatternMask) and step < qlen and (band := mask.band(step)) is not None:
-        out = banded_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask, step, band, dropatt, training)
-        if out is not None:
-            return out
+    if kernel is rel_shift_attention and isinstance(mask, PatternMask) and step < qlen:
+        band = mask.band(step)
+        if band is None and mask.pattern.local_reach is not None:  # a sparse pattern: its pieces at their cost
+            return sparse_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask, step, dropatt, training)
+        if band is not None and query.dtype in (torch.float32, torch.float64):
+            out = banded_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask, step, band, dropatt, training)
+            if out is not None:
+                return out
     outs = []
     for q0 in range(0, qlen, step):
         q1 = min(qlen, q0 + step)
@@ -260,5 +190,20 @@ def content_attention(query, key, value, mask: PatternMask | Tensor, dropatt: fl
 ATTENTION_KERNELS: dict[str, AttentionKernel] = {
     "reference": reference_attention,
     "rel_shift": rel_shift_attention,
+    "flex": flex_relative_attention,
 }
 assert tuple(ATTENTION_KERNELS) == KERNELS, "the registry must implement every kernel name the config accepts"
+
+
+def resolve_kernel(name: str, device_type: str, mask: PatternMask | Tensor, dropout: bool) -> str:
+    """The kernel ``attn_impl`` names for these inputs: ``auto`` is ``flex`` on CUDA for full attention and patterns
+    of bounded reach (window, dilated) when this PyTorch has FlexAttention and no attention dropout is trained, and
+    ``rel_shift`` otherwise.  Why not Flex for the sparse patterns: its block mask visits every 128 x 128 block that
+    holds one allowed pair (stride columns and block summaries reach every block), and their relative term needs a
+    (T, K) bias; the sparse pieces of ``rel_shift`` cost what the pattern allows."""
+    if name != "auto":
+        return name
+    local = isinstance(mask, PatternMask) and (mask.pattern.name == "full" or flex_reach(mask) is not None)
+    if device_type == "cuda" and local and not dropout and flex_available():
+        return "flex"
+    return "rel_shift"

@@ -6,7 +6,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from longseq.model.attention.kernels import ATTENTION_KERNELS, blocked_attention, content_attention, key_mass
+from longseq.model.attention.kernels import (
+    ATTENTION_KERNELS,
+    blocked_attention,
+    content_attention,
+    flex_relative_attention,
+    key_mass,
+    resolve_kernel,
+)
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.reference import attention_probs, dense_mask
 from longseq.model.positions import RelativePositions, position_encoding
@@ -111,8 +118,14 @@ class RelativeMultiHeadAttention(nn.Module):
 
         if rel_key is None:  # absolute positions: content scores only
             attn = content_attention(query, key, value, mask, self.dropatt, self.training, self.kernel)
+        elif (
+            name := resolve_kernel(self.kernel, query.device.type, mask, self.training and self.dropatt > 0)
+        ) == "flex":
+            attn = flex_relative_attention(
+                query, key, value, rel_key, r_w_bias, r_r_bias, mask, self.dropatt, self.training
+            )
         else:
-            kernel = ATTENTION_KERNELS[self.kernel]
+            kernel = ATTENTION_KERNELS[name]
             attn = blocked_attention(
                 kernel, self.chunk, query, key, value, rel_key, r_w_bias, r_r_bias, mask, self.dropatt, self.training
             )  # (B, H, T, D)

@@ -28,6 +28,8 @@ every head or one per head (Longformer gives heads different dilations).
 :meth:`AttentionPattern.allowed` is the definition; :class:`PatternMask` adds causality, ``same_length``,
 document boundaries and global tokens, and hands kernels either the dense mask or the block of it they
 need, together with the range of keys a block of queries can reach (what makes local patterns linear).
+:meth:`AttentionPattern.rule` is the predicate elementwise, so the same definition also serves FlexAttention's
+``mask_mod`` one pair at a time.
 """
 
 from __future__ import annotations
@@ -88,51 +90,76 @@ class AttentionPattern:
             return self.window - 1
         return None
 
+    @property
+    def local_reach(self) -> int | None:
+        """The reach of the pattern's local part: the band a sparse kernel computes densely before it adds the
+        pattern's other keys (stride columns, block summaries, global tokens, random blocks); None for ``full``."""
+        if self.name == "full":
+            return None
+        if self.name == "block_sparse":
+            return self.block_size - 1  # the query's own block
+        if self.name == "dilated":
+            return (self.window - 1) * max(self.dilation)
+        return self.window - 1
+
     def check_heads(self, n_head: int) -> None:
         if len(self.dilation) not in (1, n_head):
             raise PatternError(f"dilation needs one value or one per head ({n_head}), got {list(self.dilation)}")
 
     def allowed(self, query: Tensor, key: Tensor, klen: int) -> Tensor:
-        """The pattern's own predicate: True where query position ``query`` (Tq, 1) may attend to key
-        position ``key`` (1, Tk); returns (H or 1, Tq, Tk).  Causality and global tokens are added by
+        """The pattern's own predicate: True where query position ``query`` (..., Tq, 1) may attend to key
+        position ``key`` (..., 1, Tk); returns (H or 1, ..., Tq, Tk).  Causality and global tokens are added by
         :class:`PatternMask`; ``klen`` is the window length, for the random blocks."""
         distance = query - key  # (..., Tq, Tk)
+        dilation = torch.tensor(self.dilation, device=query.device).view(-1, *[1] * distance.dim())  # (H or 1, 1...)
+        ok = self.rule(query, key, dilation, self.random_table(klen, query.device))
+        return ok if ok.dim() > distance.dim() else ok[None]  # (H or 1, ..., Tq, Tk)
+
+    def rule(self, query: Tensor, key: Tensor, dilation: Tensor, random: Tensor | None) -> Tensor:
+        """The predicate, elementwise over broadcastable positions (also the body of FlexAttention's ``mask_mod``,
+        one pair at a time): ``dilation`` broadcasts against the pairs, ``random`` is :meth:`random_table`."""
+        distance = query - key
         span = distance if self.causal else distance.abs()
         span = span.clamp(min=0)  # future keys of a causal pattern are removed by the causal mask
         if self.name == "full":
-            ok = torch.ones_like(distance, dtype=torch.bool)
-        elif self.name in ("window", "global"):
-            ok = span < self.window
-        elif self.name == "dilated":
-            dil = torch.tensor(self.dilation, device=query.device).view(-1, *[1] * distance.dim())  # (H or 1, 1...)
-            ok = (span % dil == 0) & (span < self.window * dil)
-        elif self.name == "strided":
-            ok = (span < self.window) | (span % self.stride == 0)
-        elif self.name == "block_sparse":
+            return torch.ones_like(distance, dtype=torch.bool)
+        if self.name in ("window", "global"):
+            return span < self.window
+        if self.name == "dilated":
+            return (span % dilation == 0) & (span < self.window * dilation)
+        if self.name == "strided":
+            return (span < self.window) | (span % self.stride == 0)
+        if self.name == "block_sparse":
             size = self.block_size
-            ok = (query // size == key // size) | (key % size >= size - self.block_summary)
-        else:  # bigbird
-            ok = (span < self.window) | self._random_blocks(query, key, klen)
-        return ok if ok.dim() > distance.dim() else ok[None]  # (H or 1, ..., Tq, Tk)
+            return (query // size == key // size) | (key % size >= size - self.block_summary)
+        ok = span < self.window  # bigbird
+        if random is None:
+            return ok
+        last = random.size(0) - 1  # padding positions outside the window read the edge blocks (and are masked)
+        return ok | random[(query // self.block_size).clamp(0, last), (key // self.block_size).clamp(0, last)]
 
-    def _random_blocks(self, query: Tensor, key: Tensor, klen: int) -> Tensor:
-        """``num_random_blocks`` key blocks per query block, the same for every call: each (query block,
-        key block) pair gets a hash of (seed, qb, kb) and a query block keeps its highest eligible ones."""
-        if self.num_random_blocks == 0:
-            return torch.zeros(query.size(0), key.size(1), dtype=torch.bool, device=query.device)
-        size = self.block_size
-        q_blocks = query[:, 0] // size  # (Tq,)
-        first = int(q_blocks.min())
-        rows = torch.arange(first, int(q_blocks.max()) + 1, device=query.device)[:, None]  # (nq, 1)
-        cols = torch.arange((klen + size - 1) // size, device=query.device)[None, :]  # (1, nk)
-        score = _mix(rows * 1_000_003 + cols * 7_919 + self.seed * 104_729)  # (nq, nk)
+    def random_picks(self, klen: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+        """The random key blocks of every query block of a ``klen``-long window: (picks, valid), both (n, r) for
+        n = ceil(klen / block_size) blocks and r = min(num_random_blocks, n).  Each (query block, key block) pair
+        gets a hash of (seed, qb, kb) and a query block keeps its highest eligible ones, so a block's choice does
+        not depend on which other queries are asked; ``valid`` is False where a causal query block early in the
+        window has fewer than r eligible blocks."""
+        n = -(-klen // self.block_size)
+        rows = torch.arange(n, device=device)[:, None]  # (n, 1) query blocks
+        cols = torch.arange(n, device=device)[None, :]  # (1, n) key blocks
+        score = _mix(rows * 1_000_003 + cols * 7_919 + self.seed * 104_729)  # (n, n)
         if self.causal:
             score = score.masked_fill(cols > rows, -1)
-        picks = score.topk(min(self.num_random_blocks, cols.size(1)), dim=1).indices  # (nq, r)
-        table = torch.zeros(rows.size(0), cols.size(1), dtype=torch.bool, device=query.device)
-        table.scatter_(1, picks, True)
-        table &= score >= 0  # a causal query block early in the window has fewer than r eligible blocks
-        return table[q_blocks - first][:, key[0] // size]  # (Tq, Tk)
+        top = score.topk(min(self.num_random_blocks, n), dim=1)  # (n, r)
+        return top.indices, top.values >= 0
+
+    def random_table(self, klen: int, device: torch.device | None = None) -> Tensor | None:
+        """(n, n) bool: the random key blocks of each query block (see :meth:`random_picks`); None without."""
+        if self.name != "bigbird" or self.num_random_blocks == 0:
+            return None
+        picks, valid = self.random_picks(klen, device)
+        n = picks.size(0)
+        return torch.zeros(n, n, dtype=torch.bool, device=picks.device).scatter_(1, picks, valid)
 
 
 def layer_patterns(config: ModelConfig) -> list[AttentionPattern]:
@@ -230,6 +257,31 @@ class PatternMask:
             q_docs = self.query_docs[:, (query - self.mlen).clamp(0, self.qlen - 1)]  # (B, ..., Tq, 1)
             ok = ok & (q_docs == self.key_docs[:, key])[:, None]
         return ~ok
+
+    def mask_mod(self):
+        """This mask as FlexAttention's ``mask_mod(b, h, q_idx, kv_idx) -> allowed``, one pair at a time: the same
+        rules as :meth:`forbidden_at` (pattern, global tokens, causality, ``span``, documents), with query ``q_idx``
+        of the segment at window position M + q_idx: keys are longer than queries, the memory comes first."""
+        pattern, mlen, klen, span = self.pattern, self.mlen, self.klen, self.span
+        dilation = torch.tensor(pattern.dilation, device=self.device)
+        random = pattern.random_table(klen, self.device)
+        flags, query_docs, key_docs = self.global_keys, self.query_docs, self.key_docs
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            query = q_idx + mlen
+            ok = pattern.rule(query, kv_idx, dilation[h % dilation.numel()], random)
+            if flags is not None:
+                ok = ok | flags[b, query] | flags[b, kv_idx]
+            distance = query - kv_idx
+            if pattern.causal:
+                ok = ok & (distance >= 0)
+            if span is not None:
+                ok = ok & (distance < span)
+            if key_docs is not None:
+                ok = ok & (query_docs[b, q_idx] == key_docs[b, kv_idx])
+            return ok
+
+        return mask_mod
 
     def band(self, block: int) -> tuple[int, int] | None:
         """For a local pattern, the keys a block of ``block`` queries needs before and after itself, rounded

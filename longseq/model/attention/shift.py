@@ -1,0 +1,188 @@
+"""The building blocks every relative-attention kernel shares: the rel-shift view, in-place masking, the fused
+probabilities and scores of the two relative terms, bands of keys and rows of the relative table.
+
+See :mod:`longseq.model.attention` for the dimension glossary and the kernel contract (row ``T - i + j`` of the
+relative table holds W_R R for the distance of pair (i, j)).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def rel_shift(position_scores: Tensor, qlen: int, klen: int | None = None) -> Tensor:
+    """Turn (B, H, T, R) scores indexed by relative row into (B, H, T, K) scores indexed by key.
+
+    Row r of R is distance K - r (causal: R = K + 1 rows, distances K .. 0; bidirectional: R = K + T rows,
+    down to -(T - 1)), and key j of query i is distance M + i - j, so out[..., i, j] = in[..., i, T - i + j].
+    That is a strided view (offset T, row stride R - 1): no padding, no copy.  Entries past the last row
+    (future keys of a causal table) read neighbouring rows and must be masked.  ``klen`` defaults to R - 1.
+    """
+    *lead, rows, n_rel = position_scores.shape
+    klen = n_rel - 1 if klen is None else klen
+    position_scores = position_scores.contiguous()
+    *s_lead, s_t, _ = position_scores.stride()
+    return position_scores.as_strided(
+        (*lead, rows, klen), (*s_lead, s_t - 1, 1), position_scores.storage_offset() + qlen
+    )
+
+
+def fill_forbidden_(scores: Tensor, mask: Tensor) -> Tensor:
+    """``scores.masked_fill_(mask, -inf)``, touching only the key columns from the first forbidden one on: with
+    memory and causal attention no memory column is forbidden, and broadcasting a (T, K) mask over every head
+    costs more than the softmax."""
+    columns = mask.reshape(-1, mask.size(-1)).any(0)  # (K,) True where some query may not look
+    hits = columns.nonzero()
+    if hits.numel():
+        first = int(hits[0])
+        scores[..., first:].masked_fill_(mask[..., first:], float("-inf"))
+    return scores
+
+
+def _position_backward(grad_scores: Tensor, q_position: Tensor, rel_key: Tensor, needs_qp: bool, needs_rel: bool):
+    """Gradients of rel_shift(q_p R^T) for (..., T, K) ``grad_scores``, back through the same strided view."""
+    *lead, qlen, klen = grad_scores.shape
+    grad_position = grad_scores.new_zeros(*lead, qlen, rel_key.size(-2))  # (..., T, R)
+    rel_shift(grad_position, qlen, klen).copy_(grad_scores)
+    grad_qp = torch.matmul(grad_position, rel_key).sum_to_size(q_position.shape) if needs_qp else None
+    grad_rel = None
+    if needs_rel:
+        grad_rel = torch.matmul(grad_position.transpose(-1, -2), q_position).sum_to_size(rel_key.shape)
+    return grad_qp, grad_rel
+
+
+def _relative_backward(ctx, grad_scores: Tensor, q_content, key, q_position, rel_key):
+    """Gradients of q_c k^T + rel_shift(q_p R^T) for (..., T, K) ``grad_scores``; inputs may broadcast.  The saved
+    tensors come as arguments: ``ctx.saved_tensors`` may be unpacked only once (activation checkpointing)."""
+    grad_qc = grad_key = None
+    if ctx.needs_input_grad[0]:
+        grad_qc = torch.matmul(grad_scores, key).sum_to_size(q_content.shape)
+    if ctx.needs_input_grad[1]:
+        grad_key = torch.matmul(grad_scores.transpose(-1, -2), q_content).sum_to_size(key.shape)
+    needs = ctx.needs_input_grad
+    return (grad_qc, grad_key, *_position_backward(grad_scores, q_position, rel_key, needs[2], needs[3]))
+
+
+def _relative_scores(q_content: Tensor, key: Tensor, q_position: Tensor, rel_key: Tensor) -> Tensor:
+    scores = torch.matmul(q_content, key.transpose(-1, -2))  # (..., T, K)
+    scores += rel_shift(torch.matmul(q_position, rel_key.transpose(-1, -2)), q_content.size(-2), key.size(-2))
+    return scores
+
+
+class RelativeProbs(torch.autograd.Function):
+    """probs = softmax(mask(q_c k^T + rel_shift(q_p R^T))) with a hand-written backward.
+
+    The forward accumulates and masks the scores in place and saves only the probabilities.  The
+    backward needs no mask: the softmax gradient is already zero wherever a probability is zero.
+    The position gradient goes back through the same strided view into a (T, R) buffer.  Any leading
+    dimensions work (the banded kernel adds one for blocks; its ``rel_key`` is then (H, 1, R, D)).
+    """
+
+    @staticmethod
+    def forward(ctx, q_content, key, q_position, rel_key, mask):
+        scores = _relative_scores(q_content, key, q_position, rel_key)  # (B, H, T, K)
+        fill_forbidden_(scores, mask)
+        probs = torch.softmax(scores, dim=-1)
+        ctx.save_for_backward(q_content, key, q_position, rel_key, probs)
+        return probs
+
+    @staticmethod
+    def backward(ctx, grad_probs):
+        *inputs, probs = ctx.saved_tensors
+        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)  # (B, H, T, K)
+        return (*_relative_backward(ctx, grad_scores, *inputs), None)
+
+
+class RelativeScores(torch.autograd.Function):
+    """scores = mask(q_c k^T + rel_shift(q_p R^T)), -inf where forbidden, before any softmax: for kernels that
+    join several pieces of a query's keys under one softmax.  Saves only the inputs; any leading dimensions,
+    broadcast between the operands (the gradients are summed back to each operand's shape)."""
+
+    @staticmethod
+    def forward(ctx, q_content, key, q_position, rel_key, mask):
+        scores = _relative_scores(q_content, key, q_position, rel_key)  # (..., T, K)
+        scores.masked_fill_(mask, float("-inf"))
+        ctx.save_for_backward(q_content, key, q_position, rel_key)
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad_scores):
+        return (*_relative_backward(ctx, grad_scores, *ctx.saved_tensors), None)
+
+
+class PositionScores(torch.autograd.Function):
+    """scores = mask(rel_shift(q_p R^T)) over ``klen`` keys, -inf where forbidden: the position term alone, for a
+    piece whose content term is a plain matmul in another layout.  Inputs may broadcast."""
+
+    @staticmethod
+    def forward(ctx, q_position, rel_key, mask, klen):
+        position = torch.matmul(q_position, rel_key.transpose(-1, -2))  # (..., T, R)
+        scores = rel_shift(position, q_position.size(-2), klen).masked_fill_(mask, float("-inf"))  # (..., T, K)
+        ctx.save_for_backward(q_position, rel_key)
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad_scores):
+        q_position, rel_key = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        return (*_position_backward(grad_scores, q_position, rel_key, needs[0], needs[1]), None, None)
+
+
+def key_window(states: Tensor, start: int, stop: int) -> Tensor:
+    """Positions [start, stop) of (B, H, K, D) states, zeros outside [0, K)."""
+    klen = states.size(2)
+    inner = states[:, :, max(start, 0) : min(stop, klen)]
+    return F.pad(inner, (0, 0, max(0, -start), max(0, stop - max(klen, start))))
+
+
+def key_bands(states: Tensor, mlen: int, n_blocks: int, block: int, before: int, width: int) -> Tensor:
+    """Block b's band of keys [M + b * block - before, M + b * block - before + width) for every block at once:
+    (B, H, K, D) -> (B, H, n, W, D), from ``block``-long slices of the padded keys (``width`` a multiple of
+    ``block``), so the gradients of overlapping bands add up through plain slicing."""
+    batch, heads, _, d_head = states.shape
+    padded = key_window(states, mlen - before, mlen - before + (n_blocks - 1) * block + width)
+    parts = [padded[:, :, t * block : (t + n_blocks) * block] for t in range(width // block)]
+    return torch.stack([p.reshape(batch, heads, n_blocks, block, d_head) for p in parts], dim=3).flatten(3, 4)
+
+
+def table_rows(rel_key: Tensor, rows: Tensor) -> Tensor:
+    """Rows ``rows`` (any shape S) of the (H, R, D) relative table, as (H, *S, D).  Rows outside the table are
+    only read for forbidden pairs (keys before the window, or later than a causal table reaches), so they are
+    clamped to its ends.  ``index_select``: its backward adds the rows up with ``index_add_``, which is much faster
+    on CPU than the accumulating ``index_put_`` of advanced indexing when rows repeat."""
+    flat = rows.clamp(0, rel_key.size(1) - 1).flatten()
+    return rel_key.index_select(1, flat).unflatten(1, rows.shape)
+
+
+class DiagonalScores(torch.autograd.Function):
+    """scores[b, h, i, g] = q[b, h, i] . rel_key[h, T - i + columns[b, g]]: the position term of a few key columns
+    (global tokens) for every query, (B, H, T, G).  For one column j the rows T - i + j, i = 0 .. T-1, are one
+    reversed slice of the table, so neither pass gathers a (B, H, T, G, D) tensor: each column is a product of two
+    (H, T, D) slices, summed over D."""
+
+    @staticmethod
+    def forward(ctx, q_position: Tensor, rel_key: Tensor, columns: Tensor) -> Tensor:
+        qlen, n_rows = q_position.size(2), rel_key.size(1)
+        flipped = F.pad(rel_key, (0, 0, 0, qlen)).flip(1)  # (H, R + T, D): row R - 1 - j + i is row T - i + j
+        starts = (n_rows - 1 - columns).tolist()  # (B, G)
+        out = q_position.new_empty(*q_position.shape[:3], columns.size(1))  # (B, H, T, G)
+        for b, row in enumerate(starts):
+            for g, s in enumerate(row):
+                out[b, :, :, g] = (q_position[b] * flipped[:, s : s + qlen]).sum(-1)
+        ctx.save_for_backward(q_position, flipped)
+        ctx.starts, ctx.n_rows = starts, n_rows
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        q_position, flipped = ctx.saved_tensors
+        qlen = q_position.size(2)
+        grad_q, grad_flipped = torch.zeros_like(q_position), torch.zeros_like(flipped)
+        for b, row in enumerate(ctx.starts):
+            for g, s in enumerate(row):
+                weight = grad[b, :, :, g, None]  # (H, T, 1)
+                grad_q[b] += weight * flipped[:, s : s + qlen]
+                grad_flipped[:, s : s + qlen] += weight * q_position[b]
+        return grad_q, grad_flipped.flip(1)[:, : ctx.n_rows], None
