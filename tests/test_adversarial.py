@@ -1,11 +1,16 @@
 """The adversarial pass of the reliability issue: ways a careful newcomer lost work, got a silently wrong number or a
 bare traceback that the fifteen reported items did not cover.  One regression test each, on tiny models."""
 
+import json
+
 import pytest
 import torch
+from test_faults import records
 from test_train import tiny_corpus, tiny_run
 
+from longseq.cli import main
 from longseq.model import TransformerXLLM
+from longseq.train import train
 
 
 def tiny_model(**model_overrides) -> TransformerXLLM:
@@ -27,3 +32,39 @@ def test_an_evaluation_that_scores_no_token_is_an_error_not_a_loss_of_zero():
             evaluate(model, ids, batch_size=2, tgt_len=8, skip_segments=skip)
         with pytest.raises(ValueError, match="no token was scored"):
             context_curve(model, ids, [0, 8], tgt_len=8, batch_size=2, skip_segments=skip)
+
+
+def classify_file(tmp_path) -> str:
+    rows = [{"text": ["hh gfe abc", "cab defg"][i % 2] * 2, "label": i % 2} for i in range(8)]
+    path = tmp_path / "cls.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(path)
+
+
+def lm_checkpoint(tmp_path) -> str:
+    train(tiny_run(max_steps=2, eval_interval=2), str(tmp_path / "lm"), corpus=tiny_corpus(), progress=False)
+    return str(tmp_path / "lm" / "best")
+
+
+def test_finetune_resume_extends_with_steps_and_refuses_what_it_cannot_change(tmp_path, capsys):
+    """``finetune --resume --steps 6`` used to ignore --steps (and --task, --data, --lr ...) without a word."""
+    lm, data = lm_checkpoint(tmp_path), classify_file(tmp_path)
+    args = ["finetune", "--task", "classify", "--data", data, "--checkpoint", lm, "--segment-len", "8",
+            "--batch-size", "4", "--quiet", "--json"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "whole"), "--steps", "4"]) == 0
+    assert main([*args, "--out", str(tmp_path / "ft"), "--steps", "2"]) == 0
+    capsys.readouterr()
+    assert main(["finetune", "--resume", "--out", str(tmp_path / "ft"), "--steps", "4", "--quiet", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["steps"] == 4
+    losses = {name: [(r["step"], r["loss"]) for r in records(tmp_path / name / "metrics.jsonl") if "loss" in r]
+              for name in ("whole", "ft")}  # fmt: skip
+    assert losses["ft"] == losses["whole"] and len(losses["ft"]) == 4  # steps 3, 4 continue exactly
+    before = (tmp_path / "ft" / "last" / "manifest.json").read_text()
+    other = ["finetune", "--resume", "--out", str(tmp_path / "ft"), "--task", "span", "--data", lm + "/x.jsonl"]
+    assert main([*other, "--pooling", "mean"]) == 2  # pooling is not an option of span
+    assert "--pooling is an option of the classify task, not of span" in capsys.readouterr().err
+    assert main([*other, "--lr", "0.01", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--task 'classify' -> 'span'" in err and "--data" in err and "--lr" not in err.split(".")[0]
+    assert main([*args, "--out", str(tmp_path / "ft"), "--resume", "--steps", "4"]) == 0  # the same command: fine
+    assert (tmp_path / "ft" / "last" / "manifest.json").read_text() == before  # already at step 4: untouched
