@@ -68,3 +68,44 @@ def test_finetune_resume_extends_with_steps_and_refuses_what_it_cannot_change(tm
     assert "--task 'classify' -> 'span'" in err and "--data" in err and "--lr" not in err.split(".")[0]
     assert main([*args, "--out", str(tmp_path / "ft"), "--resume", "--steps", "4"]) == 0  # the same command: fine
     assert (tmp_path / "ft" / "last" / "manifest.json").read_text() == before  # already at step 4: untouched
+
+
+def test_predict_never_writes_over_its_input_and_names_bad_files(tmp_path, capsys, monkeypatch):
+    """``predict --data d.jsonl --out d.jsonl`` replaced the user's data with predictions; --out DIR was a bare
+    IsADirectoryError, an empty file "torch.cat(): expected a non-empty list", a list label a silent 0 accuracy."""
+    data = classify_file(tmp_path)
+    ft = ["finetune", "--task", "classify", "--data", data, "--checkpoint", lm_checkpoint(tmp_path),
+          "--segment-len", "8", "--batch-size", "4", "--steps", "1", "--out", str(tmp_path / "ft"), "--quiet"]  # fmt: skip
+    assert main(ft) == 0
+    original = open(data).read()
+    predict = ["predict", "--checkpoint", str(tmp_path / "ft")]
+    (tmp_path / "empty.jsonl").write_text("\n")
+    (tmp_path / "list.jsonl").write_text('{"text": "abc", "label": 0}\n\n{"text": "abc", "label": [1]}\n')
+    cases = [(data, data, "is the input file --data"), (data, str(tmp_path), "is a directory"),
+             (str(tmp_path / "empty.jsonl"), "o.jsonl", "empty.jsonl: no records"),
+             (str(tmp_path / "list.jsonl"), "o.jsonl", "list.jsonl:3: field 'label' has the wrong type list")]  # fmt: skip
+    capsys.readouterr()
+    for source, out, message in cases:
+        assert main([*predict, "--data", source, "--out", out]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+    assert open(data).read() == original
+    out = tmp_path / "out.jsonl"
+    assert main([*predict, "--data", data, "--out", str(out)]) == 0
+    complete = out.read_text()
+    assert len(complete.splitlines()) == 8
+    import longseq.cli.predict as predict_module
+
+    calls = [0]
+
+    def dumps(row, **kwargs):  # Ctrl-C after three lines of the second write
+        calls[0] += 1
+        if calls[0] > 3:
+            raise KeyboardInterrupt
+        return json.dumps(row, **kwargs)
+
+    monkeypatch.setattr(predict_module, "json", type("J", (), {"dumps": staticmethod(dumps)}))
+    assert main([*predict, "--data", data, "--out", str(out)]) == 130
+    assert out.read_text() == complete and sorted(p.name for p in tmp_path.iterdir() if "out.jsonl" in p.name) == [
+        "out.jsonl"
+    ]
