@@ -10,7 +10,8 @@ from test_train import tiny_corpus, tiny_run
 
 from longseq.cli import main
 from longseq.model import TransformerXLLM
-from longseq.train import train
+from longseq.train import load_checkpoint, save_checkpoint, train
+from longseq.train.checkpoint import CheckpointError
 
 
 def tiny_model(**model_overrides) -> TransformerXLLM:
@@ -109,3 +110,27 @@ def test_predict_never_writes_over_its_input_and_names_bad_files(tmp_path, capsy
     assert out.read_text() == complete and sorted(p.name for p in tmp_path.iterdir() if "out.jsonl" in p.name) == [
         "out.jsonl"
     ]
+
+
+def test_a_failed_weight_write_keeps_the_previous_checkpoint_and_says_so(tmp_path, monkeypatch):
+    """safetensors reports a failed write (disk full) as SafetensorError, not OSError: it escaped the checkpoint's
+    error handling as a bare traceback and left a temporary directory behind."""
+    from safetensors import SafetensorError
+
+    import longseq.train.checkpoint as checkpoint
+
+    model, tokenizer, run, _ = load_checkpoint(lm_checkpoint(tmp_path))
+    target = tmp_path / "ck"
+    save_checkpoint(str(target), model, run, tokenizer)
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(checkpoint, "save_model", full_disk)
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    with pytest.raises(CheckpointError, match="No space left on device.*the previous checkpoint is intact"):
+        save_checkpoint(str(target), model, run, tokenizer)
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "lm"]  # no temporary directory left
