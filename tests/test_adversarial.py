@@ -3,21 +3,28 @@ bare traceback that the fifteen reported items did not cover.  One regression te
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from test_faults import records
 from test_train import tiny_corpus, tiny_run
 
 from longseq.cli import main
+from longseq.config import ModelConfig
 from longseq.model import TransformerXLLM
 from longseq.train import load_checkpoint, save_checkpoint, train
 from longseq.train.checkpoint import CheckpointError
 
 
-def tiny_model(**model_overrides) -> TransformerXLLM:
+def tiny_config(**overrides) -> ModelConfig:
+    """The model of ``tiny_run`` with fields of the model or its sections changed by name."""
+    fields = dict(vocab_size=10, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.2, dropatt=0.1)
+    return ModelConfig.of(**{**fields, "mem_len": 8, **overrides})
+
+
+def tiny_model(**overrides) -> TransformerXLLM:
     torch.manual_seed(0)
-    config = tiny_run().model
-    return TransformerXLLM(config.replace(**model_overrides) if model_overrides else config)
+    return TransformerXLLM(tiny_config(**overrides))
 
 
 def test_an_evaluation_that_scores_no_token_is_an_error_not_a_loss_of_zero():
@@ -134,3 +141,31 @@ def test_a_failed_weight_write_keeps_the_previous_checkpoint_and_says_so(tmp_pat
         save_checkpoint(str(target), model, run, tokenizer)
     assert {p.name: p.read_bytes() for p in target.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "lm"]  # no temporary directory left
+
+
+def naive_greedy(model, prompt: torch.Tensor, n: int, window: int | None) -> torch.Tensor:
+    """Greedy decoding that reads the whole text (or its last ``window`` tokens) again for every token."""
+    ids = prompt
+    with torch.no_grad():
+        for _ in range(n):
+            context = ids if window is None else ids[:, -window:]
+            logits = model(context, None, mem_len=0).logits[:, -1]  # (B, V)
+            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+    return ids[:, prompt.size(1) :]
+
+
+def test_generation_from_an_lstm_and_a_vanilla_transformer_matches_reading_the_text_again():
+    """generate on an LSTM checkpoint was AttributeError 'LSTMLM' has no 'read'; on the vanilla Transformer (absolute
+    positions) a StopIteration from the key/value cache.  Greedy tokens equal reading the text again each step."""
+    from longseq.generation import generate
+    from longseq.model.lstm import LSTMLM
+
+    prompt = torch.as_tensor(tiny_corpus().valid[:30].astype(np.int64))[None].repeat(2, 1)  # (2, 30)
+    prompt[1, :5] = 3  # two different rows
+    torch.manual_seed(0)
+    lstm = LSTMLM(tiny_config(arch="lstm")).eval()
+    assert torch.equal(generate(lstm, prompt, 12, temperature=0, segment_len=8), naive_greedy(lstm, prompt, 12, None))
+    vanilla = tiny_model(pos="absolute", mem_len=0).eval()
+    for window in (8, 16):
+        got = generate(vanilla, prompt, 12, temperature=0, segment_len=window)
+        assert torch.equal(got, naive_greedy(vanilla, prompt, 12, window))
