@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 from test_faults import records
-from test_train import tiny_corpus, tiny_run
+from test_train import corpus_file, tiny_corpus, tiny_run
 
 from longseq.cli import main
-from longseq.config import ModelConfig
+from longseq.config import ModelConfig, RunConfig
 from longseq.model import TransformerXLLM
 from longseq.train import load_checkpoint, save_checkpoint, train
 from longseq.train.checkpoint import CheckpointError
@@ -169,3 +169,47 @@ def test_generation_from_an_lstm_and_a_vanilla_transformer_matches_reading_the_t
     for window in (8, 16):
         got = generate(vanilla, prompt, 12, temperature=0, segment_len=window)
         assert torch.equal(got, naive_greedy(vanilla, prompt, 12, window))
+
+
+def test_diagnose_and_convert_name_what_they_cannot_read_or_write(tmp_path, capsys, monkeypatch):
+    """diagnose of an LSTM, a hybrid or a fine-tuned checkpoint was an AttributeError or TypeError traceback, a
+    negative --tgt-len or --warmup 'input_ids must be a non-empty integer tensor'; convert --to-hf of an LSTM or a
+    fine-tuned model an AttributeError ('crit'); an --out that cannot be made a bare OSError traceback."""
+    from longseq.diagnostics import diagnose
+    from longseq.model.lstm import LSTMLM
+
+    ids = tiny_corpus().valid
+    for overrides, message in (({"mixer": "ssm,attention"}, r"layer\(s\) 0 \(ssm\) are not attention"),
+                               ({"arch": "lstm"}, "holds a LSTMLM")):  # fmt: skip
+        model = LSTMLM(tiny_config(**overrides)) if "arch" in overrides else tiny_model(**overrides)
+        with pytest.raises(ValueError, match=message):
+            diagnose(model, ids, str(tmp_path / "d"), tgt_len=8)
+    for setting, value in (("tgt_len", -5), ("warmup", -1), ("batch_size", 0), ("max_segments", -1)):
+        with pytest.raises(ValueError, match=f"diagnose: {setting} must be >= "):
+            diagnose(tiny_model(), ids, str(tmp_path / "d"), **{"tgt_len": 8, setting: value})
+    assert not (tmp_path / "d").exists()  # refused before anything was written
+
+    lstm = tmp_path / "lstm"
+    run = tiny_run(max_steps=1, eval_interval=1)
+    train(RunConfig(tiny_config(arch="lstm"), run.data, run.train), str(lstm), corpus=tiny_corpus(), progress=False)
+    capsys.readouterr()
+    assert main(["convert", "--to-hf", "--checkpoint", str(lstm), "--out", str(tmp_path / "hf")]) == 2
+    assert "only a language model exports to HF TransfoXL; this is a LSTMLM" in capsys.readouterr().err
+    assert not (tmp_path / "hf").exists()
+    lm = lm_checkpoint(tmp_path)
+    (tmp_path / "file").write_text("x")
+    for argv in (["convert", "--to-hf", "--checkpoint", lm, "--out", str(tmp_path / "file")],
+                 ["diagnose", "--checkpoint", lm, "--data", str(corpus_file(tmp_path)), "--out", str(tmp_path / "file")]):  # fmt: skip
+        assert main([*argv, "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert str(tmp_path / "file") in err and "Traceback" not in err
+    import longseq.diagnostics.report as report
+
+    def read_only(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(report.os, "makedirs", read_only)
+    assert (
+        main(["diagnose", "--checkpoint", lm, "--data", str(corpus_file(tmp_path)), "--out", "/ro/d", "--quiet"]) == 2
+    )
+    assert "longseq diagnose: error: [Errno 13] Permission denied: '/ro/d'" in capsys.readouterr().err

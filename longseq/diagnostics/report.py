@@ -194,6 +194,22 @@ def context_evidence(
     return evidence
 
 
+def _check_diagnosable(model, **settings: int) -> None:
+    """A clear error, before any work, for a model the report cannot read or a setting out of its range."""
+    if not isinstance(model, TransformerXLLM):
+        raise ValueError(
+            f"diagnose reads the attention of a Transformer-XL language model; this checkpoint holds a "
+            f"{type(model).__name__} (a fine-tuned model: longseq predict; the LSTM baseline has no attention)"
+        )
+    others = [f"{i} ({name})" for i, name in enumerate(model.config.layer_mixers) if name != "attention"]
+    if others:
+        raise ValueError(f"diagnose reads every layer's attention; layer(s) {', '.join(others)} are not attention")
+    least = {"tgt_len": 1, "warmup": 0, "batch_size": 1, "max_segments": 0}
+    for name, value in settings.items():
+        if value < least[name]:
+            raise ValueError(f"diagnose: {name} must be >= {least[name]}, got {value}")
+
+
 def diagnose(
     model: TransformerXLLM,
     ids: np.ndarray,
@@ -209,6 +225,7 @@ def diagnose(
 
     ``batch_size``, ``contexts`` and ``max_segments`` set the pass of the two loss curves (see
     :func:`context_evidence`); ``contexts=[]`` leaves the curves out."""
+    _check_diagnosable(model, tgt_len=tgt_len, warmup=warmup, batch_size=batch_size, max_segments=max_segments)
     import matplotlib
 
     matplotlib.use("Agg")
