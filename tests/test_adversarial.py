@@ -213,3 +213,29 @@ def test_diagnose_and_convert_name_what_they_cannot_read_or_write(tmp_path, caps
         main(["diagnose", "--checkpoint", lm, "--data", str(corpus_file(tmp_path)), "--out", "/ro/d", "--quiet"]) == 2
     )
     assert "longseq diagnose: error: [Errno 13] Permission denied: '/ro/d'" in capsys.readouterr().err
+
+
+def test_recl_limits_the_vanilla_transformer_and_the_lstm_to_each_context_by_sliding_windows(tmp_path, capsys):
+    """RECL read the vanilla Transformer with a memory over absolute positions (it looked for ``config.pos``, which
+    the config redesign moved to ``config.positions.pos``): its losses differed from the sliding windows the protocol
+    asks by up to 0.4 nats a token.  An LSTM's context curve printed one loss for every memory length."""
+    from longseq.eval.context import context_curve
+    from longseq.eval.recl import context_losses
+    from longseq.eval.sliding import sliding_window_losses
+    from longseq.model.lstm import LSTMLM
+
+    ids, run = tiny_corpus().valid[:120], tiny_run()
+    torch.manual_seed(0)
+    lstm = LSTMLM(tiny_config(arch="lstm"))
+    for model in (tiny_model(pos="absolute", mem_len=0), lstm):
+        for context in (4, 16):
+            expected = sliding_window_losses(model, ids, context=context)
+            np.testing.assert_allclose(context_losses(model, run, ids, context), expected, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="the lstm reads its whole past"):
+        context_curve(lstm, ids, [0, 8], tgt_len=8, batch_size=2)
+    run = tiny_run(max_steps=1, eval_interval=1)
+    train(RunConfig(lstm.config, run.data, run.train), str(tmp_path / "lstm"), corpus=tiny_corpus(), progress=False)
+    capsys.readouterr()
+    argv = ["eval", "--checkpoint", str(tmp_path / "lstm"), "--data", str(corpus_file(tmp_path)), "--quiet"]
+    assert main([*argv, "--set", "mem_len=0"]) == 2  # was the same loss as with any memory, in silence
+    assert "--set mem_len: the lstm reads its whole past" in capsys.readouterr().err
