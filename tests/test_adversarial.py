@@ -239,3 +239,31 @@ def test_recl_limits_the_vanilla_transformer_and_the_lstm_to_each_context_by_sli
     argv = ["eval", "--checkpoint", str(tmp_path / "lstm"), "--data", str(corpus_file(tmp_path)), "--quiet"]
     assert main([*argv, "--set", "mem_len=0"]) == 2  # was the same loss as with any memory, in silence
     assert "--set mem_len: the lstm reads its whole past" in capsys.readouterr().err
+
+
+def test_listops_with_a_bad_argument_or_an_interruption_leaves_existing_files_whole(tmp_path, capsys, monkeypatch):
+    """``data listops --out DIR --min-length 100 --max-length 50`` truncated DIR/train.jsonl to nothing before the
+    generator refused the lengths; ``--train -1`` wrote an empty train file and reported success."""
+    import longseq.data.tasks as tasks
+
+    base = ["data", "listops", "--out", str(tmp_path / "lo"), "--valid", "2", "--test", "2", "--quiet"]
+    good = [*base, "--train", "4", "--min-length", "10", "--max-length", "60"]
+    assert main(good) == 0
+    files = {p.name: p.read_text() for p in (tmp_path / "lo").iterdir()}
+    assert sorted(files) == ["test.jsonl", "train.jsonl", "valid.jsonl"] and len(files["train.jsonl"].splitlines()) == 4
+    capsys.readouterr()
+    assert main([*base, "--train", "4", "--min-length", "100", "--max-length", "50"]) == 2
+    assert "min_length <= max_length" in capsys.readouterr().err
+    assert main([*base, "--train", "-1"]) == 2
+    assert "--train must be >= 1 example, got -1" in capsys.readouterr().err
+    calls = [0]
+
+    def dumps(example):  # Ctrl-C in the middle of the second file
+        calls[0] += 1
+        if calls[0] > 5:
+            raise KeyboardInterrupt
+        return json.dumps(example)
+
+    monkeypatch.setattr(tasks, "json", type("J", (), {"dumps": staticmethod(dumps), "loads": json.loads}))
+    assert main(good) == 130
+    assert {p.name: p.read_text() for p in (tmp_path / "lo").iterdir()} == files
