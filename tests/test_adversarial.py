@@ -102,7 +102,7 @@ def test_predict_never_writes_over_its_input_and_names_bad_files(tmp_path, capsy
     assert main([*predict, "--data", data, "--out", str(out)]) == 0
     complete = out.read_text()
     assert len(complete.splitlines()) == 8
-    import longseq.cli.predict as predict_module
+    import longseq.data.tasks as tasks
 
     calls = [0]
 
@@ -112,7 +112,7 @@ def test_predict_never_writes_over_its_input_and_names_bad_files(tmp_path, capsy
             raise KeyboardInterrupt
         return json.dumps(row, **kwargs)
 
-    monkeypatch.setattr(predict_module, "json", type("J", (), {"dumps": staticmethod(dumps)}))
+    monkeypatch.setattr(tasks, "json", type("J", (), {"dumps": staticmethod(dumps), "loads": json.loads}))
     assert main([*predict, "--data", data, "--out", str(out)]) == 130
     assert out.read_text() == complete and sorted(p.name for p in tmp_path.iterdir() if "out.jsonl" in p.name) == [
         "out.jsonl"
@@ -258,11 +258,11 @@ def test_listops_with_a_bad_argument_or_an_interruption_leaves_existing_files_wh
     assert "--train must be >= 1 example, got -1" in capsys.readouterr().err
     calls = [0]
 
-    def dumps(example):  # Ctrl-C in the middle of the second file
+    def dumps(example, **kwargs):  # Ctrl-C in the middle of the second file
         calls[0] += 1
         if calls[0] > 5:
             raise KeyboardInterrupt
-        return json.dumps(example)
+        return json.dumps(example, **kwargs)
 
     monkeypatch.setattr(tasks, "json", type("J", (), {"dumps": staticmethod(dumps), "loads": json.loads}))
     assert main(good) == 130

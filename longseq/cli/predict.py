@@ -8,7 +8,6 @@ the result also reports the metric, which reproduces what fine-tuning reported o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 from longseq.cli.common import common_flags, device_flag, load_model
@@ -24,6 +23,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> dict:
+    from longseq.data.tasks import write_jsonl
     from longseq.tasks import task_for
     from longseq.tasks.classify import classification_metrics, label_name
     from longseq.tasks.span import span_metrics
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> dict:
     check_output(args.out, args.data)
     task = task_for(run_config, tokenizer)
     outputs = task.predict(model, records, args.data)
-    write_jsonl(args.out, outputs)
+    write_jsonl(args.out, outputs, ensure_ascii=False)
     result = {"checkpoint": path, "task": run_config.task.name, "predictions": len(outputs), "out": args.out}
     if run_config.task.name == "classify" and all("label" in r for r in records):
         names = task.options.labels
@@ -77,15 +77,3 @@ def check_output(out: str, data: str) -> None:
         raise ValueError(
             f"--out {out} is the input file --data: the predictions would replace it; choose another --out"
         )
-
-
-def write_jsonl(path: str, rows: list[dict]) -> None:
-    """A complete file or none: an interrupted write never leaves half the predictions under the real name."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)

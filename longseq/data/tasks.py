@@ -69,6 +69,19 @@ def iter_jsonl(path: str):
                 raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
 
 
+def write_jsonl(path: str, rows, ensure_ascii: bool = True) -> None:
+    """One JSON object a line, written under a temporary name and renamed: the file is complete or untouched, never
+    truncated by an error or an interruption."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(row, ensure_ascii=ensure_ascii) + "\n" for row in rows)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def _tree(rng: random.Random, depth: int, max_depth: int, max_args: int):
     if depth < max_depth and rng.random() <= 0.25:
         args = [_tree(rng, depth + 1, max_depth, max_args) for _ in range(rng.randint(2, max_args))]
@@ -123,13 +136,5 @@ def write_listops(out_dir: str, seed: int, sizes: dict[str, int], **lengths) -> 
     examples = {split: generate_listops(n, seed * 1000 + i, **lengths) for i, (split, n) in enumerate(sizes.items())}
     os.makedirs(out_dir, exist_ok=True)
     for split, rows in examples.items():
-        path = os.path.join(out_dir, f"{split}.jsonl")
-        tmp = f"{path}.tmp-{os.getpid()}"
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(example) + "\n" for example in rows)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        write_jsonl(os.path.join(out_dir, f"{split}.jsonl"), rows)
     return dict(sizes)
