@@ -267,3 +267,20 @@ def test_listops_with_a_bad_argument_or_an_interruption_leaves_existing_files_wh
     monkeypatch.setattr(tasks, "json", type("J", (), {"dumps": staticmethod(dumps), "loads": json.loads}))
     assert main(good) == 130
     assert {p.name: p.read_text() for p in (tmp_path / "lo").iterdir()} == files
+
+
+@pytest.mark.parametrize("argv,message", [(["eval", "--steps", "0"], "--steps must be >= 1, got 0"),
+                                          (["train", "--batch", "-1"], "--batch must be >= 1, got -1"),
+                                          (["generate", "--new-tokens", "0"], "--new-tokens must be >= 1, got 0"),
+                                          (["eval-speed", "--attn-len", "0"], "--attn-len lengths must be >= 1")])  # fmt: skip
+def test_bench_names_a_size_out_of_range_before_measuring_anything(argv, message, capsys, monkeypatch):
+    """``bench eval --steps 0`` built the model, ran the memory-filling segments and died in a ZeroDivisionError."""
+    import longseq.eval.speed as speed
+
+    def never(*args, **kwargs):
+        raise AssertionError("a benchmark ran")
+
+    for name in ("eval_per_token", "train_throughput", "generate_speed", "eval_speed_vs_vanilla", "bench_config"):
+        monkeypatch.setattr(speed, name, never)
+    assert main(["bench", *argv]) == 2
+    assert message in capsys.readouterr().err
