@@ -78,6 +78,21 @@ def test_finetune_resume_extends_with_steps_and_refuses_what_it_cannot_change(tm
     assert (tmp_path / "ft" / "last" / "manifest.json").read_text() == before  # already at step 4: untouched
 
 
+def interrupt_json_writes_after(lines: int, monkeypatch) -> None:
+    """A Ctrl-C inside :func:`longseq.data.tasks.write_jsonl`, after ``lines`` lines."""
+    import longseq.data.tasks as tasks
+
+    calls = [0]
+
+    def dumps(row, **kwargs):
+        calls[0] += 1
+        if calls[0] > lines:
+            raise KeyboardInterrupt
+        return json.dumps(row, **kwargs)
+
+    monkeypatch.setattr(tasks, "json", type("J", (), {"dumps": staticmethod(dumps), "loads": json.loads}))
+
+
 def test_predict_never_writes_over_its_input_and_names_bad_files(tmp_path, capsys, monkeypatch):
     """``predict --data d.jsonl --out d.jsonl`` replaced the user's data with predictions; --out DIR was a bare
     IsADirectoryError, an empty file "torch.cat(): expected a non-empty list", a list label a silent 0 accuracy."""
@@ -102,17 +117,7 @@ def test_predict_never_writes_over_its_input_and_names_bad_files(tmp_path, capsy
     assert main([*predict, "--data", data, "--out", str(out)]) == 0
     complete = out.read_text()
     assert len(complete.splitlines()) == 8
-    import longseq.data.tasks as tasks
-
-    calls = [0]
-
-    def dumps(row, **kwargs):  # Ctrl-C after three lines of the second write
-        calls[0] += 1
-        if calls[0] > 3:
-            raise KeyboardInterrupt
-        return json.dumps(row, **kwargs)
-
-    monkeypatch.setattr(tasks, "json", type("J", (), {"dumps": staticmethod(dumps), "loads": json.loads}))
+    interrupt_json_writes_after(3, monkeypatch)  # Ctrl-C after three lines of the second write
     assert main([*predict, "--data", data, "--out", str(out)]) == 130
     assert out.read_text() == complete and sorted(p.name for p in tmp_path.iterdir() if "out.jsonl" in p.name) == [
         "out.jsonl"
@@ -244,8 +249,6 @@ def test_recl_limits_the_vanilla_transformer_and_the_lstm_to_each_context_by_sli
 def test_listops_with_a_bad_argument_or_an_interruption_leaves_existing_files_whole(tmp_path, capsys, monkeypatch):
     """``data listops --out DIR --min-length 100 --max-length 50`` truncated DIR/train.jsonl to nothing before the
     generator refused the lengths; ``--train -1`` wrote an empty train file and reported success."""
-    import longseq.data.tasks as tasks
-
     base = ["data", "listops", "--out", str(tmp_path / "lo"), "--valid", "2", "--test", "2", "--quiet"]
     good = [*base, "--train", "4", "--min-length", "10", "--max-length", "60"]
     assert main(good) == 0
@@ -256,15 +259,7 @@ def test_listops_with_a_bad_argument_or_an_interruption_leaves_existing_files_wh
     assert "min_length <= max_length" in capsys.readouterr().err
     assert main([*base, "--train", "-1"]) == 2
     assert "--train must be >= 1 example, got -1" in capsys.readouterr().err
-    calls = [0]
-
-    def dumps(example, **kwargs):  # Ctrl-C in the middle of the second file
-        calls[0] += 1
-        if calls[0] > 5:
-            raise KeyboardInterrupt
-        return json.dumps(example, **kwargs)
-
-    monkeypatch.setattr(tasks, "json", type("J", (), {"dumps": staticmethod(dumps), "loads": json.loads}))
+    interrupt_json_writes_after(5, monkeypatch)  # Ctrl-C in the middle of the second file
     assert main(good) == 130
     assert {p.name: p.read_text() for p in (tmp_path / "lo").iterdir()} == files
 

@@ -194,8 +194,9 @@ def context_evidence(
     return evidence
 
 
-def _check_diagnosable(model, **settings: int) -> None:
-    """A clear error, before any work, for a model the report cannot read or a setting out of its range."""
+def _check_diagnosable(model, n_tokens: int, **settings: int) -> None:
+    """A clear error, before any work, for a model the report cannot read, a setting out of its range or too few
+    tokens."""
     if not isinstance(model, TransformerXLLM):
         raise ValueError(
             f"diagnose reads the attention of a Transformer-XL language model; this checkpoint holds a "
@@ -208,6 +209,12 @@ def _check_diagnosable(model, **settings: int) -> None:
     for name, value in settings.items():
         if value < least[name]:
             raise ValueError(f"diagnose: {name} must be >= {least[name]}, got {value}")
+    warmup, tgt_len = settings["warmup"], settings["tgt_len"]
+    needed = (warmup + 1) * tgt_len + 1
+    if n_tokens < needed:
+        raise ValueError(
+            f"diagnose needs at least {needed:,} tokens ({warmup} + 1 segments of {tgt_len}), got {n_tokens:,}"
+        )
 
 
 def diagnose(
@@ -225,17 +232,15 @@ def diagnose(
 
     ``batch_size``, ``contexts`` and ``max_segments`` set the pass of the two loss curves (see
     :func:`context_evidence`); ``contexts=[]`` leaves the curves out."""
-    _check_diagnosable(model, tgt_len=tgt_len, warmup=warmup, batch_size=batch_size, max_segments=max_segments)
+    _check_diagnosable(
+        model, len(ids), tgt_len=tgt_len, warmup=warmup, batch_size=batch_size, max_segments=max_segments
+    )
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     needed = (warmup + 1) * tgt_len + 1
-    if len(ids) < needed:
-        raise ValueError(
-            f"diagnose needs at least {needed:,} tokens ({warmup} + 1 segments of {tgt_len}), got {len(ids):,}"
-        )
     os.makedirs(out_dir, exist_ok=True)
     device = next(model.parameters()).device
     data = torch.as_tensor(np.asarray(ids[:needed], dtype=np.int64)).view(1, -1).to(device)
