@@ -2,17 +2,20 @@
 
 Every step feeds only the newest token; everything before it is in a key/value memory, so the
 context is never recomputed and its keys and values are never projected again.  The memory keeps
-the last ``mem_len`` positions.
+the last ``mem_len`` positions.  The vanilla Transformer (absolute positions, no memory) has no such cache: every step
+reads the window of the last ``segment_len`` tokens again, at the positions it was trained on.
 """
 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from longseq.model import Memory, TransformerXLLM
+from longseq.model.positions import position_encoding
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -65,13 +68,17 @@ def generate_stream(
     check_sampling(max_new_tokens, temperature, top_k, top_p, mem_len)
     was_training = model.training
     model.eval()
+    draw = partial(_draw, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    prompt_ids = prompt_ids.to(next(model.parameters()).device)
     try:
+        if model.config.arch == "transformer" and not position_encoding(model.config.positions.pos).relative:
+            yield from _windowed(model, prompt_ids, max_new_tokens, segment_len, draw)
+            return
         overrides = {
             "mem_len": model.config.memory.mem_len if mem_len is None else mem_len,
             "clamp_len": clamp_len,
             "same_length": same_length,
         }
-        prompt_ids = prompt_ids.to(next(model.parameters()).device)
         storage = "hidden" if model.config.memory.compacted else "ring"  # ring: never projected twice, never copied
         mems = Memory.empty(storage)
         context = prompt_ids[:, :-1]
@@ -80,14 +87,28 @@ def generate_stream(
         token = prompt_ids[:, -1:]
         for _ in range(max_new_tokens):
             scores, mems = model.next_token_scores(token, mems, **overrides)  # (B, V)
-            if temperature == 0:
-                token = scores.argmax(dim=-1, keepdim=True)
-            else:
-                scores = filter_logits(scores.float() / temperature, top_k, top_p)
-                token = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)
+            token = draw(scores)
             yield token
     finally:
         model.train(was_training)
+
+
+def _windowed(model, prompt_ids: Tensor, max_new_tokens: int, window: int, draw):
+    """Sampling without a memory: each token from the last ``window`` tokens, read again (B, 1) per step."""
+    ids = prompt_ids
+    for _ in range(max_new_tokens):
+        scores, _ = model.next_token_scores(ids[:, -window:], None, mem_len=0)  # (B, V)
+        token = draw(scores)
+        ids = torch.cat([ids[:, -window:], token], dim=1)
+        yield token
+
+
+def _draw(scores: Tensor, *, temperature: float, top_k: int, top_p: float, generator) -> Tensor:
+    """The next token (B, 1) from scores (B, V): the argmax at ``temperature`` 0, else a filtered sample."""
+    if temperature == 0:
+        return scores.argmax(dim=-1, keepdim=True)
+    scores = filter_logits(scores.float() / temperature, top_k, top_p)
+    return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)
 
 
 def generate(model: TransformerXLLM, prompt_ids: Tensor, max_new_tokens: int, **sampling) -> Tensor:

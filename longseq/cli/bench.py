@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> dict:
     from longseq.eval import speed
     from longseq.model import TransformerXLLM
 
+    check_arguments(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -97,3 +98,14 @@ def run(args: argparse.Namespace) -> dict:
                 )
             )
     return {**settings, **result}
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every size in its range, before a model is built (a zero divided the timings: ZeroDivisionError)."""
+    least = {"tgt_len": 1, "mem_len": 0, "batch": 1, "steps": 1, "rounds": 1, "prompt_len": 1, "new_tokens": 1,
+             "attn_chunk": 0, "threads": 0}  # fmt: skip
+    for name, low in least.items():
+        if getattr(args, name) < low:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    if any(length < 1 for length in args.attn_len):
+        raise ValueError(f"--attn-len lengths must be >= 1, got {args.attn_len}")

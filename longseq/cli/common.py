@@ -47,7 +47,8 @@ def overrides(values: list[list[str]] | None) -> list[str]:
 
 
 def library_errors() -> tuple[type[BaseException], ...]:
-    """The error types that carry a message for the user (printed without a traceback)."""
+    """The error types that carry a message for the user (printed without a traceback).  ``OSError`` names the file
+    and the reason (read-only directory, a file where a directory is asked, disk full)."""
     from longseq.config import ConfigError
     from longseq.data.batching import BatchingError
     from longseq.data.corpus import CorpusError
@@ -57,7 +58,7 @@ def library_errors() -> tuple[type[BaseException], ...]:
     from longseq.train.trainer import TrainingError
 
     return (ConfigError, CorpusError, TokenizerError, CheckpointError, ConversionError, TrainingError, BatchingError,
-            ValueError, FileNotFoundError)  # fmt: skip
+            ValueError, OSError)  # fmt: skip
 
 
 def device_flag(p: argparse.ArgumentParser, default: str = "auto") -> None:

@@ -83,6 +83,11 @@ def run(args: argparse.Namespace) -> dict:
     if args.plot and not (args.per_position or args.context_curve):
         raise ValueError("--plot draws --per-position or --context-curve; give one of them")
     model, settings, run_config, ids, doc_ids, unit = _load(args)
+    ignored = [k for k in ("mem_len", "clamp_len", "same_length") if getattr(settings, k) is not None]
+    if model.config.arch != "transformer" and ignored:
+        raise ValueError(
+            f"--set {', '.join(ignored)}: the {model.config.arch} reads its whole past, these do not apply"
+        )
     batch_size = settings.batch_size or run_config.data.eval_batch_size
     relative = position_encoding(model.config.positions.pos).relative
     if args.per_position or args.context_curve:

@@ -17,21 +17,21 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="run directory: last/ (resumable), best/, metrics.jsonl")
     p.add_argument("--resume", action="store_true", help="continue exactly from OUT/last")
     p.add_argument("--overwrite", action="store_true", help="start over an existing run in OUT")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--steps", type=int, help="optimizer steps (default 200; with --resume: extend the run to N)")
+    p.add_argument("--batch-size", type=int, help="default 8")
     p.add_argument("--segment-len", type=int, help="segment length (default: the checkpoint's tgt_len)")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--layer-lr-decay", type=float, default=0.8)
-    p.add_argument("--eval-interval", type=int, default=0, help="validate every N steps (default: at the end)")
-    p.add_argument("--save-interval", type=int, default=0, help="also save last/ every N steps (0: off)")
+    p.add_argument("--lr", type=float, help="default 1e-3")
+    p.add_argument("--layer-lr-decay", type=float, help="default 0.8")
+    p.add_argument("--eval-interval", type=int, help="validate every N steps (default: at the end)")
+    p.add_argument("--save-interval", type=int, help="also save last/ every N steps (default 0: off)")
     p.add_argument("--head-only", action="store_true", help="train the task head only")
-    p.add_argument("--pooling", default="last", choices=["last", "mean"])
-    p.add_argument("--lm-weight", type=float, default=0.0, help="lambda of the joint LM loss")
-    p.add_argument("--max-answer-len", type=int, default=64, help="span: longest answer in tokens")
-    p.add_argument("--mask-rate", type=float, default=0.15, help="mlm: fraction of tokens chosen for masking")
+    p.add_argument("--pooling", choices=["last", "mean"], help="classify: default last")
+    p.add_argument("--lm-weight", type=float, help="classify: lambda of the joint LM loss (default 0)")
+    p.add_argument("--max-answer-len", type=int, help="span: longest answer in tokens (default 64)")
+    p.add_argument("--mask-rate", type=float, help="mlm: fraction of tokens chosen for masking (default 0.15)")
     p.add_argument("--mask-token", help="mlm: the token standing for [MASK] (default: <unk>, or byte 0)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu or cuda[:N]")
+    p.add_argument("--seed", type=int, help="default 0")
+    p.add_argument("--device", help="auto (CUDA when available, the default), cpu or cuda[:N]")
     return common_flags(p)
 
 
@@ -49,8 +49,11 @@ def run(args: argparse.Namespace) -> dict:
         raise ValueError("a new fine-tuning run needs --task, --data and --checkpoint (or --resume to continue one)")
     settings = dict(steps=args.steps, batch_size=args.batch_size, lr=args.lr, layer_lr_decay=args.layer_lr_decay,
                     seed=args.seed, device=args.device, eval_interval=args.eval_interval, save_interval=args.save_interval, train=args.data,
-                    valid=args.valid, segment_len=args.segment_len or 0, head_only=args.head_only)  # fmt: skip
-    for name in TASK_OPTIONS.get(args.task, ()):
-        settings[name] = getattr(args, name)
-    return finetune(args.checkpoint, args.out, args.task or "classify", resume=args.resume, overwrite=args.overwrite,
+                    valid=args.valid, segment_len=args.segment_len, head_only=args.head_only or None)  # fmt: skip
+    for task, names in TASK_OPTIONS.items():
+        for name in (n for n in names if getattr(args, n) is not None):
+            if args.task is not None and args.task != task:
+                raise ValueError(f"--{name.replace('_', '-')} is an option of the {task} task, not of {args.task}")
+            settings[name] = getattr(args, name)
+    return finetune(args.checkpoint, args.out, args.task, resume=args.resume, overwrite=args.overwrite,
                     progress=not args.quiet, log=say, **settings)  # fmt: skip

@@ -8,7 +8,6 @@ the result also reports the metric, which reproduces what fine-tuning reported o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 from longseq.cli.common import common_flags, device_flag, load_model
@@ -24,7 +23,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from longseq.data.tasks import TaskDataError, iter_jsonl
+    from longseq.data.tasks import write_jsonl
     from longseq.tasks import task_for
     from longseq.tasks.classify import classification_metrics, label_name
     from longseq.tasks.span import span_metrics
@@ -32,19 +31,11 @@ def run(args: argparse.Namespace) -> dict:
     path, model, tokenizer, run_config = load_model(args.checkpoint, args.device)
     if run_config.task is None:
         raise ValueError(f"{path} is a language model, not a fine-tuned one; sample from it with longseq generate")
-    if not os.path.isfile(args.data):
-        raise TaskDataError(f"{args.data}: no such file")
-    try:
-        records = [record for _, record in iter_jsonl(args.data)]
-    except ValueError as exc:
-        raise TaskDataError(str(exc)) from None
-    for number, record in enumerate(records, 1):
-        if not isinstance(record, dict):
-            raise TaskDataError(f"{args.data}:{number}: expected a JSON object, got {type(record).__name__}")
+    records = read_records(args.data, run_config.task.name)
+    check_output(args.out, args.data)
     task = task_for(run_config, tokenizer)
     outputs = task.predict(model, records, args.data)
-    with open(args.out, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(o, ensure_ascii=False) + "\n" for o in outputs)
+    write_jsonl(args.out, outputs, ensure_ascii=False)
     result = {"checkpoint": path, "task": run_config.task.name, "predictions": len(outputs), "out": args.out}
     if run_config.task.name == "classify" and all("label" in r for r in records):
         names = task.options.labels
@@ -54,3 +45,35 @@ def run(args: argparse.Namespace) -> dict:
     if run_config.task.name == "span" and all("answer_text" in r for r in records):
         result.update(span_metrics([o["prediction"] for o in outputs], [r["answer_text"] for r in records]))
     return result
+
+
+def read_records(path: str, task: str) -> list[dict]:
+    """The JSON objects of ``path``, one per non-empty line; a classification gold label of the wrong type is an
+    error naming its line, as fine-tuning reports it (it would be scored as a wrong prediction)."""
+    from longseq.data.tasks import TaskDataError, iter_jsonl
+
+    if not os.path.isfile(path):
+        raise TaskDataError(f"{path}: no such file")
+    try:
+        numbered = list(iter_jsonl(path))
+    except ValueError as exc:
+        raise TaskDataError(str(exc)) from None
+    if not numbered:
+        raise TaskDataError(f"{path}: no records")
+    for number, record in numbered:
+        if not isinstance(record, dict):
+            raise TaskDataError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        gold = record.get("label")
+        if task == "classify" and "label" in record and (isinstance(gold, bool) or not isinstance(gold, (str, int))):
+            raise TaskDataError(f"{path}:{number}: field 'label' has the wrong type {type(gold).__name__}")
+    return [record for _, record in numbered]
+
+
+def check_output(out: str, data: str) -> None:
+    """``--out`` must be a file path that is not the input (the predictions would replace the user's data)."""
+    if os.path.isdir(out):
+        raise ValueError(f"--out {out} is a directory; give the path of the output JSONL file")
+    if os.path.exists(out) and os.path.samefile(out, data):
+        raise ValueError(
+            f"--out {out} is the input file --data: the predictions would replace it; choose another --out"
+        )

@@ -69,6 +69,19 @@ def iter_jsonl(path: str):
                 raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
 
 
+def write_jsonl(path: str, rows, ensure_ascii: bool = True) -> None:
+    """One JSON object a line, written under a temporary name and renamed: the file is complete or untouched, never
+    truncated by an error or an interruption."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(row, ensure_ascii=ensure_ascii) + "\n" for row in rows)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def _tree(rng: random.Random, depth: int, max_depth: int, max_args: int):
     if depth < max_depth and rng.random() <= 0.25:
         args = [_tree(rng, depth + 1, max_depth, max_args) for _ in range(rng.randint(2, max_args))]
@@ -114,10 +127,14 @@ def generate_listops(
 
 
 def write_listops(out_dir: str, seed: int, sizes: dict[str, int], **lengths) -> dict[str, int]:
-    """Write train/valid/test JSONL files of ListOps examples (distinct seeds per split)."""
+    """Write train/valid/test JSONL files of ListOps examples (distinct seeds per split).  Every split is drawn
+    before anything is written and each file is written under a temporary name, then renamed: a bad argument or an
+    interruption never leaves an existing file truncated."""
+    for split, n in sizes.items():
+        if n < 1:
+            raise ValueError(f"--{split} must be >= 1 example, got {n}")
+    examples = {split: generate_listops(n, seed * 1000 + i, **lengths) for i, (split, n) in enumerate(sizes.items())}
     os.makedirs(out_dir, exist_ok=True)
-    for i, (split, n) in enumerate(sizes.items()):
-        with open(os.path.join(out_dir, f"{split}.jsonl"), "w", encoding="utf-8") as f:
-            for example in generate_listops(n, seed * 1000 + i, **lengths):
-                f.write(json.dumps(example) + "\n")
+    for split, rows in examples.items():
+        write_jsonl(os.path.join(out_dir, f"{split}.jsonl"), rows)
     return dict(sizes)

@@ -194,6 +194,29 @@ def context_evidence(
     return evidence
 
 
+def _check_diagnosable(model, n_tokens: int, **settings: int) -> None:
+    """A clear error, before any work, for a model the report cannot read, a setting out of its range or too few
+    tokens."""
+    if not isinstance(model, TransformerXLLM):
+        raise ValueError(
+            f"diagnose reads the attention of a Transformer-XL language model; this checkpoint holds a "
+            f"{type(model).__name__} (a fine-tuned model: longseq predict; the LSTM baseline has no attention)"
+        )
+    others = [f"{i} ({name})" for i, name in enumerate(model.config.layer_mixers) if name != "attention"]
+    if others:
+        raise ValueError(f"diagnose reads every layer's attention; layer(s) {', '.join(others)} are not attention")
+    least = {"tgt_len": 1, "warmup": 0, "batch_size": 1, "max_segments": 0}
+    for name, value in settings.items():
+        if value < least[name]:
+            raise ValueError(f"diagnose: {name} must be >= {least[name]}, got {value}")
+    warmup, tgt_len = settings["warmup"], settings["tgt_len"]
+    needed = (warmup + 1) * tgt_len + 1
+    if n_tokens < needed:
+        raise ValueError(
+            f"diagnose needs at least {needed:,} tokens ({warmup} + 1 segments of {tgt_len}), got {n_tokens:,}"
+        )
+
+
 def diagnose(
     model: TransformerXLLM,
     ids: np.ndarray,
@@ -209,16 +232,15 @@ def diagnose(
 
     ``batch_size``, ``contexts`` and ``max_segments`` set the pass of the two loss curves (see
     :func:`context_evidence`); ``contexts=[]`` leaves the curves out."""
+    _check_diagnosable(
+        model, len(ids), tgt_len=tgt_len, warmup=warmup, batch_size=batch_size, max_segments=max_segments
+    )
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     needed = (warmup + 1) * tgt_len + 1
-    if len(ids) < needed:
-        raise ValueError(
-            f"diagnose needs at least {needed:,} tokens ({warmup} + 1 segments of {tgt_len}), got {len(ids):,}"
-        )
     os.makedirs(out_dir, exist_ok=True)
     device = next(model.parameters()).device
     data = torch.as_tensor(np.asarray(ids[:needed], dtype=np.int64)).view(1, -1).to(device)

@@ -115,6 +115,11 @@ def context_curve(
     reads that many segments first without scoring them; ceil(max(contexts) / tgt_len) scores every context on
     tokens whose memory is full.
     """
+    if model.config.arch != "transformer":
+        raise ValueError(
+            f"a context curve sets the memory length, and the {model.config.arch} reads its whole past whatever it "
+            "is; compare contexts with longseq eval recl, which limits every model to each length"
+        )
     if not contexts:
         raise ValueError("context_curve needs at least one context length")
     if any(c < 0 for c in contexts):

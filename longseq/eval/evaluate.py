@@ -112,11 +112,18 @@ def evaluate(
         model, ids, batch_size=batch_size, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
         same_length=same_length, max_segments=max_segments, progress=progress, kv_memory=kv_memory, doc_ids=doc_ids,
     )  # fmt: skip
+    read = 0
     for index, nll in enumerate(passes):
+        read += 1
         if index >= skip_segments:
             nll_sum += float(nll.double().sum())
             n_tokens += nll.numel()
     elapsed = time.perf_counter() - start
+    if n_tokens == 0:  # a loss of 0 over nothing would read as a perfect model
+        raise ValueError(
+            f"no token was scored: the pass read {read} segment(s) of {tgt_len} tokens and skip_segments="
+            f"{skip_segments} skips them all; give more data, a larger max_segments or a smaller skip_segments"
+        )
     loss = nll_sum / max(n_tokens, 1)
     metrics = {
         "loss": loss,

@@ -62,11 +62,14 @@ def recl(losses: Mapping[str, Mapping[int, np.ndarray]], r: float = 1.0, thresho
 
 
 def context_losses(model, run, ids: np.ndarray, context: int, *, max_targets: int = 0, progress: bool = False):
-    """Per-token losses of one model at context length ``context``: the vanilla Transformer (absolute
-    positions) by sliding windows of that length, a recurrent model in order with ``mem_len = context``."""
+    """Per-token losses of one model at context length ``context``: a Transformer-XL (relative positions) in order
+    with ``mem_len = context``; a model whose context a memory length cannot bound, the vanilla Transformer
+    (absolute positions) or the LSTM (its state holds its whole past), by sliding windows of that length."""
     from longseq.eval.sliding import recurrent_losses, sliding_window_losses
+    from longseq.model.positions import position_encoding
 
-    if getattr(model.config, "pos", None) == "absolute":
+    c = model.config
+    if c.arch != "transformer" or not position_encoding(c.positions.pos).relative:
         return sliding_window_losses(model, ids, context=context, max_targets=max_targets, progress=progress)
     return recurrent_losses(model, ids, context=context, tgt_len=run.data.eval_tgt_len, max_targets=max_targets)
 

@@ -103,6 +103,11 @@ def hf_config_from_model(config: ModelConfig) -> dict:
             f"HF TransfoXL has causal full attention with sinusoidal positions and a plain memory only; this model "
             f"has attention={p.attention}, bidirectional={p.bidirectional}, pos={pos}, memory={config.memory}"
         )
+    if config.arch != "transformer" or set(config.layer_mixers) != {"attention"} or config.hourglass.shorten_layers:
+        raise ConversionError(
+            f"HF TransfoXL is a stack of attention layers at one resolution; this model has arch={config.arch}, "
+            f"mixer={config.mixer}, shorten_layers={config.hourglass.shorten_layers}"
+        )
     if len(set(ties[1:])) > 1 or ties[0]:
         raise ConversionError(f"tie_projs={ties} has no HF equivalent: HF ties all projections but the first, or none")
     return {
@@ -289,9 +294,17 @@ def convert_from_hf(directory: str, vocab: str | None = None) -> tuple[Transform
 
 def export_to_hf(model: TransformerXLLM, out: str, tokenizer: Tokenizer | None = None) -> None:
     """Write an HF TransfoXL directory (``config.json`` + ``model.safetensors``) that transformers 4.x loads."""
+    if not isinstance(model, TransformerXLLM):
+        raise ConversionError(
+            f"only a language model exports to HF TransfoXL; this is a {type(model).__name__} (a fine-tuned or "
+            "LSTM model)"
+        )
+    config = hf_config_from_model(model.config)  # checked before anything is written
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConversionError(f"--out {out} is a file; give a directory for the HF checkpoint")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(hf_config_from_model(model.config), f, indent=2, sort_keys=True)
+        json.dump(config, f, indent=2, sort_keys=True)
     save_file(state_dict_to_hf(model), os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
     if isinstance(tokenizer, WordTokenizer):
         with open(os.path.join(out, "vocab.txt"), "w", encoding="utf-8") as f:

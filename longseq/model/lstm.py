@@ -54,6 +54,26 @@ class LSTMLM(nn.Module):
     ) -> LMOutput:  # (B, T) -> LMOutput
         if doc_ids is not None:
             raise ValueError("the LSTM baseline does not keep documents apart (doc_reset); use a transformer")
+        output, new_mems = self._recur(input_ids, mems)
+        logits = self.decoder(self.drop(output))  # (B, T, V)
+        if labels is None:
+            return LMOutput(loss=None, logits=logits, nll=None, mems=new_mems)
+        flat = labels.reshape(-1).long()
+        nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), flat, ignore_index=IGNORE_INDEX, reduction="none")
+        count = (flat != IGNORE_INDEX).sum().clamp(min=1)
+        return LMOutput(loss=nll.sum() / count, logits=None, nll=nll.view_as(labels), mems=new_mems)
+
+    def read(self, input_ids: Tensor, mems: Memory | None = None, **_overrides) -> Memory:
+        """Run a segment through the LSTM only and return the new state (no softmax), as the transformer's."""
+        return self._recur(input_ids, mems)[1]
+
+    def next_token_scores(self, input_ids: Tensor, mems: Memory | None = None, **_overrides) -> tuple[Tensor, Memory]:
+        """Logits (B, V) for the token after the last position, and the new state (for generation)."""
+        output, new_mems = self._recur(input_ids, mems)
+        return self.decoder(self.drop(output[:, -1])), new_mems
+
+    def _recur(self, input_ids: Tensor, mems: Memory | None) -> tuple[Tensor, Memory]:
+        """The top layer's outputs (B, T, E) and the new (h, c) state of every layer."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be a (batch, time) tensor, got shape {tuple(input_ids.shape)}")
         batch = input_ids.size(0)
@@ -67,14 +87,7 @@ class LSTMLM(nn.Module):
             state = (stacked[:, :, 0].contiguous(), stacked[:, :, 1].contiguous())
         hidden = self.drop(self.embedding(input_ids.long()))  # (B, T, E)
         output, (h, c) = self.lstm(hidden, state)
-        logits = self.decoder(self.drop(output))  # (B, T, V)
-        new_mems = Memory(tuple(LayerMemory(state=(h[i].detach(), c[i].detach())) for i in range(len(h))))
-        if labels is None:
-            return LMOutput(loss=None, logits=logits, nll=None, mems=new_mems)
-        flat = labels.reshape(-1).long()
-        nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), flat, ignore_index=IGNORE_INDEX, reduction="none")
-        count = (flat != IGNORE_INDEX).sum().clamp(min=1)
-        return LMOutput(loss=nll.sum() / count, logits=None, nll=nll.view_as(labels), mems=new_mems)
+        return output, Memory(tuple(LayerMemory(state=(h[i].detach(), c[i].detach())) for i in range(len(h))))
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -121,7 +121,7 @@ def save_checkpoint(
     (:func:`recover_checkpoint` puts an interrupted swap right).  ``keep_previous_as`` keeps the replaced
     checkpoint under that path instead of deleting it (checkpoint rotation).  ``weights`` (a full state dict,
     each tied parameter under one name) are written instead of ``model``'s own (a sharded model).  An ``OSError`` (disk full,
-    permissions) becomes a :class:`CheckpointError` and leaves the previous checkpoint in place.
+    permissions) or a safetensors write error becomes a :class:`CheckpointError` and leaves the previous checkpoint in place.
     """
     directory = os.path.abspath(directory)
     parent, name = os.path.split(directory)
@@ -139,7 +139,7 @@ def save_checkpoint(
             os.replace(directory, old)
         os.replace(tmp, directory)
         _fsync(parent)
-    except OSError as exc:
+    except (OSError, SafetensorError) as exc:  # safetensors reports a failed write (disk full) as its own error
         shutil.rmtree(tmp, ignore_errors=True)
         if os.path.exists(old) and not os.path.exists(directory):
             os.replace(old, directory)

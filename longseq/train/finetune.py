@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 
-from longseq.config import DataConfig, RunConfig, TrainConfig
+from longseq.config import ConfigError, DataConfig, RunConfig, TrainConfig
 from longseq.config.run import TaskConfig
 from longseq.tasks import task_for
 from longseq.train.checkpoint import load_checkpoint, load_checkpoint_config, resolve_checkpoint
@@ -42,7 +42,7 @@ def finetune_run(base: RunConfig, base_path: str, task: str, options: dict, *, s
     return RunConfig(base.model, data, train, TaskConfig(task, options))
 
 
-def finetune(base_checkpoint: str | None, out_dir: str, task: str = "classify", *, resume: bool = False,
+def finetune(base_checkpoint: str | None, out_dir: str, task: str | None = "classify", *, resume: bool = False,
              overwrite: bool = False, progress: bool = False, log=None, **settings) -> dict:  # fmt: skip
     """Fine-tune ``base_checkpoint`` on ``task`` into ``out_dir`` (``resume``: continue ``out_dir/last``; no base
     needed).  ``settings``: ``steps``, ``batch_size``, ``lr``, ``layer_lr_decay``, ``seed``, ``device``,
@@ -51,10 +51,10 @@ def finetune(base_checkpoint: str | None, out_dir: str, task: str = "classify", 
     log = log or (lambda message: None)
     if resume:
         last = os.path.join(out_dir, "last")
-        run, (tokenizer, base) = load_checkpoint_config(last), (_tokenizer(last), None)
-        if run.task is None:
-            raise ValueError(f"{last} is a language-model run; continue it with longseq train --resume")
+        run, (tokenizer, base) = resumed_run(last, base_checkpoint, task, settings), (_tokenizer(last), None)
     else:
+        if task is None:
+            raise ValueError("a new fine-tuning run needs its task (classify, span or mlm)")
         if base_checkpoint is None:
             raise ValueError("fine-tuning needs --checkpoint: the LM checkpoint to start from")
         path = resolve_checkpoint(base_checkpoint, log)
@@ -72,6 +72,41 @@ def finetune(base_checkpoint: str | None, out_dir: str, task: str = "classify", 
     last = result.losses[-10:]
     summary = {"steps": result.step, "train_loss": sum(last) / len(last) if last else float("nan")}
     return {**summary, **report.report(best), "checkpoint": os.path.join(os.path.abspath(out_dir), "best")}
+
+
+RESUMABLE = {"steps": "max_steps", "lr": "lr", "eval_interval": "eval_interval", "save_interval": "save_interval",
+             "device": "device"}  # fmt: skip
+
+
+def resumed_run(last: str, base_checkpoint: str | None, task: str | None, settings: dict) -> RunConfig:
+    """The run config that continues ``last``: its own, with the steps (extend the run), learning rate, cadence and
+    device given in ``settings``.  Any other setting given (not None) must equal the run's, else one
+    :class:`ConfigError` names every one that differs: a resume never ignores what it was asked in silence."""
+    run = load_checkpoint_config(last)
+    if run.task is None:
+        raise ValueError(f"{last} is a language-model run; continue it with longseq train --resume")
+    options = run.task.options
+    saved = {"task": run.task.name, "batch_size": run.data.batch_size, "seed": run.train.seed,
+             "layer_lr_decay": run.train.layer_lr_decay, "segment_len": options.get("segment_len") or run.data.tgt_len,
+             **{k: v for k, v in options.items() if k != "segment_len"}}  # fmt: skip
+    given = {"task": task, **{k: v for k, v in settings.items() if k not in RESUMABLE}}
+    for key in ("train", "valid"):
+        if given.get(key) is not None:
+            given[key] = os.path.abspath(os.path.expanduser(given[key]))
+    flag = {"train": "data"}
+    changed = [f"--{flag.get(k, k).replace('_', '-')} {saved.get(k)!r} -> {v!r}"
+               for k, v in given.items() if v is not None and saved.get(k) != v]  # fmt: skip
+    base = options.get("base")
+    if base_checkpoint is not None and os.path.abspath(base_checkpoint) not in (base, os.path.dirname(base or "")):
+        changed.append(f"--checkpoint {base!r} -> {os.path.abspath(base_checkpoint)!r}")
+    if changed:
+        raise ConfigError(
+            f"cannot resume {last}: {'; '.join(changed)}. A resume continues the run's own task, data and model; it "
+            "may change --steps, --lr, --eval-interval, --save-interval and --device. Drop the others, or start a "
+            "new run with --overwrite or another --out"
+        )
+    changes = {RESUMABLE[k]: v for k, v in settings.items() if k in RESUMABLE and v is not None}
+    return RunConfig(run.model, run.data, run.train.replace(**changes), run.task) if changes else run
 
 
 def _tokenizer(directory: str):

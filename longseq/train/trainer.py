@@ -364,6 +364,9 @@ class Trainer:
                 self.restore(self.checkpoint_state)
                 self.clock_offset = self.dir.truncate_metrics(self.step_count) if self.world.main else 0.0
                 self.log(f"resumed from {self.dir.last} at step {self.step_count}")
+                if self.step_count >= self.tc.max_steps:
+                    self.log(f"the run is already at step {self.step_count} of max_steps {self.tc.max_steps}: nothing "
+                             "to train (raise max_steps to continue it)")  # fmt: skip
         except BaseException:
             self.dir.close(failed=True)
             raise
