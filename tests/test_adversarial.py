@@ -279,3 +279,20 @@ def test_bench_names_a_size_out_of_range_before_measuring_anything(argv, message
         monkeypatch.setattr(speed, name, never)
     assert main(["bench", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_resuming_on_another_corpus_is_said(tmp_path, capsys):
+    """``train --resume --data OTHER`` continued the run's stream position in another corpus without a word."""
+    from test_reliability import TINY
+
+    first = corpus_file(tmp_path)
+    other = tmp_path / "other.txt"
+    other.write_text(first.read_text()[::-1])  # the same characters, another text
+    out = str(tmp_path / "run")
+    assert main(["train", "--data", str(first), "--tokenizer", "char", "--out", out, *TINY, "max_steps=2"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--data", str(first), "--out", out, "--resume", *TINY, "max_steps=3"]) == 0
+    assert "warning: resuming on --data" not in capsys.readouterr().err  # the run's own corpus: nothing to say
+    assert main(["train", "--data", str(other), "--out", out, "--resume", *TINY, "max_steps=4"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: resuming on --data {other}" in err and str(first) in err

@@ -79,6 +79,17 @@ def data_overrides(args: argparse.Namespace) -> list[str]:
     return extra
 
 
+def warn_other_corpus(saved: str | None, given: str | None) -> None:
+    """A resumed run continues its stream at the step it stopped: on another corpus that is a different run, so
+    say so (a moved corpus is the same data under a new path, hence a warning, not an error)."""
+    if given is None or saved is None or os.path.abspath(given) == os.path.abspath(saved):
+        return
+    say(
+        f"warning: resuming on --data {os.path.abspath(given)}, but the run was trained on {saved}; it continues at "
+        "its saved stream position in the new corpus (leave --data out to continue on the run's own corpus)"
+    )
+
+
 def run(args: argparse.Namespace) -> dict:
     from longseq.train.checkpoint import load_checkpoint_config
     from longseq.train.trainer import train
@@ -89,6 +100,8 @@ def run(args: argparse.Namespace) -> dict:
             "--resume continues the run's own config (OUT/last); change settings with --set, not --config"
         )
     config = load_checkpoint_config(os.path.join(out, "last")) if args.resume else base_config(args)
+    if args.resume:
+        warn_other_corpus(config.data.path, args.data)
     config = RunConfig(**apply_overrides(config.sections(), data_overrides(args)))
     result = train(config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet, log=say)
     import gc
