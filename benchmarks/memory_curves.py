@@ -21,16 +21,20 @@ with a checkpoint but no result continues with ``--resume`` (and is refused with
 
 Usage::
 
-    # the issue's comparison: character PTB, 3 seeds, XL (mem_len 128) against no memory
-    python benchmarks/memory_curves.py --out runs/curves --steps 6000 --seeds 1 2 3 --variants xl no-memory
+    # the issue's comparison: character PTB, 3 seeds, XL (mem_len 128) against no memory; 3,000 steps (~35 min a run
+    # on 2 CPU cores) keep a row of 3 seeds within the issue's 2 hours
+    python benchmarks/memory_curves.py --out runs/curves --steps 3000 --seeds 1 2 3 --variants xl no-memory
     # the same command again with --resume after an interruption: finished runs are reused
-    python benchmarks/memory_curves.py --out runs/curves --steps 6000 --seeds 1 2 3 --variants xl no-memory --resume
+    python benchmarks/memory_curves.py --out runs/curves --steps 3000 --seeds 1 2 3 --variants xl no-memory --resume
     # the recipe table: every candidate that is a setting today
-    python benchmarks/memory_curves.py --out runs/recipe --steps 6000 --seeds 1 2 3 \\
+    python benchmarks/memory_curves.py --out runs/recipe --steps 3000 --seeds 1 2 3 \\
         --variants no-memory xl xl-mem64 xl-warmup-long xl-mem-dropout xl-same-length xl-clamp xl-dropatt \
             xl-curriculum xl-no-r-dropout xl-uv-zeros
     # RECL of the group (reported in summary.md only where a variant's test bpc is apart from the baseline's)
-    python benchmarks/memory_curves.py --out runs/curves --steps 6000 --seeds 1 2 3 --recl-tokens 3000 --resume
+    python benchmarks/memory_curves.py --out runs/curves --steps 3000 --seeds 1 2 3 --recl-tokens 3000 --resume
+    # the mixers issue: equal parameters (d_inner matched), equal tokens, 3 seeds
+    python benchmarks/memory_curves.py --out runs/mixers --steps 3000 --seeds 1 2 3 \\
+        --variants xl ssm hybrid conv-attn rnn hourglass --baseline xl
     # pilot (minutes on 2 CPU cores)
     python benchmarks/memory_curves.py --out /tmp/curves-pilot --steps 60 --eval-interval 20 --seeds 1 \\
         --test-segments 20 --set n_layer=2
@@ -57,6 +61,7 @@ from longseq.diagnostics import memory_attention_share
 from longseq.eval import evaluate
 from longseq.eval.context import context_curve, per_position_losses
 from longseq.eval.recl import group_losses, recl
+from longseq.eval.speed import generate_speed
 from longseq.train import load_checkpoint, train
 from longseq.train.checkpoint import load_checkpoint_config
 
@@ -80,6 +85,13 @@ VARIANTS = {
     "xl-curriculum": ["mem_len=128", "mem_len_start=16", "mem_len_warmup_steps=2000"],  # gradual context expansion
     "xl-no-r-dropout": ["mem_len=128", "dropout_r=0"],  # R kept whole (the paper's code drops it with dropout)
     "xl-uv-zeros": ["mem_len=128", "uv_init=zeros"],  # u and v start at zero
+    # the mixers issue's equal-parameter comparison: d_inner brings each to the XL model's 863k parameters (+-0.2%
+    # on character PTB); every variant keeps the XL memory (mem_len 128) for its attention layers
+    "ssm": ["mem_len=128", "mixer=ssm", "d_inner=420"],
+    "hybrid": ["mem_len=128", "mixer=ssm,attention,ssm,attention", "d_inner=468"],
+    "conv-attn": ["mem_len=128", "mixer=conv,attention,conv,attention", "d_inner=476"],
+    "rnn": ["mem_len=128", "mixer=rnn", "d_inner=316"],
+    "hourglass": ["mem_len=128", "shorten_layers=1,3", "shorten_factor=2", "d_inner=448"],
 }
 BASELINE = "no-memory"
 
@@ -132,12 +144,22 @@ def score(model, run: RunConfig, corpus, args) -> dict:
     test = evaluate(model, corpus.test, **common, bits_unit="bpc")
     positions = per_position_losses(model, corpus.test, **common, skip_segments=args.skip_segments)
     curve = context_curve(model, corpus.test, args.contexts, **common, skip_segments=args.skip_segments)
-    return {"test": test, "per_position": positions, "context_curve": curve, "memory_share": share(model, run, corpus)}
+    speed = {
+        "eval_ms_per_token": 1000 / test["tokens_per_s"],  # the test pass above: eval_batch_size streams
+        # 128 greedy tokens after 512: a model without memory keeps its segment's worth of keys (what it trained on)
+        "generate_tokens_per_s": generate_speed(
+            model, prompt_len=512, new_tokens=128, mem_len=max(run.model.memory.mem_len, run.data.tgt_len)
+        )["tokens_per_s"],
+    }
+    return {"test": test, "per_position": positions, "context_curve": curve, "memory_share": share(model, run, corpus),
+            "speed": speed}  # fmt: skip
 
 
 def share(model, run: RunConfig, corpus) -> dict | None:
-    """Share of attention mass in the memory per (layer, head), 8 test segments of 4 streams (None: no memory)."""
-    if not run.model.memory.mem_len:
+    """Share of attention mass in the memory per (layer, head), 8 test segments of 4 streams (None: no memory, or
+    layers that are not all attention at one resolution)."""
+    plain = all(m == "attention" for m in run.model.layer_mixers) and not run.model.hourglass.shorten_layers
+    if not run.model.memory.mem_len or not plain:  # the attention maps are read from a stack of attention layers
         return None
     return memory_attention_share(model, corpus.test, tgt_len=run.data.eval_tgt_len, batch_size=4, segments=8)
 
@@ -208,6 +230,7 @@ def apart(a: dict, b: dict) -> bool:
 
 
 BITS = 1 / math.log(2)
+SPEED = ("eval_ms_per_token", "generate_tokens_per_s")
 
 
 def position_bands(loss: list[float]) -> dict:
@@ -241,6 +264,7 @@ def summarize_variant(results: list[dict]) -> dict:
             "by_context": [stats(curves[:, i]) for i in range(curves.shape[1])],
         },
         "train_tokens_per_s": stats([r["train_tokens_per_s"] for r in results]),
+        **{key: stats([r["speed"][key] for r in results]) for key in SPEED if all("speed" in r for r in results)},
         "memory_share_by_layer": layer_shares(results),
     }
 
@@ -424,8 +448,23 @@ def markdown(summary: dict) -> str:
         gap = f"{rows[first]['gap_pct']:+.2f}%" if first is not None else ""
         last = f"{rows[-1]['gap_pct']:+.2f}%" if rows else ""
         lines.append(f"| {name} | {at} | {gap} | {last} |")
+    lines += speed_lines(variants)
     lines += recl_lines(summary)
     return "\n".join(lines) + "\n"
+
+
+def speed_lines(variants: dict) -> list[str]:
+    """Parameters and speed per variant: means over the seeds, each timed inside its run (training tokens/s over
+    the whole run, the test pass, 128 generated tokens), so only as steady as the machine was meanwhile."""
+    lines = [
+        "",
+        "| variant | parameters | train tokens/s | eval ms/token | generate tokens/s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, v in variants.items():
+        cells = [f"{v[key]['mean']:.3g}" if key in v else "" for key in ("train_tokens_per_s", *SPEED)]
+        lines.append(f"| {name} | {v['params']:,} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def recl_lines(summary: dict) -> list[str]:
@@ -492,7 +531,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="define a variant: a name and its overrides (repeatable); it joins --variants")  # fmt: skip
     parser.add_argument("--baseline", default=BASELINE, help="the variant the others are compared with")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--steps", type=int, default=6000)
+    parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--eval-interval", type=int, default=250)
     parser.add_argument("--eval-segments", type=int, default=40, help="validation segments per evaluation (0: all)")
     parser.add_argument("--test-segments", type=int, default=0, help="test segments scored at the end (0: all)")

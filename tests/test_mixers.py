@@ -1,6 +1,8 @@
 """State-space, convolution and RNN layers whose state is carried like the XL memory: each fast form equals its
 step-by-step reference, chunked with state equals whole, causality, document resets, exact resume, generation."""
 
+import math
+
 import pytest
 import torch
 from test_train import tiny_corpus, tiny_run
@@ -266,3 +268,31 @@ def test_training_an_hourglass_resumes_bit_for_bit(tmp_path):
     first = train(run(), str(tmp_path / "split"), corpus=corpus, progress=False, stop_after=3)
     second = train(run(), str(tmp_path / "split"), corpus=corpus, progress=False, resume=True)
     assert first.losses + second.losses == whole.losses
+
+
+def test_the_model_initialisation_keeps_each_mixer_its_own_and_the_mixers_mix():
+    """The model's pass (normal(0, 0.02) for every weight, 0 for every bias) overwrote Mamba's A, dt, D and norm
+    scale and the convolution's taps, and left the gated projections so small that a token changed the logits 1 to
+    3 positions later by 3e-7 (ssm) and 5e-6 (conv): those layers started as position-wise feed-forwards."""
+    torch.manual_seed(0)
+    config = ModelConfig.of(**{**SMALL, "mixer": ["ssm", "conv", "rnn", "ssm"], "mem_len": 0, "dropout": 0.0})
+    model = TransformerXLLM(config).eval()
+    ssm, conv, rnn = (model.transformer.layers[i].mixer for i in range(3))
+    heads = ssm.A_log.numel()
+    torch.testing.assert_close(ssm.A_log.exp(), torch.exp(torch.linspace(0, math.log(16), heads)))
+    dt = torch.nn.functional.softplus(ssm.dt_bias)
+    assert 0.9e-3 <= float(dt.min()) and float(dt.max()) <= 0.11
+    assert bool((ssm.D == 1).all()) and bool((ssm.norm.weight == 1).all())
+    taps = conv.conv_weight.size(1)
+    assert 0.5 * taps**-0.5 < float(conv.conv_weight.std()) < 1.5 * taps**-0.5
+    bound = rnn.lstm.hidden_size**-0.5
+    assert float(rnn.lstm.weight_hh_l0.abs().max()) <= bound and float(rnn.lstm.weight_hh_l0.std()) > bound / 3
+    for mixer in ("ssm", "conv"):  # one mixer alone: a token reaches the next positions through it
+        torch.manual_seed(0)
+        model = TransformerXLLM(ModelConfig.of(**{**SMALL, "mixer": [mixer], "mem_len": 0, "dropout": 0.0})).eval()
+        x = torch.randint(0, 30, (1, 16))
+        y = x.clone()
+        y[0, 5] = (y[0, 5] + 1) % 30
+        with torch.no_grad():
+            change = (model(x).logits - model(y).logits).abs().amax(-1)[0, 6:9]  # 1 to 3 positions later
+        assert float(change.max()) > 1e-3, (mixer, change)

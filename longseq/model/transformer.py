@@ -86,6 +86,8 @@ class TransformerXLLM(nn.Module):
         * Embedding and softmax projections (``emb_projs``, ``out_projs``): normal(0, ``proj_init_std`` = 0.01).
         * LayerNorm weights normal(1, ``init_std``), biases 0.
         * Cluster weights of the adaptive softmax normal(0, ``init_std``), cluster biases 0.
+        * Then every module with parameters of its own kind (the ssm's A, dt, D and norm, the convolution's taps,
+          the LSTM mixer) initialises them again with ``init_own_parameters()``.
         """
         std, proj_std = self.config.init_std, self.config.proj_init_std
         for name, param in self.named_parameters():
@@ -99,6 +101,9 @@ class TransformerXLLM(nn.Module):
                 nn.init.zeros_(param)
             else:
                 nn.init.normal_(param, 0.0, std)
+        for module in self.modules():
+            if hasattr(module, "init_own_parameters"):
+                module.init_own_parameters()
 
     def tie_weights(self) -> None:
         """Share softmax weights with the embedding (``tie_weight``) and projections (``tie_projs``)."""

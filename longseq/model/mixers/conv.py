@@ -70,8 +70,15 @@ class GatedConv(nn.Module):
         self.conv_weight = nn.Parameter(torch.zeros(inner, kernel))
         self.conv_bias = nn.Parameter(torch.zeros(inner))
         self.out_proj = nn.Linear(inner, d_model, bias=False)
+        self.init_own_parameters()
+
+    def init_own_parameters(self) -> None:
+        """The convolution's taps normal(0, 1 / kernel) and PyTorch's default for the projections: with the
+        model's normal(0, 0.02) the gated product of two small projections all but silences the layer."""
         with torch.no_grad():
-            self.conv_weight.normal_(0.0, kernel**-0.5)
+            self.in_proj.reset_parameters()
+            self.out_proj.reset_parameters()
+            self.conv_weight.normal_(0.0, self.conv_weight.size(1) ** -0.5)
 
     def forward(self, hidden: Tensor, state: tuple | None, docs=None) -> tuple[Tensor, tuple]:
         u, gate = self.in_proj(hidden).chunk(2, dim=-1)  # (B, T, I) each

@@ -33,6 +33,11 @@ class LSTMMixer(nn.Module):
         super().__init__()
         self.lstm = nn.LSTM(d_model, d_model, batch_first=True)
 
+    def init_own_parameters(self) -> None:
+        """PyTorch's LSTM initialisation, uniform(-1 / sqrt(E), 1 / sqrt(E)) for weights and biases, as the
+        ``arch=lstm`` baseline has."""
+        self.lstm.reset_parameters()
+
     def forward(self, hidden: Tensor, state: tuple | None, docs=None) -> tuple[Tensor, tuple]:
         batch, length, width = hidden.shape
         h0 = hidden.new_zeros(1, batch, width) if state is None else state[0][None].to(hidden.dtype)

@@ -51,11 +51,17 @@ class Mamba2(nn.Module):
         self.norm = nn.RMSNorm(self.inner, eps=eps)
         self.out_proj = nn.Linear(self.inner, d_model, bias=False)
         self.scan = "chunked"
-        self.reset_parameters()
+        self.init_own_parameters()
 
-    def reset_parameters(self) -> None:
-        """Mamba's initialisation: A in [1, 16] (log-spaced), dt in [1e-3, 1e-1] through softplus's inverse."""
+    def init_own_parameters(self) -> None:
+        """Mamba's initialisation of what is not a plain weight: A in [1, 16] (log-spaced), dt in [1e-3, 1e-1]
+        through softplus's inverse, D = 1, the gated norm's scale 1, the convolution's taps normal(0, 1 / kernel),
+        and PyTorch's default for the two projections, as mamba-ssm keeps them.  The model's own initialisation
+        (normal(0, 0.02) for every weight) calls it again after its pass."""
         with torch.no_grad():
+            self.in_proj.reset_parameters()
+            self.out_proj.reset_parameters()
+            self.norm.reset_parameters()
             self.conv_weight.normal_(0.0, self.conv_weight.size(1) ** -0.5)
             self.A_log.copy_(torch.linspace(math.log(1.0), math.log(16.0), self.heads))
             dt = torch.exp(torch.linspace(math.log(1e-3), math.log(1e-1), self.heads))
