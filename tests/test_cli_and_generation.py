@@ -107,8 +107,14 @@ def test_bench_cli_reports_each_task(capsys):
     assert train["task"] == "train" and train["tokens_per_s"] > 0 and train["peak_rss_mb"] > 0
     assert main(["bench", "eval", *small, "--json"]) == 0
     assert last_json(capsys)["ms_per_token"] > 0
-    assert main(["bench", "generate", *small, "--prompt-len", "20", "--new-tokens", "5", "--json"]) == 0
-    assert last_json(capsys)["tokens_per_s"] > 0
+    assert (
+        main(["bench", "generate", *small, "--prompt-len", "20", "--new-tokens", "5", "--device", "cpu", "--json"]) == 0
+    )
+    generated = last_json(capsys)
+    assert generated["tokens_per_s"] > 0 and generated["device"] == "cpu" and train["device"] == "cpu"
+    if not torch.cuda.is_available():  # --device cuda where there is no GPU: one line that says so
+        assert main(["bench", "eval", *small, "--device", "cuda", "--json"]) == 2
+        assert "no GPU that torch can use" in capsys.readouterr().err
 
 
 def test_generate_restores_the_training_mode_and_checks_mem_len():

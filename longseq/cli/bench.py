@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from longseq.cli.common import common_flags
+from longseq.cli.common import common_flags, device_flag, resolve_device
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -35,6 +35,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--autocast", choices=["bf16"], help="train under bf16 autocast")
     p.add_argument("--no-mfu", action="store_true", help="skip the matrix-multiply probe (about 2 s) and the MFU")
+    device_flag(p)
     return common_flags(p)
 
 
@@ -48,13 +49,17 @@ def run(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    device = resolve_device(args.device)
     if args.task == "eval-speed":
+        if args.device.startswith("cuda"):
+            raise ValueError("bench eval-speed compares with the vanilla Transformer on the CPU only; drop --device")
         rows = speed.eval_speed_vs_vanilla(args.attn_len, tgt_len=args.tgt_len, windows=args.steps, rounds=args.rounds)
         return {"task": "eval-speed", "tgt_len": args.tgt_len, "threads": torch.get_num_threads(), "lengths": rows}
-    model = TransformerXLLM(speed.bench_config(args.mem_len, attn_chunk=args.attn_chunk))
+    model = TransformerXLLM(speed.bench_config(args.mem_len, attn_chunk=args.attn_chunk)).to(device)
     if args.task != "train" and (args.compile or args.autocast):
         raise ValueError("--compile and --autocast apply to `longseq bench train` only")
-    settings = {"task": args.task, "tgt_len": args.tgt_len, "mem_len": args.mem_len, "threads": torch.get_num_threads()}
+    settings = {"task": args.task, "tgt_len": args.tgt_len, "mem_len": args.mem_len, "threads": torch.get_num_threads(),
+                "device": device}  # fmt: skip
     if args.task == "train":
         result = speed.train_throughput(
             model,
