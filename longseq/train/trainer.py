@@ -209,6 +209,7 @@ class Trainer:
             state.tokens_seen,
             state.lr_scale,
         )
+        self.saved_at = self.step_count  # the state restored is the one on disk: nothing new to save yet
 
     # --- one step ---------------------------------------------------------------------------------------------
 
