@@ -296,3 +296,20 @@ def test_resuming_on_another_corpus_is_said(tmp_path, capsys):
     assert main(["train", "--data", str(other), "--out", out, "--resume", *TINY, "max_steps=4"]) == 0
     err = capsys.readouterr().err
     assert f"warning: resuming on --data {other}" in err and str(first) in err
+
+
+def test_json_output_is_strict_json_when_a_number_is_not_finite(tmp_path, capsys):
+    """``train --resume`` of a finished run printed ``"train_loss": NaN``: not JSON, so jq refused the line."""
+    from test_reliability import TINY
+
+    from longseq.cli.common import emit
+
+    emit({"loss": float("nan"), "curve": [1.5, float("inf")], "nested": {"x": -float("inf")}, "n": 3}, True)
+    strict = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"{name} in JSON output"))
+    assert strict == {"loss": None, "curve": [1.5, None], "nested": {"x": None}, "n": 3}
+    out = str(tmp_path / "run")
+    assert main(["train", "--data", str(corpus_file(tmp_path)), "--tokenizer", "char", "--out", out, *TINY]) == 0
+    capsys.readouterr()
+    assert main(["train", "--out", out, "--resume", "--json", *TINY]) == 0  # finished: no step, no training loss
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(line, parse_constant=lambda name: pytest.fail(name))["train_loss"] is None

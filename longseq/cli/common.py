@@ -14,14 +14,27 @@ def say(message: str) -> None:
 
 
 def emit(result: dict, as_json: bool) -> None:
-    """The command's result on stdout: one JSON object, or aligned ``key: value`` lines."""
+    """The command's result on stdout: one JSON object, or aligned ``key: value`` lines.  In JSON a number that is
+    not finite (a training loss when no step ran) is ``null``: ``NaN`` is not JSON, and strict parsers (jq,
+    JavaScript) refuse the whole line."""
     if as_json:
-        print(json.dumps(result, sort_keys=True))
+        print(json.dumps(_finite(result), sort_keys=True, allow_nan=False))
         return
     for key, value in result.items():
         if isinstance(value, float):
             value = f"{value:.4f}" if math.isfinite(value) else str(value)
         print(f"{key:>16}: {value}")
+
+
+def _finite(value):
+    """``value`` with every NaN or infinite float, at any depth, replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def common_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
