@@ -313,3 +313,17 @@ def test_json_output_is_strict_json_when_a_number_is_not_finite(tmp_path, capsys
     assert main(["train", "--out", out, "--resume", "--json", *TINY]) == 0  # finished: no step, no training loss
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(line, parse_constant=lambda name: pytest.fail(name))["train_loss"] is None
+
+
+def test_vocab_size_with_a_tokenizer_it_cannot_size_is_an_error(tmp_path, capsys):
+    """``--vocab-size`` was ignored in silence for byte, char and word tokenizers (train and data prepare)."""
+    from test_reliability import TINY
+
+    corpus = str(corpus_file(tmp_path))
+    out = str(tmp_path / "run")
+    assert main(["train", "--data", corpus, "--tokenizer", "char", "--vocab-size", "512", "--out", out, *TINY]) == 2
+    assert "--vocab-size sizes a BPE" in capsys.readouterr().err and not (tmp_path / "run").exists()
+    prepare = ["data", "prepare", "--data", corpus, "--out", str(tmp_path / "p"), "--quiet"]
+    assert main([*prepare, "--tokenizer", "word", "--vocab-size", "512"]) == 2
+    assert "not 'word'" in capsys.readouterr().err and not (tmp_path / "p").exists()
+    assert main([*prepare, "--tokenizer", "char"]) == 0  # without it: as before

@@ -21,7 +21,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     prepare = p.add_argument_group("prepare")
     prepare.add_argument("--data", help="corpus file or directory (default: bundled tiny-shakespeare)")
     prepare.add_argument("--tokenizer", help="byte, char, word, bpe, or the path of a tokenizer .json file")
-    prepare.add_argument("--vocab-size", type=int, default=8192, help="tokens of a BPE to learn (default %(default)s)")
+    prepare.add_argument("--vocab-size", type=int, help="tokens of a BPE to learn (default 8192)")
     prepare.add_argument("--lowercase", action="store_true", help="word tokenizer: lowercase the text")
     listops = p.add_argument_group("listops")
     listops.add_argument("--seed", type=int, default=0)
@@ -49,8 +49,11 @@ def run_prepare(args: argparse.Namespace) -> dict:
 
     if args.tokenizer is None:
         raise ValueError("longseq data prepare needs --tokenizer (byte, char, word, bpe or a tokenizer .json file)")
-    DataConfig(tokenizer=args.tokenizer, vocab_size=args.vocab_size)  # the same checks as a run's config
+    if args.vocab_size is not None and args.tokenizer != "bpe":  # any other tokenizer has its own vocabulary
+        raise ValueError(f"--vocab-size sizes a BPE learnt from the text (--tokenizer bpe), not {args.tokenizer!r}")
+    vocab_size = 8192 if args.vocab_size is None else args.vocab_size
+    DataConfig(tokenizer=args.tokenizer, vocab_size=vocab_size)  # the same checks as a run's config
     return prepare_corpus(
-        args.data, args.tokenizer, args.out, vocab_size=args.vocab_size, lowercase=args.lowercase,
+        args.data, args.tokenizer, args.out, vocab_size=vocab_size, lowercase=args.lowercase,
         progress=not args.quiet,
     )  # fmt: skip

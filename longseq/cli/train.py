@@ -103,6 +103,9 @@ def run(args: argparse.Namespace) -> dict:
     if args.resume:
         warn_other_corpus(config.data.path, args.data)
     config = RunConfig(**apply_overrides(config.sections(), data_overrides(args)))
+    if args.vocab_size is not None and config.data.tokenizer != "bpe":  # any other tokenizer has its own vocabulary
+        raise ConfigError(f"--vocab-size sizes a BPE learnt from the text (--tokenizer bpe); this run's tokenizer is "
+                          f"{config.data.tokenizer!r}")  # fmt: skip
     result = train(config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet, log=say)
     import gc
 
