@@ -117,6 +117,8 @@ def test_plot_reads_runs_and_rejects_broken_logs(tmp_path):
     result = plot_runs([str(tmp_path / "a"), str(tmp_path / "b")], str(tmp_path / "curves.png"))
     assert os.path.getsize(tmp_path / "curves.png") > 1000
     assert result["runs"]["a"] == {"train": 5, "valid": 1}
+    bare = plot_runs([str(tmp_path / "a")], str(tmp_path / "curves2"))  # no extension: the file written is named
+    assert bare["out"] == str(tmp_path / "curves2.png") and os.path.getsize(bare["out"]) > 1000
     (tmp_path / "a" / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n{broken\n')
     with pytest.raises(ValueError, match="metrics.jsonl:2"):
         plot_runs([str(tmp_path / "a")], str(tmp_path / "x.png"))

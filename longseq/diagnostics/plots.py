@@ -58,8 +58,7 @@ def plot_runs(run_dirs: list[str], out_path: str, *, bits: bool = False) -> dict
         ax.set_ylabel(unit)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    _save_figure(plt, fig, out_path)
-    return {"out": out_path, "runs": summary}
+    return {"out": _save_figure(plt, fig, out_path), "runs": summary}
 
 
 def _pyplot():
@@ -72,6 +71,10 @@ def _pyplot():
 
 
 def _save_figure(plt, fig, out_path: str) -> str:
+    """Save and close ``fig``; returns the path written (``.png`` added to a name without an extension, as
+    matplotlib does: the caller reports the file that exists)."""
+    if not os.path.splitext(out_path)[1]:
+        out_path += ".png"
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     fig.savefig(out_path, dpi=100)
