@@ -98,6 +98,10 @@ def test_configs_round_trip_and_reject_unknown_keys():
     assert sections["model"].dropout == 0.3 and sections["train"].lr == 1e-4
     with pytest.raises(ConfigError, match="must be >= 1"):
         apply_overrides({"model": ModelConfig.of()}, ["n_layer=0"])
+    for bad, message in (("weight_decay=-1", "weight_decay must be >= 0"), ("beta1=1.5", r"beta1 must be in \[0, 1\)"),
+                         ("beta2=1", "beta2 must be in"), ("eps=0", "eps must be > 0")):  # fmt: skip
+        with pytest.raises(ConfigError, match=message):  # accepted, or left to torch's message, before
+            apply_overrides({"train": TrainConfig()}, [bad])
 
 
 def test_bench_cli_reports_each_task(capsys):

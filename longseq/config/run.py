@@ -143,6 +143,10 @@ class TrainConfig(JsonConfig):
         for name in ("grad_accum", "eval_interval", "log_interval"):
             check(getattr(self, name) >= 1, f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
         check(self.clip >= 0, f"TrainConfig.clip must be >= 0 (0 disables), got {self.clip}")
+        check(self.weight_decay >= 0, f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}")
+        for name in ("beta1", "beta2"):
+            check(0 <= getattr(self, name) < 1, f"TrainConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+        check(self.eps > 0, f"TrainConfig.eps must be > 0, got {self.eps}")
 
 
 @dataclass
