@@ -327,3 +327,15 @@ def test_vocab_size_with_a_tokenizer_it_cannot_size_is_an_error(tmp_path, capsys
     assert main([*prepare, "--tokenizer", "word", "--vocab-size", "512"]) == 2
     assert "not 'word'" in capsys.readouterr().err and not (tmp_path / "p").exists()
     assert main([*prepare, "--tokenizer", "char"]) == 0  # without it: as before
+
+
+def test_an_unseen_character_in_a_task_file_names_the_file_and_record(tmp_path, capsys):
+    """An unseen character in a fine-tuning record said "at line 1, column 1" of the record's text alone."""
+    data = tmp_path / "cls.jsonl"
+    rows = [{"text": "abc cab", "label": 0}, {"text": "cab dZe", "label": 1}]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    argv = ["finetune", "--task", "classify", "--data", str(data), "--checkpoint", lm_checkpoint(tmp_path),
+            "--segment-len", "8", "--batch-size", "2", "--steps", "1", "--out", str(tmp_path / "ft"), "--quiet"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{data}: record 2, field 'text': character 'Z'" in err and "Traceback" not in err

@@ -27,6 +27,17 @@ class TaskDataError(ValueError):
     """A task file that cannot be read; the message names the file, the line and the problem."""
 
 
+def encode_field(tokenizer, record: dict, key: str, path: str, number: int):
+    """``tokenizer.encode(record[key])``; text it cannot encode (an unseen character) is an error naming the file,
+    the record and the field, not only the position inside the field."""
+    from longseq.data.tokenizers import TokenizerError
+
+    try:
+        return tokenizer.encode(record[key])
+    except TokenizerError as exc:
+        raise TaskDataError(f"{path}: record {number}, field {key!r}: {exc}") from None
+
+
 def read_jsonl(path: str, task: str) -> list[dict]:
     """Every record of a JSONL file for ``task``; a malformed line is an error naming its line number."""
     if task not in TASK_FIELDS:

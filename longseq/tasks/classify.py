@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from longseq.config.base import check, check_choice
-from longseq.data.tasks import TaskDataError, read_jsonl
+from longseq.data.tasks import TaskDataError, encode_field, read_jsonl
 from longseq.model import build_model
 from longseq.model.heads import POOLING, DocumentClassifier
 from longseq.tasks.base import (
@@ -86,7 +86,7 @@ class Classify(Task):
         for number, record in enumerate(records, 1):
             if not isinstance(record.get("text"), str):
                 raise TaskDataError(f"{path}: record {number} has no text field")
-            ids = self.tokenizer.encode(record["text"]).tolist()
+            ids = encode_field(self.tokenizer, record, "text", path, number).tolist()
             if not ids:
                 raise TaskDataError(f"{path}: record {number} has an empty text")
             label = -1

@@ -12,7 +12,7 @@ from torch import nn
 
 from longseq.config.base import check
 from longseq.config.run import RunConfig
-from longseq.data.tasks import TaskDataError, read_jsonl
+from longseq.data.tasks import TaskDataError, encode_field, read_jsonl
 from longseq.data.tokenizers import TokenizerError
 from longseq.model import build_model
 from longseq.model.heads import MaskedLM as MaskedLMHead
@@ -85,7 +85,9 @@ class MaskedLM(Task):
         return self.run
 
     def encode(self, path: str) -> list[list[int]]:
-        docs = [self.tokenizer.encode(r["text"]).tolist() for r in read_jsonl(path, "mlm")]
+        docs = [
+            encode_field(self.tokenizer, r, "text", path, n).tolist() for n, r in enumerate(read_jsonl(path, "mlm"), 1)
+        ]
         for number, d in enumerate(docs, 1):
             if not d:
                 raise TaskDataError(f"{path}: record {number} has an empty text")
@@ -163,7 +165,7 @@ class MaskedLM(Task):
         for number, record in enumerate(records, 1):
             if not isinstance(record.get("text"), str):
                 raise TaskDataError(f"{path}: record {number} needs a string field text")
-            ids = self.tokenizer.encode(record["text"]).tolist()
+            ids = encode_field(self.tokenizer, record, "text", path, number).tolist()
             inputs, padding = (t.to(device) for t in padded([ids], self.segment_len))
             logits = model(inputs, self.segment_len, padding=padding)["logits"]
             where = [i for i, t in enumerate(ids) if t == mask_id]

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from longseq.config.base import check
-from longseq.data.tasks import TaskDataError, read_jsonl
+from longseq.data.tasks import TaskDataError, encode_field, read_jsonl
 from longseq.data.tokenizers import TokenizerError
 from longseq.model import build_model
 from longseq.model.heads import SpanExtractor, best_spans
@@ -76,7 +76,8 @@ def encode_spans(records: list[dict], tokenizer, path: str) -> list[dict]:
     answer's characters (a word tokenizer keeps punctuation on its words: "mill," holds the answer "mill")."""
     sep, out = separator(tokenizer), []
     for number, record in enumerate(records, 1):
-        question, context = tokenizer.encode(record["question"]).tolist(), tokenizer.encode(record["context"])
+        question = encode_field(tokenizer, record, "question", path, number).tolist()
+        context = encode_field(tokenizer, record, "context", path, number)
         offsets = tokenizer.offsets(record["context"])
         a0 = record["answer_start"]
         a1 = a0 + len(record["answer_text"])
@@ -96,7 +97,8 @@ def encode_questions(records: list[dict], tokenizer, path: str) -> list[dict]:
     for number, record in enumerate(records, 1):
         if not isinstance(record.get("question"), str) or not isinstance(record.get("context"), str):
             raise TaskDataError(f"{path}: record {number} needs the string fields question and context")
-        question, context = tokenizer.encode(record["question"]).tolist(), tokenizer.encode(record["context"])
+        question = encode_field(tokenizer, record, "question", path, number).tolist()
+        context = encode_field(tokenizer, record, "context", path, number)
         prefix = len(question) + len(sep)
         out.append({"ids": question + sep + context.tolist(), "prefix": prefix, "context": record["context"],
                     "offsets": tokenizer.offsets(record["context"])})  # fmt: skip
