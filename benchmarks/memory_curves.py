@@ -64,6 +64,7 @@ from longseq.eval.recl import group_losses, recl
 from longseq.eval.speed import generate_speed
 from longseq.train import load_checkpoint, train
 from longseq.train.checkpoint import load_checkpoint_config
+from longseq.train.signals import Interrupted
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "..", "..", "shared", "data")
@@ -558,9 +559,12 @@ def main(argv=None) -> None:
     os.makedirs(args.out, exist_ok=True)
     corpus = CORPORA[args.corpus][0]()
     by_variant = {name: [] for name in args.variant_overrides}
-    for seed in args.seeds:  # every variant at one seed before the next seed: a partial run is already a comparison
-        for name, overrides in args.variant_overrides.items():
-            by_variant[name].append(run_one(name, overrides, seed, corpus, args, log))
+    try:
+        for seed in args.seeds:  # every variant at one seed before the next seed: a partial run is already a comparison
+            for name, overrides in args.variant_overrides.items():
+                by_variant[name].append(run_one(name, overrides, seed, corpus, args, log))
+    except Interrupted as exc:  # SIGINT, SIGTERM, SIGHUP: the run's checkpoint is saved
+        raise SystemExit(f"{exc}; the same command with --resume continues") from None
     summary = {
         "meta": {
             **machine(),
