@@ -339,3 +339,27 @@ def test_an_unseen_character_in_a_task_file_names_the_file_and_record(tmp_path, 
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"{data}: record 2, field 'text': character 'Z'" in err and "Traceback" not in err
+
+
+def test_a_refused_second_trainer_leaves_the_live_runs_half_written_save_alone(tmp_path):
+    """A second process on a locked run repaired its checkpoint before asking for the lock: it deleted the live run's
+    temporary checkpoint (``.last.tmp-PID``) in the middle of its save, and the live run then died (exit 2)."""
+    import fcntl
+
+    from longseq.config import ConfigError
+    from longseq.train.rundir import RunDirectory
+
+    out = tmp_path / "run"
+    (out / "last").mkdir(parents=True)
+    saving = out / ".last.tmp-999999"  # the live run's save in progress
+    saving.mkdir()
+    (saving / "model.safetensors").write_bytes(b"half")
+    lock = open(out / ".lock", "a+")
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the live run holds the lock
+    try:
+        for flags in ({"resume": True, "overwrite": False}, {"resume": False, "overwrite": True}):
+            with pytest.raises(ConfigError, match="is being trained into"):
+                RunDirectory(str(out), **flags).open()
+            assert (saving / "model.safetensors").read_bytes() == b"half"
+    finally:
+        lock.close()
