@@ -185,11 +185,7 @@ def test_training_with_every_mixer_resumes_bit_for_bit(tmp_path):
         config.model = ModelConfig.from_dict(model)
         return config
 
-    corpus = tiny_corpus()
-    whole = train(run(), str(tmp_path / "whole"), corpus=corpus, progress=False)
-    first = train(run(), str(tmp_path / "split"), corpus=corpus, progress=False, stop_after=4)
-    second = train(run(), str(tmp_path / "split"), corpus=corpus, progress=False, resume=True)
-    assert first.losses + second.losses == whole.losses
+    assert_resumes_exactly(run, tmp_path, stop_after=4)
 
 
 def test_state_bptt_back_propagates_through_that_many_segments():
@@ -263,11 +259,7 @@ def test_training_an_hourglass_resumes_bit_for_bit(tmp_path):
         config.model = ModelConfig.from_dict(model)
         return config
 
-    corpus = tiny_corpus()
-    whole = train(run(), str(tmp_path / "whole"), corpus=corpus, progress=False)
-    first = train(run(), str(tmp_path / "split"), corpus=corpus, progress=False, stop_after=3)
-    second = train(run(), str(tmp_path / "split"), corpus=corpus, progress=False, resume=True)
-    assert first.losses + second.losses == whole.losses
+    assert_resumes_exactly(run, tmp_path, stop_after=3)
 
 
 def test_the_model_initialisation_keeps_each_mixer_its_own_and_the_mixers_mix():
@@ -296,3 +288,12 @@ def test_the_model_initialisation_keeps_each_mixer_its_own_and_the_mixers_mix():
         with torch.no_grad():
             change = (model(x).logits - model(y).logits).abs().amax(-1)[0, 6:9]  # 1 to 3 positions later
         assert float(change.max()) > 1e-3, (mixer, change)
+
+
+def assert_resumes_exactly(run, tmp_path, stop_after: int) -> None:
+    """Training stopped after ``stop_after`` steps and resumed gives the uninterrupted run's losses, bit for bit."""
+    corpus = tiny_corpus()
+    whole = train(run(), str(tmp_path / "whole"), corpus=corpus, progress=False)
+    first = train(run(), str(tmp_path / "split"), corpus=corpus, progress=False, stop_after=stop_after)
+    second = train(run(), str(tmp_path / "split"), corpus=corpus, progress=False, resume=True)
+    assert first.losses + second.losses == whole.losses

@@ -46,12 +46,13 @@ def run(args: argparse.Namespace) -> dict:
 def run_prepare(args: argparse.Namespace) -> dict:
     from longseq.config import DataConfig
     from longseq.data.prepared import prepare_corpus
+    from longseq.data.tokenizers import DEFAULT_BPE_VOCAB
 
     if args.tokenizer is None:
         raise ValueError("longseq data prepare needs --tokenizer (byte, char, word, bpe or a tokenizer .json file)")
     if args.vocab_size is not None and args.tokenizer != "bpe":  # any other tokenizer has its own vocabulary
         raise ValueError(f"--vocab-size sizes a BPE learnt from the text (--tokenizer bpe), not {args.tokenizer!r}")
-    vocab_size = 8192 if args.vocab_size is None else args.vocab_size
+    vocab_size = DEFAULT_BPE_VOCAB if args.vocab_size is None else args.vocab_size
     DataConfig(tokenizer=args.tokenizer, vocab_size=vocab_size)  # the same checks as a run's config
     return prepare_corpus(
         args.data, args.tokenizer, args.out, vocab_size=vocab_size, lowercase=args.lowercase,
