@@ -177,14 +177,14 @@ def test_generation_from_an_lstm_and_a_vanilla_transformer_matches_reading_the_t
 
 
 def test_diagnose_and_convert_name_what_they_cannot_read_or_write(tmp_path, capsys, monkeypatch):
-    """diagnose of an LSTM, a hybrid or a fine-tuned checkpoint was an AttributeError or TypeError traceback, a
+    """diagnose of an LSTM, a stack without attention or a fine-tuned checkpoint was an AttributeError or TypeError traceback, a
     negative --tgt-len or --warmup 'input_ids must be a non-empty integer tensor'; convert --to-hf of an LSTM or a
     fine-tuned model an AttributeError ('crit'); an --out that cannot be made a bare OSError traceback."""
     from longseq.diagnostics import diagnose
     from longseq.model.lstm import LSTMLM
 
     ids = tiny_corpus().valid
-    for overrides, message in (({"mixer": "ssm,attention"}, r"layer\(s\) 0 \(ssm\) are not attention"),
+    for overrides, message in (({"mixer": "ssm,rnn"}, "has no attention layer .mixers ssm,rnn.*--per-position"),
                                ({"arch": "lstm"}, "holds a LSTMLM")):  # fmt: skip
         model = LSTMLM(tiny_config(**overrides)) if "arch" in overrides else tiny_model(**overrides)
         with pytest.raises(ValueError, match=message):

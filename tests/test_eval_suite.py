@@ -94,6 +94,37 @@ def test_diagnostics_write_what_they_promise(tmp_path):
         torch.testing.assert_close(probs.sum(-1), torch.ones(1, 2, 8))
 
 
+def test_diagnose_reads_the_attention_layers_of_a_hybrid_stack_by_their_own_index(tmp_path):
+    """ssm, attention, conv, attention: the maps, warnings, tables and files name layers 1 and 3; the ssm and conv
+    layers' states appear in the memory statistics (diagnose refused every stack that was not all attention)."""
+    from longseq.diagnostics import attention_maps, diagnose
+
+    torch.manual_seed(0)
+    model = TransformerXLLM(
+        ModelConfig.of(**{**BASE, "mem_len": 6, "n_layer": 4, "mixer": "ssm,attention,conv,attention"})
+    )
+    with torch.no_grad():  # the shared position bias v made huge: both attention layers collapse onto one distance
+        model.transformer.r_r_bias.normal_(0.0, 1e5)
+    ids = np.random.default_rng(2).integers(0, 30, 400)
+    report = diagnose(model, ids, str(tmp_path), tgt_len=8, warmup=2, batch_size=2)
+    assert report["layers"] == 4 and report["attention_layers"] == [1, 3]
+    assert np.array(report["entropy"]).shape == np.array(report["memory_share"]).shape == (2, 2)
+    collapsed = {w.split(" head")[0] for w in report["warnings"] if "collapsed" in w}
+    assert collapsed == {"layer 1", "layer 3"}
+    names = set(os.listdir(tmp_path))
+    assert {"attention_layer1.png", "attention_layer3.png"} <= names and "attention_layer0.png" not in names
+    assert report["memory_attention"]["layers"] == [1, 3]
+    assert np.array(report["memory_attention"]["memory_share"]).shape == (2, 2)
+    slots = [m["slots"] for m in report["memory"]]
+    assert slots == [0, 6, 0, 6] and all(m["std"] > 0 and m["non_finite"] == 0 for m in report["memory"])
+    assert len(report["grad_norms"]) == 4 and all(g > 0 for g in report["grad_norms"])
+    assert "| 3 |" in (tmp_path / "report.md").read_text()
+    maps, _ = attention_maps(model, torch.as_tensor(ids[:8])[None], None)
+    assert [m.shape for m in maps] == [(1, 2, 8, 8)] * 2
+    for probs in maps:
+        torch.testing.assert_close(probs.sum(-1), torch.ones(1, 2, 8))
+
+
 def test_diagnostics_flag_collapsed_heads(tmp_path):
     from longseq.diagnostics import diagnose
 

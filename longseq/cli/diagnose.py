@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> dict:
     )  # fmt: skip
     for warning in report["warnings"]:
         say(f"warning: {warning}")
-    keep = ("layers", "heads", "tgt_len", "mem_len", "loss", "memory_share", "grad_norms", "warnings", "files")
+    keep = ("layers", "attention_layers", "heads", "tgt_len", "mem_len", "loss", "memory_share", "grad_norms")
+    keep += ("warnings", "files")
     result = {"out": args.out, **{k: report[k] for k in keep}}
     if "per_position" in report:
         pp, curve = report["per_position"], report["context_curve"]

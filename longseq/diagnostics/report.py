@@ -34,15 +34,23 @@ from longseq.model import TransformerXLLM
 COLLAPSE_NATS = 0.1  # a head whose mean entropy is below this attends to (almost) one key
 
 
+def attention_layers(model: TransformerXLLM) -> list[int]:
+    """Indices into ``model.transformer.layers`` of the layers that attend: a hybrid stack's ssm, conv and rnn
+    layers have no attention map, and an hourglass block counts as one layer whose shortened layers are not read."""
+    return [i for i, layer in enumerate(model.transformer.layers) if hasattr(layer, "dec_attn")]
+
+
 @torch.no_grad()
 def attention_maps(model: TransformerXLLM, input_ids: Tensor, mems=None) -> tuple[list[Tensor], object]:
-    """Attention probabilities (B, H, T, K) of every layer for one segment, and the new memory."""
+    """Attention probabilities (B, H, T, K) of every attention layer (:func:`attention_layers`, in that order)
+    for one segment, and the new memory."""
     captured: list[tuple] = []
 
     def hook(module, args, kwargs):
         captured.append((module, args, kwargs))
 
-    handles = [layer.dec_attn.register_forward_pre_hook(hook, with_kwargs=True) for layer in model.transformer.layers]
+    layers = model.transformer.layers
+    handles = [layers[i].dec_attn.register_forward_pre_hook(hook, with_kwargs=True) for i in attention_layers(model)]
     was_training = model.training
     model.eval()
     try:
@@ -118,7 +126,8 @@ def memory_attention_share(
     else:
         uniform = float((mlen / (mlen + seen)).mean())
     return {
-        "memory_share": (total / segments).tolist(),
+        "memory_share": (total / segments).tolist(),  # (attention layers, heads)
+        "layers": attention_layers(model),
         "uniform_share": uniform,
         "mem_len": mlen,
         "segments": segments,
@@ -144,16 +153,21 @@ def _grad_norms(model: TransformerXLLM, input_ids: Tensor, labels: Tensor, mems)
 
 
 def _memory_stats(mems) -> list[dict]:
+    """Per layer: an attention layer's (B, M, E) hidden states (dequantized), ``slots`` = M; a recurrent
+    layer's state tensors (ssm, conv, rnn), ``slots`` = 0, the norm taken over each tensor's last axis."""
     stats = []
-    for mem in mems:  # every layer's (B, M, E) states, dequantized
-        m = mem.double()
+    for i, layer in enumerate(mems.layers):
+        parts = [mems[i]] if layer.hidden is not None else list(layer.state or ())
+        rows = [t.double().reshape(-1, t.size(-1)) for t in parts]
+        m = torch.cat([r.flatten() for r in rows]) if rows else torch.zeros(0)
+        norms = torch.cat([r.norm(dim=-1) for r in rows]) if rows else torch.zeros(0)
         stats.append(
             {
-                "slots": int(mem.size(1)),
+                "slots": int(layer.hidden.size(1)) if layer.hidden is not None else 0,
                 "mean": float(m.mean()) if m.numel() else 0.0,
                 "std": float(m.std()) if m.numel() > 1 else 0.0,
                 "abs_max": float(m.abs().max()) if m.numel() else 0.0,
-                "mean_norm": float(m.norm(dim=-1).mean()) if m.numel() else 0.0,
+                "mean_norm": float(norms.mean()) if m.numel() else 0.0,
                 "non_finite": int((~torch.isfinite(m)).sum()),
             }
         )
@@ -202,9 +216,12 @@ def _check_diagnosable(model, n_tokens: int, **settings: int) -> None:
             f"diagnose reads the attention of a Transformer-XL language model; this checkpoint holds a "
             f"{type(model).__name__} (a fine-tuned model: longseq predict; the LSTM baseline has no attention)"
         )
-    others = [f"{i} ({name})" for i, name in enumerate(model.config.layer_mixers) if name != "attention"]
-    if others:
-        raise ValueError(f"diagnose reads every layer's attention; layer(s) {', '.join(others)} are not attention")
+    if not attention_layers(model):
+        raise ValueError(
+            f"diagnose reads attention maps and this model has no attention layer (mixers "
+            f"{','.join(model.config.layer_mixers)}); its loss by position and context curve: longseq eval "
+            f"--per-position, --context-curve"
+        )
     least = {"tgt_len": 1, "warmup": 0, "batch_size": 1, "max_segments": 0}
     for name, value in settings.items():
         if value < least[name]:
@@ -255,8 +272,8 @@ def diagnose(
     summary = summarize_attention(maps, mlen)
     grad_norms, loss = _grad_norms(model, x, y, mems)
     memory = _memory_stats(new_mems)
-    warnings = []
-    for i, heads in enumerate(summary["entropy"]):
+    warnings, attending = [], attention_layers(model)
+    for i, heads in zip(attending, summary["entropy"]):
         for h, value in enumerate(heads):
             if value < COLLAPSE_NATS:
                 warnings.append(f"layer {i} head {h}: collapsed attention (entropy {value:.3f} nats)")
@@ -271,7 +288,8 @@ def diagnose(
         if stats["non_finite"]:
             warnings.append(f"layer {i} memory holds {stats['non_finite']} NaN or Inf values")
     report = {
-        "layers": len(maps),
+        "layers": len(model.transformer.layers),
+        "attention_layers": attending,  # the rows of entropy, memory_share and mass_by_distance
         "heads": maps[0].size(1),
         "tgt_len": tgt_len,
         "mem_len": mlen,
@@ -287,7 +305,7 @@ def diagnose(
             model, ids, tgt_len=tgt_len, batch_size=batch_size, contexts=contexts, max_segments=max_segments
         )
         report.update(evidence)
-    images = _plots(plt, maps, summary, grad_norms, mlen, out_dir, report.get("memory_attention"))
+    images = _plots(plt, attending, maps, summary, grad_norms, mlen, out_dir, report.get("memory_attention"))
     if evidence is not None:
         images += _evidence_plots(evidence, model.config.memory.mem_len, out_dir)
     with open(os.path.join(out_dir, "report.json"), "w", encoding="utf-8") as f:
@@ -302,9 +320,10 @@ def _memory_length(mems) -> int:
     return int(mems.length)
 
 
-def _plots(plt, maps, summary, grad_norms, mlen, out_dir, averaged=None) -> list[str]:
+def _plots(plt, layers, maps, summary, grad_norms, mlen, out_dir, averaged=None) -> list[str]:
+    """``layers``: the model's index of each attention map's layer."""
     images = []
-    for i, probs in enumerate(maps):
+    for i, probs in zip(layers, maps):
         heads = probs.size(1)
         cols = min(4, heads)
         rows = -(-heads // cols)
@@ -328,6 +347,7 @@ def _plots(plt, maps, summary, grad_norms, mlen, out_dir, averaged=None) -> list
     fig, ax = plt.subplots(figsize=(6, 3))
     ent = np.array(summary["entropy"])
     im = ax.imshow(ent, aspect="auto", cmap="magma")
+    ax.set_yticks(range(len(layers)), [str(i) for i in layers])
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title("mean attention entropy (nats)")
@@ -341,7 +361,7 @@ def _plots(plt, maps, summary, grad_norms, mlen, out_dir, averaged=None) -> list
         for (layer, head), value in np.ndenumerate(share):
             ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=7, color="white")
         ax.set_xticks(range(share.shape[1]))
-        ax.set_yticks(range(share.shape[0]))
+        ax.set_yticks(range(share.shape[0]), [str(i) for i in layers])
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         where = (
@@ -355,7 +375,7 @@ def _plots(plt, maps, summary, grad_norms, mlen, out_dir, averaged=None) -> list
         images.append(_save(plt, fig, out_dir, "memory_share.png"))
 
     fig, ax = plt.subplots(figsize=(6, 3))
-    for i, mass in enumerate(summary["mass_by_distance"]):
+    for i, mass in zip(layers, summary["mass_by_distance"]):
         ax.plot(range(len(mass)), mass, label=f"layer {i}")
     ax.axvline(max(mlen, 0), color="gray", linestyle=":", label="beyond the segment: memory")
     ax.set_xlabel("relative distance")
@@ -389,7 +409,7 @@ def _markdown(report: dict, images: list[str]) -> str:
     lines = [
         "# longseq diagnostics",
         "",
-        f"{report['layers']} layers x {report['heads']} heads; segment {report['tgt_len']} tokens, memory "
+        f"{report['layers']} layers ({len(report['attention_layers'])} attending) x {report['heads']} heads; segment {report['tgt_len']} tokens, memory "
         f"{report['mem_len']} positions; loss {report['loss']:.4f}.",
         "",
         "## Warnings",
@@ -401,8 +421,8 @@ def _markdown(report: dict, images: list[str]) -> str:
         "| layer | " + " | ".join(f"head {h}" for h in range(report["heads"])) + " | memory share |",
         "|---" * (report["heads"] + 2) + "|",
     ]
-    for i, heads in enumerate(report["entropy"]):
-        share = sum(report["memory_share"][i]) / len(report["memory_share"][i])
+    for i, heads, shares in zip(report["attention_layers"], report["entropy"], report["memory_share"]):
+        share = sum(shares) / len(shares)
         lines.append(f"| {i} | " + " | ".join(f"{e:.2f}" for e in heads) + f" | {share:.3f} |")
     if report["mem_len"]:
         averaged = report.get("memory_attention")
@@ -416,7 +436,7 @@ def _markdown(report: dict, images: list[str]) -> str:
         lines += ["", f"## Share of attention mass in the memory, per head ({where})", ""]
         lines += ["| layer | " + " | ".join(f"head {h}" for h in range(report["heads"])) + " |"]
         lines += ["|---" * (report["heads"] + 1) + "|"]
-        for i, heads in enumerate(shares):
+        for i, heads in zip(report["attention_layers"], shares):
             lines.append(f"| {i} | " + " | ".join(f"{v:.3f}" for v in heads) + " |")
     lines += _evidence_markdown(report)
     lines += ["", "## Gradient norms and memory", "", "| layer | grad norm | memory slots | mean | std | max abs |"]
