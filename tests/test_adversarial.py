@@ -313,6 +313,9 @@ def test_json_output_is_strict_json_when_a_number_is_not_finite(tmp_path, capsys
     assert main(["train", "--out", out, "--resume", "--json", *TINY]) == 0  # finished: no step, no training loss
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(line, parse_constant=lambda name: pytest.fail(name))["train_loss"] is None
+    assert main(["train", "--out", out, "--resume", *TINY]) == 0  # the text summary said "loss: nan"
+    text = capsys.readouterr().out
+    assert "nan" not in text.lower() and "train_loss: n/a" in text and "loss: n/a" in text
 
 
 def test_vocab_size_with_a_tokenizer_it_cannot_size_is_an_error(tmp_path, capsys):

@@ -23,6 +23,8 @@ def emit(result: dict, as_json: bool) -> None:
     for key, value in result.items():
         if isinstance(value, float):
             value = f"{value:.4f}" if math.isfinite(value) else str(value)
+        elif value is None:
+            value = "n/a"
         print(f"{key:>16}: {value}")
 
 

@@ -120,9 +120,9 @@ def run(args: argparse.Namespace) -> dict:
             return {}
     summary = {
         "step": result.step,
-        "train_loss": result.train_loss,
-        "loss": result.valid.get("loss", float("nan")),
-        "ppl": result.valid.get("ppl", float("nan")),
+        "train_loss": result.train_loss if result.valid else None,  # a resume with no step left: nothing measured
+        "loss": result.valid.get("loss"),  # None (JSON null, "n/a" in text) when this session ran no validation
+        "ppl": result.valid.get("ppl"),
         "best_valid_loss": result.best_valid_loss,
         "tokens": result.tokens,
         "tokens_per_s": result.tokens_per_s,
