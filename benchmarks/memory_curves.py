@@ -84,6 +84,7 @@ VARIANTS = {
     "xl-clamp": ["mem_len=128", "clamp_len=64"],  # distances beyond 64 share one position vector
     "xl-dropatt": ["mem_len=128", "dropatt=0.1"],
     "xl-curriculum": ["mem_len=128", "mem_len_start=16", "mem_len_warmup_steps=2000"],  # gradual context expansion
+    "xl-curriculum-0": ["mem_len=128", "mem_len_start=0", "mem_len_warmup_steps=2000"],  # from no memory at all
     "xl-no-r-dropout": ["mem_len=128", "dropout_r=0"],  # R kept whole (the paper's code drops it with dropout)
     "xl-uv-zeros": ["mem_len=128", "uv_init=zeros"],  # u and v start at zero
     # the mixers issue's equal-parameter comparison: d_inner brings each to the XL model's 863k parameters (+-0.2%
