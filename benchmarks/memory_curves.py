@@ -87,6 +87,9 @@ VARIANTS = {
     "xl-curriculum-0": ["mem_len=128", "mem_len_start=0", "mem_len_warmup_steps=2000"],  # from no memory at all
     "xl-no-r-dropout": ["mem_len=128", "dropout_r=0"],  # R kept whole (the paper's code drops it with dropout)
     "xl-uv-zeros": ["mem_len=128", "uv_init=zeros"],  # u and v start at zero
+    "no-memory-no-r-dropout": ["mem_len=0", "dropout_r=0"],  # the baseline with R kept whole too (a fair step 2)
+    # recipe step 2: the two candidates that helped alone, together
+    "xl-curriculum-0-no-r-dropout": ["mem_len=128", "mem_len_start=0", "mem_len_warmup_steps=2000", "dropout_r=0"],
     # the mixers issue's equal-parameter comparison: d_inner brings each to the XL model's 863k parameters (+-0.2%
     # on character PTB); every variant keeps the XL memory (mem_len 128) for its attention layers
     "ssm": ["mem_len=128", "mixer=ssm", "d_inner=420"],
