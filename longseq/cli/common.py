@@ -28,6 +28,15 @@ def emit(result: dict, as_json: bool) -> None:
         print(f"{key:>16}: {value}")
 
 
+def refuse_vocab_size(vocab_size: int | None, tokenizer: str) -> None:
+    """``--vocab-size`` sizes a BPE learnt from the text; with any other tokenizer (which has its own vocabulary) it
+    is an error, not ignored."""
+    from longseq.config import ConfigError
+
+    if vocab_size is not None and tokenizer != "bpe":
+        raise ConfigError(f"--vocab-size sizes a BPE learnt from the text (--tokenizer bpe), not {tokenizer!r}")
+
+
 def _finite(value):
     """``value`` with every NaN or infinite float, at any depth, replaced by None."""
     if isinstance(value, float):

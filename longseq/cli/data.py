@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from longseq.cli.common import common_flags
+from longseq.cli.common import common_flags, refuse_vocab_size
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -50,8 +50,7 @@ def run_prepare(args: argparse.Namespace) -> dict:
 
     if args.tokenizer is None:
         raise ValueError("longseq data prepare needs --tokenizer (byte, char, word, bpe or a tokenizer .json file)")
-    if args.vocab_size is not None and args.tokenizer != "bpe":  # any other tokenizer has its own vocabulary
-        raise ValueError(f"--vocab-size sizes a BPE learnt from the text (--tokenizer bpe), not {args.tokenizer!r}")
+    refuse_vocab_size(args.vocab_size, args.tokenizer)
     vocab_size = DEFAULT_BPE_VOCAB if args.vocab_size is None else args.vocab_size
     DataConfig(tokenizer=args.tokenizer, vocab_size=vocab_size)  # the same checks as a run's config
     return prepare_corpus(

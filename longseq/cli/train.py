@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from longseq.cli.common import common_flags, overrides, say
+from longseq.cli.common import common_flags, overrides, refuse_vocab_size, say
 from longseq.config import PRESETS, ConfigError, RunConfig, apply_overrides, get_preset, load_run_config
 
 DEFAULT_PRESET = "tiny-shakespeare"
@@ -103,9 +103,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.resume:
         warn_other_corpus(config.data.path, args.data)
     config = RunConfig(**apply_overrides(config.sections(), data_overrides(args)))
-    if args.vocab_size is not None and config.data.tokenizer != "bpe":  # any other tokenizer has its own vocabulary
-        raise ConfigError(f"--vocab-size sizes a BPE learnt from the text (--tokenizer bpe); this run's tokenizer is "
-                          f"{config.data.tokenizer!r}")  # fmt: skip
+    refuse_vocab_size(args.vocab_size, config.data.tokenizer)
     result = train(config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet, log=say)
     import gc
 

@@ -409,8 +409,8 @@ def _markdown(report: dict, images: list[str]) -> str:
     lines = [
         "# longseq diagnostics",
         "",
-        f"{report['layers']} layers ({len(report['attention_layers'])} attending) x {report['heads']} heads; segment {report['tgt_len']} tokens, memory "
-        f"{report['mem_len']} positions; loss {report['loss']:.4f}.",
+        f"{report['layers']} layers ({len(report['attention_layers'])} attending) x {report['heads']} heads; "
+        f"segment {report['tgt_len']} tokens, memory {report['mem_len']} positions; loss {report['loss']:.4f}.",
         "",
         "## Warnings",
         "",

@@ -153,6 +153,20 @@ def save_checkpoint(
     shutil.rmtree(old, ignore_errors=True)
 
 
+def checkpoint_parts(directory: str) -> list[str]:
+    """What a :func:`save_checkpoint` of ``directory`` killed halfway leaves beside it (its ``.NAME.tmp-PID`` and
+    ``.NAME.old-PID`` directories), newest first."""
+    directory = os.path.abspath(directory)
+    parent, name = os.path.split(directory)
+    if not os.path.isdir(parent):
+        return []
+    return sorted(
+        (os.path.join(parent, f) for f in os.listdir(parent) if f.startswith((f".{name}.tmp-", f".{name}.old-"))),
+        key=os.path.getmtime,
+        reverse=True,
+    )
+
+
 def recover_checkpoint(directory: str) -> None:
     """Repair what a kill during :func:`save_checkpoint` left behind and remove its leftovers.
 
@@ -160,14 +174,7 @@ def recover_checkpoint(directory: str) -> None:
     missing: the complete new checkpoint (its manifest verifies) is moved in, else the old one.  Stale
     temporary directories of earlier processes are deleted."""
     directory = os.path.abspath(directory)
-    parent, name = os.path.split(directory)
-    if not os.path.isdir(parent):
-        return
-    leftovers = sorted(
-        (os.path.join(parent, f) for f in os.listdir(parent) if f.startswith((f".{name}.tmp-", f".{name}.old-"))),
-        key=os.path.getmtime,
-        reverse=True,
-    )
+    leftovers = checkpoint_parts(directory)
     if not os.path.exists(directory):
         for candidate in leftovers:  # newest first: a complete new checkpoint beats the old one
             try:

@@ -17,7 +17,7 @@ import os
 import shutil
 
 from longseq.config import ConfigError
-from longseq.train.checkpoint import CheckpointError, recover_checkpoint
+from longseq.train.checkpoint import CheckpointError, checkpoint_parts, recover_checkpoint
 
 RUN_FILES = ("last", "best", "history", "metrics.jsonl", "run.toml", "tensorboard")
 
@@ -35,7 +35,7 @@ class RunDirectory:
         # Nothing is repaired before the lock is held: a save killed halfway is put back in open(), under the lock.
         # Repairing here removed the temporary checkpoint of a live run that a refused second process looked at.
         existing = [name for name in RUN_FILES if os.path.exists(os.path.join(self.path, name))]
-        if resume and not _checkpoint_or_parts(self.last):
+        if resume and not (os.path.isdir(self.last) or checkpoint_parts(self.last)):  # parts: repaired in open()
             raise CheckpointError(
                 f"--resume: checkpoint {self.last} does not exist; {self.path} holds no run to continue"
             )
@@ -119,12 +119,3 @@ class RunDirectory:
         with open(self.metrics, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in kept)
         return max((r.get("elapsed_s", 0.0) for r in kept), default=0.0)
-
-
-def _checkpoint_or_parts(directory: str) -> bool:
-    """``directory`` exists, or a save killed halfway left its parts (``.NAME.tmp-*`` or ``.NAME.old-*``) beside it,
-    which :func:`recover_checkpoint` puts back once the lock is held."""
-    if os.path.isdir(directory):
-        return True
-    parent, name = os.path.split(directory)
-    return os.path.isdir(parent) and any(f.startswith((f".{name}.tmp-", f".{name}.old-")) for f in os.listdir(parent))
