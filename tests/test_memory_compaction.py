@@ -1,5 +1,7 @@
 """Memory compaction: document resets, 8-bit memory, compressive memory, memory dropout."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -122,18 +124,28 @@ def test_compression_functions_and_their_errors():
         prepare_model_config(run, tiny_corpus())
 
 
-def test_memory_dropout_zeroes_whole_slots_in_training_only():
-    model = model_for(mem_dropout=0.5)
+@pytest.mark.parametrize("mixer", ["attention", "ssm,attention"])
+def test_memory_dropout_masks_slots_as_a_cleared_document_would(mixer):
+    """In training, a dropped slot is out of the softmax (not a zero key that stays in) and the kept slots keep their
+    positions: the output equals the same weights' with the dropped slots masked by document ids.  In eval nothing
+    is dropped."""
+    model = model_for(mem_dropout=0.5, mixer=mixer).double()
+    plain = model_for(mixer=mixer).double().eval()
+    plain.load_state_dict(model.state_dict())
     x = torch.randint(0, 40, (2, 12))
-    mems = model.eval()(x[:, :6]).mems
-    eval_a, eval_b = model(x[:, 6:], mems).logits, model(x[:, 6:], mems).logits
-    assert torch.equal(eval_a, eval_b)
+    mems = plain(x[:, :6]).mems
+    assert torch.equal(model.eval()(x[:, 6:], mems).logits, plain(x[:, 6:], mems).logits)
     model.train()
-    torch.manual_seed(1)
-    train_a = model(x[:, 6:], mems).logits
-    torch.manual_seed(2)
-    train_b = model(x[:, 6:], mems).logits
-    assert not torch.allclose(train_a, train_b)
+    torch.manual_seed(3)
+    dropped = torch.rand(2, mems.length) < 0.5  # the draw the policy makes first in the forward
+    assert dropped.any() and not dropped.all()
+    torch.manual_seed(3)
+    trained = model(x[:, 6:], mems).logits
+    cleared = replace(mems, doc_ids=torch.where(dropped, -1, 0))  # dropped slots as a cleared document's
+    reference = plain(x[:, 6:], cleared, doc_ids=torch.zeros(2, 6, dtype=torch.long)).logits
+    torch.testing.assert_close(trained, reference, rtol=0, atol=1e-12)
+    torch.manual_seed(4)
+    assert not torch.allclose(model(x[:, 6:], mems).logits, trained)  # a new draw every forward
 
 
 def test_memory_state_round_trips_through_checkpoint_tensors():

@@ -95,7 +95,7 @@ def make_layer(kernel: str, chunk: int, pos: str = "sinusoidal") -> RelativeMult
     return layer.double()
 
 
-def run_layer(layer, p, qlen, mlen, global_mask=None, docs=None, grad=True):
+def run_layer(layer, p, qlen, mlen, global_mask=None, docs=None, grad=True, dropped=None):
     """Output and gradients (hidden, memory, u, v, every parameter) of one attention layer; with ``grad=False``
     the output of a forward without autograd (the kernels' inference paths) and no gradients."""
     torch.manual_seed(1)
@@ -109,7 +109,7 @@ def run_layer(layer, p, qlen, mlen, global_mask=None, docs=None, grad=True):
     rel_key = layer.relative_keys(RelativePositions(distances, pos_emb, torch.float64))
     flags = global_keys(global_mask, p.num_global, 2, qlen, mlen, None) if p.has_global else None
     query_docs, key_docs = docs if docs is not None else (None, None)
-    mask = PatternMask(p, qlen, mlen, None, query_docs, key_docs, flags)
+    mask = PatternMask(p, qlen, mlen, None, query_docs, key_docs, flags, dropped_keys=dropped)
     if layer.kernel == "reference":
         mask = mask.forbidden()  # the dense reference: the predicate evaluated on every pair
     with torch.set_grad_enabled(grad):
@@ -155,6 +155,28 @@ def test_blocked_kernel_keeps_documents_apart():
     fast = run_layer(make_layer("rel_shift", 4), *args)
     slow = run_layer(make_layer("reference", 0), *args)
     torch.testing.assert_close(fast[0], slow[0], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("kernel, chunk", [("rel_shift", 0), ("rel_shift", 4), ("flex", 0)])
+@pytest.mark.parametrize("name", ["full", "window"])
+def test_memory_slots_dropped_from_the_mask_get_no_attention_and_no_gradient(kernel, chunk, name):
+    """Memory dropout's mask (``dropped_keys``, per batch row) in every kernel equals the dense reference, and a
+    dropped memory slot takes no part: its gradient is exactly zero."""
+    if kernel == "flex":
+        pytest.importorskip("torch.nn.attention.flex_attention")
+    p = pattern(name)
+    dropped = torch.zeros(2, 22, dtype=torch.bool)  # (B, K): memory 5, segment 17
+    dropped[0, [0, 3]] = dropped[1, [1, 2, 4]] = True
+    args = (p, 17, 5, None, None)
+    fast = run_layer(make_layer(kernel, chunk), *args, dropped=dropped)
+    slow = run_layer(make_layer("reference", 0), *args, dropped=dropped)
+    assert_same_run(fast, slow)
+    memory_grad = slow[1][-1]  # (B, M, E)
+    assert torch.equal(memory_grad[dropped[:, :5]], torch.zeros_like(memory_grad[dropped[:, :5]]))
+    if name == "full":  # a window does not reach every memory slot anyway
+        assert bool((memory_grad[~dropped[:, :5]].abs().sum(-1) > 0).all())
+    whole = run_layer(make_layer("reference", 0), *args)
+    assert not torch.allclose(whole[0], slow[0])
 
 
 def test_local_key_ranges_are_bounded_by_block_plus_reach():

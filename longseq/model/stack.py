@@ -135,6 +135,6 @@ class LayerStack(nn.Module):
                 if pattern.has_global:
                     flags = global_keys(global_mask, pattern.num_global, step.batch, step.qlen, step.mlen, device)
                 shared[pattern] = PatternMask(
-                    pattern, step.qlen, step.mlen, step.span, query_docs, key_docs, flags, device
+                    pattern, step.qlen, step.mlen, step.span, query_docs, key_docs, flags, device, step.dropped_keys
                 )
         return [shared[pattern] for pattern in patterns]

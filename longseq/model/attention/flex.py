@@ -83,7 +83,7 @@ def _block_mask(mask: PatternMask | Tensor, batch: int, heads: int, qlen: int, k
         dense = mask.expand(batch, heads, qlen, klen)  # a view: (B, H, T, K)
         return create_block_mask(lambda b, h, q, kv: ~dense[b, h, q, kv], batch, heads, qlen, klen, device=device)
     if ("flex", batch, heads) not in mask._blocks:
-        per_batch = mask.key_docs is not None or mask.global_keys is not None
+        per_batch = any(t is not None for t in (mask.key_docs, mask.global_keys, mask.dropped_keys))
         per_head = len(mask.pattern.dilation) > 1
         create = _compiled_block_mask() if device.type == "cuda" else create_block_mask
         mask._blocks["flex", batch, heads] = create(

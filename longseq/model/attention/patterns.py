@@ -200,6 +200,7 @@ class PatternMask:
     key_docs: Tensor | None = None  # (B, K)
     global_keys: Tensor | None = None  # (B, K) bool
     device: torch.device | None = None
+    dropped_keys: Tensor | None = None  # (B, K) bool: memory slots that memory dropout hides from every query
     _blocks: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # layers share the blocks
 
     @cached_property
@@ -213,7 +214,9 @@ class PatternMask:
     @property
     def is_causal_full(self) -> bool:
         """True when the mask is the plain causal (or same_length) mask shared by every batch row and head."""
-        return self.pattern.name == "full" and self.pattern.causal and self.key_docs is None
+        return (
+            self.pattern.name == "full" and self.pattern.causal and self.key_docs is None and self.dropped_keys is None
+        )
 
     def forbidden(self, q0: int = 0, q1: int | None = None, k0: int = 0, k1: int | None = None) -> Tensor:
         """True where attention is forbidden, for queries [q0, q1) and keys [k0, k1): a bool tensor
@@ -256,6 +259,8 @@ class PatternMask:
         if self.key_docs is not None:
             q_docs = self.query_docs[:, (query - self.mlen).clamp(0, self.qlen - 1)]  # (B, ..., Tq, 1)
             ok = ok & (q_docs == self.key_docs[:, key])[:, None]
+        if self.dropped_keys is not None:
+            ok = ok & ~self.dropped_keys[:, key][:, None]
         return ~ok
 
     def mask_mod(self):
@@ -265,7 +270,7 @@ class PatternMask:
         pattern, mlen, klen, span = self.pattern, self.mlen, self.klen, self.span
         dilation = torch.tensor(pattern.dilation, device=self.device)
         random = pattern.random_table(klen, self.device)
-        flags, query_docs, key_docs = self.global_keys, self.query_docs, self.key_docs
+        flags, query_docs, key_docs, dropped = self.global_keys, self.query_docs, self.key_docs, self.dropped_keys
 
         def mask_mod(b, h, q_idx, kv_idx):
             query = q_idx + mlen
@@ -279,6 +284,8 @@ class PatternMask:
                 ok = ok & (distance < span)
             if key_docs is not None:
                 ok = ok & (query_docs[b, q_idx] == key_docs[b, kv_idx])
+            if dropped is not None:
+                ok = ok & ~dropped[b, kv_idx]
             return ok
 
         return mask_mod

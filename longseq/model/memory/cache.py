@@ -40,6 +40,7 @@ class KeyValueStep:
             raise ValueError("same_length=True needs mem_len >= 1: it limits every query to the last mem_len keys")
         self.memory, self.recurrence, self.batch, self.qlen, self.layers = memory, recurrence, batch, qlen, layers
         self.training, self.device, self.docs, self.mlen = training, device, None, memory.length
+        self.dropped_keys = None  # memory dropout is a training policy of the hidden-state memory
         self.attends = [hasattr(layer, "dec_attn") for layer in layers]  # the others carry a state
         self.presents: list = []
         self.states: dict[int, LayerMemory] = {}

@@ -22,6 +22,7 @@ class HiddenStep:
         self.mlen = memory.length
         self.doc_ids = doc_ids  # (B, T) of the segment, or None
         self.docs: tuple[Tensor, Tensor] | None = None  # (B, T') query and (B, K) key document ids
+        self.dropped_keys: Tensor | None = None  # (B, K) keys hidden by memory dropout, drawn once per forward
         self.with_mass = False
         self.inputs: list[Tensor] = []
         self.plain: list[Tensor | None] = []
