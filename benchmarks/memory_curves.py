@@ -57,7 +57,7 @@ import torch
 from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
 from longseq.config import apply_overrides
 from longseq.data.corpus import load_corpus, load_ptb_char
-from longseq.diagnostics import memory_attention_share
+from longseq.diagnostics import attention_layers, memory_attention_share
 from longseq.eval import evaluate
 from longseq.eval.context import context_curve, per_position_losses
 from longseq.eval.recl import group_losses, recl
@@ -161,10 +161,10 @@ def score(model, run: RunConfig, corpus, args) -> dict:
 
 
 def share(model, run: RunConfig, corpus) -> dict | None:
-    """Share of attention mass in the memory per (layer, head), 8 test segments of 4 streams (None: no memory, or
-    layers that are not all attention at one resolution)."""
-    plain = all(m == "attention" for m in run.model.layer_mixers) and not run.model.hourglass.shorten_layers
-    if not run.model.memory.mem_len or not plain:  # the attention maps are read from a stack of attention layers
+    """Share of attention mass in the memory per (attention layer, head), 8 test segments of 4 streams (None: no
+    memory, or no attention layer).  A hybrid stack's ssm, conv and rnn layers have no attention map, and an
+    hourglass block's shortened layers are not read (:func:`longseq.diagnostics.report.attention_layers`)."""
+    if not run.model.memory.mem_len or not attention_layers(model):
         return None
     return memory_attention_share(model, corpus.test, tgt_len=run.data.eval_tgt_len, batch_size=4, segments=8)
 

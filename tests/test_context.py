@@ -231,16 +231,18 @@ def test_diagnose_command_adds_the_curves_and_the_memory_share_per_head(checkpoi
     assert "Loss by position inside the segment" in markdown and "per head" in markdown
 
 
+@pytest.mark.parametrize("mixer", ["attention", "ssm,attention"])
 @pytest.mark.parametrize("same_length", [False, True])
-def test_memory_share_of_a_uniform_attention_is_the_uniform_share(same_length):
+def test_memory_share_of_a_uniform_attention_is_the_uniform_share(same_length, mixer):
     """With zero queries, keys and u, v every score is 0: each query spreads its mass evenly over the keys it sees,
-    so the measured share in the memory must equal the uniform share, for every layer and head."""
-    from longseq.diagnostics import memory_attention_share
+    so the measured share in the memory must equal the uniform share, for every attention layer and head (a hybrid
+    stack's ssm layer has no map and is left out)."""
+    from longseq.diagnostics import attention_layers, memory_attention_share
 
-    net = model(mem_len=12, same_length=same_length)
+    net = model(mem_len=12, same_length=same_length, mixer=mixer)
     with torch.no_grad():
-        for layer in net.transformer.layers:
-            layer.dec_attn.qkv_net.weight.zero_()
+        for i in attention_layers(net):
+            net.transformer.layers[i].dec_attn.qkv_net.weight.zero_()
         net.transformer.r_w_bias.zero_()
         net.transformer.r_r_bias.zero_()
     ids = np.random.default_rng(5).integers(0, 30, 3 * 60)
@@ -248,4 +250,5 @@ def test_memory_share_of_a_uniform_attention_is_the_uniform_share(same_length):
     assert share["mem_len"] == 12 and share["segments"] == 4
     expected = np.mean([(12 - t - 1) / 12 if same_length else 12 / (12 + t + 1) for t in range(T)])
     assert share["uniform_share"] == pytest.approx(expected, abs=1e-12)
-    np.testing.assert_allclose(share["memory_share"], np.full((2, 2), expected), rtol=0, atol=1e-9)
+    layers = 2 if mixer == "attention" else 1
+    np.testing.assert_allclose(share["memory_share"], np.full((layers, 2), expected), rtol=0, atol=1e-9)
