@@ -35,6 +35,10 @@ Usage::
     # the mixers issue: equal parameters (d_inner matched), equal tokens, 3 seeds
     python benchmarks/memory_curves.py --out runs/mixers --steps 3000 --seeds 1 2 3 \\
         --variants xl ssm hybrid conv-attn rnn hourglass --baseline xl
+    # before a recipe becomes the default preset's: the tiny-shakespeare preset itself (1,200 steps, mem_len 64)
+    python benchmarks/memory_curves.py --corpus shakespeare --out runs/preset --steps 1200 --eval-interval 300 \
+        --eval-segments 80 --seeds 1 2 3 --set mem_len=64 warmup_steps=100 --baseline preset \
+        --variant preset mem_len=64 --variant preset-curriculum mem_len=64 mem_len_start=0 mem_len_warmup_steps=800
     # pilot (minutes on 2 CPU cores)
     python benchmarks/memory_curves.py --out /tmp/curves-pilot --steps 60 --eval-interval 20 --seeds 1 \\
         --test-segments 20 --set n_layer=2
@@ -72,6 +76,9 @@ CORPORA = {  # name -> (loader, tokenizer kind, overrides every variant gets)
     "ptb-char": (lambda: load_ptb_char(os.path.join(DATA, "ptb")), "char", []),
     "wt2": (lambda: load_corpus(os.path.join(DATA, "wikitext-2"), "word"), "word", ["cutoffs=2000,10000"]),
     "wt2-char": (lambda: load_corpus(os.path.join(DATA, "wikitext-2"), "char"), "char", []),
+    # the bundled corpus of the default preset (90/5/5): with --steps 1200 --set mem_len=64 warmup_steps=100 the
+    # base model is the tiny-shakespeare preset, where a recipe must hold before it becomes the preset's default
+    "shakespeare": (lambda: load_corpus(None, "char"), "char", []),
 }
 VARIANTS = {
     "xl": ["mem_len=128"],
