@@ -66,6 +66,7 @@ from longseq.eval import evaluate
 from longseq.eval.context import context_curve, per_position_losses
 from longseq.eval.recl import group_losses, recl
 from longseq.eval.speed import generate_speed
+from longseq.tasks.lm import segments_per_step
 from longseq.train import load_checkpoint, train
 from longseq.train.checkpoint import load_checkpoint_config
 from longseq.train.signals import Interrupted
@@ -104,6 +105,15 @@ VARIANTS = {
     "conv-attn": ["mem_len=128", "mixer=conv,attention,conv,attention", "d_inner=476"],
     "rnn": ["mem_len=128", "mixer=rnn", "d_inner=316"],
     "hourglass": ["mem_len=128", "shorten_layers=1,3", "shorten_factor=2", "d_inner=448"],
+    # the memory-compaction ablation at this budget: each reaches back 128 positions a layer, as xl does
+    "compress-mean": ["mem_len=64", "cmem_len=32", "cmem_rate=2", "cmem_fn=mean"],  # 96 slots
+    "compress-max": ["mem_len=64", "cmem_len=32", "cmem_rate=2", "cmem_fn=max"],
+    "compress-conv": ["mem_len=64", "cmem_len=32", "cmem_rate=2", "cmem_fn=conv"],
+    "compress-linear": ["mem_len=64", "cmem_len=32", "cmem_rate=2", "cmem_fn=linear"],
+    "xl-int8": ["mem_len=128", "mem_quant=int8"],  # 8 bits and a scale per slot
+    "xl-pruned": ["mem_len=128", "mem_select=attention"],  # keeps the most-attended old slots
+    # memory tokens back-propagated through 2 segments: a step reads 2 segments, so it gets half the steps
+    "mem-tokens": ["mem_len=128", "mem_tokens=8", "mem_tokens_bptt=2"],
 }
 BASELINE = "no-memory"
 
@@ -126,7 +136,11 @@ def variant_run(args, overrides: list[str], seed: int, vocab: int) -> RunConfig:
     _, tokenizer, corpus_overrides = CORPORA[args.corpus]
     run = base_run(args.steps, args.eval_interval, args.eval_segments, seed, tokenizer, vocab)
     sections = {"model": run.model, "data": run.data, "train": run.train}
-    return RunConfig(**apply_overrides(sections, [*corpus_overrides, *args.set, *overrides]))
+    run = RunConfig(**apply_overrides(sections, [*corpus_overrides, *args.set, *overrides]))
+    window = segments_per_step(run.model)
+    if window > 1 and not any(o.startswith(("max_steps=", "train.max_steps=")) for o in overrides):
+        run.train.max_steps = args.steps // window  # a step reads `window` segments: equal tokens, fewer steps
+    return run
 
 
 def write_json(path: str, data) -> None:

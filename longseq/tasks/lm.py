@@ -8,12 +8,21 @@ import os
 from torch import nn
 
 from longseq.config.base import ConfigError
+from longseq.config.model import ModelConfig
 from longseq.config.run import RunConfig, TrainConfig
 from longseq.data.batching import OrderedStream
 from longseq.data.corpus import Corpus, load_data, unigram_bits_per_token
 from longseq.eval.evaluate import bits_unit, evaluate
 from longseq.model import Memory, build_model
 from longseq.tasks.base import StepContext, StepResult, Task
+
+
+def segments_per_step(model: ModelConfig) -> int:
+    """Consecutive segments one optimizer step reads: ``mem_tokens_bptt`` with memory tokens, ``state_bptt`` with
+    recurrent layers (whichever is larger), else 1."""
+    m = model.memory
+    recurrent = any(name != "attention" for name in model.layer_mixers)
+    return max(m.mem_tokens_bptt if m.mem_tokens else 1, model.mixers.state_bptt if recurrent else 1)
 
 
 class LMBatches:
@@ -77,12 +86,10 @@ class LanguageModeling(Task):
         return self.corpus.doc_ids[split] if self.run.data.doc_reset else None
 
     def batches(self, world) -> LMBatches:
-        d, t, m = self.run.data, self.run.train, self.run.model.memory
+        d, t = self.run.data, self.run.train
         stream = OrderedStream(self.corpus.train, d.batch_size, d.tgt_len, varlen=d.varlen, seed=t.seed,
                                doc_ids=self._doc_ids("train"), rows=world.rows(d.batch_size))  # this rank's rows only  # fmt: skip
-        recurrent = any(name != "attention" for name in self.run.model.layer_mixers)
-        window = max(m.mem_tokens_bptt if m.mem_tokens else 1, self.run.model.mixers.state_bptt if recurrent else 1)
-        return LMBatches(stream, window)
+        return LMBatches(stream, segments_per_step(self.run.model))
 
     def train_step(self, ctx: StepContext, segments: list, mems: Memory | None) -> StepResult:
         """Every segment of the window through every gradient-accumulation chunk of this rank's rows; one backward
