@@ -35,6 +35,12 @@ Usage::
     # the mixers issue: equal parameters (d_inner matched), equal tokens, 3 seeds
     python benchmarks/memory_curves.py --out runs/mixers --steps 3000 --seeds 1 2 3 \\
         --variants xl ssm hybrid conv-attn rnn hourglass --baseline xl
+    # the paper's Table 6 at this budget: XL, no recurrence, Shaw et al.'s encoding, the vanilla Transformer; RECL
+    python benchmarks/memory_curves.py --out runs/curves --steps 3000 --seeds 1 2 3 --set keep_last=12 \
+        --variants xl no-memory shaw vanilla --baseline no-memory --recl-tokens 3000
+    # the memory-compaction ablation at this budget
+    python benchmarks/memory_curves.py --out runs/compaction --steps 3000 --seeds 1 2 3 --baseline xl \
+        --variants xl compress-mean compress-max compress-conv compress-linear xl-int8 xl-pruned mem-tokens
     # before a recipe becomes the default preset's: the tiny-shakespeare preset itself (1,200 steps, mem_len 64)
     python benchmarks/memory_curves.py --corpus shakespeare --out runs/preset --steps 1200 --eval-interval 300 \
         --eval-segments 80 --seeds 1 2 3 --set mem_len=64 warmup_steps=100 --baseline preset \
@@ -65,6 +71,7 @@ from longseq.diagnostics import attention_layers, memory_attention_share
 from longseq.eval import evaluate
 from longseq.eval.context import context_curve, per_position_losses
 from longseq.eval.recl import group_losses, recl
+from longseq.eval.sliding import sliding_window_losses
 from longseq.eval.speed import generate_speed
 from longseq.tasks.lm import segments_per_step
 from longseq.train import load_checkpoint, train
@@ -114,6 +121,10 @@ VARIANTS = {
     "xl-pruned": ["mem_len=128", "mem_select=attention"],  # keeps the most-attended old slots
     # memory tokens back-propagated through 2 segments: a step reads 2 segments, so it gets half the steps
     "mem-tokens": ["mem_len=128", "mem_tokens=8", "mem_tokens_bptt=2"],
+    # the paper's Table 6 beside xl and no-memory: Shaw et al.'s clipped learned encoding with the recurrence, and
+    # the vanilla Transformer (Al-Rfou et al.: absolute positions, no memory), scored by sliding windows
+    "shaw": ["mem_len=128", "pos=shaw", "max_relative_distance=128"],
+    "vanilla": ["mem_len=0", "pos=absolute"],
 }
 BASELINE = "no-memory"
 
@@ -165,11 +176,21 @@ def read_curve(run_dir: str) -> list[tuple[int, float, float]]:
 
 
 def score(model, run: RunConfig, corpus, args) -> dict:
-    """Test bpc at the training setting, the per-position curves and the context curve (nats)."""
+    """Test bpc at the training setting, the per-position curves and the context curve (nats).  The vanilla model
+    (absolute positions) is scored the paper's way, one window of its training length per target; it reads no
+    memory, so its context curve is its segment loss at every context."""
     common = dict(tgt_len=run.data.eval_tgt_len, batch_size=run.data.eval_batch_size, max_segments=args.test_segments)
     test = evaluate(model, corpus.test, **common, bits_unit="bpc")
     positions = per_position_losses(model, corpus.test, **common, skip_segments=args.skip_segments)
-    curve = context_curve(model, corpus.test, args.contexts, **common, skip_segments=args.skip_segments)
+    if run.model.positions.pos == "absolute":
+        segments = test
+        test = sliding_test(
+            model, corpus.test, run.data.tgt_len, args.test_segments * common["batch_size"] * common["tgt_len"]
+        )
+        curve = {"contexts": list(args.contexts), "loss": [segments["loss"]] * len(args.contexts), "no_memory": True}
+        test["segments_bpc"] = segments["bpc"]
+    else:
+        curve = context_curve(model, corpus.test, args.contexts, **common, skip_segments=args.skip_segments)
     speed = {
         "eval_ms_per_token": 1000 / test["tokens_per_s"],  # the test pass above: eval_batch_size streams
         # 128 greedy tokens after 512: a model without memory keeps its segment's worth of keys (what it trained on)
@@ -179,6 +200,15 @@ def score(model, run: RunConfig, corpus, args) -> dict:
     }
     return {"test": test, "per_position": positions, "context_curve": curve, "memory_share": share(model, run, corpus),
             "speed": speed}  # fmt: skip
+
+
+def sliding_test(model, ids, context: int, max_targets: int) -> dict:
+    """Loss, bpc and tokens/s of sliding windows of ``context`` tokens, one per target (``max_targets`` 0: all)."""
+    began = time.perf_counter()
+    losses = sliding_window_losses(model, ids, context=context, batch_size=64, max_targets=max_targets)
+    loss = float(np.mean(losses))
+    return {"loss": loss, "bpc": loss / math.log(2), "ppl": math.exp(min(loss, 700.0)), "tokens": int(losses.size),
+            "tokens_per_s": losses.size / (time.perf_counter() - began), "sliding_window": context}  # fmt: skip
 
 
 def share(model, run: RunConfig, corpus) -> dict | None:
