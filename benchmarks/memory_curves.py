@@ -178,7 +178,8 @@ def read_curve(run_dir: str) -> list[tuple[int, float, float]]:
 def score(model, run: RunConfig, corpus, args) -> dict:
     """Test bpc at the training setting, the per-position curves and the context curve (nats).  The vanilla model
     (absolute positions) is scored the paper's way, one window of its training length per target; it reads no
-    memory, so its context curve is its segment loss at every context."""
+    memory, so its context curve is its segment loss at every context; a stack of recurrent layers only (ssm, conv,
+    rnn) carries a state that no ``mem_len`` changes, so one pass gives its whole context curve."""
     common = dict(tgt_len=run.data.eval_tgt_len, batch_size=run.data.eval_batch_size, max_segments=args.test_segments)
     test = evaluate(model, corpus.test, **common, bits_unit="bpc")
     positions = per_position_losses(model, corpus.test, **common, skip_segments=args.skip_segments)
@@ -189,6 +190,9 @@ def score(model, run: RunConfig, corpus, args) -> dict:
         )
         curve = {"contexts": list(args.contexts), "loss": [segments["loss"]] * len(args.contexts), "no_memory": True}
         test["segments_bpc"] = segments["bpc"]
+    elif not reads_memory_length(run):  # a recurrent state does not depend on mem_len: one pass gives every point
+        loss = evaluate(model, corpus.test, **common, skip_segments=args.skip_segments)["loss"]
+        curve = {"contexts": list(args.contexts), "loss": [loss] * len(args.contexts), "one_pass": True}
     else:
         curve = context_curve(model, corpus.test, args.contexts, **common, skip_segments=args.skip_segments)
     speed = {
@@ -200,6 +204,11 @@ def score(model, run: RunConfig, corpus, args) -> dict:
     }
     return {"test": test, "per_position": positions, "context_curve": curve, "memory_share": share(model, run, corpus),
             "speed": speed}  # fmt: skip
+
+
+def reads_memory_length(run: RunConfig) -> bool:
+    """Whether the evaluation ``mem_len`` reaches the model: it has an attention layer (or an hourglass block)."""
+    return any(m == "attention" for m in run.model.layer_mixers) or bool(run.model.hourglass.shorten_layers)
 
 
 def sliding_test(model, ids, context: int, max_targets: int) -> dict:
