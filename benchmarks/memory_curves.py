@@ -43,8 +43,9 @@ Usage::
         --variants xl compress-mean compress-max compress-conv compress-linear xl-int8 xl-pruned mem-tokens
     # before a recipe becomes the default preset's: the tiny-shakespeare preset itself (1,200 steps, mem_len 64)
     python benchmarks/memory_curves.py --corpus shakespeare --out runs/preset --steps 1200 --eval-interval 300 \
-        --eval-segments 80 --seeds 1 2 3 --set mem_len=64 warmup_steps=100 --baseline preset \
-        --variant preset mem_len=64 --variant preset-curriculum mem_len=64 mem_len_start=0 mem_len_warmup_steps=800
+        --eval-segments 80 --seeds 1 2 3 --set mem_len=64 warmup_steps=100 --baseline preset --variants xl no-memory \
+        --variant preset mem_len=64 --variant preset-curriculum mem_len=64 mem_len_start=0 mem_len_warmup_steps=800 \
+        --variant preset-recipe mem_len=64 mem_len_start=0 mem_len_warmup_steps=800 dropout_r=0
     # pilot (minutes on 2 CPU cores)
     python benchmarks/memory_curves.py --out /tmp/curves-pilot --steps 60 --eval-interval 20 --seeds 1 \\
         --test-segments 20 --set n_layer=2
@@ -592,7 +593,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="directory of the runs and the summary")
     parser.add_argument("--corpus", default="ptb-char", choices=sorted(CORPORA))
-    parser.add_argument("--variants", nargs="+", default=["xl", "no-memory"], help=f"names among {sorted(VARIANTS)}")
+    parser.add_argument("--variants", nargs="+", help=f"names among {sorted(VARIANTS)} (default: xl no-memory, unless "
+                        "--variant defines the variants)")  # fmt: skip
     parser.add_argument("--variant", nargs="+", action="append", default=[], metavar=("NAME", "KEY=VALUE"),
                         help="define a variant: a name and its overrides (repeatable); it joins --variants")  # fmt: skip
     parser.add_argument("--baseline", default=BASELINE, help="the variant the others are compared with")
@@ -608,6 +610,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="for scoring")
     parser.add_argument("--resume", action="store_true", help="continue unfinished runs from their checkpoints")
     args = parser.parse_args(argv)
+    if args.variants is None:
+        args.variants = [] if args.variant else ["xl", "no-memory"]
     variants = {name: VARIANTS[name] for name in args.variants if name in VARIANTS}
     unknown = [n for n in args.variants if n not in VARIANTS and n not in {v[0] for v in args.variant}]
     if unknown:
