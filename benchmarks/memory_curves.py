@@ -251,7 +251,7 @@ def run_one(name: str, overrides: list[str], seed: int, corpus, args, log) -> di
     if os.path.exists(result_path):
         with open(result_path, encoding="utf-8") as f:
             result = json.load(f)
-        if result["run"] != run.to_dict():  # same steps, seed, model and data, or a refusal
+        if RunConfig.from_dict(result["run"]).to_dict() != run.to_dict():  # same run (fields added since: defaults)
             raise SystemExit(f"{out} was trained with another config; use another --out or remove it")
         log(f"{name} seed {seed}: finished, reused")
         return result

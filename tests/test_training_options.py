@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_train import tiny_corpus, tiny_run
 
-from longseq import ModelConfig, TrainConfig
+from longseq import ConfigError, ModelConfig, TrainConfig
 from longseq.model import TransformerXLLM
 from longseq.train import train
 from longseq.train.optim import Lamb, build_optimizer
@@ -158,6 +158,22 @@ def test_memory_length_curriculum_grows_the_carried_memory(tmp_path):
         lengths.append(trainer.state.mem_length)
     trainer.dir.close()
     assert lengths == [2, 3, 4, 5, 6, 7, 8, 8]
+
+
+def test_memory_curriculum_as_a_fraction_of_the_run_scales_with_max_steps():
+    """mem_len_warmup_frac=0.6 of 10 steps is the 6-step ramp above; of 20 steps it is a 12-step ramp; setting both
+    forms, or a fraction outside [0, 1], is refused."""
+    from longseq.tasks.lm import mem_len_at
+
+    by_steps = tiny_run(max_steps=10, mem_len_start=2, mem_len_warmup_steps=6).train
+    by_frac = tiny_run(max_steps=10, mem_len_start=2, mem_len_warmup_frac=0.6).train
+    assert [mem_len_at(k, by_frac, 8) for k in range(12)] == [mem_len_at(k, by_steps, 8) for k in range(12)]
+    longer = tiny_run(max_steps=20, mem_len_start=2, mem_len_warmup_frac=0.6).train
+    assert longer.mem_len_ramp_steps == 12 and [mem_len_at(k, longer, 8) for k in (0, 6, 11, 12)] == [2, 5, 7, 8]
+    with pytest.raises(ConfigError, match="not both"):
+        tiny_run(mem_len_start=0, mem_len_warmup_steps=6, mem_len_warmup_frac=0.5)
+    with pytest.raises(ConfigError, match=r"mem_len_warmup_frac must be in \[0, 1\]"):
+        tiny_run(mem_len_start=0, mem_len_warmup_frac=1.5)
 
 
 def test_dropout_on_r_and_the_uv_initialisation_are_their_own_settings():

@@ -59,7 +59,9 @@ class TrainConfig(JsonConfig):
     ``history/step-N``); ``best`` is kept apart.
 
     Memory-length curriculum (gradual context expansion): with ``mem_len_start`` >= 0 training reads a memory of
-    ``mem_len_start`` positions at first, growing linearly to the model's ``mem_len`` over ``mem_len_warmup_steps``.
+    ``mem_len_start`` positions at first, growing linearly to the model's ``mem_len`` over ``mem_len_warmup_steps``,
+    or over the fraction ``mem_len_warmup_frac`` of ``max_steps`` (one of the two), which keeps its share of a run
+    whose ``max_steps`` is changed.
 
     Checkpoints of ``last`` are written at every validation (``eval_interval``), every ``save_interval`` steps
     (0: off), and at the first step boundary ``save_every_s`` seconds after the previous save (default 600: a
@@ -94,6 +96,7 @@ class TrainConfig(JsonConfig):
     save_every_s: float = 600.0
     mem_len_start: int = -1
     mem_len_warmup_steps: int = 0
+    mem_len_warmup_frac: float = 0.0
     seed: int = 1111
     nan_patience: int = 3
     nan_lr_factor: float = 0.5
@@ -137,6 +140,14 @@ class TrainConfig(JsonConfig):
             self.mem_len_warmup_steps >= 0,
             f"TrainConfig.mem_len_warmup_steps must be >= 0, got {self.mem_len_warmup_steps}",
         )
+        check(
+            0.0 <= self.mem_len_warmup_frac <= 1.0,
+            f"TrainConfig.mem_len_warmup_frac must be in [0, 1], got {self.mem_len_warmup_frac}",
+        )
+        check(
+            not (self.mem_len_warmup_frac and self.mem_len_warmup_steps),
+            "set one of TrainConfig.mem_len_warmup_steps and mem_len_warmup_frac, not both",
+        )
         check(self.save_every_s >= 0, f"TrainConfig.save_every_s must be >= 0 (0 disables), got {self.save_every_s}")
         for name in ("warmup_steps", "eval_max_segments", "save_interval"):
             check(getattr(self, name) >= 0, f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
@@ -147,6 +158,12 @@ class TrainConfig(JsonConfig):
         for name in ("beta1", "beta2"):
             check(0 <= getattr(self, name) < 1, f"TrainConfig.{name} must be in [0, 1), got {getattr(self, name)}")
         check(self.eps > 0, f"TrainConfig.eps must be > 0, got {self.eps}")
+
+    @property
+    def mem_len_ramp_steps(self) -> int:
+        """The steps over which the memory-length curriculum grows: ``mem_len_warmup_steps``, or
+        ``mem_len_warmup_frac`` of ``max_steps``."""
+        return self.mem_len_warmup_steps or round(self.mem_len_warmup_frac * self.max_steps)
 
 
 @dataclass

@@ -129,9 +129,9 @@ class LanguageModeling(Task):
 
 
 def mem_len_at(step: int, train: TrainConfig, final: int) -> int:
-    """The memory length the curriculum (``mem_len_start``, ``mem_len_warmup_steps``) allows at optimizer step
-    ``step`` (0-based), growing linearly; ``final`` without a curriculum."""
-    start, warmup = train.mem_len_start, train.mem_len_warmup_steps
+    """The memory length the curriculum (``mem_len_start``, ``mem_len_warmup_steps`` or ``mem_len_warmup_frac``)
+    allows at optimizer step ``step`` (0-based), growing linearly; ``final`` without a curriculum."""
+    start, warmup = train.mem_len_start, train.mem_len_ramp_steps
     if start < 0 or start >= final or step >= warmup:
         return final
     return start + (final - start) * step // warmup
