@@ -27,9 +27,10 @@ class MemoryConfig(JsonConfig):
     query sees exactly the last ``mem_len`` keys.  ``mem_dropout`` hides each memory slot from attention with
     that probability in training (masked, not zeroed).  ``mem_quant="int8"`` stores the memory in 8 bits with a
     scale per row (position) or per channel (``mem_quant_axis``).  ``cmem_len`` > 0 keeps a compressed memory of
-    that many slots, made from evicted states at rate ``cmem_rate`` with ``cmem_fn`` (Compressive Transformer).  ``mem_select="attention"`` keeps,
-    of the old memory, the slots that received the most attention mass.  ``mem_tokens`` > 0 adds that many
-    memory tokens (Recurrent Memory Transformer), back-propagated through ``mem_tokens_bptt`` segments.
+    that many slots, made from evicted states at rate ``cmem_rate`` with ``cmem_fn`` (Compressive Transformer).
+    ``mem_select="attention"`` keeps, of the old memory, the slots that received the most attention mass.
+    ``mem_tokens`` > 0 adds that many memory tokens (Recurrent Memory Transformer), back-propagated through
+    ``mem_tokens_bptt`` segments.
     """
 
     mem_len: int = 64
