@@ -72,7 +72,7 @@ from longseq.diagnostics import attention_layers, memory_attention_share
 from longseq.eval import evaluate
 from longseq.eval.context import context_curve, per_position_losses
 from longseq.eval.recl import group_losses, recl
-from longseq.eval.sliding import sliding_window_losses
+from longseq.eval.sliding import evaluate_sliding
 from longseq.eval.speed import generate_speed
 from longseq.tasks.lm import segments_per_step
 from longseq.train import load_checkpoint, train
@@ -150,7 +150,7 @@ def variant_run(args, overrides: list[str], seed: int, vocab: int) -> RunConfig:
     sections = {"model": run.model, "data": run.data, "train": run.train}
     run = RunConfig(**apply_overrides(sections, [*corpus_overrides, *args.set, *overrides]))
     window = segments_per_step(run.model)
-    if window > 1 and not any(o.startswith(("max_steps=", "train.max_steps=")) for o in overrides):
+    if window > 1 and not any(o.startswith(("max_steps=", "train.max_steps=")) for o in [*args.set, *overrides]):
         run.train.max_steps = args.steps // window  # a step reads `window` segments: equal tokens, fewer steps
     return run
 
@@ -186,8 +186,9 @@ def score(model, run: RunConfig, corpus, args) -> dict:
     positions = per_position_losses(model, corpus.test, **common, skip_segments=args.skip_segments)
     if run.model.positions.pos == "absolute":
         segments = test
-        test = sliding_test(
-            model, corpus.test, run.data.tgt_len, args.test_segments * common["batch_size"] * common["tgt_len"]
+        max_targets = args.test_segments * common["batch_size"] * common["tgt_len"]
+        test = evaluate_sliding(
+            model, corpus.test, context=run.data.tgt_len, batch_size=64, max_targets=max_targets, bits_unit="bpc"
         )
         curve = {"contexts": list(args.contexts), "loss": [segments["loss"]] * len(args.contexts), "no_memory": True}
         test["segments_bpc"] = segments["bpc"]
@@ -210,15 +211,6 @@ def score(model, run: RunConfig, corpus, args) -> dict:
 def reads_memory_length(run: RunConfig) -> bool:
     """Whether the evaluation ``mem_len`` reaches the model: it has an attention layer (or an hourglass block)."""
     return any(m == "attention" for m in run.model.layer_mixers) or bool(run.model.hourglass.shorten_layers)
-
-
-def sliding_test(model, ids, context: int, max_targets: int) -> dict:
-    """Loss, bpc and tokens/s of sliding windows of ``context`` tokens, one per target (``max_targets`` 0: all)."""
-    began = time.perf_counter()
-    losses = sliding_window_losses(model, ids, context=context, batch_size=64, max_targets=max_targets)
-    loss = float(np.mean(losses))
-    return {"loss": loss, "bpc": loss / math.log(2), "ppl": math.exp(min(loss, 700.0)), "tokens": int(losses.size),
-            "tokens_per_s": losses.size / (time.perf_counter() - began), "sliding_window": context}  # fmt: skip
 
 
 def share(model, run: RunConfig, corpus) -> dict | None:
