@@ -28,7 +28,7 @@ Usage::
     python benchmarks/memory_curves.py --out runs/curves --steps 3000 --seeds 1 2 3 --variants xl no-memory --resume
     # the recipe table: every candidate that is a setting today
     python benchmarks/memory_curves.py --out runs/recipe --steps 3000 --seeds 1 2 3 \\
-        --variants no-memory xl xl-mem64 xl-warmup-long xl-mem-dropout xl-same-length xl-clamp xl-dropatt \
+        --variants no-memory xl xl-mem64 xl-warmup-long xl-mem-dropout xl-same-length xl-clamp xl-dropatt \\
             xl-curriculum xl-no-r-dropout xl-uv-zeros
     # RECL of the group (reported in summary.md only where a variant's test bpc is apart from the baseline's)
     python benchmarks/memory_curves.py --out runs/curves --steps 3000 --seeds 1 2 3 --recl-tokens 3000 --resume
@@ -36,15 +36,15 @@ Usage::
     python benchmarks/memory_curves.py --out runs/mixers --steps 3000 --seeds 1 2 3 \\
         --variants xl ssm hybrid conv-attn rnn hourglass --baseline xl
     # the paper's Table 6 at this budget: XL, no recurrence, Shaw et al.'s encoding, the vanilla Transformer; RECL
-    python benchmarks/memory_curves.py --out runs/curves --steps 3000 --seeds 1 2 3 --set keep_last=12 \
+    python benchmarks/memory_curves.py --out runs/curves --steps 3000 --seeds 1 2 3 --set keep_last=12 \\
         --variants xl no-memory shaw vanilla --baseline no-memory --recl-tokens 3000
     # the memory-compaction ablation at this budget
-    python benchmarks/memory_curves.py --out runs/compaction --steps 3000 --seeds 1 2 3 --baseline xl \
+    python benchmarks/memory_curves.py --out runs/compaction --steps 3000 --seeds 1 2 3 --baseline xl \\
         --variants xl compress-mean compress-max compress-conv compress-linear xl-int8 xl-pruned mem-tokens
     # before a recipe becomes the default preset's: the tiny-shakespeare preset itself (1,200 steps, mem_len 64)
-    python benchmarks/memory_curves.py --corpus shakespeare --out runs/preset --steps 1200 --eval-interval 300 \
-        --eval-segments 80 --seeds 1 2 3 --set mem_len=64 warmup_steps=100 --baseline preset --variants xl no-memory \
-        --variant preset mem_len=64 --variant preset-curriculum mem_len=64 mem_len_start=0 mem_len_warmup_steps=800 \
+    python benchmarks/memory_curves.py --corpus shakespeare --out runs/preset --steps 1200 --eval-interval 300 \\
+        --eval-segments 80 --seeds 1 2 3 --set mem_len=64 warmup_steps=100 --baseline preset --variants xl no-memory \\
+        --variant preset mem_len=64 --variant preset-curriculum mem_len=64 mem_len_start=0 mem_len_warmup_steps=800 \\
         --variant preset-recipe mem_len=64 mem_len_start=0 mem_len_warmup_steps=800 dropout_r=0
     # pilot (minutes on 2 CPU cores)
     python benchmarks/memory_curves.py --out /tmp/curves-pilot --steps 60 --eval-interval 20 --seeds 1 \\
@@ -314,6 +314,7 @@ def summarize_variant(results: list[dict]) -> dict:
         "overrides": results[0]["overrides"],
         "params": results[0]["params"],
         "test_bpc": stats([r["test"]["bpc"] for r in results]),
+        "test_ppl": stats([float(np.exp(r["test"]["loss"])) for r in results]),
         "per_position_bpc": {
             key: {band: stats([b[band] for b in per_seed]) for band in per_seed[0]} for key, per_seed in bands.items()
         },
@@ -457,8 +458,10 @@ def markdown(summary: dict) -> str:
     """The tables for BENCHMARKS.md: test bpc and per-position bands per variant, the context curve, and the
     budget at which each variant's learning curve separates from the baseline's."""
     fmt = lambda s: f"{s['mean']:.4f} ± {s['std']:.4f} [{s['min']:.4f}, {s['max']:.4f}]"  # noqa: E731
-    lines = ["| variant | overrides | seeds | test bpc mean ± std [min, max] | gap to baseline | ranges apart |",
-             "|---|---|---:|---|---:|---|"]  # fmt: skip
+    words = CORPORA[summary["meta"]["corpus"]][1] == "word"  # bits per word, and the perplexity the papers quote
+    unit, ppl_head = ("bits per word", " test ppl mean ± std |") if words else ("bpc", "")
+    lines = [f"| variant | overrides | seeds | test {unit} mean ± std [min, max] |{ppl_head} gap to baseline | ranges apart |",
+             "|---|---|---:|---|" + ("---:|" if words else "") + "---:|---|"]  # fmt: skip
     variants = summary["variants"]
     base = variants.get(summary["baseline"])
     for name, v in variants.items():
@@ -466,8 +469,9 @@ def markdown(summary: dict) -> str:
         if base is not None and name != summary["baseline"]:
             gap = f"{100 * (base['test_bpc']['mean'] - v['test_bpc']['mean']) / base['test_bpc']['mean']:+.2f}%"
             sep = "yes" if apart(v["test_bpc"], base["test_bpc"]) else "no"
+        ppl = f" {v['test_ppl']['mean']:.2f} ± {v['test_ppl']['std']:.2f} |" if words else ""
         lines.append(
-            f"| {name} | {' '.join(v['overrides'])} | {v['test_bpc']['n']} | {fmt(v['test_bpc'])} | {gap} | {sep} |"
+            f"| {name} | {' '.join(v['overrides'])} | {v['test_bpc']['n']} | {fmt(v['test_bpc'])} |{ppl} {gap} | {sep} |"
         )
     lines += [
         "",
