@@ -83,6 +83,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "..", "..", "shared", "data")
 CORPORA = {  # name -> (loader, tokenizer kind, overrides every variant gets)
     "ptb-char": (lambda: load_ptb_char(os.path.join(DATA, "ptb")), "char", []),
+    "ptb": (lambda: load_corpus(os.path.join(DATA, "ptb"), "word"), "word", ["cutoffs=2000,5000"]),
     "wt2": (lambda: load_corpus(os.path.join(DATA, "wikitext-2"), "word"), "word", ["cutoffs=2000,10000"]),
     "wt2-char": (lambda: load_corpus(os.path.join(DATA, "wikitext-2"), "char"), "char", []),
     # the bundled corpus of the default preset (90/5/5): with --steps 1200 --set mem_len=64 warmup_steps=100 the
