@@ -268,7 +268,8 @@ def run_one(name: str, overrides: list[str], seed: int, corpus, args, log) -> di
     if result["memory_share"] is not None and result["share_history"]:  # the last checkpoint closes the series
         result["share_history"].append((trained.step, float(np.mean(result["memory_share"]["memory_share"]))))
     write_json(result_path, result)
-    log(f"{name} seed {seed}: test bpc {result['test']['bpc']:.4f}")
+    unit = "bpc" if CORPORA[args.corpus][1] == "char" else "bits per word"
+    log(f"{name} seed {seed}: test {unit} {result['test']['bpc']:.4f}, ppl {math.exp(result['test']['loss']):.2f}")
     return result
 
 
