@@ -268,8 +268,9 @@ def run_one(name: str, overrides: list[str], seed: int, corpus, args, log) -> di
     if result["memory_share"] is not None and result["share_history"]:  # the last checkpoint closes the series
         result["share_history"].append((trained.step, float(np.mean(result["memory_share"]["memory_share"]))))
     write_json(result_path, result)
-    unit = "bpc" if CORPORA[args.corpus][1] == "char" else "bits per word"
-    log(f"{name} seed {seed}: test {unit} {result['test']['bpc']:.4f}, ppl {math.exp(result['test']['loss']):.2f}")
+    log(
+        f"{name} seed {seed}: test {bits_name(args.corpus)} {result['test']['bpc']:.4f}, ppl {result['test']['ppl']:.2f}"
+    )
     return result
 
 
@@ -305,6 +306,11 @@ def position_bands(loss: list[float]) -> dict:
     }
 
 
+def bits_name(corpus: str) -> str:
+    """What the results' ``bpc`` key (loss / ln 2 per token) is for this corpus."""
+    return "bpc" if CORPORA[corpus][1] == "char" else "bits per word"
+
+
 def summarize_variant(results: list[dict]) -> dict:
     """Mean, std and range over seeds of the test bpc, the per-position bands and the context curve (bpc)."""
     bands = {
@@ -316,7 +322,7 @@ def summarize_variant(results: list[dict]) -> dict:
         "overrides": results[0]["overrides"],
         "params": results[0]["params"],
         "test_bpc": stats([r["test"]["bpc"] for r in results]),
-        "test_ppl": stats([float(np.exp(r["test"]["loss"])) for r in results]),
+        "test_ppl": stats([r["test"]["ppl"] for r in results]),
         "per_position_bpc": {
             key: {band: stats([b[band] for b in per_seed]) for band in per_seed[0]} for key, per_seed in bands.items()
         },
@@ -460,8 +466,9 @@ def markdown(summary: dict) -> str:
     """The tables for BENCHMARKS.md: test bpc and per-position bands per variant, the context curve, and the
     budget at which each variant's learning curve separates from the baseline's."""
     fmt = lambda s: f"{s['mean']:.4f} ± {s['std']:.4f} [{s['min']:.4f}, {s['max']:.4f}]"  # noqa: E731
-    words = CORPORA[summary["meta"]["corpus"]][1] == "word"  # bits per word, and the perplexity the papers quote
-    unit, ppl_head = ("bits per word", " test ppl mean ± std |") if words else ("bpc", "")
+    unit = bits_name(summary["meta"]["corpus"])
+    words = unit == "bits per word"  # and the perplexity that the word-level papers quote
+    ppl_head = " test ppl mean ± std |" if words else ""
     lines = [f"| variant | overrides | seeds | test {unit} mean ± std [min, max] |{ppl_head} gap to baseline | ranges apart |",
              "|---|---|---:|---|" + ("---:|" if words else "") + "---:|---|"]  # fmt: skip
     variants = summary["variants"]
