@@ -22,9 +22,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--segment-len", type=int, help="segment length (default: the checkpoint's tgt_len)")
     p.add_argument("--lr", type=float, help="default 1e-3")
     p.add_argument("--layer-lr-decay", type=float, help="default 0.8")
+    p.add_argument("--schedule", choices=["constant", "linear", "cosine"],
+                   help="after the warmup (a tenth of the steps): constant (the default), or a decay to 0")  # fmt: skip
     p.add_argument("--eval-interval", type=int, help="validate every N steps (default: at the end)")
     p.add_argument("--save-interval", type=int, help="also save last/ every N steps (default 0: off)")
     p.add_argument("--head-only", action="store_true", help="train the task head only")
+    p.add_argument("--group-by-length", action="store_true",
+                   help="batches of documents of similar length (fewer filler segments per batch)")  # fmt: skip
     p.add_argument("--pooling", choices=["last", "mean"], help="classify: default last")
     p.add_argument("--lm-weight", type=float, help="classify: lambda of the joint LM loss (default 0)")
     p.add_argument("--max-answer-len", type=int, help="span: longest answer in tokens (default 64)")
@@ -49,7 +53,8 @@ def run(args: argparse.Namespace) -> dict:
         raise ValueError("a new fine-tuning run needs --task, --data and --checkpoint (or --resume to continue one)")
     settings = dict(steps=args.steps, batch_size=args.batch_size, lr=args.lr, layer_lr_decay=args.layer_lr_decay,
                     seed=args.seed, device=args.device, eval_interval=args.eval_interval, save_interval=args.save_interval, train=args.data,
-                    valid=args.valid, segment_len=args.segment_len, head_only=args.head_only or None)  # fmt: skip
+                    valid=args.valid, segment_len=args.segment_len, head_only=args.head_only or None,
+                    schedule=args.schedule, group_by_length=args.group_by_length or None)  # fmt: skip
     for task, names in TASK_OPTIONS.items():
         for name in (n for n in names if getattr(args, n) is not None):
             if args.task is not None and args.task != task:

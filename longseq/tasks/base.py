@@ -106,14 +106,16 @@ class Task:
 @dataclass
 class FinetuneOptions(JsonConfig):
     """What every fine-tuning task shares: the training and validation JSONL files, the segment length the
-    document is read in (0: the LM's ``tgt_len``), the LM checkpoint it starts from (``base``) and ``head_only``
-    (train the task head alone)."""
+    document is read in (0: the LM's ``tgt_len``), the LM checkpoint it starts from (``base``), ``head_only``
+    (train the task head alone) and ``group_by_length`` (training batches of documents of similar length, so that
+    a batch reads few filler segments: :class:`LengthGroupedBatches`)."""
 
     train: str = ""
     valid: str | None = None
     segment_len: int = 0
     base: str | None = None
     head_only: bool = False
+    group_by_length: bool = False
 
     def __post_init__(self) -> None:
         check(bool(self.train), "a fine-tuning task needs its training file (--data FILE.jsonl)")
@@ -149,6 +151,46 @@ class ExampleBatches:
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+class LengthGroupedBatches(ExampleBatches):
+    """Batches of documents of similar length, epoch after epoch (the design's "batches grouped by length"): the
+    epoch's permutation, drawn from (seed, epoch) as in :class:`ExampleBatches`, is cut into pools of ``pool``
+    batches; each pool is sorted by length and cut into batches, and the epoch's batches are shuffled.  Every
+    batch is full: the ``n % batch_size`` documents left over are skipped that epoch (others the next).  A batch of
+    long documents reads as many segments as before; one of short documents, far fewer.  The state is the epoch
+    and the batch within it (the state of :class:`ExampleBatches`), so a resumed run draws the same batches."""
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int, pool: int = 50) -> None:
+        super().__init__(len(lengths), min(batch_size, max(1, len(lengths))), seed)
+        self.lengths, self.pool = np.asarray(lengths), pool
+        self._cached: tuple[int, list[list[int]]] | None = None
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        if self._cached is None or self._cached[0] != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            order, size = rng.permutation(len(self.lengths)), self.batch_size * self.pool
+            pools = [order[i : i + size] for i in range(0, len(order), size)]
+            grouped = np.concatenate([p[np.argsort(self.lengths[p], kind="stable")] for p in pools])
+            batches = [grouped[i : i + self.batch_size].tolist() for i in range(0, len(grouped), self.batch_size)]
+            batches = [b for b in batches if len(b) == self.batch_size]
+            self._cached = (epoch, [batches[i] for i in rng.permutation(len(batches))])
+        return self._cached[1]
+
+    def next(self) -> list[int]:
+        batches = self.epoch_batches(self.epoch)
+        picked = batches[self.position]
+        self.position += 1
+        if self.position == len(batches):
+            self.epoch, self.position = self.epoch + 1, 0
+        return picked
+
+
+def training_batches(lengths: list[int], options: FinetuneOptions, batch_size: int, seed: int) -> ExampleBatches:
+    """The sampler of a fine-tuning run: shuffled batches, or batches grouped by length (``group_by_length``)."""
+    if options.group_by_length:
+        return LengthGroupedBatches(lengths, batch_size, seed)
+    return ExampleBatches(len(lengths), batch_size, seed)
 
 
 def padded(seqs: list[list[int]], segment_len: int, left: bool = False) -> tuple[Tensor, Tensor]:

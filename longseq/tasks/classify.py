@@ -24,6 +24,7 @@ from longseq.tasks.base import (
     Task,
     chunks,
     padded,
+    training_batches,
 )  # fmt: skip
 
 
@@ -110,7 +111,9 @@ class Classify(Task):
         return list(model.classifier.parameters()) if self.options.head_only else None
 
     def batches(self, world) -> ExampleBatches:
-        return ExampleBatches(len(self.train_docs), self.run.data.batch_size, self.run.train.seed)
+        return training_batches(
+            [len(ids) for ids, _ in self.train_docs], self.options, self.run.data.batch_size, self.run.train.seed
+        )
 
     def _batch(self, docs):
         inputs, padding = padded([ids for ids, _ in docs], self.segment_len, left=True)

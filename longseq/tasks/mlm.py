@@ -26,6 +26,7 @@ from longseq.tasks.base import (
     Task,
     chunks,
     padded,
+    training_batches,
 )  # fmt: skip
 
 
@@ -108,7 +109,9 @@ class MaskedLM(Task):
         return list(model.lm.crit.parameters()) if self.options.head_only else None
 
     def batches(self, world) -> ExampleBatches:
-        return ExampleBatches(len(self.train_docs), self.run.data.batch_size, self.run.train.seed)
+        return training_batches(
+            [len(ids) for ids in self.train_docs], self.options, self.run.data.batch_size, self.run.train.seed
+        )
 
     def masked(self, docs: list[list[int]], generator: torch.Generator):
         """Padded, masked inputs (B, N), their labels (-100 where not chosen, and on filler) and the filler mask."""

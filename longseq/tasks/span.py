@@ -28,6 +28,7 @@ from longseq.tasks.base import (
     Task,
     chunks,
     padded,
+    training_batches,
 )  # fmt: skip
 
 
@@ -130,7 +131,9 @@ class Span(Task):
         return list(model.qa.parameters()) if self.options.head_only else None
 
     def batches(self, world) -> ExampleBatches:
-        return ExampleBatches(len(self.train_examples), self.run.data.batch_size, self.run.train.seed)
+        return training_batches(
+            [len(e["ids"]) for e in self.train_examples], self.options, self.run.data.batch_size, self.run.train.seed
+        )
 
     def _batch(self, examples: list[dict]):
         inputs, padding = padded([e["ids"] for e in examples], self.segment_len)

@@ -4,8 +4,8 @@
 
 The output directory is a run like any other (``last/`` to resume, ``best/``, ``metrics.jsonl``); its checkpoints
 are task checkpoints that :func:`~longseq.train.checkpoint.load_checkpoint` and ``longseq predict`` read.  The
-schedule is the one fine-tuning has always had here: linear warmup over the first tenth of the steps, then a
-constant rate, gradient clipping at 1.0, layer-wise learning-rate decay (``layer_lr_decay``; none with
+schedule is linear warmup over the first tenth of the steps, then a constant rate (the default) or a linear or
+cosine decay to 0 at the last step (``schedule``), gradient clipping at 1.0, layer-wise learning-rate decay (``layer_lr_decay``; none with
 ``head_only``).  The reported metrics are those of the model in ``best/`` as read back from disk, so they are
 exactly what ``longseq predict`` reproduces.
 """
@@ -24,8 +24,10 @@ from longseq.train.trainer import Trainer
 
 def finetune_run(base: RunConfig, base_path: str, task: str, options: dict, *, steps: int = 200,
                  batch_size: int = 8, lr: float = 1e-3, layer_lr_decay: float = 0.8, seed: int = 0,
-                 device: str = "auto", eval_interval: int = 0, save_interval: int = 0) -> RunConfig:  # fmt: skip
-    """The run config of a fine-tuning run from an LM checkpoint's run config ``base``."""
+                 device: str = "auto", eval_interval: int = 0, save_interval: int = 0,
+                 schedule: str = "constant") -> RunConfig:  # fmt: skip
+    """The run config of a fine-tuning run from an LM checkpoint's run config ``base``; ``schedule`` (constant,
+    linear or cosine) is what follows the warmup, linear and cosine decaying to 0 at the last step."""
     options = {**options, "base": os.path.abspath(base_path)}
     for key in ("train", "valid"):
         if options.get(key):
@@ -35,7 +37,7 @@ def finetune_run(base: RunConfig, base_path: str, task: str, options: dict, *, s
     data = DataConfig(tokenizer=base.data.tokenizer, lowercase=base.data.lowercase, tgt_len=segment_len,
                       eval_tgt_len=segment_len, batch_size=batch_size, eval_batch_size=batch_size)  # fmt: skip
     train = TrainConfig(
-        max_steps=steps, lr=lr, min_lr=0.0, warmup_steps=max(1, steps // 10), schedule="constant", clip=1.0,
+        max_steps=steps, lr=lr, min_lr=0.0, warmup_steps=max(1, steps // 10), schedule=schedule, clip=1.0,
         layer_lr_decay=1.0 if head_only else layer_lr_decay, seed=seed, device=device,
         eval_interval=eval_interval or steps, log_interval=max(1, steps // 10), save_interval=save_interval,
     )  # fmt: skip
@@ -46,8 +48,9 @@ def finetune(base_checkpoint: str | None, out_dir: str, task: str | None = "clas
              overwrite: bool = False, progress: bool = False, log=None, **settings) -> dict:  # fmt: skip
     """Fine-tune ``base_checkpoint`` on ``task`` into ``out_dir`` (``resume``: continue ``out_dir/last``; no base
     needed).  ``settings``: ``steps``, ``batch_size``, ``lr``, ``layer_lr_decay``, ``seed``, ``device``,
-    ``eval_interval``, ``save_interval``, and the task's options (``train``, ``valid``, ``segment_len``, ``head_only``, ``pooling``,
-    ``lm_weight``, ``max_answer_len``, ``mask_rate``, ``mask_token``)."""
+    ``eval_interval``, ``save_interval``, ``schedule``, and the task's options (``train``, ``valid``, ``segment_len``,
+    ``head_only``, ``group_by_length``, ``pooling``, ``lm_weight``, ``max_answer_len``, ``mask_rate``,
+    ``mask_token``)."""
     log = log or (lambda message: None)
     if resume:
         last = os.path.join(out_dir, "last")
@@ -61,7 +64,8 @@ def finetune(base_checkpoint: str | None, out_dir: str, task: str | None = "clas
         base, tokenizer, base_run, _ = load_checkpoint(path)
         if base_run.task is not None:
             raise ValueError(f"{path} is already fine-tuned for {base_run.task.name}; start from a language model")
-        run_keys = ("steps", "batch_size", "lr", "layer_lr_decay", "seed", "device", "eval_interval", "save_interval")
+        run_keys = ("steps", "batch_size", "lr", "layer_lr_decay", "seed", "device", "eval_interval", "save_interval",
+                    "schedule")  # fmt: skip
         run = finetune_run(base_run, path, task, {k: v for k, v in settings.items() if k not in run_keys and v is not None},
                            **{k: v for k, v in settings.items() if k in run_keys and v is not None})  # fmt: skip
     job = task_for(run, tokenizer, log, base=base)
@@ -87,7 +91,8 @@ def resumed_run(last: str, base_checkpoint: str | None, task: str | None, settin
         raise ValueError(f"{last} is a language-model run; continue it with longseq train --resume")
     options = run.task.options
     saved = {"task": run.task.name, "batch_size": run.data.batch_size, "seed": run.train.seed,
-             "layer_lr_decay": run.train.layer_lr_decay, "segment_len": options.get("segment_len") or run.data.tgt_len,
+             "layer_lr_decay": run.train.layer_lr_decay, "schedule": run.train.schedule,
+             "segment_len": options.get("segment_len") or run.data.tgt_len,
              **{k: v for k, v in options.items() if k != "segment_len"}}  # fmt: skip
     given = {"task": task, **{k: v for k, v in settings.items() if k not in RESUMABLE}}
     for key in ("train", "valid"):

@@ -1,0 +1,97 @@
+"""Fine-tuning options: batches grouped by length (the design's fine-tuning practice) and the schedule after the
+warmup.  Claims: a grouped batch is a run of neighbours in length order, every document is drawn at most once an
+epoch, a resumed sampler draws the same batches, and a resumed run with both options ends where the whole run
+does; a resume that changes either is refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_adversarial import lm_checkpoint
+from test_faults import records
+
+from longseq.cli import main
+from longseq.config import ConfigError
+from longseq.tasks.base import FinetuneOptions, LengthGroupedBatches, training_batches
+
+
+def test_a_grouped_batch_is_a_run_of_neighbours_in_length_order():
+    lengths = np.random.default_rng(0).permutation(64).tolist()  # distinct lengths: ranks are the lengths
+    batches = LengthGroupedBatches(lengths, batch_size=8, seed=3, pool=50)  # one pool holds every document
+    for _ in range(2 * 8):  # two epochs
+        picked = sorted(lengths[i] for i in batches.next())
+        assert picked == list(range(picked[0], picked[0] + 8)) and picked[0] % 8 == 0
+
+
+def test_grouped_batches_are_full_draw_each_document_at_most_once_an_epoch_and_cover_the_rest_later():
+    lengths = np.random.default_rng(1).integers(1, 500, size=70).tolist()
+    batches = LengthGroupedBatches(lengths, batch_size=8, seed=5, pool=2)
+    seen = []
+    for epoch in range(10):
+        drawn = [batches.next() for _ in range(70 // 8)]
+        assert all(len(b) == 8 for b in drawn)
+        flat = [i for b in drawn for i in b]
+        assert len(set(flat)) == len(flat) == 64 and batches.state_dict() == {"epoch": epoch + 1, "position": 0}
+        seen += flat
+    assert set(seen) == set(range(70))  # the 6 left over differ from epoch to epoch
+
+
+def test_a_resumed_grouped_sampler_draws_the_same_batches():
+    lengths = np.random.default_rng(2).integers(1, 500, size=50).tolist()
+    whole = LengthGroupedBatches(lengths, batch_size=4, seed=7, pool=3)
+    expected = [whole.next() for _ in range(30)]  # across an epoch boundary (12 batches an epoch)
+    first = LengthGroupedBatches(lengths, batch_size=4, seed=7, pool=3)
+    head = [first.next() for _ in range(17)]
+    resumed = LengthGroupedBatches(lengths, batch_size=4, seed=7, pool=3)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    assert head + [resumed.next() for _ in range(13)] == expected
+
+
+def test_the_sampler_follows_the_option_and_refuses_no_documents():
+    options = FinetuneOptions(train="x.jsonl", group_by_length=True)
+    assert isinstance(training_batches([3, 1, 2], options, 2, 0), LengthGroupedBatches)
+    assert not isinstance(training_batches([3, 1, 2], FinetuneOptions(train="x.jsonl"), 2, 0), LengthGroupedBatches)
+    assert len(LengthGroupedBatches([5, 6], batch_size=8, seed=0).next()) == 2  # fewer documents than a batch
+    with pytest.raises(ConfigError, match="no training examples"):
+        LengthGroupedBatches([], batch_size=8, seed=0)
+
+
+def varied_lengths_file(tmp_path) -> str:
+    words = ["hh", "gfe", "abc", "cab", "defg"]
+    rows = [{"text": " ".join(words[(i + j) % 5] for j in range(2 + 3 * (i % 5))), "label": i % 2} for i in range(12)]
+    path = tmp_path / "varied.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(path)
+
+
+def test_grouped_linear_fine_tuning_resumes_exactly_and_refuses_changes(tmp_path, capsys, monkeypatch):
+    import longseq.train.finetune as finetune_module
+
+    lm, data = lm_checkpoint(tmp_path), varied_lengths_file(tmp_path)
+    args = ["finetune", "--task", "classify", "--data", data, "--checkpoint", lm, "--segment-len", "8",
+            "--batch-size", "4", "--group-by-length", "--schedule", "linear", "--steps", "6", "--valid", data, "--eval-interval", "1",
+            "--quiet", "--json"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    fit = finetune_module.Trainer.fit
+    monkeypatch.setattr(finetune_module.Trainer, "fit", lambda self, stop_after=None: fit(self, stop_after=3))
+    assert main([*args, "--out", str(tmp_path / "part")]) == 0  # interrupted after 3 of its 6 steps
+    monkeypatch.setattr(finetune_module.Trainer, "fit", fit)
+    config = json.loads((tmp_path / "whole" / "last" / "config.json").read_text())
+    assert config["run"]["train"]["schedule"] == "linear" and config["run"]["task"]["options"]["group_by_length"]
+    capsys.readouterr()
+    resume = ["finetune", "--resume", "--out", str(tmp_path / "part"), "--quiet", "--json"]
+    assert main([*resume, "--schedule", "cosine"]) == 2
+    assert "--schedule 'linear' -> 'cosine'" in capsys.readouterr().err
+    plain = ["finetune", "--task", "classify", "--data", data, "--checkpoint", lm, "--segment-len", "8",
+             "--batch-size", "4", "--quiet", "--json", "--steps", "2", "--out", str(tmp_path / "plain")]  # fmt: skip
+    assert main(plain) == 0
+    assert main(["finetune", "--resume", "--out", str(tmp_path / "plain"), "--group-by-length", "--quiet"]) == 2
+    assert "--group-by-length None -> True" in capsys.readouterr().err
+    losses = lambda name: [(r["step"], r["loss"]) for r in records(tmp_path / name / "metrics.jsonl") if "loss" in r]  # noqa: E731
+    assert len(losses("part")) == 3
+    assert main(resume) == 0
+    assert losses("part") == losses("whole") and len(losses("whole")) == 6
+    lrs = [r["lr"] for r in records(tmp_path / "whole" / "metrics.jsonl") if "lr" in r]
+    assert lrs == pytest.approx([1e-3, 1e-3, 8e-4, 6e-4, 4e-4, 2e-4])  # 1 warmup step, then linear to 0 at step 6
