@@ -16,8 +16,11 @@ Variants are lists of overrides applied after ``--set``; ``--variant NAME KEY=VA
 Files under ``--out``: ``VARIANT/seedS/`` (the run: checkpoints, metrics.jsonl, result.json once scored),
 ``summary.json``, ``summary.md``, ``curves.png`` (validation bpc against step and against wall time, mean and
 range over seeds), ``per_position.png``, ``context.png``, and with ``--set keep_last=N`` (history checkpoints)
-``memory_share.png``: the share of attention mass in the memory against step (attention dilution).  A run with a result.json is finished and reused; a run
-with a checkpoint but no result continues with ``--resume`` (and is refused without it).
+``memory_share.png``: the share of attention mass in the memory against step (attention dilution).  A run with a
+result.json is finished and reused; a run with a checkpoint but no result continues with ``--resume`` (and is
+refused without it).  ``--store DIR`` (a committed folder under ``benchmarks/results``) keeps a copy of every
+finished run's result.json as ``DIR/VARIANT/seedS/result.json`` and reuses what it finds there, so that a table
+that takes several sessions survives a fresh clone (the checkpoints under ``--out`` do not travel).
 
 Usage::
 
@@ -236,18 +239,34 @@ def share_history(out: str, corpus, device: str) -> list[tuple[int, float]]:
     return points
 
 
+def scoring(args) -> dict:
+    """The settings a finished run was scored with, beside its training config."""
+    return {"test_segments": args.test_segments, "skip_segments": args.skip_segments, "contexts": list(args.contexts)}
+
+
+def reuse(path: str, run: RunConfig, args, label: str, log) -> dict:
+    """A finished run's result, refused when it was trained with another config than ``run`` or scored otherwise."""
+    with open(path, encoding="utf-8") as f:
+        result = json.load(f)
+    if RunConfig.from_dict(result["run"]).to_dict() != run.to_dict():  # same run (fields added since: defaults)
+        raise SystemExit(f"{path} was trained with another config; use another --out (--store) or remove it")
+    if result.get("scoring", scoring(args)) != scoring(args):  # results from before the key: taken as they are
+        raise SystemExit(
+            f"{path} was scored with {result['scoring']}, not {scoring(args)}; use another --out (--store)"
+        )
+    log(f"{label}: finished, reused ({path})")
+    return result
+
+
 def run_one(name: str, overrides: list[str], seed: int, corpus, args, log) -> dict:
     """Train (or resume, or reuse) one variant at one seed and score it."""
     out = os.path.join(args.out, name, f"seed{seed}")
     run = variant_run(args, overrides, seed, corpus.tokenizer.vocab_size)
     result_path = os.path.join(out, "result.json")
-    if os.path.exists(result_path):
-        with open(result_path, encoding="utf-8") as f:
-            result = json.load(f)
-        if RunConfig.from_dict(result["run"]).to_dict() != run.to_dict():  # same run (fields added since: defaults)
-            raise SystemExit(f"{out} was trained with another config; use another --out or remove it")
-        log(f"{name} seed {seed}: finished, reused")
-        return result
+    stored = os.path.join(args.store, name, f"seed{seed}", "result.json") if args.store else None
+    for path in (result_path, stored):
+        if path and os.path.exists(path):
+            return reuse(path, run, args, f"{name} seed {seed}", log)
     config = run.to_dict()
     resume = os.path.isdir(os.path.join(out, "last"))
     if resume and not args.resume:
@@ -260,7 +279,7 @@ def run_one(name: str, overrides: list[str], seed: int, corpus, args, log) -> di
     model, _, saved, _ = load_checkpoint(os.path.join(out, "last"))
     model.to(args.device)
     result = {
-        "variant": name, "seed": seed, "overrides": overrides, "run": config,
+        "variant": name, "seed": seed, "overrides": overrides, "run": config, "scoring": scoring(args),
         "params": model.num_parameters(), "step": trained.step, "session_train_s": time.perf_counter() - began,
         "train_tokens_per_s": trained.tokens_per_s, "curve": read_curve(out), **score(model, saved, corpus, args),
         "share_history": share_history(out, corpus, args.device),
@@ -268,6 +287,9 @@ def run_one(name: str, overrides: list[str], seed: int, corpus, args, log) -> di
     if result["memory_share"] is not None and result["share_history"]:  # the last checkpoint closes the series
         result["share_history"].append((trained.step, float(np.mean(result["memory_share"]["memory_share"]))))
     write_json(result_path, result)
+    if stored:
+        os.makedirs(os.path.dirname(stored), exist_ok=True)
+        write_json(stored, result)
     log(
         f"{name} seed {seed}: test {bits_name(args.corpus)} {result['test']['bpc']:.4f}, ppl {result['test']['ppl']:.2f}"
     )
@@ -614,6 +636,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--recl-tokens", type=int, default=0, help="RECL of the group on this many test targets")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="for scoring")
     parser.add_argument("--resume", action="store_true", help="continue unfinished runs from their checkpoints")
+    parser.add_argument("--store", help="also keep every finished run's result.json under STORE/VARIANT/seedS (a "
+                        "committed folder), and reuse the results found there: a fresh clone continues the table")  # fmt: skip
     args = parser.parse_args(argv)
     if args.variants is None:
         args.variants = [] if args.variant else ["xl", "no-memory"]
