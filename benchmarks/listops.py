@@ -24,6 +24,8 @@ Usage::
 
     python benchmarks/listops.py --work runs/listops                      # the issue's run (GPU: see --device)
     python benchmarks/listops.py --work runs/listops                      # again: continues where it stopped
+    # the run as committed: checkpoints kept in the repo after every stop, so a fresh clone continues it
+    python benchmarks/listops.py --work runs/listops --store benchmarks/results/listops-run
     python benchmarks/listops.py --work /tmp/listops-pilot --train 64 --valid 16 --test 16 --min-length 100 \\
         --max-length 300 --steps 4 --batch-size 4 --mem-len 256 --window 128   # pilot, a minute on a CPU
 """
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -137,12 +140,44 @@ def finetune(args, data: str, lm: str, log) -> dict:
             )
         flags.append("--resume")
     began = time.perf_counter()
-    result = longseq("finetune", *flags, log=log)
+    try:
+        result = longseq("finetune", *flags, log=log)
+    finally:  # finished or stopped: the checkpoint goes to the store either way
+        keep(args, ["classifier"], log)
     result["session_s"] = time.perf_counter() - began
     with open(done + ".tmp", "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
     os.replace(done + ".tmp", done)
+    keep(args, ["finetune_result.json"], log)
     return result
+
+
+STORED = ("settings.json", "classifier", "finetune_result.json", "result.json")
+
+
+def keep(args, names: list[str], log) -> None:
+    """Copy ``names`` from the work directory into ``--store`` (a committed folder): the fine-tuning run's
+    checkpoints (``last/`` to resume, ``best/``, metrics), the settings and the results, about 1.3 MB.  The data
+    and the 1-step LM are made again, the same, from the seed."""
+    if not args.store:
+        return
+    for name in names:
+        source, target = os.path.join(args.work, name), os.path.join(args.store, name)
+        if os.path.isdir(source):
+            shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".lock", "*.tmp*", ".*"))
+        elif os.path.exists(source):
+            os.makedirs(args.store, exist_ok=True)
+            shutil.copy2(source, target)
+    log(f"kept {', '.join(names)} in {args.store}")
+
+
+def restore(args, log) -> None:
+    """What ``--store`` holds and the work directory lacks (a fresh clone) is copied in, so the run continues."""
+    for name in STORED if args.store else ():
+        source, target = os.path.join(args.store, name), os.path.join(args.work, name)
+        if os.path.exists(source) and not os.path.exists(target):
+            (shutil.copytree if os.path.isdir(source) else shutil.copy2)(source, target)
+            log(f"restored {target} from {args.store}")
 
 
 def load_classifier(work: str, lm_dir: str, device: str):
@@ -172,6 +207,8 @@ def load_classifier(work: str, lm_dir: str, device: str):
 def accuracy(model, tokenizer, labels, path: str, segment_len: int, batch_size: int, device: str) -> dict:
     """Accuracy of ``model`` on a JSONL file, batches in file order, each document left-padded with token 0 to a
     whole number of segments and its filler masked (the fine-tuning convention)."""
+    from longseq.tasks.classify import label_name
+
     index = {label: i for i, label in enumerate(labels)}
     with open(path, encoding="utf-8") as f:
         records = [json.loads(line) for line in f if line.strip()]
@@ -187,7 +224,7 @@ def accuracy(model, tokenizer, labels, path: str, segment_len: int, batch_size: 
             padding[row, length - len(seq) :] = False
         logits = model(inputs.to(device), segment_len, padding=padding.to(device))["logits"]  # (B, C)
         for r, predicted in zip(batch, logits.argmax(-1).tolist()):
-            correct += int(index.get(r["label"], -1) == predicted)
+            correct += int(index.get(label_name(r["label"]), -1) == predicted)  # labels are names: 0 and "0" alike
             counts[r["label"]] = counts.get(r["label"], 0) + 1
     return {"accuracy": correct / len(records), "examples": len(records),
             "majority_class": max(counts.values()) / len(records)}  # fmt: skip
@@ -197,7 +234,7 @@ def check_settings(args) -> None:
     """The first run's settings are kept in ``settings.json``; a later run with other settings is refused (it would
     reuse outputs made with the old ones)."""
     path = os.path.join(args.work, "settings.json")
-    settings = {k: v for k, v in vars(args).items() if k not in ("work", "device")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("work", "device", "store")}
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             before = json.load(f)
@@ -230,6 +267,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--d-inner", type=int, default=128)
     p.add_argument("--mem-len", type=int, default=2048)
     p.add_argument("--window", type=int, default=1024)
+    p.add_argument("--store", help="a committed folder that keeps the fine-tuning checkpoints, the settings and the "
+                   "results (copied after every stop), from which a fresh clone continues the run")  # fmt: skip
     p.add_argument("--device", default="cpu", help="where fine-tuning and the reload check run (cpu, cuda)")
     return p.parse_args(argv)
 
@@ -238,7 +277,9 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     os.makedirs(args.work, exist_ok=True)
+    restore(args, log)
     check_settings(args)
+    keep(args, ["settings.json"], log)
     data = make_data(args, log)
     lm = make_lm(args, data, log)
     reported = finetune(args, data, lm, log)
@@ -257,6 +298,7 @@ def main(argv=None) -> None:
     }  # fmt: skip
     with open(os.path.join(args.work, "result.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
+    keep(args, ["result.json"], log)
     print(json.dumps({"test_accuracy": test["accuracy"], "majority_class": test["majority_class"],
                       "valid_end_of_training": end_of_training, "valid_reloaded": valid["accuracy"],
                       "reload_same": result["reload"]["same"], "reached_37": result["reached"]}))  # fmt: skip
