@@ -95,3 +95,6 @@ def test_grouped_linear_fine_tuning_resumes_exactly_and_refuses_changes(tmp_path
     assert losses("part") == losses("whole") and len(losses("whole")) == 6
     lrs = [r["lr"] for r in records(tmp_path / "whole" / "metrics.jsonl") if "lr" in r]
     assert lrs == pytest.approx([1e-3, 1e-3, 8e-4, 6e-4, 4e-4, 2e-4])  # 1 warmup step, then linear to 0 at step 6
+    capsys.readouterr()
+    assert main([*resume, "--steps", "8"]) == 0  # extending a decayed run says what happens to its schedule
+    assert "note: the linear decay now ends at step 8, not 6" in capsys.readouterr().err

@@ -55,6 +55,10 @@ def finetune(base_checkpoint: str | None, out_dir: str, task: str | None = "clas
     if resume:
         last = os.path.join(out_dir, "last")
         run, (tokenizer, base) = resumed_run(last, base_checkpoint, task, settings), (_tokenizer(last), None)
+        stretched = load_checkpoint_config(last).train
+        if run.train.schedule != "constant" and run.train.max_steps != stretched.max_steps:
+            log(f"note: the {run.train.schedule} decay now ends at step {run.train.max_steps}, not "
+                f"{stretched.max_steps}: the learning rate follows the new schedule from here")  # fmt: skip
     else:
         if task is None:
             raise ValueError("a new fine-tuning run needs its task (classify, span or mlm)")
