@@ -172,7 +172,16 @@ def keep(args, names: list[str], log) -> None:
 
 
 def restore(args, log) -> None:
-    """What ``--store`` holds and the work directory lacks (a fresh clone) is copied in, so the run continues."""
+    """What ``--store`` holds and the work directory lacks (a fresh clone) is copied in, so the run continues.  A
+    fine-tuning checkpoint names its data and its LM by absolute path, so it continues only in the work directory
+    it was made in: another one is refused by name."""
+    config = os.path.join(args.store or "", "classifier", "last", "config.json")
+    if args.store and os.path.exists(config):
+        with open(config, encoding="utf-8") as f:
+            made_in = os.path.dirname(os.path.dirname(json.load(f)["run"]["task"]["options"]["train"]))
+        if made_in != os.path.abspath(args.work):
+            raise SystemExit(f"{args.store} holds a run made in --work {made_in}; it continues only there (its "
+                             "checkpoint names its data by absolute path)")  # fmt: skip
     for name in STORED if args.store else ():
         source, target = os.path.join(args.store, name), os.path.join(args.work, name)
         if os.path.exists(source) and not os.path.exists(target):
@@ -283,10 +292,12 @@ def main(argv=None) -> None:
     data = make_data(args, log)
     lm = make_lm(args, data, log)
     reported = finetune(args, data, lm, log)
-    model, tokenizer, labels, info = load_classifier(args.work, lm, args.device)
+    # the reload check on the CPU, where fine-tuning scored best/ for its report: equal arithmetic, exact equality
+    model, tokenizer, labels, info = load_classifier(args.work, lm, "cpu")
     segment_len = info["segment_len"]
-    valid = accuracy(model, tokenizer, labels, os.path.join(data, "valid.jsonl"), segment_len, args.batch_size,
-                     args.device)  # fmt: skip
+    valid = accuracy(model, tokenizer, labels, os.path.join(data, "valid.jsonl"), segment_len, args.batch_size, "cpu")
+    if args.device != "cpu":
+        model = load_classifier(args.work, lm, args.device)[0]
     test = accuracy(model, tokenizer, labels, os.path.join(data, "test.jsonl"), segment_len, args.batch_size,
                     args.device)  # fmt: skip
     end_of_training = reported["valid"]["accuracy"]

@@ -171,20 +171,33 @@ def write_json(path: str, data) -> None:
 
 def read_curve(run_dir: str) -> list[tuple[int, float, float]]:
     """(step, elapsed seconds, validation loss) of every validation record of a run."""
-    curve = []
+    return [
+        (r["step"], r.get("elapsed_s", math.nan), r["valid_loss"]) for r in read_metrics(run_dir) if "valid_loss" in r
+    ]
+
+
+def read_metrics(run_dir: str) -> list[dict]:
     with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            record = json.loads(line)
-            if "valid_loss" in record:
-                curve.append((record["step"], record.get("elapsed_s", math.nan), record["valid_loss"]))
-    return curve
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def training_speed(trained, run_dir: str) -> float:
+    """Training tokens/s of the last session that trained: the trainer's figure, or, when this session resumed a
+    run whose steps were all done (it was stopped while being scored) and so trained nothing, the last logged
+    session average (logged tokens/s are averages since the session began)."""
+    if trained.tokens_per_s > 0:
+        return trained.tokens_per_s
+    logged = [r["tokens_per_s"] for r in read_metrics(run_dir) if r.get("tokens_per_s")]
+    return logged[-1] if logged else math.nan
 
 
 def score(model, run: RunConfig, corpus, args) -> dict:
     """Test bpc at the training setting, the per-position curves and the context curve (nats).  The vanilla model
     (absolute positions) is scored the paper's way, one window of its training length per target; it reads no
     memory, so its context curve is its segment loss at every context; a stack of recurrent layers only (ssm, conv,
-    rnn) carries a state that no ``mem_len`` changes, so one pass gives its whole context curve."""
+    rnn) carries a state that no ``mem_len`` changes, so one pass gives its whole context curve.  The context curve
+    varies the attention memory only: a compressed memory, memory tokens or a hybrid's recurrent states are kept at
+    every point (its ``kept``), so for those variants "memory 0" is not the segment alone."""
     common = dict(tgt_len=run.data.eval_tgt_len, batch_size=run.data.eval_batch_size, max_segments=args.test_segments)
     test = evaluate(model, corpus.test, **common, bits_unit="bpc")
     positions = per_position_losses(model, corpus.test, **common, skip_segments=args.skip_segments)
@@ -281,7 +294,7 @@ def run_one(name: str, overrides: list[str], seed: int, corpus, args, log) -> di
     result = {
         "variant": name, "seed": seed, "overrides": overrides, "run": config, "scoring": scoring(args),
         "params": model.num_parameters(), "step": trained.step, "session_train_s": time.perf_counter() - began,
-        "train_tokens_per_s": trained.tokens_per_s, "curve": read_curve(out), **score(model, saved, corpus, args),
+        "train_tokens_per_s": training_speed(trained, out), "curve": read_curve(out), **score(model, saved, corpus, args),
         "share_history": share_history(out, corpus, args.device),
     }  # fmt: skip
     if result["memory_share"] is not None and result["share_history"]:  # the last checkpoint closes the series
@@ -369,16 +382,24 @@ def layer_shares(results: list[dict]) -> dict | None:
     }
 
 
+def token_steps(result: dict) -> list[tuple[int, float, float]]:
+    """A run's validation curve with its steps counted in one-segment steps, so that curves compare at equal
+    tokens: a step of the mem-tokens variant reads 2 segments, so its step 750 stands at 1,500."""
+    window = segments_per_step(RunConfig.from_dict(result["run"]).model)
+    return [(step * window, elapsed, loss) for step, elapsed, loss in result["curve"]]
+
+
 def curve_gaps(by_variant: dict[str, list[dict]], baseline: str) -> dict:
-    """Per variant, at every validation step all its seeds and the baseline's logged: the mean validation bpc of
-    both, the relative gap (positive: the variant is better) and whether the seeds' ranges are apart."""
+    """Per variant, at every validation step all its seeds and the baseline's logged (steps of one segment: equal
+    tokens, :func:`token_steps`): the mean validation bpc of both, the relative gap (positive: the variant is
+    better) and whether the seeds' ranges are apart."""
     if baseline not in by_variant:
         return {}
 
     def at_steps(results):
         table = {}
         for r in results:
-            for step, _, loss in r["curve"]:
+            for step, _, loss in token_steps(r):
                 table.setdefault(step, []).append(loss * BITS)
         return {s: v for s, v in table.items() if len(v) == len(results)}
 
@@ -397,7 +418,7 @@ def curve_gaps(by_variant: dict[str, list[dict]], baseline: str) -> dict:
     return gaps
 
 
-def plot_curves(by_variant: dict[str, list[dict]], path: str) -> None:
+def plot_curves(by_variant: dict[str, list[dict]], path: str, unit: str = "bpc") -> None:
     """Validation bpc against step (left) and wall time (right): the mean over seeds, the range shaded."""
     import matplotlib
 
@@ -406,11 +427,11 @@ def plot_curves(by_variant: dict[str, list[dict]], path: str) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for name, results in by_variant.items():
-        steps = sorted({s for r in results for s, _, _ in r["curve"]})
+        steps = sorted({s for r in results for s, _, _ in token_steps(r)})
         values = {s: [] for s in steps}
         times = {s: [] for s in steps}
         for r in results:
-            for s, t, loss in r["curve"]:
+            for s, t, loss in token_steps(r):
                 values[s].append(loss * BITS)
                 times[s].append(t)
         full = [s for s in steps if len(values[s]) == len(results)]
@@ -420,9 +441,9 @@ def plot_curves(by_variant: dict[str, list[dict]], path: str) -> None:
         for ax, x in ((axes[0], full), (axes[1], clock)):
             line = ax.plot(x, mean, "o-", markersize=3, label=f"{name} ({len(results)} seeds)")[0]
             ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
-    axes[0].set_xlabel("step")
+    axes[0].set_xlabel("step (one segment a step: equal tokens)")
     axes[1].set_xlabel("wall time (s, mean over seeds; validation included)")
-    axes[0].set_ylabel("validation bpc")
+    axes[0].set_ylabel(f"validation {unit}")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -431,7 +452,7 @@ def plot_curves(by_variant: dict[str, list[dict]], path: str) -> None:
     plt.close(fig)
 
 
-def plot_final(by_variant: dict[str, list[dict]], out_dir: str) -> list[str]:
+def plot_final(by_variant: dict[str, list[dict]], out_dir: str, unit: str = "bpc") -> list[str]:
     """The per-position curves (with memory solid, memory cut dashed) and the context curves, mean over seeds."""
     import matplotlib
 
@@ -451,9 +472,9 @@ def plot_final(by_variant: dict[str, list[dict]], out_dir: str) -> list[str]:
         ax2.plot(contexts, np.mean([r["context_curve"]["loss"] for r in results], 0) * BITS, "o-", label=name)
     _plot_share_history(plt, by_variant, out_dir)
     ax.set_xlabel("position inside the segment")
-    ax.set_ylabel("test bpc (mean over seeds)")
+    ax.set_ylabel(f"test {unit} (mean over seeds)")
     ax2.set_xlabel("evaluation memory (same_length)")
-    ax2.set_ylabel("test bpc (mean over seeds)")
+    ax2.set_ylabel(f"test {unit} (mean over seeds)")
     names = []
     for figure, axis, file in ((fig, ax, "per_position.png"), (fig2, ax2, "context.png")):
         axis.grid(alpha=0.3)
@@ -549,7 +570,8 @@ def markdown(summary: dict) -> str:
 
 def speed_lines(variants: dict) -> list[str]:
     """Parameters and speed per variant: means over the seeds, each timed inside its run (training tokens/s over
-    the whole run, the test pass, 128 generated tokens), so only as steady as the machine was meanwhile."""
+    the last session that trained it, the whole run when uninterrupted; the test pass; 128 generated tokens), so
+    only as steady as the machine was meanwhile."""
     lines = [
         "",
         "| variant | parameters | train tokens/s | eval ms/token | generate tokens/s |",
@@ -681,8 +703,8 @@ def main(argv=None) -> None:
     table = markdown(summary)
     with open(os.path.join(args.out, "summary.md"), "w", encoding="utf-8") as f:
         f.write(table)
-    plot_curves(by_variant, os.path.join(args.out, "curves.png"))
-    plot_final(by_variant, args.out)
+    plot_curves(by_variant, os.path.join(args.out, "curves.png"), bits_name(args.corpus))
+    plot_final(by_variant, args.out, bits_name(args.corpus))
     print(table)
 
 

@@ -98,6 +98,21 @@ def test_context_curve_is_evaluate_at_each_memory_length():
     assert curve["loss"][3] == pytest.approx(float(whole_nll(net, data).mean()), abs=1e-10)
 
 
+def test_context_curve_names_what_a_model_carries_beyond_its_attention_memory():
+    """Context 0 is the segment alone for a plain XL model; a hybrid carries its ssm state at every point, so its
+    context 0 is not the segment alone, and the curve says so under ``kept``."""
+    ids, data = streams(5)
+    plain = context_curve(model(mem_len=8), ids, [0, 8], tgt_len=T, batch_size=B)
+    assert plain["kept"] == []
+    assert plain["loss"][0] == pytest.approx(float(segment_nll(model(mem_len=8), data).mean()), abs=1e-10)
+    hybrid = model(mem_len=8, mixer="ssm,attention")
+    curve = context_curve(hybrid, ids, [0, 8], tgt_len=T, batch_size=B)
+    assert curve["kept"] == ["ssm state"]
+    assert abs(curve["loss"][0] - float(segment_nll(hybrid, data).mean())) > 1e-6  # the state reached context 0
+    compressive = model(mem_len=8, cmem_len=4, cmem_rate=2)
+    assert context_curve(compressive, ids, [0], tgt_len=T, batch_size=B)["kept"] == ["compressed memory (4 slots)"]
+
+
 def test_context_curve_skip_scores_the_same_later_tokens_at_every_length():
     net = model(mem_len=8)
     ids, data = streams(4)

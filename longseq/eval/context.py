@@ -109,8 +109,11 @@ def context_curve(
     """Loss of one ordered pass for every evaluation memory length in ``contexts``.
 
     Context c is :func:`~longseq.eval.evaluate.evaluate` with ``mem_len=c`` and ``same_length`` (every token
-    then sees exactly the last c positions once the memory is full); context 0 is the segment alone
-    (``mem_len`` 0, causal attention inside the segment: ``same_length`` needs a memory).  ``clamp_len`` > 0
+    then sees exactly the last c positions once the memory is full); context 0 is ``mem_len`` 0, causal
+    attention inside the segment (``same_length`` needs a memory).  Only the attention memory is varied: what
+    else a model carries from segment to segment (a compressed memory, memory tokens, ssm, conv or LSTM states)
+    is kept at every point, context 0 included, and the result names it under ``kept`` (the segment truly alone
+    is the "memory cut" curve of :func:`per_position_losses`).  ``clamp_len`` > 0
     clamps relative distances, as the paper does when it evaluates with long memories.  ``skip_segments``
     reads that many segments first without scoring them; ceil(max(contexts) / tgt_len) scores every context on
     tokens whose memory is full.
@@ -140,4 +143,13 @@ def context_curve(
         "same_length": same_length,
         "clamp_len": clamp_len,
         "skip_segments": skip_segments,
+        "kept": carried_beyond_mem_len(model.config),
     }
+
+
+def carried_beyond_mem_len(config) -> list[str]:
+    """What a model carries across segments besides its attention memory of ``mem_len`` positions."""
+    m = config.memory
+    kept = [f"compressed memory ({m.cmem_len} slots)"] if m.cmem_len else []
+    kept += [f"memory tokens ({m.mem_tokens})"] if m.mem_tokens else []
+    return kept + [f"{mixer} state" for mixer in dict.fromkeys(config.layer_mixers) if mixer != "attention"]
