@@ -20,7 +20,8 @@ range over seeds), ``per_position.png``, ``context.png``, and with ``--set keep_
 result.json is finished and reused; a run with a checkpoint but no result continues with ``--resume`` (and is
 refused without it).  ``--store DIR`` (a committed folder under ``benchmarks/results``) keeps a copy of every
 finished run's result.json as ``DIR/VARIANT/seedS/result.json`` and reuses what it finds there, so that a table
-that takes several sessions survives a fresh clone (the checkpoints under ``--out`` do not travel).
+that takes several sessions survives a fresh clone (the checkpoints under ``--out`` do not travel);
+``--summarize`` trains nothing and summarizes the finished runs it finds, each variant over the seeds it has.
 
 Usage::
 
@@ -271,8 +272,8 @@ def reuse(path: str, run: RunConfig, args, label: str, log) -> dict:
     return result
 
 
-def run_one(name: str, overrides: list[str], seed: int, corpus, args, log) -> dict:
-    """Train (or resume, or reuse) one variant at one seed and score it."""
+def run_one(name: str, overrides: list[str], seed: int, corpus, args, log) -> dict | None:
+    """Train (or resume, or reuse) one variant at one seed and score it (``--summarize``: reuse, or None)."""
     out = os.path.join(args.out, name, f"seed{seed}")
     run = variant_run(args, overrides, seed, corpus.tokenizer.vocab_size)
     result_path = os.path.join(out, "result.json")
@@ -280,6 +281,9 @@ def run_one(name: str, overrides: list[str], seed: int, corpus, args, log) -> di
     for path in (result_path, stored):
         if path and os.path.exists(path):
             return reuse(path, run, args, f"{name} seed {seed}", log)
+    if args.summarize:
+        log(f"{name} seed {seed}: not finished, left out of the summary")
+        return None
     config = run.to_dict()
     resume = os.path.isdir(os.path.join(out, "last"))
     if resume and not args.resume:
@@ -658,6 +662,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--recl-tokens", type=int, default=0, help="RECL of the group on this many test targets")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="for scoring")
     parser.add_argument("--resume", action="store_true", help="continue unfinished runs from their checkpoints")
+    parser.add_argument("--summarize", action="store_true", help="train nothing: summarize the finished runs found "
+                        "(under --out and --store), leaving out the others")  # fmt: skip
     parser.add_argument("--store", help="also keep every finished run's result.json under STORE/VARIANT/seedS (a "
                         "committed folder), and reuse the results found there: a fresh clone continues the table")  # fmt: skip
     args = parser.parse_args(argv)
@@ -685,6 +691,10 @@ def main(argv=None) -> None:
                 by_variant[name].append(run_one(name, overrides, seed, corpus, args, log))
     except Interrupted as exc:  # SIGINT, SIGTERM, SIGHUP: the run's checkpoint is saved
         raise SystemExit(f"{exc}; the same command with --resume continues") from None
+    by_variant = {name: [r for r in results if r] for name, results in by_variant.items()}
+    by_variant = {name: results for name, results in by_variant.items() if results}
+    if not by_variant:
+        raise SystemExit("no finished run to summarize")
     summary = {
         "meta": {
             **machine(),
