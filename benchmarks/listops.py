@@ -18,7 +18,9 @@ Steps, each skipped when its output is already there (so the same command contin
 
 Reach: a query of the final segment sees the whole document only if ``mem_len`` + 256 covers it and the window
 stacks to it (n_layer x window >= the document's length); the defaults (mem_len 2048, window 1024, 2 layers)
-cover 2,000 tokens; ``--window 2304`` is full causal attention over the document.
+cover 2,000 tokens; ``--window 2304`` is full causal attention over the document.  Gradient: with the paper's
+stop-gradient memory only the final segment's computation trains; ``--mem-bptt 8`` back-propagates through the
+memory over the whole document (ModelConfig ``mem_bptt``), as a model reading it in one segment would.
 
 Usage::
 
@@ -93,7 +95,7 @@ def model_settings(args) -> list[str]:
     return [
         "n_layer=2", "d_model=64", f"n_head={args.heads}", f"d_head={64 // args.heads}", f"d_inner={args.d_inner}",
         "dropout=0.1", "tgt_len=256", "eval_tgt_len=256", f"mem_len={args.mem_len}", "attention=window",
-        f"window={args.window}", f"seed={args.seed}",
+        f"window={args.window}", f"seed={args.seed}", f"mem_bptt={args.mem_bptt}",
     ]  # fmt: skip
 
 
@@ -247,6 +249,7 @@ def check_settings(args) -> None:
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             before = json.load(f)
+        before.setdefault("mem_bptt", 1)  # runs made before the option read with the stop-gradient memory
         if before != settings:
             changed = sorted(k for k in settings if before.get(k) != settings[k])
             raise SystemExit(f"{args.work} was made with other settings ({', '.join(changed)}); use another --work")
@@ -276,6 +279,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--d-inner", type=int, default=128)
     p.add_argument("--mem-len", type=int, default=2048)
     p.add_argument("--window", type=int, default=1024)
+    p.add_argument("--mem-bptt", type=int, default=1,
+                   help="segments the gradient flows back through the memory (1: stop-gradient, only the final "
+                   "segment trains; 8: the whole document of up to 2,000 tokens in 256-token segments)")  # fmt: skip
     p.add_argument("--store", help="a committed folder that keeps the fine-tuning checkpoints, the settings and the "
                    "results (copied after every stop), from which a fresh clone continues the run")  # fmt: skip
     p.add_argument("--device", default="cpu", help="where fine-tuning and the reload check run (cpu, cuda)")

@@ -290,10 +290,12 @@ def test_the_model_initialisation_keeps_each_mixer_its_own_and_the_mixers_mix():
         assert float(change.max()) > 1e-3, (mixer, change)
 
 
-def assert_resumes_exactly(run, tmp_path, stop_after: int) -> None:
-    """Training stopped after ``stop_after`` steps and resumed gives the uninterrupted run's losses, bit for bit."""
+def assert_resumes_exactly(run, tmp_path, stop_after: int):
+    """Training stopped after ``stop_after`` steps and resumed gives the uninterrupted run's losses, bit for bit;
+    returns the uninterrupted run's result."""
     corpus = tiny_corpus()
     whole = train(run(), str(tmp_path / "whole"), corpus=corpus, progress=False)
     first = train(run(), str(tmp_path / "split"), corpus=corpus, progress=False, stop_after=stop_after)
     second = train(run(), str(tmp_path / "split"), corpus=corpus, progress=False, resume=True)
     assert first.losses + second.losses == whole.losses
+    return whole

@@ -30,7 +30,10 @@ class MemoryConfig(JsonConfig):
     that many slots, made from evicted states at rate ``cmem_rate`` with ``cmem_fn`` (Compressive Transformer).
     ``mem_select="attention"`` keeps, of the old memory, the slots that received the most attention mass.
     ``mem_tokens`` > 0 adds that many memory tokens (Recurrent Memory Transformer), back-propagated through
-    ``mem_tokens_bptt`` segments.
+    ``mem_tokens_bptt`` segments.  ``mem_bptt`` > 1 keeps the gradient through the memory for that many segments
+    (truncated back-propagation through time, as an RNN trains; 1: the paper's stop-gradient).  A language-model step
+    then reads ``mem_bptt`` consecutive segments, and a classifier back-propagates through a document's last
+    ``mem_bptt`` segments.
     """
 
     mem_len: int = 64
@@ -44,6 +47,7 @@ class MemoryConfig(JsonConfig):
     mem_select: str = "recent"
     mem_tokens: int = 0
     mem_tokens_bptt: int = 1
+    mem_bptt: int = 1
 
     def __post_init__(self) -> None:
         check(self.mem_len >= 0, f"ModelConfig.mem_len must be >= 0, got {self.mem_len}")
@@ -76,8 +80,22 @@ class MemoryConfig(JsonConfig):
         )
         check(self.mem_tokens >= 0, f"ModelConfig.mem_tokens must be >= 0, got {self.mem_tokens}")
         check(self.mem_tokens_bptt >= 1, f"ModelConfig.mem_tokens_bptt must be >= 1, got {self.mem_tokens_bptt}")
+        self._check_bptt()
         if self.cmem_fn not in COMPRESSION_FUNCTIONS:
             raise ConfigError(f"ModelConfig.cmem_fn must be one of {COMPRESSION_FUNCTIONS}, got {self.cmem_fn!r}")
+
+    def _check_bptt(self) -> None:
+        check(self.mem_bptt >= 1, f"ModelConfig.mem_bptt must be >= 1, got {self.mem_bptt}")
+        if self.mem_bptt > 1:
+            check(
+                self.mem_len >= 1,
+                f"ModelConfig.mem_bptt={self.mem_bptt} back-propagates through the memory: set mem_len >= 1",
+            )
+            check(
+                self.mem_quant == "none" and self.mem_select == "recent",
+                f"ModelConfig.mem_bptt={self.mem_bptt} needs the memory that carries a gradient: an 8-bit memory "
+                "(mem_quant) or one selected by attention (mem_select) has none",
+            )
 
     @property
     def compacted(self) -> bool:
@@ -282,6 +300,19 @@ class ModelConfig(JsonConfig):
         return self.mixer * self.n_layer if len(self.mixer) == 1 else list(self.mixer)
 
     @property
+    def segments_per_step(self) -> int:
+        """Consecutive segments one gradient flows through: ``mem_bptt`` with a memory, ``mem_tokens_bptt`` with
+        memory tokens, ``state_bptt`` with recurrent layers (whichever is largest), else 1.  A language-model step
+        reads this many segments; a classifier back-propagates through a document's last this many."""
+        m = self.memory
+        recurrent = any(name != "attention" for name in self.layer_mixers)
+        return max(
+            m.mem_bptt if m.mem_len else 1,
+            m.mem_tokens_bptt if m.mem_tokens else 1,
+            self.mixers.state_bptt if recurrent else 1,
+        )
+
+    @property
     def layer_pattern_names(self) -> list[str]:
         """One pattern name per layer."""
         names = self.pattern.attention
@@ -312,6 +343,11 @@ class ModelConfig(JsonConfig):
             f"ModelConfig.attn_impl=flex has no attention dropout: set dropatt=0 (got {self.dropatt}) or use rel_shift",
         )
         check(self.arch in ARCHS, f"ModelConfig.arch must be transformer or lstm, got {self.arch!r}")
+        check(
+            self.memory.mem_bptt == 1 or (self.arch == "transformer" and not self.hourglass.shorten_layers),
+            f"ModelConfig.mem_bptt={self.memory.mem_bptt} back-propagates through the attention memory of a "
+            "transformer; arch=lstm and an hourglass (shorten_layers) carry stop-gradient states",
+        )
         self._check_softmax()
         self._check_sections()
 

@@ -1,8 +1,11 @@
 """Task heads on the Transformer-XL backbone: long-document classification, masked LM, span extraction.
 
 A document longer than one segment is read segment by segment with the memory carried, exactly as in language
-modeling.  The memory is stop-gradient: the classifier trains the last segment's computation (every segment's with
-the joint LM loss), the span heads every segment's.  Heads are small modules over the backbone's hidden states.
+modeling.  The memory is stop-gradient by default: the classifier trains the last segment's computation (every
+segment's with the joint LM loss), the span heads every segment's.  With ``mem_bptt`` = k > 1 (or another of
+:attr:`~longseq.config.model.ModelConfig.segments_per_step`'s settings) the gradient flows through the memory
+within blocks of k segments, counted back from the document's end: the classifier then trains its last k
+segments.  Heads are small modules over the backbone's hidden states.
 """
 
 from __future__ import annotations
@@ -22,14 +25,17 @@ def read_segments(lm: TransformerXLLM, input_ids: Tensor, segment_len: int, padd
     ``(index, segment ids (B, T), filler mask (B, T) or None, hidden states (B, T, E))`` for every segment.
 
     The one reader of every task head.  ``padding`` (B, N) marks filler: it is a document of its own, so no real
-    token attends to it.  ``track(index, last)`` says whether a segment's computation keeps its graph (default:
-    all); the memory between segments is stop-gradient whatever it says."""
+    token attends to it.  ``track(index, count)`` says whether a segment's computation keeps its graph (default:
+    all).  The memory is cut (detached) before every block of ``lm.config.segments_per_step`` segments, the blocks
+    counted back from the last segment: stop-gradient between all segments by default."""
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
     segments = input_ids.split(segment_len, dim=1)
-    mems = None
+    mems, block = None, lm.config.segments_per_step
     for i, (segment, pad) in enumerate(zip(segments, padding_segments(padding, input_ids, segment_len))):
-        keep_graph = track is None or track(i, i == len(segments) - 1)
+        keep_graph = track is None or track(i, len(segments))
+        if mems is not None and (len(segments) - i) % block == 0:
+            mems = mems.detach()  # a new block: no gradient into the previous one
         with torch.set_grad_enabled(torch.is_grad_enabled() and keep_graph):
             hidden, mems, _ = lm.hidden_states(segment, mems, doc_ids=None if pad is None else pad.long())
         yield i, segment, pad, hidden
@@ -62,10 +68,11 @@ class DocumentClassifier(nn.Module):
         """``input_ids`` (B, N) read in segments of ``segment_len``; returns ``logits`` (B, C) and, with
         ``labels`` (B,), ``loss`` = task loss + ``lm_weight`` x the mean next-token loss over the document.
         ``padding`` (B, N) marks filler positions: no real token attends to them, and pooling and the LM loss
-        leave them out.  Only the final segment trains, every segment with the joint LM loss."""
-        lm_losses = []
+        leave them out.  The final ``config.segments_per_step`` segments train (one by default), every segment
+        with the joint LM loss."""
+        lm_losses, block = [], self.config.segments_per_step
         for _, segment, pad, hidden in read_segments(
-            self.lm, input_ids, segment_len, padding, track=lambda i, last: last or lm_weight > 0
+            self.lm, input_ids, segment_len, padding, track=lambda i, n: i >= n - block or lm_weight > 0
         ):
             if lm_weight > 0 and segment.size(1) > 1:
                 targets = segment[:, 1:] if pad is None else segment[:, 1:].masked_fill(pad[:, 1:], -100)

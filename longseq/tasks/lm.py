@@ -18,16 +18,13 @@ from longseq.tasks.base import StepContext, StepResult, Task
 
 
 def segments_per_step(model: ModelConfig) -> int:
-    """Consecutive segments one optimizer step reads: ``mem_tokens_bptt`` with memory tokens, ``state_bptt`` with
-    recurrent layers (whichever is larger), else 1."""
-    m = model.memory
-    recurrent = any(name != "attention" for name in model.layer_mixers)
-    return max(m.mem_tokens_bptt if m.mem_tokens else 1, model.mixers.state_bptt if recurrent else 1)
+    """Consecutive segments one optimizer step reads (:attr:`ModelConfig.segments_per_step`)."""
+    return model.segments_per_step
 
 
 class LMBatches:
-    """Each optimizer step reads ``window`` consecutive segments: 1, or ``mem_tokens_bptt`` (``state_bptt``) when
-    memory tokens (recurrent layers' states) back-propagate through several segments."""
+    """Each optimizer step reads ``window`` consecutive segments: 1, or ``mem_bptt`` (``mem_tokens_bptt``,
+    ``state_bptt``) when the memory (memory tokens, recurrent layers' states) back-propagates through several."""
 
     def __init__(self, stream: OrderedStream, window: int) -> None:
         self.stream, self.window = stream, window

@@ -11,8 +11,10 @@ A :class:`Memory` holds, per layer, what the next segment attends to before itse
 Beside them: the document id of every slot, the memory tokens written by the last segment, and (key/value
 storage) the projected relative table, carried so that W_R R is not projected again either.
 
-``forward`` never changes a memory; it returns a new one.  Everything but the memory tokens is detached: no
-gradient reaches an earlier segment (the paper's SG(.)).  ``memory[i]`` is layer i's hidden-state memory
+``forward`` never changes a memory; it returns a new one.  By default everything but the memory tokens is
+detached: no gradient reaches an earlier segment (the paper's SG(.)).  In training, ``mem_bptt``, ``state_bptt``
+and ``mem_tokens_bptt`` > 1 keep the graph, which the caller cuts with :meth:`Memory.detach` every that many
+segments.  ``memory[i]`` is layer i's hidden-state memory
 (B, M, E), as in the paper's ``mems`` list.
 """
 
@@ -158,11 +160,12 @@ class Memory:
     # --- transformations (each returns a new memory) ---------------------------------------------------------
 
     def detach(self) -> Memory:
-        """The memory with the graphs of the memory tokens and the recurrent states cut (the end of a
-        back-propagation window)."""
+        """The memory with the graphs of the hidden states (``mem_bptt``), the memory tokens and the recurrent
+        states cut (the end of a back-propagation window)."""
         layers = tuple(
             replace(
                 layer,
+                hidden=layer.hidden.detach() if isinstance(layer.hidden, Tensor) else layer.hidden,
                 state=None if layer.state is None else tuple(t.detach() for t in layer.state),
                 inner=None if layer.inner is None else layer.inner.detach(),
             )

@@ -1,4 +1,5 @@
-"""Truncation, the paper's memory: keep the last ``mem_len`` positions of [memory; segment], detached."""
+"""Truncation, the paper's memory: keep the last ``mem_len`` positions of [memory; segment], detached (or, with
+``mem_bptt`` > 1 in training, with their gradient, which the caller cuts every ``mem_bptt`` segments)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ from torch import Tensor
 from longseq.model.memory.policy import MemoryPolicy, Update
 
 
-def keep_recent(inputs: Tensor, old: Tensor | None, mem_len: int) -> Tensor:
+def keep_recent(inputs: Tensor, old: Tensor | None, mem_len: int, keep_graph: bool = False) -> Tensor:
     """The last ``mem_len`` positions of [old; inputs] (B, M', E), detached: no gradient reaches an earlier
-    segment (the paper's SG(.))."""
-    with torch.no_grad():
+    segment (the paper's SG(.)); with ``keep_graph``, the positions keep their gradient."""
+    with torch.set_grad_enabled(keep_graph and torch.is_grad_enabled()):
         if mem_len == 0:
             return inputs[:, :0].detach()
         joined = inputs if old is None or old.size(1) == 0 else torch.cat([old, inputs], dim=1)  # (B, M + T, E)
-        return joined[:, -mem_len:].detach()
+        return joined[:, -mem_len:] if keep_graph else joined[:, -mem_len:].detach()
 
 
 class Truncate(MemoryPolicy):
@@ -23,8 +24,10 @@ class Truncate(MemoryPolicy):
 
     def write(self, step, update: Update) -> None:
         mem_len = step.recurrence.mem_len
+        keep_graph = step.training and step.policies.config.memory.mem_bptt > 1
         update.kept = tuple(
-            None if x is None else keep_recent(x, old, mem_len) for x, old in zip(update.inputs, update.plain)
+            None if x is None else keep_recent(x, old, mem_len, keep_graph)
+            for x, old in zip(update.inputs, update.plain)
         )  # recurrent layers (None) keep a state instead
         attending = [(x, kept) for x, kept in zip(update.inputs, update.kept) if x is not None]
         if attending:
