@@ -10,8 +10,9 @@ Steps, each skipped when its output is already there (so the same command contin
    pattern, batch 32, 5,000 steps, lr 1e-3 with a linear warmup over 500 steps and a linear decay to 0 (published
    LRA configurations decay linearly; the run of 2026-12-01 held 1e-3 and wandered at 28-33%), batches grouped by
    length (a batch of random documents pads nearly all of them to 2,000 tokens), mean pooling over the final
-   segment, no layer-wise decay (a model from scratch has nothing to protect in its lower layers).  When ``longseq finetune`` offers ``--resume`` (the fine-tuning
-   trainer with checkpoints) and a run was interrupted, it continues from its checkpoint;
+   segment (``--pooling document``: over the whole document, as LRA's published models pool), no layer-wise
+   decay (a model from scratch has nothing to protect in its lower layers).  An interrupted run continues from its
+   checkpoint (``longseq finetune --resume``);
 4. the reload check, in this process, on the saved files alone (independent of the fine-tuning code's own
    evaluation): the reloaded classifier must reproduce the validation accuracy that fine-tuning reported at the
    end of training exactly (LRA's own code had a reload that scored ~17%); then the test accuracy.
@@ -131,7 +132,7 @@ def finetune(args, data: str, lm: str, log) -> dict:
     flags = ["--task", "classify", "--data", os.path.join(data, "train.jsonl"), "--valid",
              os.path.join(data, "valid.jsonl"), "--checkpoint", lm, "--out", out, "--steps", str(args.steps),
              "--batch-size", str(args.batch_size), "--segment-len", "256", "--lr", str(args.lr),
-             "--layer-lr-decay", "1.0", "--pooling", "mean", "--seed", str(args.seed), "--device", args.device,
+             "--layer-lr-decay", "1.0", "--pooling", args.pooling, "--seed", str(args.seed), "--device", args.device,
              "--eval-interval", "500", "--save-interval", "100", "--schedule", args.schedule, "--json"]  # fmt: skip
     if args.group_by_length:
         flags.append("--group-by-length")
@@ -249,7 +250,8 @@ def check_settings(args) -> None:
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             before = json.load(f)
-        before.setdefault("mem_bptt", 1)  # runs made before the option read with the stop-gradient memory
+        before.setdefault("mem_bptt", 1)  # runs made before these options: the stop-gradient memory,
+        before.setdefault("pooling", "mean")  # the mean of the final segment
         if before != settings:
             changed = sorted(k for k in settings if before.get(k) != settings[k])
             raise SystemExit(f"{args.work} was made with other settings ({', '.join(changed)}); use another --work")
@@ -282,6 +284,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mem-bptt", type=int, default=1,
                    help="segments the gradient flows back through the memory (1: stop-gradient, only the final "
                    "segment trains; 8: the whole document of up to 2,000 tokens in 256-token segments)")  # fmt: skip
+    p.add_argument(
+        "--pooling",
+        default="mean",
+        choices=["last", "mean", "document"],
+        help="the classified summary: the mean of the final segment, or of the whole document (LRA's)",
+    )
     p.add_argument("--store", help="a committed folder that keeps the fine-tuning checkpoints, the settings and the "
                    "results (copied after every stop), from which a fresh clone continues the run")  # fmt: skip
     p.add_argument("--device", default="cpu", help="where fine-tuning and the reload check run (cpu, cuda)")

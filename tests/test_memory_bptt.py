@@ -85,6 +85,13 @@ def test_a_classifier_trains_its_last_mem_bptt_segments(bptt):
         assert all(torch.allclose(chunked[n], whole[n], rtol=0, atol=1e-10) for n in whole)
 
 
+def test_document_pooling_trains_every_segment_with_a_stop_gradient_memory():
+    torch.manual_seed(1)
+    doc, labels = torch.randint(0, 30, (2, 3 * T)), torch.tensor([0, 2])
+    classifier = DocumentClassifier(lm(1), 3, pooling="document").double()
+    assert bool((token_grad(classifier, doc, labels).sum(0) > 0).all())
+
+
 @pytest.mark.parametrize("bptt, reached", [(1, [2]), (2, [1, 2]), (4, [0, 1, 2])])
 def test_the_reader_cuts_the_memory_into_blocks_counted_back_from_the_end(bptt, reached):
     """Every segment keeps its graph (the span and masked-LM heads' reading): the last segment's output reaches

@@ -23,11 +23,11 @@ def memory_task(n: int, seed: int):
     return docs, labels
 
 
-def train_classifier(mem_len: int) -> float:
+def train_classifier(mem_len: int, pooling: str = "last") -> float:
     torch.manual_seed(0)
     config = ModelConfig.of(vocab_size=20, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0,
                          mem_len=mem_len)  # fmt: skip
-    model = DocumentClassifier(TransformerXLLM(config), N_CLASSES, pooling="last")
+    model = DocumentClassifier(TransformerXLLM(config), N_CLASSES, pooling=pooling)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     docs, labels = memory_task(2048, seed=1)
     for step in range(150):
@@ -45,6 +45,28 @@ def train_classifier(mem_len: int) -> float:
 def test_a_label_five_segments_back_is_learned_with_memory_and_not_without():
     assert train_classifier(mem_len=SEG * (N_SEG - 1)) >= 0.9
     assert train_classifier(mem_len=0) < 0.4  # chance is 0.25
+
+
+def test_document_pooling_reaches_the_first_segment_without_a_memory():
+    """The mean over the whole document trains every segment's computation: the label in the first of six
+    segments is learned with no memory at all, where the final segment's summary stays near chance (above)."""
+    assert train_classifier(mem_len=0, pooling="document") >= 0.9
+
+
+def test_document_pooling_is_the_mean_over_the_whole_document():
+    """Read in three segments with the memory, the document's mean equals the mean of the document read as one
+    segment, and the classifier's logits are that mean through the linear head (float64)."""
+    torch.manual_seed(0)
+    config = ModelConfig.of(vocab_size=20, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
+                         mem_len=2 * SEG)  # fmt: skip
+    classifier = DocumentClassifier(TransformerXLLM(config), N_CLASSES, pooling="document").double().eval()
+    docs, _ = memory_task(3, seed=4)
+    docs = docs[:, : 3 * SEG]
+    with torch.no_grad():
+        chunked = classifier(docs, SEG)["logits"]
+        hidden = classifier.lm.hidden_states(docs)[0]  # (B, 3 x SEG, E), one segment
+        expected = classifier.classifier(hidden.mean(1))
+    torch.testing.assert_close(chunked, expected, rtol=0, atol=1e-10)
 
 
 def test_joint_lm_loss_adds_to_the_task_loss():
@@ -275,7 +297,8 @@ def test_finetune_span_and_mlm_commands(tmp_path, capsys):
     assert after["ppl"] < 0.7 * before["ppl"] and after["masked_accuracy"] > before["masked_accuracy"]
 
 
-def test_padding_changes_nothing_for_the_real_tokens():
+@pytest.mark.parametrize("pooling", ["mean", "document"])
+def test_padding_changes_nothing_for_the_real_tokens(pooling):
     """With a bidirectional backbone, a document's span scores are the same unpadded and right-padded beside a
     longer one, and its class logits the same with 3 or 11 positions of left padding: no real token attends to
     filler."""
@@ -298,7 +321,7 @@ def test_padding_changes_nothing_for_the_real_tokens():
         beside = span(ids, 8, padding=pad)["start_logits"]
     torch.testing.assert_close(alone[0], beside[0, :13], rtol=0, atol=1e-5)
 
-    classifier = DocumentClassifier(lm, 3, pooling="mean").eval()
+    classifier = DocumentClassifier(lm, 3, pooling=pooling).eval()
     with torch.no_grad():
         ids, pad = right_padded([short.flip(0), long.flip(0)], 24)  # left padding: flip rows and columns back
         ids, pad = ids.flip(1), pad.flip(1)

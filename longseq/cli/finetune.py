@@ -29,7 +29,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--head-only", action="store_true", help="train the task head only")
     p.add_argument("--group-by-length", action="store_true",
                    help="batches of documents of similar length (fewer filler segments per batch)")  # fmt: skip
-    p.add_argument("--pooling", choices=["last", "mean"], help="classify: default last")
+    p.add_argument(
+        "--pooling",
+        choices=["last", "mean", "document"],
+        help="classify: last position (default), mean of the final segment, or mean of the document",
+    )
     p.add_argument("--lm-weight", type=float, help="classify: lambda of the joint LM loss (default 0)")
     p.add_argument("--max-answer-len", type=int, help="span: longest answer in tokens (default 64)")
     p.add_argument("--mask-rate", type=float, help="mlm: fraction of tokens chosen for masking (default 0.15)")

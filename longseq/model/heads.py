@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from longseq.model.transformer import TransformerXLLM
 
-POOLING = ("last", "mean")
+POOLING = ("last", "mean", "document")
 
 
 def read_segments(lm: TransformerXLLM, input_ids: Tensor, segment_len: int, padding: Tensor | None = None,
@@ -42,8 +42,9 @@ def read_segments(lm: TransformerXLLM, input_ids: Tensor, segment_len: int, padd
 
 
 class DocumentClassifier(nn.Module):
-    """Classify a (B, N) document from the summary of its final segment: the last position (a summary token) or
-    the mean over the final segment (``pooling``).  ``lm`` is a :class:`TransformerXLLM` (e.g. loaded from an LM
+    """Classify a (B, N) document from a summary (``pooling``): the last position (a summary token), the mean over
+    the final segment, or the mean over the whole ``document`` (every segment then trains, as with the joint LM
+    loss; LRA's published small models pool so).  ``lm`` is a :class:`TransformerXLLM` (e.g. loaded from an LM
     checkpoint); its softmax serves the optional joint LM loss."""
 
     def __init__(self, lm: TransformerXLLM, n_classes: int, pooling: str = "last") -> None:
@@ -69,19 +70,22 @@ class DocumentClassifier(nn.Module):
         ``labels`` (B,), ``loss`` = task loss + ``lm_weight`` x the mean next-token loss over the document.
         ``padding`` (B, N) marks filler positions: no real token attends to them, and pooling and the LM loss
         leave them out.  The final ``config.segments_per_step`` segments train (one by default), every segment
-        with the joint LM loss."""
-        lm_losses, block = [], self.config.segments_per_step
+        with the joint LM loss or document pooling."""
+        lm_losses, block, every = [], self.config.segments_per_step, lm_weight > 0 or self.pooling == "document"
+        total = count = 0
         for _, segment, pad, hidden in read_segments(
-            self.lm, input_ids, segment_len, padding, track=lambda i, n: i >= n - block or lm_weight > 0
+            self.lm, input_ids, segment_len, padding, track=lambda i, n: i >= n - block or every
         ):
             if lm_weight > 0 and segment.size(1) > 1:
                 targets = segment[:, 1:] if pad is None else segment[:, 1:].masked_fill(pad[:, 1:], -100)
                 lm_losses.append(self.lm.head(hidden[:, :-1], targets).loss)  # filler targets do not count
-        if self.pooling == "last":
-            summary = hidden[:, -1]  # (B, E)
-        else:
             real = torch.ones_like(segment, dtype=hidden.dtype) if pad is None else (~pad).to(hidden.dtype)
-            summary = (hidden * real.unsqueeze(-1)).sum(1) / real.sum(1, keepdim=True).clamp(min=1)
+            part, n_real = (hidden * real.unsqueeze(-1)).sum(1), real.sum(1, keepdim=True)  # (B, E), (B, 1)
+            if self.pooling == "document":
+                total, count = total + part, count + n_real
+            else:  # the mean of the segment read last
+                total, count = part, n_real
+        summary = hidden[:, -1] if self.pooling == "last" else total / count.clamp(min=1)  # (B, E)
         out = {"logits": self.classifier(summary)}
         if labels is not None:
             loss = F.cross_entropy(out["logits"], labels)

@@ -1,6 +1,6 @@
-"""Long-document classification: the document is read segment by segment with the memory, and its final segment's
-summary (the last position, or the mean of the final segment) is classified.  Documents are left-padded within a
-batch to a whole number of segments, so the last position is every document's real last token.  Metrics: accuracy
+"""Long-document classification: the document is read segment by segment with the memory, and a summary is
+classified: the last position, the mean of the final segment, or the mean of the whole document.  Documents are
+left-padded within a batch to a whole number of segments, so the last position is every document's real last token.  Metrics: accuracy
 and macro-F1; predictions: the label and every label's probability."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from longseq.tasks.base import (
 @dataclass
 class ClassifyOptions(FinetuneOptions):
     """``labels``: the label set, in class order (found in the training file; stored so a checkpoint knows its
-    classes); ``pooling``: last or mean; ``lm_weight``: the weight of a joint next-token loss."""
+    classes); ``pooling``: last, mean (of the final segment) or document (the mean of the whole document); ``lm_weight``: the weight of a joint next-token loss."""
 
     labels: list[str] = field(default_factory=list)
     pooling: str = "last"
