@@ -45,6 +45,33 @@ def test_two_segments_with_mem_bptt_have_the_gradient_of_the_whole_sequence():
         assert second.mems[0].requires_grad == equal  # the new memory carries the graph only with mem_bptt
 
 
+@pytest.mark.parametrize("accum", [1, 2])
+def test_a_language_model_step_with_mem_bptt_has_the_gradient_of_the_whole_window(accum):
+    """The training step of the LM task (two segments, gradient accumulation in row chunks) gives the parameter
+    gradients of the 2T tokens read as one segment."""
+    from types import SimpleNamespace
+
+    from longseq.config.run import DataConfig, RunConfig, TrainConfig
+    from longseq.tasks.base import StepContext
+    from longseq.tasks.lm import LanguageModeling
+
+    x = torch.randint(0, 30, (4, 2 * T + 1))
+    reference = lm(1)
+    reference(x[:, :-1], None, x[:, 1:]).loss.backward()
+    whole = grads(reference)
+    model = lm(2)
+    run = RunConfig(model=model.config, data=DataConfig(tgt_len=T, batch_size=4), train=TrainConfig())
+    segments = [
+        SimpleNamespace(input_ids=x[:, i : i + T], labels=x[:, i + 1 : i + T + 1], doc_ids=None, new_epoch=False)
+        for i in (0, T)
+    ]
+    ctx = StepContext(net=model, device=torch.device("cpu"), rows=slice(None), grad_accum=accum)
+    result = LanguageModeling(run).train_step(ctx, segments, None)
+    stepped = grads(model)
+    assert all(torch.allclose(stepped[n], whole[n], rtol=0, atol=1e-10) for n in whole)
+    assert not result.state[0].requires_grad  # the memory carried to the next step is cut
+
+
 def test_eval_memory_is_detached_whatever_mem_bptt_says():
     model = lm(4).eval()
     out = model(torch.randint(0, 30, (2, T)))
@@ -120,6 +147,10 @@ def test_a_language_model_step_reads_mem_bptt_segments():
         (dict(mem_len=8, mem_bptt=2, arch="lstm"), "arch=lstm"),
         (dict(mem_len=8, mem_bptt=2, n_layer=4, shorten_layers=[1, 3]), "shorten_layers"),
         (dict(mem_len=8, mem_bptt=0), "mem_bptt must be >= 1"),
+        (dict(mem_len=8, mem_bptt=2, cmem_len=4, cmem_rate=2), "cmem_len"),
+        (dict(mem_len=8, mem_bptt=2, mem_tokens=2, mem_tokens_bptt=3), "mem_tokens_bptt=3"),
+        (dict(mem_len=8, mem_bptt=2, mixer=["ssm"]), "without attention layers"),
+        (dict(mem_len=8, mem_bptt=2, mixer="ssm,attention", state_bptt=3), "state_bptt=3"),
     ],
 )
 def test_mem_bptt_refuses_what_carries_no_gradient(fields, named):

@@ -69,6 +69,23 @@ def test_document_pooling_is_the_mean_over_the_whole_document():
     torch.testing.assert_close(chunked, expected, rtol=0, atol=1e-10)
 
 
+def test_document_pooling_weighs_every_real_token_alike():
+    """A document of 2 x SEG + 3 tokens, left-padded to three segments (the first holds 3 real tokens and
+    SEG - 3 filler): its mean is the mean over its 2 x SEG + 3 tokens read alone as one segment, not a mean of
+    segment means."""
+    torch.manual_seed(0)
+    config = ModelConfig.of(vocab_size=20, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
+                         mem_len=3 * SEG)  # fmt: skip
+    classifier = DocumentClassifier(TransformerXLLM(config), N_CLASSES, pooling="document").double().eval()
+    doc = torch.randint(5, 20, (1, 2 * SEG + 3))
+    padded_doc = torch.cat([torch.zeros(1, SEG - 3, dtype=torch.long), doc], dim=1)
+    padding = torch.arange(3 * SEG)[None] < SEG - 3
+    with torch.no_grad():
+        pooled = classifier(padded_doc, SEG, padding=padding)["logits"]
+        expected = classifier.classifier(classifier.lm.hidden_states(doc)[0].mean(1))
+    torch.testing.assert_close(pooled, expected, rtol=0, atol=1e-10)
+
+
 def test_joint_lm_loss_adds_to_the_task_loss():
     torch.manual_seed(0)
     config = ModelConfig.of(

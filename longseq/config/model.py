@@ -92,9 +92,14 @@ class MemoryConfig(JsonConfig):
                 f"ModelConfig.mem_bptt={self.mem_bptt} back-propagates through the memory: set mem_len >= 1",
             )
             check(
-                self.mem_quant == "none" and self.mem_select == "recent",
+                self.mem_quant == "none" and self.mem_select == "recent" and not self.cmem_len,
                 f"ModelConfig.mem_bptt={self.mem_bptt} needs the memory that carries a gradient: an 8-bit memory "
-                "(mem_quant) or one selected by attention (mem_select) has none",
+                "(mem_quant), one selected by attention (mem_select) and a compressed memory (cmem_len) have none",
+            )
+            check(
+                self.mem_tokens_bptt <= self.mem_bptt or not self.mem_tokens,
+                f"ModelConfig.mem_bptt={self.mem_bptt} is the step's window: mem_tokens_bptt={self.mem_tokens_bptt} "
+                "cannot exceed it (the memory would keep its graph as long)",
             )
 
     @property
@@ -343,13 +348,24 @@ class ModelConfig(JsonConfig):
             f"ModelConfig.attn_impl=flex has no attention dropout: set dropatt=0 (got {self.dropatt}) or use rel_shift",
         )
         check(self.arch in ARCHS, f"ModelConfig.arch must be transformer or lstm, got {self.arch!r}")
-        check(
-            self.memory.mem_bptt == 1 or (self.arch == "transformer" and not self.hourglass.shorten_layers),
-            f"ModelConfig.mem_bptt={self.memory.mem_bptt} back-propagates through the attention memory of a "
-            "transformer; arch=lstm and an hourglass (shorten_layers) carry stop-gradient states",
-        )
         self._check_softmax()
         self._check_sections()
+        self._check_mem_bptt()  # after the mixers' names are parsed
+
+    def _check_mem_bptt(self) -> None:
+        bptt, mixers = self.memory.mem_bptt, self.layer_mixers
+        if bptt == 1:
+            return
+        check(
+            self.arch == "transformer" and not self.hourglass.shorten_layers and "attention" in mixers,
+            f"ModelConfig.mem_bptt={bptt} back-propagates through the attention memory: arch=lstm, an hourglass "
+            "(shorten_layers) and a stack without attention layers carry states (state_bptt) instead",
+        )
+        check(
+            self.mixers.state_bptt in (1, bptt) or mixers == ["attention"] * self.n_layer,
+            f"ModelConfig.mem_bptt={bptt} and state_bptt={self.mixers.state_bptt} differ: a step reads the larger "
+            "window and the states would keep their graph through all of it; set them equal, or state_bptt=1",
+        )
 
     def _check_softmax(self) -> None:
         self.cutoffs = list(self.cutoffs)

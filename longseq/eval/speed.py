@@ -81,7 +81,7 @@ def train_throughput(
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
         optimizer.step()
-        mems = out.mems
+        mems = out.mems.detach()  # the end of a back-propagation window (with mem_bptt, state_bptt)
         if compile and step < warmup:
             _sync(device)
             compile_s += time.perf_counter() - begin

@@ -27,7 +27,8 @@ def read_segments(lm: TransformerXLLM, input_ids: Tensor, segment_len: int, padd
     The one reader of every task head.  ``padding`` (B, N) marks filler: it is a document of its own, so no real
     token attends to it.  ``track(index, count)`` says whether a segment's computation keeps its graph (default:
     all).  The memory is cut (detached) before every block of ``lm.config.segments_per_step`` segments, the blocks
-    counted back from the last segment: stop-gradient between all segments by default."""
+    counted back from the batch's last segment (a left-padded document's end; with right padding, the longest
+    document's): stop-gradient between all segments by default."""
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
     segments = input_ids.split(segment_len, dim=1)
@@ -79,13 +80,14 @@ class DocumentClassifier(nn.Module):
             if lm_weight > 0 and segment.size(1) > 1:
                 targets = segment[:, 1:] if pad is None else segment[:, 1:].masked_fill(pad[:, 1:], -100)
                 lm_losses.append(self.lm.head(hidden[:, :-1], targets).loss)  # filler targets do not count
-            real = torch.ones_like(segment, dtype=hidden.dtype) if pad is None else (~pad).to(hidden.dtype)
-            part, n_real = (hidden * real.unsqueeze(-1)).sum(1), real.sum(1, keepdim=True)  # (B, E), (B, 1)
+            real = torch.ones_like(segment, dtype=torch.bool) if pad is None else ~pad  # (B, T)
+            part = hidden.masked_fill(~real.unsqueeze(-1), 0).sum(1)  # (B, E): the real positions' sum
+            n_real = real.sum(1, keepdim=True, dtype=torch.float32)  # (B, 1), exact in float32
             if self.pooling == "document":
                 total, count = total + part, count + n_real
             else:  # the mean of the segment read last
                 total, count = part, n_real
-        summary = hidden[:, -1] if self.pooling == "last" else total / count.clamp(min=1)  # (B, E)
+        summary = hidden[:, -1] if self.pooling == "last" else total / count.clamp(min=1).to(total.dtype)  # (B, E)
         out = {"logits": self.classifier(summary)}
         if labels is not None:
             loss = F.cross_entropy(out["logits"], labels)
