@@ -108,6 +108,9 @@ VARIANTS = {
     "xl-curriculum-0": ["mem_len=128", "mem_len_start=0", "mem_len_warmup_steps=2000"],  # from no memory at all
     "xl-no-r-dropout": ["mem_len=128", "dropout_r=0"],  # R kept whole (the paper's code drops it with dropout)
     "xl-uv-zeros": ["mem_len=128", "uv_init=zeros"],  # u and v start at zero
+    # the gradient through the memory for 2 segments (truncated BPTT): the model learns what to leave in its memory;
+    # a step reads 2 segments, so the run takes half the steps (equal tokens)
+    "xl-bptt2": ["mem_len=128", "mem_bptt=2"],
     "no-memory-no-r-dropout": ["mem_len=0", "dropout_r=0"],  # the baseline with R kept whole too (a fair step 2)
     # recipe step 2: the two candidates that helped alone, together
     "xl-curriculum-0-no-r-dropout": ["mem_len=128", "mem_len_start=0", "mem_len_warmup_steps=2000", "dropout_r=0"],
