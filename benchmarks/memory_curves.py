@@ -78,7 +78,6 @@ from longseq.eval.context import context_curve, per_position_losses
 from longseq.eval.recl import group_losses, recl
 from longseq.eval.sliding import evaluate_sliding
 from longseq.eval.speed import generate_speed
-from longseq.tasks.lm import segments_per_step
 from longseq.train import load_checkpoint, train
 from longseq.train.checkpoint import load_checkpoint_config
 from longseq.train.signals import Interrupted
@@ -157,7 +156,7 @@ def variant_run(args, overrides: list[str], seed: int, vocab: int) -> RunConfig:
     run = base_run(args.steps, args.eval_interval, args.eval_segments, seed, tokenizer, vocab)
     sections = {"model": run.model, "data": run.data, "train": run.train}
     run = RunConfig(**apply_overrides(sections, [*corpus_overrides, *args.set, *overrides]))
-    window = segments_per_step(run.model)
+    window = run.model.segments_per_step
     if window > 1 and not any(o.startswith(("max_steps=", "train.max_steps=")) for o in [*args.set, *overrides]):
         run.train.max_steps = args.steps // window  # a step reads `window` segments: equal tokens, fewer steps
     return run
@@ -392,7 +391,7 @@ def layer_shares(results: list[dict]) -> dict | None:
 def token_steps(result: dict) -> list[tuple[int, float, float]]:
     """A run's validation curve with its steps counted in one-segment steps, so that curves compare at equal
     tokens: a step of the mem-tokens variant reads 2 segments, so its step 750 stands at 1,500."""
-    window = segments_per_step(RunConfig.from_dict(result["run"]).model)
+    window = RunConfig.from_dict(result["run"]).model.segments_per_step
     return [(step * window, elapsed, loss) for step, elapsed, loss in result["curve"]]
 
 

@@ -80,13 +80,11 @@ class DocumentClassifier(nn.Module):
             if lm_weight > 0 and segment.size(1) > 1:
                 targets = segment[:, 1:] if pad is None else segment[:, 1:].masked_fill(pad[:, 1:], -100)
                 lm_losses.append(self.lm.head(hidden[:, :-1], targets).loss)  # filler targets do not count
-            real = torch.ones_like(segment, dtype=torch.bool) if pad is None else ~pad  # (B, T)
-            part = hidden.masked_fill(~real.unsqueeze(-1), 0).sum(1)  # (B, E): the real positions' sum
-            n_real = real.sum(1, keepdim=True, dtype=torch.float32)  # (B, 1), exact in float32
             if self.pooling == "document":
+                part, n_real = real_sum(hidden, pad)
                 total, count = total + part, count + n_real
-            else:  # the mean of the segment read last
-                total, count = part, n_real
+        if self.pooling == "mean":  # the segment read last
+            total, count = real_sum(hidden, pad)
         summary = hidden[:, -1] if self.pooling == "last" else total / count.clamp(min=1).to(total.dtype)  # (B, E)
         out = {"logits": self.classifier(summary)}
         if labels is not None:
@@ -95,6 +93,14 @@ class DocumentClassifier(nn.Module):
                 loss = loss + lm_weight * torch.stack(lm_losses).mean()
             out["loss"] = loss
         return out
+
+
+def real_sum(hidden: Tensor, pad: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The sum of a segment's hidden states (B, T, E) over its real positions, (B, E), and their count (B, 1) in
+    float32 (exact); ``pad`` (B, T) marks filler, or None."""
+    if pad is None:
+        return hidden.sum(1), hidden.new_full((hidden.size(0), 1), hidden.size(1), dtype=torch.float32)
+    return hidden.masked_fill(pad.unsqueeze(-1), 0).sum(1), (~pad).sum(1, keepdim=True, dtype=torch.float32)
 
 
 def padding_segments(padding: Tensor | None, input_ids: Tensor, segment_len: int) -> list[Tensor | None]:

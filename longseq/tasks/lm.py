@@ -8,18 +8,12 @@ import os
 from torch import nn
 
 from longseq.config.base import ConfigError
-from longseq.config.model import ModelConfig
 from longseq.config.run import RunConfig, TrainConfig
 from longseq.data.batching import OrderedStream
 from longseq.data.corpus import Corpus, load_data, unigram_bits_per_token
 from longseq.eval.evaluate import bits_unit, evaluate
 from longseq.model import Memory, build_model
 from longseq.tasks.base import StepContext, StepResult, Task
-
-
-def segments_per_step(model: ModelConfig) -> int:
-    """Consecutive segments one optimizer step reads (:attr:`ModelConfig.segments_per_step`)."""
-    return model.segments_per_step
 
 
 class LMBatches:
@@ -86,7 +80,7 @@ class LanguageModeling(Task):
         d, t = self.run.data, self.run.train
         stream = OrderedStream(self.corpus.train, d.batch_size, d.tgt_len, varlen=d.varlen, seed=t.seed,
                                doc_ids=self._doc_ids("train"), rows=world.rows(d.batch_size))  # this rank's rows only  # fmt: skip
-        return LMBatches(stream, segments_per_step(self.run.model))
+        return LMBatches(stream, self.run.model.segments_per_step)
 
     def train_step(self, ctx: StepContext, segments: list, mems: Memory | None) -> StepResult:
         """Every segment of the window through every gradient-accumulation chunk of this rank's rows; one backward
