@@ -282,7 +282,11 @@ def run_one(name: str, overrides: list[str], seed: int, corpus, args, log) -> di
     stored = os.path.join(args.store, name, f"seed{seed}", "result.json") if args.store else None
     for path in (result_path, stored):
         if path and os.path.exists(path):
-            return reuse(path, run, args, f"{name} seed {seed}", log)
+            result = reuse(path, run, args, f"{name} seed {seed}", log)
+            if stored and not os.path.exists(stored):  # finished before this store was named: keep it there too
+                os.makedirs(os.path.dirname(stored), exist_ok=True)
+                write_json(stored, result)
+            return result
     if args.summarize:
         log(f"{name} seed {seed}: not finished, left out of the summary")
         return None

@@ -72,6 +72,49 @@ def test_a_language_model_step_with_mem_bptt_has_the_gradient_of_the_whole_windo
     assert not result.state[0].requires_grad  # the memory carried to the next step is cut
 
 
+def test_gradient_accumulation_bounds_the_graph_held_at_once_with_mem_bptt():
+    """With a window of 2 segments, grad_accum=2 holds at most a little over half the activations that grad_accum=1
+    holds: each row chunk goes through the whole window and its backward before the next chunk starts.  Measured
+    as the largest number of saved activation values (parameters left out) alive at once during the step."""
+    import weakref
+    from types import SimpleNamespace
+
+    from longseq.config.run import DataConfig, RunConfig, TrainConfig
+    from longseq.tasks.base import StepContext
+    from longseq.tasks.lm import LanguageModeling
+
+    class Saved:
+        __slots__ = ("tensor", "__weakref__")
+
+    x = torch.randint(0, 30, (8, 2 * T + 1))
+
+    def peak(accum: int) -> int:
+        model = lm(2)
+        weights = {p.data_ptr() for p in model.parameters()}
+        run = RunConfig(model=model.config, data=DataConfig(tgt_len=T, batch_size=8), train=TrainConfig())
+        segments = [
+            SimpleNamespace(input_ids=x[:, i : i + T], labels=x[:, i + 1 : i + T + 1], doc_ids=None, new_epoch=False)
+            for i in (0, T)
+        ]
+        ctx = StepContext(net=model, device=torch.device("cpu"), rows=slice(None), grad_accum=accum)
+        live, most = weakref.WeakSet(), [0]
+
+        def pack(tensor):
+            box = Saved()
+            box.tensor = tensor
+            if tensor.data_ptr() not in weights:
+                live.add(box)
+                most[0] = max(most[0], sum(b.tensor.numel() for b in live))
+            return box
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda box: box.tensor):
+            LanguageModeling(run).train_step(ctx, segments, None)
+        return most[0]
+
+    whole, halves = peak(1), peak(2)
+    assert halves <= 0.6 * whole, (halves, whole)
+
+
 def test_eval_memory_is_detached_whatever_mem_bptt_says():
     model = lm(4).eval()
     out = model(torch.randint(0, 30, (2, T)))

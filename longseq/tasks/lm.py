@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 from torch import nn
 
 from longseq.config.base import ConfigError
@@ -83,32 +84,30 @@ class LanguageModeling(Task):
         return LMBatches(stream, self.run.model.segments_per_step)
 
     def train_step(self, ctx: StepContext, segments: list, mems: Memory | None) -> StepResult:
-        """Every segment of the window through every gradient-accumulation chunk of this rank's rows; one backward
-        per chunk at the end of the window (through all its segments), the memory carried chunk by chunk."""
+        """Each gradient-accumulation chunk of this rank's rows through every segment of the window, with one backward
+        per chunk at the end of its window (through all its segments) and the chunk's memory carried along.  Only
+        one chunk's graph is alive at a time, so ``grad_accum`` bounds the peak memory whatever the window."""
         accum, window = ctx.grad_accum, len(segments)
         mem_len = mem_len_at(ctx.step, self.run.train, self.run.model.memory.mem_len)
         chunk_mems = mems.split(accum) if mems is not None else [None] * accum
-        pending, loss_sum = [None] * accum, 0.0
-        for j, segment in enumerate(segments):
-            if segment.new_epoch:
-                chunk_mems = [None] * accum
-            inputs = segment.input_ids.to(ctx.device).chunk(accum, dim=0)  # the stream holds this rank's rows
-            labels = segment.labels.to(ctx.device).chunk(accum, dim=0)
-            docs = [None] * accum
-            if segment.doc_ids is not None:
-                docs = segment.doc_ids.to(ctx.device).chunk(accum, dim=0)
-            for c, (inp, lab, doc) in enumerate(zip(inputs, labels, docs)):
+        pieces = [row_chunks(segment, ctx.device, accum) for segment in segments]
+        loss_sum = 0.0
+        for c in range(accum):
+            pending, state = None, chunk_mems[c]
+            for segment, chunks in zip(segments, pieces):
+                if segment.new_epoch:
+                    state = None
+                inp, lab, doc = chunks[c]
                 with ctx.autocast():
-                    out = ctx.net(inp, chunk_mems[c], lab, doc_ids=doc, mem_len=mem_len)
+                    out = ctx.net(inp, state, lab, doc_ids=doc, mem_len=mem_len)
                 total = out.loss if out.aux_loss is None else out.loss + out.aux_loss
-                pending[c] = total if pending[c] is None else pending[c] + total
+                pending = total if pending is None else pending + total
                 loss_sum += out.loss.item()
-                chunk_mems[c] = out.mems
-                if j == window - 1:
-                    ctx.backward(pending[c] / (accum * window))
-                    pending[c] = None
+                state = out.mems
+            ctx.backward(pending / (accum * window))
+            chunk_mems[c] = state.detach()  # the graph of this chunk's window ends here
         tokens = sum(seg.labels.numel() for seg in segments)
-        return StepResult(loss_sum / (accum * window), Memory.join(chunk_mems).detach(), tokens)
+        return StepResult(loss_sum / (accum * window), Memory.join(chunk_mems), tokens)
 
     def validate(self, model: nn.Module, sharded: bool = False) -> dict:
         d, valid = self.run.data, self.corpus.valid
@@ -117,6 +116,14 @@ class LanguageModeling(Task):
             max_segments=self.run.train.eval_max_segments, bits_unit=self.unit, doc_ids=self._doc_ids("valid"),
             kv_memory=not sharded,  # the key/value cache projects W_R R outside the (sharded) layers
         )  # fmt: skip
+
+
+def row_chunks(segment, device: torch.device, accum: int) -> list:
+    """A segment's (inputs, labels, document ids) cut into ``accum`` chunks of rows, on ``device``."""
+    inputs = segment.input_ids.to(device).chunk(accum, dim=0)  # the stream holds this rank's rows
+    labels = segment.labels.to(device).chunk(accum, dim=0)
+    docs = segment.doc_ids.to(device).chunk(accum, dim=0) if segment.doc_ids is not None else [None] * accum
+    return list(zip(inputs, labels, docs))
 
 
 def mem_len_at(step: int, train: TrainConfig, final: int) -> int:
