@@ -181,6 +181,41 @@ def test_an_unseen_character_is_an_error_naming_the_file_the_character_its_place
         prepare_corpus(str(tmp_path / "one.txt"), str(tmp_path / "chars.json"), str(tmp_path / "out"), progress=False)
 
 
+def test_a_word_vocabulary_from_another_corpus_is_refused_not_scored_as_unknown_words(tmp_path):
+    """A checkpoint's word vocabulary read over a text it mostly does not know would score ``<unk>`` for most
+    tokens: refused, naming the share and the corpus.  Its own corpus, with some unknown words, still reads."""
+    from longseq.data.corpus import MAX_UNKNOWN_SHARE
+    from longseq.data.tokenizers import WordTokenizer
+
+    own = "the cat sat on the mat\n" * 30
+    tok = WordTokenizer.build(own)
+    (tmp_path / "own.txt").write_text(own + "the dog sat on the rug\n" * 10)  # 2 words in 12 unknown: kept
+    corpus = load_corpus(str(tmp_path / "own.txt"), "word", tokenizer=tok)
+    assert 0 < np.mean(np.concatenate([corpus.train, corpus.valid, corpus.test]) == tok.unk_id) < MAX_UNKNOWN_SHARE
+    (tmp_path / "other.txt").write_text("a b c d e f the\n" * 40)  # a-f: 6 tokens in 8 (with "the" and the newline)
+    with pytest.raises(CorpusError, match=r"75% of the tokens of .*other.txt are unknown to the tokenizer given"):
+        load_corpus(str(tmp_path / "other.txt"), "word", tokenizer=tok)
+
+
+def test_eval_of_a_checkpoint_that_names_no_corpus_asks_for_data_instead_of_scoring_the_bundled_one(tmp_path, capsys):
+    """A model trained through the API on a corpus given in memory records no path; ``longseq eval`` without
+    ``--data`` would read the bundled corpus with that model's vocabulary.  It stops and asks for ``--data``."""
+    from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
+    from longseq.cli import main
+    from longseq.data.tokenizers import WordTokenizer
+    from longseq.model import build_model
+    from longseq.train import save_checkpoint
+
+    tok = WordTokenizer.build("alpha beta gamma delta\n")
+    run = RunConfig(ModelConfig.of(vocab_size=tok.vocab_size, n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16,
+                                   cutoffs=[]), DataConfig(tokenizer="word"), TrainConfig())  # fmt: skip
+    save_checkpoint(str(tmp_path / "ckpt"), build_model(run.model), run, tok)
+    assert main(["eval", "--checkpoint", str(tmp_path / "ckpt"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "names no corpus, so the bundled one was read" in err and "pass --data PATH" in err
+    assert "Traceback" not in err
+
+
 def test_a_checkpoint_whose_tokenizer_does_not_fit_the_model_is_an_error_naming_both_sizes(tmp_path):
     from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
     from longseq.model import build_model

@@ -124,4 +124,9 @@ def read_corpus(data: str | None, run, tokenizer, checkpoint: str):
                 f"checkpoint {checkpoint} was trained on {path}, which cannot be read here ({exc}); "
                 "pass --data PATH to give the corpus"
             ) from None
+        if data is None:  # trained on a corpus given in memory (the Python API): the run names none
+            raise CorpusError(
+                f"checkpoint {checkpoint} names no corpus, so the bundled one was read, and {exc}; "
+                "pass --data PATH to give the corpus it was trained on"
+            ) from None
         raise

@@ -69,8 +69,30 @@ def load_corpus(
         return load_prepared(path, tokenizer_kind, tokenizer=tokenizer, lowercase=lowercase, vocab_size=vocab_size)
     source = resolve_source(path)
     if source.kind == "layout":
-        return _load_layout(source, tokenizer_kind, tokenizer, lowercase, vocab_size or DEFAULT_BPE_VOCAB)
-    return _load_stream(source, tokenizer_kind, tokenizer, lowercase, vocab_size or DEFAULT_BPE_VOCAB)
+        corpus = _load_layout(source, tokenizer_kind, tokenizer, lowercase, vocab_size or DEFAULT_BPE_VOCAB)
+    else:
+        corpus = _load_stream(source, tokenizer_kind, tokenizer, lowercase, vocab_size or DEFAULT_BPE_VOCAB)
+    if tokenizer is not None:
+        check_known(corpus)
+    return corpus
+
+
+MAX_UNKNOWN_SHARE = 0.5  # word-level PTB has 5% <unk>; a text read with another corpus's vocabulary has far more
+
+
+def check_known(corpus: Corpus) -> None:
+    """Refuse a corpus read with a given word vocabulary (a checkpoint's) that does not know most of its tokens:
+    the vocabulary was built from another corpus, and every score on it would be a score of ``<unk>``."""
+    unk = getattr(corpus.tokenizer, "unk_id", None)
+    if unk is None:
+        return
+    parts = (corpus.train, corpus.valid, corpus.test)
+    share = sum(int(np.count_nonzero(p == unk)) for p in parts) / sum(len(p) for p in parts)
+    if share > MAX_UNKNOWN_SHARE:
+        raise CorpusError(
+            f"{share:.0%} of the tokens of {corpus.source} are unknown to the tokenizer given "
+            f"({corpus.tokenizer.vocab_size:,} words): it was built from another corpus"
+        )
 
 
 def load_data(config: DataConfig, tokenizer: Tokenizer | None = None) -> Corpus:
