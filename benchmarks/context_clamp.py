@@ -29,11 +29,14 @@ from longseq.eval.context import context_curve
 from longseq.train import load_checkpoint
 
 
+def bits(curve: dict) -> list[float]:
+    return [loss / math.log(2) for loss in curve["loss"]]
+
+
 def score(checkpoint: str, corpus, contexts: list[int], skip: int) -> dict:
     model, _, run, _ = load_checkpoint(checkpoint)
     common = dict(tgt_len=run.data.eval_tgt_len, batch_size=run.data.eval_batch_size, skip_segments=skip)
     clamp = run.data.tgt_len + run.model.memory.mem_len  # the longest distance a training query saw
-    bits = lambda curve: [loss / math.log(2) for loss in curve["loss"]]  # noqa: E731
     train_mem = run.model.memory.mem_len
     return {
         "checkpoint": checkpoint,

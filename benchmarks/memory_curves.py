@@ -274,6 +274,12 @@ def reuse(path: str, run: RunConfig, args, label: str, log) -> dict:
     return result
 
 
+def keep(stored: str, result: dict) -> None:
+    """Copy a finished run's result into the ``--store`` folder."""
+    os.makedirs(os.path.dirname(stored), exist_ok=True)
+    write_json(stored, result)
+
+
 def run_one(name: str, overrides: list[str], seed: int, corpus, args, log) -> dict | None:
     """Train (or resume, or reuse) one variant at one seed and score it (``--summarize``: reuse, or None)."""
     out = os.path.join(args.out, name, f"seed{seed}")
@@ -284,8 +290,7 @@ def run_one(name: str, overrides: list[str], seed: int, corpus, args, log) -> di
         if path and os.path.exists(path):
             result = reuse(path, run, args, f"{name} seed {seed}", log)
             if stored and not os.path.exists(stored):  # finished before this store was named: keep it there too
-                os.makedirs(os.path.dirname(stored), exist_ok=True)
-                write_json(stored, result)
+                keep(stored, result)
             return result
     if args.summarize:
         log(f"{name} seed {seed}: not finished, left out of the summary")
@@ -311,8 +316,7 @@ def run_one(name: str, overrides: list[str], seed: int, corpus, args, log) -> di
         result["share_history"].append((trained.step, float(np.mean(result["memory_share"]["memory_share"]))))
     write_json(result_path, result)
     if stored:
-        os.makedirs(os.path.dirname(stored), exist_ok=True)
-        write_json(stored, result)
+        keep(stored, result)
     log(
         f"{name} seed {seed}: test {bits_name(args.corpus)} {result['test']['bpc']:.4f}, ppl {result['test']['ppl']:.2f}"
     )

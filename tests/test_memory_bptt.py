@@ -45,28 +45,33 @@ def test_two_segments_with_mem_bptt_have_the_gradient_of_the_whole_sequence():
         assert second.mems[0].requires_grad == equal  # the new memory carries the graph only with mem_bptt
 
 
-@pytest.mark.parametrize("accum", [1, 2])
-def test_a_language_model_step_with_mem_bptt_has_the_gradient_of_the_whole_window(accum):
-    """The training step of the LM task (two segments, gradient accumulation in row chunks) gives the parameter
-    gradients of the 2T tokens read as one segment."""
+def lm_step(model: TransformerXLLM, x: torch.Tensor, accum: int):
+    """One training step of the LM task over ``x`` (B, 2T + 1) read as two segments of T, ``accum`` row chunks."""
     from types import SimpleNamespace
 
     from longseq.config.run import DataConfig, RunConfig, TrainConfig
     from longseq.tasks.base import StepContext
     from longseq.tasks.lm import LanguageModeling
 
-    x = torch.randint(0, 30, (4, 2 * T + 1))
-    reference = lm(1)
-    reference(x[:, :-1], None, x[:, 1:]).loss.backward()
-    whole = grads(reference)
-    model = lm(2)
-    run = RunConfig(model=model.config, data=DataConfig(tgt_len=T, batch_size=4), train=TrainConfig())
+    run = RunConfig(model=model.config, data=DataConfig(tgt_len=T, batch_size=x.size(0)), train=TrainConfig())
     segments = [
         SimpleNamespace(input_ids=x[:, i : i + T], labels=x[:, i + 1 : i + T + 1], doc_ids=None, new_epoch=False)
         for i in (0, T)
     ]
     ctx = StepContext(net=model, device=torch.device("cpu"), rows=slice(None), grad_accum=accum)
-    result = LanguageModeling(run).train_step(ctx, segments, None)
+    return LanguageModeling(run).train_step(ctx, segments, None)
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_a_language_model_step_with_mem_bptt_has_the_gradient_of_the_whole_window(accum):
+    """The training step of the LM task (two segments, gradient accumulation in row chunks) gives the parameter
+    gradients of the 2T tokens read as one segment."""
+    x = torch.randint(0, 30, (4, 2 * T + 1))
+    reference = lm(1)
+    reference(x[:, :-1], None, x[:, 1:]).loss.backward()
+    whole = grads(reference)
+    model = lm(2)
+    result = lm_step(model, x, accum)
     stepped = grads(model)
     assert all(torch.allclose(stepped[n], whole[n], rtol=0, atol=1e-10) for n in whole)
     assert not result.state[0].requires_grad  # the memory carried to the next step is cut
@@ -77,11 +82,6 @@ def test_gradient_accumulation_bounds_the_graph_held_at_once_with_mem_bptt():
     holds: each row chunk goes through the whole window and its backward before the next chunk starts.  Measured
     as the largest number of saved activation values (parameters left out) alive at once during the step."""
     import weakref
-    from types import SimpleNamespace
-
-    from longseq.config.run import DataConfig, RunConfig, TrainConfig
-    from longseq.tasks.base import StepContext
-    from longseq.tasks.lm import LanguageModeling
 
     class Saved:
         __slots__ = ("tensor", "__weakref__")
@@ -91,12 +91,6 @@ def test_gradient_accumulation_bounds_the_graph_held_at_once_with_mem_bptt():
     def peak(accum: int) -> int:
         model = lm(2)
         weights = {p.data_ptr() for p in model.parameters()}
-        run = RunConfig(model=model.config, data=DataConfig(tgt_len=T, batch_size=8), train=TrainConfig())
-        segments = [
-            SimpleNamespace(input_ids=x[:, i : i + T], labels=x[:, i + 1 : i + T + 1], doc_ids=None, new_epoch=False)
-            for i in (0, T)
-        ]
-        ctx = StepContext(net=model, device=torch.device("cpu"), rows=slice(None), grad_accum=accum)
         live, most = weakref.WeakSet(), [0]
 
         def pack(tensor):
@@ -108,7 +102,7 @@ def test_gradient_accumulation_bounds_the_graph_held_at_once_with_mem_bptt():
             return box
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda box: box.tensor):
-            LanguageModeling(run).train_step(ctx, segments, None)
+            lm_step(model, x, accum)
         return most[0]
 
     whole, halves = peak(1), peak(2)
