@@ -158,6 +158,8 @@ def test_finetune_and_data_commands(tmp_path, capsys):
     assert set(result["valid"]) == {"accuracy", "macro_f1"} and result["labels"] == ["even", "odd"]
     assert result["valid"]["accuracy"] == 1.0  # the last word decides the label
     assert (tmp_path / "ft" / "best" / "model.safetensors").exists() and (tmp_path / "ft" / "last").is_dir()
+    seen = json.loads((tmp_path / "ft" / "last" / "trainer_state.json").read_text())["tokens_seen"]
+    assert 40 * 4 * 24 <= seen <= 40 * 4 * 25  # tokens, not documents: each of the 4 a step has 24 or 25 characters
     (tmp_path / "bad.jsonl").write_text(json.dumps(rows[0]) + "\n" + '{"text": "x"}\n')
     code = main(["finetune", "--task", "classify", "--data", str(tmp_path / "bad.jsonl"), "--checkpoint",
                  str(tmp_path / "lm" / "last"), "--out", str(tmp_path / "ft2")])  # fmt: skip
@@ -311,6 +313,7 @@ def test_finetune_span_and_mlm_commands(tmp_path, capsys):
         results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["train"])
     before, after = results
     assert 0.25 * 8 * 42 < after["masked_tokens"] < 0.35 * 8 * 42  # 30% of the 8 x 42 characters
+    assert json.loads((tmp_path / "mlm" / "last" / "trainer_state.json").read_text())["tokens_seen"] == 60 * 4 * 42
     assert after["ppl"] < 0.7 * before["ppl"] and after["masked_accuracy"] > before["masked_accuracy"]
 
 

@@ -46,7 +46,7 @@ class StepContext:
 @dataclass
 class StepResult:
     """One optimizer step's mean training loss (this rank), the state carried to the next step (the LM's memory,
-    else None) and the tokens (or examples) it consumed."""
+    else None) and the tokens it consumed: for the example tasks, the documents' tokens before padding."""
 
     loss: float
     state: object | None

@@ -128,7 +128,7 @@ class Classify(Task):
                 loss = ctx.net(inputs, self.segment_len, labels, self.options.lm_weight, padding)["loss"]
             ctx.backward(loss * len(part) / len(picked))
             total += loss.item() * len(part) / len(picked)
-        return StepResult(total, None, len(picked))
+        return StepResult(total, None, sum(len(ids) for ids, _ in picked))
 
     @torch.no_grad()
     def scores(self, model, docs) -> torch.Tensor:

@@ -131,7 +131,7 @@ class MaskedLM(Task):
                 nll = ctx.net(masked[rows], self.segment_len, labels[rows], padding[rows])["nll"]
             ctx.backward(nll / count)
             total += nll.item() / count
-        return StepResult(total, None, len(picked))
+        return StepResult(total, None, sum(len(ids) for ids in picked))
 
     @torch.no_grad()
     def metrics(self, model, docs: list[list[int]]) -> dict:

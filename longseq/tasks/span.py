@@ -153,7 +153,7 @@ class Span(Task):
                 loss = ctx.net(inputs, self.segment_len, allowed, starts, ends, padding)["loss"]
             ctx.backward(loss * len(part) / len(picked))
             total += loss.item() * len(part) / len(picked)
-        return StepResult(total, None, len(picked))
+        return StepResult(total, None, sum(len(e["ids"]) for e in picked))
 
     @torch.no_grad()
     def answers(self, model, examples: list[dict]) -> tuple[list[dict], float]:
