@@ -98,3 +98,47 @@ def test_grouped_linear_fine_tuning_resumes_exactly_and_refuses_changes(tmp_path
     capsys.readouterr()
     assert main([*resume, "--steps", "8"]) == 0  # extending a decayed run says what happens to its schedule
     assert "note: the linear decay now ends at step 8, not 6" in capsys.readouterr().err
+
+
+def test_a_moved_run_resumes_exactly_from_its_files_at_their_new_path_and_other_files_are_refused(
+    tmp_path, capsys, monkeypatch
+):
+    """A fine-tuning run records the sha256 of its files and of its base checkpoint's weights.  Moved with its
+    files (a moved or re-cloned project), it resumes from them at their new path and ends where the whole run
+    does; a file with other bytes, at a new path or at the run's own, is refused by name, and so is a file that is
+    gone."""
+    import shutil
+
+    import longseq.train.finetune as finetune_module
+
+    old = tmp_path / "old"
+    old.mkdir()
+    lm, data = lm_checkpoint(old), varied_lengths_file(old)
+    args = ["finetune", "--task", "classify", "--data", data, "--valid", data, "--checkpoint", lm, "--segment-len",
+            "8", "--batch-size", "4", "--steps", "6", "--eval-interval", "1", "--quiet", "--json"]  # fmt: skip
+    assert main([*args, "--out", str(old / "whole")]) == 0
+    fit = finetune_module.Trainer.fit
+    monkeypatch.setattr(finetune_module.Trainer, "fit", lambda self, stop_after=None: fit(self, stop_after=3))
+    assert main([*args, "--out", str(old / "part")]) == 0  # interrupted after 3 of its 6 steps
+    monkeypatch.setattr(finetune_module.Trainer, "fit", fit)
+    new = tmp_path / "new"
+    shutil.move(old, new)
+    moved_data, moved_lm = str(new / "varied.jsonl"), str(new / "lm")
+    resume = ["finetune", "--resume", "--out", str(new / "part"), "--quiet", "--json"]
+    capsys.readouterr()
+    assert main(resume) == 2
+    assert f"--data: the run's file {data} is gone" in capsys.readouterr().err
+    other = new / "other.jsonl"
+    other.write_text(open(moved_data).read().replace("gfe", "fed"))
+    assert main([*resume, "--data", str(other), "--valid", moved_data]) == 2
+    assert f"--data {data!r} -> {str(other)!r}" in capsys.readouterr().err
+    assert main([*resume, "--data", moved_data, "--valid", moved_data, "--checkpoint", str(other)]) == 2
+    assert f"--checkpoint {lm!r} -> {str(other)!r}" in capsys.readouterr().err
+    assert main([*resume, "--data", moved_data, "--valid", moved_data, "--checkpoint", moved_lm]) == 0
+    losses = lambda name: [(r["step"], r["loss"]) for r in records(new / name / "metrics.jsonl") if "loss" in r]  # noqa: E731
+    assert losses("part") == losses("whole") and len(losses("whole")) == 6
+    options = json.loads((new / "part" / "last" / "config.json").read_text())["run"]["task"]["options"]
+    assert (options["train"], options["valid"], options["base"]) == (moved_data, moved_data, str(new / "lm" / "best"))
+    shutil.copy(other, moved_data)  # other bytes at the run's own path
+    assert main([*resume, "--steps", "8"]) == 2
+    assert f"--data: {moved_data} is not the file the run started with (its sha256 differs)" in capsys.readouterr().err

@@ -45,6 +45,7 @@ from longseq.data.sources import (
     CorpusError,
     DocumentIds,
     Source,
+    file_sha256,
     is_prepared,
     not_utf8,
     resolve_source,
@@ -252,14 +253,6 @@ class _TokenFile:
         self.file.close()
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(BLOCK_BYTES):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _renumber(path: str, dtype: np.dtype, rank: np.ndarray) -> None:
     """Map every id of ``path`` through ``rank``, in place, a chunk at a time."""
     if os.path.getsize(path) == 0:
@@ -392,7 +385,7 @@ def _write_index(tmp, source, tokenizer, spec, vocab_size, lowercase, dtype, spa
         "vocab_size": tokenizer.vocab_size,
         "tokenizer": {
             "file": "tokenizer.json",
-            "sha256": _sha256(os.path.join(tmp, "tokenizer.json")),
+            "sha256": file_sha256(os.path.join(tmp, "tokenizer.json")),
             "spec": spec if not is_tokenizer_path(spec) else os.path.abspath(spec),
             "kind": tokenizer.kind,
             "lowercase": lowercase,
@@ -408,7 +401,7 @@ def _write_index(tmp, source, tokenizer, spec, vocab_size, lowercase, dtype, spa
                 "file": f"{split}.bin",
                 "tokens": n,
                 "offset": offset,
-                "sha256": _sha256(os.path.join(tmp, f"{split}.bin")),
+                "sha256": file_sha256(os.path.join(tmp, f"{split}.bin")),
             }
             for split, (offset, n) in spans.items()
         },
@@ -492,7 +485,7 @@ def _read_tokenizer(directory: str, index: dict) -> Tokenizer:
     path = os.path.join(directory, entry.get("file", "tokenizer.json"))
     if not os.path.isfile(path):
         raise CorpusError(f"{path} is missing: the prepared corpus has no tokenizer")
-    if _sha256(path) != entry.get("sha256"):
+    if file_sha256(path) != entry.get("sha256"):
         raise CorpusError(
             f"{path} does not match {directory}/{PREPARED_INDEX} (sha256 differs): prepare the corpus again"
         )
@@ -515,7 +508,7 @@ def _check_file(path: str, entry: dict, dtype: np.dtype, verify: bool) -> None:
         raise CorpusError(
             f"{path} is truncated or altered: {size} bytes, index.json says {entry['tokens']} tokens ({expected} bytes)"
         )
-    if verify and _sha256(path) != entry["sha256"]:
+    if verify and file_sha256(path) != entry["sha256"]:
         raise CorpusError(f"{path} is corrupt: its sha256 does not match index.json; prepare the corpus again")
 
 

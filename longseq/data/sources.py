@@ -18,6 +18,7 @@ A subword tokenizer learns from the training text: the train file of a layout, e
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 from collections.abc import Iterable, Iterator
@@ -93,6 +94,15 @@ class Source:
     kind: str
     path: str
     files: dict[str, str] | list[str]
+
+
+def file_sha256(path: str, block_bytes: int = 1 << 22) -> str:
+    """The sha256 of a file's bytes, read ``block_bytes`` at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(block_bytes):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def bundled_corpus_path() -> str:

@@ -108,7 +108,9 @@ class FinetuneOptions(JsonConfig):
     """What every fine-tuning task shares: the training and validation JSONL files, the segment length the
     document is read in (0: the LM's ``tgt_len``), the LM checkpoint it starts from (``base``), ``head_only``
     (train the task head alone) and ``group_by_length`` (training batches of documents of similar length, so that
-    a batch reads few filler segments: :class:`LengthGroupedBatches`)."""
+    a batch reads few filler segments: :class:`LengthGroupedBatches`).  ``sha256``: the fingerprints of the
+    training and validation files and of the base checkpoint's weights, written when the run starts, by which a
+    resume knows the same files at another path (a moved or re-cloned project)."""
 
     train: str = ""
     valid: str | None = None
@@ -116,6 +118,7 @@ class FinetuneOptions(JsonConfig):
     base: str | None = None
     head_only: bool = False
     group_by_length: bool = False
+    sha256: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check(bool(self.train), "a fine-tuning task needs its training file (--data FILE.jsonl)")

@@ -16,7 +16,6 @@ Loading checks the manifest, so a truncated or corrupted file is reported by nam
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -28,6 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from longseq.config import ConfigError, ModelConfig, RunConfig
+from longseq.data.sources import file_sha256
 from longseq.data.tokenizers import Tokenizer, TokenizerError, tokenizer_from_dict
 from longseq.model import Memory, TransformerXLLM
 from longseq.tasks import task_for
@@ -58,14 +58,6 @@ class TrainingState:
     lr_scale: float = 1.0  # lowered by the NaN guard's rollbacks
     scaler: dict | None = None  # the fp16 loss scaler's state (scale, growth tracker)
     cuda_rng: list | None = None  # every CUDA device's RNG state, when CUDA is in use
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_json(path: str, data: Any) -> None:
@@ -217,7 +209,7 @@ def _write_checkpoint_files(tmp, model, run, tokenizer, training, metrics, weigh
         )
     files = sorted(os.listdir(tmp))
     manifest = {
-        f: {"size": os.path.getsize(os.path.join(tmp, f)), "sha256": _sha256(os.path.join(tmp, f))} for f in files
+        f: {"size": os.path.getsize(os.path.join(tmp, f)), "sha256": file_sha256(os.path.join(tmp, f))} for f in files
     }
     _write_json(os.path.join(tmp, "manifest.json"), {"format": FORMAT, "files": manifest})
     for f in [*files, "manifest.json"]:
@@ -246,7 +238,7 @@ def _verify(directory: str) -> dict:
             raise CheckpointError(
                 f"checkpoint file {path} is truncated or altered: {size} bytes, expected {entry['size']}"
             )
-        if _sha256(path) != entry["sha256"]:
+        if file_sha256(path) != entry["sha256"]:
             raise CheckpointError(f"checkpoint file {path} is corrupt: its sha256 does not match the manifest")
     return files
 

@@ -13,10 +13,13 @@ FIXED_DATA = ("tokenizer", "lowercase", "batch_size", "tgt_len", "varlen", "doc_
 FIXED_TRAIN = ("seed", "grad_accum", "parallel")
 
 
+MOVED_FILES = ("task.options.train", "task.options.valid", "task.options.base")  # known by task.options.sha256
+
+
 def _flat(data: dict, prefix: str = "") -> dict:
     out = {}
     for key, value in data.items():
-        if isinstance(value, dict) and key != "options":
+        if isinstance(value, dict) and key != "sha256":
             out.update(_flat(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
@@ -24,9 +27,10 @@ def _flat(data: dict, prefix: str = "") -> dict:
 
 
 def changed_fields(old: RunConfig, new: RunConfig) -> list[str]:
-    """``section.field: old -> new`` for every field a resume cannot change."""
+    """``section.field: old -> new`` for every field a resume cannot change.  A fine-tuning run's files may lie at
+    a new path: their fingerprints (``task.options.sha256``) may not change."""
     before, after = _flat(old.to_dict()), _flat(new.to_dict())
-    fixed = [k for k in before if k.startswith(("model.", "task."))]
+    fixed = [k for k in {**before, **after} if k.startswith(("model.", "task.")) and k not in MOVED_FILES]
     fixed += [f"data.{k}" for k in FIXED_DATA] + [f"train.{k}" for k in FIXED_TRAIN]
     return [f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in fixed if before.get(k) != after.get(k)]
 

@@ -17,6 +17,7 @@ import os
 
 from longseq.config import ConfigError, DataConfig, RunConfig, TrainConfig
 from longseq.config.run import TaskConfig
+from longseq.data.sources import file_sha256
 from longseq.tasks import task_for
 from longseq.train.checkpoint import load_checkpoint, load_checkpoint_config, resolve_checkpoint
 from longseq.train.trainer import Trainer
@@ -29,9 +30,10 @@ def finetune_run(base: RunConfig, base_path: str, task: str, options: dict, *, s
     """The run config of a fine-tuning run from an LM checkpoint's run config ``base``; ``schedule`` (constant,
     linear or cosine) is what follows the warmup, linear and cosine decaying to 0 at the last step."""
     options = {**options, "base": os.path.abspath(base_path)}
-    for key in ("train", "valid"):
+    for key in MOVABLE:
         if options.get(key):
             options[key] = os.path.abspath(os.path.expanduser(options[key]))
+    options["sha256"] = fingerprints(options)
     head_only = bool(options.get("head_only"))
     segment_len = options.get("segment_len") or base.data.tgt_len
     data = DataConfig(tokenizer=base.data.tokenizer, lowercase=base.data.lowercase, tgt_len=segment_len,
@@ -84,12 +86,76 @@ def finetune(base_checkpoint: str | None, out_dir: str, task: str | None = "clas
 
 RESUMABLE = {"steps": "max_steps", "lr": "lr", "eval_interval": "eval_interval", "save_interval": "save_interval",
              "device": "device"}  # fmt: skip
+MOVABLE = ("train", "valid")  # the files a run reads, which a resume may find at another path
+FLAGS = {"train": "--data", "valid": "--valid", "base": "--checkpoint"}
+
+
+def _weights_sha256(checkpoint_dir: str) -> str | None:
+    """The sha256 of a checkpoint's weights, as its manifest records them (None: no readable manifest)."""
+    try:
+        with open(os.path.join(checkpoint_dir, "manifest.json"), encoding="utf-8") as f:
+            return json.load(f)["files"]["model.safetensors"]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def fingerprints(options: dict) -> dict:
+    """The sha256 of a fine-tuning run's training and validation files and of its base checkpoint's weights
+    (those that exist), by which a resume recognises them at another path."""
+    out = {key: file_sha256(options[key]) for key in MOVABLE if options.get(key) and os.path.isfile(options[key])}
+    weights = _weights_sha256(options["base"]) if options.get("base") else None
+    return {**out, "base": weights} if weights else out
+
+
+def _same_file(recorded: dict, key: str, path: str) -> bool:
+    """Whether ``path`` holds the very file the run recorded as ``key`` (by its sha256), wherever it lies."""
+    return key in recorded and os.path.isfile(path) and file_sha256(path) == recorded[key]
+
+
+def _moved_base(options: dict, given: str) -> str | None:
+    """The base checkpoint directory at ``given`` (or the run's own leaf, best or last, under it) when it holds
+    the weights the run started from; else None."""
+    base, recorded = options.get("base") or "", options.get("sha256") or {}
+    for candidate in (given, os.path.join(given, os.path.basename(base))):
+        if "base" in recorded and _weights_sha256(candidate) == recorded["base"]:
+            return candidate
+    return None
+
+
+def _resume_changes(options: dict, saved: dict, given: dict, base_checkpoint: str | None) -> tuple[list, dict]:
+    """What a resume was asked to change (``--flag old -> new``, refused) and the files it found at a new path
+    (``{option: path}``, accepted: same sha256)."""
+    changed, moved, recorded = [], {}, options.get("sha256") or {}
+    for key, value in given.items():
+        if value is None or saved.get(key) == value:
+            continue
+        if key in MOVABLE and _same_file(recorded, key, value):
+            moved[key] = value
+        else:
+            changed.append(f"{FLAGS.get(key, '--' + key.replace('_', '-'))} {saved.get(key)!r} -> {value!r}")
+    base = options.get("base")
+    if base_checkpoint is not None and os.path.abspath(base_checkpoint) not in (base, os.path.dirname(base or "")):
+        found = _moved_base(options, os.path.abspath(base_checkpoint))
+        if found is None:
+            changed.append(f"--checkpoint {base!r} -> {os.path.abspath(base_checkpoint)!r}")
+        else:
+            moved["base"] = found
+    for key in MOVABLE:
+        path = moved.get(key, options.get(key))
+        if path and not os.path.isfile(path):
+            changed.append(f"{FLAGS[key]}: the run's file {path} is gone (give its new place; the same file is known "
+                           "by its sha256)")  # fmt: skip
+        elif path and key not in moved and key in recorded and file_sha256(path) != recorded[key]:
+            changed.append(f"{FLAGS[key]}: {path} is not the file the run started with (its sha256 differs)")
+    return changed, moved
 
 
 def resumed_run(last: str, base_checkpoint: str | None, task: str | None, settings: dict) -> RunConfig:
     """The run config that continues ``last``: its own, with the steps (extend the run), learning rate, cadence and
-    device given in ``settings``.  Any other setting given (not None) must equal the run's, else one
-    :class:`ConfigError` names every one that differs: a resume never ignores what it was asked in silence."""
+    device given in ``settings``.  The training and validation files and the base checkpoint may be given at a new
+    path when they hold the same bytes (a moved or re-cloned project).  Any other setting given (not None) must
+    equal the run's, else one :class:`ConfigError` names every one that differs: a resume never ignores what it was
+    asked in silence."""
     run = load_checkpoint_config(last)
     if run.task is None:
         raise ValueError(f"{last} is a language-model run; continue it with longseq train --resume")
@@ -99,23 +165,19 @@ def resumed_run(last: str, base_checkpoint: str | None, task: str | None, settin
              "segment_len": options.get("segment_len") or run.data.tgt_len,
              **{k: v for k, v in options.items() if k != "segment_len"}}  # fmt: skip
     given = {"task": task, **{k: v for k, v in settings.items() if k not in RESUMABLE}}
-    for key in ("train", "valid"):
+    for key in MOVABLE:
         if given.get(key) is not None:
             given[key] = os.path.abspath(os.path.expanduser(given[key]))
-    flag = {"train": "data"}
-    changed = [f"--{flag.get(k, k).replace('_', '-')} {saved.get(k)!r} -> {v!r}"
-               for k, v in given.items() if v is not None and saved.get(k) != v]  # fmt: skip
-    base = options.get("base")
-    if base_checkpoint is not None and os.path.abspath(base_checkpoint) not in (base, os.path.dirname(base or "")):
-        changed.append(f"--checkpoint {base!r} -> {os.path.abspath(base_checkpoint)!r}")
+    changed, moved = _resume_changes(options, saved, given, base_checkpoint)
     if changed:
         raise ConfigError(
             f"cannot resume {last}: {'; '.join(changed)}. A resume continues the run's own task, data and model; it "
-            "may change --steps, --lr, --eval-interval, --save-interval and --device. Drop the others, or start a "
-            "new run with --overwrite or another --out"
+            "may change --steps, --lr, --eval-interval, --save-interval and --device, and find the run's own files "
+            "at a new path. Drop the others, or start a new run with --overwrite or another --out"
         )
     changes = {RESUMABLE[k]: v for k, v in settings.items() if k in RESUMABLE and v is not None}
-    return RunConfig(run.model, run.data, run.train.replace(**changes), run.task) if changes else run
+    task_config = TaskConfig(run.task.name, {**options, **moved})
+    return RunConfig(run.model, run.data, run.train.replace(**changes) if changes else run.train, task_config)
 
 
 def _tokenizer(directory: str):
