@@ -131,9 +131,14 @@ def test_a_moved_run_resumes_exactly_from_its_files_at_their_new_path_and_other_
     other = new / "other.jsonl"
     other.write_text(open(moved_data).read().replace("gfe", "fed"))
     assert main([*resume, "--data", str(other), "--valid", moved_data]) == 2
-    assert f"--data {data!r} -> {str(other)!r}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"--data {data!r} -> {str(other)!r} (not the run's file: its sha256 differs)" in err and "gone" not in err
     assert main([*resume, "--data", moved_data, "--valid", moved_data, "--checkpoint", str(other)]) == 2
-    assert f"--checkpoint {lm!r} -> {str(other)!r}" in capsys.readouterr().err
+    assert f"--checkpoint {lm!r} -> {str(other)!r} (not the weights the run started from)" in capsys.readouterr().err
+    files = ["--data", moved_data, "--valid", moved_data]
+    finished = ["finetune", "--resume", "--out", str(new / "whole"), "--quiet", "--json"]
+    assert main([*finished, *files]) == 0  # nothing left to train: best/ still names the old paths
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 6
     assert main([*resume, "--data", moved_data, "--valid", moved_data, "--checkpoint", moved_lm]) == 0
     losses = lambda name: [(r["step"], r["loss"]) for r in records(new / name / "metrics.jsonl") if "loss" in r]  # noqa: E731
     assert losses("part") == losses("whole") and len(losses("whole")) == 6
@@ -142,3 +147,29 @@ def test_a_moved_run_resumes_exactly_from_its_files_at_their_new_path_and_other_
     shutil.copy(other, moved_data)  # other bytes at the run's own path
     assert main([*resume, "--steps", "8"]) == 2
     assert f"--data: {moved_data} is not the file the run started with (its sha256 differs)" in capsys.readouterr().err
+
+
+def test_a_run_without_fingerprints_resumes_from_its_own_paths_only_and_says_so(tmp_path, capsys, monkeypatch):
+    """Runs started before fine-tuning recorded its files' sha256 (simulated: none recorded) stay tied to their
+    paths; moved, they are refused with the reason, not told to give the new place."""
+    import shutil
+
+    import longseq.train.finetune as finetune_module
+
+    monkeypatch.setattr(finetune_module, "fingerprints", lambda options: {})
+    old = tmp_path / "old"
+    old.mkdir()
+    lm, data = lm_checkpoint(old), varied_lengths_file(old)
+    args = ["finetune", "--task", "classify", "--data", data, "--checkpoint", lm, "--segment-len", "8",
+            "--batch-size", "4", "--steps", "2", "--quiet", "--json", "--out", str(old / "ft")]  # fmt: skip
+    assert main(args) == 0
+    assert not json.loads((old / "ft" / "last" / "config.json").read_text())["run"]["task"]["options"].get("sha256")
+    shutil.move(old, tmp_path / "new")
+    resume = ["finetune", "--resume", "--out", str(tmp_path / "new" / "ft"), "--quiet", "--steps", "3"]
+    capsys.readouterr()
+    assert main(resume) == 2
+    assert "the run records no sha256 of its files, so it resumes from that path only" in capsys.readouterr().err
+    moved = str(tmp_path / "new" / "varied.jsonl")
+    assert main([*resume, "--data", moved]) == 2
+    err = capsys.readouterr().err
+    assert f"--data {data!r} -> {moved!r}. A resume" in err and "sha256 differs" not in err

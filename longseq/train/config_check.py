@@ -13,7 +13,8 @@ FIXED_DATA = ("tokenizer", "lowercase", "batch_size", "tgt_len", "varlen", "doc_
 FIXED_TRAIN = ("seed", "grad_accum", "parallel")
 
 
-MOVED_FILES = ("task.options.train", "task.options.valid", "task.options.base")  # known by task.options.sha256
+# a fine-tuning run's files may lie at a new path; finetune.resumed_run checks their bytes against task.options.sha256
+MOVED_FILES = ("task.options.train", "task.options.valid", "task.options.base")
 
 
 def _flat(data: dict, prefix: str = "") -> dict:

@@ -77,7 +77,7 @@ def finetune(base_checkpoint: str | None, out_dir: str, task: str | None = "clas
     job = task_for(run, tokenizer, log, base=base)
     result = Trainer(job, run, out_dir, resume=resume, overwrite=overwrite, progress=progress, log=log).fit()
     best, _, best_run, _ = load_checkpoint(os.path.join(out_dir, "best"))
-    report = task_for(best_run, tokenizer, log)
+    report = task_for(_reading_files_of(best_run, run), tokenizer, log)
     report.prepare()  # the examples, encoded with the run's label set
     last = result.losses[-10:]
     summary = {"steps": result.step, "train_loss": sum(last) / len(last) if last else float("nan")}
@@ -131,21 +131,27 @@ def _resume_changes(options: dict, saved: dict, given: dict, base_checkpoint: st
             continue
         if key in MOVABLE and _same_file(recorded, key, value):
             moved[key] = value
-        else:
-            changed.append(f"{FLAGS.get(key, '--' + key.replace('_', '-'))} {saved.get(key)!r} -> {value!r}")
+            continue
+        other = key in MOVABLE and key in recorded and os.path.isfile(value)
+        why = " (not the run's file: its sha256 differs)" if other else ""
+        changed.append(f"{FLAGS.get(key, '--' + key.replace('_', '-'))} {saved.get(key)!r} -> {value!r}{why}")
     base = options.get("base")
     if base_checkpoint is not None and os.path.abspath(base_checkpoint) not in (base, os.path.dirname(base or "")):
         found = _moved_base(options, os.path.abspath(base_checkpoint))
         if found is None:
-            changed.append(f"--checkpoint {base!r} -> {os.path.abspath(base_checkpoint)!r}")
+            why = " (not the weights the run started from)" if "base" in recorded else ""
+            changed.append(f"--checkpoint {base!r} -> {os.path.abspath(base_checkpoint)!r}{why}")
         else:
             moved["base"] = found
     for key in MOVABLE:
-        path = moved.get(key, options.get(key))
-        if path and not os.path.isfile(path):
-            changed.append(f"{FLAGS[key]}: the run's file {path} is gone (give its new place; the same file is known "
-                           "by its sha256)")  # fmt: skip
-        elif path and key not in moved and key in recorded and file_sha256(path) != recorded[key]:
+        path = options.get(key)
+        if not path or key in moved or given.get(key) not in (None, path):  # a new path: judged above
+            continue
+        if not os.path.isfile(path):
+            hint = (f"give its new place with {FLAGS[key]}; the same bytes are recognised by their sha256"
+                    if key in recorded else "the run records no sha256 of its files, so it resumes from that path only")  # fmt: skip
+            changed.append(f"{FLAGS[key]}: the run's file {path} is gone ({hint})")
+        elif key in recorded and file_sha256(path) != recorded[key]:
             changed.append(f"{FLAGS[key]}: {path} is not the file the run started with (its sha256 differs)")
     return changed, moved
 
@@ -173,11 +179,18 @@ def resumed_run(last: str, base_checkpoint: str | None, task: str | None, settin
         raise ConfigError(
             f"cannot resume {last}: {'; '.join(changed)}. A resume continues the run's own task, data and model; it "
             "may change --steps, --lr, --eval-interval, --save-interval and --device, and find the run's own files "
-            "at a new path. Drop the others, or start a new run with --overwrite or another --out"
+            "at a new path by their sha256. Drop the others, or start a new run with --overwrite or another --out"
         )
     changes = {RESUMABLE[k]: v for k, v in settings.items() if k in RESUMABLE and v is not None}
     task_config = TaskConfig(run.task.name, {**options, **moved})
     return RunConfig(run.model, run.data, run.train.replace(**changes) if changes else run.train, task_config)
+
+
+def _reading_files_of(saved: RunConfig, run: RunConfig) -> RunConfig:
+    """``saved`` (the run ``best/`` records) reading its files where this session's ``run`` found them: a moved
+    run's ``best/`` may predate the resume and name the old paths."""
+    files = {key: run.task.options[key] for key in (*MOVABLE, "base") if run.task.options.get(key)}
+    return RunConfig(saved.model, saved.data, saved.train, TaskConfig(saved.task.name, {**saved.task.options, **files}))
 
 
 def _tokenizer(directory: str):
