@@ -141,7 +141,8 @@ def finetune(args, data: str, lm: str, log) -> dict:
             raise SystemExit(
                 f"{out} holds an unfinished fine-tuning run and this longseq finetune cannot resume; remove it"
             )
-        flags.append("--resume")
+        at = flags.index("--checkpoint")  # a resume needs no base; one made again elsewhere may differ in its last bits
+        flags = [*flags[:at], *flags[at + 2 :], "--resume"]
     began = time.perf_counter()
     try:
         result = longseq("finetune", *flags, log=log)
@@ -176,15 +177,17 @@ def keep(args, names: list[str], log) -> None:
 
 def restore(args, log) -> None:
     """What ``--store`` holds and the work directory lacks (a fresh clone) is copied in, so the run continues.  A
-    fine-tuning checkpoint names its data and its LM by absolute path, so it continues only in the work directory
-    it was made in: another one is refused by name."""
+    fine-tuning run records the sha256 of its data, so it continues in any work directory (the data is made again,
+    the same); a run stored before runs did so names its data by absolute path only, and continues only in the
+    work directory it was made in: another one is refused by name."""
     config = os.path.join(args.store or "", "classifier", "last", "config.json")
     if args.store and os.path.exists(config):
         with open(config, encoding="utf-8") as f:
-            made_in = os.path.dirname(os.path.dirname(json.load(f)["run"]["task"]["options"]["train"]))
-        if made_in != os.path.abspath(args.work):
+            options = json.load(f)["run"]["task"]["options"]
+        made_in = os.path.dirname(os.path.dirname(options["train"]))
+        if made_in != os.path.abspath(args.work) and not options.get("sha256"):
             raise SystemExit(f"{args.store} holds a run made in --work {made_in}; it continues only there (its "
-                             "checkpoint names its data by absolute path)")  # fmt: skip
+                             "checkpoint names its data by absolute path and records no sha256 of it)")  # fmt: skip
     for name in STORED if args.store else ():
         source, target = os.path.join(args.store, name), os.path.join(args.work, name)
         if os.path.exists(source) and not os.path.exists(target):
