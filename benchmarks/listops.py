@@ -48,6 +48,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TARGET = 0.37  # the issue's target; LRA: Transformer 36.4%, BigBird 36.1%
+LENGTH_BUCKET = 500  # accuracy is also reported by document length in tokens, in buckets of this many
 
 
 def longseq(*argv: str, log) -> dict:
@@ -220,14 +221,15 @@ def load_classifier(work: str, lm_dir: str, device: str):
 
 @torch.no_grad()
 def accuracy(model, tokenizer, labels, path: str, segment_len: int, batch_size: int, device: str) -> dict:
-    """Accuracy of ``model`` on a JSONL file, batches in file order, each document left-padded with token 0 to a
-    whole number of segments and its filler masked (the fine-tuning convention)."""
+    """Accuracy of ``model`` on a JSONL file, in all and by document length (buckets of ``LENGTH_BUCKET`` tokens);
+    batches in file order, each document left-padded with token 0 to a whole number of segments and its filler
+    masked (the fine-tuning convention)."""
     from longseq.tasks.classify import label_name
 
     index = {label: i for i, label in enumerate(labels)}
     with open(path, encoding="utf-8") as f:
         records = [json.loads(line) for line in f if line.strip()]
-    correct, counts = 0, {}
+    correct, counts, buckets = 0, {}, {}
     for start in range(0, len(records), batch_size):
         batch = records[start : start + batch_size]
         ids = [tokenizer.encode(r["text"]).tolist() for r in batch]
@@ -238,11 +240,19 @@ def accuracy(model, tokenizer, labels, path: str, segment_len: int, batch_size: 
             inputs[row, length - len(seq) :] = torch.as_tensor(seq)
             padding[row, length - len(seq) :] = False
         logits = model(inputs.to(device), segment_len, padding=padding.to(device))["logits"]  # (B, C)
-        for r, predicted in zip(batch, logits.argmax(-1).tolist()):
-            correct += int(index.get(label_name(r["label"]), -1) == predicted)  # labels are names: 0 and "0" alike
+        for r, seq, predicted in zip(batch, ids, logits.argmax(-1).tolist()):
+            right = int(index.get(label_name(r["label"]), -1) == predicted)  # labels are names: 0 and "0" alike
+            correct += right
             counts[r["label"]] = counts.get(r["label"], 0) + 1
+            low = len(seq) // LENGTH_BUCKET * LENGTH_BUCKET
+            bucket = buckets.setdefault(f"{low}-{low + LENGTH_BUCKET - 1}", [0, 0])
+            bucket[0], bucket[1] = bucket[0] + right, bucket[1] + 1
+    by_length = {
+        k: {"accuracy": c / n, "examples": n}
+        for k, (c, n) in sorted(buckets.items(), key=lambda kv: int(kv[0].split("-")[0]))
+    }
     return {"accuracy": correct / len(records), "examples": len(records),
-            "majority_class": max(counts.values()) / len(records)}  # fmt: skip
+            "majority_class": max(counts.values()) / len(records), "by_length": by_length}  # fmt: skip
 
 
 def check_settings(args) -> None:
