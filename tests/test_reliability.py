@@ -69,7 +69,10 @@ def test_generate_streams_what_it_samples_and_an_interrupt_keeps_it(tmp_path):
     assert main(["train", "--out", str(out), *TINY]) == 0
     command = [sys.executable, "-m", "longseq", "generate", "--checkpoint", str(out), "--prompt", "ROMEO:",
                "--max-new-tokens", "1000000", "--seed", "1"]  # fmt: skip
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # a test runner started in the background by a shell without job control ignores SIGINT, and its children
+    # inherit that; the child gets the default back, as a terminal's process has it
+    restore = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=restore)
     seen = b""
     deadline = time.time() + 120
     while len(seen) < 40 and time.time() < deadline:  # tokens arrive while the run goes on
