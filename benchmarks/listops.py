@@ -244,13 +244,10 @@ def accuracy(model, tokenizer, labels, path: str, segment_len: int, batch_size: 
             right = int(index.get(label_name(r["label"]), -1) == predicted)  # labels are names: 0 and "0" alike
             correct += right
             counts[r["label"]] = counts.get(r["label"], 0) + 1
-            low = len(seq) // LENGTH_BUCKET * LENGTH_BUCKET
-            bucket = buckets.setdefault(f"{low}-{low + LENGTH_BUCKET - 1}", [0, 0])
+            bucket = buckets.setdefault(len(seq) // LENGTH_BUCKET * LENGTH_BUCKET, [0, 0])
             bucket[0], bucket[1] = bucket[0] + right, bucket[1] + 1
-    by_length = {
-        k: {"accuracy": c / n, "examples": n}
-        for k, (c, n) in sorted(buckets.items(), key=lambda kv: int(kv[0].split("-")[0]))
-    }
+    by_length = {f"{low}-{low + LENGTH_BUCKET - 1}": {"accuracy": c / n, "examples": n}
+                 for low, (c, n) in sorted(buckets.items())}  # fmt: skip
     return {"accuracy": correct / len(records), "examples": len(records),
             "majority_class": max(counts.values()) / len(records), "by_length": by_length}  # fmt: skip
 

@@ -19,7 +19,7 @@ from longseq.config import ConfigError, DataConfig, RunConfig, TrainConfig
 from longseq.config.run import TaskConfig
 from longseq.data.sources import file_sha256
 from longseq.tasks import task_for
-from longseq.train.checkpoint import load_checkpoint, load_checkpoint_config, resolve_checkpoint
+from longseq.train.checkpoint import load_checkpoint, load_checkpoint_config, resolve_checkpoint, weights_sha256
 from longseq.train.trainer import Trainer
 
 
@@ -90,20 +90,11 @@ MOVABLE = ("train", "valid")  # the files a run reads, which a resume may find a
 FLAGS = {"train": "--data", "valid": "--valid", "base": "--checkpoint"}
 
 
-def _weights_sha256(checkpoint_dir: str) -> str | None:
-    """The sha256 of a checkpoint's weights, as its manifest records them (None: no readable manifest)."""
-    try:
-        with open(os.path.join(checkpoint_dir, "manifest.json"), encoding="utf-8") as f:
-            return json.load(f)["files"]["model.safetensors"]["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def fingerprints(options: dict) -> dict:
     """The sha256 of a fine-tuning run's training and validation files and of its base checkpoint's weights
     (those that exist), by which a resume recognises them at another path."""
     out = {key: file_sha256(options[key]) for key in MOVABLE if options.get(key) and os.path.isfile(options[key])}
-    weights = _weights_sha256(options["base"]) if options.get("base") else None
+    weights = weights_sha256(options["base"]) if options.get("base") else None
     return {**out, "base": weights} if weights else out
 
 
@@ -117,7 +108,7 @@ def _moved_base(options: dict, given: str) -> str | None:
     the weights the run started from; else None."""
     base, recorded = options.get("base") or "", options.get("sha256") or {}
     for candidate in (given, os.path.join(given, os.path.basename(base))):
-        if "base" in recorded and _weights_sha256(candidate) == recorded["base"]:
+        if "base" in recorded and weights_sha256(candidate) == recorded["base"]:
             return candidate
     return None
 
