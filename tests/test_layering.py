@@ -1,0 +1,67 @@
+"""The package map of docs/ARCHITECTURE.md is a claim about imports: a package imports only those listed below it.
+
+The order is read from the map itself, so the test fails if the code imports upward or if the map and the code
+drift apart (a package missing from the map, or listed in another order than the imports allow)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "longseq"
+
+
+def map_order() -> list[str]:
+    """The top-level entries of the map's code block, top to bottom (``cli/`` -> ``cli``, ``runtime.py`` ->
+    ``runtime``)."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    block = text.split("```", 2)[1]
+    names = re.findall(r"^([a-z_]+)(?:/|\.py)\s", block, flags=re.MULTILINE)
+    return names
+
+
+def top_level(path: Path) -> str:
+    return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+
+
+def imported_packages(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules = [node.module]
+        elif isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        else:
+            continue
+        for module in modules:
+            parts = module.split(".")
+            if parts[0] == "longseq" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+def test_every_package_is_on_the_map():
+    entries = {top_level(p) for p in PACKAGE.rglob("*.py")} - {"__init__", "__main__"}
+    assert entries <= set(map_order()), f"not on docs/ARCHITECTURE.md's map: {sorted(entries - set(map_order()))}"
+
+
+def test_no_package_imports_one_listed_above_it():
+    order = map_order()
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        source = top_level(path)
+        if source not in order:
+            continue
+        for target in imported_packages(path) - {source}:
+            if target in order and order.index(target) < order.index(source):
+                upward.append(f"{path.relative_to(ROOT)} imports longseq.{target}")
+    assert not upward, "imports against the map's order: " + "; ".join(sorted(upward))
+
+
+def test_the_check_sees_an_upward_import(tmp_path):
+    """The scan itself: an import of ``longseq.cli`` is found where it is written."""
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from longseq.cli import common\n")
+    assert imported_packages(module) == {"cli"}
