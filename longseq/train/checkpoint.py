@@ -58,6 +58,8 @@ class TrainingState:
     lr_scale: float = 1.0  # lowered by the NaN guard's rollbacks
     scaler: dict | None = None  # the fp16 loss scaler's state (scale, growth tracker)
     cuda_rng: list | None = None  # every CUDA device's RNG state, when CUDA is in use
+    pending_validation: bool = False  # a signal stopped this step's validation: the resumed run does it again
+    data_sha256: dict | None = None  # the fingerprint of the training data (a resume on other data is refused)
 
 
 def _write_json(path: str, data: Any) -> None:
@@ -205,6 +207,8 @@ def _write_checkpoint_files(tmp, model, run, tokenizer, training, metrics, weigh
                 "tokens_seen": training.tokens_seen,
                 "lr_scale": training.lr_scale,
                 "scaler": training.scaler,
+                "pending_validation": training.pending_validation,
+                "data_sha256": training.data_sha256,
             },
         )
     files = sorted(os.listdir(tmp))
@@ -227,7 +231,13 @@ def weights_sha256(directory: str) -> str | None:
         return None
 
 
-def _verify(directory: str) -> dict:
+WEIGHT_FILES = ("config.json", "tokenizer.json", "model.safetensors")  # what every checkpoint holds
+STATE_FILES = ("trainer_state.json", "trainer.safetensors")  # and what a resumable one holds beside them
+
+
+def _verify(directory: str, needed: tuple[str, ...] = WEIGHT_FILES) -> dict:
+    """The manifest's files, after checking that it lists every file in ``needed`` and that each listed file has
+    its recorded size and sha256: a checkpoint error names the first file that does not."""
     if not os.path.isdir(directory):
         raise CheckpointError(f"checkpoint directory {directory} does not exist")
     manifest_path = os.path.join(directory, "manifest.json")
@@ -239,10 +249,15 @@ def _verify(directory: str) -> dict:
         raise CheckpointError(f"{directory} is not a complete longseq checkpoint (no manifest.json)") from None
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{manifest_path} is corrupt: {exc}") from None
+    if not isinstance(files, dict):
+        raise CheckpointError(f"{manifest_path} is corrupt: 'files' is not an object")
+    _verify_listed(directory, files, needed)
     for name, entry in files.items():
         path = os.path.join(directory, name)
         if not os.path.isfile(path):
-            raise CheckpointError(f"checkpoint {directory} is missing {name}")
+            raise CheckpointError(f"checkpoint {directory} is missing {name} (its manifest lists it)")
+        if not isinstance(entry, dict) or not {"size", "sha256"} <= set(entry):
+            raise CheckpointError(f"{manifest_path} is corrupt: the entry of {name} lacks its size or sha256")
         size = os.path.getsize(path)
         if size != entry["size"]:
             raise CheckpointError(
@@ -357,19 +372,33 @@ def _shared_names(model) -> dict[str, list[str]]:
     return {name: [n for n in names if n != name] for names in by_id.values() for name in names}
 
 
+STATE_KEYS = ("step", "data_state", "best_valid_loss", "optimizer")  # what trainer_state.json must hold
+
+
 def load_training_state(directory: str) -> TrainingState:
-    """Load what :func:`save_checkpoint` stored for resuming (the manifest is checked first)."""
+    """Load what :func:`save_checkpoint` stored for resuming (the manifest is checked first); a file or key that
+    is not there is a :class:`CheckpointError` naming it."""
     directory = os.path.abspath(directory)
     recover_checkpoint(directory)
     files = _verify(directory)
     if "trainer_state.json" not in files:
         raise CheckpointError(f"{directory} holds weights only (no training state); it cannot be resumed")
-    with open(os.path.join(directory, "trainer_state.json"), encoding="utf-8") as f:
-        meta = json.load(f)
+    _verify_listed(directory, files, STATE_FILES)
+    state_path = os.path.join(directory, "trainer_state.json")
     try:
+        with open(state_path, encoding="utf-8") as f:
+            meta = json.load(f)
+        missing = [key for key in STATE_KEYS if key not in meta]
         tensors = load_file(os.path.join(directory, "trainer.safetensors"))
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise CheckpointError(f"{state_path} is not valid JSON: {exc}") from None
     except SafetensorError as exc:
         raise CheckpointError(f"cannot read {directory}/trainer.safetensors: {exc}") from None
+    if missing or "rng.torch" not in tensors:
+        what = [f"key {k!r} of {state_path}" for k in missing] + (
+            [] if "rng.torch" in tensors else [f"tensor 'rng.torch' of {directory}/trainer.safetensors"]
+        )
+        raise CheckpointError(f"checkpoint {directory} cannot be resumed: it lacks {', '.join(what)}")
     return TrainingState(
         step=meta["step"],
         data_state=meta["data_state"],
@@ -382,4 +411,16 @@ def load_training_state(directory: str) -> TrainingState:
         scaler=meta.get("scaler"),
         cuda_rng=[tensors[f"rng.cuda.{i}"] for i in range(len([k for k in tensors if k.startswith("rng.cuda.")]))]
         or None,
+        pending_validation=bool(meta.get("pending_validation", False)),
+        data_sha256=meta.get("data_sha256"),
     )
+
+
+def _verify_listed(directory: str, files: dict, needed: tuple[str, ...]) -> None:
+    """``needed`` must be listed by the manifest (whose files :func:`_verify` has checked)."""
+    unlisted = [name for name in needed if name not in files]
+    if unlisted:
+        raise CheckpointError(
+            f"checkpoint {directory}: its manifest does not list {', '.join(unlisted)}, so it cannot be verified; "
+            "the checkpoint is incomplete or altered"
+        )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 
@@ -26,10 +27,11 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 
 from longseq.config import ConfigError, RunConfig
+from longseq.config.base import leaves
 from longseq.config.files import write_run_config
 from longseq.tasks.base import StepContext, Task, set_trainable
 from longseq.train.checkpoint import TrainingState, load_training_state, load_weights, save_checkpoint
-from longseq.train.config_check import check_resumable
+from longseq.train.config_check import check_options_apply, check_resumable, check_same_data
 from longseq.train.distributed import (
     full_optimizer_state,
     full_state_dict,
@@ -40,7 +42,7 @@ from longseq.train.distributed import (
     shard_optimizer_state,
 )
 from longseq.train.optim import build_optimizer, layer_of, learning_rate
-from longseq.train.rundir import RunDirectory
+from longseq.train.rundir import RunDirectory, has_checkpoint
 from longseq.train.signals import Interrupted, StopSignals
 
 
@@ -103,16 +105,6 @@ def layer_grad_norms(model) -> dict[str, float]:
     return {key: value**0.5 for key, value in squares.items()}
 
 
-def _flatten(record: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in record.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}/"))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 class Trainer:
     """Trains ``task`` for ``run`` into ``out_dir``; :meth:`fit` runs the loop.
 
@@ -127,11 +119,18 @@ class Trainer:
         self.task, self.run, self.tc = task, run, run.train
         task.log = self.log  # rank 0 speaks for the run
         self.dir = RunDirectory(out_dir, resume=resume, overwrite=overwrite, main=self.world.main)
-        self.resume, self.overwrite, self.progress, self.after_backward = resume, overwrite, progress, after_backward
+        self.resume, self.overwrite, self.progress = self.dir.resuming, overwrite, progress
+        self.after_backward = after_backward
+        if self.dir.fresh_start:
+            self.log(f"{self.dir.path} holds a run that stopped before its first checkpoint "
+                     f"({', '.join(self.dir.existing)}): nothing to resume, so it starts afresh")  # fmt: skip
         self.step_count, self.best, self.tokens_seen, self.lr_scale, self.state = 0, None, 0, 1.0, None
         self.bad_steps, self.saved_at, self.clock_offset, self.last_save = 0, -1, 0.0, time.monotonic()
         self.losses: list[float] = []
         self.valid: dict = {}
+        self.pending_validation = False  # a validation a signal stopped: the resumed run does it again
+        self.updating = False  # inside the optimizer update: a KeyboardInterrupt here cannot go back a step
+        self.data_sha256: dict | None = None
         self.writer, self.start_time, self.start_tokens, self.last_lr = None, time.perf_counter(), 0, 0.0
 
     # --- build and restore ------------------------------------------------------------------------------------
@@ -148,8 +147,11 @@ class Trainer:
                 f"{world.size} process(es)"
             )
         self.checkpoint_state = load_training_state(self.dir.last) if self.resume else None
+        self.data_sha256 = self.task.data_fingerprint()
         if self.resume:
-            check_resumable(self.dir.last, self.run, self.task.tokenizer)
+            saved = check_resumable(self.dir.last, self.run, self.task.tokenizer)
+            check_same_data(self.checkpoint_state.data_sha256, self.data_sha256, self.dir.last, self.run, self.log,
+                            saved_path=saved.data.path)  # fmt: skip
         self.device = resolve_device(tc.device, world)
         self.sharded = tc.parallel == "fsdp" and world.size > 1
         self._check_parallel()
@@ -203,12 +205,8 @@ class Trainer:
         if self.scaler is not None and state.scaler:
             self.scaler.load_state_dict(state.scaler)
         self.state = self.world.local_memory(state.mems)
-        self.step_count, self.best, self.tokens_seen, self.lr_scale = (
-            state.step,
-            state.best_valid_loss,
-            state.tokens_seen,
-            state.lr_scale,
-        )
+        self.step_count, self.best, self.tokens_seen = state.step, state.best_valid_loss, state.tokens_seen
+        self.lr_scale, self.pending_validation = state.lr_scale, state.pending_validation
         self.saved_at = self.step_count  # the state restored is the one on disk: nothing new to save yet
 
     # --- one step ---------------------------------------------------------------------------------------------
@@ -235,6 +233,7 @@ class Trainer:
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self._bad_step(f"loss {loss}, gradient norm {grad_norm}", lr)
             return False
+        self.updating = True  # from here the step is applied whole: weights, moments and bookkeeping
         self.bad_steps, self.state = 0, result.state
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
@@ -245,6 +244,7 @@ class Trainer:
         self.tokens_seen += result.tokens
         self.losses.append(loss)
         self.last_lr = lr
+        self.updating = False
         return True
 
     def _bad_step(self, what: str, lr: float) -> None:
@@ -280,10 +280,13 @@ class Trainer:
     # --- validate and save ------------------------------------------------------------------------------------
 
     def validate(self, stop: StopSignals) -> None:
-        """Validation (aborted by a signal), the best checkpoint, then ``last/``."""
+        """Validation (aborted by a signal: then pending, done again by the resumed run), the best checkpoint,
+        then ``last/``."""
         if self.world.main or self.sharded:  # under DDP the others go on to the checkpoint and wait there
             valid = stop.interruptible(self.task.validate, self.model, self.sharded)
-            if valid is None:  # stopped by a signal: the loop saves and stops
+            self.model.train()  # a validation stopped halfway may not have put the model back
+            self.pending_validation = valid is None
+            if valid is None:  # stopped by a signal: the loop saves last/ (validation pending) and stops
                 return
             self.valid = valid
             if valid:
@@ -309,10 +312,19 @@ class Trainer:
             optimizer = full_optimizer_state(self.optimizer, keep=world.main) if self.sharded else None
             cpu, cuda = rng_states()
             training = TrainingState(
-                self.step_count, self.batches.state_dict(), self.best, optimizer or self.optimizer.state_dict(),
-                cpu, world.gather_memory(self.state), self.tokens_seen, self.lr_scale,
-                self.scaler.state_dict() if self.scaler is not None else None, cuda,
-            )  # fmt: skip
+                step=self.step_count,
+                data_state=self.batches.state_dict(),
+                best_valid_loss=self.best,
+                optimizer=optimizer or self.optimizer.state_dict(),
+                torch_rng=cpu,
+                mems=world.gather_memory(self.state),
+                tokens_seen=self.tokens_seen,
+                lr_scale=self.lr_scale,
+                scaler=self.scaler.state_dict() if self.scaler is not None else None,
+                cuda_rng=cuda,
+                pending_validation=self.pending_validation,
+                data_sha256=self.data_sha256,
+            )
         if world.main:
             keep = self._history_slot(directory) if with_state else None
             save_checkpoint(directory, self.model, self.run, self.task.tokenizer, training, metrics,
@@ -339,9 +351,14 @@ class Trainer:
 
     def write_metrics(self, record: dict) -> None:
         if self.world.main:
-            self.dir.append_metrics(record)
+            try:
+                self.dir.append_metrics(record)
+            except OSError as exc:  # a full disk: name the file, and what is safe
+                kept = (f"{self.dir.last} (step {self.saved_at}) is intact: free space and continue with --resume"
+                        if self.saved_at >= 0 else "no checkpoint was saved yet")  # fmt: skip
+                raise TrainingError(f"could not append to {self.dir.metrics}: {exc.strerror or exc}; {kept}") from None
         if self.writer is not None:
-            for key, value in _flatten(record).items():
+            for key, value in leaves(record, sep="/").items():
                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     self.writer.add_scalar(key, value, record["step"])
 
@@ -365,7 +382,9 @@ class Trainer:
                 self.restore(self.checkpoint_state)
                 self.clock_offset = self.dir.truncate_metrics(self.step_count) if self.world.main else 0.0
                 self.log(f"resumed from {self.dir.last} at step {self.step_count}")
-                if self.step_count >= self.tc.max_steps:
+                if self.pending_validation:
+                    self.log(f"the validation of step {self.step_count} was interrupted: it runs again first")
+                elif self.step_count >= self.tc.max_steps:
                     self.log(f"the run is already at step {self.step_count} of max_steps {self.tc.max_steps}: nothing "
                              "to train (raise max_steps to continue it)")  # fmt: skip
         except BaseException:
@@ -399,6 +418,9 @@ class Trainer:
         end = tc.max_steps if stop_after is None else min(tc.max_steps, self.step_count + stop_after)
         self.start_time, self.start_tokens = time.perf_counter(), self.tokens_seen
         start_tokens = self.start_tokens
+        if self.pending_validation:  # the resumed run validates the step whose validation a signal stopped
+            self.validate(stop)
+            self._stop_if_signalled(stop)
         bar = tqdm(total=tc.max_steps, initial=self.step_count, desc="train", unit="step", dynamic_ncols=True,
                    disable=not (self.progress and self.world.main) or None)  # fmt: skip
         with bar:
@@ -407,12 +429,8 @@ class Trainer:
                 try:
                     if not self.step():
                         continue
-                except KeyboardInterrupt:  # inside a step: go back to where the last completed step left things
-                    self.batches.load_state_dict(snapshot[0])
-                    set_rng_states(*snapshot[1])
-                    self.state = snapshot[2]
-                    self.log(f"interrupted at step {self.step_count}; saving {self.dir.last} for --resume")
-                    self.save(self.dir.last, with_state=True)
+                except KeyboardInterrupt:  # raised by code, not a signal (signals only set stop.signum)
+                    self._interrupted_inside_step(snapshot)
                     raise
                 speed = (self.tokens_seen - start_tokens) / max(time.perf_counter() - self.start_time, 1e-9)
                 bar.update(1)
@@ -435,10 +453,29 @@ class Trainer:
             self.save(self.dir.last, with_state=True)
         elif self.world.any(tc.save_every_s > 0 and time.monotonic() - self.last_save >= tc.save_every_s):
             self.save(self.dir.last, with_state=True)
+        self._stop_if_signalled(stop)
+
+    def _stop_if_signalled(self, stop: StopSignals) -> None:
+        """After a signal: ``last/`` holds this step (saved now unless it already does); raise :class:`Interrupted`."""
         if self.world.any(stop.signum is not None):
-            if self.saved_at != step:
+            if self.saved_at != self.step_count:
                 self.save(self.dir.last, with_state=True)
-            raise Interrupted(stop.signum or 15, step, self.dir.last)
+            raise Interrupted(stop.signum or signal.SIGTERM, self.step_count, self.dir.last)
+
+    def _interrupted_inside_step(self, snapshot) -> None:
+        """A ``KeyboardInterrupt`` raised inside a step (by code: signals only set a flag).  Before the optimizer
+        update nothing a checkpoint holds has changed but the data position, the RNG and the memory, which go back
+        to the last completed step, and ``last/`` is saved there; inside the update the weights may be half
+        changed, so nothing is saved and ``last/`` keeps the step it holds."""
+        if self.updating:
+            self.log(f"interrupted inside the optimizer update of step {self.step_count + 1}; {self.dir.last} "
+                     f"keeps step {self.saved_at}")  # fmt: skip
+            return
+        self.batches.load_state_dict(snapshot[0])
+        set_rng_states(*snapshot[1])
+        self.state = snapshot[2]
+        self.log(f"interrupted at step {self.step_count}; saving {self.dir.last} for --resume")
+        self.save(self.dir.last, with_state=True)
 
     def _result(self) -> TrainResult:
         elapsed = max(time.perf_counter() - self.start_time, 1e-9)
@@ -452,14 +489,19 @@ class Trainer:
 
 
 def train(run: RunConfig, out_dir: str, *, resume: bool = False, overwrite: bool = False, corpus=None,
-          stop_after: int | None = None, progress: bool = True, log=None, after_backward=None) -> TrainResult:  # fmt: skip
+          stop_after: int | None = None, progress: bool = True, log=None, after_backward=None,
+          base: RunConfig | None = None) -> TrainResult:  # fmt: skip
     """Train a language model for ``run`` and write checkpoints and metrics under ``out_dir``.
 
     ``resume`` continues from ``out_dir/last`` exactly (same batches, dropout masks, memory and optimizer state);
     ``overwrite`` starts an existing run over.  ``corpus`` replaces reading ``run.data`` (tests).  ``stop_after``
     ends the run early after that many optimizer steps (checkpointing first), which is how an interruption is
-    simulated in tests."""
+    simulated in tests.  A new run refuses model options its architecture does not read, counting those that
+    differ from ``base`` (the preset the command line started from; default: the configs' defaults)."""
     from longseq.tasks.lm import LanguageModeling
+
+    if not (resume and has_checkpoint(out_dir)):  # a new run (a resume continues what was accepted then)
+        check_options_apply(run, base)
 
     task = LanguageModeling(run, log=log, corpus=corpus)
     trainer = Trainer(task, run, out_dir, resume=resume, overwrite=overwrite, progress=progress, log=log,
