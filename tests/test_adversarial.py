@@ -22,6 +22,11 @@ def tiny_config(**overrides) -> ModelConfig:
     return ModelConfig.of(**{**fields, "mem_len": 8, **overrides})
 
 
+def tiny_lstm_config() -> ModelConfig:
+    """The LSTM baseline of ``tiny_config``'s size: only the options an LSTM reads."""
+    return ModelConfig.of(arch="lstm", vocab_size=10, n_layer=2, d_model=16, dropout=0.2)
+
+
 def tiny_model(**overrides) -> TransformerXLLM:
     torch.manual_seed(0)
     return TransformerXLLM(tiny_config(**overrides))
@@ -196,7 +201,7 @@ def test_diagnose_and_convert_name_what_they_cannot_read_or_write(tmp_path, caps
 
     lstm = tmp_path / "lstm"
     run = tiny_run(max_steps=1, eval_interval=1)
-    train(RunConfig(tiny_config(arch="lstm"), run.data, run.train), str(lstm), corpus=tiny_corpus(), progress=False)
+    train(RunConfig(tiny_lstm_config(), run.data, run.train), str(lstm), corpus=tiny_corpus(), progress=False)
     capsys.readouterr()
     assert main(["convert", "--to-hf", "--checkpoint", str(lstm), "--out", str(tmp_path / "hf")]) == 2
     assert "only a language model exports to HF TransfoXL; this is a LSTMLM" in capsys.readouterr().err
@@ -231,7 +236,7 @@ def test_recl_limits_the_vanilla_transformer_and_the_lstm_to_each_context_by_sli
 
     ids, run = tiny_corpus().valid[:120], tiny_run()
     torch.manual_seed(0)
-    lstm = LSTMLM(tiny_config(arch="lstm"))
+    lstm = LSTMLM(tiny_lstm_config())
     for model in (tiny_model(pos="absolute", mem_len=0), lstm):
         for context in (4, 16):
             expected = sliding_window_losses(model, ids, context=context)
@@ -281,21 +286,32 @@ def test_bench_names_a_size_out_of_range_before_measuring_anything(argv, message
     assert message in capsys.readouterr().err
 
 
-def test_resuming_on_another_corpus_is_said(tmp_path, capsys):
-    """``train --resume --data OTHER`` continued the run's stream position in another corpus without a word."""
+def test_resuming_on_another_corpus_is_refused_and_on_a_moved_copy_accepted(tmp_path, capsys):
+    """``train --resume --data OTHER`` continued the run's stream position in another corpus, with a warning only,
+    and best/ then compared validation losses of two corpora.  The run records the sha256 of its token ids: other
+    data is refused by name, the same bytes at a new path continue (said on stderr)."""
+    import shutil
+
     from test_reliability import TINY
 
     first = corpus_file(tmp_path)
     other = tmp_path / "other.txt"
     other.write_text(first.read_text()[::-1])  # the same characters, another text
+    moved = tmp_path / "moved" / "corpus.txt"
+    moved.parent.mkdir()
+    shutil.copy(first, moved)
     out = str(tmp_path / "run")
     assert main(["train", "--data", str(first), "--tokenizer", "char", "--out", out, *TINY, "max_steps=2"]) == 0
     capsys.readouterr()
-    assert main(["train", "--data", str(first), "--out", out, "--resume", *TINY, "max_steps=3"]) == 0
-    assert "warning: resuming on --data" not in capsys.readouterr().err  # the run's own corpus: nothing to say
-    assert main(["train", "--data", str(other), "--out", out, "--resume", *TINY, "max_steps=4"]) == 0
+    before = (tmp_path / "run" / "last" / "manifest.json").read_text()
+    assert main(["train", "--data", str(other), "--out", out, "--resume", *TINY, "max_steps=4"]) == 2
     err = capsys.readouterr().err
-    assert f"warning: resuming on --data {other}" in err and str(first) in err
+    assert "not the data the run was trained on" in err and "train and valid splits differ" in err
+    assert str(other) in err and "Traceback" not in err
+    assert (tmp_path / "run" / "last" / "manifest.json").read_text() == before  # nothing was trained or saved
+    assert main(["train", "--data", str(moved), "--out", out, "--resume", *TINY, "max_steps=3"]) == 0
+    err = capsys.readouterr().err
+    assert f"resuming on {moved}: the same token ids as {first}" in err
 
 
 def test_json_output_is_strict_json_when_a_number_is_not_finite(tmp_path, capsys):
@@ -354,6 +370,7 @@ def test_a_refused_second_trainer_leaves_the_live_runs_half_written_save_alone(t
 
     out = tmp_path / "run"
     (out / "last").mkdir(parents=True)
+    (out / "last" / "manifest.json").write_text('{"format": "longseq-checkpoint-v2", "files": {}}')  # its checkpoint
     saving = out / ".last.tmp-999999"  # the live run's save in progress
     saving.mkdir()
     (saving / "model.safetensors").write_bytes(b"half")

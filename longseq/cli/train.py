@@ -58,6 +58,17 @@ def base_config(args: argparse.Namespace) -> RunConfig:
     return load_run_config(args.config, base=get_preset(args.preset) if args.preset else None)
 
 
+def preset_of(args: argparse.Namespace) -> RunConfig | None:
+    """The preset the run starts from (``--preset``, the one a ``--config`` file names, or the default), whose
+    settings are not the user's own; None for a config file over the configs' defaults."""
+    from longseq.config.files import read_config_file
+
+    if args.config:
+        name = read_config_file(args.config).get("preset") or args.preset
+        return get_preset(name) if isinstance(name, str) else None
+    return get_preset(args.preset or DEFAULT_PRESET)
+
+
 def data_overrides(args: argparse.Namespace) -> list[str]:
     """The overrides of the command line, in order: what a prepared ``--data`` directory was made with (so that
     ``--data DIR`` alone matches it), then ``--set``, then the flags."""
@@ -79,19 +90,9 @@ def data_overrides(args: argparse.Namespace) -> list[str]:
     return extra
 
 
-def warn_other_corpus(saved: str | None, given: str | None) -> None:
-    """A resumed run continues its stream at the step it stopped: on another corpus that is a different run, so
-    say so (a moved corpus is the same data under a new path, hence a warning, not an error)."""
-    if given is None or saved is None or os.path.abspath(given) == os.path.abspath(saved):
-        return
-    say(
-        f"warning: resuming on --data {os.path.abspath(given)}, but the run was trained on {saved}; it continues at "
-        "its saved stream position in the new corpus (leave --data out to continue on the run's own corpus)"
-    )
-
-
 def run(args: argparse.Namespace) -> dict:
     from longseq.train.checkpoint import load_checkpoint_config
+    from longseq.train.rundir import has_checkpoint
     from longseq.train.trainer import train
 
     out = args.out or os.path.join("runs", run_name(args))
@@ -99,12 +100,12 @@ def run(args: argparse.Namespace) -> dict:
         raise ConfigError(
             "--resume continues the run's own config (OUT/last); change settings with --set, not --config"
         )
-    config = load_checkpoint_config(os.path.join(out, "last")) if args.resume else base_config(args)
-    if args.resume:
-        warn_other_corpus(config.data.path, args.data)
-    config = RunConfig(**apply_overrides(config.sections(), data_overrides(args)))
+    resuming = args.resume and has_checkpoint(out)  # else the trainer says why not (or starts a dead run afresh)
+    base = load_checkpoint_config(os.path.join(out, "last")) if resuming else base_config(args)
+    config = RunConfig(**apply_overrides(base.sections(), data_overrides(args)))
     refuse_vocab_size(args.vocab_size, config.data.tokenizer)
-    result = train(config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet, log=say)
+    result = train(config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet, log=say,
+                   base=None if resuming else preset_of(args))  # fmt: skip
     import gc
 
     import torch.distributed as dist

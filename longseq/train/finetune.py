@@ -19,7 +19,14 @@ from longseq.config import ConfigError, DataConfig, RunConfig, TrainConfig
 from longseq.config.run import TaskConfig
 from longseq.data.sources import file_sha256
 from longseq.tasks import task_for
-from longseq.train.checkpoint import load_checkpoint, load_checkpoint_config, resolve_checkpoint, weights_sha256
+from longseq.train.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_checkpoint_config,
+    resolve_checkpoint,
+    weights_sha256,
+)
+from longseq.train.rundir import has_checkpoint
 from longseq.train.trainer import Trainer
 
 
@@ -54,6 +61,13 @@ def finetune(base_checkpoint: str | None, out_dir: str, task: str | None = "clas
     ``head_only``, ``group_by_length``, ``pooling``, ``lm_weight``, ``max_answer_len``, ``mask_rate``,
     ``mask_token``)."""
     log = log or (lambda message: None)
+    if resume and not has_checkpoint(out_dir):
+        if task is None or base_checkpoint is None or settings.get("train") is None:
+            raise CheckpointError(
+                f"--resume: {out_dir} holds no checkpoint to continue (the run stopped before its first save, or "
+                "never ran); start it with --task, --data and --checkpoint (without --resume)"
+            )
+        resume = False  # the Trainer says it starts afresh
     if resume:
         last = os.path.join(out_dir, "last")
         run, (tokenizer, base) = resumed_run(last, base_checkpoint, task, settings), (_tokenizer(last), None)
@@ -74,6 +88,10 @@ def finetune(base_checkpoint: str | None, out_dir: str, task: str | None = "clas
                     "schedule")  # fmt: skip
         run = finetune_run(base_run, path, task, {k: v for k, v in settings.items() if k not in run_keys and v is not None},
                            **{k: v for k, v in settings.items() if k in run_keys and v is not None})  # fmt: skip
+    recorded, options = run.task.options.get("sha256") or {}, run.task.options
+    if not resume and "valid" in recorded and recorded.get("train") == recorded["valid"]:
+        log(f"warning: --valid {options['valid']} holds the same bytes as --data {options['train']}: validation will "
+            "measure memorisation, and best/ is chosen by it")  # fmt: skip
     job = task_for(run, tokenizer, log, base=base)
     result = Trainer(job, run, out_dir, resume=resume, overwrite=overwrite, progress=progress, log=log).fit()
     best, _, best_run, _ = load_checkpoint(os.path.join(out_dir, "best"))

@@ -17,13 +17,62 @@ import os
 import shutil
 
 from longseq.config import ConfigError
+from longseq.config.files import RUN_HEADER
 from longseq.train.checkpoint import CheckpointError, checkpoint_parts, recover_checkpoint
 
 RUN_FILES = ("last", "best", "history", "metrics.jsonl", "run.toml", "tensorboard")
 
 
+def has_checkpoint(run_dir: str) -> bool:
+    """Whether ``run_dir`` holds a ``last/`` checkpoint to resume (or the parts of one whose save was killed)."""
+    last = os.path.join(os.path.abspath(os.path.expanduser(run_dir)), "last")
+    return os.path.isdir(last) or bool(checkpoint_parts(last))
+
+
+def _is_checkpoint(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "manifest.json"))
+
+
+def _is_metrics(path: str) -> bool:
+    """A metrics.jsonl longseq wrote: empty, or its first line a JSON object with a ``step``."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        first = f.readline()
+    if not first.strip():
+        return True
+    try:
+        record = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(record, dict) and "step" in record
+
+
+def is_longseq_file(path: str) -> bool:
+    """Whether ``path`` (one of :data:`RUN_FILES` in a run directory) is what longseq writes there: a checkpoint
+    with its manifest, a history of them, its metrics, its run.toml, TensorBoard event files."""
+    name = os.path.basename(path)
+    if name in ("last", "best"):
+        return os.path.isdir(path) and _is_checkpoint(path)
+    if name == "history":
+        return os.path.isdir(path) and all(
+            n.startswith("step-") and _is_checkpoint(os.path.join(path, n)) for n in os.listdir(path)
+        )
+    if name == "tensorboard":
+        return os.path.isdir(path) and all(n.startswith("events.out.tfevents") for n in os.listdir(path))
+    if not os.path.isfile(path):
+        return False
+    if name == "metrics.jsonl":
+        return _is_metrics(path)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.readline().rstrip("\n") == f"# {RUN_HEADER}"  # run.toml: the header write_run_config writes
+
+
 class RunDirectory:
-    """Open ``path`` for training: refuse an existing run unless resuming or ``overwrite``; take the lock."""
+    """Open ``path`` for training: refuse an existing run unless resuming or ``overwrite``; take the lock.
+
+    Only what longseq writes is ever replaced or deleted (:func:`is_longseq_file`); anything else under one of
+    the run's names (a ``best/`` folder of the user's own) is refused by name, with any flag.  A run that stopped
+    before its first checkpoint (killed early, or three non-finite steps at the start) left its ``run.toml`` and
+    log but nothing to resume: it is started afresh, with or without ``--resume``, and ``fresh_start`` says so."""
 
     def __init__(self, path: str, *, resume: bool, overwrite: bool, main: bool = True) -> None:
         self.path = os.path.abspath(os.path.expanduser(path))
@@ -35,15 +84,24 @@ class RunDirectory:
         # Nothing is repaired before the lock is held: a save killed halfway is put back in open(), under the lock.
         # Repairing here removed the temporary checkpoint of a live run that a refused second process looked at.
         existing = [name for name in RUN_FILES if os.path.exists(os.path.join(self.path, name))]
-        if resume and not (os.path.isdir(self.last) or checkpoint_parts(self.last)):  # parts: repaired in open()
+        foreign = [name for name in existing if not is_longseq_file(os.path.join(self.path, name))]
+        if foreign:
+            raise ConfigError(
+                f"{self.path} holds {', '.join(foreign)}, which longseq did not write (no checkpoint manifest, not "
+                f"its log or run.toml); longseq never deletes or replaces it: move it away or choose another --out"
+            )
+        saved = has_checkpoint(self.path)  # a save killed halfway: repaired in open()
+        self.fresh_start = bool(existing) and not saved and not os.path.isdir(self.best) and not overwrite
+        if resume and not saved and not self.fresh_start:
             raise CheckpointError(
                 f"--resume: checkpoint {self.last} does not exist; {self.path} holds no run to continue"
             )
-        if existing and not resume and not overwrite:
+        if existing and not resume and not overwrite and not self.fresh_start:
             raise ConfigError(
                 f"{self.path} already holds a run ({', '.join(existing)}); continue it with --resume, or start it "
                 f"over with --overwrite, or choose another --out"
             )
+        self.resuming = resume and saved
         self.existing = existing
 
     def open(self) -> RunDirectory:
@@ -70,6 +128,8 @@ class RunDirectory:
         self._lock.flush()
         recover_checkpoint(self.last)  # under the lock: put back a checkpoint whose save was killed halfway
         recover_checkpoint(self.best)
+        if self.fresh_start:  # what a run that never saved left: its run.toml and log; started afresh
+            self.clear()
         return self
 
     def clear(self) -> None:
