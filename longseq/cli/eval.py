@@ -6,7 +6,7 @@ import argparse
 import os
 from functools import partial
 
-from longseq.cli.common import common_flags, device_flag, load_model, memory_lengths, overrides, read_corpus
+from longseq.cli.common import common_flags, device_flag, load_model, memory_lengths, overrides, read_corpus, say
 from longseq.config import EvalConfig, apply_overrides
 
 EPILOG = """override evaluation settings with --set key=value; keys: split tgt_len mem_len clamp_len same_length
@@ -71,7 +71,36 @@ def _load(args: argparse.Namespace):
     corpus = read_corpus(args.data, run_config, tokenizer, checkpoint)
     ids = corpus.split(settings.split)
     doc_ids = corpus.doc_ids[settings.split] if run_config.data.doc_reset and corpus.doc_ids is not None else None
-    return model, settings, run_config, ids, doc_ids, bits_unit(tokenizer.kind)
+    unk = unknown_rate(ids, tokenizer, f"the {settings.split} split of {corpus.source}")
+    return (
+        model,
+        settings,
+        run_config,
+        ids,
+        doc_ids,
+        bits_unit(tokenizer.kind),
+        ({} if unk is None else {"unk_rate": unk}),
+    )
+
+
+WARN_UNKNOWN = 0.10  # PTB and WikiText hold 5-6% <unk> of their own; another corpus's vocabulary leaves far more
+
+
+def unknown_rate(ids, tokenizer, what: str) -> float | None:
+    """The share of ``<unk>`` among ``ids`` (a word vocabulary; None for tokenizers without one), said on stderr
+    when it is above :data:`WARN_UNKNOWN`: scores on such text are scores of ``<unk>``.  (Above half, reading the
+    corpus is refused.)"""
+    import numpy as np
+
+    unk = getattr(tokenizer, "unk_id", None)
+    if unk is None or len(ids) == 0:
+        return None
+    step = 1 << 24
+    rate = sum(int(np.count_nonzero(np.asarray(ids[i : i + step]) == unk)) for i in range(0, len(ids), step)) / len(ids)
+    if rate > WARN_UNKNOWN:
+        say(f"warning: {rate:.1%} of the tokens of {what} are <unk>: the vocabulary ({tokenizer.vocab_size:,} words) "
+            "lacks many of its words, so the loss and perplexity are mostly those of <unk> and not comparable")  # fmt: skip
+    return rate
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -82,7 +111,7 @@ def run(args: argparse.Namespace) -> dict:
         return run_recl(args)
     if args.plot and not (args.per_position or args.context_curve):
         raise ValueError("--plot draws --per-position or --context-curve; give one of them")
-    model, settings, run_config, ids, doc_ids, unit = _load(args)
+    model, settings, run_config, ids, doc_ids, unit, unk = _load(args)
     ignored = [k for k in ("mem_len", "clamp_len", "same_length") if getattr(settings, k) is not None]
     if model.config.arch != "transformer" and ignored:
         raise ValueError(
@@ -109,13 +138,13 @@ def run(args: argparse.Namespace) -> dict:
             max_targets=settings.max_segments * tgt_len,
             bits_unit=unit,
         )
-        return {"split": settings.split, **metrics}
+        return {"split": settings.split, **metrics, **unk}
     metrics = evaluate(
         model, ids, batch_size=batch_size, tgt_len=settings.tgt_len or run_config.data.eval_tgt_len,
         mem_len=settings.mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length,
         max_segments=settings.max_segments, bits_unit=unit, progress=not args.quiet, doc_ids=doc_ids,
     )  # fmt: skip
-    return {"split": settings.split, **metrics}
+    return {"split": settings.split, **metrics, **unk}
 
 
 def run_evidence(args, model, settings, run_config, ids, unit, batch_size) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from longseq.cli.common import common_flags, device_flag, load_model
+from longseq.cli.common import common_flags, device_flag, load_model, say
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -33,17 +33,27 @@ def run(args: argparse.Namespace) -> dict:
         raise ValueError(f"{path} is a language model, not a fine-tuned one; sample from it with longseq generate")
     records = read_records(args.data, run_config.task.name)
     check_output(args.out, args.data)
+    if run_config.task.name == "classify":
+        check_gold_labels(records, run_config.task.options.get("labels", []), args.data, path)
     task = task_for(run_config, tokenizer)
     outputs = task.predict(model, records, args.data)
     write_jsonl(args.out, outputs, ensure_ascii=False)
     result = {"checkpoint": path, "task": run_config.task.name, "predictions": len(outputs), "out": args.out}
-    if run_config.task.name == "classify" and all("label" in r for r in records):
+    gold_field = {"classify": "label", "span": "answer_text"}.get(run_config.task.name)
+    scored = [i for i, r in enumerate(records) if gold_field in r]
+    if not scored:
+        return result
+    if len(scored) < len(records):
+        say(f"{len(scored)} of the {len(records)} records of {args.data} have the gold field {gold_field!r}: the "
+            f"metrics score those {len(scored)}")  # fmt: skip
+    result["scored"] = len(scored)
+    if gold_field == "label":
         names = task.options.labels
-        gold = [names.index(label_name(r["label"])) if label_name(r["label"]) in names else -1 for r in records]
-        predicted = [names.index(o["prediction"]) for o in outputs]
-        result.update(classification_metrics(predicted, gold, len(names)))
-    if run_config.task.name == "span" and all("answer_text" in r for r in records):
-        result.update(span_metrics([o["prediction"] for o in outputs], [r["answer_text"] for r in records]))
+        gold = [names.index(label_name(records[i]["label"])) for i in scored]
+        result.update(classification_metrics([names.index(outputs[i]["prediction"]) for i in scored], gold, len(names)))
+    else:
+        gold = [records[i]["answer_text"] for i in scored]
+        result.update(span_metrics([outputs[i]["prediction"] for i in scored], gold))
     return result
 
 
@@ -67,6 +77,21 @@ def read_records(path: str, task: str) -> list[dict]:
         if task == "classify" and "label" in record and (isinstance(gold, bool) or not isinstance(gold, (str, int))):
             raise TaskDataError(f"{path}:{number}: field 'label' has the wrong type {type(gold).__name__}")
     return [record for _, record in numbered]
+
+
+def check_gold_labels(records: list[dict], labels: list[str], data: str, checkpoint: str) -> None:
+    """Gold labels the classifier does not know would be scored as wrong predictions (accuracy 0 against labels of
+    another task): refused, naming them and the labels the model knows."""
+    from longseq.data.tasks import TaskDataError
+    from longseq.tasks.classify import label_name
+
+    unknown = sorted({label_name(r["label"]) for r in records if "label" in r} - set(labels))
+    if unknown:
+        shown = ", ".join(repr(u) for u in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+        raise TaskDataError(
+            f"{data} has gold labels the classifier {checkpoint} does not know ({shown}); it knows "
+            f"{', '.join(repr(x) for x in labels)}: give data labelled for this model, or leave the labels out"
+        )
 
 
 def check_output(out: str, data: str) -> None:

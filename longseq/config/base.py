@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import types
 import typing
 from typing import Any
@@ -26,6 +27,26 @@ def check(condition: bool, message: str) -> None:
     """Raise :class:`ConfigError` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise ConfigError(message)
+
+
+def leaves(data: dict, sep: str = ".", prefix: str = "", keep: tuple[str, ...] = ()) -> dict:
+    """A nested dict flattened to ``{"a.b": value}`` (``sep`` joins the keys); the dicts under a key in ``keep``
+    stay values."""
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and key not in keep:
+            out.update(leaves(value, sep, f"{prefix}{key}{sep}", keep))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_finite(config) -> None:
+    """Every float field of a config dataclass is a finite number (a NaN learning rate, an infinite init_std)."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{type(config).__name__}.{f.name} must be a finite number, got {value}")
 
 
 def check_choice(owner: str, value: str, choices: tuple[str, ...]) -> None:
@@ -150,14 +171,19 @@ def _to_int(key: str, value: Any) -> int:
 
 
 def _to_float(key: str, value: Any) -> float:
+    number = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
+        number = float(value)
+    elif isinstance(value, str):
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
             pass
-    raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if number is None:
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if not math.isfinite(number):  # lr=inf trains three NaN steps and stops; no setting means infinity or NaN
+        raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+    return number
 
 
 def _to_str(key: str, value: Any) -> str:

@@ -35,7 +35,7 @@ import sys
 from importlib import resources
 from typing import Any
 
-from longseq.config.base import ConfigError, apply_values, leaf_paths, resolve_key
+from longseq.config.base import ConfigError, apply_values, leaf_paths, leaves, resolve_key
 from longseq.config.model import ModelConfig
 from longseq.config.run import DataConfig, RunConfig, TrainConfig
 
@@ -115,7 +115,7 @@ def apply_sections(base: RunConfig, data: dict[str, Any], source: str) -> RunCon
         paths = [f"{name}.{p}" for p in leaf_paths(type(sections[name]))]
         resolved: dict[str, str] = {}
         items = []
-        for key, value in _flatten(table):
+        for key, value in leaves(table).items():
             try:
                 path = resolve_key(key, paths)
             except ConfigError as exc:
@@ -129,16 +129,6 @@ def apply_sections(base: RunConfig, data: dict[str, Any], source: str) -> RunCon
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
     return RunConfig(**sections)
-
-
-def _flatten(table: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    items = []
-    for key, value in table.items():
-        if isinstance(value, dict):
-            items += _flatten(value, f"{prefix}{key}.")
-        else:
-            items.append((f"{prefix}{key}", value))
-    return items
 
 
 def _did_you_mean(key: str, choices) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from longseq.config.base import ConfigError, JsonConfig, check, check_choice
+from longseq.config.base import ConfigError, JsonConfig, check, check_choice, check_finite, leaves
 
 PATTERNS = ("full", "window", "dilated", "strided", "block_sparse", "global", "bigbird")
 KERNELS = ("reference", "rel_shift", "flex")
@@ -17,6 +17,36 @@ POSITIONS = ("sinusoidal", "shaw", "absolute")
 COMPRESSION_FUNCTIONS = ("mean", "max", "conv", "linear")
 ARCHS = ("transformer", "lstm")
 MIXERS = ("attention", "ssm", "conv", "rnn")
+
+
+# Which options read what: ModelConfig.ignored_options refuses an option nothing in the architecture reads.
+PATTERN_PARAMETERS = {  # a pattern parameter: the patterns that read it
+    "window": ("window", "dilated", "strided", "global", "bigbird"),
+    "dilation": ("dilated",),
+    "stride": ("strided",),
+    "block_size": ("block_sparse", "bigbird"),
+    "block_summary": ("block_sparse",),
+    "num_global": ("global", "bigbird"),
+    "num_random_blocks": ("bigbird",),
+}
+MIXER_PARAMETERS = {  # a mixer parameter: the layers that read it
+    "d_state": ("ssm",),
+    "head_dim": ("ssm",),
+    "expand": ("ssm",),
+    "chunk": ("ssm",),
+    "conv_kernel": ("ssm", "conv"),
+    "state_bptt": ("ssm", "conv", "rnn"),
+}
+ATTENTION_ONLY = ("n_head", "d_head", "dropatt", "attn_impl", "attn_chunk", "untie_r", "uv_init", "dropout_r")
+POSITION_UNREAD = {  # options an encoding does not read
+    "sinusoidal": ("positions.max_relative_distance",),
+    "shaw": ("untie_r", "uv_init", "dropout_r"),
+    "absolute": ("positions.clamp_len", "positions.max_relative_distance", "untie_r", "uv_init", "dropout_r"),
+}
+
+
+def _shown(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 @dataclass
@@ -281,6 +311,38 @@ class ModelConfig(JsonConfig):
             (nested.setdefault(owner, {}) if owner else nested)[key] = value
         return cls.from_dict(nested)
 
+    def ignored_options(self, base: ModelConfig | None = None) -> list[str]:
+        """``path=value`` for every option set to other than in ``base`` (default: the defaults; the command line
+        gives the preset it started from) that this architecture does not read (``arch=lstm`` with ``cmem_len``, a
+        pattern's ``window`` with full attention, the ssm's ``d_state`` in a stack without ssm layers): a run that
+        sets them trains something other than what it says."""
+        defaults = leaves((base or ModelConfig(vocab_size=self.vocab_size)).to_dict())
+        unread = self._unread_options()
+        return [f"{path}={_shown(value)}" for path, value in leaves(self.to_dict()).items()
+                if path in unread and defaults.get(path) != value]  # fmt: skip
+
+    def _unread_options(self) -> set[str]:
+        """The option paths this architecture does not read (see :meth:`ignored_options`)."""
+        every = set(leaves(self.to_dict()))
+        if self.arch == "lstm":
+            return every - {"vocab_size", "n_layer", "d_model", "dropout", "tie_weight", "init_std", "arch"}
+        mixers, unread = set(self.layer_mixers), set()
+        if "attention" not in mixers:
+            unread |= {p for p in every if p.split(".")[0] in ("memory", "pattern", "positions")} | set(ATTENTION_ONLY)
+        else:
+            used = {n for n, m in zip(self.layer_pattern_names, self.layer_mixers) if m == "attention"}
+            unread |= {f"pattern.{k}" for k, readers in PATTERN_PARAMETERS.items() if not used & set(readers)}
+            if "bigbird" not in used or not self.pattern.num_random_blocks:
+                unread.add("pattern.pattern_seed")
+            unread |= set(POSITION_UNREAD[self.positions.pos])
+            m = self.memory
+            unread |= {path for path, on in (("memory.mem_quant_axis", m.mem_quant == "int8"),
+                       ("memory.cmem_fn", m.cmem_len > 0), ("memory.mem_tokens_bptt", m.mem_tokens > 0)) if not on}  # fmt: skip
+        unread |= {f"mixers.{k}" for k, readers in MIXER_PARAMETERS.items() if not mixers & set(readers)}
+        if not self.hourglass.shorten_layers:
+            unread |= {"hourglass.shorten_factor", "hourglass.shorten_fn"}
+        return unread
+
     @property
     def effective_range(self) -> int:
         """Temporal range of the memory: (mem_len + cmem_rate * cmem_len) * n_layer (Rae et al., 2019)."""
@@ -324,6 +386,7 @@ class ModelConfig(JsonConfig):
         return names * self.n_layer if len(names) == 1 else list(names)
 
     def __post_init__(self) -> None:
+        check_finite(self)
         check(
             self.vocab_size >= 0,
             f"ModelConfig.vocab_size must be >= 1 (0: taken from the tokenizer), got {self.vocab_size}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from longseq.config.base import ConfigError, JsonConfig, check, check_choice
+from longseq.config.base import ConfigError, JsonConfig, check, check_choice, check_finite
 from longseq.config.model import ModelConfig
 
 TOKENIZERS = ("byte", "char", "word", "bpe")
@@ -111,6 +111,7 @@ class TrainConfig(JsonConfig):
     parallel: str = "ddp"
 
     def __post_init__(self) -> None:
+        check_finite(self)
         check(self.max_steps >= 1, f"TrainConfig.max_steps must be >= 1, got {self.max_steps}")
         check(self.nan_patience >= 0, f"TrainConfig.nan_patience must be >= 0, got {self.nan_patience}")
         check(0 < self.nan_lr_factor <= 1, f"TrainConfig.nan_lr_factor must be in (0, 1], got {self.nan_lr_factor}")

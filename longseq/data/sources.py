@@ -217,3 +217,20 @@ def token_counts(ids: np.ndarray, vocab_size: int, chunk: int = 1 << 24) -> np.n
             part = ids[start : start + chunk]
         counts += np.bincount(np.asarray(part, dtype=np.int64), minlength=vocab_size)
     return counts
+
+
+def ids_sha256(ids: np.ndarray, vocab_size: int, chunk: int = 1 << 24) -> str:
+    """The sha256 of token ids as a prepared corpus stores them (little-endian uint16 up to 65,536 tokens, else
+    uint32), read ``chunk`` ids at a time: the same tokens give the same fingerprint whether they were read into
+    RAM or by memory map, from any path."""
+    dtype = np.dtype("<u2" if vocab_size <= 1 << 16 else "<u4")
+    digest = hashlib.sha256()
+    whole_map = isinstance(ids, np.memmap) and isinstance(ids.base, mmap.mmap)
+    for start in range(0, len(ids), chunk):
+        if whole_map:  # read from the file, leaving nothing of the map resident (as token_counts does)
+            count = min(chunk, len(ids) - start)
+            part = np.fromfile(ids.filename, ids.dtype, count, offset=ids.offset + start * ids.itemsize)
+        else:
+            part = np.asarray(ids[start : start + chunk])
+        digest.update(part.astype(dtype, copy=False).tobytes())
+    return digest.hexdigest()

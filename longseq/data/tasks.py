@@ -70,8 +70,14 @@ def read_jsonl(path: str, task: str) -> list[dict]:
 def iter_jsonl(path: str):
     """(line number, value) for every non-empty line of a JSONL file; a line that is not JSON is a
     ``ValueError`` naming the file and the line."""
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(
+                    f"{path}:{number}: not valid UTF-8 (byte {exc.start + 1} of the line: {raw[exc.start : exc.start + 4]!r})"
+                ) from None
             if not line.strip():
                 continue
             try:

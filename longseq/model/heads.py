@@ -79,7 +79,8 @@ class DocumentClassifier(nn.Module):
         ):
             if lm_weight > 0 and segment.size(1) > 1:
                 targets = segment[:, 1:] if pad is None else segment[:, 1:].masked_fill(pad[:, 1:], -100)
-                lm_losses.append(self.lm.head(hidden[:, :-1], targets).loss)  # filler targets do not count
+                nll = self.lm.head(hidden[:, :-1], targets).nll  # (B, T - 1), 0 at filler targets
+                lm_losses.append(nll.sum() / (targets != -100).sum().clamp(min=1))  # a segment of filler adds 0
             if self.pooling == "document":
                 part, n_real = real_sum(hidden, pad)
                 total, count = total + part, count + n_real

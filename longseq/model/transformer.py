@@ -48,7 +48,7 @@ class TransformerXL(LayerStack):
 
 @dataclass
 class LMOutput:
-    """``loss``: mean NLL over labelled tokens (or None); ``logits``: (B, T, V) logits, or full
+    """``loss``: mean NLL over labelled tokens (or None; NaN when labels were given but none is kept); ``logits``: (B, T, V) logits, or full
     log-probabilities with adaptive softmax (None when labels were given); ``nll``: per-token NLL
     (B, T), 0 where ignored; ``mems``: the new :class:`~longseq.model.memory.Memory` (``mems[i]`` is layer i's
     (B, M, E) states); ``aux_loss``: the compressors' attention-reconstruction loss in training with a learned
@@ -133,7 +133,10 @@ class TransformerXLLM(nn.Module):
             raise ValueError(f"token ids must lie in [0, {c.vocab_size}), got values in [{low}, {high}]")
         if labels is not None and labels.shape != input_ids.shape:
             raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
+        if labels is not None and (labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool):
+            raise ValueError(f"labels must be integer token ids (-100: ignored), got {labels.dtype}")
         memory.check(len(self.transformer.layers), input_ids.size(0), c.d_model, c.n_head, c.d_head)
+        memory.check_dtype(self.crit.out_layers[0].weight.dtype, torch.is_autocast_enabled(input_ids.device.type))
 
     def forward(
         self,
@@ -172,7 +175,7 @@ class TransformerXLLM(nn.Module):
             index = keep.nonzero().squeeze(1)
             picked = self.crit.nll(flat[index], kept)
             nll = picked.new_zeros(labels.shape).index_copy(0, index, picked)  # (N,), 0 where ignored
-        loss = nll.sum() / keep.sum().clamp(min=1)
+        loss = nll.sum() / keep.sum()  # NaN when no token is labelled (as torch's cross_entropy), never 0
         return LMOutput(loss=loss, logits=None, nll=nll.view(batch, qlen), mems=mems, aux_loss=aux)
 
     def _recur(self, input_ids, mems, mem_len, clamp_len, same_length, labels=None, doc_ids=None, global_mask=None):

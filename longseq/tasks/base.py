@@ -82,6 +82,12 @@ class Task:
         """The parameters that train (head-only fine-tuning), or None for all; applied on every build."""
         return None
 
+    def data_fingerprint(self) -> dict | None:
+        """The sha256 of what the run trains and validates on, by part (``{"train": ..., "valid": ...}``), recorded
+        in every training checkpoint: a resume on other data is refused, on the same data at a new path accepted.
+        None: the task checks its files itself (fine-tuning records them in its options)."""
+        return None
+
     def batches(self, world):
         """The stateful training batch iterator (``next()``, ``state_dict()``, ``load_state_dict()``)."""
         raise NotImplementedError

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -12,6 +13,7 @@ from longseq.config.base import ConfigError
 from longseq.config.run import RunConfig, TrainConfig
 from longseq.data.batching import OrderedStream
 from longseq.data.corpus import Corpus, load_data, unigram_bits_per_token
+from longseq.data.sources import ids_sha256
 from longseq.eval.evaluate import bits_unit, evaluate
 from longseq.model import Memory, build_model
 from longseq.tasks.base import StepContext, StepResult, Task
@@ -59,7 +61,24 @@ class LanguageModeling(Task):
             f"data: {len(self.corpus.train):,} training tokens from {self.corpus.source}; "
             f"vocabulary {self.tokenizer.vocab_size:,}"
         )
+        self._warn_about_validation(d)
         return self.run
+
+    def _warn_about_validation(self, d) -> None:
+        """Say when the validation split cannot measure what it should: the training tokens again (a layout whose
+        valid file is its train file), or fewer tokens than one segment."""
+        train, valid, source = self.corpus.train, self.corpus.valid, self.corpus.source
+        if len(valid) == len(train) and np.array_equal(np.asarray(valid), np.asarray(train)):
+            self.log(f"warning: the validation split of {source} holds the training split's tokens exactly: "
+                     "validation loss will measure memorisation, not generalisation")  # fmt: skip
+        if len(valid) <= d.eval_tgt_len:
+            self.log(f"warning: the validation split of {source} has {len(valid)} tokens, not more than one segment "
+                     f"(eval_tgt_len={d.eval_tgt_len}): its loss is measured on {max(0, len(valid) - 1)} tokens")  # fmt: skip
+
+    def data_fingerprint(self) -> dict:
+        """The sha256 of the training and validation token ids (:func:`~longseq.data.sources.ids_sha256`)."""
+        vocab = self.tokenizer.vocab_size
+        return {"train": ids_sha256(self.corpus.train, vocab), "valid": ids_sha256(self.corpus.valid, vocab)}
 
     @property
     def unit(self) -> str | None:

@@ -7,6 +7,7 @@ import json
 import os
 
 from longseq.config import ConfigError, RunConfig
+from longseq.config.base import leaves
 from longseq.train.checkpoint import load_checkpoint_config
 
 FIXED_DATA = ("tokenizer", "lowercase", "batch_size", "tgt_len", "varlen", "doc_reset", "vocab_size")
@@ -17,27 +18,18 @@ FIXED_TRAIN = ("seed", "grad_accum", "parallel")
 MOVED_FILES = ("task.options.train", "task.options.valid", "task.options.base")
 
 
-def _flat(data: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in data.items():
-        if isinstance(value, dict) and key != "sha256":
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def changed_fields(old: RunConfig, new: RunConfig) -> list[str]:
     """``section.field: old -> new`` for every field a resume cannot change.  A fine-tuning run's files may lie at
     a new path: their fingerprints (``task.options.sha256``) may not change."""
-    before, after = _flat(old.to_dict()), _flat(new.to_dict())
+    before, after = (leaves(r.to_dict(), keep=("sha256",)) for r in (old, new))
     fixed = [k for k in {**before, **after} if k.startswith(("model.", "task.")) and k not in MOVED_FILES]
     fixed += [f"data.{k}" for k in FIXED_DATA] + [f"train.{k}" for k in FIXED_TRAIN]
     return [f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in fixed if before.get(k) != after.get(k)]
 
 
-def check_resumable(last_dir: str, run: RunConfig, tokenizer) -> None:
-    """Raise one :class:`ConfigError` naming every changed field when ``run`` cannot continue ``last_dir``."""
+def check_resumable(last_dir: str, run: RunConfig, tokenizer) -> RunConfig:
+    """Raise one :class:`ConfigError` naming every changed field when ``run`` cannot continue ``last_dir``; returns
+    the run config ``last_dir`` holds."""
     saved = load_checkpoint_config(last_dir)
     changes = changed_fields(saved, run)
     with open(os.path.join(last_dir, "tokenizer.json"), encoding="utf-8") as f:
@@ -48,4 +40,44 @@ def check_resumable(last_dir: str, run: RunConfig, tokenizer) -> None:
         raise ConfigError(
             f"cannot resume {last_dir}: the run's settings changed in {'; '.join(changes)}. Resume with the run's own "
             "settings (drop those --set), or start a new run with --overwrite or another --out"
+        )
+    return saved
+
+
+def check_same_data(saved: dict | None, current: dict | None, last_dir: str, run: RunConfig, log,
+                    saved_path: str | None = None) -> None:  # fmt: skip
+    """A resume reads the data the run was trained on: the same token ids (``saved``, recorded in ``last_dir``),
+    at any path.  Other data is refused, naming the parts that differ; a run that recorded no fingerprint (made
+    before they were recorded) continues with a warning, unverified."""
+    if current is None:
+        return
+    where = run.data.path or "the bundled corpus"
+    if saved is None:
+        log(f"warning: {last_dir} records no fingerprint of its data, so a resume cannot tell whether {where} is the "
+            "corpus it was trained on")  # fmt: skip
+        return
+    differ = [part for part in ("train", "valid") if part in saved and saved[part] != current.get(part)]
+    if differ:
+        raise ConfigError(
+            f"cannot resume {last_dir}: the data at {where} is not the data the run was trained on (the token ids "
+            f"of its {' and '.join(differ)} split{'s' if len(differ) > 1 else ''} differ: sha256 recorded at the "
+            "start of the run). Resume with the run's own corpus (--data PATH, at its new place if it moved), or "
+            "start a new run with --overwrite or another --out"
+        )
+    if saved_path is not None and run.data.path is not None and os.path.abspath(saved_path) != run.data.path:
+        log(f"resuming on {run.data.path}: the same token ids as {saved_path}, where the run started")
+
+
+def check_options_apply(run: RunConfig, base: RunConfig | None = None) -> None:
+    """A new run refuses model options its architecture does not read (:meth:`ModelConfig.ignored_options`):
+    ``arch=lstm`` with ``cmem_len`` would train a plain LSTM while the run says it has a compressed memory.  Only
+    what differs from ``base`` (the preset a command line starts from; default: the configs' defaults) counts: a
+    preset's transformer settings are not the user's when the user asks for ``arch=lstm``."""
+    ignored = run.model.ignored_options(None if base is None else base.model)
+    if ignored:
+        m = run.model
+        what = "arch=lstm" if m.arch == "lstm" else f"this model (mixer={','.join(m.mixer)}, pos={m.positions.pos})"
+        raise ConfigError(
+            f"{what} does not read {', '.join(ignored)}: each would have no effect. Remove them (or set them back "
+            "to their defaults), or choose an architecture that reads them"
         )

@@ -66,7 +66,19 @@ class LayerMemory:
     def cmem_length(self) -> int:
         return 0 if self.compressed is None else self.compressed.size(1)
 
+    def float_tensors(self) -> list[Tensor]:
+        """The tensors that hold states, not 8-bit storage or indices (an hourglass's state holds its phase): what
+        must be of the model's dtype."""
+        out = [t for t in (self.compressed, self.keys, self.values) if t is not None]
+        out += [t for t in self.state or () if t.is_floating_point()]
+        if isinstance(self.hidden, Tensor):
+            out.append(self.hidden)
+        if self.inner is not None:
+            out += [t for layer in self.inner.layers for t in layer.float_tensors()]
+        return out
+
     def tensors(self) -> list[Tensor]:
+        """Every tensor the layer's memory holds, 8-bit storage and integer states included."""
         out = [t for t in (self.compressed, self.keys, self.values, *(self.state or ())) if t is not None]
         if self.inner is not None:
             out += [t for layer in self.inner.layers for t in layer.tensors()]
@@ -289,6 +301,10 @@ class Memory:
 
     # --- checks ----------------------------------------------------------------------------------------------
 
+    def check_dtype(self, dtype: torch.dtype, autocast: bool = False) -> None:
+        """Raise ``ValueError`` naming the layer when a state tensor is not of the model's ``dtype``."""
+        _check_dtype(self, dtype, autocast)
+
     def check(self, n_layer: int, batch: int, d_model: int, n_head: int, d_head: int) -> None:
         """Raise ``ValueError`` naming the problem when this memory does not fit a model and a batch."""
         if self.storage == "ring":
@@ -312,6 +328,22 @@ class Memory:
             shape = tuple(layer.hidden.shape) if layer.hidden is not None else None
             if shape != want:
                 raise ValueError(f"mems[{i}] must have shape (batch, mem_len, d_model) = {want}, got {shape}")
+
+
+def _check_dtype(memory: Memory, dtype: torch.dtype, autocast: bool) -> None:
+    """Every floating tensor of ``memory`` (hidden states, compressed states, keys, values, recurrent states,
+    memory tokens) must be floating point, of the model's ``dtype``; under ``autocast`` any float16, bfloat16 or
+    float32."""
+    allowed = (torch.float16, torch.bfloat16, torch.float32) if autocast else (dtype,)
+    named = [(f"mems[{i}]", t) for i, layer in enumerate(memory.layers) for t in layer.float_tensors()]
+    named += [("mems.tokens", memory.tokens)] if memory.tokens is not None else []
+    for name, tensor in named:
+        if tensor.dtype not in allowed:
+            want = "float16, bfloat16 or float32 under autocast" if autocast else f"{dtype}, the dtype of its weights"
+            raise ValueError(
+                f"{name} holds {tensor.dtype} tensors, but the model reads {want}: pass the memory a model of this "
+                "dtype returned, or cast the model and its memory alike"
+            )
 
 
 def _check_ring(memory: Memory, batch: int) -> None:
