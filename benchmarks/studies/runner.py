@@ -167,10 +167,10 @@ def variant_run(args, name: str, seed: int, vocab: int) -> RunConfig:
 
 
 def write_json(path: str, data) -> None:
-    """Write atomically: a killed run never leaves half a result."""
+    """Write atomically (a killed run never leaves half a result) and compactly (the stores are committed)."""
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
+        json.dump(data, f, separators=(",", ":"))  # compact: stored results stay small
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
