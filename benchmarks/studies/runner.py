@@ -539,8 +539,7 @@ def _plot_share_history(plt, by_variant: dict[str, list[dict]], out_dir: str) ->
 
 
 def markdown(summary: dict) -> str:
-    """The tables for BENCHMARKS.md: test bpc and per-position bands per variant, the context curve, and the
-    budget at which each variant's learning curve separates from the baseline's."""
+    """summary.md: test bpc, position bands, context curve, memory share, where the curves separate; speed."""
     fmt = lambda s: f"{s['mean']:.4f} ± {s['std']:.4f} [{s['min']:.4f}, {s['max']:.4f}]"  # noqa: E731
     unit = bits_name(summary["meta"]["corpus"])
     words = unit == "bits per word"  # and the perplexity that the word-level papers quote
