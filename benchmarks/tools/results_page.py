@@ -230,7 +230,7 @@ def vanilla_section() -> list[str]:
     header = ["attn_len", "XL ms ↓", "vanilla ms", "vanilla / XL", "paper, Table 9", "original code (issue)"]
     body = [
         "Milliseconds per token, batch 1: XL reads 128-token segments with a memory of attn_len; the vanilla model",
-        "recomputes a window of attn_len per token; with glibc's mmap off (second command): `speed/README.md`.",
+        "recomputes a window of attn_len per token; with glibc's mmap off: `speed/README.md`.",
         "",
         *table(header, rows, "r" * 6),
     ]
