@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py runs end to end on CPU in --quick mode and records every section (the GPU run is for a
+"""benchmarks/tools/gpu_check.py runs end to end on CPU in --quick mode and records every section (the GPU run is for a
 session with a GPU): the sections that check equalities pass here too."""
 
 import json
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu_check.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "tools", "gpu_check.py")
 
 
 @pytest.mark.slow

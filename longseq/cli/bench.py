@@ -17,7 +17,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "bench",
         help="measure training, evaluation or generation speed of the benchmark model",
         description="The model of the performance issue (4 layers, d_model 256, 8 heads x 32, d_inner 1024, bytes) "
-        "on random tokens. Side-by-side comparisons with other implementations: benchmarks/vs_hf.py.",
+        "on random tokens. Side-by-side comparisons with other implementations: benchmarks/speed/vs_hf.py.",
     )
     p.add_argument("task", choices=["train", "eval", "generate", "eval-speed"])
     p.add_argument(

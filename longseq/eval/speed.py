@@ -1,6 +1,6 @@
 """Speed measurements of a longseq model: training throughput, evaluation time per token, generation.
 
-These are the functions behind ``longseq bench train|eval|generate``; ``benchmarks/vs_hf.py`` runs the
+These are the functions behind ``longseq bench train|eval|generate``; ``benchmarks/speed/vs_hf.py`` runs the
 same measurements on the Hugging Face TransfoXL peer in the same session, alternating, for ratios.
 Inputs are random token ids: speed does not depend on their values.
 """

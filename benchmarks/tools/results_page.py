@@ -1,0 +1,525 @@
+"""BENCHMARKS.md, generated from the stored results: one table per question, each with its command, machine and date.
+
+    python benchmarks/tools/results_page.py            # writes BENCHMARKS.md
+    python benchmarks/tools/results_page.py --check    # exit 1 when BENCHMARKS.md is not what the results give
+
+Every figure is read from ``benchmarks/results/``: the per-seed ``result.json`` files of the runner's stores (the
+spreads are computed here from them), the runner's ``summary.json`` where only the summary was kept, ListOps's and
+context_clamp's own JSON, and ``results/speed/*.json``, where the timing harnesses' figures were transcribed with
+their commands.  Each study's ``study.json`` gives its question, commands, machine and date, and a README.md beside
+it tells how the study went.  Reads JSON only, trains and times nothing: ``tests/test_results_page.py`` runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import glob
+import json
+import math
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+PAGE = os.path.join(ROOT, "BENCHMARKS.md")
+MACHINE = "dev-cpu: 2 cores (AMD EPYC, x86_64), 24 GiB, no GPU; Python 3.11.7, torch 2.13.0+cpu, 2 threads"
+
+
+# --- reading -----------------------------------------------------------------------------------------------------
+
+
+def load(path: str) -> dict:
+    with open(os.path.join(RESULTS, path), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def seeds(store: str, variant: str) -> list[dict]:
+    """The finished runs of ``variant`` in a runner store, by seed."""
+    paths = sorted(glob.glob(os.path.join(RESULTS, store, variant, "seed*", "result.json")))
+    if not paths:
+        raise SystemExit(f"no stored result for {variant} under benchmarks/results/{store}")
+    return [load(os.path.relpath(p, RESULTS)) for p in paths]
+
+
+def stats(values: list[float]) -> dict:
+    """Mean, sample std and range: what the runner's summary computes."""
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return {"mean": mean, "std": std, "min": min(values), "max": max(values), "n": n, "values": values}
+
+
+def test_stats(store: str, variant: str, key: str = "bpc") -> dict:
+    """Test bpc (or ``ppl``) over the stored seeds of a variant."""
+    return stats([r["test"][key] for r in seeds(store, variant)])
+
+
+def summary_stats(folder: str, variant: str) -> dict:
+    return load(f"{folder}/summary.json")["variants"][variant]["test_bpc"]
+
+
+# --- formatting --------------------------------------------------------------------------------------------------
+
+
+def table(header: list[str], rows: list[list], right: str = "") -> list[str]:
+    """A markdown table; ``right`` marks the right-aligned columns with "r" (e.g. "lrr")."""
+    align = ["-:" if right[i : i + 1] == "r" else "-" for i in range(len(header))]
+    lines = ["|" + "|".join(header) + "|", "|" + "|".join(align) + "|"]  # unpadded: the page must stay small
+    return lines + ["|" + "|".join("" if c is None else str(c) for c in row) + "|" for row in rows]
+
+
+def num(value, digits: int = 0) -> str:
+    """``1,867`` or ``0.395``: thousands separated, a fixed number of decimals; None is empty."""
+    return "" if value is None else f"{value:,.{digits}f}"
+
+
+def spread(s: dict, digits: int = 4, ranges: bool = True) -> str:
+    """``mean ± std [min, max]`` over seeds (``mean ± std`` without ``ranges``), or the one value."""
+    if s["n"] == 1:
+        return f"{s['mean']:.{digits}f} (1 seed)"
+    text = f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}"
+    return text + (f" [{s['min']:.{digits}f}, {s['max']:.{digits}f}]" if ranges else "")
+
+
+def gain(base: dict, other: dict) -> str:
+    """How much lower ``other``'s mean is than ``base``'s, in percent (positive: better)."""
+    return f"{100 * (base['mean'] - other['mean']) / base['mean']:+.2f}%"
+
+
+def apart(a: dict, b: dict) -> str:
+    """Whether the seeds' ranges are apart (the runner's rule: never with one seed)."""
+    if min(a["n"], b["n"]) < 2:
+        return "(1 seed)"
+    return "yes" if a["max"] < b["min"] or b["max"] < a["min"] else "no"
+
+
+def pct(value: float, digits: int = 2) -> str:
+    """An accuracy as a percentage without trailing zeros: 0.369 -> 36.9%."""
+    return f"{100 * value:.{digits}f}".rstrip("0").rstrip(".") + "%"
+
+
+def section(title: str, study: dict, body: list[str], where: str, level: str = "##") -> list[str]:
+    """A heading, the machine and date, where the results lie, the commands, then the body."""
+    head = [f"{level} {title}", f"*{study['machine']}, {study['date']}; `{where}`*"]
+    return [*head, "", "```bash", *study["commands"], "```", "", *body, ""]
+
+
+# --- the sections ------------------------------------------------------------------------------------------------
+
+
+def headline() -> list[str]:
+    """The page's opening: what is here, how to regenerate it, and the two answers most readers want."""
+    hf = load("speed/vs-hf.json")
+    train, evaluation = hf["training"]["rows"], hf["evaluation"]["rows"]
+    paper = (summary_stats("table6-ptb-char-3000", "no-memory"), summary_stats("table6-ptb-char-3000", "xl"))
+    step2 = load("recipe/ptb-char-3000/step2/summary.json")["variants"]
+    long = load("recipe/ptb-char-6000/summary.json")["variants"]
+    wt2 = (test_stats("wt2-word-3000", "no-memory"), test_stats("wt2-word-3000", "xl"))
+    return [
+        "# Benchmarks",
+        "",
+        "One table per question, with its command, machine and date, generated from the results under",
+        "`benchmarks/results/` named below it (a README.md there tells how the study went):",
+        "`python benchmarks/tools/results_page.py` writes this page, `--check` (`tests/test_results_page.py`) fails",
+        "when they disagree. ↑/↓: higher/lower is better. Corpora: `$LONGSEQ_DATA`.",
+        "Machine **" + MACHINE + "**.",
+        "",
+        f"**How fast.** Against Hugging Face TransfoXL with the same weights: training {train[0]['speedup']:.2f}x as"
+        f" fast at 128/128 and {train[1]['speedup']:.2f}x at 512/512, evaluation in {evaluation[0]['ratio']:.2f}x"
+        f" and {evaluation[1]['ratio']:.2f}x of its time (memory 1,600, 3,800), generation"
+        f" {hf['generation']['speedup']:.1f}x as fast.",
+        "",
+        f"**What the memory buys.** On character PTB, XL's test bpc is {gain(*paper)} better than without memory"
+        " at the paper's settings, "
+        f"{gain(step2['no-memory-no-r-dropout']['test_bpc'], step2['xl-curriculum-0-no-r-dropout']['test_bpc'])}"
+        " with the recipe (memory curriculum, R kept whole), "
+        f"{gain(long['no-memory-no-r-dropout']['test_bpc'], long['xl-curriculum-0-no-r-dropout-6k']['test_bpc'])}"
+        f" at 6,000 steps; on WikiText-2 words {gain(*wt2)} (3 seeds each). Longer memories at evaluation do not help.",
+        "",
+    ]
+
+
+def memory_rows() -> list[list]:
+    """(comparison, corpus and budget, baseline stats, stats with the memory, unit) for the memory table."""
+    t6, r1 = "table6-ptb-char-3000", "recipe/ptb-char-3000"
+    step2, long, big = f"{r1}/step2", "recipe/ptb-char-6000", "recipe/ptb-char-d256-3000"
+    fair, step2_xl = "no-memory-no-r-dropout", "xl-curriculum-0-no-r-dropout"
+    preset = "preset-tiny-shakespeare-1200"
+    return [
+        ["XL (paper settings) vs no memory", "char PTB, 3k steps",
+         summary_stats(t6, "no-memory"), summary_stats(t6, "xl")],
+        ["step 1: memory curriculum (0 to 128 in 2,000 steps)", "char PTB, 3k steps",
+         summary_stats(r1, "no-memory"), summary_stats(r1, "xl-curriculum-0")],
+        ["step 2: curriculum, R kept whole (vs no memory, R whole)", "char PTB, 3k steps",
+         summary_stats(step2, fair), summary_stats(step2, step2_xl)],
+        ["step 2, twice the steps (ramp over 4,000)", "char PTB, 6k steps",
+         summary_stats(long, fair), summary_stats(long, f"{step2_xl}-6k")],
+        ["step 2, d_model 256 (3.43M parameters)", "char PTB, 3k steps",
+         summary_stats(big, fair), summary_stats(big, step2_xl)],
+        ["XL vs no memory (bits per word)", "WikiText-2 words, 3k",
+         test_stats("wt2-word-3000", "no-memory"), test_stats("wt2-word-3000", "xl")],
+        ["the preset's recipe vs no memory", "tiny-shakespeare, 1.2k",
+         summary_stats(preset, "no-memory"), summary_stats(preset, "preset-recipe")],
+    ]  # fmt: skip
+
+
+def memory_section() -> list[str]:
+    rows = [[what, where, spread(base, ranges=False), spread(mem, ranges=False), gain(base, mem), apart(base, mem)]
+            for what, where, base, mem in memory_rows()]  # fmt: skip
+    body = [
+        "Test bpc ↓, mean ± std over seeds; 4 layers, d_model 128 (863k parameters), tgt_len 64, mem_len 128.",
+        "",
+        *table(["comparison", "corpus, budget", "baseline", "with it", "better by", "apart"], rows, "llllrl"),
+    ]
+    study = load("recipe/study.json")
+    study = {**study, "commands": study["commands"][:3]}  # the 3-seed rows; the others: recipe/README.md
+    return section("What the memory buys", study, body, "recipe/ (its README: all commands)")
+
+
+def hf_section() -> list[str]:
+    hf = load("speed/vs-hf.json")
+    train, ev, gen = hf["training"]["rows"], hf["evaluation"]["rows"], hf["generation"]
+    rows = [
+        [
+            "training tokens/s ↑, batch 8",
+            f"{r['tgt_len']} / {r['mem_len']}",
+            num(r["longseq_tokens_per_s"]),
+            num(r["hf_tokens_per_s"]),
+            f"**{r['speedup']:.2f}x**",
+        ]
+        for r in train
+    ]
+    rows += [
+        [
+            "training peak RSS MiB ↓",
+            f"{r['tgt_len']} / {r['mem_len']}",
+            num(r["longseq_peak_rss_mib"]),
+            num(r["hf_peak_rss_mib"]),
+            f"{r['rss_ratio']:.2f}",
+        ]
+        for r in train
+    ]
+    rows += [
+        [
+            "evaluation ms/token ↓, batch 1",
+            f"memory {num(r['mem_len'])}",
+            f"{r['longseq_ms_per_token']:.3f}",
+            f"{r['hf_ms_per_token']:.3f}",
+            f"**{r['ratio']:.2f}**",
+        ]
+        for r in ev
+    ]
+    rows += [["generation tokens/s ↑, 256 after 2,000", f"memory {num(gen['mem_len'])}",
+              f"{gen['longseq_tokens_per_s']:.1f}", f"{gen['hf_tokens_per_s']:.1f}", f"**{gen['speedup']:.1f}x**"],
+             ["generation peak RSS MiB ↓", f"memory {num(gen['mem_len'])}", num(gen["longseq_peak_rss_mib"]),
+              num(gen["hf_peak_rss_mib"]), f"{gen['rss_ratio']:.2f}"]]  # fmt: skip
+    body = [
+        "4 layers, d_model 256, bytes, float32, the same weights; own processes, alternating; training against length"
+        f" ({hf['scaling']['rows'][-1]['speedup']:.2f}x at {num(hf['scaling']['rows'][-1]['length'])}): `speed/README.md`.",
+        "",
+        *table(["measure", "tgt_len / mem_len", "longseq", "HF", "longseq vs HF"], rows, "llrrr"),
+    ]
+    return section("Speed against Hugging Face TransfoXL", hf, body, "speed/vs-hf.json")
+
+
+def vanilla_section() -> list[str]:
+    data = load("speed/eval-vs-vanilla.json")
+    rows = [[num(r["attn_len"]), f"{r['xl_ms']:.3f}", num(r["vanilla_ms"]), f"**{r['ratio']:,}x**",
+             f"{r['paper_table9']:,}x", r["original_code"]] for r in data["rows"]]  # fmt: skip
+    header = ["attn_len", "XL ms ↓", "vanilla ms", "vanilla / XL", "paper, Table 9", "original code (issue)"]
+    body = [
+        "Milliseconds per token, batch 1: XL reads 128-token segments with a memory of attn_len; the vanilla model",
+        "recomputes a window of attn_len per token; with glibc's mmap off: `speed/README.md`.",
+        "",
+        *table(header, rows, "r" * 6),
+    ]
+    data = {**data, "commands": data["commands"][:1]}
+    return section("Evaluation speed: XL against the vanilla sliding window", data, body, "speed/eval-vs-vanilla.json")
+
+
+def patterns_section() -> list[str]:
+    data = load("speed/patterns.json")
+    cell = lambda v: "skip" if v is None else (v if isinstance(v, str) else num(v))  # noqa: E731
+    rows = [[r["pattern"], *map(cell, r["us_per_token"]), r["time_32k_over_2k"], r["pairs_32k_over_2k"]]
+            for r in data["rows"]]  # fmt: skip
+    lengths = [f"{n // 1024}k" for n in data["lengths"]]
+    body = [
+        "Training, µs per token ↓ (d_model 256, batch 1, mem_len 256); pairs: (query, key) pairs allowed per token.",
+        "",
+        *table(["pattern", *lengths, "time 32k / 2k", "pairs 32k / 2k"], rows, "l" + "r" * 8),
+    ]
+    return section("Attention patterns against sequence length", data, body, "speed/patterns.json")
+
+
+def mixers_speed_section() -> list[str]:
+    data = load("speed/mixers-speed.json")
+    train = data["training"]
+    ratio = lambda v: "" if v is None else f"{v:.2f}"  # noqa: E731
+    rows = [[r["stack"], *("skip" if v is None else num(v) for v in r["us_per_token"]), ratio(r["time_16k_over_2k"])]
+            for r in train["rows"]]  # fmt: skip
+    body = [
+        "Training, µs per token ↓ (d_model 256, batch 1, one segment of the length per step); generation: README.",
+        "",
+        *table(["stack", *(f"{n // 1024}k" for n in train["lengths"]), "16k / 2k"], rows, "l" + "r" * 7),
+    ]
+    return section("State-space and hybrid stacks: speed against length", data, body, "speed/mixers-speed.json")
+
+
+TABLE6 = {"xl": "Transformer-XL", "no-memory": "without recurrence", "shaw": "Shaw et al. encoding, recurrence",
+          "vanilla": "vanilla (absolute, no memory)"}  # fmt: skip
+
+
+def versus(name: str, base_name: str, base: dict, s: dict) -> str:
+    """The relative gain over the baseline and whether the seeds' ranges are apart (empty for the baseline)."""
+    return "" if name == base_name else f"{gain(base, s)} ({'apart' if apart(base, s) == 'yes' else 'overlap'})"
+
+
+def table6_section() -> list[str]:
+    char = load("table6-ptb-char-3000/summary.json")
+    recl = char["recl"]["by_variant"]
+    base_c, base_w = char["variants"]["no-memory"]["test_bpc"], test_stats("wt2-word-3000", "no-memory")
+    rows = []
+    for name, label in TABLE6.items():
+        c, w = char["variants"][name]["test_bpc"], test_stats("wt2-word-3000", name)
+        ppl = test_stats("wt2-word-3000", name, "ppl")["mean"]
+        rows.append([label, spread(c, ranges=False), versus(name, "no-memory", base_c, c),
+                     " / ".join(map(str, recl[name]["r0.1"])), spread(w, ranges=False), f"{ppl:.1f}",
+                     versus(name, "no-memory", base_w, w)])  # fmt: skip
+    header = ["model", "char PTB bpc ↓", "vs no recurrence", "RECL r=0.1",
+              "WikiText-2 bits/word ↓", "ppl", "vs no recurrence"]  # fmt: skip
+    body = [
+        "The paper's settings, 3 seeds, 3,000 steps; vanilla scored by sliding windows of 64; RECL per seed.",
+        "",
+        *table(header, rows, "llllllrl"),
+    ]
+    study = load("table6-ptb-char-3000/study.json")
+    study = {**study, "commands": [*study["commands"], load("wt2-word-3000/study.json")["commands"][1]]}
+    return section("The paper's ablation (Table 6 form)", study, body, "table6-ptb-char-3000/, wt2-word-3000/")
+
+
+COMPACTION = {"xl": "XL: 128 slots", "compress-max": "compressive, max: 64 + 32 (c = 2)",
+              "compress-mean": "compressive, mean: 64 + 32", "xl-pruned": "pruned by attention: 128",
+              "xl-int8": "8-bit: 128 slots", "compress-conv": "compressive, conv: 64 + 32",
+              "compress-linear": "compressive, linear W_m: 64 + 32",
+              "mem-tokens": "memory tokens: 128 + 8 tokens, BPTT 2"}  # fmt: skip
+
+
+def memory_bytes(run: dict) -> int:
+    """Bytes of one layer's memory for one stream, memory full: float32 slots, or int8 with a float scale a slot."""
+    model, memory = run["model"], run["model"]["memory"]
+    slots = memory["mem_len"] + memory["cmem_len"] + memory["mem_tokens"]
+    per_slot = model["d_model"] + 4 if memory["mem_quant"] == "int8" else 4 * model["d_model"]
+    return slots * per_slot
+
+
+def compaction_section() -> list[str]:
+    store = "compaction-ptb-char-3000"
+    base = test_stats(store, "xl")
+    rows = []
+    for name, label in COMPACTION.items():
+        s = test_stats(store, name)
+        rows.append([label, num(memory_bytes(seeds(store, name)[0]["run"])), spread(s, ranges=False),
+                     ", ".join(f"{v:.4f}" for v in s["values"]), versus(name, "xl", base, s)])  # fmt: skip
+    body = [
+        "Each row reaches 128 positions back a layer; bytes: a layer's full memory, one stream. 3 seeds, 3,000 steps.",
+        "",
+        *table(["memory per layer", "bytes ↓", "test bpc ↓", "seeds 1, 2, 3", "vs XL"], rows, "lrlll"),
+    ]
+    return section("Memory compaction ablation", load(f"{store}/study.json"), body, f"{store}/")
+
+
+def clamp_rows(name: str, corpus: str) -> list[list]:
+    """Per reading, per seed: the loss at twice the training memory minus the loss at the training memory."""
+    rows = []
+    for key, reading in (("same_length", "same_length"), ("same_length_clamped", "same_length, clamp_len 192"),
+                         ):  # fmt: skip
+        diffs = []
+        for r in load(f"context-clamp/{name}"):
+            at = dict(zip(r["memory"] if key == "not_same_length" else r["contexts"], r[key]))
+            diffs.append(f"{at[2 * r['train_mem_len']] - at[r['train_mem_len']]:+.5f}")
+        rows.append([corpus, reading, *diffs])
+    return rows
+
+
+def clamp_section() -> list[str]:
+    rows = clamp_rows("ptb-char-3000.json", "char PTB, bpc") + clamp_rows("wt2-word-3000.json", "WikiText-2, bits")
+    body = [
+        "XL trained with mem_len 128: bits with memory 256 minus with 128 (negative: twice the memory helps):",
+        "",
+        *table(["corpus", "evaluation", "seed 1", "seed 2", "seed 3"], rows, "llrrr"),
+    ]
+    return section("Twice the training memory at evaluation", load("context-clamp/study.json"), body, "context-clamp/")
+
+
+MIXERS = {"xl": "XL (attention)", "no-memory": "no memory", "ssm": "ssm (4 state-space layers)",
+          "hybrid": "ssm, attention, ssm, attention", "conv-attn": "conv, attention, conv, attention",
+          "rnn": "rnn (4 LSTM mixers)", "hourglass": "hourglass (2 of 4 layers at 1/2)"}  # fmt: skip
+
+
+def mixers_section() -> list[str]:
+    char = load("mixers-ptb-char-3000/summary.json")["variants"]
+    base_c, base_w = char["xl"]["test_bpc"], test_stats("wt2-word-3000", "xl")
+    rows = []
+    for name, label in MIXERS.items():
+        w, ppl = test_stats("wt2-word-3000", name), test_stats("wt2-word-3000", name, "ppl")["mean"]
+        c = char[name]["test_bpc"] if name in char else None
+        char_cells = ["not run", ""] if c is None else [spread(c, ranges=False), versus(name, "xl", base_c, c)]
+        rows.append([label, *char_cells, spread(w, ranges=False), f"{ppl:.1f}", versus(name, "xl", base_w, w)])
+    body = [
+        "d_inner gives each stack XL's parameters (863k on characters, 5.15M on words); 3 seeds, 3,000 steps.",
+        "",
+        *table(["stack", "char PTB bpc ↓", "vs XL", "WikiText-2 bits/word ↓", "ppl", "vs XL"], rows, "lllllr"),
+    ]
+    study = load("mixers-ptb-char-3000/study.json")
+    study = {
+        **study,
+        "date": "2026-12-01/02",
+        "commands": [*study["commands"], load("wt2-word-3000/study.json")["commands"][0]],
+    }
+    return section("Mixers at equal parameters", study, body, "mixers-ptb-char-3000/, wt2-word-3000/")
+
+
+LISTOPS = {"stop-gradient": ("stop-gradient (paper)", "final segment"),
+           "mem-bptt-8": ("through 8 segments", "final segment"),
+           "document-pooling": ("through 8 segments", "whole document")}  # fmt: skip
+
+
+def listops_section() -> list[str]:
+    rows = []
+    for folder, (gradient, pooling) in LISTOPS.items():
+        r = load(f"listops/{folder}/result.json")
+        reload = r["reload"]
+        same = "equal" if reload["same"] else "DIFFERENT"
+        buckets = [pct(b["accuracy"], 1) for b in r["test"]["by_length"].values()]
+        rows.append([gradient, pooling, f"**{pct(r['test']['accuracy'])}**", *buckets,
+                     f"{pct(reload['valid_accuracy_reloaded'])} ({same})", pct(r["finetune"]["train"]["accuracy"])])  # fmt: skip
+    lengths = list(load("listops/mem-bptt-8/result.json")["test"]["by_length"])
+    body = [
+        "2 layers, d_model 64, memory 2,048, 5,000 steps; accuracy ↑ (test by length in tokens; valid: reloaded).",
+        "LRA: Transformer 36.4%, BigBird 36.1%; target 37%; majority class 15.95%.",
+        "",
+        *table(["memory gradient", "pooling", "test", *lengths, "valid (reload)", "train"], rows, "llrrrrrr"),
+    ]
+    return section("LRA ListOps", load("listops/study.json"), body, "listops/")
+
+
+PRESET = {"no-memory": "no memory", "xl": "XL, mem_len 128", "preset": "the old preset: XL, mem_len 64",
+          "preset-curriculum": "curriculum (0 to 64 in 800 steps)",
+          "preset-recipe": "curriculum, R whole: the preset now"}  # fmt: skip
+
+
+def preset_section() -> list[str]:
+    variants = load("preset-tiny-shakespeare-1200/summary.json")["variants"]
+    old = variants["preset"]["test_bpc"]["mean"]
+    rows = [[label, spread(variants[name]["test_bpc"], ranges=False),
+             "" if name == "preset" else f"{variants[name]['test_bpc']['mean'] - old:+.3f}"]
+            for name, label in PRESET.items()]  # fmt: skip
+    run = load("preset-tiny-shakespeare-1200/default-run.json")
+    first = [[r["figure"], r["now"], r["before"], r["ratio"]] for r in run["rows"] if r["on_page"]]
+    body = [
+        *table(["`longseq train`, 1,200 steps", "the preset now", "before the recipe", "ratio"], first, "lrrr"),
+        "",
+        "The recipe on the preset itself, before it became the default (test bpc ↓, 3 seeds):",
+        "",
+        "```bash",
+        *load("preset-tiny-shakespeare-1200/study.json")["commands"],
+        "```",
+        "",
+        *table(["variant", "test bpc", "vs the old preset"], rows, "llr"),
+    ]
+    return section("The default preset's recipe", run, body, "preset-tiny-shakespeare-1200/")
+
+
+def small_speed_sections() -> list[str]:
+    """Activation checkpointing, FSDP and Flex on CPU: one short table each."""
+    a, f, x = load("speed/activation-checkpointing.json"), load("speed/fsdp-memory.json"), load("speed/flex-cpu.json")
+    ckpt = [[num(r["length"]), r["every"], f"{r['step_s']:.2f}", f"{r['time_vs_off']:.2f}x", num(r["step_memory_mib"]),
+             f"{r['memory_vs_off']:.2f}x"] for r in a["rows"]]  # fmt: skip
+    fsdp = [[r["figure"], f"{r['ddp_mib']:,}", f"{r['fsdp_mib']:,}", f"{r['ratio']:.2f}"] for r in f["rows"]]
+    flex = [[r["case"], f"{r['rel_shift_ms']:#.3g}", f"{r['flex_eager_ms']:.1f}", f"{r['flex_compiled_ms']:#.3g}",
+             f"{r['eager_over_rel_shift']}x", f"{r['compiled_over_rel_shift']:.2f}x"] for r in x["rows"]]  # fmt: skip
+    return [
+        *section("Activation checkpointing", a, ["Window 256, batch 1, mem_len 256; every k-th layer recomputed:", "",
+                 *table(["length", "every", "step s ↓", "vs off", "step MiB ↓", "vs off"], ckpt, "rrrrrr")],
+                 "speed/activation-checkpointing.json"),
+        *section("FSDP against DDP: what each rank holds", f, ["27.4M parameters, 2 ranks, rank 0, MiB ↓:", "",
+                 *table(["", "DDP", "FSDP", "FSDP / DDP"], fsdp, "lrrr")], "speed/fsdp-memory.json"),
+        *section("FlexAttention on CPU, inference", x, ["Medians of 5 calls, ms ↓:", "", *table(["case", "rel_shift",
+                 "Flex", "Flex compiled", "Flex / rel_shift", "compiled / rel_shift"], flex, "lrrrrr")],
+                 "speed/flex-cpu.json"),
+    ]  # fmt: skip
+
+
+def mfu_section() -> list[str]:
+    data = load("speed/mfu.json")
+    share = lambda v: "" if v is None else f"{100 * v:.0f}%"  # noqa: E731
+    settings = [[r["setting"], num(r["tokens_per_s"]), f"{r['mfu']:.2f}", share(r["matmul_share"]),
+                 "" if r["matmul_efficiency"] is None else f"{r['matmul_efficiency']:.2f}"] for r in data["settings"]]  # fmt: skip
+    kinds = [[r["kind"], *(f"{v:.1f}%" for v in r["share"])] for r in data["breakdown"]["rows"]]
+    body = [
+        "MFU ↑: the model's matmul FLOPs per token x tokens/s over a 1,024 float32 matmul probe of the same run.",
+        "",
+        *table(["setting", "tokens/s", "MFU", "matmul share", "matmul efficiency"], settings, "lrrrr"),
+        "",
+        *table(["share of the step (profiler)", *data["breakdown"]["columns"]], kinds, "lrr"),
+    ]
+    return section("Model FLOPs utilisation of a training step", data, body, "speed/mfu.json")
+
+
+def data_sections() -> list[str]:
+    """Prepared corpora and tokenizers."""
+    p, t = load("speed/prepared-corpus.json"), load("speed/tokenizers-wt2.json")
+    gib = lambda v: "" if v is None else f"{v:.2f}"  # noqa: E731
+    secs = lambda v: v if isinstance(v, str) else f"{v:.1f}"  # noqa: E731
+    prep = [[r["tokenizer"], num(r["tokens"]), r["tokens_per_byte"], num(r["wall_s"], 1), r["encoding_tokens_per_s"],
+             gib(r["peak_rss_gib"])] for r in p["prepare"]]  # fmt: skip
+    start = [[r["tokenizer"], secs(r["prepared_s"]), secs(r["in_ram_s"]), gib(r["prepared_rss_gib"]),
+              gib(r["in_ram_rss_gib"])] for r in p["startup"]]  # fmt: skip
+    toks = [[r["tokenizer"], num(r["vocabulary"]), r["test_tokens_per_byte"], f"{r['test_bpc']:.3f}",
+             r["training_text_seen"]] for r in t["rows"]]  # fmt: skip
+    prepared = [
+        "`longseq data prepare` of 306 MB; `longseq train` to its first backward (median of 3):",
+        "",
+        *table(["tokenizer", "tokens", "tokens / byte", "prepare s ↓", "encoding tokens/s", "peak GiB ↓"], prep, "lrrrrr"),
+        "",
+        *table(["tokenizer", "start-up s, prepared ↓", "in RAM", "GiB, prepared ↓", "in RAM"], start, "lrrrr"),
+    ]  # fmt: skip
+    tokenizers = [
+        "2 layers, d_model 128, 300 steps of 16 x 64 tokens: equal tokens, not equal text; bits per character ↓.", "",
+        *table(["tokenizer", "vocabulary", "test tokens / byte", "test bpc", "training text seen"], toks, "lrrrr"),
+    ]  # fmt: skip
+    return [*section("Prepared corpora", p, prepared, "speed/prepared-corpus.json"),
+            *section("Tokenizers on WikiText-2", t, tokenizers, "speed/tokenizers-wt2.json")]  # fmt: skip
+
+
+def render() -> str:
+    """The whole page."""
+    parts = [headline(), memory_section(), hf_section(), vanilla_section(), patterns_section(), table6_section(),
+             compaction_section(), clamp_section(), mixers_section(), mixers_speed_section(), listops_section(),
+             preset_section(), mfu_section(), data_sections(), small_speed_sections()]  # fmt: skip
+    return "\n".join(line for part in parts for line in part).rstrip("\n") + "\n"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when BENCHMARKS.md differs from the results")
+    parser.add_argument("--out", default=PAGE, help="where to write the page (default: BENCHMARKS.md)")
+    args = parser.parse_args(argv)
+    page = render()
+    if args.check:
+        with open(args.out, encoding="utf-8") as f:
+            current = f.read()
+        if current != page:
+            diff = difflib.unified_diff(current.splitlines(), page.splitlines(), "BENCHMARKS.md", "from the results",
+                                        lineterm="", n=0)  # fmt: skip
+            sys.stdout.write("\n".join(list(diff)[:40]) + "\n")
+            raise SystemExit("BENCHMARKS.md differs from the stored results: run benchmarks/tools/results_page.py")
+        return
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(page)
+    print(f"wrote {args.out} ({len(page.encode())} bytes)")
+
+
+if __name__ == "__main__":
+    main()
