@@ -19,12 +19,12 @@ from longseq.train.checkpoint import CheckpointError
 def tiny_config(**overrides) -> ModelConfig:
     """The model of ``tiny_run`` with fields of the model or its sections changed by name."""
     fields = dict(vocab_size=10, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.2, dropatt=0.1)
-    return ModelConfig.of(**{**fields, "mem_len": 8, **overrides})
+    return ModelConfig(**{**fields, "mem_len": 8, **overrides})
 
 
 def tiny_lstm_config() -> ModelConfig:
     """The LSTM baseline of ``tiny_config``'s size: only the options an LSTM reads."""
-    return ModelConfig.of(arch="lstm", vocab_size=10, n_layer=2, d_model=16, dropout=0.2)
+    return ModelConfig(arch="lstm", vocab_size=10, n_layer=2, d_model=16, dropout=0.2)
 
 
 def tiny_model(**overrides) -> TransformerXLLM:

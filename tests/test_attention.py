@@ -63,7 +63,7 @@ def test_attention_matches_naive_four_terms(kernel, mlen, same_length, clamp_len
     scaled_dot_product_attention with the shifted position term as its bias."""
     kernel, _, mode = kernel.partition("-")
     torch.manual_seed(0)
-    layer = RelativeMultiHeadAttention(D_MODEL, N_HEAD, D_HEAD, 0.0, 0.0, pre_lnorm, 1e-5, kernel).double().eval()
+    layer = RelativeMultiHeadAttention(D_MODEL, N_HEAD, D_HEAD, pre_lnorm=pre_lnorm, kernel=kernel).double().eval()
     for p in layer.parameters():
         torch.nn.init.normal_(p, 0, 0.5)
     qlen, batch = 4, 2
@@ -101,8 +101,8 @@ def test_same_length_gives_every_query_mem_len_keys():
 def test_model_kernels_agree_end_to_end():
     cfg = dict(vocab_size=30, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=6, dropout=0.0)
     torch.manual_seed(1)
-    fast = TransformerXLLM(ModelConfig.of(**cfg, same_length=True, clamp_len=4)).double().eval()
-    ref = TransformerXLLM(ModelConfig.of(**cfg, same_length=True, clamp_len=4, attn_impl="reference")).double().eval()
+    fast = TransformerXLLM(ModelConfig(**cfg, same_length=True, clamp_len=4)).double().eval()
+    ref = TransformerXLLM(ModelConfig(**cfg, same_length=True, clamp_len=4, attn_impl="reference")).double().eval()
     ref.load_state_dict(fast.state_dict())
     x = torch.randint(0, 30, (2, 5))
     out_f, out_r = fast(x), ref(x)
@@ -139,8 +139,8 @@ def test_fast_kernel_gradients_match_reference(mlen, span):
 def test_query_chunking_is_exact(chunk):
     cfg = dict(vocab_size=30, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=7, dropout=0.0)
     torch.manual_seed(2)
-    whole = TransformerXLLM(ModelConfig.of(**cfg, attn_chunk=0, same_length=True)).double()
-    chunked = TransformerXLLM(ModelConfig.of(**cfg, attn_chunk=chunk, same_length=True)).double()
+    whole = TransformerXLLM(ModelConfig(**cfg, attn_chunk=0, same_length=True)).double()
+    chunked = TransformerXLLM(ModelConfig(**cfg, attn_chunk=chunk, same_length=True)).double()
     chunked.load_state_dict(whole.state_dict())
     x = torch.randint(0, 30, (2, 9))
     first = whole(x, labels=x)

@@ -62,7 +62,7 @@ def test_cli_errors_are_one_clear_line(argv, message, capsys):
 def test_generation_with_memory_equals_recomputing_the_context():
     torch.manual_seed(0)
     model = TransformerXLLM(
-        ModelConfig.of(vocab_size=20, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=64)
+        ModelConfig(vocab_size=20, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=64)
     ).eval()
     prompt = torch.randint(0, 20, (2, 13))
     fast = generate(model, prompt, 10, temperature=0, mem_len=64, segment_len=5)
@@ -89,15 +89,15 @@ def test_configs_round_trip_and_reject_unknown_keys():
     with pytest.raises(ConfigError, match="unknown ModelConfig key"):
         ModelConfig.from_dict({"n_layers": 3})
     with pytest.raises(ConfigError, match="cutoffs"):
-        ModelConfig.of(vocab_size=100, cutoffs=[50, 40])
+        ModelConfig(vocab_size=100, cutoffs=[50, 40])
     sections = apply_overrides(
-        {"model": ModelConfig.of(), "data": DataConfig(), "train": TrainConfig()},
+        {"model": ModelConfig(), "data": DataConfig(), "train": TrainConfig()},
         ["cutoffs=10,20", "same_length=true", "model.dropout=0.3", "lr=1e-4", "d_embed=none"],
     )
     assert sections["model"].cutoffs == [10, 20] and sections["model"].memory.same_length is True
     assert sections["model"].dropout == 0.3 and sections["train"].lr == 1e-4
     with pytest.raises(ConfigError, match="must be >= 1"):
-        apply_overrides({"model": ModelConfig.of()}, ["n_layer=0"])
+        apply_overrides({"model": ModelConfig()}, ["n_layer=0"])
     for bad, message in (("weight_decay=-1", "weight_decay must be >= 0"), ("beta1=1.5", r"beta1 must be in \[0, 1\)"),
                          ("beta2=1", "beta2 must be in"), ("eps=0", "eps must be > 0")):  # fmt: skip
         with pytest.raises(ConfigError, match=message):  # accepted, or left to torch's message, before
@@ -122,9 +122,7 @@ def test_bench_cli_reports_each_task(capsys):
 
 
 def test_generate_restores_the_training_mode_and_checks_mem_len():
-    model = TransformerXLLM(
-        ModelConfig.of(vocab_size=20, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32)
-    ).train()
+    model = TransformerXLLM(ModelConfig(vocab_size=20, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32)).train()
     generate(model, torch.randint(0, 20, (1, 4)), 3)
     assert model.training
     with pytest.raises(ValueError, match="mem_len must be >= 0"):

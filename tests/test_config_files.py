@@ -60,7 +60,7 @@ def varied_run() -> RunConfig:
     """Every kind of field: nested sections, lists of ints, bools and strings, an unset optional (d_embed), a set
     optional (tie_projs) and strings that need escapes."""
     return RunConfig(
-        model=ModelConfig.of(
+        model=ModelConfig(
             vocab_size=300, n_layer=2, cutoffs=[40, 120], tie_projs=[False, True, True], attention=["window", "full"],
             dilation=[1, 2, 1, 2], mem_len=12, same_length=True, init_std=1e-5,
         ),

@@ -20,7 +20,7 @@ T, B, STEPS = 8, 2, 41  # segments of 8, 2 streams of 41 tokens: 40 targets, 5 s
 def model(**extra):
     """A tiny random model with large weights, so that its losses depend clearly on what it reads."""
     torch.manual_seed(0)
-    net = TransformerXLLM(ModelConfig.of(**{**BASE, **extra})).double().eval()
+    net = TransformerXLLM(ModelConfig(**{**BASE, **extra})).double().eval()
     with torch.no_grad():
         for param in net.parameters():
             param.normal_(0.0, 0.3)
@@ -131,7 +131,7 @@ def test_a_model_trained_to_copy_across_segments_uses_its_memory_at_the_segment_
     positions 0-6, and low at position 7 in both passes (it copies; what it lacks without memory is context)."""
     torch.manual_seed(0)
     net = TransformerXLLM(
-        ModelConfig.of(vocab_size=16, n_layer=1, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0, mem_len=8)
+        ModelConfig(vocab_size=16, n_layer=1, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0, mem_len=8)
     )
     rng = np.random.default_rng(0)
 

@@ -207,7 +207,7 @@ def test_eval_of_a_checkpoint_that_names_no_corpus_asks_for_data_instead_of_scor
     from longseq.train import save_checkpoint
 
     tok = WordTokenizer.build("alpha beta gamma delta\n")
-    run = RunConfig(ModelConfig.of(vocab_size=tok.vocab_size, n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16,
+    run = RunConfig(ModelConfig(vocab_size=tok.vocab_size, n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16,
                                    cutoffs=[]), DataConfig(tokenizer="word"), TrainConfig())  # fmt: skip
     save_checkpoint(str(tmp_path / "ckpt"), build_model(run.model), run, tok)
     assert main(["eval", "--checkpoint", str(tmp_path / "ckpt"), "--quiet"]) == 2
@@ -221,7 +221,7 @@ def test_a_checkpoint_whose_tokenizer_does_not_fit_the_model_is_an_error_naming_
     from longseq.model import build_model
     from longseq.train import CheckpointError, load_checkpoint, save_checkpoint
 
-    run = RunConfig(ModelConfig.of(vocab_size=12, n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16), DataConfig(),
+    run = RunConfig(ModelConfig(vocab_size=12, n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16), DataConfig(),
                     TrainConfig())  # fmt: skip
     save_checkpoint(str(tmp_path / "ckpt"), build_model(run.model), run, CharTokenizer.build("abcdefghijklmnop"))
     with pytest.raises(CheckpointError, match=r"ckpt/tokenizer.json has 16 tokens but the model's vocabulary has 12"):

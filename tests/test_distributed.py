@@ -10,12 +10,11 @@ import pytest
 from safetensors import safe_open
 from test_train import corpus_file
 
-from longseq.config import ConfigError, ModelConfig, TrainConfig
+from longseq.config import ConfigError, ModelConfig, RunConfig, TrainConfig, get_preset
+from longseq.config.checks import check_run
 from longseq.data.corpus import load_corpus
 from longseq.eval.evaluate import evaluate
-from longseq.model import build_model
 from longseq.train.checkpoint import load_checkpoint, load_training_state
-from longseq.train.distributed import shard_model
 
 
 def losses(path):
@@ -41,7 +40,7 @@ def test_two_ranks_match_one_process_on_the_same_global_batch(tmp_path, parallel
     for step in range(1, 21):
         assert abs(ddp[step] - single[step]) < 1e-5, (step, ddp[step], single[step])
     # rank 0 saved the memory of every rank: the whole batch of 4 streams
-    mems = load_training_state(str(tmp_path / "two" / "last")).mems
+    mems = load_training_state(str(tmp_path / "two" / "last")).memory
     assert mems[0].shape[0] == 4
     assert done.stdout.count('"step"') <= 1  # only rank 0 reports
     # the checkpoint holds whole tensors in the one-process format: one process reads it and scores the
@@ -90,6 +89,9 @@ def test_two_rank_resume_continues_bit_for_bit(tmp_path, options):
 def test_fsdp_configuration_errors():
     with pytest.raises(ConfigError, match="parallel must be ddp or fsdp"):
         TrainConfig(parallel="zero3")
-    lstm = build_model(ModelConfig.of(arch="lstm", vocab_size=11, d_model=8, d_inner=8, n_layer=1))
+    run = get_preset("tiny-shakespeare")
+    lstm = RunConfig(ModelConfig(arch="lstm", vocab_size=11, d_model=8, n_layer=1), run.data,
+                     run.train.replace(parallel="fsdp"))  # fmt: skip
     with pytest.raises(ConfigError, match="use parallel=ddp for arch=lstm"):
-        shard_model(lstm)
+        check_run(lstm, world_size=2)
+    check_run(lstm, world_size=1)  # one process ignores parallel

@@ -16,7 +16,7 @@ BASE = dict(vocab_size=30, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32
 
 def vanilla(**extra):
     torch.manual_seed(0)
-    return TransformerXLLM(ModelConfig.of(**{**BASE, "mem_len": 0, "pos": "absolute", **extra})).double().eval()
+    return TransformerXLLM(ModelConfig(**{**BASE, "mem_len": 0, "pos": "absolute", **extra})).double().eval()
 
 
 def test_sliding_window_scores_every_target_with_a_full_forward_of_its_window():
@@ -43,13 +43,13 @@ def test_absolute_positions_make_the_model_order_aware_and_refuse_memory():
     assert not torch.allclose(hidden[0, 0], hidden[0, 1])
     assert torch.isfinite(model(ids).logits).all()
     with pytest.raises(ConfigError, match="mem_len=0"):
-        ModelConfig.of(**{**BASE, "mem_len": 8, "pos": "absolute"})
+        ModelConfig(**{**BASE, "mem_len": 8, "pos": "absolute"})
 
 
 def test_recurrent_losses_give_every_token_exactly_its_context():
     """With same_length, a token's loss at context c depends on the last c positions only."""
     torch.manual_seed(0)
-    model = TransformerXLLM(ModelConfig.of(**{**BASE, "mem_len": 8, "n_layer": 1})).double().eval()
+    model = TransformerXLLM(ModelConfig(**{**BASE, "mem_len": 8, "n_layer": 1})).double().eval()
     ids = np.random.default_rng(1).integers(0, 30, 33)
     base = recurrent_losses(model, ids, context=4, tgt_len=8)
     changed = ids.copy()
@@ -62,7 +62,7 @@ def test_recurrent_losses_give_every_token_exactly_its_context():
 
 def test_lstm_baseline_carries_its_state_like_a_memory():
     torch.manual_seed(0)
-    config = ModelConfig.of(**{**BASE, "arch": "lstm"})
+    config = ModelConfig(**{**BASE, "arch": "lstm"})
     model = build_model(config).double().eval()
     ids = torch.randint(0, 30, (2, 12))
     whole = model(ids, None, ids).nll
@@ -76,7 +76,7 @@ def test_diagnostics_write_what_they_promise(tmp_path):
     from longseq.diagnostics import attention_maps, diagnose
 
     torch.manual_seed(0)
-    model = TransformerXLLM(ModelConfig.of(**{**BASE, "mem_len": 6, "n_layer": 3}))
+    model = TransformerXLLM(ModelConfig(**{**BASE, "mem_len": 6, "n_layer": 3}))
     ids = np.random.default_rng(2).integers(0, 30, 200)
     report = diagnose(model, ids, str(tmp_path), tgt_len=8, warmup=2)
     names = set(os.listdir(tmp_path))
@@ -101,7 +101,7 @@ def test_diagnose_reads_the_attention_layers_of_a_hybrid_stack_by_their_own_inde
 
     torch.manual_seed(0)
     model = TransformerXLLM(
-        ModelConfig.of(**{**BASE, "mem_len": 6, "n_layer": 4, "mixer": "ssm,attention,conv,attention"})
+        ModelConfig(**{**BASE, "mem_len": 6, "n_layer": 4, "mixer": "ssm,attention,conv,attention"})
     )
     with torch.no_grad():  # the shared position bias v made huge: both attention layers collapse onto one distance
         model.transformer.r_r_bias.normal_(0.0, 1e5)
@@ -129,7 +129,7 @@ def test_diagnostics_flag_collapsed_heads(tmp_path):
     from longseq.diagnostics import diagnose
 
     torch.manual_seed(0)
-    model = TransformerXLLM(ModelConfig.of(**{**BASE, "mem_len": 4, "n_layer": 1}))
+    model = TransformerXLLM(ModelConfig(**{**BASE, "mem_len": 4, "n_layer": 1}))
     with torch.no_grad():  # a huge position bias v: every query puts all its mass on one distance
         model.transformer.r_r_bias.normal_(0.0, 1000.0)
     report = diagnose(model, np.arange(100) % 30, str(tmp_path), tgt_len=8, warmup=1)
@@ -163,7 +163,7 @@ def test_eval_command_uses_sliding_windows_for_the_vanilla_model(tmp_path, capsy
 
     data = corpus_file(tmp_path)
     run = tiny_run(max_steps=2, eval_interval=2)
-    run.model = ModelConfig.of(**{**run.model.to_dict(), "mem_len": 0, "pos": "absolute"})
+    run.model = ModelConfig(**{**run.model.to_dict(), "mem_len": 0, "pos": "absolute"})
     run.data.path, run.data.varlen = str(data), False
     train(run, str(tmp_path / "van"), progress=False)
     assert main(["eval", "--checkpoint", str(tmp_path / "van" / "best"), "--quiet", "--json",

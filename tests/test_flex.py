@@ -7,7 +7,7 @@ import torch
 from test_patterns import assert_same_run, make_layer, pattern, run_layer
 
 from longseq.model.attention.flex import flex_available
-from longseq.model.attention.patterns import PATTERN_NAMES
+from longseq.model.attention.patterns import PATTERNS
 
 pytestmark = pytest.mark.skipif(not flex_available(), reason="this PyTorch has no FlexAttention")
 
@@ -23,7 +23,7 @@ def global_mask(p, qlen):
 @pytest.mark.parametrize("pos", ["sinusoidal", "shaw"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("mlen", [0, 9])
-@pytest.mark.parametrize("name", PATTERN_NAMES)
+@pytest.mark.parametrize("name", PATTERNS)
 def test_flex_equals_dense_reference(name, mlen, causal, pos):
     p = pattern(name, causal, num_global=1 if name == "bigbird" else 0)
     qlen = 17
@@ -115,7 +115,7 @@ def test_auto_is_flex_on_cuda_for_full_and_local_patterns_only():
     from longseq.model.attention.kernels import resolve_kernel
     from longseq.model.attention.patterns import PatternMask
 
-    masks = {name: PatternMask(pattern(name), 8, 4) for name in PATTERN_NAMES}
+    masks = {name: PatternMask(pattern(name), 8, 4) for name in PATTERNS}
     assert {resolve_kernel("auto", "cpu", m, False) for m in masks.values()} == {"rel_shift"}
     on_cuda = {name: resolve_kernel("auto", "cuda", m, False) for name, m in masks.items()}
     assert on_cuda == {"full": "flex", "window": "flex", "dilated": "flex", "strided": "rel_shift",
@@ -124,7 +124,7 @@ def test_auto_is_flex_on_cuda_for_full_and_local_patterns_only():
     assert resolve_kernel("flex", "cpu", masks["strided"], False) == "flex"  # a named kernel is what it says
     assert ModelConfig().attn_impl == "auto"
     with pytest.raises(ConfigError, match="no attention dropout"):
-        ModelConfig.of(attn_impl="flex", dropatt=0.1)
+        ModelConfig(attn_impl="flex", dropatt=0.1)
 
 
 def test_compiled_flex_does_not_compile_again_for_new_lengths(monkeypatch):

@@ -21,7 +21,7 @@ BASE = dict(vocab_size=40, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 def test_kv_memory_equals_hidden_state_memory(overrides, dtype, tol):
     torch.manual_seed(0)
-    model = TransformerXLLM(ModelConfig.of(**{**BASE, **overrides})).to(dtype).eval()
+    model = TransformerXLLM(ModelConfig(**{**BASE, **overrides})).to(dtype).eval()
     x = torch.randint(0, 40, (2, 40))
     hidden_mems, kv_mems = None, Memory.empty("kv")
     position = 0
@@ -41,7 +41,7 @@ def test_kv_memory_equals_hidden_state_memory(overrides, dtype, tol):
 
 def test_kv_memory_projects_only_the_new_positions():
     torch.manual_seed(0)
-    model = TransformerXLLM(ModelConfig.of(**BASE)).eval()
+    model = TransformerXLLM(ModelConfig(**BASE)).eval()
     rows = []
     model.transformer.layers[0].dec_attn.qkv_net.register_forward_hook(
         lambda m, args, out: rows.append(args[0].shape[1])
@@ -58,7 +58,7 @@ def test_kv_memory_projects_only_the_new_positions():
 
 
 def test_kv_memory_with_wrong_batch_is_an_error():
-    model = TransformerXLLM(ModelConfig.of(**BASE)).eval()
+    model = TransformerXLLM(ModelConfig(**BASE)).eval()
     mems = model(torch.randint(0, 40, (2, 4)), Memory.empty("kv")).mems
     with pytest.raises(ValueError, match="a key/value memory must hold"):
         model(torch.randint(0, 40, (3, 4)), mems)
@@ -70,7 +70,7 @@ def test_evaluate_gives_the_same_loss_with_either_memory():
     from longseq.eval import evaluate
 
     torch.manual_seed(0)
-    model = TransformerXLLM(ModelConfig.of(**BASE)).double()
+    model = TransformerXLLM(ModelConfig(**BASE)).double()
     ids = np.random.default_rng(0).integers(0, 40, 400)
     settings = dict(batch_size=3, tgt_len=6, mem_len=20, same_length=True)
     kv = evaluate(model, ids, kv_memory=True, **settings)
@@ -98,7 +98,7 @@ def test_ring_buffer_equals_concatenate_and_truncate():
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 def test_ring_kv_memory_equals_concatenating_kv_memory(dtype, tol):
     torch.manual_seed(0)
-    model = TransformerXLLM(ModelConfig.of(**{**BASE, "same_length": True})).to(dtype).eval()
+    model = TransformerXLLM(ModelConfig(**{**BASE, "same_length": True})).to(dtype).eval()
     x = torch.randint(0, 40, (2, 40))
     plain, ring = Memory.empty("kv"), Memory.empty("ring")
     position = 0

@@ -16,7 +16,7 @@ SMALL = dict(vocab_size=30, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=3
 
 def lm(mem_bptt: int, mem_len: int = 2 * T, **extra) -> TransformerXLLM:
     torch.manual_seed(0)
-    config = ModelConfig.of(**SMALL, mem_len=mem_len, mem_bptt=mem_bptt, **extra)
+    config = ModelConfig(**SMALL, mem_len=mem_len, mem_bptt=mem_bptt, **extra)
     return TransformerXLLM(config).double().train()
 
 
@@ -74,7 +74,7 @@ def test_a_language_model_step_with_mem_bptt_has_the_gradient_of_the_whole_windo
     result = lm_step(model, x, accum)
     stepped = grads(model)
     assert all(torch.allclose(stepped[n], whole[n], rtol=0, atol=1e-10) for n in whole)
-    assert not result.state[0].requires_grad  # the memory carried to the next step is cut
+    assert not result.memory[0].requires_grad  # the memory carried to the next step is cut
 
 
 def test_gradient_accumulation_bounds_the_graph_held_at_once_with_mem_bptt():
@@ -170,9 +170,9 @@ def test_the_reader_cuts_the_memory_into_blocks_counted_back_from_the_end(bptt, 
 
 
 def test_a_language_model_step_reads_mem_bptt_segments():
-    config = ModelConfig.of(**SMALL, mem_len=8, mem_bptt=3)
+    config = ModelConfig(**SMALL, mem_len=8, mem_bptt=3)
     assert config.segments_per_step == 3
-    assert ModelConfig.of(**SMALL, mem_len=8).segments_per_step == 1
+    assert ModelConfig(**SMALL, mem_len=8).segments_per_step == 1
 
 
 @pytest.mark.parametrize(
@@ -192,7 +192,7 @@ def test_a_language_model_step_reads_mem_bptt_segments():
 )
 def test_mem_bptt_refuses_what_carries_no_gradient(fields, named):
     with pytest.raises(ConfigError, match="mem_bptt") as error:
-        ModelConfig.of(**{**SMALL, **fields})
+        ModelConfig(**{**SMALL, **fields})
     assert named in str(error.value)
 
 
@@ -202,7 +202,7 @@ def test_a_run_with_mem_bptt_resumes_exactly(tmp_path):
 
     def run():
         r = tiny_run(max_steps=6, eval_interval=3)
-        r.model = ModelConfig.of(**{**r.model.to_dict(), "mem_bptt": 2})
+        r.model = ModelConfig(**{**r.model.to_dict(), "mem_bptt": 2})
         r.data.varlen = False
         return r
 

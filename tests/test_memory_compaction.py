@@ -8,7 +8,7 @@ import torch
 
 from longseq import ConfigError, ModelConfig, TransformerXLLM
 from longseq.data import OrderedStream
-from longseq.model import Memory, Quantized, reset_rows
+from longseq.model import Memory, Quantized, build_model, reset_rows
 from longseq.model.memory import quantize
 from longseq.model.memory.compress import Compressor
 
@@ -17,7 +17,7 @@ BASE = dict(vocab_size=40, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32
 
 def model_for(seed=0, **overrides):
     torch.manual_seed(seed)
-    return TransformerXLLM(ModelConfig.of(**{**BASE, **overrides}))
+    return TransformerXLLM(ModelConfig(**{**BASE, **overrides}))
 
 
 def test_document_ids_keep_documents_apart_inside_segments_and_memory():
@@ -109,17 +109,17 @@ def test_compression_functions_and_their_errors():
     assert Compressor("mean", 4, 3)(states).shape == (2, 2, 3)  # a partial last group is pooled too
     assert Compressor("conv", 4, 3)(states).shape == (2, 2, 3)  # a short last group is padded with its last state
     with pytest.raises(ConfigError, match="needs a compression rate"):
-        ModelConfig.of(cmem_len=8)
+        ModelConfig(cmem_len=8)
     with pytest.raises(ConfigError, match="without a compressed memory"):
-        ModelConfig.of(cmem_rate=2)
+        ModelConfig(cmem_rate=2)
     with pytest.raises(ConfigError, match="cmem_fn"):
-        ModelConfig.of(cmem_len=4, cmem_rate=2, cmem_fn="median")
+        build_model(ModelConfig(cmem_len=4, cmem_rate=2, cmem_fn="median"))
     from test_train import tiny_corpus, tiny_run
 
     from longseq.tasks.lm import prepare_model_config
 
     run = tiny_run()
-    run.model = ModelConfig.of(**{**run.model.to_dict(), "cmem_len": 4, "cmem_rate": 3, "cmem_fn": "linear"})
+    run.model = ModelConfig(**{**run.model.to_dict(), "cmem_len": 4, "cmem_rate": 3, "cmem_fn": "linear"})
     with pytest.raises(ConfigError, match="must be multiples of it"):
         prepare_model_config(run, tiny_corpus())
 
@@ -210,7 +210,7 @@ def test_memory_tokens_and_compaction_resume_exactly(tmp_path):
 
     def run():
         r = tiny_run(max_steps=8, eval_interval=4)
-        r.model = ModelConfig.of(
+        r.model = ModelConfig(
             **{
                 **r.model.to_dict(),
                 "mem_tokens": 2,
@@ -253,7 +253,7 @@ def test_document_ids_work_with_chunked_attention_and_bad_combinations_are_rejec
         chunked(x, first_c.mems, doc_ids=docs + 1).logits, whole(x, first_w.mems, doc_ids=docs + 1).logits, atol=1e-12
     )
     with pytest.raises(ConfigError, match="cannot be combined with a compressed memory"):
-        ModelConfig.of(mem_select="attention", cmem_len=4, cmem_rate=2)
+        ModelConfig(mem_select="attention", cmem_len=4, cmem_rate=2)
     pruned = model_for(mem_select="attention")
     with pytest.raises(ValueError, match="does not support document ids"):
         pruned(x, doc_ids=docs)

@@ -21,7 +21,7 @@ def counted(model, *args, **kwargs) -> int:
 
 @pytest.mark.parametrize("pos", ["sinusoidal", "shaw"])
 def test_training_forward_flops_are_counted_exactly(pos):
-    config = ModelConfig.of(**CONFIG, attn_impl="reference", attn_chunk=0, pos=pos)
+    config = ModelConfig(**CONFIG, attn_impl="reference", attn_chunk=0, pos=pos)
     model = TransformerXLLM(config)
     x = torch.randint(0, 50, (3, 10))
     mems = model(x).mems  # a full memory of 6
@@ -31,7 +31,7 @@ def test_training_forward_flops_are_counted_exactly(pos):
 
 
 def test_evaluation_with_a_key_value_memory_projects_only_the_segment():
-    config = ModelConfig.of(**CONFIG, attn_impl="reference", attn_chunk=0)
+    config = ModelConfig(**CONFIG, attn_impl="reference", attn_chunk=0)
     model = TransformerXLLM(config).eval()
     x = torch.randint(0, 50, (3, 10))
     with torch.no_grad():
@@ -41,7 +41,7 @@ def test_evaluation_with_a_key_value_memory_projects_only_the_segment():
 
 
 def test_default_keys_per_query_is_full_causal_attention():
-    config = ModelConfig.of(**CONFIG)
+    config = ModelConfig(**CONFIG)
     full = model_flops_per_token(config, tgt_len=10, mem_len=6)
     explicit = model_flops_per_token(config, tgt_len=10, mem_len=6, keys_per_query=6 + 11 / 2)
     assert full == explicit

@@ -9,7 +9,7 @@ from test_train import tiny_corpus, tiny_run
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.model import Memory
-from longseq.model.mixers import build_mixer
+from longseq.model.mixers import MIXERS
 from longseq.model.mixers.conv import causal_conv, conv_reference
 from longseq.model.mixers.rnn import lstm_reference
 from longseq.model.mixers.ssd import ssd_chunked, ssd_reference
@@ -47,7 +47,7 @@ def test_the_chunked_scan_equals_the_step_by_step_recurrence(with_docs):
         a = a_raw.masked_fill(torch.zeros_like(a_raw, dtype=torch.bool).index_fill_(1, torch.tensor([10]), True)
                               & (torch.arange(batch)[:, None, None] == 0), float("-inf"))  # fmt: skip
     reference = ssd_reference(x, a, b, c, state)
-    chunked = ssd_chunked(x, a, b, c, 4, state)
+    chunked = ssd_chunked(x, a, b, c, 4, state, boundaries=with_docs)
     for r, f in zip(reference, chunked):
         torch.testing.assert_close(f, r, rtol=0, atol=1e-10)
     inputs = (x, a_raw, b, c, state)
@@ -73,7 +73,7 @@ def test_the_causal_convolution_equals_its_loop(with_docs):
 @pytest.mark.parametrize("with_docs", [False, True])
 def test_the_lstm_mixer_equals_its_gates_written_out(with_docs):
     torch.manual_seed(2)
-    mixer = build_mixer("rnn", ModelConfig.of(**SMALL)).double()
+    mixer = MIXERS["rnn"].build(ModelConfig(**SMALL)).double()
     x = torch.randn(2, 9, 16, dtype=torch.float64, requires_grad=True)
     state = (torch.randn(2, 16, dtype=torch.float64), torch.randn(2, 16, dtype=torch.float64))
     docs = docs_for(2, 9) if with_docs else None
@@ -91,7 +91,7 @@ def test_each_mixer_run_whole_equals_it_run_token_by_token_with_its_state(name):
     """The parallel (chunked) form over a whole sequence equals the recurrence fed one position at a time, in
     float64, outputs and gradients; for the ssm also its own scan written step by step."""
     torch.manual_seed(3)
-    mixer = build_mixer(name, ModelConfig.of(**SMALL)).double()
+    mixer = MIXERS[name].build(ModelConfig(**SMALL)).double()
     x = torch.randn(2, 11, 16, dtype=torch.float64, requires_grad=True)
     whole, final = mixer(x, None)
     state, steps = None, []
@@ -113,7 +113,7 @@ def test_each_mixer_run_whole_equals_it_run_token_by_token_with_its_state(name):
 
 def hybrid(**extra):
     torch.manual_seed(4)
-    config = ModelConfig.of(**{**SMALL, "mixer": ["ssm", "attention", "conv", "rnn"], "mem_len": 24, **extra})
+    config = ModelConfig(**{**SMALL, "mixer": ["ssm", "attention", "conv", "rnn"], "mem_len": 24, **extra})
     return TransformerXLLM(config).eval()
 
 
@@ -135,7 +135,7 @@ def test_a_hybrid_stack_read_in_segments_with_memory_equals_the_whole_sequence()
 @pytest.mark.parametrize("mixer", ["ssm", "conv", "rnn"])
 def test_changing_a_later_token_changes_no_earlier_output(mixer):
     torch.manual_seed(5)
-    model = TransformerXLLM(ModelConfig.of(**{**SMALL, "mixer": [mixer], "mem_len": 0})).double().eval()
+    model = TransformerXLLM(ModelConfig(**{**SMALL, "mixer": [mixer], "mem_len": 0})).double().eval()
     x = torch.randint(0, 30, (1, 12))
     for t in (0, 5, 10):
         y = x.clone()
@@ -193,7 +193,7 @@ def test_state_bptt_back_propagates_through_that_many_segments():
     with 1 the state arrives detached."""
     torch.manual_seed(6)
     for bptt, reaches in ((1, False), (2, True)):
-        model = TransformerXLLM(ModelConfig.of(**{**SMALL, "mixer": ["ssm"], "mem_len": 0, "state_bptt": bptt})).train()
+        model = TransformerXLLM(ModelConfig(**{**SMALL, "mixer": ["ssm"], "mem_len": 0, "state_bptt": bptt})).train()
         x = torch.randint(0, 30, (2, 12))
         first = model(x[:, :6], None, x[:, 1:7])
         second = model(x[:, 6:11], first.mems, x[:, 7:12])
@@ -204,7 +204,7 @@ def test_state_bptt_back_propagates_through_that_many_segments():
 
 def hourglass(factor: int, **extra):
     torch.manual_seed(7)
-    config = ModelConfig.of(**{**SMALL, "mixer": ["attention", "ssm", "attention", "conv"], "mem_len": 48,
+    config = ModelConfig(**{**SMALL, "mixer": ["attention", "ssm", "attention", "conv"], "mem_len": 48,
                                "shorten_layers": [1, 3], "shorten_factor": factor, **extra})  # fmt: skip
     return TransformerXLLM(config).double().eval()
 
@@ -267,7 +267,7 @@ def test_the_model_initialisation_keeps_each_mixer_its_own_and_the_mixers_mix():
     scale and the convolution's taps, and left the gated projections so small that a token changed the logits 1 to
     3 positions later by 3e-7 (ssm) and 5e-6 (conv): those layers started as position-wise feed-forwards."""
     torch.manual_seed(0)
-    config = ModelConfig.of(**{**SMALL, "mixer": ["ssm", "conv", "rnn", "ssm"], "mem_len": 0, "dropout": 0.0})
+    config = ModelConfig(**{**SMALL, "mixer": ["ssm", "conv", "rnn", "ssm"], "mem_len": 0, "dropout": 0.0})
     model = TransformerXLLM(config).eval()
     ssm, conv, rnn = (model.transformer.layers[i].mixer for i in range(3))
     heads = ssm.A_log.numel()
@@ -281,7 +281,7 @@ def test_the_model_initialisation_keeps_each_mixer_its_own_and_the_mixers_mix():
     assert float(rnn.lstm.weight_hh_l0.abs().max()) <= bound and float(rnn.lstm.weight_hh_l0.std()) > bound / 3
     for mixer in ("ssm", "conv"):  # one mixer alone: a token reaches the next positions through it
         torch.manual_seed(0)
-        model = TransformerXLLM(ModelConfig.of(**{**SMALL, "mixer": [mixer], "mem_len": 0, "dropout": 0.0})).eval()
+        model = TransformerXLLM(ModelConfig(**{**SMALL, "mixer": [mixer], "mem_len": 0, "dropout": 0.0})).eval()
         x = torch.randint(0, 30, (1, 16))
         y = x.clone()
         y[0, 5] = (y[0, 5] + 1) % 30

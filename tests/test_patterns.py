@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from longseq.config import ConfigError, ModelConfig
+from longseq.model import build_model
 from longseq.model.attention import RelativeMultiHeadAttention
 from longseq.model.attention.patterns import (
-    PATTERN_NAMES,
+    PATTERNS,
     AttentionPattern,
     PatternError,
     PatternMask,
@@ -89,7 +90,9 @@ def test_random_blocks_are_seeded_counted_and_causal(causal):
 
 def make_layer(kernel: str, chunk: int, pos: str = "sinusoidal") -> RelativeMultiHeadAttention:
     torch.manual_seed(0)
-    layer = RelativeMultiHeadAttention(D_MODEL, N_HEAD, D_HEAD, 0.0, 0.0, False, 1e-5, kernel, chunk, pos, 6)
+    layer = RelativeMultiHeadAttention(
+        D_MODEL, N_HEAD, D_HEAD, kernel=kernel, chunk=chunk, pos=pos, max_relative_distance=6
+    )
     if pos == "shaw":
         torch.nn.init.normal_(layer.rel_table, 0.0, 0.5)
     return layer.double()
@@ -131,7 +134,7 @@ def assert_same_run(fast, slow, atol=1e-10):
 @pytest.mark.parametrize("pos", ["sinusoidal", "shaw"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("mlen", [0, 9])
-@pytest.mark.parametrize("name", PATTERN_NAMES)
+@pytest.mark.parametrize("name", PATTERNS)
 def test_blocked_kernel_equals_dense_reference(name, mlen, causal, pos):
     p = pattern(name, causal, num_global=1 if name == "bigbird" else 0)
     qlen = 17
@@ -189,7 +192,7 @@ def test_local_key_ranges_are_bounded_by_block_plus_reach():
 
 def lm(attention, **extra):
     base = dict(vocab_size=40, n_layer=2, d_model=D_MODEL, n_head=N_HEAD, d_head=D_HEAD, d_inner=32, dropout=0.0)
-    config = ModelConfig.of(**{**base, "mem_len": 12, "attention": attention, **extra})
+    config = ModelConfig(**{**base, "mem_len": 12, "attention": attention, **extra})
     torch.manual_seed(0)
     return TransformerXLLM(config).double().eval()
 
@@ -229,8 +232,8 @@ def test_global_tokens_see_everything_and_are_seen_by_everything(causal):
     emb = model.transformer.word_emb(ids).detach().requires_grad_(True)
     hidden = model.transformer.layers[0].dec_attn  # one layer is enough to show who reads whom
     rel = model.transformer.relative_tables(12, -1, torch.float64, None, qlen=12)[0]
-    step = model.transformer.memory.begin(Memory(), 1, 12, None, Recurrence(0), None, False, model.transformer.layers)
-    mask = model.transformer._masks(step, gmask, None)[0]
+    step = model.transformer.open_step(Memory(), 1, 12, None, Recurrence(0))
+    mask = model.transformer._masks(step, step.mask_inputs(), gmask, 1, None)[0]
     out, _, _ = hidden(emb, rel, model.transformer.r_w_bias, model.transformer.r_r_bias, mask)
     far_source = 0
     g_global = torch.autograd.grad(out[0, 5].sum(), emb, retain_graph=True)[0][0, far_source]
@@ -265,23 +268,23 @@ def test_shaw_position_term_is_the_clipped_learned_table():
 
 def test_bad_pattern_configurations_get_clear_errors():
     with pytest.raises(ConfigError, match="window must be >= 1"):
-        ModelConfig.of(attention="window", window=0)
+        ModelConfig(attention="window", window=0)
     with pytest.raises(ConfigError, match="nothing to attend to"):
-        ModelConfig.of(attention="dilated", dilation=[1, 0, 2, 1])
+        ModelConfig(attention="dilated", dilation=[1, 0, 2, 1])
     with pytest.raises(ConfigError, match="one per head"):
-        ModelConfig.of(attention="dilated", dilation=[1, 2, 3])
+        ModelConfig(attention="dilated", dilation=[1, 2, 3])
     with pytest.raises(ConfigError, match="did you mean window"):
-        ModelConfig.of(attention="windw")
+        build_model(ModelConfig(attention="windw"))
     with pytest.raises(ConfigError, match="one per layer"):
-        ModelConfig.of(attention=["window", "full"], n_layer=4)
-    assert layer_patterns(ModelConfig.of(attention="window,full,full,full"))[1].name == "full"
+        ModelConfig(attention=["window", "full"], n_layer=4)
+    assert layer_patterns(ModelConfig(attention="window,full,full,full"))[1].name == "full"
     model = lm(["global"], window=3)
     ids = torch.randint(0, 40, (2, 8))
     with pytest.raises(ValueError, match=r"global_mask must have the input's shape \(2, 8\), got \(2, 7\)"):
         model(ids, global_mask=torch.zeros(2, 7, dtype=torch.bool))
     with pytest.raises(ValueError, match="needs a global or bigbird"):
         lm(["window"])(ids, global_mask=torch.zeros(2, 8, dtype=torch.bool))
-    with pytest.raises(PatternError, match="unknown attention pattern"):
+    with pytest.raises(PatternError, match="unknown value 'sparse'"):
         AttentionPattern(name="sparse")
 
 

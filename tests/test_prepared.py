@@ -112,7 +112,7 @@ def test_memory_mapped_batches_equal_in_ram_batches_and_ranks_read_their_rows(tm
 
 def bpe_run(path=None, **train_overrides) -> RunConfig:
     return RunConfig(
-        model=ModelConfig.of(
+        model=ModelConfig(
             n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.1, mem_len=8, cutoffs=[40, 120]
         ),
         data=DataConfig(path=path, tokenizer="bpe", vocab_size=300, tgt_len=8, batch_size=4, eval_tgt_len=8,

@@ -8,13 +8,14 @@ import os
 import pytest
 import torch
 
-from longseq.config import ModelConfig, apply_overrides, get_preset
-from longseq.config.model import KERNELS, PATTERNS, POSITIONS
+from longseq.config import ConfigError, ModelConfig, apply_overrides, get_preset
 from longseq.data.corpus import bundled_corpus_path
 from longseq.eval import evaluate
-from longseq.model import Memory, TransformerXLLM
+from longseq.model import Memory, TransformerXLLM, build_model
 from longseq.model.attention.kernels import ATTENTION_KERNELS
-from longseq.model.attention.patterns import PATTERN_NAMES
+from longseq.model.attention.patterns import PATTERNS
+from longseq.model.memory.compress import COMPRESSION_FUNCTIONS
+from longseq.model.mixers import MIXERS
 from longseq.model.positions import POSITION_ENCODINGS
 from longseq.train import load_checkpoint
 
@@ -37,10 +38,25 @@ def test_a_format_v1_checkpoint_loads_and_scores_the_same_loss(name):
         assert not torch.equal(model.transformer.memory_tokens, torch.zeros_like(model.transformer.memory_tokens))
 
 
-def test_registries_implement_exactly_the_names_configs_accept():
-    assert tuple(ATTENTION_KERNELS) == KERNELS
-    assert PATTERN_NAMES == PATTERNS
-    assert tuple(POSITION_ENCODINGS) == POSITIONS
+@pytest.mark.parametrize(
+    "field, registry",
+    [("attention", lambda: PATTERNS), ("attn_impl", lambda: ATTENTION_KERNELS), ("pos", lambda: POSITION_ENCODINGS),
+     ("mixer", lambda: MIXERS), ("cmem_fn", lambda: COMPRESSION_FUNCTIONS)],
+)  # fmt: skip
+def test_a_config_may_name_what_a_registry_implements_and_nothing_else(field, registry):
+    """The registries own the names: every registered name builds a model, an unknown one is refused by name at
+    build time with the close matches (no list of names is kept anywhere else)."""
+    base = dict(vocab_size=12, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=4)
+    extra = {"cmem_fn": dict(cmem_len=2, cmem_rate=2), "mixer": {}, "attention": dict(window=3)}.get(field, {})
+    for name in registry():
+        value = [name] if field in ("attention", "mixer") else name
+        if name == "flex":
+            continue  # a CUDA kernel (and PyTorch's eager path on CPU): test_flex holds it to the reference
+        config = ModelConfig(**{**base, **extra, field: value, **({"mem_len": 0} if name == "absolute" else {})})
+        build_model(config)
+    wrong = ["windw"] if field in ("attention", "mixer") else "windw"
+    with pytest.raises(ConfigError, match=r"unknown value 'windw'"):
+        build_model(ModelConfig(**base, **{field: wrong}))
 
 
 def test_old_flat_override_keys_and_dotted_section_keys_both_work():
@@ -71,7 +87,7 @@ def _snapshot(memory: Memory) -> list[torch.Tensor]:
 )  # fmt: skip
 def test_every_call_returns_a_new_memory_and_leaves_its_input_untouched(storage, overrides):
     torch.manual_seed(0)
-    model = TransformerXLLM(ModelConfig.of(**BASE, **overrides)).eval()
+    model = TransformerXLLM(ModelConfig(**BASE, **overrides)).eval()
     x = torch.randint(0, 30, (2, 20))
     memory = Memory.empty(storage)
     for lo in range(0, 20, 5):
@@ -86,7 +102,7 @@ def test_every_call_returns_a_new_memory_and_leaves_its_input_untouched(storage,
 
 
 def test_a_superseded_ring_memory_is_refused_by_name():
-    model = TransformerXLLM(ModelConfig.of(**BASE)).eval()
+    model = TransformerXLLM(ModelConfig(**BASE)).eval()
     x = torch.randint(0, 30, (1, 4))
     first = model(x, Memory.empty("ring")).mems
     model(x, first)  # writes the ring in place: ``first`` is now stale
@@ -97,12 +113,12 @@ def test_a_superseded_ring_memory_is_refused_by_name():
 def test_vanilla_fused_attention_equals_its_readable_reference():
     torch.manual_seed(0)
     config = dict(BASE, mem_len=0, pos="absolute", dropout=0.0)
-    fused = TransformerXLLM(ModelConfig.of(**config, attn_impl="rel_shift")).double().eval()
-    reference = TransformerXLLM(ModelConfig.of(**config, attn_impl="reference")).double().eval()
+    fused = TransformerXLLM(ModelConfig(**config, attn_impl="rel_shift")).double().eval()
+    reference = TransformerXLLM(ModelConfig(**config, attn_impl="reference")).double().eval()
     reference.load_state_dict(fused.state_dict())
     x = torch.randint(0, 30, (2, 11))
     torch.testing.assert_close(fused(x).logits, reference(x).logits, rtol=0, atol=1e-10)
-    window = ModelConfig.of(**config, attention=["window"], window=3)  # a dense mask instead of the causal flag
+    window = ModelConfig(**config, attention=["window"], window=3)  # a dense mask instead of the causal flag
     fused_w, reference_w = (
         TransformerXLLM(window).double().eval(),
         TransformerXLLM(window.replace(attn_impl="reference")).double().eval(),

@@ -87,8 +87,10 @@ def test_generate_streams_what_it_samples_and_an_interrupt_keeps_it(tmp_path):
 def test_cuda_rng_states_round_trip_through_a_checkpoint(tmp_path):
     model, tokenizer, run, _ = load_checkpoint(_tiny_checkpoint(tmp_path))
     states = [torch.randint(0, 255, (16,), dtype=torch.uint8), torch.randint(0, 255, (16,), dtype=torch.uint8)]
-    training = TrainingState(3, {"epoch": 0}, None, {"state": {}, "param_groups": []}, torch.get_rng_state(), None,
-                             0, cuda_rng=states)  # fmt: skip
+    training = TrainingState(
+        step=3, data_state={"epoch": 0}, best_valid_loss=None, optimizer={"state": {}, "param_groups": []},
+        torch_rng=torch.get_rng_state(), memory=None, tokens_seen=0, cuda_rng=states,
+    )  # fmt: skip
     save_checkpoint(str(tmp_path / "ck"), model, run, tokenizer, training)
     loaded = load_training_state(str(tmp_path / "ck")).cuda_rng
     assert len(loaded) == 2 and all(torch.equal(a, b) for a, b in zip(loaded, states))

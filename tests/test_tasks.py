@@ -25,7 +25,7 @@ def memory_task(n: int, seed: int):
 
 def train_classifier(mem_len: int, pooling: str = "last") -> float:
     torch.manual_seed(0)
-    config = ModelConfig.of(vocab_size=20, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0,
+    config = ModelConfig(vocab_size=20, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0,
                          mem_len=mem_len)  # fmt: skip
     model = DocumentClassifier(TransformerXLLM(config), N_CLASSES, pooling=pooling)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -57,7 +57,7 @@ def test_document_pooling_is_the_mean_over_the_whole_document():
     """Read in three segments with the memory, the document's mean equals the mean of the document read as one
     segment, and the classifier's logits are that mean through the linear head (float64)."""
     torch.manual_seed(0)
-    config = ModelConfig.of(vocab_size=20, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
+    config = ModelConfig(vocab_size=20, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
                          mem_len=2 * SEG)  # fmt: skip
     classifier = DocumentClassifier(TransformerXLLM(config), N_CLASSES, pooling="document").double().eval()
     docs, _ = memory_task(3, seed=4)
@@ -74,7 +74,7 @@ def test_document_pooling_weighs_every_real_token_alike():
     SEG - 3 filler): its mean is the mean over its 2 x SEG + 3 tokens read alone as one segment, not a mean of
     segment means."""
     torch.manual_seed(0)
-    config = ModelConfig.of(vocab_size=20, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
+    config = ModelConfig(vocab_size=20, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
                          mem_len=3 * SEG)  # fmt: skip
     classifier = DocumentClassifier(TransformerXLLM(config), N_CLASSES, pooling="document").double().eval()
     doc = torch.randint(5, 20, (1, 2 * SEG + 3))
@@ -88,9 +88,7 @@ def test_document_pooling_weighs_every_real_token_alike():
 
 def test_joint_lm_loss_adds_to_the_task_loss():
     torch.manual_seed(0)
-    config = ModelConfig.of(
-        vocab_size=20, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0, mem_len=8
-    )
+    config = ModelConfig(vocab_size=20, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0, mem_len=8)
     model = DocumentClassifier(TransformerXLLM(config), N_CLASSES, pooling="mean")
     docs, labels = memory_task(4, seed=3)
     task = model(docs, SEG, labels)["loss"]
@@ -173,7 +171,7 @@ def train_mlm(bidirectional: bool) -> float:
     """Documents of pairs (a, a + 10) with a in 1..10; a masked first element is predictable only from the token
     after it."""
     torch.manual_seed(0)
-    config = ModelConfig.of(vocab_size=21, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0,
+    config = ModelConfig(vocab_size=21, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0,
                          mem_len=8, bidirectional=bidirectional)  # fmt: skip
     model = TransformerXLLM(config)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -227,7 +225,7 @@ def span_task(n: int, seed: int):
 
 def train_span(mem_len: int) -> float:
     torch.manual_seed(0)
-    config = ModelConfig.of(vocab_size=30, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0,
+    config = ModelConfig(vocab_size=30, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0,
                          mem_len=mem_len)  # fmt: skip
     model = SpanExtractor(TransformerXLLM(config))
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -323,7 +321,7 @@ def test_padding_changes_nothing_for_the_real_tokens(pooling):
     longer one, and its class logits the same with 3 or 11 positions of left padding: no real token attends to
     filler."""
     torch.manual_seed(0)
-    config = ModelConfig.of(vocab_size=20, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
+    config = ModelConfig(vocab_size=20, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
                          mem_len=8, bidirectional=True)  # fmt: skip
     lm = TransformerXLLM(config).eval()
     short, long = torch.randint(1, 20, (13,)), torch.randint(1, 20, (21,))

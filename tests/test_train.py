@@ -32,7 +32,7 @@ def corpus_file(tmp_path) -> str:
 
 def tiny_run(**train_overrides):
     return RunConfig(
-        model=ModelConfig.of(
+        model=ModelConfig(
             vocab_size=10, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.2, dropatt=0.1, mem_len=8
         ),
         data=DataConfig(tgt_len=8, batch_size=4, eval_tgt_len=8, eval_batch_size=2, varlen=True),

@@ -33,7 +33,7 @@ def test_lamb_matches_the_update_rule_written_out():
 
 
 def test_layer_wise_decay_scales_each_depth():
-    model = TransformerXLLM(ModelConfig.of(vocab_size=20, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32))
+    model = TransformerXLLM(ModelConfig(vocab_size=20, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32))
     opt = build_optimizer(model, TrainConfig(layer_lr_decay=0.5))
     scale = {id(p): g["lr_scale"] for g in opt.param_groups for p in g["params"]}
     named = dict(model.named_parameters())
@@ -47,9 +47,7 @@ def test_layer_wise_decay_scales_each_depth():
 
 
 def test_activation_checkpointing_gives_the_same_loss_and_gradients():
-    config = ModelConfig.of(
-        vocab_size=20, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.2, mem_len=6
-    )
+    config = ModelConfig(vocab_size=20, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.2, mem_len=6)
     torch.manual_seed(0)
     model = TransformerXLLM(config).double().train()
     ids = torch.randint(0, 20, (2, 10))
@@ -155,7 +153,7 @@ def test_memory_length_curriculum_grows_the_carried_memory(tmp_path):
     lengths = []
     for _ in range(8):
         trainer.step()
-        lengths.append(trainer.state.mem_length)
+        lengths.append(trainer.memory.mem_length)
     trainer.dir.close()
     assert lengths == [2, 3, 4, 5, 6, 7, 8, 8]
 
@@ -182,7 +180,7 @@ def test_dropout_on_r_and_the_uv_initialisation_are_their_own_settings():
 
     def two_draws(**extra):
         torch.manual_seed(0)
-        model = TransformerXLLM(ModelConfig.of(**base, **extra)).train()
+        model = TransformerXLLM(ModelConfig(**base, **extra)).train()
         return model(x).logits, model(x).logits
 
     a, b = two_draws()
@@ -190,7 +188,7 @@ def test_dropout_on_r_and_the_uv_initialisation_are_their_own_settings():
     a, b = two_draws(dropout_r=0.5)
     assert not torch.equal(a, b)  # only R is dropped
     torch.manual_seed(0)
-    zeros = TransformerXLLM(ModelConfig.of(**base, uv_init="zeros"))
-    normal = TransformerXLLM(ModelConfig.of(**base))
+    zeros = TransformerXLLM(ModelConfig(**base, uv_init="zeros"))
+    normal = TransformerXLLM(ModelConfig(**base))
     assert not zeros.transformer.r_w_bias.any() and not zeros.transformer.r_r_bias.any()
     assert normal.transformer.r_w_bias.abs().sum() > 0

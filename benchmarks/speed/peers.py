@@ -49,7 +49,7 @@ def byte_model(
 ) -> TransformerXLLM:
     """The issue's benchmark model: byte vocabulary, plain softmax."""
     torch.manual_seed(0)
-    config = ModelConfig.of(
+    config = ModelConfig(
         vocab_size=256, n_layer=n_layer, d_model=d_model, n_head=n_head, d_head=d_head, d_inner=d_inner,
         dropout=dropout, dropatt=0.0, mem_len=mem_len, **extra,
     )  # fmt: skip

@@ -67,7 +67,7 @@ def run_one(spec: str, steps: int, vocab_size: int, work: str, wt2: str) -> dict
     start = time.perf_counter()
     corpus = load_corpus(wt2, spec, vocab_size=vocab_size)
     run = RunConfig(
-        model=ModelConfig.of(vocab_size=corpus.tokenizer.vocab_size, n_layer=2, d_model=128, n_head=4, d_head=32,
+        model=ModelConfig(vocab_size=corpus.tokenizer.vocab_size, n_layer=2, d_model=128, n_head=4, d_head=32,
                              d_inner=512, dropout=0.1, mem_len=64),
         data=DataConfig(path=wt2, tokenizer=spec, vocab_size=vocab_size, tgt_len=TGT_LEN, batch_size=BATCH,
                         eval_tgt_len=TGT_LEN, eval_batch_size=BATCH),

@@ -85,7 +85,7 @@ def _layer(kernel: str, chunk: int, d_model: int, heads: int, d_head: int, dtype
     from longseq.model.attention import RelativeMultiHeadAttention
 
     torch.manual_seed(0)
-    layer = RelativeMultiHeadAttention(d_model, heads, d_head, 0.0, 0.0, False, 1e-5, kernel, chunk)
+    layer = RelativeMultiHeadAttention(d_model, heads, d_head, kernel=kernel, chunk=chunk)
     return layer.to(device=device, dtype=dtype)
 
 
@@ -304,7 +304,7 @@ def section_exact_resume(args, budget) -> dict:
     corpus = Corpus(ids[:5000], ids[5000:5500], ids[5500:], tokenizer, "generated")
 
     def run_config():
-        model = ModelConfig.of(vocab_size=10, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.1,
+        model = ModelConfig(vocab_size=10, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.1,
                                mem_len=16, attn_impl="rel_shift")  # fmt: skip
         data = DataConfig(tgt_len=16, batch_size=4, eval_tgt_len=16, eval_batch_size=2)
         device = args.device if args.device != "cuda" else "cuda:0"

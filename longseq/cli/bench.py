@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from longseq.cli.common import common_flags, device_flag, resolve_device
+from longseq.cli.common import common_flags, device_flag
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -49,7 +49,9 @@ def run(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    device = resolve_device(args.device)
+    from longseq.train.distributed import resolve_device
+
+    device = str(resolve_device(args.device))
     if args.task == "eval-speed":
         if args.device.startswith("cuda"):
             raise ValueError("bench eval-speed compares with the vanilla Transformer on the CPU only; drop --device")

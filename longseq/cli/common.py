@@ -91,19 +91,10 @@ def device_flag(p: argparse.ArgumentParser, default: str = "auto") -> None:
     )
 
 
-def resolve_device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}, but this machine has no GPU that torch can use")
-    return name
-
-
 def load_model(checkpoint: str, device: str = "auto"):
     """(path, model, tokenizer, run config) of ``checkpoint`` (a run directory means its best/, said on stderr)."""
     from longseq.train.checkpoint import load_checkpoint, resolve_checkpoint
+    from longseq.train.distributed import resolve_device
 
     path = resolve_checkpoint(checkpoint, say)
     model, tokenizer, run, _ = load_checkpoint(path, device=resolve_device(device))

@@ -10,7 +10,10 @@ from longseq.cli.common import common_flags, say
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("finetune", help="fine-tune an LM checkpoint on a task (classify, span, mlm)")
-    p.add_argument("--task", choices=["classify", "mlm", "span"], help="the task (not needed with --resume)")
+    from longseq.tasks import TASKS
+
+    tasks = sorted(name for name in TASKS if name != "lm")
+    p.add_argument("--task", choices=tasks, help="the task (not needed with --resume)")
     p.add_argument("--data", help="training JSONL")
     p.add_argument("--valid", help="validation JSONL")
     p.add_argument("--checkpoint", help="the LM checkpoint (or run directory) to start from")

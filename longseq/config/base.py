@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import types
@@ -66,34 +67,105 @@ def field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+CONFIG_CLASSES: list[type] = []  # every config dataclass, to say where a misplaced key belongs
+
+
 class JsonConfig:
-    """Mixin: strict ``from_dict`` (nested sections included) and plain ``to_dict``."""
+    """Mixin: strict ``from_dict`` (nested sections included) and plain ``to_dict``.  Declare configs with
+    :func:`config`: their constructor then takes the fields of their sections by name too (``ModelConfig(mem_len=
+    64)`` sets ``memory.mem_len``), and an unknown or misplaced key is a :class:`ConfigError` that names where it
+    belongs."""
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        CONFIG_CLASSES.append(cls)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]):
         if not isinstance(data, dict):
             raise ConfigError(f"{cls.__name__} expects a JSON object, got {type(data).__name__}")
+        data = nest_flat_keys(cls, data)
         types_ = field_types(cls)
         names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(data) - set(names))
-        if unknown:
-            hints = []
-            for key in unknown:
-                close = difflib.get_close_matches(key, names + leaf_paths(cls), n=3)
-                hints.append(f"{key!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
-            raise ConfigError(f"unknown {cls.__name__} key(s): {'; '.join(hints)}")
+        check_known_keys(cls, data)
         values = {name: coerce_value(name, data[name], types_[name]) for name in names if name in data}
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
     def replace(self, **changes):
-        """A validated copy with ``changes`` (field names of this config, or of its sections as dicts)."""
-        return type(self).from_dict({**self.to_dict(), **changes})
+        """A validated copy with ``changes`` (field names of this config or of its sections, or sections as dicts)."""
+        return type(self).from_dict(merge(self.to_dict(), nest_flat_keys(type(self), changes)))
+
+
+def config(cls: type) -> type:
+    """``@dataclass`` for a :class:`JsonConfig`, whose constructor also takes its sections' fields by name and
+    refuses an unknown key with a :class:`ConfigError` naming where it belongs (the generated one raises a bare
+    ``TypeError``)."""
+    cls = dataclasses.dataclass(cls)
+    generated = cls.__init__
+
+    @functools.wraps(generated)
+    def __init__(self, *args, **values) -> None:
+        values = nest_flat_keys(cls, values)
+        check_known_keys(cls, values)
+        sections = _sections(cls)
+        for name, value in values.items():
+            if name in sections and isinstance(value, dict):
+                values[name] = sections[name].from_dict(value)
+        generated(self, *args, **values)
+
+    cls.__init__ = __init__
+    return cls
+
+
+def _sections(cls: type) -> dict[str, type]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {name: t for name, t in field_types(cls).items() if name in names and is_section(t)}
+
+
+def nest_flat_keys(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with every key that names a field of one of ``cls``'s sections moved into that section (a dict
+    or a config laid under it): ``{"mem_len": 64}`` -> ``{"memory": {"mem_len": 64}}`` for a ModelConfig."""
+    sections = _sections(cls)
+    if not sections:
+        return dict(values)
+    owner = {f.name: name for name, section in sections.items() for f in dataclasses.fields(section)}
+    own = {f.name for f in dataclasses.fields(cls)}
+    out, moved = {}, {}
+    for key, value in values.items():
+        if key not in own and key in owner:
+            moved.setdefault(owner[key], {})[key] = value
+        else:
+            out[key] = value
+    for name, flat in moved.items():
+        given = out.get(name, {})
+        given = given.to_dict() if isinstance(given, JsonConfig) else dict(given)
+        out[name] = {**given, **flat}
+    return out
+
+
+def check_known_keys(cls: type, values: dict[str, Any]) -> None:
+    """Every key of ``values`` must be a field of ``cls`` (its sections' fields nested already): the error names
+    each unknown key, where it belongs when it is another config's key, or the close matches."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} key(s): {'; '.join(_placed(cls, key, names) for key in unknown)}")
+
+
+def _placed(cls: type, key: str, names: list[str]) -> str:
+    """``'key'`` with where it belongs (a key of another config: ``ModelConfig.pattern.window``) or the close
+    matches among ``cls``'s keys, its sections' included (``memory.mem_len`` for ``mem_lne``)."""
+    nested = {t for c in CONFIG_CLASSES for t in _sections(c).values()}  # configs that are sections of another
+    homes = sorted({f"{other.__name__}.{path}" for other in CONFIG_CLASSES if other not in nested and other is not cls
+                    for path in leaf_paths(other) if path.split(".")[-1] == key})  # fmt: skip
+    if homes:
+        return f"{key!r} (it is a key of {', '.join(homes)})"
+    paths = {path.split(".")[-1]: path for path in leaf_paths(cls)} | {name: name for name in names}
+    close = [paths[k] for k in difflib.get_close_matches(key, list(paths), n=3)]
+    return f"{key!r}" + (f" (did you mean {', '.join(close)}?)" if close else "")
 
 
 def leaf_paths(cls: type, prefix: str = "") -> list[str]:

@@ -1,55 +1,19 @@
-"""The model's typed config: the architecture, in sections for the memory, the attention pattern and positions.
+"""The model's typed config: the architecture, in sections for the memory, the attention pattern, positions,
+mixers and hourglass.  ``ModelConfig(mem_len=64, window=32)`` takes its sections' fields by name.
 
-The names a config may choose from (patterns, kernels, position encodings, compression functions) are listed
-here; :mod:`longseq.model` maps each name to its implementation, and a test holds the two lists together.
+Fields that choose an implementation (``pattern.attention``, ``attn_impl``, ``positions.pos``, ``mixer``,
+``memory.cmem_fn``, ``arch``) hold names; the registries that implement them own the names
+(:mod:`longseq.model.registry` checks a config against them, when a model is built and before a run starts).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
-from longseq.config.base import ConfigError, JsonConfig, check, check_choice, check_finite, leaves
-
-PATTERNS = ("full", "window", "dilated", "strided", "block_sparse", "global", "bigbird")
-KERNELS = ("reference", "rel_shift", "flex")
-KERNEL_CHOICES = (*KERNELS, "auto")  # auto: chosen per device and pattern when the model runs
-POSITIONS = ("sinusoidal", "shaw", "absolute")
-COMPRESSION_FUNCTIONS = ("mean", "max", "conv", "linear")
-ARCHS = ("transformer", "lstm")
-MIXERS = ("attention", "ssm", "conv", "rnn")
+from longseq.config.base import JsonConfig, check, check_finite, config
 
 
-# Which options read what: ModelConfig.ignored_options refuses an option nothing in the architecture reads.
-PATTERN_PARAMETERS = {  # a pattern parameter: the patterns that read it
-    "window": ("window", "dilated", "strided", "global", "bigbird"),
-    "dilation": ("dilated",),
-    "stride": ("strided",),
-    "block_size": ("block_sparse", "bigbird"),
-    "block_summary": ("block_sparse",),
-    "num_global": ("global", "bigbird"),
-    "num_random_blocks": ("bigbird",),
-}
-MIXER_PARAMETERS = {  # a mixer parameter: the layers that read it
-    "d_state": ("ssm",),
-    "head_dim": ("ssm",),
-    "expand": ("ssm",),
-    "chunk": ("ssm",),
-    "conv_kernel": ("ssm", "conv"),
-    "state_bptt": ("ssm", "conv", "rnn"),
-}
-ATTENTION_ONLY = ("n_head", "d_head", "dropatt", "attn_impl", "attn_chunk", "untie_r", "uv_init", "dropout_r")
-POSITION_UNREAD = {  # options an encoding does not read
-    "sinusoidal": ("positions.max_relative_distance",),
-    "shaw": ("untie_r", "uv_init", "dropout_r"),
-    "absolute": ("positions.clamp_len", "positions.max_relative_distance", "untie_r", "uv_init", "dropout_r"),
-}
-
-
-def _shown(value) -> str:
-    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
-
-
-@dataclass
+@config
 class MemoryConfig(JsonConfig):
     """The recurrence memory and its compaction policies (:mod:`longseq.model.memory`).
 
@@ -80,55 +44,53 @@ class MemoryConfig(JsonConfig):
     mem_bptt: int = 1
 
     def __post_init__(self) -> None:
-        check(self.mem_len >= 0, f"ModelConfig.mem_len must be >= 0, got {self.mem_len}")
-        check(0.0 <= self.mem_dropout < 1.0, f"ModelConfig.mem_dropout must be in [0, 1), got {self.mem_dropout}")
-        check(self.mem_quant in ("none", "int8"), f"ModelConfig.mem_quant must be none or int8, got {self.mem_quant!r}")
+        check(self.mem_len >= 0, f"memory.mem_len must be >= 0, got {self.mem_len}")
+        check(0.0 <= self.mem_dropout < 1.0, f"memory.mem_dropout must be in [0, 1), got {self.mem_dropout}")
+        check(self.mem_quant in ("none", "int8"), f"memory.mem_quant must be none or int8, got {self.mem_quant!r}")
         check(
             self.mem_quant_axis in ("row", "channel"),
-            f"ModelConfig.mem_quant_axis must be row or channel, got {self.mem_quant_axis!r}",
+            f"memory.mem_quant_axis must be row or channel, got {self.mem_quant_axis!r}",
         )
-        check(self.cmem_len >= 0 and self.cmem_rate >= 0, "ModelConfig.cmem_len and cmem_rate must be >= 0")
+        check(self.cmem_len >= 0 and self.cmem_rate >= 0, "memory.cmem_len and cmem_rate must be >= 0")
         check(
             not self.cmem_len or self.cmem_rate >= 1,
-            f"ModelConfig.cmem_len={self.cmem_len} needs a compression rate: set cmem_rate >= 1",
+            f"memory.cmem_len={self.cmem_len} needs a compression rate: set cmem_rate >= 1",
         )
         check(
             not self.cmem_rate or self.cmem_len,
-            f"ModelConfig.cmem_rate={self.cmem_rate} without a compressed memory: set cmem_len >= 1",
+            f"memory.cmem_rate={self.cmem_rate} without a compressed memory: set cmem_len >= 1",
         )
         check(
             not self.cmem_len or self.mem_len >= 1,
-            "ModelConfig.cmem_len needs mem_len >= 1: only states evicted from the memory are compressed",
+            "memory.cmem_len needs mem_len >= 1: only states evicted from the memory are compressed",
         )
         check(
             self.mem_select in ("recent", "attention"),
-            f"ModelConfig.mem_select must be recent or attention, got {self.mem_select!r}",
+            f"memory.mem_select must be recent or attention, got {self.mem_select!r}",
         )
         check(
             self.mem_select == "recent" or not self.cmem_len,
-            "ModelConfig.mem_select=attention cannot be combined with a compressed memory (cmem_len > 0)",
+            "memory.mem_select=attention cannot be combined with a compressed memory (cmem_len > 0)",
         )
-        check(self.mem_tokens >= 0, f"ModelConfig.mem_tokens must be >= 0, got {self.mem_tokens}")
-        check(self.mem_tokens_bptt >= 1, f"ModelConfig.mem_tokens_bptt must be >= 1, got {self.mem_tokens_bptt}")
+        check(self.mem_tokens >= 0, f"memory.mem_tokens must be >= 0, got {self.mem_tokens}")
+        check(self.mem_tokens_bptt >= 1, f"memory.mem_tokens_bptt must be >= 1, got {self.mem_tokens_bptt}")
         self._check_bptt()
-        if self.cmem_fn not in COMPRESSION_FUNCTIONS:
-            raise ConfigError(f"ModelConfig.cmem_fn must be one of {COMPRESSION_FUNCTIONS}, got {self.cmem_fn!r}")
 
     def _check_bptt(self) -> None:
-        check(self.mem_bptt >= 1, f"ModelConfig.mem_bptt must be >= 1, got {self.mem_bptt}")
+        check(self.mem_bptt >= 1, f"memory.mem_bptt must be >= 1, got {self.mem_bptt}")
         if self.mem_bptt > 1:
             check(
                 self.mem_len >= 1,
-                f"ModelConfig.mem_bptt={self.mem_bptt} back-propagates through the memory: set mem_len >= 1",
+                f"memory.mem_bptt={self.mem_bptt} back-propagates through the memory: set mem_len >= 1",
             )
             check(
                 self.mem_quant == "none" and self.mem_select == "recent" and not self.cmem_len,
-                f"ModelConfig.mem_bptt={self.mem_bptt} needs the memory that carries a gradient: an 8-bit memory "
+                f"memory.mem_bptt={self.mem_bptt} needs the memory that carries a gradient: an 8-bit memory "
                 "(mem_quant), one selected by attention (mem_select) and a compressed memory (cmem_len) have none",
             )
             check(
                 self.mem_tokens_bptt <= self.mem_bptt or not self.mem_tokens,
-                f"ModelConfig.mem_bptt={self.mem_bptt} is the step's window: mem_tokens_bptt={self.mem_tokens_bptt} "
+                f"memory.mem_bptt={self.mem_bptt} is the step's window: mem_tokens_bptt={self.mem_tokens_bptt} "
                 "cannot exceed it (the memory would keep its graph as long)",
             )
 
@@ -138,7 +100,7 @@ class MemoryConfig(JsonConfig):
         return self.cmem_len > 0 or self.mem_quant != "none" or self.mem_select != "recent" or self.mem_tokens > 0
 
 
-@dataclass
+@config
 class PatternConfig(JsonConfig):
     """Attention patterns (:mod:`longseq.model.attention.patterns`): ``attention`` names one pattern for every
     layer or one per layer, with the parameters ``window``, ``dilation`` (one value, or one per head),
@@ -163,9 +125,7 @@ class PatternConfig(JsonConfig):
             self.dilation = [self.dilation]
         self.attention = [a.strip() for a in self.attention if a.strip()]
         self.dilation = list(self.dilation)
-        check(bool(self.attention), "ModelConfig.attention needs at least one pattern name")
-        for name in self.attention:
-            check_choice("ModelConfig.attention", name, PATTERNS)
+        check(bool(self.attention), "pattern.attention needs at least one pattern name")
         check_pattern(self.window, self.dilation, self.stride, self.block_size, self.block_summary)
         check(self.num_global >= 0 and self.num_random_blocks >= 0, "num_global and num_random_blocks must be >= 0")
 
@@ -185,7 +145,7 @@ def check_pattern(window: int, dilation, stride: int, block_size: int, block_sum
     )
 
 
-@dataclass
+@config
 class PositionConfig(JsonConfig):
     """Position encodings (:mod:`longseq.model.positions`): ``pos`` is ``sinusoidal`` (the paper's R with u and
     v), ``shaw`` (Shaw et al.'s clipped learned table, ``max_relative_distance`` entries each way, no u, v) or
@@ -197,14 +157,13 @@ class PositionConfig(JsonConfig):
     max_relative_distance: int = 64
 
     def __post_init__(self) -> None:
-        check(self.pos in POSITIONS, f"ModelConfig.pos must be sinusoidal, shaw or absolute, got {self.pos!r}")
         check(
             self.pos != "shaw" or self.max_relative_distance >= 1,
-            f"ModelConfig.max_relative_distance must be >= 1 with pos=shaw, got {self.max_relative_distance}",
+            f"positions.max_relative_distance must be >= 1 with pos=shaw, got {self.max_relative_distance}",
         )
 
 
-@dataclass
+@config
 class MixerConfig(JsonConfig):
     """The layers that are not attention (:mod:`longseq.model.mixers`).  ``ssm``: a selective state-space layer
     (Mamba-2's SSD: ``d_state`` per head of ``head_dim`` channels, ``expand`` x d_model inner width, chunks of
@@ -221,10 +180,10 @@ class MixerConfig(JsonConfig):
 
     def __post_init__(self) -> None:
         for name in ("d_state", "head_dim", "expand", "chunk", "conv_kernel", "state_bptt"):
-            check(getattr(self, name) >= 1, f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+            check(getattr(self, name) >= 1, f"mixers.{name} must be >= 1, got {getattr(self, name)}")
 
 
-@dataclass
+@config
 class HourglassConfig(JsonConfig):
     """Multi-resolution (Nawrot et al., 2021): layers ``shorten_layers[0]`` .. ``shorten_layers[1] - 1`` run on
     the sequence shortened by ``shorten_factor`` (a causal shift, then ``shorten_fn`` = linear or mean pooling of
@@ -239,7 +198,7 @@ class HourglassConfig(JsonConfig):
         check(
             not self.shorten_layers
             or (len(self.shorten_layers) == 2 and 0 < self.shorten_layers[0] < self.shorten_layers[1]),
-            f"ModelConfig.shorten_layers needs two layer indices 0 < first < end (the shortened layers are first .. "
+            f"hourglass.shorten_layers needs two layer indices 0 < first < end (the shortened layers are first .. "
             f"end - 1; the first and the last layers run at full resolution), got {self.shorten_layers}",
         )
         check(
@@ -249,7 +208,7 @@ class HourglassConfig(JsonConfig):
         check(self.shorten_fn in ("linear", "mean"), f"shorten_fn must be linear or mean, got {self.shorten_fn!r}")
 
 
-@dataclass
+@config
 class ModelConfig(JsonConfig):
     """Transformer-XL architecture (Dai et al., 2019), with its ``memory``, ``pattern`` and ``positions``.
 
@@ -295,53 +254,6 @@ class ModelConfig(JsonConfig):
     positions: PositionConfig = field(default_factory=PositionConfig)
     mixers: MixerConfig = field(default_factory=MixerConfig)
     hourglass: HourglassConfig = field(default_factory=HourglassConfig)
-
-    @classmethod
-    def of(cls, **fields) -> ModelConfig:
-        """A config from fields of the model and of its sections alike, by name: ``ModelConfig.of(n_layer=2,
-        mem_len=32, attention=["window"])``.  Format v1 checkpoints store this flat form."""
-        sections = {"memory": MemoryConfig, "pattern": PatternConfig, "positions": PositionConfig,
-                    "mixers": MixerConfig, "hourglass": HourglassConfig}  # fmt: skip
-        nested: dict = {}
-        for key, value in fields.items():
-            if key in sections:
-                nested.setdefault(key, {}).update(value.to_dict() if isinstance(value, JsonConfig) else value)
-                continue
-            owner = next((s for s, section in sections.items() if key in section.__dataclass_fields__), None)
-            (nested.setdefault(owner, {}) if owner else nested)[key] = value
-        return cls.from_dict(nested)
-
-    def ignored_options(self, base: ModelConfig | None = None) -> list[str]:
-        """``path=value`` for every option set to other than in ``base`` (default: the defaults; the command line
-        gives the preset it started from) that this architecture does not read (``arch=lstm`` with ``cmem_len``, a
-        pattern's ``window`` with full attention, the ssm's ``d_state`` in a stack without ssm layers): a run that
-        sets them trains something other than what it says."""
-        defaults = leaves((base or ModelConfig(vocab_size=self.vocab_size)).to_dict())
-        unread = self._unread_options()
-        return [f"{path}={_shown(value)}" for path, value in leaves(self.to_dict()).items()
-                if path in unread and defaults.get(path) != value]  # fmt: skip
-
-    def _unread_options(self) -> set[str]:
-        """The option paths this architecture does not read (see :meth:`ignored_options`)."""
-        every = set(leaves(self.to_dict()))
-        if self.arch == "lstm":
-            return every - {"vocab_size", "n_layer", "d_model", "dropout", "tie_weight", "init_std", "arch"}
-        mixers, unread = set(self.layer_mixers), set()
-        if "attention" not in mixers:
-            unread |= {p for p in every if p.split(".")[0] in ("memory", "pattern", "positions")} | set(ATTENTION_ONLY)
-        else:
-            used = {n for n, m in zip(self.layer_pattern_names, self.layer_mixers) if m == "attention"}
-            unread |= {f"pattern.{k}" for k, readers in PATTERN_PARAMETERS.items() if not used & set(readers)}
-            if "bigbird" not in used or not self.pattern.num_random_blocks:
-                unread.add("pattern.pattern_seed")
-            unread |= set(POSITION_UNREAD[self.positions.pos])
-            m = self.memory
-            unread |= {path for path, on in (("memory.mem_quant_axis", m.mem_quant == "int8"),
-                       ("memory.cmem_fn", m.cmem_len > 0), ("memory.mem_tokens_bptt", m.mem_tokens > 0)) if not on}  # fmt: skip
-        unread |= {f"mixers.{k}" for k, readers in MIXER_PARAMETERS.items() if not mixers & set(readers)}
-        if not self.hourglass.shorten_layers:
-            unread |= {"hourglass.shorten_factor", "hourglass.shorten_fn"}
-        return unread
 
     @property
     def effective_range(self) -> int:
@@ -403,14 +315,9 @@ class ModelConfig(JsonConfig):
         check(self.uv_init in ("normal", "zeros"), f"ModelConfig.uv_init must be normal or zeros, got {self.uv_init!r}")
         check(self.d_embed is None or self.d_embed >= 1, f"ModelConfig.d_embed must be >= 1, got {self.d_embed}")
         check(
-            self.attn_impl in KERNEL_CHOICES,
-            f"ModelConfig.attn_impl must be one of {sorted(KERNEL_CHOICES)}, got {self.attn_impl!r}",
-        )
-        check(
             self.attn_impl != "flex" or self.dropatt == 0,
             f"ModelConfig.attn_impl=flex has no attention dropout: set dropatt=0 (got {self.dropatt}) or use rel_shift",
         )
-        check(self.arch in ARCHS, f"ModelConfig.arch must be transformer or lstm, got {self.arch!r}")
         self._check_softmax()
         self._check_sections()
         self._check_mem_bptt()  # after the mixers' names are parsed
@@ -421,12 +328,12 @@ class ModelConfig(JsonConfig):
             return
         check(
             self.arch == "transformer" and not self.hourglass.shorten_layers and "attention" in mixers,
-            f"ModelConfig.mem_bptt={bptt} back-propagates through the attention memory: arch=lstm, an hourglass "
+            f"memory.mem_bptt={bptt} back-propagates through the attention memory: arch=lstm, an hourglass "
             "(shorten_layers) and a stack without attention layers carry states (state_bptt) instead",
         )
         check(
             self.mixers.state_bptt in (1, bptt) or mixers == ["attention"] * self.n_layer,
-            f"ModelConfig.mem_bptt={bptt} and state_bptt={self.mixers.state_bptt} differ: a step reads the larger "
+            f"memory.mem_bptt={bptt} and state_bptt={self.mixers.state_bptt} differ: a step reads the larger "
             "window and the states would keep their graph through all of it; set them equal, or state_bptt=1",
         )
 
@@ -461,8 +368,6 @@ class ModelConfig(JsonConfig):
             len(self.mixer) in (1, self.n_layer),
             f"ModelConfig.mixer needs one name or one per layer ({self.n_layer}), got {self.mixer}",
         )
-        for name in self.mixer:
-            check_choice("ModelConfig.mixer", name, MIXERS)
         mixers, mem = self.layer_mixers, self.memory
         if any(m != "attention" for m in mixers):
             inner = self.mixers.expand * self.d_model
@@ -496,7 +401,7 @@ class ModelConfig(JsonConfig):
         mem, pattern, pos = self.memory, self.pattern, self.positions
         check(
             len(pattern.attention) in (1, self.n_layer),
-            f"ModelConfig.attention needs one pattern or one per layer ({self.n_layer}), got {pattern.attention}",
+            f"pattern.attention needs one pattern or one per layer ({self.n_layer}), got {pattern.attention}",
         )
         check(
             len(pattern.dilation) in (1, self.n_head),
@@ -504,12 +409,12 @@ class ModelConfig(JsonConfig):
         )
         check(
             pos.pos != "absolute" or (mem.mem_len == 0 and not mem.mem_tokens),
-            f"ModelConfig.pos=absolute (the vanilla Transformer) has no memory: absolute positions cannot be reused "
+            f"positions.pos=absolute (the vanilla Transformer) has no memory: absolute positions cannot be reused "
             f"across segments; set mem_len=0 (got mem_len={mem.mem_len}, mem_tokens={mem.mem_tokens})",
         )
         check(
             not pattern.bidirectional
             or not (mem.same_length or mem.cmem_len or mem.mem_tokens or mem.mem_select != "recent"),
-            "ModelConfig.bidirectional=true supports the plain hidden-state memory only "
+            "pattern.bidirectional=true supports the plain hidden-state memory only "
             "(no same_length, compressed memory, memory tokens or attention-based selection)",
         )

@@ -375,17 +375,21 @@ def _tokenizer_from_dict(data: dict) -> Tokenizer:
     raise TokenizerError(f"unknown tokenizer kind {kind!r}")
 
 
-def load_tokenizer(path: str) -> Tokenizer:
-    """Any saved tokenizer: ours (``kind`` byte, char, word or bpe) or an HF ``tokenizer.json`` with a BPE model."""
+def load_tokenizer(path: str, vocab_size: int | None = None) -> Tokenizer:
+    """Any saved tokenizer: ours (``kind`` byte, char, word or bpe) or an HF ``tokenizer.json`` with a BPE model;
+    with ``vocab_size``, it must have that many tokens.  The one reader of tokenizer files."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, json.JSONDecodeError) as exc:
         raise TokenizerError(f"cannot read tokenizer {path}: {exc}") from None
     try:
-        return tokenizer_from_dict(data)
+        tokenizer = _tokenizer_from_dict(data)
     except (TokenizerError, KeyError, TypeError) as exc:
         raise TokenizerError(f"tokenizer {path}: {exc}") from None
+    if vocab_size is not None:
+        check_tokenizer_fits(tokenizer, vocab_size, path)
+    return tokenizer
 
 
 def check_tokenizer_fits(tokenizer: Tokenizer, vocab_size: int, path: str) -> None:

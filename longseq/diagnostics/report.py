@@ -37,7 +37,7 @@ COLLAPSE_NATS = 0.1  # a head whose mean entropy is below this attends to (almos
 def attention_layers(model: TransformerXLLM) -> list[int]:
     """Indices into ``model.transformer.layers`` of the layers that attend: a hybrid stack's ssm, conv and rnn
     layers have no attention map, and an hourglass block counts as one layer whose shortened layers are not read."""
-    return [i for i, layer in enumerate(model.transformer.layers) if hasattr(layer, "dec_attn")]
+    return [i for i, layer in enumerate(model.transformer.layers) if layer.attends]
 
 
 @torch.no_grad()

@@ -20,7 +20,7 @@ from longseq.model import Memory, TransformerXLLM
 def bench_config(mem_len: int, **overrides) -> ModelConfig:
     """The benchmark model of the performance issue: 4 layers, d_model 256, 8 heads x 32, d_inner 1024, bytes."""
     base = dict(vocab_size=256, n_layer=4, d_model=256, n_head=8, d_head=32, d_inner=1024, dropout=0.1, dropatt=0.0)
-    return ModelConfig.of(**{**base, **overrides, "mem_len": mem_len})
+    return ModelConfig(**{**base, **overrides, "mem_len": mem_len})
 
 
 def peak_rss_mb() -> float:

@@ -67,7 +67,7 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
     cutoffs = list(hf.get("cutoffs", [20000, 40000, 200000]))
     share = hf.get("proj_share_all_but_first", True)
     try:
-        return ModelConfig.of(
+        return ModelConfig(
             vocab_size=hf.get("vocab_size", 267735),
             n_layer=hf.get("n_layer", 18),
             d_model=hf.get("d_model", 1024),

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig
+from longseq.model.layers import LayerOutput
 from longseq.model.memory import LayerMemory, Memory, Recurrence
 
 
@@ -37,6 +38,8 @@ def inner_config(config: ModelConfig) -> ModelConfig:
 class Hourglass(nn.Module):
     """The shortened middle of a stack, called like a recurrent layer (its "present" is its new memory)."""
 
+    attends = False  # a recurrent layer to the outer stack: its state and its shortened layers' memory
+
     def __init__(self, config: ModelConfig, inner: nn.Module) -> None:
         super().__init__()
         self.factor, self.d_model = config.hourglass.shorten_factor, config.d_model
@@ -52,7 +55,8 @@ class Hourglass(nn.Module):
             r.mem_len // self.factor, r.clamp_len // self.factor if r.clamp_len > 0 else -1, r.same_length
         )
         k = self.factor
-        tail, up, phase, up_doc = self._state(context.state, hidden)
+        tail, up, up_doc = self._state(context.state, hidden)
+        phase = context.phase
         full = torch.cat([tail, hidden], dim=1)  # (B, k - 1 + T, E): position t of the segment at k - 1 + t
         first_end = (-phase) % k  # segment index of the first group end: global positions phase + t, ends at 0 mod k
         ends = torch.arange(first_end, max(first_end, length), k, device=hidden.device)  # (n,), maybe none
@@ -79,23 +83,21 @@ class Hourglass(nn.Module):
         new_state = (full[:, length:].detach(), up[:, -1].detach(),
                      torch.full((batch,), (phase + length) % k, dtype=torch.long, device=hidden.device),
                      up_doc if end_docs is None else end_docs[:, -1])  # fmt: skip
-        return hidden + added, LayerMemory(state=new_state, inner=inner_memory), None
+        return LayerOutput(hidden + added, LayerMemory(state=new_state, inner=inner_memory, phase=(phase + length) % k))
 
     def _state(self, state, hidden: Tensor):
         batch, k = hidden.size(0), self.factor
         if state is None:
             zeros = hidden.new_zeros
-            return zeros(batch, k - 1, self.d_model), zeros(batch, k, self.d_model), 0, torch.full(
+            return zeros(batch, k - 1, self.d_model), zeros(batch, k, self.d_model), torch.full(
                 (batch,), -1, dtype=torch.long, device=hidden.device)  # fmt: skip
-        tail, up, phase, up_doc = state
-        return tail.to(hidden.dtype), up.to(hidden.dtype), int(phase[0]), up_doc
+        tail, up, _, up_doc = state  # its phase tensor is kept for the checkpoint; the host's phase is read
+        return tail.to(hidden.dtype), up.to(hidden.dtype), up_doc
 
     def _run_inner(self, short: Tensor, memory: Memory, docs, ends: Tensor) -> tuple[Tensor, Memory]:
         """The shortened layers over the new groups (B, n, E), with their own memory."""
-        inner, r = self.inner, self._inner_recurrence
+        r = self._inner_recurrence
         doc_ids = None if docs is None else docs[0][:, ends]
-        step = inner.memory.begin(
-            memory, short.size(0), short.size(1), short.device, r, doc_ids, self.training, inner.layers
-        )
-        out, memory, _ = inner.run(step, short, r)
+        step = self.inner.open_step(memory, short.size(0), short.size(1), short.device, r, doc_ids)
+        out, memory, _ = self.inner.run(step, short, r)
         return out, memory

@@ -3,11 +3,14 @@ position-wise feed-forward.  See :mod:`longseq.model.attention` for the dimensio
 
 from __future__ import annotations
 
+from typing import ClassVar, NamedTuple, Protocol
+
 from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig
 from longseq.model.attention import RelativeMultiHeadAttention
-from longseq.model.memory import LayerContext
+from longseq.model.memory import LayerContext, LayerMemory, Reconstruction
+from longseq.model.memory.compress import reconstruction_loss
 
 
 class PositionwiseFF(nn.Module):
@@ -31,31 +34,61 @@ class PositionwiseFF(nn.Module):
         return self.layer_norm(hidden + self.core_net(hidden))
 
 
+class LayerOutput(NamedTuple):
+    """What a layer of the stack returns: its output, its part of the new memory (an attention layer's keys and
+    values of [memory; segment] (B, H, K, D); a recurrent layer's new :class:`LayerMemory`), and the attention mass
+    of every key (B, K) when its context asked for it, else None."""
+
+    hidden: Tensor
+    present: tuple[Tensor, Tensor] | LayerMemory
+    mass: Tensor | None = None
+
+
+class StackLayer(Protocol):
+    """A layer of :class:`~longseq.model.stack.LayerStack`.  ``attends`` says, for its kind, whether it reads its
+    context from [memory; segment] by attention (its ``present`` is keys and values) or continues a recurrent
+    state (its ``present`` is a :class:`LayerMemory`); the memory step serves each accordingly.  Every layer takes
+    the same arguments and ignores what it does not read (a recurrent layer, the relative table and the mask)."""
+
+    attends: ClassVar[bool]
+
+    def __call__(self, hidden: Tensor, rel_key, r_w_bias: Tensor, r_r_bias: Tensor, mask,
+                 context: LayerContext) -> LayerOutput: ...  # fmt: skip
+
+
 class DecoderLayer(nn.Module):
     """Relative multi-head attention over [memory; segment], then the position-wise feed-forward."""
+
+    attends = True
+    reads = ("n_head", "d_head", "dropatt", "attn_impl", "attn_chunk", "untie_r", "uv_init", "dropout_r")  # only it
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         c = config
         self.dec_attn = RelativeMultiHeadAttention(
-            c.d_model,
-            c.n_head,
-            c.d_head,
-            c.dropout,
-            c.dropatt,
-            c.pre_lnorm,
-            c.layer_norm_eps,
-            c.attn_impl,
-            c.attn_chunk,
-            c.positions.pos,
-            c.positions.max_relative_distance,
+            d_model=c.d_model,
+            n_head=c.n_head,
+            d_head=c.d_head,
+            dropout=c.dropout,
+            dropatt=c.dropatt,
+            pre_lnorm=c.pre_lnorm,
+            eps=c.layer_norm_eps,
+            kernel=c.attn_impl,
+            chunk=c.attn_chunk,
+            pos=c.positions.pos,
+            max_relative_distance=c.positions.max_relative_distance,
         )
         self.pos_ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps)
 
-    def forward(self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: LayerContext):
+    def forward(self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: LayerContext) -> LayerOutput:
         """The layer over ``context`` (its memory or key/value cache); returns the output, the keys and values of
         [memory; segment], and with ``context.with_mass`` the attention mass of every key."""
         hidden, present, mass = self.dec_attn(
             hidden, rel_key, r_w_bias, r_r_bias, mask, context.memory, context.cache, context.with_mass
         )
-        return self.pos_ff(hidden), present, mass
+        return LayerOutput(self.pos_ff(hidden), present, mass)
+
+    def reconstruction_loss(self, target: Reconstruction) -> Tensor:
+        """The Compressive Transformer's attention-reconstruction loss of a compressed memory, with this layer's
+        attention weights (detached: only the compressor learns from it)."""
+        return reconstruction_loss(self.dec_attn, target.hidden, target.old, target.compressed)

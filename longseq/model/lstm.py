@@ -22,6 +22,8 @@ class LSTMLM(nn.Module):
     The transformer's per-call overrides (``mem_len``, ``clamp_len``, ``same_length``) are accepted and have no
     effect: an LSTM's context is its whole past."""
 
+    reads = ("n_layer", "d_model", "dropout", "tie_weight", "init_std")  # the model options an LSTM has use for
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = c = config

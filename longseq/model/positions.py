@@ -19,8 +19,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from longseq.config.model import POSITIONS
-
 
 def relative_distances(klen: int, clamp_len: int, device: torch.device | None = None, bottom: int = 0) -> Tensor:
     """Distances ``klen, klen-1, ..., bottom`` (length ``klen - bottom + 1``), clamped to ``clamp_len`` in
@@ -76,6 +74,7 @@ class SinusoidalRelative:
 
     learned_biases = True  # u and v (``r_w_bias``, ``r_r_bias``)
     relative = True  # a relative term in every score, so the memory can be reused across segments
+    unread = ("positions.max_relative_distance",)  # the model options this encoding has no use for
 
     def setup(self, attention: nn.Module, d_model: int, max_relative_distance: int) -> None:
         attention.r_net = nn.Linear(d_model, attention.n_head * attention.d_head, bias=False)  # W_{k,R}
@@ -96,6 +95,7 @@ class ShawRelative(SinusoidalRelative):
     """Shaw et al.'s clipped learned table: terms (a) and (b) of the score, no u and v."""
 
     learned_biases = False
+    unread = ("untie_r", "uv_init", "dropout_r")
 
     def setup(self, attention: nn.Module, d_model: int, max_relative_distance: int) -> None:
         attention.max_relative_distance = max_relative_distance
@@ -115,6 +115,7 @@ class AbsolutePositions(ShawRelative):
     """The vanilla Transformer: sinusoidal positions 0 .. T-1 added to the input; content scores only."""
 
     relative = False
+    unread = ("positions.clamp_len", "positions.max_relative_distance", "untie_r", "uv_init", "dropout_r")
 
     def setup(self, attention: nn.Module, d_model: int, max_relative_distance: int) -> None:
         pass
@@ -128,7 +129,6 @@ class AbsolutePositions(ShawRelative):
 
 
 POSITION_ENCODINGS = {"sinusoidal": SinusoidalRelative(), "shaw": ShawRelative(), "absolute": AbsolutePositions()}
-assert tuple(POSITION_ENCODINGS) == POSITIONS, "the registry must implement every name the config accepts"
 
 
 def position_encoding(name: str) -> SinusoidalRelative:

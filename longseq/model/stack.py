@@ -3,17 +3,21 @@ shortened middle): for every layer, read its context from the memory step, run i
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from longseq.config.model import ModelConfig
-from longseq.model.attention.patterns import AttentionPattern, PatternMask, global_keys, layer_patterns
+from longseq.model.attention.patterns import (
+    AttentionPattern,
+    PatternMask,
+    global_keys,
+    global_positions,
+    layer_patterns,
+)
 from longseq.model.hourglass import Hourglass, inner_config
 from longseq.model.layers import DecoderLayer, PositionwiseFF
-from longseq.model.memory import LayerContext, MemoryPolicies, Recurrence
+from longseq.model.memory import LayerContext, MaskInputs, Memory, MemoryPolicies, MemoryStep, Recurrence, StepInputs
 from longseq.model.mixers import MixerLayer
 from longseq.model.positions import RelativePositions, position_encoding, relative_distances
 
@@ -73,6 +77,7 @@ class LayerStack(nn.Module):
             self.register_buffer("r_w_bias", torch.zeros(bias_shape), persistent=False)
             self.register_buffer("r_r_bias", torch.zeros(bias_shape), persistent=False)
         self.patterns = outer_patterns(c)
+        self.attends = tuple(layer.attends for layer in self.layers)  # what the memory step knows of the layers
         self.memory = MemoryPolicies(c)
 
     @property
@@ -81,17 +86,43 @@ class LayerStack(nn.Module):
         tokens = self.memory.policies["tokens"] if "tokens" in self.memory.policies else None
         return None if tokens is None else tokens.initial
 
-    def run(self, step, hidden: Tensor, recurrence: Recurrence, global_mask: Tensor | None = None):
+    def open_step(self, memory: Memory, batch: int, qlen: int, device, recurrence: Recurrence,
+                  doc_ids: Tensor | None = None) -> MemoryStep:  # fmt: skip
+        """The memory step of one forward pass of these layers over a (batch, qlen) segment."""
+        given = StepInputs(memory, batch, qlen, recurrence, doc_ids, self.training, device, self.attends)
+        return self.memory.begin(given)
+
+    def run(self, step: MemoryStep, hidden: Tensor, recurrence: Recurrence, global_mask: Tensor | None = None):
         """The layers over ``hidden`` (B, T', E) with the memory ``step`` opened for them: returns the output, the
-        new memory and the auxiliary loss (or None)."""
-        positions = partial(self._positions, recurrence.clamp_len, step.qlen, hidden.dtype, hidden.device)
-        tables = step.relative_tables(positions, self._project)  # one per layer
-        masks = self._masks(step, global_mask, hidden.device)  # one per layer
+        new memory and the compressors' auxiliary loss (or None)."""
+        shape = step.mask_inputs()
+        tables = self._tables(step, shape, recurrence.clamp_len, hidden.device)  # one per layer
+        masks = self._masks(step, shape, global_mask, hidden.size(0), hidden.device)  # one per layer
         for i in range(len(self.layers)):
             context = step.read(i, hidden)
             hidden, present, mass = self._run_layer(i, hidden, tables[i], masks[i], context)
             step.record(i, present, mass)
-        return step.write(hidden)
+        hidden, memory, targets = step.write(hidden)
+        aux = torch.stack([self.layers[t.layer].reconstruction_loss(t) for t in targets]).mean() if targets else None
+        return hidden, memory, aux
+
+    def _tables(self, step: MemoryStep, shape: MaskInputs, clamp_len: int, device) -> list:
+        """What every layer reads of the relative positions: the positions of this pass, shared (each layer projects
+        them inside its own forward); or, for a memory that carries them, the projected tables."""
+        if not any(self.attends):
+            return [None] * len(self.layers)
+        dtype = self.r_w_bias.dtype
+        rows = step.table_rows()
+        if rows is None:
+            return [self._positions(clamp_len, shape.qlen, dtype, device, shape.mlen + shape.qlen + 1)] * len(
+                self.layers
+            )
+        tables = step.carried_tables(clamp_len, dtype)
+        if tables is None:
+            tables = step.carry_tables(
+                self._project(self._positions(clamp_len, shape.qlen, dtype, device, rows)), clamp_len
+            )
+        return tables
 
     def _biases(self, layer: int) -> tuple[Tensor, Tensor]:
         if self.config.untie_r:
@@ -118,23 +149,25 @@ class LayerStack(nn.Module):
 
     def _project(self, positions: RelativePositions) -> list[Tensor | None]:
         """Every layer's relative table (H, R, D), projected outside the layers (the key/value memory's cache)."""
-        return [
-            layer.dec_attn.relative_keys(positions) if hasattr(layer, "dec_attn") else None for layer in self.layers
-        ]
+        return [layer.dec_attn.relative_keys(positions) if layer.attends else None for layer in self.layers]
 
-    def _masks(self, step, global_mask: Tensor | None, device) -> list[PatternMask]:
-        """Each layer's :class:`PatternMask` (layers with the same pattern share one)."""
+    def _masks(self, step: MemoryStep, shape: MaskInputs, global_mask: Tensor | None, batch: int,
+               device) -> list[PatternMask | None]:  # fmt: skip
+        """Each attention layer's :class:`PatternMask` (layers with the same pattern share one); None for the
+        others."""
         if global_mask is not None:
             global_mask = step.wrap_flags(global_mask.to(torch.bool))
-        query_docs, key_docs = step.docs if step.docs is not None else (None, None)
-        shared: dict = {None: None}  # layers that do not attend need no mask
-        patterns = [p if hasattr(layer, "dec_attn") else None for p, layer in zip(self.patterns, self.layers)]
+        shared: dict = {None: None}
+        patterns = [p if attends else None for p, attends in zip(self.patterns, self.attends)]
         for pattern in patterns:
             if pattern not in shared:
-                flags = None
+                flags = rows = None
                 if pattern.has_global:
-                    flags = global_keys(global_mask, pattern.num_global, step.batch, step.qlen, step.mlen, device)
+                    flags = global_keys(global_mask, pattern.num_global, batch, shape.qlen, shape.mlen, device)
+                    rows = global_positions(global_mask, pattern.num_global, batch, shape.qlen, shape.mlen)
                 shared[pattern] = PatternMask(
-                    pattern, step.qlen, step.mlen, step.span, query_docs, key_docs, flags, device, step.dropped_keys
-                )
+                    pattern=pattern, qlen=shape.qlen, mlen=shape.mlen, span=shape.span, query_docs=shape.query_docs,
+                    key_docs=shape.key_docs, global_keys=flags, device=device, dropped_keys=shape.dropped_keys,
+                    global_rows=rows,
+                )  # fmt: skip
         return [shared[pattern] for pattern in patterns]

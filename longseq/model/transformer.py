@@ -40,7 +40,7 @@ class TransformerXL(LayerStack):
     ) -> tuple[Tensor, Memory, Tensor | None]:
         """Returns hidden states (B, T, E), the new memory and the memory policies' auxiliary loss (or None)."""
         batch, qlen = input_ids.shape
-        step = self.memory.begin(memory, batch, qlen, input_ids.device, recurrence, doc_ids, self.training, self.layers)
+        step = self.open_step(memory, batch, qlen, input_ids.device, recurrence, doc_ids)
         hidden = self.drop(step.wrap(self.encoding.embed(self.word_emb(input_ids))))  # (B, T', E)
         hidden, memory, aux = self.run(step, hidden, recurrence, global_mask)
         return self.drop(hidden), memory, aux
@@ -128,9 +128,8 @@ class TransformerXLLM(nn.Module):
             raise ValueError(
                 f"input_ids must be a non-empty integer tensor, got {input_ids.dtype} {tuple(input_ids.shape)}"
             )
-        low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= c.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {c.vocab_size}), got values in [{low}, {high}]")
+        in_range = ((input_ids >= 0) & (input_ids < c.vocab_size)).all()
+        torch._assert_async(in_range, f"token ids must lie in [0, {c.vocab_size})")  # on the device: no host read
         if labels is not None and labels.shape != input_ids.shape:
             raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
         if labels is not None and (labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool):
@@ -166,15 +165,9 @@ class TransformerXLLM(nn.Module):
             return LMOutput(loss=None, logits=scores.view(batch, qlen, -1), nll=None, mems=mems, aux_loss=aux)
         labels = labels.reshape(-1).long()
         keep = labels != IGNORE_INDEX
-        kept = labels[keep]
-        if kept.numel() and (int(kept.min()) < 0 or int(kept.max()) >= c.vocab_size):
-            raise ValueError(f"labels must lie in [0, {c.vocab_size}) or be {IGNORE_INDEX}")
-        if bool(keep.all()):
-            nll = self.crit.nll(flat, labels)  # (N,)
-        else:
-            index = keep.nonzero().squeeze(1)
-            picked = self.crit.nll(flat[index], kept)
-            nll = picked.new_zeros(labels.shape).index_copy(0, index, picked)  # (N,), 0 where ignored
+        in_range = (keep.logical_not() | ((labels >= 0) & (labels < c.vocab_size))).all()
+        torch._assert_async(in_range, f"labels must lie in [0, {c.vocab_size}) or be {IGNORE_INDEX}")
+        nll = self.crit.nll(flat, labels.masked_fill(~keep, 0)).masked_fill(~keep, 0)  # (N,), 0 where ignored
         loss = nll.sum() / keep.sum()  # NaN when no token is labelled (as torch's cross_entropy), never 0
         return LMOutput(loss=loss, logits=None, nll=nll.view(batch, qlen), mems=mems, aux_loss=aux)
 

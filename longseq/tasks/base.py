@@ -18,8 +18,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from longseq.config.base import ConfigError, JsonConfig, check
+from longseq.config.base import ConfigError, JsonConfig, check, config
 from longseq.config.run import RunConfig
+from longseq.model.memory import Memory
 
 
 @dataclass
@@ -45,11 +46,11 @@ class StepContext:
 
 @dataclass
 class StepResult:
-    """One optimizer step's mean training loss (this rank), the state carried to the next step (the LM's memory,
+    """One optimizer step's mean training loss (this rank), the memory carried to the next step (the LM's,
     else None) and the tokens it consumed: for the example tasks, the documents' tokens before padding."""
 
     loss: float
-    state: object | None
+    memory: Memory | None
     tokens: int
 
 
@@ -92,7 +93,7 @@ class Task:
         """The stateful training batch iterator (``next()``, ``state_dict()``, ``load_state_dict()``)."""
         raise NotImplementedError
 
-    def train_step(self, ctx: StepContext, batch, state) -> StepResult:
+    def train_step(self, ctx: StepContext, batch, memory: Memory | None) -> StepResult:
         """Forward and backward of one optimizer step (``ctx.backward`` each loss part)."""
         raise NotImplementedError
 
@@ -109,7 +110,7 @@ class Task:
         raise ConfigError(f"the {self.name} task has no predictions; use longseq generate for a language model")
 
 
-@dataclass
+@config
 class FinetuneOptions(JsonConfig):
     """What every fine-tuning task shares: the training and validation JSONL files, the segment length the
     document is read in (0: the LM's ``tgt_len``), the LM checkpoint it starts from (``base``), ``head_only``
@@ -163,7 +164,7 @@ class ExampleBatches:
 
 
 class LengthGroupedBatches(ExampleBatches):
-    """Batches of documents of similar length, epoch after epoch (the design's "batches grouped by length"): the
+    """Batches of documents of similar length, epoch after epoch, so a batch pads few documents to its longest: the
     epoch's permutation, drawn from (seed, epoch) as in :class:`ExampleBatches`, is cut into pools of ``pool``
     batches; each pool is sorted by length and cut into batches, and the epoch's batches are shuffled.  Every
     batch is full: the ``n % batch_size`` documents left over are skipped that epoch (others the next).  A batch of
@@ -229,11 +230,3 @@ def chunks(items: list, n: int) -> list[list]:
 
 
 TRAIN_SCORED = 1000  # the "train" metrics score the first this many training examples (a large set takes long)
-
-
-@dataclass
-class Encoded:
-    """A task's training and validation examples, encoded once."""
-
-    train: list = field(default_factory=list)
-    valid: list | None = None

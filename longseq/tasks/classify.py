@@ -5,13 +5,13 @@ and macro-F1; predictions: the label and every label's probability."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from longseq.config.base import check, check_choice
+from longseq.config.base import check, check_choice, config
 from longseq.data.tasks import TaskDataError, encode_field, read_jsonl
 from longseq.model import build_model
 from longseq.model.heads import POOLING, DocumentClassifier
@@ -28,7 +28,7 @@ from longseq.tasks.base import (
 )  # fmt: skip
 
 
-@dataclass
+@config
 class ClassifyOptions(FinetuneOptions):
     """``labels``: the label set, in class order (found in the training file; stored so a checkpoint knows its
     classes); ``pooling``: last, mean (of the final segment) or document (the mean of the whole document); ``lm_weight``: the weight of a joint next-token loss."""
@@ -119,7 +119,7 @@ class Classify(Task):
         inputs, padding = padded([ids for ids, _ in docs], self.segment_len, left=True)
         return inputs, torch.as_tensor([label for _, label in docs]), padding
 
-    def train_step(self, ctx: StepContext, indices: list[int], state) -> StepResult:
+    def train_step(self, ctx: StepContext, indices: list[int], memory: None) -> StepResult:
         picked = [self.train_docs[i] for i in indices][ctx.rows]
         parts, total = chunks(picked, ctx.grad_accum), 0.0
         for part in parts:

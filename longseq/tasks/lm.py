@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from longseq.config.base import ConfigError
+from longseq.config.checks import check_cutoffs, check_run
 from longseq.config.run import RunConfig, TrainConfig
 from longseq.data.batching import OrderedStream
 from longseq.data.corpus import Corpus, load_data, unigram_bits_per_token
@@ -102,31 +103,31 @@ class LanguageModeling(Task):
                                doc_ids=self._doc_ids("train"), rows=world.rows(d.batch_size))  # this rank's rows only  # fmt: skip
         return LMBatches(stream, self.run.model.segments_per_step)
 
-    def train_step(self, ctx: StepContext, segments: list, mems: Memory | None) -> StepResult:
+    def train_step(self, ctx: StepContext, segments: list, memory: Memory | None) -> StepResult:
         """Each gradient-accumulation chunk of this rank's rows through every segment of the window, with one backward
         per chunk at the end of its window (through all its segments) and the chunk's memory carried along.  Only
         one chunk's graph is alive at a time, so ``grad_accum`` bounds the peak memory whatever the window."""
         accum, window = ctx.grad_accum, len(segments)
         mem_len = mem_len_at(ctx.step, self.run.train, self.run.model.memory.mem_len)
-        chunk_mems = mems.split(accum) if mems is not None else [None] * accum
+        chunks_memory = memory.split(accum) if memory is not None else [None] * accum
         pieces = [row_chunks(segment, ctx.device, accum) for segment in segments]
         loss_sum = 0.0
         for c in range(accum):
-            pending, state = None, chunk_mems[c]
+            pending, carried = None, chunks_memory[c]
             for segment, chunks in zip(segments, pieces):
                 if segment.new_epoch:
-                    state = None
+                    carried = None
                 inp, lab, doc = chunks[c]
                 with ctx.autocast():
-                    out = ctx.net(inp, state, lab, doc_ids=doc, mem_len=mem_len)
+                    out = ctx.net(inp, carried, lab, doc_ids=doc, mem_len=mem_len)
                 total = out.loss if out.aux_loss is None else out.loss + out.aux_loss
                 pending = total if pending is None else pending + total
                 loss_sum += out.loss.item()
-                state = out.mems
+                carried = out.mems
             ctx.backward(pending / (accum * window))
-            chunk_mems[c] = state.detach()  # the graph of this chunk's window ends here
+            chunks_memory[c] = carried.detach()  # the graph of this chunk's window ends here
         tokens = sum(seg.labels.numel() for seg in segments)
-        return StepResult(loss_sum / (accum * window), Memory.join(chunk_mems), tokens)
+        return StepResult(loss_sum / (accum * window), Memory.join(chunks_memory), tokens)
 
     def validate(self, model: nn.Module, sharded: bool = False) -> dict:
         d, valid = self.run.data, self.corpus.valid
@@ -155,22 +156,9 @@ def mem_len_at(step: int, train: TrainConfig, final: int) -> int:
 
 
 def prepare_model_config(run: RunConfig, corpus: Corpus):
-    """The model config with the vocabulary size of the tokenizer, after checking that the cutoffs fit it."""
-    vocab = corpus.tokenizer.vocab_size
-    if run.model.cutoffs and run.model.cutoffs[-1] >= vocab:
-        raise ConfigError(
-            f"adaptive softmax cutoffs {run.model.cutoffs} do not fit the {vocab}-token vocabulary of {corpus.source}; "
-            f"pass --set cutoffs=... with values below {vocab}, or cutoffs=[] for a plain softmax"
-        )
-    model = run.model.replace(vocab_size=vocab)
-    m, d = model.memory, run.data
-    if (
-        m.cmem_len
-        and m.cmem_fn in ("conv", "linear")
-        and (d.tgt_len % m.cmem_rate or m.mem_len % m.cmem_rate or d.varlen)
-    ):
-        raise ConfigError(
-            f"cmem_fn={m.cmem_fn} compresses groups of exactly cmem_rate={m.cmem_rate} evicted states: "
-            f"tgt_len={d.tgt_len} and mem_len={m.mem_len} must be multiples of it, and varlen must be off"
-        )
+    """The model config with the vocabulary size of the tokenizer, checked with the rest of the run
+    (:func:`~longseq.config.checks.check_run`: the cutoffs must fit the vocabulary)."""
+    check_cutoffs(run.model.cutoffs, corpus.tokenizer.vocab_size, corpus.source)  # before the config refuses them
+    model = run.model.replace(vocab_size=corpus.tokenizer.vocab_size)
+    check_run(RunConfig(model, run.data, run.train, run.task), source=corpus.source)
     return model

@@ -5,12 +5,11 @@ kept).  Metrics: masked-token accuracy and perplexity; predictions: the input wi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from longseq.config.base import check
+from longseq.config.base import check, config
 from longseq.config.run import RunConfig
 from longseq.data.tasks import TaskDataError, encode_field, read_jsonl
 from longseq.data.tokenizers import TokenizerError
@@ -30,7 +29,7 @@ from longseq.tasks.base import (
 )  # fmt: skip
 
 
-@dataclass
+@config
 class MlmOptions(FinetuneOptions):
     """``mask_rate``: the share of tokens chosen; ``mask_token``: the text of the token standing for [MASK]
     (default: <unk> for words, byte 0 for bytes; a character vocabulary needs one); ``mask_id``: its id, found
@@ -120,7 +119,7 @@ class MaskedLM(Task):
         masked, labels = mask_tokens(inputs, o.mask_rate, o.mask_id, self.run.model.vocab_size, generator)
         return masked, labels.masked_fill(padding, -100), padding
 
-    def train_step(self, ctx: StepContext, indices: list[int], state) -> StepResult:
+    def train_step(self, ctx: StepContext, indices: list[int], memory: None) -> StepResult:
         generator = torch.Generator().manual_seed(self.run.train.seed * 1_000_003 + sum(indices) + len(indices))
         picked = [self.train_docs[i] for i in indices][ctx.rows]
         masked, labels, padding = (t.to(ctx.device) for t in self.masked(picked, generator))

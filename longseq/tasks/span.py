@@ -8,13 +8,12 @@ from __future__ import annotations
 import collections
 import re
 import string
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
-from longseq.config.base import check
+from longseq.config.base import check, config
 from longseq.data.tasks import TaskDataError, encode_field, read_jsonl
 from longseq.data.tokenizers import TokenizerError
 from longseq.model import build_model
@@ -32,7 +31,7 @@ from longseq.tasks.base import (
 )  # fmt: skip
 
 
-@dataclass
+@config
 class SpanOptions(FinetuneOptions):
     """``max_answer_len``: the longest answer, in tokens."""
 
@@ -144,7 +143,7 @@ class Span(Task):
         ends = torch.as_tensor([e.get("end", 0) for e in examples])
         return inputs, allowed, starts, ends, padding
 
-    def train_step(self, ctx: StepContext, indices: list[int], state) -> StepResult:
+    def train_step(self, ctx: StepContext, indices: list[int], memory: None) -> StepResult:
         picked = [self.train_examples[i] for i in indices][ctx.rows]
         total = 0.0
         for part in chunks(picked, ctx.grad_accum):

@@ -26,25 +26,21 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from longseq.config import ConfigError, ModelConfig, RunConfig
+from longseq.config import ConfigError, RunConfig
 from longseq.data.sources import file_sha256
-from longseq.data.tokenizers import Tokenizer, TokenizerError, tokenizer_from_dict
+from longseq.data.tokenizers import Tokenizer, TokenizerError, load_tokenizer
 from longseq.model import Memory, TransformerXLLM
 from longseq.tasks import task_for
+from longseq.train.upgrade import FORMAT_V1, is_v1, upgrade_memory_names, upgrade_weight_names
 
 FORMAT = "longseq-checkpoint-v2"
-FORMAT_V1 = "longseq-checkpoint-v1"  # before the redesign: a flat model config, other memory tensor names
-V1_WEIGHT_NAMES = {  # format v1 name prefix -> today's
-    "transformer.compressors.": "transformer.memory.policies.compression.compressors.",
-    "transformer.memory_tokens": "transformer.memory.policies.tokens.initial",
-}
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint directory that is missing, incomplete, corrupt or incompatible."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainingState:
     """What a training run needs beyond the weights to continue exactly."""
 
@@ -53,7 +49,7 @@ class TrainingState:
     best_valid_loss: float | None
     optimizer: dict  # torch optimizer state_dict
     torch_rng: torch.Tensor
-    mems: object  # any memory structure of longseq.model.memory, or None
+    memory: Memory | None  # the memory the task carries to the next step (language modeling), or None
     tokens_seen: int
     lr_scale: float = 1.0  # lowered by the NaN guard's rollbacks
     scaler: dict | None = None  # the fp16 loss scaler's state (scale, growth tracker)
@@ -195,7 +191,7 @@ def _write_checkpoint_files(tmp, model, run, tokenizer, training, metrics, weigh
         tensors["rng.torch"] = training.torch_rng
         for i, state in enumerate(training.cuda_rng or ()):
             tensors[f"rng.cuda.{i}"] = state
-        tensors.update(training.mems.to_tensors() if training.mems is not None else {})
+        tensors.update(training.memory.to_tensors() if training.memory is not None else {})
         save_file(tensors, os.path.join(tmp, "trainer.safetensors"))
         _write_json(
             os.path.join(tmp, "trainer_state.json"),
@@ -273,10 +269,7 @@ def _read_config(directory: str) -> tuple[RunConfig, dict]:
     try:
         with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
-        if config.get("format") == FORMAT_V1:
-            run = dict(config["run"])
-            return RunConfig.from_dict({**run, "model": ModelConfig.of(**run["model"]).to_dict()}), config
-        if config.get("format") != FORMAT:
+        if config.get("format") not in (FORMAT, FORMAT_V1):  # v1: a flat model config, which ModelConfig reads
             raise CheckpointError(f"{directory} has checkpoint format {config.get('format')!r}, expected {FORMAT!r}")
         return RunConfig.from_dict(config["run"]), config
     except (json.JSONDecodeError, KeyError, AttributeError, ConfigError) as exc:
@@ -310,9 +303,8 @@ def load_checkpoint(
     directory = os.path.abspath(os.path.expanduser(directory))
     run, config = _read_config(directory)
     try:
-        with open(os.path.join(directory, "tokenizer.json"), encoding="utf-8") as f:
-            tokenizer = tokenizer_from_dict(json.load(f), vocab_size=run.model.vocab_size, path=f.name)
-    except (json.JSONDecodeError, KeyError, TokenizerError) as exc:
+        tokenizer = load_tokenizer(os.path.join(directory, "tokenizer.json"), vocab_size=run.model.vocab_size)
+    except TokenizerError as exc:
         raise CheckpointError(f"checkpoint {directory} has an invalid tokenizer: {exc}") from None
     if tokenizer.vocab_size != run.model.vocab_size:
         raise CheckpointError(
@@ -320,7 +312,7 @@ def load_checkpoint(
             f"{run.model.vocab_size}; the two files do not belong together"
         )
     model = task_for(run, tokenizer).build_model()  # a language model, or a fine-tuned task's model
-    load_weights(model, directory, device, v1=config.get("format") == FORMAT_V1)
+    load_weights(model, directory, device, rename=upgrade_weight_names if is_v1(config) else None)
     broken = [
         name
         for name, tensor in model.state_dict().items()
@@ -335,13 +327,16 @@ def load_checkpoint(
     return model, tokenizer, run, config.get("metrics", {})
 
 
-def load_weights(model: TransformerXLLM, directory: str, device: str | torch.device = "cpu", v1: bool = False) -> None:
-    """Load ``directory/model.safetensors`` into ``model``; every tensor must match by name and shape.  ``v1``
-    renames the tensors of a format v1 checkpoint first."""
+def load_weights(model: TransformerXLLM, directory: str, device: str | torch.device = "cpu", rename=None) -> None:
+    """Load ``directory/model.safetensors`` into ``model``; every tensor must match by name and shape (a tied weight
+    stored once).  ``rename`` maps the stored names to today's first (an older format: :mod:`.upgrade`)."""
     path = os.path.join(directory, "model.safetensors")
     try:
-        if v1:
-            missing, unexpected = _load_v1_weights(model, path, device)
+        if rename is not None:
+            tensors = rename(load_file(path, device=str(device)))
+            missing, unexpected = model.load_state_dict(tensors, strict=False)
+            shared = _shared_names(model)
+            missing = [m for m in missing if m not in shared or not any(n in tensors for n in shared[m])]
         else:
             missing, unexpected = load_model(model, path, strict=False, device=str(device))
     except (SafetensorError, RuntimeError) as exc:
@@ -350,18 +345,6 @@ def load_weights(model: TransformerXLLM, directory: str, device: str | torch.dev
         raise CheckpointError(
             f"weights in {path} do not match the config: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
         )
-
-
-def _load_v1_weights(model, path: str, device) -> tuple[list[str], list[str]]:
-    tensors = {}
-    for name, tensor in load_file(path, device=str(device)).items():
-        for old, new in V1_WEIGHT_NAMES.items():
-            if name.startswith(old):
-                name = new + name[len(old) :]
-        tensors[name] = tensor
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    shared = _shared_names(model)
-    return [m for m in missing if m not in shared or not any(n in tensors for n in shared[m])], list(unexpected)
 
 
 def _shared_names(model) -> dict[str, list[str]]:
@@ -405,7 +388,7 @@ def load_training_state(directory: str) -> TrainingState:
         best_valid_loss=meta["best_valid_loss"],
         optimizer=_optimizer_from_files(meta["optimizer"], tensors),
         torch_rng=tensors["rng.torch"],
-        mems=Memory.from_tensors(tensors),
+        memory=Memory.from_tensors(upgrade_memory_names(tensors)),
         tokens_seen=meta.get("tokens_seen", 0),
         lr_scale=meta.get("lr_scale", 1.0),
         scaler=meta.get("scaler"),

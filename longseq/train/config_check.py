@@ -8,6 +8,7 @@ import os
 
 from longseq.config import ConfigError, RunConfig
 from longseq.config.base import leaves
+from longseq.model.registry import ignored_options
 from longseq.train.checkpoint import load_checkpoint_config
 
 FIXED_DATA = ("tokenizer", "lowercase", "batch_size", "tgt_len", "varlen", "doc_reset", "vocab_size")
@@ -69,11 +70,12 @@ def check_same_data(saved: dict | None, current: dict | None, last_dir: str, run
 
 
 def check_options_apply(run: RunConfig, base: RunConfig | None = None) -> None:
-    """A new run refuses model options its architecture does not read (:meth:`ModelConfig.ignored_options`):
+    """A new run refuses a name no registry has, and model options its architecture does not read
+    (:func:`~longseq.model.registry.ignored_options`):
     ``arch=lstm`` with ``cmem_len`` would train a plain LSTM while the run says it has a compressed memory.  Only
     what differs from ``base`` (the preset a command line starts from; default: the configs' defaults) counts: a
     preset's transformer settings are not the user's when the user asks for ``arch=lstm``."""
-    ignored = run.model.ignored_options(None if base is None else base.model)
+    ignored = ignored_options(run.model, None if base is None else base.model)
     if ignored:
         m = run.model
         what = "arch=lstm" if m.arch == "lstm" else f"this model (mixer={','.join(m.mixer)}, pos={m.positions.pos})"

@@ -99,8 +99,6 @@ def shard_model(model) -> None:
     """Shard ``model`` in place with FSDP2: each decoder layer is one unit, everything else the root unit."""
     from torch.distributed.fsdp import fully_shard
 
-    if not hasattr(model, "transformer"):
-        raise ConfigError("parallel=fsdp shards the decoder layers of a Transformer; use parallel=ddp for arch=lstm")
     for layer in model.transformer.layers:
         fully_shard(layer)
     fully_shard(model)
@@ -173,3 +171,15 @@ def shard_optimizer_state(optimizer, state: dict) -> dict:
             for key, value in slots.items()
         }
     return out
+
+
+def resolve_device(name: str, world: World | None = None) -> torch.device:
+    """The device ``name`` means (``auto``: CUDA when available); under torchrun a plain ``cuda`` is this rank's
+    ``cuda:LOCAL_RANK``.  Asking for CUDA on a machine without it is a :class:`ConfigError`."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and world is not None and world.size > 1:
+        name = f"cuda:{int(os.environ.get('LOCAL_RANK', world.rank))}"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {name}, but this machine has no GPU that torch can use")
+    return torch.device(name)

@@ -12,12 +12,12 @@ exactly what ``longseq predict`` reproduces.
 
 from __future__ import annotations
 
-import json
 import os
 
 from longseq.config import ConfigError, DataConfig, RunConfig, TrainConfig
 from longseq.config.run import TaskConfig
 from longseq.data.sources import file_sha256
+from longseq.data.tokenizers import load_tokenizer
 from longseq.tasks import task_for
 from longseq.train.checkpoint import (
     CheckpointError,
@@ -70,7 +70,10 @@ def finetune(base_checkpoint: str | None, out_dir: str, task: str | None = "clas
         resume = False  # the Trainer says it starts afresh
     if resume:
         last = os.path.join(out_dir, "last")
-        run, (tokenizer, base) = resumed_run(last, base_checkpoint, task, settings), (_tokenizer(last), None)
+        run, (tokenizer, base) = (
+            resumed_run(last, base_checkpoint, task, settings),
+            (load_tokenizer(os.path.join(last, "tokenizer.json")), None),
+        )
         stretched = load_checkpoint_config(last).train
         if run.train.schedule != "constant" and run.train.max_steps != stretched.max_steps:
             log(f"note: the {run.train.schedule} decay now ends at step {run.train.max_steps}, not "
@@ -200,10 +203,3 @@ def _reading_files_of(saved: RunConfig, run: RunConfig) -> RunConfig:
     run's ``best/`` may predate the resume and name the old paths."""
     files = {key: run.task.options[key] for key in (*MOVABLE, "base") if run.task.options.get(key)}
     return RunConfig(saved.model, saved.data, saved.train, TaskConfig(saved.task.name, {**saved.task.options, **files}))
-
-
-def _tokenizer(directory: str):
-    from longseq.data.tokenizers import tokenizer_from_dict
-
-    with open(os.path.join(directory, "tokenizer.json"), encoding="utf-8") as f:
-        return tokenizer_from_dict(json.load(f))

@@ -28,7 +28,9 @@ from tqdm import tqdm
 
 from longseq.config import ConfigError, RunConfig
 from longseq.config.base import leaves
+from longseq.config.checks import check_run
 from longseq.config.files import write_run_config
+from longseq.data.tokenizers import load_tokenizer
 from longseq.tasks.base import StepContext, Task, set_trainable
 from longseq.train.checkpoint import TrainingState, load_training_state, load_weights, save_checkpoint
 from longseq.train.config_check import check_options_apply, check_resumable, check_same_data
@@ -38,6 +40,7 @@ from longseq.train.distributed import (
     full_tensor,
     init_world,
     load_full_state_dict,
+    resolve_device,
     shard_model,
     shard_optimizer_state,
 )
@@ -60,24 +63,6 @@ class TrainResult:
     tokens_per_s: float
     unigram_bpc: float | None
     losses: list[float]
-
-
-def saved_tokenizer(directory: str):
-    """The tokenizer stored in a checkpoint directory."""
-    from longseq.data.tokenizers import load_tokenizer
-
-    return load_tokenizer(os.path.join(directory, "tokenizer.json"))
-
-
-def resolve_device(name: str, world) -> torch.device:
-    """``auto``: CUDA when available; under torchrun each rank takes cuda:LOCAL_RANK."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and world.size > 1:
-        name = f"cuda:{int(os.environ.get('LOCAL_RANK', world.rank))}"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={name} but this machine has no GPU that torch can use")
-    return torch.device(name)
 
 
 def rng_states() -> tuple[torch.Tensor, list | None]:
@@ -124,7 +109,8 @@ class Trainer:
         if self.dir.fresh_start:
             self.log(f"{self.dir.path} holds a run that stopped before its first checkpoint "
                      f"({', '.join(self.dir.existing)}): nothing to resume, so it starts afresh")  # fmt: skip
-        self.step_count, self.best, self.tokens_seen, self.lr_scale, self.state = 0, None, 0, 1.0, None
+        self.step_count, self.best, self.tokens_seen, self.lr_scale = 0, None, 0, 1.0
+        self.memory = None  # what the task carries from one step to the next (the LM's Memory), or None
         self.bad_steps, self.saved_at, self.clock_offset, self.last_save = 0, -1, 0.0, time.monotonic()
         self.losses: list[float] = []
         self.valid: dict = {}
@@ -139,13 +125,9 @@ class Trainer:
         tc, world = self.tc, self.world
         torch.manual_seed(tc.seed)
         if self.resume and self.task.tokenizer is None:  # read the data with the tokenizer the run was trained with
-            self.task.tokenizer = saved_tokenizer(self.dir.last)
+            self.task.tokenizer = load_tokenizer(os.path.join(self.dir.last, "tokenizer.json"))
         self.run = self.task.prepare()
-        if self.run.data.batch_size % (tc.grad_accum * world.size):
-            raise ConfigError(
-                f"batch_size={self.run.data.batch_size} must be divisible by grad_accum={tc.grad_accum} x "
-                f"{world.size} process(es)"
-            )
+        check_run(self.run, world.size)
         self.checkpoint_state = load_training_state(self.dir.last) if self.resume else None
         self.data_sha256 = self.task.data_fingerprint()
         if self.resume:
@@ -154,7 +136,6 @@ class Trainer:
                             saved_path=saved.data.path)  # fmt: skip
         self.device = resolve_device(tc.device, world)
         self.sharded = tc.parallel == "fsdp" and world.size > 1
-        self._check_parallel()
         self._build_model()
         self.optimizer = build_optimizer(self.model, tc)
         self.scaler = torch.amp.GradScaler(self.device.type) if tc.precision == "fp16" else None
@@ -162,15 +143,6 @@ class Trainer:
         self.batches = self.task.batches(world)
         self.ctx = StepContext(self.net, self.device, world.rows(self.run.data.batch_size), tc.grad_accum,
                                self.autocast_dtype, self.scaler)  # fmt: skip
-
-    def _check_parallel(self) -> None:
-        if self.sharded and self.tc.precision == "fp16":
-            raise ConfigError("precision=fp16 is not supported with parallel=fsdp yet; use precision=bf16")
-        if self.sharded and self.run.model.cutoffs:
-            raise ConfigError(
-                "parallel=fsdp with the adaptive softmax (cutoffs) is not supported yet: a rank whose batch has no "
-                "token of a tail cluster leaves that cluster without a gradient; use cutoffs=[] or parallel=ddp"
-            )
 
     def _build_model(self) -> None:
         model = self.task.build_model().to(self.device)
@@ -204,7 +176,7 @@ class Trainer:
         set_rng_states(state.torch_rng, state.cuda_rng)
         if self.scaler is not None and state.scaler:
             self.scaler.load_state_dict(state.scaler)
-        self.state = self.world.local_memory(state.mems)
+        self.memory = self.world.local_memory(state.memory)
         self.step_count, self.best, self.tokens_seen = state.step, state.best_valid_loss, state.tokens_seen
         self.lr_scale, self.pending_validation = state.lr_scale, state.pending_validation
         self.saved_at = self.step_count  # the state restored is the one on disk: nothing new to save yet
@@ -220,7 +192,7 @@ class Trainer:
         batch = self.batches.next()
         self.optimizer.zero_grad(set_to_none=True)
         self.ctx.step = self.step_count
-        result = self.task.train_step(self.ctx, batch, self.state)
+        result = self.task.train_step(self.ctx, batch, self.memory)
         loss = self.world.mean(result.loss)
         if self.after_backward is not None:
             self.after_backward(self.step_count + 1, self.model)
@@ -234,7 +206,7 @@ class Trainer:
             self._bad_step(f"loss {loss}, gradient norm {grad_norm}", lr)
             return False
         self.updating = True  # from here the step is applied whole: weights, moments and bookkeeping
-        self.bad_steps, self.state = 0, result.state
+        self.bad_steps, self.memory = 0, result.memory
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -317,7 +289,7 @@ class Trainer:
                 best_valid_loss=self.best,
                 optimizer=optimizer or self.optimizer.state_dict(),
                 torch_rng=cpu,
-                mems=world.gather_memory(self.state),
+                memory=world.gather_memory(self.memory),
                 tokens_seen=self.tokens_seen,
                 lr_scale=self.lr_scale,
                 scaler=self.scaler.state_dict() if self.scaler is not None else None,
@@ -425,7 +397,7 @@ class Trainer:
                    disable=not (self.progress and self.world.main) or None)  # fmt: skip
         with bar:
             while self.step_count < end:
-                snapshot = (self.batches.state_dict(), rng_states(), self.state)  # the last completed step's state
+                snapshot = (self.batches.state_dict(), rng_states(), self.memory)  # the last completed step's state
                 try:
                     if not self.step():
                         continue
@@ -473,7 +445,7 @@ class Trainer:
             return
         self.batches.load_state_dict(snapshot[0])
         set_rng_states(*snapshot[1])
-        self.state = snapshot[2]
+        self.memory = snapshot[2]
         self.log(f"interrupted at step {self.step_count}; saving {self.dir.last} for --resume")
         self.save(self.dir.last, with_state=True)
 

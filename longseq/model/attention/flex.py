@@ -40,9 +40,11 @@ def flex_available() -> bool:
     return True
 
 
-def flex_relative_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask, dropatt, training) -> Tensor:
+def flex_relative_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask, dropatt, training,
+                            first_forbidden: int = 0) -> Tensor:  # fmt: skip
     """The kernel contract on FlexAttention, for the whole problem at once; ``mask`` a :class:`PatternMask` or a
-    dense bool mask broadcastable to (B, H, T, K), True where forbidden."""
+    dense bool mask broadcastable to (B, H, T, K), True where forbidden (its block mask skips what is allowed
+    everywhere, so ``first_forbidden`` adds nothing)."""
     if training and dropatt > 0:
         raise ValueError("attn_impl=flex has no attention dropout: set dropatt=0 or use attn_impl=rel_shift")
     batch, heads, qlen, d_head = query.shape

@@ -8,8 +8,9 @@ the vanilla Transformer's (no relative term).
 
 Kernel contract: a kernel gets queries (B, H, T, D), keys and values (B, H, K, D), a relative table
 ``rel_key`` (H, R, D) whose row ``T - i + j`` holds W_R R for the distance of pair (i, j) (R >= K + 1;
-rows past the end are only read for forbidden pairs), u, v and a bool mask broadcastable to
-(B, H, T, K), True where forbidden.
+rows past the end are only read for forbidden pairs), u, v, a bool mask broadcastable to (B, H, T, K), True
+where forbidden, the attention dropout and the training flag, and ``first_forbidden``: a key column before which
+no pair is forbidden (0: no such bound), which a kernel may use to mask less.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from longseq.config.model import KERNELS
 from longseq.model.attention.flex import flex_available, flex_reach, flex_relative_attention
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.reference import dense_mask, reference_attention
@@ -40,6 +40,7 @@ def rel_shift_attention(
     mask: Tensor,
     dropatt: float,
     training: bool,
+    first_forbidden: int = 0,
 ) -> Tensor:
     """Fast path: one matmul per term, the position term shifted by a strided view, fused softmax backward.
     Without gradients (evaluation, generation) the shifted position term becomes an additive bias of PyTorch's
@@ -52,11 +53,11 @@ def rel_shift_attention(
     if full_precision and inference and not (training and dropatt > 0):
         position = torch.matmul(q_position, rel_key.transpose(-1, -2))  # (B, H, T, R)
         bias = rel_shift(position, query.size(2), key.size(2))  # (B, H, T, K): its rows do not overlap
-        fill_forbidden_(bias, mask)  # in place, in the buffer of ``position``
+        fill_forbidden_(bias, mask, first_forbidden)  # in place, in the buffer of ``position``
         return F.scaled_dot_product_attention(query + r_w_bias[:, None], key, value, attn_mask=bias)
     q_content = (query + r_w_bias[:, None]) * scale  # (B, H, T, D)
     if full_precision:
-        probs = RelativeProbs.apply(q_content, key, q_position, rel_key, mask)
+        probs = RelativeProbs.apply(q_content, key, q_position, rel_key, mask, first_forbidden)
     else:  # half precision: logits and softmax in float32 (autograd tracks the steps), probabilities cast back
         with torch.autocast(query.device.type, enabled=False):
             content = torch.matmul(q_content.float(), key.float().transpose(-1, -2))
@@ -151,12 +152,13 @@ def blocked_attention(
     outs = []
     for q0 in range(0, qlen, step):
         q1 = min(qlen, q0 + step)
+        first = 0  # no column known to be free of forbidden pairs
         if isinstance(mask, Tensor):
             lo, hi = 0, (klen - qlen + q1 if step < qlen else klen)  # a dense mask: skip only the future
             block_mask = mask[..., q0:q1, lo:hi]
         else:
             lo, hi = mask.key_range(q0, q1)
-            block_mask = mask.forbidden(q0, q1, lo, hi)
+            block_mask, first = mask.forbidden(q0, q1, lo, hi), mask.first_forbidden(q0, lo)
         first_row = qlen - q1 + lo
         outs.append(
             kernel(
@@ -169,6 +171,7 @@ def blocked_attention(
                 block_mask,
                 dropatt,
                 training,
+                first_forbidden=first,
             )
         )
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, T, D)
@@ -192,7 +195,6 @@ ATTENTION_KERNELS: dict[str, AttentionKernel] = {
     "rel_shift": rel_shift_attention,
     "flex": flex_relative_attention,
 }
-assert tuple(ATTENTION_KERNELS) == KERNELS, "the registry must implement every kernel name the config accepts"
 
 
 def resolve_kernel(name: str, device_type: str, mask: PatternMask | Tensor, dropout: bool) -> str:

@@ -16,6 +16,7 @@ from longseq.model.attention.kernels import (
 )
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.reference import attention_probs, dense_mask
+from longseq.model.memory.cache import RingKV
 from longseq.model.positions import RelativePositions, position_encoding
 
 
@@ -31,11 +32,12 @@ class RelativeMultiHeadAttention(nn.Module):
         d_model: int,
         n_head: int,
         d_head: int,
-        dropout: float,
-        dropatt: float,
-        pre_lnorm: bool,
-        eps: float,
-        kernel: str,
+        *,
+        dropout: float = 0.0,
+        dropatt: float = 0.0,
+        pre_lnorm: bool = False,
+        eps: float = 1e-5,
+        kernel: str = "auto",
         chunk: int = 0,
         pos: str = "sinusoidal",
         max_relative_distance: int = 0,
@@ -69,9 +71,9 @@ class RelativeMultiHeadAttention(nn.Module):
             query, key, value = self.qkv_net(source).split(width, dim=-1)  # (B, T, H*D) each
             key = key.view(batch, qlen, self.n_head, self.d_head).transpose(1, 2)
             value = value.view(batch, qlen, self.n_head, self.d_head).transpose(1, 2)
-            if hasattr(cache, "extend"):  # ring storage: append in place, read a view
+            if isinstance(cache, RingKV):  # ring storage: append in place, read a view
                 key, value = cache.extend(key, value)  # (B, H, K, D)
-            elif cache[0].size(2):
+            elif cache and cache[0].size(2):  # () or empty keys: nothing cached yet
                 key = torch.cat([cache[0], key], dim=2)  # (B, H, K, D)
                 value = torch.cat([cache[1], value], dim=2)
         else:
@@ -102,7 +104,7 @@ class RelativeMultiHeadAttention(nn.Module):
         r_r_bias: Tensor,  # (H, D)
         mask: PatternMask | Tensor,  # the layer's pattern, or a dense causal (T, K) mask
         memory: Tensor | None = None,  # (B, M, E) hidden-state memory
-        cache=None,  # (keys, values) (B, H, M, D) of the memory, or a RingKV
+        cache=None,  # (keys, values) (B, H, M, D) of the memory, () before any, or a RingKV
         with_mass: bool = False,
     ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None]:
         """Returns the layer output (B, T, E), the keys and values of [memory; segment] (B, H, K, D), and with

@@ -34,20 +34,54 @@ need, together with the range of keys a block of queries can reach (what makes l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from longseq.config.base import ConfigError
-from longseq.config.model import PATTERNS, ModelConfig, check_pattern
-
-PATTERN_NAMES = PATTERNS
+from longseq.config.base import ConfigError, check_choice
+from longseq.config.model import ModelConfig, check_pattern
 
 
 class PatternError(ConfigError):
     """An attention pattern's parameters or inputs are invalid."""
+
+
+class PatternKind(NamedTuple):
+    """A pattern: its predicate ``allows(pattern, query, key, span, dilation, random) -> bool tensor`` over window
+    positions (``span`` is the distance, made absolute for a bidirectional pattern and clamped at 0), and the
+    parameters of :class:`~longseq.config.model.PatternConfig` it reads."""
+
+    allows: Callable
+    reads: tuple[str, ...]
+
+
+def _bigbird(p, query, key, span, dilation, random) -> Tensor:
+    ok = span < p.window
+    if random is None:
+        return ok
+    last = random.size(0) - 1  # padding positions outside the window read the edge blocks (and are masked)
+    return ok | random[(query // p.block_size).clamp(0, last), (key // p.block_size).clamp(0, last)]
+
+
+def _block_sparse(p, query, key, span, dilation, random) -> Tensor:
+    size = p.block_size
+    return (query // size == key // size) | (key % size >= size - p.block_summary)
+
+
+PATTERNS: dict[str, PatternKind] = {  # the registry: a new pattern is a predicate and the parameters it reads
+    "full": PatternKind(lambda p, q, k, span, d, r: torch.ones_like(span, dtype=torch.bool), ()),
+    "window": PatternKind(lambda p, q, k, span, d, r: span < p.window, ("window",)),
+    "dilated": PatternKind(lambda p, q, k, span, d, r: (span % d == 0) & (span < p.window * d), ("window", "dilation")),
+    "strided": PatternKind(
+        lambda p, q, k, span, d, r: (span < p.window) | (span % p.stride == 0), ("window", "stride")
+    ),
+    "block_sparse": PatternKind(_block_sparse, ("block_size", "block_summary")),
+    "global": PatternKind(lambda p, q, k, span, d, r: span < p.window, ("window", "num_global")),
+    "bigbird": PatternKind(_bigbird, ("window", "block_size", "num_global", "num_random_blocks", "pattern_seed")),
+}
 
 
 @dataclass(frozen=True)
@@ -66,8 +100,10 @@ class AttentionPattern:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.name not in PATTERN_NAMES:
-            raise PatternError(f"unknown attention pattern {self.name!r}; known patterns: {', '.join(PATTERN_NAMES)}")
+        try:
+            check_choice("pattern.attention", self.name, tuple(PATTERNS))
+        except ConfigError as exc:
+            raise PatternError(str(exc)) from None
         try:
             check_pattern(self.window, self.dilation, self.stride, self.block_size, self.block_summary)
         except ConfigError as exc:
@@ -102,10 +138,6 @@ class AttentionPattern:
             return (self.window - 1) * max(self.dilation)
         return self.window - 1
 
-    def check_heads(self, n_head: int) -> None:
-        if len(self.dilation) not in (1, n_head):
-            raise PatternError(f"dilation needs one value or one per head ({n_head}), got {list(self.dilation)}")
-
     def allowed(self, query: Tensor, key: Tensor, klen: int) -> Tensor:
         """The pattern's own predicate: True where query position ``query`` (..., Tq, 1) may attend to key
         position ``key`` (..., 1, Tk); returns (H or 1, ..., Tq, Tk).  Causality and global tokens are added by
@@ -118,25 +150,9 @@ class AttentionPattern:
     def rule(self, query: Tensor, key: Tensor, dilation: Tensor, random: Tensor | None) -> Tensor:
         """The predicate, elementwise over broadcastable positions (also the body of FlexAttention's ``mask_mod``,
         one pair at a time): ``dilation`` broadcasts against the pairs, ``random`` is :meth:`random_table`."""
-        distance = query - key
-        span = distance if self.causal else distance.abs()
+        span = query - key if self.causal else (query - key).abs()
         span = span.clamp(min=0)  # future keys of a causal pattern are removed by the causal mask
-        if self.name == "full":
-            return torch.ones_like(distance, dtype=torch.bool)
-        if self.name in ("window", "global"):
-            return span < self.window
-        if self.name == "dilated":
-            return (span % dilation == 0) & (span < self.window * dilation)
-        if self.name == "strided":
-            return (span < self.window) | (span % self.stride == 0)
-        if self.name == "block_sparse":
-            size = self.block_size
-            return (query // size == key // size) | (key % size >= size - self.block_summary)
-        ok = span < self.window  # bigbird
-        if random is None:
-            return ok
-        last = random.size(0) - 1  # padding positions outside the window read the edge blocks (and are masked)
-        return ok | random[(query // self.block_size).clamp(0, last), (key // self.block_size).clamp(0, last)]
+        return PATTERNS[self.name].allows(self, query, key, span, dilation, random)
 
     def random_picks(self, klen: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
         """The random key blocks of every query block of a ``klen``-long window: (picks, valid), both (n, r) for
@@ -201,15 +217,28 @@ class PatternMask:
     global_keys: Tensor | None = None  # (B, K) bool
     device: torch.device | None = None
     dropped_keys: Tensor | None = None  # (B, K) bool: memory slots that memory dropout hides from every query
+    global_rows: tuple[tuple[int, ...], ...] | None = None  # per batch row, the window positions of its global tokens
     _blocks: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # layers share the blocks
 
-    @cached_property
+    @property
     def has_global_tokens(self) -> bool:
-        return self.global_keys is not None and bool(self.global_keys.any())
+        """Whether the mask has global flags (read from no tensor: a flag tensor that happens to be all False
+        takes the general path, which is exact too)."""
+        return self.global_keys is not None
 
     @property
     def klen(self) -> int:
         return self.mlen + self.qlen
+
+    @property
+    def global_positions(self) -> tuple[tuple[int, ...], ...]:
+        """Per batch row, the window positions of its global tokens, on the host: what the sparse kernel lays its
+        global columns and rows out by.  Given by the stack (:func:`global_positions`); a mask made with flags
+        alone reads them from the flags once."""
+        if self.global_rows is None:
+            flags = [] if self.global_keys is None else self.global_keys.tolist()
+            self.global_rows = tuple(tuple(i for i, flag in enumerate(row) if flag) for row in flags)
+        return self.global_rows
 
     @property
     def is_causal_full(self) -> bool:
@@ -228,6 +257,14 @@ class PatternMask:
             key = torch.arange(k0, k1, device=self.device)[None, :]  # (1, Tk)
             self._blocks[q0, q1, k0, k1] = self.forbidden_at(query, key)
         return self._blocks[q0, q1, k0, k1]
+
+    def first_forbidden(self, q0: int, k0: int) -> int:
+        """A key column, counted from key ``k0``, before which no query of a block starting at query ``q0`` is
+        forbidden: for the plain causal mask (no documents, dropped slots or ``same_length``) the first future key
+        of the block's first query, else 0 (no bound).  Host arithmetic: nothing is read from a tensor."""
+        if self.is_causal_full and self.span is None:
+            return max(0, self.mlen + q0 + 1 - k0)
+        return 0
 
     def banded(self, n_blocks: int, block: int, before: int, width: int) -> Tensor:
         """:meth:`forbidden` for the banded layout: block b's queries [M + b * block, ...) over keys starting
@@ -331,3 +368,17 @@ def global_keys(
         flags = flags.clone()
         flags[:, :num_global] = True
     return torch.cat([flags.new_zeros(batch, mlen), flags], dim=1)  # (B, K)
+
+
+def global_positions(global_mask: Tensor | None, num_global: int, batch: int, qlen: int,
+                     mlen: int) -> tuple[tuple[int, ...], ...] | None:  # fmt: skip
+    """The window positions of each row's global tokens, on the host, as :func:`global_keys` flags them: the first
+    ``num_global`` of the segment (known without reading anything) and those of ``global_mask``, which is read
+    once here (a host read: pass it on the CPU, where the data is made, and it costs no device synchronisation)."""
+    if global_mask is None and num_global == 0:
+        return None
+    first = set(range(min(num_global, qlen)))
+    if global_mask is None:
+        return (tuple(mlen + i for i in sorted(first)),) * batch
+    rows = global_mask.to(torch.bool).tolist()
+    return tuple(tuple(mlen + i for i in sorted(first | {i for i, flag in enumerate(row) if flag})) for row in rows)

@@ -47,6 +47,7 @@ def reference_attention(
     mask: Tensor,  # (T, K) bool
     dropatt: float,
     training: bool,
+    first_forbidden: int = 0,  # the kernel contract's hint: the reference masks every column
 ) -> Tensor:
     """Readable reference: gather W_R R_{i-j} for every (i, j) and add the two terms."""
     probs = F.dropout(attention_probs(query, key, rel_key, r_w_bias, r_r_bias, mask), p=dropatt, training=training)

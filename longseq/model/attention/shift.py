@@ -29,15 +29,12 @@ def rel_shift(position_scores: Tensor, qlen: int, klen: int | None = None) -> Te
     )
 
 
-def fill_forbidden_(scores: Tensor, mask: Tensor) -> Tensor:
-    """``scores.masked_fill_(mask, -inf)``, touching only the key columns from the first forbidden one on: with
-    memory and causal attention no memory column is forbidden, and broadcasting a (T, K) mask over every head
-    costs more than the softmax."""
-    columns = mask.reshape(-1, mask.size(-1)).any(0)  # (K,) True where some query may not look
-    hits = columns.nonzero()
-    if hits.numel():
-        first = int(hits[0])
-        scores[..., first:].masked_fill_(mask[..., first:], float("-inf"))
+def fill_forbidden_(scores: Tensor, mask: Tensor, first: int = 0) -> Tensor:
+    """``scores.masked_fill_(mask, -inf)``, touching only the key columns from ``first`` on, when the caller knows
+    that no pair before that column is forbidden (:meth:`~longseq.model.attention.patterns.PatternMask.
+    first_forbidden`: with memory and causal attention no memory column is, and broadcasting a (T, K) mask over
+    every head costs more than the softmax).  ``first`` is host arithmetic: nothing is read from the mask."""
+    scores[..., first:].masked_fill_(mask[..., first:], float("-inf"))
     return scores
 
 
@@ -81,9 +78,9 @@ class RelativeProbs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q_content, key, q_position, rel_key, mask):
+    def forward(ctx, q_content, key, q_position, rel_key, mask, first_forbidden=0):
         scores = _relative_scores(q_content, key, q_position, rel_key)  # (B, H, T, K)
-        fill_forbidden_(scores, mask)
+        fill_forbidden_(scores, mask, first_forbidden)
         probs = torch.softmax(scores, dim=-1)
         ctx.save_for_backward(q_content, key, q_position, rel_key, probs)
         return probs
@@ -92,7 +89,7 @@ class RelativeProbs(torch.autograd.Function):
     def backward(ctx, grad_probs):
         *inputs, probs = ctx.saved_tensors
         grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)  # (B, H, T, K)
-        return (*_relative_backward(ctx, grad_scores, *inputs), None)
+        return (*_relative_backward(ctx, grad_scores, *inputs), None, None)
 
 
 class RelativeScores(torch.autograd.Function):
@@ -163,11 +160,11 @@ class DiagonalScores(torch.autograd.Function):
     (H, T, D) slices, summed over D."""
 
     @staticmethod
-    def forward(ctx, q_position: Tensor, rel_key: Tensor, columns: Tensor) -> Tensor:
+    def forward(ctx, q_position: Tensor, rel_key: Tensor, columns: list[list[int]]) -> Tensor:
         qlen, n_rows = q_position.size(2), rel_key.size(1)
         flipped = F.pad(rel_key, (0, 0, 0, qlen)).flip(1)  # (H, R + T, D): row R - 1 - j + i is row T - i + j
-        starts = (n_rows - 1 - columns).tolist()  # (B, G)
-        out = q_position.new_empty(*q_position.shape[:3], columns.size(1))  # (B, H, T, G)
+        starts = [[n_rows - 1 - column for column in row] for row in columns]  # (B, G), host arithmetic
+        out = q_position.new_empty(*q_position.shape[:3], len(columns[0]))  # (B, H, T, G)
         for b, row in enumerate(starts):
             for g, s in enumerate(row):
                 out[b, :, :, g] = (q_position[b] * flipped[:, s : s + qlen]).sum(-1)

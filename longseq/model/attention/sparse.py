@@ -175,15 +175,16 @@ class GlobalColumns:
 
     def __init__(self, mask: PatternMask, earlier: list) -> None:
         m = self.mask = mask
-        flags = m.global_keys  # (B, K)
-        counts = flags.sum(1)
-        self.width = int(counts.max())  # G
-        self.columns = torch.sort((~flags).to(torch.uint8), dim=1, stable=True).indices[:, : self.width]  # (B, G)
+        positions = m.global_positions  # host: the layout is known without reading the flags
+        self.width = max(1, max(len(row) for row in positions))  # G
+        self.host_columns = [list(row) + [0] * (self.width - len(row)) for row in positions]  # padding: masked
+        self.columns = torch.tensor(self.host_columns, dtype=torch.long, device=m.device)  # (B, G)
         query = m.mlen + torch.arange(m.qlen, device=m.device)[:, None]  # (T, 1)
         rows = []
-        for b in range(flags.size(0)):
+        for b in range(len(positions)):
             block = m.forbidden_at(query, self.columns[b][None, :])  # (B|1, H|1, T, G)
             rows.append(block[b if block.size(0) > 1 else 0])
+        counts = torch.tensor([len(row) for row in positions], device=m.device)
         padding = torch.arange(self.width, device=m.device) >= counts[:, None]  # (B, G)
         self.forbidden = torch.stack(rows) | padding[:, None, None, :]  # (B, H|1, T, G)
         for piece in earlier:
@@ -195,7 +196,7 @@ class GlobalColumns:
 
     def scores(self, q_content: Tensor, q_position: Tensor, key: Tensor, rel_key: Tensor) -> Tensor:
         content = torch.matmul(q_content, self._gather(key).transpose(-1, -2))  # (B, H, T, G)
-        position = DiagonalScores.apply(q_position, rel_key, self.columns)  # (B, H, T, G)
+        position = DiagonalScores.apply(q_position, rel_key, self.host_columns)  # (B, H, T, G)
         return (content + position).masked_fill(self.forbidden, float("-inf"))
 
     def output(self, probs: Tensor, value: Tensor) -> Tensor:  # (B, H, T, G) -> (B, H, T, D)
@@ -294,7 +295,11 @@ def _global_rows_(out, q_content, q_position, key, value, rel_key, mask: Pattern
     """Overwrite, in ``out`` (B, H, T, D), the rows of global tokens with their attention over every key they may
     see: each run of consecutive global queries of a batch row is one block of the rel-shift kernel."""
     qlen = q_content.size(2)
-    flags = mask.global_keys[:, mask.mlen :].tolist()  # (B, T)
+    flags = [[False] * qlen for _ in mask.global_positions]  # (B, T) on the host: which queries are global
+    for b, positions in enumerate(mask.global_positions):
+        for p in positions:
+            if p >= mask.mlen:
+                flags[b][p - mask.mlen] = True
     for b, row in enumerate(flags):
         i = 0
         while i < qlen:

@@ -12,25 +12,26 @@ hidden-state memory, and a bidirectional model cannot cache keys (every segment 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor
 
-from longseq.model.memory.policy import LayerContext
-from longseq.model.memory.state import LayerMemory, Memory, Recurrence
+from longseq.model.memory.policy import LayerContext, MaskInputs, StepInputs, StepOutput
+from longseq.model.memory.state import LayerMemory, Memory
 
 
 class KeyValueStep:
-    """One forward pass over a key/value memory (the interface of :class:`~longseq.model.memory.step.HiddenStep`);
+    """One forward pass over a key/value memory (the :class:`~longseq.model.memory.policy.MemoryStep` protocol);
     recurrent layers (ssm, conv, rnn) carry their state as in the hidden-state memory."""
 
-    def __init__(self, policies, memory: Memory, batch: int, qlen: int, recurrence: Recurrence,
-                 doc_ids: Tensor | None, training: bool, device: torch.device, layers) -> None:  # fmt: skip
-        config = policies.config
+    def __init__(self, policies, given: StepInputs) -> None:
+        config, memory, recurrence = policies.config, given.memory, given.recurrence
         if config.pattern.bidirectional:
             raise ValueError(
                 "a bidirectional model cannot use a key/value memory: every segment token sees the later ones"
             )
-        if doc_ids is not None or memory.doc_ids is not None:
+        if given.doc_ids is not None or memory.doc_ids is not None:
             raise ValueError("document resets need the hidden-state memory, not a key/value memory")
         if config.memory.compacted:
             raise ValueError(
@@ -38,10 +39,8 @@ class KeyValueStep:
             )
         if recurrence.same_length and recurrence.mem_len < 1:
             raise ValueError("same_length=True needs mem_len >= 1: it limits every query to the last mem_len keys")
-        self.memory, self.recurrence, self.batch, self.qlen, self.layers = memory, recurrence, batch, qlen, layers
-        self.training, self.device, self.docs, self.mlen = training, device, None, memory.length
-        self.dropped_keys = None  # memory dropout is a training policy of the hidden-state memory
-        self.attends = [hasattr(layer, "dec_attn") for layer in layers]  # the others carry a state
+        self.memory, self.recurrence, self.qlen, self.attends = memory, recurrence, given.qlen, given.attends
+        self.training, self.mlen = given.training, memory.length
         self.presents: list = []
         self.states: dict[int, LayerMemory] = {}
         self.rings = self._rings() if memory.storage == "ring" else None
@@ -50,10 +49,6 @@ class KeyValueStep:
     @property
     def klen(self) -> int:
         return self.mlen + self.qlen
-
-    @property
-    def span(self) -> int | None:
-        return self.recurrence.mem_len if self.recurrence.same_length else None
 
     def _rings(self) -> list:
         mem_len = self.recurrence.mem_len
@@ -71,16 +66,39 @@ class KeyValueStep:
     def wrap_flags(self, flags: Tensor) -> Tensor:
         return flags
 
+    def mask_inputs(self) -> MaskInputs:
+        span = self.recurrence.mem_len if self.recurrence.same_length else None
+        return MaskInputs(self.qlen, self.mlen, span, None, None, None)
+
+    def carried_tables(self, clamp_len: int, dtype: torch.dtype) -> list | None:
+        """The carried tables when they were projected for this clamp_len and dtype and cover this pass (evaluation
+        has no dropout on R; training projects anew every pass)."""
+        table = None if self.table is None or self.table[1] != clamp_len else self.table[0]
+        live = [t for t in table or () if t is not None]
+        if self.training or not live or live[0].size(1) < self.klen + 1 or live[0].dtype != dtype:
+            return None
+        return self._rows(table)
+
+    def table_rows(self) -> int:
+        """Distances up to ``mem_len`` + this segment, so that the next segments of this length reuse them."""
+        return max(self.klen, self.recurrence.mem_len + self.qlen) + 1
+
+    def carry_tables(self, tables: list, clamp_len: int) -> list:
+        self.table = (tuple(tables), clamp_len)
+        return self._rows(self.table[0])
+
+    def _rows(self, table) -> list:
+        rows = next(t for t in table if t is not None).size(1)
+        return [None if t is None else t[:, rows - self.klen - 1 :] for t in table]
+
     def read(self, i: int, hidden: Tensor) -> LayerContext:
         if not self.attends[i]:  # a recurrent layer: its state, whatever the storage
             stored = self.memory.layers[i] if self.memory.layers else LayerMemory()
-            return LayerContext(state=stored.state, inner=stored.inner, recurrence=self.recurrence)
+            return LayerContext(state=stored.state, inner=stored.inner, phase=stored.phase, recurrence=self.recurrence)
         if self.rings is not None:
             return LayerContext(cache=self.rings[i])
         if not self.mlen:
-            attention = self.layers[i].dec_attn
-            empty = hidden.new_zeros(hidden.size(0), attention.n_head, 0, attention.d_head)
-            return LayerContext(cache=(empty, empty))
+            return LayerContext(cache=())  # nothing cached yet: the layer's keys are the segment's
         layer = self.memory.layers[i]
         return LayerContext(cache=(layer.keys, layer.values))
 
@@ -88,40 +106,23 @@ class KeyValueStep:
         if self.attends[i]:
             self.presents.append(present)
         else:
-            self.states[i] = LayerMemory(state=tuple(t.detach() for t in present.state), inner=present.inner)
+            self.states[i] = replace(present, state=tuple(t.detach() for t in present.state))
             self.presents.append(None)
 
-    def relative_tables(self, positions, project) -> list:
-        """Every layer's projected table (H, K + 1, D): the carried one when it is long enough (evaluation has no
-        dropout on R), else projected anew for ``mem_len`` + this segment, and carried on."""
-        attention = next((layer.dec_attn for layer in self.layers if hasattr(layer, "dec_attn")), None)
-        if attention is None:  # no attention layer reads a table
-            return [None] * len(self.layers)
-        klen, clamp = self.klen, self.recurrence.clamp_len
-        table = None if self.table is None or self.table[1] != clamp else self.table[0]
-        dtype = attention.qkv_net.weight.dtype
-        live = [t for t in table or () if t is not None]
-        if self.training or not live or live[0].size(1) < klen + 1 or live[0].dtype != dtype:
-            horizon = max(klen, self.recurrence.mem_len + self.qlen)
-            table = tuple(project(positions(horizon + 1)))
-        self.table = (table, clamp)
-        rows = next(t for t in table if t is not None).size(1)
-        return [None if t is None else t[:, rows - klen - 1 :] for t in table]
-
-    def write(self, hidden: Tensor) -> tuple[Tensor, Memory, None]:
+    def write(self, hidden: Tensor) -> StepOutput:
         if self.rings is not None:
             layers = tuple(
                 LayerMemory(ring=r, ring_version=r.version) if r is not None else self.states[i]
                 for i, r in enumerate(self.rings)
             )
-            return hidden, Memory(layers, "ring", table=self.table), None
+            return StepOutput(hidden, Memory(layers, "ring", table=self.table))
         mem_len = self.recurrence.mem_len
         with torch.no_grad():
             layers = tuple(
                 self.states[i] if kv is None else LayerMemory(keys=_last(kv[0], mem_len), values=_last(kv[1], mem_len))
                 for i, kv in enumerate(self.presents)
             )
-        return hidden, Memory(layers, "kv", table=self.table), None
+        return StepOutput(hidden, Memory(layers, "kv", table=self.table))
 
 
 def _last(states: Tensor, mem_len: int) -> Tensor:

@@ -9,10 +9,9 @@ from longseq.model.memory.cache import KeyValueStep
 from longseq.model.memory.compress import Compression
 from longseq.model.memory.documents import Documents
 from longseq.model.memory.dropout import MemoryDropout
-from longseq.model.memory.policy import MemoryPolicy
+from longseq.model.memory.policy import MemoryPolicy, MemoryStep, StepInputs
 from longseq.model.memory.prune import AttentionPrune
 from longseq.model.memory.quantize import FloatStorage, Int8Storage
-from longseq.model.memory.state import Memory, Recurrence
 from longseq.model.memory.step import HiddenStep
 from longseq.model.memory.tokens import MemoryTokens
 from longseq.model.memory.truncate import Truncate
@@ -29,11 +28,10 @@ class MemoryPolicies(nn.Module):
         self.policies = nn.ModuleDict(build_policies(config))  # named, so checkpoints name their parameters
         self.active = list(self.policies.values())
 
-    def begin(self, memory: Memory, batch: int, qlen: int, device, recurrence: Recurrence, doc_ids, training: bool,
-              layers):  # fmt: skip
-        """The step of one forward pass over ``memory`` for a (batch, qlen) segment through ``layers``."""
-        step_type = HiddenStep if memory.storage == "hidden" else KeyValueStep
-        return step_type(self, memory, batch, qlen, recurrence, doc_ids, training, device, layers)
+    def begin(self, given: StepInputs) -> MemoryStep:
+        """The step of one forward pass (:class:`~longseq.model.memory.policy.MemoryStep`)."""
+        step_type = HiddenStep if given.memory.storage == "hidden" else KeyValueStep
+        return step_type(self, given)
 
 
 def build_policies(config: ModelConfig) -> dict[str, MemoryPolicy]:

@@ -21,13 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longseq.model.memory.policy import LayerContext, MemoryPolicy, Update
+from longseq.model.memory.policy import LayerContext, MemoryPolicy, Reconstruction, Update
 
 
 class Compression(MemoryPolicy):
     """The Compressive Transformer's second memory: evicted states compressed at ``rate`` into ``cmem_len`` slots
-    per layer, older than the plain memory.  Layers read [compressed; memory]; learned compressors add the
-    attention-reconstruction loss to the step's auxiliary losses in training."""
+    per layer, older than the plain memory.  Layers read [compressed; memory]; learned compressors hand the
+    stack their attention-reconstruction targets in training (:class:`~longseq.model.memory.policy.Reconstruction`)."""
 
     def __init__(self, kind: str, rate: int, cmem_len: int, d_model: int, n_layer: int) -> None:
         super().__init__()
@@ -55,10 +55,13 @@ class Compression(MemoryPolicy):
             joined = inputs if old is None else torch.cat([old, inputs], dim=1)
             evicted = joined[:, : update.n_evicted].detach()  # (B, n, E), oldest first
             squeezed = self.compressors[i](evicted)  # (B, n / rate, E)
-            if step.training and self.compressors[i].learned:
-                update.aux_losses.append(reconstruction_loss(step.layers[i].dec_attn, inputs, evicted, squeezed))
+            if step.training and self.compressors[i].learned:  # scored with layer i's attention by the stack
+                update.reconstructions.append(Reconstruction(i, inputs, evicted, squeezed))
             out.append(torch.cat([previous, squeezed.detach()], dim=1)[:, -self.cmem_len :])
         update.compressed = tuple(out)
+
+
+COMPRESSION_FUNCTIONS = {"mean": False, "max": False, "conv": True, "linear": True}  # the registry: name -> learned
 
 
 class Compressor(nn.Module):
@@ -75,7 +78,7 @@ class Compressor(nn.Module):
 
     @property
     def learned(self) -> bool:
-        return self.kind in ("conv", "linear")
+        return COMPRESSION_FUNCTIONS[self.kind]
 
     def forward(self, states: Tensor) -> Tensor:
         batch, n, d = states.shape

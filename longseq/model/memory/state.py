@@ -53,6 +53,7 @@ class LayerMemory:
     ring_version: int = 0  # the ring's write count when this memory was made
     state: tuple[Tensor, ...] | None = None  # a recurrent layer's state (ssm, conv, rnn mixers; the LSTM baseline)
     inner: Memory | None = None  # an hourglass block's memory of its shortened layers
+    phase: int = 0  # an hourglass block's position in its current group, the same for every row (host)
 
     @property
     def mem_length(self) -> int:
@@ -202,7 +203,7 @@ class Memory:
 
         per_layer = [
             [
-                LayerMemory(h, c, state=r, inner=m)
+                LayerMemory(h, c, state=r, inner=m, phase=layer.phase)
                 for h, c, r, m in zip(
                     split_rows(layer.hidden, chunks),
                     cut(layer.compressed),
@@ -237,6 +238,7 @@ class Memory:
                 cat([p.layers[i].compressed for p in parts]),
                 state=cat_state([p.layers[i].state for p in parts]),
                 inner=None if first.layers[i].inner is None else Memory.join([p.layers[i].inner for p in parts]),
+                phase=first.layers[i].phase,
             )
             for i in range(len(first.layers))
         )
@@ -262,6 +264,8 @@ class Memory:
                 out[f"memory.state.{i}.{j}"] = tensor
             if layer.inner is not None:
                 out.update({f"memory.inner.{i}/{k}": v for k, v in layer.inner.to_tensors().items()})
+            if layer.phase:
+                out[f"memory.phase.{i}"] = torch.tensor(layer.phase)
         if self.doc_ids is not None:
             out["memory.doc_ids"] = self.doc_ids
         if self.tokens is not None:
@@ -272,9 +276,8 @@ class Memory:
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, Tensor], tokens_age: int = 0) -> Memory | None:
-        """Inverse of :meth:`to_tensors` (None when the checkpoint holds no memory).  Reads the names of format
-        v1 checkpoints too (``mems.i``, ``state.*``)."""
-        t = {_v1_name(k): v for k, v in tensors.items() if "/" not in k}
+        """Inverse of :meth:`to_tensors` (None when the checkpoint holds no memory)."""
+        t = {k: v for k, v in tensors.items() if "/" not in k}
         layers = sorted({int(k.split(".")[2]) for k in t if k.startswith(("memory.hidden", "memory.state."))})
         if not layers and "memory.tokens" not in t:
             return None
@@ -293,8 +296,15 @@ class Memory:
             nested = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
             return Memory.from_tensors(nested) if nested else None
 
+        def phase(i):  # written since the phase is kept on the host; before, the hourglass's state held it
+            if f"memory.phase.{i}" in t:
+                return int(t[f"memory.phase.{i}"])
+            held = state(i)
+            return int(held[2][0]) if held is not None and len(held) == 4 and not held[2].is_floating_point() else 0
+
         parts = tuple(
-            LayerMemory(hidden(i), t.get(f"memory.compressed.{i}"), state=state(i), inner=inner(i)) for i in layers
+            LayerMemory(hidden(i), t.get(f"memory.compressed.{i}"), state=state(i), inner=inner(i), phase=phase(i))
+            for i in layers
         )
         return cls(parts, doc_ids=t.get("memory.doc_ids"), tokens=t.get("memory.tokens"), tokens_age=tokens_age,
                    last_doc=t.get("memory.last_doc"))  # fmt: skip
@@ -356,13 +366,6 @@ def _check_ring(memory: Memory, batch: int) -> None:
                 "this ring memory was superseded: ring storage is written in place, so only the memory returned by "
                 "the latest call may be passed on (use storage='kv' to keep several)"
             )
-
-
-def _v1_name(name: str) -> str:
-    """Tensor names of format v1 checkpoints' memories, in today's terms."""
-    if name.startswith("mems."):
-        return "memory.hidden." + name.split(".", 1)[1]
-    return "memory." + name.split(".", 1)[1] if name.startswith("state.") else name
 
 
 def as_memory(mems) -> Memory:

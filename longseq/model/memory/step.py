@@ -1,33 +1,36 @@
-"""The step of one forward pass over a hidden-state memory (see :mod:`longseq.model.memory.policy`)."""
+"""The step of one forward pass over a hidden-state memory (the :class:`~longseq.model.memory.policy.MemoryStep`
+protocol; the policies it applies are listed in :mod:`longseq.model.memory.policy`)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
-from longseq.model.memory.policy import LayerContext, Update
-from longseq.model.memory.state import LayerMemory, Memory, Recurrence
+from longseq.model.memory.policy import LayerContext, MaskInputs, StepInputs, StepOutput, Update
+from longseq.model.memory.state import LayerMemory, Memory
 
 
 class HiddenStep:
     """One forward pass over a hidden-state memory: each attention layer attends to [compressed; memory; segment];
-    each recurrent layer (ssm, conv, rnn) continues from its state."""
+    each recurrent layer (ssm, conv, rnn) continues from its state.  The policies read and write the attributes
+    set here (the table in :mod:`~longseq.model.memory.policy`)."""
 
-    def __init__(self, policies, memory: Memory, batch: int, qlen: int, recurrence: Recurrence,
-                 doc_ids: Tensor | None, training: bool, device: torch.device, layers) -> None:  # fmt: skip
-        if recurrence.same_length and recurrence.mem_len < 1:
+    def __init__(self, policies, given: StepInputs) -> None:
+        if given.recurrence.same_length and given.recurrence.mem_len < 1:
             raise ValueError("same_length=True needs mem_len >= 1: it limits every query to the last mem_len keys")
-        self.policies, self.memory, self.recurrence = policies, memory, recurrence
-        self.batch, self.qlen, self.training, self.device, self.layers = batch, qlen, training, device, layers
-        self.mlen = memory.length
-        self.doc_ids = doc_ids  # (B, T) of the segment, or None
+        self.policies, self.memory, self.recurrence = policies, given.memory, given.recurrence
+        self.batch, self.qlen, self.training, self.device = given.batch, given.qlen, given.training, given.device
+        self.attends = given.attends
+        self.mlen = given.memory.length
+        self.doc_ids = given.doc_ids  # (B, T) of the segment, or None
         self.docs: tuple[Tensor, Tensor] | None = None  # (B, T') query and (B, K) key document ids
         self.dropped_keys: Tensor | None = None  # (B, K) keys hidden by memory dropout, drawn once per forward
         self.with_mass = False
-        self.inputs: list[Tensor] = []
+        self.inputs: list[Tensor | None] = []
         self.plain: list[Tensor | None] = []
         self.masses: list[Tensor | None] = []
-        self.attends = [hasattr(layer, "dec_attn") for layer in layers]  # the others carry a state
         self.states: dict[int, LayerMemory] = {}
         for policy in policies.active:
             policy.begin(self)
@@ -35,12 +38,6 @@ class HiddenStep:
     @property
     def klen(self) -> int:
         return self.mlen + self.qlen
-
-    @property
-    def span(self) -> int | None:
-        """With ``same_length``, the keys every query sees."""
-        r = self.recurrence
-        return r.mem_len + self.policies.config.memory.cmem_len if r.same_length else None
 
     def layer(self, i: int) -> LayerMemory:
         return self.memory.layers[i] if self.memory.layers else LayerMemory()
@@ -55,15 +52,28 @@ class HiddenStep:
             flags = policy.wrap_flags(self, flags)
         return flags
 
+    def mask_inputs(self) -> MaskInputs:
+        r = self.recurrence
+        span = r.mem_len + self.policies.config.memory.cmem_len if r.same_length else None
+        query_docs, key_docs = self.docs if self.docs is not None else (None, None)
+        return MaskInputs(self.qlen, self.mlen, span, query_docs, key_docs, self.dropped_keys)
+
+    def carried_tables(self, clamp_len: int, dtype: torch.dtype) -> None:
+        return None  # every layer projects the shared positions inside its own forward
+
+    def table_rows(self) -> None:
+        return None
+
+    def carry_tables(self, tables: list, clamp_len: int) -> list:
+        return tables
+
     def read(self, i: int, hidden: Tensor) -> LayerContext:
-        """Layer ``i``'s context; ``hidden`` (B, T', E) is the layer's input, kept for the update."""
         if not self.attends[i]:
             self.inputs.append(None)
             self.plain.append(None)
             stored = self.layer(i)
-            return LayerContext(
-                state=stored.state, docs=self.state_docs(), inner=stored.inner, recurrence=self.recurrence
-            )
+            return LayerContext(state=stored.state, docs=self.state_docs(), inner=stored.inner, phase=stored.phase,
+                                recurrence=self.recurrence)  # fmt: skip
         self.inputs.append(hidden)
         stored = self.layer(i).hidden
         plain = None if stored is None or stored.size(1) == 0 else self.policies.codec.decode(stored, hidden.dtype)
@@ -86,13 +96,7 @@ class HiddenStep:
         last = self.memory.last_doc if self.memory.last_doc is not None else query[:, 0]  # no ids: continue
         return query, last
 
-    def relative_tables(self, positions, project) -> list:
-        """The relative positions every layer receives: the shared ``positions`` object (each layer projects it
-        inside its own forward; ``project`` is for key/value storage, which carries projected tables)."""
-        return [positions(self.klen + 1)] * len(self.layers)
-
-    def write(self, hidden: Tensor) -> tuple[Tensor, Memory, Tensor | None]:
-        """The segment's output (B, T, E), the new memory and the policies' auxiliary loss (or None)."""
+    def write(self, hidden: Tensor) -> StepOutput:
         update = Update(self.inputs, self.plain, self.masses, hidden)
         for policy in self.policies.active:
             policy.write(self, update)
@@ -102,12 +106,17 @@ class HiddenStep:
             LayerMemory(codec.encode(h), c) if h is not None else self._state(i, keep_graph)
             for i, (h, c) in enumerate(zip(update.kept, compressed))
         )
-        memory = Memory(layers, "hidden", doc_ids=update.doc_ids, last_doc=update.last_doc, tokens=update.tokens,
-                        tokens_age=update.tokens_age)  # fmt: skip
-        aux = torch.stack(update.aux_losses).mean() if update.aux_losses else None
-        return update.hidden, memory, aux
+        memory = Memory(
+            layers,
+            "hidden",
+            doc_ids=update.doc_ids,
+            last_doc=update.last_doc,
+            tokens=update.tokens,
+            tokens_age=update.tokens_age,
+        )
+        return StepOutput(update.hidden, memory, tuple(update.reconstructions))
 
     def _state(self, i: int, keep_graph: bool) -> LayerMemory:
         """A recurrent layer's new state: stop-gradient unless it back-propagates through several segments."""
         made = self.states[i]
-        return LayerMemory(state=tuple(t if keep_graph else t.detach() for t in made.state), inner=made.inner)
+        return replace(made, state=tuple(t if keep_graph else t.detach() for t in made.state))

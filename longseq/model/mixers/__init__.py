@@ -4,24 +4,44 @@ the LayerNorm and the position-wise feed-forward of a decoder layer."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 from torch import Tensor, nn
 
-from longseq.config.model import MIXERS, ModelConfig
+from longseq.config.model import ModelConfig
+from longseq.model.layers import LayerOutput
 from longseq.model.memory import LayerMemory
 from longseq.model.mixers.conv import GatedConv
 from longseq.model.mixers.rnn import LSTMMixer
 from longseq.model.mixers.ssm import Mamba2
 
 
-def build_mixer(name: str, config: ModelConfig) -> nn.Module:
-    m = config.mixers
-    if name == "ssm":
-        return Mamba2(config.d_model, m.d_state, m.head_dim, m.expand, m.chunk, m.conv_kernel, config.layer_norm_eps)
-    if name == "conv":
-        return GatedConv(config.d_model, m.expand, m.conv_kernel)
-    if name == "rnn":
-        return LSTMMixer(config.d_model)
-    raise ValueError(f"unknown mixer {name!r}; known: {', '.join(MIXERS)}")
+class MixerKind(NamedTuple):
+    """A mixer: how to build it from a config, and the :class:`~longseq.config.model.MixerConfig` fields it reads."""
+
+    build: Callable[[ModelConfig], nn.Module]
+    reads: tuple[str, ...]
+
+
+MIXERS: dict[str, MixerKind] = {  # the registry; "attention" (the decoder layer) is the other choice of a layer
+    "ssm": MixerKind(
+        lambda c: Mamba2(
+            c.d_model,
+            c.mixers.d_state,
+            c.mixers.head_dim,
+            c.mixers.expand,
+            c.mixers.chunk,
+            c.mixers.conv_kernel,
+            c.layer_norm_eps,
+        ),  # fmt: skip
+        ("d_state", "head_dim", "expand", "chunk", "conv_kernel", "state_bptt"),
+    ),
+    "conv": MixerKind(
+        lambda c: GatedConv(c.d_model, c.mixers.expand, c.mixers.conv_kernel), ("expand", "conv_kernel", "state_bptt")
+    ),  # fmt: skip
+    "rnn": MixerKind(lambda c: LSTMMixer(c.d_model), ("state_bptt",)),
+}
 
 
 class MixerLayer(nn.Module):
@@ -29,10 +49,12 @@ class MixerLayer(nn.Module):
     decoder layer's shape with the attention replaced.  Called like a decoder layer; its "present" is its part of the new
     memory."""
 
+    attends = False  # its context is its recurrent state
+
     def __init__(self, name: str, config: ModelConfig, feed_forward: nn.Module) -> None:
         super().__init__()
         self.name, self.pre_lnorm = name, config.pre_lnorm
-        self.mixer = build_mixer(name, config)
+        self.mixer = MIXERS[name].build(config)
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.drop = nn.Dropout(config.dropout)
         self.pos_ff = feed_forward
@@ -42,4 +64,4 @@ class MixerLayer(nn.Module):
         out, state = self.mixer(source, context.state, context.docs)
         out = self.drop(out)
         hidden = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
-        return self.pos_ff(hidden), LayerMemory(state=state), None
+        return LayerOutput(self.pos_ff(hidden), LayerMemory(state=state))

@@ -32,14 +32,15 @@ def ssd_reference(x: Tensor, a: Tensor, b: Tensor, c: Tensor, state: Tensor | No
     return torch.stack(ys, dim=1), h
 
 
-def segsum(a: Tensor) -> Tensor:
+def segsum(a: Tensor, boundaries: bool = False) -> Tensor:
     """out[..., i, j] = a[..., j+1] + ... + a[..., i] for j <= i, -inf above the diagonal.
 
-    Without -inf entries (no document boundary) it is a difference of cumulative sums, one pass over the (T, T)
-    result; with them each entry is summed directly (no difference of infinities, so no NaN)."""
+    Without -inf entries (``boundaries`` False: no document boundary) it is a difference of cumulative sums, one
+    pass over the (T, T) result; with them each entry is summed directly (no difference of infinities, so no NaN).
+    The caller says which (it knows whether it tracks documents): the data is never read on the host."""
     length = a.size(-1)
     causal = torch.ones(length, length, dtype=torch.bool, device=a.device).tril()
-    if not torch.isneginf(a).any():
+    if not boundaries:
         total = a.cumsum(dim=-1)
         return (total[..., :, None] - total[..., None, :]).masked_fill(~causal, float("-inf"))
     strict = causal.tril(-1)
@@ -47,9 +48,11 @@ def segsum(a: Tensor) -> Tensor:
     return sums.masked_fill(~causal, float("-inf"))
 
 
-def ssd_chunked(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk: int, state: Tensor | None = None):
+def ssd_chunked(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk: int, state: Tensor | None = None,
+                boundaries: bool = False):  # fmt: skip
     """:func:`ssd_reference` in chunks (see the module docstring); the same outputs and final state.  ``b`` and
-    ``c`` may have one group (B, T, 1, N) shared by every head, which is computed once."""
+    ``c`` may have one group (B, T, 1, N) shared by every head, which is computed once.  ``boundaries``: ``a`` may
+    hold -inf (a document boundary resets the scan)."""
     batch, length, heads, p = x.shape
     pad = (-length) % chunk
     if pad:  # zero inputs and zero decay at the end change neither outputs nor the final state
@@ -59,7 +62,7 @@ def ssd_chunked(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk: int, state: T
     x = x.reshape(batch, n, chunk, heads, p).permute(0, 1, 3, 2, 4)  # (B, n, H, L, P)
     b, c = (t.reshape(batch, n, chunk, t.size(2), -1).permute(0, 1, 3, 2, 4) for t in (b, c))  # (B, n, G, L, N)
     a = a.reshape(batch, n, chunk, heads).permute(0, 1, 3, 2)  # (B, n, H, L)
-    within = segsum(a)  # (B, n, H, L, L): log-decay from position s to l inside a chunk
+    within = segsum(a, boundaries)  # (B, n, H, L, L): log-decay from position s to l inside a chunk
     scores = (c @ b.transpose(-1, -2)) * within.exp()  # (B, n, H, L, L): C_l . B_s, decayed
     y = scores @ x  # (B, n, H, L, P): the outputs from inside each chunk
     to_end = within[..., -1, :].exp()  # (B, n, H, L): decay from each position to the chunk's end
@@ -67,7 +70,7 @@ def ssd_chunked(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk: int, state: T
     first = x.new_zeros(batch, 1, heads, p, b.size(-1)) if state is None else state[:, None]
     states = torch.cat([first, states], dim=1)  # (B, n + 1, H, P, N)
     totals = F.pad((within[..., -1, 0] + a[..., 0]).transpose(1, 2), (1, 0))  # (B, H, n + 1): each chunk's decay
-    decay = segsum(totals).exp()  # (B, H, n + 1, n + 1)
+    decay = segsum(totals, boundaries).exp()  # (B, H, n + 1, n + 1)
     flat = states.permute(0, 2, 1, 3, 4).reshape(batch, heads, n + 1, -1)  # (B, H, n + 1, P * N)
     carried = (decay @ flat).view(batch, heads, n + 1, p, -1).permute(0, 2, 1, 3, 4)  # (B, n + 1, H, P, N)
     from_start = torch.cumsum(a, dim=-1).exp()  # (B, n, H, L): decay from the chunk's start (no difference taken)

@@ -97,4 +97,4 @@ class Mamba2(nn.Module):
             a = a.masked_fill((docs[0] != previous)[:, :, None], float("-inf"))
         if self.scan == "reference" or x.size(1) <= 4:  # a few positions (generation): the recurrence itself
             return ssd_reference(x * dt[..., None], a, b, c, state)
-        return ssd_chunked(x * dt[..., None], a, b, c, self.chunk, state)
+        return ssd_chunked(x * dt[..., None], a, b, c, self.chunk, state, boundaries=docs is not None)

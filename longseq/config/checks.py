@@ -1,0 +1,47 @@
+"""The checks that read more than one section of a run: the one place a run is checked as a whole, before it
+builds anything (each section checks its own fields when it is made)."""
+
+from __future__ import annotations
+
+from longseq.config.base import ConfigError, check
+from longseq.config.run import RunConfig
+
+
+def check_run(run: RunConfig, world_size: int = 1, source: str | None = None) -> None:
+    """Raise :class:`ConfigError` naming the settings that do not go together: the model against the data
+    (``source`` names the corpus the vocabulary came from), the batch against gradient accumulation and the
+    processes, and what sharded training (``parallel=fsdp`` with ``world_size`` > 1) supports."""
+    m, d, t = run.model, run.data, run.train
+    check_cutoffs(m.cutoffs, m.vocab_size, source)
+    c = m.memory
+    check(
+        not (c.cmem_len and c.cmem_fn in ("conv", "linear") and (d.tgt_len % c.cmem_rate or c.mem_len % c.cmem_rate
+                                                                  or d.varlen)),
+        f"cmem_fn={c.cmem_fn} compresses groups of exactly cmem_rate={c.cmem_rate} evicted states: tgt_len={d.tgt_len} "
+        f"and mem_len={c.mem_len} must be multiples of it, and varlen must be off",
+    )  # fmt: skip
+    check(
+        d.batch_size % (t.grad_accum * world_size) == 0,
+        f"batch_size={d.batch_size} must be divisible by grad_accum={t.grad_accum} x {world_size} process(es)",
+    )
+    if t.parallel == "fsdp" and world_size > 1:
+        check(t.precision != "fp16", "precision=fp16 is not supported with parallel=fsdp yet; use precision=bf16")
+        check(
+            not m.cutoffs,
+            "parallel=fsdp with the adaptive softmax (cutoffs) is not supported yet: a rank whose batch has no token of a "
+            "tail cluster leaves that cluster without a gradient; use cutoffs=[] or parallel=ddp",
+        )
+        check(
+            m.arch != "lstm", "parallel=fsdp shards the decoder layers of a Transformer; use parallel=ddp for arch=lstm"
+        )
+
+
+def check_cutoffs(cutoffs: list[int], vocab_size: int, source: str | None = None) -> None:
+    """The adaptive softmax's cutoffs must lie below the vocabulary size (0: not known yet); ``source`` names the
+    corpus the vocabulary came from."""
+    if cutoffs and vocab_size and cutoffs[-1] >= vocab_size:
+        raise ConfigError(
+            f"adaptive softmax cutoffs {cutoffs} do not fit the {vocab_size}-token vocabulary"
+            f"{f' of {source}' if source else ''}; pass --set cutoffs=... with values below {vocab_size}, or "
+            "cutoffs=[] for a plain softmax"
+        )

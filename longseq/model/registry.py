@@ -1,0 +1,86 @@
+"""The names a model config chooses, checked against the registries that implement them, and the options each
+choice reads.
+
+Every choice is owned by its implementation: attention patterns (:data:`~longseq.model.attention.patterns.PATTERNS`,
+a predicate and the parameters it reads), kernels (:data:`~longseq.model.attention.kernels.ATTENTION_KERNELS`, and
+``auto``), position encodings (:data:`~longseq.model.positions.POSITION_ENCODINGS`), mixers
+(:data:`~longseq.model.mixers.MIXERS`, and ``attention``, the decoder layer), compression functions
+(:data:`~longseq.model.memory.compress.COMPRESSION_FUNCTIONS`) and architectures (:data:`ARCHITECTURES`).
+A new one is registered once, where it is implemented; :func:`check_names` and :func:`ignored_options` read the
+registries."""
+
+from __future__ import annotations
+
+from longseq.config.base import ConfigError, check_choice, leaves
+from longseq.config.model import ModelConfig
+from longseq.model.attention.kernels import ATTENTION_KERNELS
+from longseq.model.attention.patterns import PATTERNS
+from longseq.model.layers import DecoderLayer
+from longseq.model.lstm import LSTMLM
+from longseq.model.memory.compress import COMPRESSION_FUNCTIONS
+from longseq.model.mixers import MIXERS
+from longseq.model.positions import POSITION_ENCODINGS
+from longseq.model.transformer import TransformerXLLM
+
+ARCHITECTURES = {"transformer": TransformerXLLM, "lstm": LSTMLM}
+LAYERS = ("attention", *MIXERS)  # what ``mixer`` may name for a layer
+
+
+def check_names(config: ModelConfig) -> None:
+    """Every name ``config`` chooses is registered; a :class:`ConfigError` names the field and the close matches."""
+    check_choice("arch", config.arch, tuple(ARCHITECTURES))
+    for name in config.pattern.attention:
+        check_choice("pattern.attention", name, tuple(PATTERNS))
+    check_choice("attn_impl", config.attn_impl, (*ATTENTION_KERNELS, "auto"))
+    check_choice("positions.pos", config.positions.pos, tuple(POSITION_ENCODINGS))
+    for name in config.mixer:
+        check_choice("mixer", name, LAYERS)
+    check_choice("memory.cmem_fn", config.memory.cmem_fn, tuple(COMPRESSION_FUNCTIONS))
+
+
+def ignored_options(config: ModelConfig, base: ModelConfig | None = None) -> list[str]:
+    """``path=value`` for every option set to other than in ``base`` (default: the defaults; the command line gives
+    the preset it started from) that the chosen architecture does not read (``arch=lstm`` with ``cmem_len``, a
+    pattern's ``window`` with full attention, the ssm's ``d_state`` in a stack without ssm layers): a run that sets
+    them trains something other than what it says."""
+    check_names(config)
+    defaults = leaves((base or ModelConfig(vocab_size=config.vocab_size)).to_dict())
+    unread = unread_options(config)
+    shown = lambda v: ",".join(map(str, v)) if isinstance(v, list) else str(v)  # noqa: E731
+    return [f"{path}={shown(value)}" for path, value in leaves(config.to_dict()).items()
+            if path in unread and defaults.get(path) != value]  # fmt: skip
+
+
+def unread_options(config: ModelConfig) -> set[str]:
+    """The option paths the architecture ``config`` describes does not read, by what each registered choice
+    declares it reads."""
+    every = set(leaves(config.to_dict()))
+    if config.arch == "lstm":
+        return every - {*LSTMLM.reads, "vocab_size", "arch"}
+    layers, unread = set(config.layer_mixers), set()
+    if "attention" not in layers:
+        unread |= {p for p in every if p.split(".")[0] in ("memory", "pattern", "positions")} | set(DecoderLayer.reads)
+    else:
+        used = {n for n, m in zip(config.layer_pattern_names, config.layer_mixers) if m == "attention"}
+        read = {parameter for name in used for parameter in PATTERNS[name].reads}
+        unread |= {f"pattern.{p}" for p in ("window", "dilation", "stride", "block_size", "block_summary",
+                                            "num_global", "num_random_blocks", "pattern_seed") if p not in read}  # fmt: skip
+        if not config.pattern.num_random_blocks:
+            unread.add("pattern.pattern_seed")
+        unread |= set(POSITION_ENCODINGS[config.positions.pos].unread)
+        m = config.memory
+        unread |= {path for path, on in (("memory.mem_quant_axis", m.mem_quant == "int8"),
+                   ("memory.cmem_fn", m.cmem_len > 0), ("memory.mem_tokens_bptt", m.mem_tokens > 0)) if not on}  # fmt: skip
+    read = {parameter for name in layers - {"attention"} for parameter in MIXERS[name].reads}
+    unread |= {f"mixers.{f}" for f in leaves(config.mixers.to_dict()) if f not in read}
+    if not config.hourglass.shorten_layers:
+        unread |= {"hourglass.shorten_factor", "hourglass.shorten_fn"}
+    return unread
+
+
+def build_model(config: ModelConfig):
+    """The language model a config describes: Transformer-XL (and its vanilla and Shaw variants) or the LSTM."""
+    if config.vocab_size < 1:
+        raise ConfigError("vocab_size is 0 (taken from the tokenizer in training): set it to build a model")
+    check_names(config)
+    return ARCHITECTURES[config.arch](config)

@@ -1,0 +1,48 @@
+"""Checkpoints of earlier formats, read as today's: the one place that knows them.
+
+Format v1 (written before the memory and the model config were redesigned, 2026-12-01) differs in three ways:
+
+* the model config is flat (every field of the memory, pattern, positions, mixers and hourglass sections at the
+  top of ``"model"``), which today's :class:`~longseq.config.model.ModelConfig` still reads;
+* two weights had other names: the compressors and the memory tokens (:data:`V1_WEIGHT_NAMES`);
+* a training state's memory tensors were named ``mems.i`` and ``state.i.j``.
+
+Each reader of a checkpoint passes what it read through the function here for its part; a v1 checkpoint then
+loads and scores what it scored (``tests/fixtures``, format v1 files)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+FORMAT_V1 = "longseq-checkpoint-v1"
+V1_WEIGHT_NAMES = {  # format v1 name prefix -> today's
+    "transformer.compressors.": "transformer.memory.policies.compression.compressors.",
+    "transformer.memory_tokens": "transformer.memory.policies.tokens.initial",
+}
+
+
+def is_v1(config: dict) -> bool:
+    return config.get("format") == FORMAT_V1
+
+
+def upgrade_weight_names(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A v1 checkpoint's weights under today's names."""
+    renamed = {}
+    for name, tensor in tensors.items():
+        for old, new in V1_WEIGHT_NAMES.items():
+            if name.startswith(old):
+                name = new + name[len(old) :]
+        renamed[name] = tensor
+    return renamed
+
+
+def upgrade_memory_names(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A v1 training state's memory tensors (``mems.i``, ``state.i.j``) under today's names (``memory.hidden.i``,
+    ``memory.state.i.j``); today's names pass unchanged."""
+
+    def name(old: str) -> str:
+        if old.startswith("mems."):
+            return "memory.hidden." + old.split(".", 1)[1]
+        return "memory." + old.split(".", 1)[1] if old.startswith("state.") else old
+
+    return {name(k): v for k, v in tensors.items()}
