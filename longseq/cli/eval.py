@@ -9,7 +9,11 @@ from functools import partial
 from longseq.cli.common import common_flags, device_flag, load_model, memory_lengths, overrides, read_corpus, say
 from longseq.config import EvalConfig, apply_overrides
 
-EPILOG = """override evaluation settings with --set key=value; keys: split tgt_len mem_len clamp_len same_length
+EPILOG = """reports loss (nats per token), ppl, bpc (byte and char tokenizers: bits per character), bpb (bits per
+UTF-8 byte of the scored text, any tokenizer; a word tokenizer's text is its words joined by single spaces, lines
+ended by a newline), tokens and bytes scored.
+
+override evaluation settings with --set key=value; keys: split tgt_len mem_len clamp_len same_length
 batch_size max_segments.  The paper evaluates with a longer memory than it trains with, e.g.
 --set tgt_len=64 mem_len=640 clamp_len=400 same_length=true for WikiText-103.
 
@@ -57,7 +61,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace):
-    """The checkpoint's model, the evaluation settings, the split's ids (and documents) and the bits unit."""
+    """The checkpoint's model, the evaluation settings, the split's ids (and documents), the bits unit, the share of
+    ``<unk>`` and the tokenizer."""
     from longseq.eval.evaluate import bits_unit
 
     if len(args.checkpoint) != 1:
@@ -80,6 +85,7 @@ def _load(args: argparse.Namespace):
         doc_ids,
         bits_unit(tokenizer.kind),
         ({} if unk is None else {"unk_rate": unk}),
+        tokenizer,
     )
 
 
@@ -111,7 +117,7 @@ def run(args: argparse.Namespace) -> dict:
         return run_recl(args)
     if args.plot and not (args.per_position or args.context_curve):
         raise ValueError("--plot draws --per-position or --context-curve; give one of them")
-    model, settings, run_config, ids, doc_ids, unit, unk = _load(args)
+    model, settings, run_config, ids, doc_ids, unit, unk, tokenizer = _load(args)
     ignored = [k for k in ("mem_len", "clamp_len", "same_length") if getattr(settings, k) is not None]
     if model.config.arch != "transformer" and ignored:
         raise ValueError(
@@ -137,12 +143,14 @@ def run(args: argparse.Namespace) -> dict:
             batch_size=batch_size,
             max_targets=settings.max_segments * tgt_len,
             bits_unit=unit,
+            tokenizer=tokenizer,
         )
         return {"split": settings.split, **metrics, **unk}
     metrics = evaluate(
         model, ids, batch_size=batch_size, tgt_len=settings.tgt_len or run_config.data.eval_tgt_len,
         mem_len=settings.mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length,
         max_segments=settings.max_segments, bits_unit=unit, progress=not args.quiet, doc_ids=doc_ids,
+        tokenizer=tokenizer,
     )  # fmt: skip
     return {"split": settings.split, **metrics, **unk}
 

@@ -140,6 +140,7 @@ class LanguageModeling(Task):
             model, valid, batch_size=min(d.eval_batch_size, max(1, len(valid) // 2)), tgt_len=d.eval_tgt_len,
             max_segments=self.run.train.eval_max_segments, bits_unit=self.unit, doc_ids=self._doc_ids("valid"),
             kv_memory=not sharded,  # the key/value cache projects W_R R outside the (sharded) layers
+            tokenizer=self.tokenizer,
         )  # fmt: skip
 
     def sample(self, model: nn.Module, step: int) -> tuple[str, str]:
