@@ -19,9 +19,10 @@ batch_size max_segments.  The paper evaluates with a longer memory than it train
 
 is the context used?  --per-position: mean loss at each position inside the segment with the memory (--set
 mem_len etc.) and with it cut to 0, over the segments after those that fill the memory (JSON: positions,
-loss_memory, loss_no_memory, nats).  --context-curve 0,64,128,256: loss with every token seeing exactly that
+loss_memory, loss_no_memory, unit: nats per token).  --context-curve 0,64,128,256: loss with every token seeing exactly that
 many positions (same_length; --set same_length=false lets the segment add to it; --set clamp_len=N clamps
-distances), JSON: contexts, loss (nats).  --plot FILE.png draws either."""
+distances), JSON: contexts, loss, unit (nats per token).  --plot FILE.png draws either, in nats per token with bits
+per token on a second axis."""
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> dict:
                 "--per-position and --context-curve need a model with a memory over one ordered stream: "
                 + ("this one has absolute positions" if not relative else "this run keeps documents apart")
             )
-        return run_evidence(args, model, settings, run_config, ids, unit, batch_size)
+        return run_evidence(args, model, settings, run_config, ids, batch_size)
     if not relative:  # the vanilla Transformer: sliding windows
         from longseq.eval.sliding import evaluate_sliding
 
@@ -155,8 +156,9 @@ def run(args: argparse.Namespace) -> dict:
     return {"split": settings.split, **metrics, **unk}
 
 
-def run_evidence(args, model, settings, run_config, ids, unit, batch_size) -> dict:
-    """``--per-position`` or ``--context-curve``: the numbers (nats), and the figure with ``--plot``."""
+def run_evidence(args, model, settings, run_config, ids, batch_size) -> dict:
+    """``--per-position`` or ``--context-curve``: the numbers (nats per token, ``"unit"`` says so), and the figure with
+    ``--plot`` (nats, with bits per token on a second axis)."""
     from longseq.diagnostics.plots import plot_context_curve, plot_per_position
     from longseq.eval.context import context_curve, per_position_losses
 
@@ -181,8 +183,8 @@ def run_evidence(args, model, settings, run_config, ids, unit, batch_size) -> di
         summary = {"train_mem_len": model.config.memory.mem_len}
         plot = partial(plot_context_curve, train_mem_len=model.config.memory.mem_len)
     out = {"split": settings.split, "tgt_len": tgt_len, **result, **summary}
-    if args.plot:
-        out["plot"] = plot(result, args.plot, bits=unit is not None)
+    if args.plot:  # drawn in the JSON's unit (nats per token), bits per token on the right
+        out["plot"] = plot(result, args.plot)
     return out
 
 
