@@ -59,6 +59,7 @@ class Task:
     name = ""
     options_type: type[JsonConfig] | None = None
     writes_samples = False  # whether :meth:`sample` is implemented (``TrainConfig.sample_interval``)
+    stored_defaults: dict = {}  # option values of stored runs that did not record them (made before a default changed)
 
     def __init__(self, run: RunConfig, tokenizer, log=None, base: nn.Module | None = None) -> None:
         self.run, self.tokenizer, self.base = run, tokenizer, base  # base: the LM a new fine-tuning run starts from

@@ -30,7 +30,7 @@ from longseq.config import ConfigError, ModelConfig, RunConfig
 from longseq.data.sources import file_sha256
 from longseq.data.tokenizers import Tokenizer, TokenizerError, tokenizer_from_dict
 from longseq.model import Memory, TransformerXLLM
-from longseq.tasks import task_for
+from longseq.tasks import stored_run, task_for
 
 FORMAT = "longseq-checkpoint-v2"
 FORMAT_V1 = "longseq-checkpoint-v1"  # before the redesign: a flat model config, other memory tensor names
@@ -278,7 +278,7 @@ def _read_config(directory: str) -> tuple[RunConfig, dict]:
             return RunConfig.from_dict({**run, "model": ModelConfig.of(**run["model"]).to_dict()}), config
         if config.get("format") != FORMAT:
             raise CheckpointError(f"{directory} has checkpoint format {config.get('format')!r}, expected {FORMAT!r}")
-        return RunConfig.from_dict(config["run"]), config
+        return stored_run(RunConfig.from_dict(config["run"])), config
     except (json.JSONDecodeError, KeyError, AttributeError, ConfigError) as exc:
         raise CheckpointError(f"checkpoint {directory} has an invalid config.json: {exc}") from None
 
