@@ -220,6 +220,15 @@ def test_data_prepare_reports_files_bytes_and_tokens_off_a_terminal(tmp_path, ca
     assert main(["data", "prepare", "--data", str(corpus), "--tokenizer", "char", "--out", str(tmp_path / "q"),
                  "--json", "--quiet"]) == 0  # fmt: skip
     assert "encode" not in capsys.readouterr().err
+    layout = tmp_path / "layout"  # a word vocabulary is fitted on the training file alone: the meter counts that one
+    layout.mkdir()
+    for split, lines in (("train", 400), ("valid", 50), ("test", 50)):
+        (layout / f"{split}.txt").write_text("hello world\n" * lines)
+    assert main(["data", "prepare", "--data", str(layout), "--tokenizer", "word", "--out", str(tmp_path / "w")]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "fit word: 4.8 kB of 4.8 kB (100%) | files 1/1" in err and "encode: 6.0 kB of 6.0 kB (100%) | files 3/3" in err
+    )
 
 
 def test_generate_ends_its_line(tmp_path, capsys):

@@ -81,8 +81,9 @@ class _Reader:
     plain lines on stderr elsewhere: :class:`~longseq.progress.Meter`) over their bytes, files and the tokens
     written."""
 
-    def __init__(self, source: Source, desc: str, progress: bool) -> None:
-        self.paths = list(source.files.values()) if isinstance(source.files, dict) else list(source.files)
+    def __init__(self, source: Source, desc: str, progress: bool, splits: tuple[str, ...] = SPLITS) -> None:
+        """``splits``: the files of a layout this pass reads (the meter's total; a single stream reads all)."""
+        self.paths = [source.files[s] for s in splits] if isinstance(source.files, dict) else list(source.files)
         self.total = sum(os.path.getsize(p) for p in self.paths)
         self.stream_bytes = self.total + (len(self.paths) - 1 if source.kind == "documents" else 0)  # with the joins
         self.meter = Meter(self.total, desc, unit="B", enabled=progress, totals={"files": len(self.paths)})
@@ -137,10 +138,11 @@ def fit_tokenizer(source: Source, spec: str, vocab_size: int, lowercase: bool, p
         return ByteTokenizer()
     if is_tokenizer_path(spec):
         return load_tokenizer(spec)
-    reader = _Reader(source, f"fit {spec}", progress)
+    splits = SPLITS if spec == "char" else ("train",)
+    reader = _Reader(source, f"fit {spec}", progress, splits)
     try:
         if source.kind == "layout":
-            texts = [reader.text_blocks(source.files[s]) for s in (SPLITS if spec == "char" else ("train",))]
+            texts = [reader.text_blocks(source.files[s]) for s in splits]
             blocks = (block for text in texts for block in text)
         else:
             blocks = reader.stream_blocks(source.files, text=True)
