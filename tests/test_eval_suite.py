@@ -83,7 +83,7 @@ def test_diagnostics_write_what_they_promise(tmp_path):
     assert {"attention_layer0.png", "attention_layer1.png", "attention_layer2.png"} <= names
     assert {"entropy.png", "distance.png", "grad_norms.png", "report.md", "report.json"} <= names
     saved = json.loads((tmp_path / "report.json").read_text())
-    assert np.array(saved["entropy"]).shape == (3, 2)  # layers x heads
+    assert np.array(saved["entropy_bits"]).shape == (3, 2)  # layers x heads
     assert len(saved["grad_norms"]) == 3 and all(g > 0 for g in saved["grad_norms"])
     assert saved["mem_len"] == 6 and report["warnings"] == []
     for mass in saved["mass_by_distance"]:
@@ -108,7 +108,7 @@ def test_diagnose_reads_the_attention_layers_of_a_hybrid_stack_by_their_own_inde
     ids = np.random.default_rng(2).integers(0, 30, 400)
     report = diagnose(model, ids, str(tmp_path), tgt_len=8, warmup=2, batch_size=2)
     assert report["layers"] == 4 and report["attention_layers"] == [1, 3]
-    assert np.array(report["entropy"]).shape == np.array(report["memory_share"]).shape == (2, 2)
+    assert np.array(report["entropy_bits"]).shape == np.array(report["memory_share"]).shape == (2, 2)
     collapsed = {w.split(" head")[0] for w in report["warnings"] if "collapsed" in w}
     assert collapsed == {"layer 1", "layer 3"}
     names = set(os.listdir(tmp_path))

@@ -4,7 +4,9 @@
     longseq data prepare --data PATH --tokenizer byte|char|word|bpe|FILE.json [--vocab-size 8192] --out DIR
     longseq data listops --out DIR [--seed N] [--train 2000 --valid 200 --test 200]
 
-``longseq train --data DIR`` and ``longseq eval --data DIR`` then read DIR by memory map.
+``longseq train --data DIR`` and ``longseq eval --data DIR`` then read DIR by memory map.  ``prepare`` reports its
+progress on stderr (bytes and files read, tokens written): a bar on a terminal, a plain line every 30 seconds
+elsewhere (a log, CI, nohup); ``--quiet``: none.
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ from longseq.cli.common import common_flags, refuse_vocab_size
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("data", help="prepare a corpus (tokenize once, read by memory map) or generate task data")
+    p = sub.add_parser(
+        "data",
+        help="prepare a corpus (tokenize once, read by memory map) or generate task data",
+        description="prepare: tokenize a corpus once into --out (progress on stderr: a bar on a terminal, plain "
+        "lines elsewhere, none with --quiet); listops: generate LRA ListOps JSONL into --out",
+    )
     p.add_argument("kind", choices=["prepare", "listops"])
     p.add_argument("--out", required=True, help="the directory to write")
     prepare = p.add_argument_group("prepare")

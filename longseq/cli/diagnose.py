@@ -10,7 +10,10 @@ from longseq.cli.common import common_flags, device_flag, load_model, memory_len
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
-        "diagnose", help="attention maps, entropy, memory share, gradient norms, loss by position, context curve"
+        "diagnose",
+        help="attention maps, entropy, memory share, gradient norms, loss by position, context curve",
+        description="Writes PNG plots, report.md and report.json into --out.  Units: attention entropy in bits "
+        "(entropy_bits), losses in nats per token; the JSON names the unit of every number under 'units'.",
     )
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--data", help="corpus (default: the checkpoint's)")
@@ -44,12 +47,17 @@ def run(args: argparse.Namespace) -> dict:
         say(f"warning: {warning}")
     keep = ("layers", "attention_layers", "heads", "tgt_len", "mem_len", "loss", "memory_share", "grad_norms")
     keep += ("warnings", "files")
-    result = {"out": args.out, **{k: report[k] for k in keep}}
+    result = {"out": args.out, **{k: report[k] for k in keep}, "entropy_bits": report["entropy_bits"]}
     if "per_position" in report:
         pp, curve = report["per_position"], report["context_curve"]
         result["loss_memory_mean"] = sum(pp["loss_memory"]) / len(pp["loss_memory"])
         result["loss_no_memory_mean"] = sum(pp["loss_no_memory"]) / len(pp["loss_no_memory"])
         result["context_curve"] = {"contexts": curve["contexts"], "loss": curve["loss"]}
+    shown = {k: v for k, v in report["units"].items() if k in result}
+    result["units"] = {
+        **shown,
+        **{k: "nats per token" for k in ("loss_memory_mean", "loss_no_memory_mean") if k in result},
+    }
     return result
 
 

@@ -9,15 +9,20 @@ from functools import partial
 from longseq.cli.common import common_flags, device_flag, load_model, memory_lengths, overrides, read_corpus, say
 from longseq.config import EvalConfig, apply_overrides
 
-EPILOG = """override evaluation settings with --set key=value; keys: split tgt_len mem_len clamp_len same_length
+EPILOG = """reports loss (nats per token), ppl, bpc (byte and char tokenizers: bits per character), bpb (bits per
+UTF-8 byte of the scored text, any tokenizer; a word tokenizer's text is its words joined by single spaces, lines
+ended by a newline), tokens and bytes scored.
+
+override evaluation settings with --set key=value; keys: split tgt_len mem_len clamp_len same_length
 batch_size max_segments.  The paper evaluates with a longer memory than it trains with, e.g.
 --set tgt_len=64 mem_len=640 clamp_len=400 same_length=true for WikiText-103.
 
 is the context used?  --per-position: mean loss at each position inside the segment with the memory (--set
 mem_len etc.) and with it cut to 0, over the segments after those that fill the memory (JSON: positions,
-loss_memory, loss_no_memory, nats).  --context-curve 0,64,128,256: loss with every token seeing exactly that
+loss_memory, loss_no_memory, unit: nats per token).  --context-curve 0,64,128,256: loss with every token seeing exactly that
 many positions (same_length; --set same_length=false lets the segment add to it; --set clamp_len=N clamps
-distances), JSON: contexts, loss (nats).  --plot FILE.png draws either."""
+distances), JSON: contexts, loss, unit (nats per token).  --plot FILE.png draws either, in nats per token with bits
+per token on a second axis."""
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -57,7 +62,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace):
-    """The checkpoint's model, the evaluation settings, the split's ids (and documents) and the bits unit."""
+    """The checkpoint's model, the evaluation settings, the split's ids (and documents), the bits unit, the share of
+    ``<unk>`` and the tokenizer."""
     from longseq.eval.evaluate import bits_unit
 
     if len(args.checkpoint) != 1:
@@ -80,6 +86,7 @@ def _load(args: argparse.Namespace):
         doc_ids,
         bits_unit(tokenizer.kind),
         ({} if unk is None else {"unk_rate": unk}),
+        tokenizer,
     )
 
 
@@ -111,7 +118,7 @@ def run(args: argparse.Namespace) -> dict:
         return run_recl(args)
     if args.plot and not (args.per_position or args.context_curve):
         raise ValueError("--plot draws --per-position or --context-curve; give one of them")
-    model, settings, run_config, ids, doc_ids, unit, unk = _load(args)
+    model, settings, run_config, ids, doc_ids, unit, unk, tokenizer = _load(args)
     ignored = [k for k in ("mem_len", "clamp_len", "same_length") if getattr(settings, k) is not None]
     if model.config.arch != "transformer" and ignored:
         raise ValueError(
@@ -125,7 +132,7 @@ def run(args: argparse.Namespace) -> dict:
                 "--per-position and --context-curve need a model with a memory over one ordered stream: "
                 + ("this one has absolute positions" if not relative else "this run keeps documents apart")
             )
-        return run_evidence(args, model, settings, run_config, ids, unit, batch_size)
+        return run_evidence(args, model, settings, run_config, ids, batch_size)
     if not relative:  # the vanilla Transformer: sliding windows
         from longseq.eval.sliding import evaluate_sliding
 
@@ -137,18 +144,21 @@ def run(args: argparse.Namespace) -> dict:
             batch_size=batch_size,
             max_targets=settings.max_segments * tgt_len,
             bits_unit=unit,
+            tokenizer=tokenizer,
         )
         return {"split": settings.split, **metrics, **unk}
     metrics = evaluate(
         model, ids, batch_size=batch_size, tgt_len=settings.tgt_len or run_config.data.eval_tgt_len,
         mem_len=settings.mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length,
         max_segments=settings.max_segments, bits_unit=unit, progress=not args.quiet, doc_ids=doc_ids,
+        tokenizer=tokenizer,
     )  # fmt: skip
     return {"split": settings.split, **metrics, **unk}
 
 
-def run_evidence(args, model, settings, run_config, ids, unit, batch_size) -> dict:
-    """``--per-position`` or ``--context-curve``: the numbers (nats), and the figure with ``--plot``."""
+def run_evidence(args, model, settings, run_config, ids, batch_size) -> dict:
+    """``--per-position`` or ``--context-curve``: the numbers (nats per token, ``"unit"`` says so), and the figure with
+    ``--plot`` (nats, with bits per token on a second axis)."""
     from longseq.diagnostics.plots import plot_context_curve, plot_per_position
     from longseq.eval.context import context_curve, per_position_losses
 
@@ -173,8 +183,8 @@ def run_evidence(args, model, settings, run_config, ids, unit, batch_size) -> di
         summary = {"train_mem_len": model.config.memory.mem_len}
         plot = partial(plot_context_curve, train_mem_len=model.config.memory.mem_len)
     out = {"split": settings.split, "tgt_len": tgt_len, **result, **summary}
-    if args.plot:
-        out["plot"] = plot(result, args.plot, bits=unit is not None)
+    if args.plot:  # drawn in the JSON's unit (nats per token), bits per token on the right
+        out["plot"] = plot(result, args.plot)
     return out
 
 

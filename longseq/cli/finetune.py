@@ -35,7 +35,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--pooling",
         choices=["last", "mean", "document"],
-        help="classify: last position (default), mean of the final segment, or mean of the document",
+        help="classify: mean of the whole document (default: every segment trains), last position, or mean of the "
+        "final segment (with a stop-gradient memory, last and mean train only the final segment)",
     )
     p.add_argument("--lm-weight", type=float, help="classify: lambda of the joint LM loss (default 0)")
     p.add_argument("--max-answer-len", type=int, help="span: longest answer in tokens (default 64)")

@@ -1,7 +1,8 @@
 """``longseq generate``: sample a continuation of a prompt with the recurrence memory.
 
-Tokens are printed as they are drawn (flushed), so an interrupted run keeps what it sampled; ``--json`` prints one
-object at the end (also when interrupted, with ``"interrupted": true``)."""
+Tokens are printed as they are drawn (flushed), so an interrupted run keeps what it sampled, and the text ends with
+a newline (one is added unless it ends with one), so a shell prompt or the next command's output starts on a line of
+its own; ``--json`` prints one object at the end (also when interrupted, with ``"interrupted": true``)."""
 
 from __future__ import annotations
 
@@ -105,8 +106,8 @@ def run(args: argparse.Namespace) -> dict:
     result = {"prompt": args.prompt, "text": stream.text, "tokens": count, "tokens_per_s": count / max(elapsed, 1e-9)}
     if args.json:
         print(json.dumps({**result, **({"interrupted": True} if interrupted else {})}, sort_keys=True), flush=True)
-    else:
-        print(tail, flush=True)
+    else:  # the streamed text ends its line
+        print(tail, end="" if (args.prompt + stream.text).endswith("\n") else "\n", flush=True)
     if interrupted:
         raise KeyboardInterrupt
     return {}  # the result is printed above, as it streamed

@@ -11,7 +11,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="training curves of runs against step and wall time")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR")
     p.add_argument("--out", required=True, help="PNG file")
-    p.add_argument("--bits", action="store_true", help="plot bits per token instead of nats")
+    p.add_argument(
+        "--bits",
+        action="store_true",
+        help="draw the loss in bits per token (default: nats per token); the other unit is on the right axis",
+    )
     return common_flags(p)
 
 

@@ -20,6 +20,11 @@ memory.mem_len, when a name is ambiguous); lists as comma lists or JSON, e.g. --
 keys include: max_steps batch_size tgt_len mem_len n_layer d_model n_head d_head d_inner lr dropout
 dropatt clamp_len same_length pre_lnorm cutoffs div_val untie_r warmup_steps schedule clip grad_accum
 attention window dilation pos optimizer layer_lr_decay precision activation_checkpointing nan_patience keep_last.
+time budget: --set max_time_s=3600 stops at the first step boundary after an hour of training (whichever of
+max_steps and max_time_s comes first), validates and saves; --resume --set max_time_s=7200 continues it (the
+time counts across resumes).  progress: a bar on a terminal; elsewhere (a log, CI, nohup) a line every
+progress_interval_s=30 seconds with step, loss, lr, tokens/s and the ETA.  samples while training:
+--set sample_interval=500 sample_tokens=200 sample_prompt="ROMEO:" sample_temperature=0.8 (0: greedy).
 data parallel: torchrun --nproc_per_node N -m longseq train ..."""
 
 
@@ -125,8 +130,12 @@ def run(args: argparse.Namespace) -> dict:
         "best_valid_loss": result.best_valid_loss,
         "tokens": result.tokens,
         "tokens_per_s": result.tokens_per_s,
+        "elapsed_s": result.elapsed_s,
+        "stopped_on_time": result.stopped_on_time,
         "checkpoint": os.path.join(out, "best"),
     }
+    if "bpb" in result.valid:
+        summary["bpb"] = result.valid["bpb"]
     if "bpc" in result.valid:
         summary["bpc"] = result.valid["bpc"]
         summary["unigram_bpc"] = result.unigram_bpc

@@ -27,6 +27,11 @@ def check_run(run: RunConfig, world_size: int = 1, source: str | None = None) ->
     if t.parallel == "fsdp" and world_size > 1:
         check(t.precision != "fp16", "precision=fp16 is not supported with parallel=fsdp yet; use precision=bf16")
         check(
+            not t.sample_interval,
+            "sample_interval with parallel=fsdp is not supported: rank 0 alone cannot run a sharded model; set "
+            "sample_interval=0 or use parallel=ddp",
+        )
+        check(
             not m.cutoffs,
             "parallel=fsdp with the adaptive softmax (cutoffs) is not supported yet: a rank whose batch has no token of a "
             "tail cluster leaves that cluster without a gradient; use cutoffs=[] or parallel=ddp",

@@ -67,6 +67,22 @@ class TrainConfig(JsonConfig):
     (0: off), and at the first step boundary ``save_every_s`` seconds after the previous save (default 600: a
     SIGKILL loses at most ten minutes; 0: off), and when SIGINT, SIGTERM or SIGHUP asks the run to stop.
 
+    Time budget: with ``max_time_s`` > 0 the run also ends at the first step boundary once its training wall time
+    reaches ``max_time_s`` seconds, whichever of ``max_steps`` and ``max_time_s`` comes first: it validates (so
+    ``best/`` is right), saves ``last/`` and says that it stopped on time at step N.  The time counted is the run's,
+    across resumes (``elapsed_s`` in ``metrics.jsonl``, which a resume continues), as ``max_steps`` counts the
+    run's steps: a run resumed with the budget it reached stops at once, one resumed with a larger budget (or
+    only a larger ``max_steps``, when it ended on steps) continues exactly.  Time decides only where a run stops,
+    never which batches or random numbers it uses.
+
+    Progress: on a terminal a bar; elsewhere (a log, CI, a notebook, nohup) a plain line on the run's log after
+    the first step, then at most every ``progress_interval_s`` seconds (0: none): step, loss, learning rate,
+    tokens/s, elapsed time and the ETA (from the speed measured in this session; with ``max_time_s``, the
+    earlier end).  Samples (language modeling only): every ``sample_interval`` steps (0: never) the run prints
+    ``sample_tokens`` tokens the model writes after ``sample_prompt`` (empty: the first 16 tokens of the validation
+    text) at ``sample_temperature`` (0: greedy), drawn from a generator of their own (seeded by ``seed`` and the
+    step), so a run with samples trains exactly as one without.
+
     ``optimizer``: adamw or lamb; ``layer_lr_decay`` < 1 scales each layer's learning rate by decay^(depth from the
     top).  ``precision``: fp32, bf16 (autocast, CPU or GPU) or fp16 (autocast with dynamic loss scaling;
     on CPU it runs, slowly, for testing); attention logits, softmax and the loss stay in float32.  ``activation_checkpointing`` = k recomputes
@@ -94,6 +110,12 @@ class TrainConfig(JsonConfig):
     log_interval: int = 20
     save_interval: int = 0
     save_every_s: float = 600.0
+    max_time_s: float = 0.0
+    progress_interval_s: float = 30.0
+    sample_interval: int = 0
+    sample_tokens: int = 100
+    sample_prompt: str = ""
+    sample_temperature: float = 0.8
     mem_len_start: int = -1
     mem_len_warmup_steps: int = 0
     mem_len_warmup_frac: float = 0.0
@@ -149,7 +171,16 @@ class TrainConfig(JsonConfig):
             not (self.mem_len_warmup_frac and self.mem_len_warmup_steps),
             "set one of TrainConfig.mem_len_warmup_steps and mem_len_warmup_frac, not both",
         )
-        check(self.save_every_s >= 0, f"TrainConfig.save_every_s must be >= 0 (0 disables), got {self.save_every_s}")
+        for name in ("save_every_s", "max_time_s", "progress_interval_s"):
+            check(getattr(self, name) >= 0, f"TrainConfig.{name} must be >= 0 (0 disables), got {getattr(self, name)}")
+        check(
+            self.sample_interval >= 0, f"TrainConfig.sample_interval must be >= 0 (0: off), got {self.sample_interval}"
+        )
+        check(self.sample_tokens >= 1, f"TrainConfig.sample_tokens must be >= 1, got {self.sample_tokens}")
+        check(
+            self.sample_temperature >= 0,
+            f"TrainConfig.sample_temperature must be >= 0 (0: greedy), got {self.sample_temperature}",
+        )
         for name in ("warmup_steps", "eval_max_segments", "save_interval"):
             check(getattr(self, name) >= 0, f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("grad_accum", "eval_interval", "log_interval"):

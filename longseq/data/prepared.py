@@ -35,7 +35,6 @@ import time
 from collections.abc import Iterable, Iterator
 
 import numpy as np
-from tqdm import tqdm
 
 from longseq.data.sources import (
     PREPARED_INDEX,
@@ -68,6 +67,7 @@ from longseq.data.tokenizers import (
     load_tokenizer,
     train_bpe,
 )
+from longseq.progress import Meter
 
 FORMAT = "longseq-prepared-v1"
 BLOCK_BYTES = 1 << 22  # the text is read 4 MiB at a time
@@ -77,13 +77,16 @@ DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}  # little-endian
 
 
 class _Reader:
-    """Reads the source files in blocks behind one progress bar over their bytes, hashing what it reads."""
+    """Reads the source files in blocks, hashing what it reads, behind one progress meter (a bar on a terminal,
+    plain lines on stderr elsewhere: :class:`~longseq.progress.Meter`) over their bytes, files and the tokens
+    written."""
 
-    def __init__(self, source: Source, desc: str, progress: bool) -> None:
-        self.paths = list(source.files.values()) if isinstance(source.files, dict) else list(source.files)
+    def __init__(self, source: Source, desc: str, progress: bool, splits: tuple[str, ...] = SPLITS) -> None:
+        """``splits``: the files of a layout this pass reads (the meter's total; a single stream reads all)."""
+        self.paths = [source.files[s] for s in splits] if isinstance(source.files, dict) else list(source.files)
         self.total = sum(os.path.getsize(p) for p in self.paths)
         self.stream_bytes = self.total + (len(self.paths) - 1 if source.kind == "documents" else 0)  # with the joins
-        self.bar = tqdm(total=self.total, desc=desc, unit="B", unit_scale=True, disable=not progress or None)
+        self.meter = Meter(self.total, desc, unit="B", enabled=progress, totals={"files": len(self.paths)})
         self.digests: dict = {}
 
     def bytes_blocks(self, path: str) -> Iterator[bytes]:
@@ -92,8 +95,9 @@ class _Reader:
             with open(path, "rb") as f:
                 while block := f.read(BLOCK_BYTES):
                     digest.update(block)
-                    self.bar.update(len(block))
+                    self.meter.update(len(block))
                     yield block
+            self.meter.count("files", 1)
         except OSError as exc:
             raise CorpusError(f"cannot read {path}: {exc.strerror}") from None
 
@@ -124,7 +128,7 @@ class _Reader:
         return {path: digest.hexdigest() for path, digest in self.digests.items()}
 
     def close(self) -> None:
-        self.bar.close()
+        self.meter.close()
 
 
 def fit_tokenizer(source: Source, spec: str, vocab_size: int, lowercase: bool, progress: bool) -> Tokenizer:
@@ -134,10 +138,11 @@ def fit_tokenizer(source: Source, spec: str, vocab_size: int, lowercase: bool, p
         return ByteTokenizer()
     if is_tokenizer_path(spec):
         return load_tokenizer(spec)
-    reader = _Reader(source, f"fit {spec}", progress)
+    splits = SPLITS if spec == "char" else ("train",)
+    reader = _Reader(source, f"fit {spec}", progress, splits)
     try:
         if source.kind == "layout":
-            texts = [reader.text_blocks(source.files[s]) for s in (SPLITS if spec == "char" else ("train",))]
+            texts = [reader.text_blocks(source.files[s]) for s in splits]
             blocks = (block for text in texts for block in text)
         else:
             blocks = reader.stream_blocks(source.files, text=True)
@@ -235,10 +240,11 @@ def _encode_chars(tokenizer: Tokenizer, blocks: Iterable[str], path: str) -> Ite
 
 
 class _TokenFile:
-    """A .bin file written incrementally; every id is checked against the vocabulary."""
+    """A .bin file written incrementally; every id is checked against the vocabulary; ``meter`` counts the
+    tokens written."""
 
-    def __init__(self, path: str, dtype: np.dtype, vocab_size: int) -> None:
-        self.path, self.dtype, self.vocab_size, self.tokens = path, dtype, vocab_size, 0
+    def __init__(self, path: str, dtype: np.dtype, vocab_size: int, meter: Meter | None = None) -> None:
+        self.path, self.dtype, self.vocab_size, self.tokens, self.meter = path, dtype, vocab_size, 0, meter
         self.file = open(path, "wb")
 
     def write(self, ids: np.ndarray) -> None:
@@ -246,6 +252,8 @@ class _TokenFile:
             raise TokenizerError(f"the tokenizer produced an id outside its {self.vocab_size}-token vocabulary")
         self.file.write(ids.astype(self.dtype).tobytes())
         self.tokens += len(ids)
+        if self.meter is not None:
+            self.meter.count("tokens", len(ids))
 
     def close(self) -> None:
         self.file.flush()
@@ -292,13 +300,13 @@ def _encode_source(source: Source, tokenizer: Tokenizer, tmp: str, dtype, progre
         if source.kind == "layout":
             spans, offset = {}, 0
             for split in SPLITS:
-                out = _TokenFile(os.path.join(tmp, f"{split}.bin"), dtype, tokenizer.vocab_size)
+                out = _TokenFile(os.path.join(tmp, f"{split}.bin"), dtype, tokenizer.vocab_size, reader.meter)
                 write_stream(tokenizer, reader, [source.files[split]], out)
                 out.close()
                 spans[split], offset = (offset, out.tokens), offset + out.tokens
             counts = _counts(os.path.join(tmp, "train.bin"), dtype, spans["train"][1], tokenizer) if unordered else None
             return spans, None, reader.hashes(), counts
-        out = _TokenFile(os.path.join(tmp, "all.bin"), dtype, tokenizer.vocab_size)
+        out = _TokenFile(os.path.join(tmp, "all.bin"), dtype, tokenizer.vocab_size, reader.meter)
         mark = _TrainingMark(reader.stream_bytes)
         per_doc = write_stream(tokenizer, reader, list(source.files), out, mark)
         out.close()

@@ -11,6 +11,14 @@
 
 A tokenizer is named by a *spec*: ``byte``, ``char``, ``word``, ``bpe``, or the path of a tokenizer file
 (ours, or an HF ``tokenizer.json``); see :func:`build_tokenizer`.
+
+Bytes of a text, for bits per byte (:meth:`Tokenizer.text_bytes`): the UTF-8 bytes of the text the ids stand
+for.  A byte is one byte, a character its UTF-8 length, a byte-level BPE token the bytes it decodes to, so the
+ids of a file count its bytes exactly.  A word tokenizer keeps words and line ends but not the spacing between
+them: its text is each line's words joined by one space, ended by a newline (``<eos>``), which is the file's
+bytes when the file is written so (and a few bytes a line fewer than PTB's and WikiText's files, which pad each
+line with spaces: bits per byte come out a little higher, never flattered).  Each word counts its bytes and the
+space before it when a word precedes it; ``<eos>`` counts 1.
 """
 
 from __future__ import annotations
@@ -53,6 +61,18 @@ class Tokenizer:
         """The character span [start, end) in ``text`` of every token ``encode(text)`` gives: (n, 2)."""
         raise NotImplementedError
 
+    def byte_lengths(self) -> np.ndarray:
+        """The UTF-8 bytes of the text every id stands for, (vocab_size,) int64 (see the module docstring)."""
+        raise NotImplementedError
+
+    def text_bytes(self, ids, previous=None) -> int:
+        """The UTF-8 bytes of the text ``ids`` stand for: any shape with ``previous`` (the same shape: the id before
+        each one, which a word tokenizer reads for the space between two words), else one sequence."""
+        table = getattr(self, "_byte_table", None)
+        if table is None:
+            table = self._byte_table = self.byte_lengths()
+        return int(table[np.asarray(ids, dtype=np.int64)].sum())
+
     def to_dict(self) -> dict:
         raise NotImplementedError
 
@@ -78,6 +98,9 @@ class ByteTokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+    def byte_lengths(self) -> np.ndarray:
+        return np.ones(256, dtype=np.int64)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind}
@@ -135,6 +158,9 @@ class CharTokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(self.chars[int(i)] for i in ids)
+
+    def byte_lengths(self) -> np.ndarray:
+        return np.asarray([len(ch.encode("utf-8", errors="surrogatepass")) for ch in self.chars], dtype=np.int64)
 
     def offsets(self, text: str) -> np.ndarray:
         return np.stack([np.arange(len(text)), np.arange(1, len(text) + 1)], axis=1).astype(np.int64).reshape(-1, 2)
@@ -195,6 +221,21 @@ class WordTokenizer(Tokenizer):
             word = self.words[int(i)]
             out.append("\n" if word == EOS else word + " ")
         return "".join(out)
+
+    def byte_lengths(self) -> np.ndarray:
+        """A word's UTF-8 bytes, ``<eos>`` 1 (the newline); :meth:`text_bytes` adds the spaces between words."""
+        return np.asarray([1 if w == EOS else len(w.encode("utf-8", errors="surrogatepass")) for w in self.words],
+                          dtype=np.int64)  # fmt: skip
+
+    def text_bytes(self, ids, previous=None) -> int:
+        """The bytes of the words and line ends, and one space before every word that follows a word.  Without
+        ``previous``, ``ids`` is one sequence whose first word has no word before it."""
+        ids, eos = np.asarray(ids, dtype=np.int64), self.index[EOS]
+        if previous is None:
+            ids = ids.reshape(-1)
+            previous = np.concatenate([[eos], ids[:-1]])
+        spaces = np.count_nonzero((ids != eos) & (np.asarray(previous, dtype=np.int64) != eos))
+        return super().text_bytes(ids) + int(spaces)
 
     def offsets(self, text: str) -> np.ndarray:
         spans, start = [], 0
@@ -298,6 +339,24 @@ class BPETokenizer(Tokenizer):
         if bad.size:
             raise TokenizerError(f"id {int(bad[0])} is outside the {self.vocab_size}-token vocabulary")
         return self.hf.decode(self.order[ids].tolist(), skip_special_tokens=False)
+
+    def byte_lengths(self) -> np.ndarray:
+        """The bytes each token decodes to: a byte-level token's symbols are one byte each (the library's ByteLevel
+        alphabet); an added token, or a token of a file without a ByteLevel decoder, counts the UTF-8 bytes of
+        its own decoding."""
+        byte_level = (json.loads(self.hf_json).get("decoder") or {}).get("type") == "ByteLevel"
+        alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+        added = self.hf.get_added_tokens_decoder()
+        lengths = np.zeros(len(self.order), dtype=np.int64)
+        for ours, library in enumerate(self.order.tolist()):
+            token = self.hf.id_to_token(library)
+            if token is None:
+                continue  # an id the file leaves unused
+            if byte_level and library not in added and set(token) <= alphabet:
+                lengths[ours] = len(token)
+            else:
+                lengths[ours] = len(self.hf.decode([library], skip_special_tokens=False).encode("utf-8"))
+        return lengths
 
     def to_dict(self) -> dict:
         data = {"kind": self.kind, "tokenizer": json.loads(self.hf_json)}

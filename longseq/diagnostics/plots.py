@@ -1,4 +1,9 @@
-"""``longseq plot``: training curves of several runs on one figure, against step and against wall time."""
+"""``longseq plot``: training curves of several runs on one figure, against step and against wall time; and the
+figures of ``longseq eval --per-position/--context-curve --plot`` and ``longseq diagnose``.
+
+Every figure is laid out so that its labels lie inside it, names its unit on its axes (losses in nats per token,
+as the JSON holds them, with bits per token on a second axis, or the other way round with ``bits``), and counts
+integer quantities (steps, positions, memory lengths) with integer ticks."""
 
 from __future__ import annotations
 
@@ -51,14 +56,35 @@ def plot_runs(run_dirs: list[str], out_path: str, *, bits: bool = False) -> dict
             if timed:
                 by_time.plot(*zip(*timed), style, color=line.get_color(), label=f"{name} {kind}", markersize=3)
         summary[name] = {k: len(v[0]) for k, v in series.items()}
-    unit = "bits per token" if bits else "loss (nats)"
     by_step.set_xlabel("step")
+    by_step.xaxis.set_major_locator(_integers())
     by_time.set_xlabel("wall time (s)")
     for ax in (by_step, by_time):
-        ax.set_ylabel(unit)
+        _loss_axes(ax, bits)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    return {"out": _save_figure(plt, fig, out_path), "runs": summary}
+    return {"out": _save_figure(plt, fig, out_path), "runs": summary, "unit": _unit(bits)}
+
+
+def _unit(bits: bool) -> str:
+    return "bits per token" if bits else "nats per token"
+
+
+def _integers():
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
+
+
+def _loss_axes(ax, bits: bool) -> None:
+    """The y axis in the unit drawn (``bits`` per token, else nats), the other unit on a second axis at the right."""
+    ln2 = math.log(2)
+    ax.set_ylabel(f"loss ({_unit(bits)})")
+    to_other = (lambda v: v * ln2, lambda v: v / ln2) if bits else (lambda v: v / ln2, lambda v: v * ln2)
+    other = ax.secondary_yaxis("right", functions=to_other)
+    other.set_ylabel(_unit(not bits))
+    for axes in (ax, other):  # plain values: no "1e-5+3.406" offset above the axis, over the title
+        axes.ticklabel_format(axis="y", useOffset=False)
 
 
 def _pyplot():
@@ -77,14 +103,15 @@ def _save_figure(plt, fig, out_path: str) -> str:
         out_path += ".png"
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    fig.savefig(out_path, dpi=100)
+    fig.savefig(out_path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return out_path
 
 
 def plot_per_position(result: dict, out_path: str, *, bits: bool = False, title: str | None = None) -> str:
-    """The result of :func:`longseq.eval.context.per_position_losses` as one figure: loss at each position inside
-    the segment with the memory and with it cut to 0 (context fragmentation and its cure)."""
+    """The result of :func:`longseq.eval.context.per_position_losses` (nats) as one figure: loss at each position
+    inside the segment with the memory and with it cut to 0 (context fragmentation and its cure); drawn in nats
+    per token, or bits per token with ``bits``, the other unit on the right."""
     plt = _pyplot()
     scale = 1 / math.log(2) if bits else 1.0
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
@@ -92,7 +119,8 @@ def plot_per_position(result: dict, out_path: str, *, bits: bool = False, title:
     ax.plot(positions, [v * scale for v in result["loss_memory"]], "-", label="with memory")
     ax.plot(positions, [v * scale for v in result["loss_no_memory"]], "--", label="memory cut to 0")
     ax.set_xlabel("position inside the segment")
-    ax.set_ylabel("bits per token" if bits else "loss (nats)")
+    ax.xaxis.set_major_locator(_integers())
+    _loss_axes(ax, bits)
     scored = f"{result.get('segments', '?')} segments per stream scored, the first {result.get('skip_segments', '?')} skipped"
     ax.set_title(title or f"loss by position ({scored})", fontsize=10)
     ax.legend()
@@ -103,8 +131,8 @@ def plot_per_position(result: dict, out_path: str, *, bits: bool = False, title:
 def plot_context_curve(
     result: dict, out_path: str, *, bits: bool = False, train_mem_len: int | None = None, title: str | None = None
 ) -> str:
-    """The result of :func:`longseq.eval.context.context_curve`: loss against the evaluation memory length, with
-    the training memory marked (does context beyond it help?)."""
+    """The result of :func:`longseq.eval.context.context_curve` (nats): loss against the evaluation memory length,
+    with the training memory marked (does context beyond it help?); units as :func:`plot_per_position`."""
     plt = _pyplot()
     scale = 1 / math.log(2) if bits else 1.0
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
@@ -113,7 +141,8 @@ def plot_context_curve(
         ax.axvline(train_mem_len, color="gray", linestyle=":", label=f"training mem_len {train_mem_len}")
         ax.legend()
     ax.set_xlabel("evaluation memory (positions)" + (", same_length" if result.get("same_length") else ""))
-    ax.set_ylabel("bits per token" if bits else "loss (nats)")
+    ax.xaxis.set_major_locator(_integers())
+    _loss_axes(ax, bits)
     ax.set_title(title or "loss against evaluation memory")
     ax.grid(alpha=0.3)
     return _save_figure(plt, fig, out_path)

@@ -3,13 +3,16 @@
 One segment is read after ``warmup`` segments have filled the memory.  The report directory holds
 
     attention_layer{i}.png   every head's attention map of layer i; memory | segment boundary marked
-    entropy.png              attention entropy per layer and head (nats)
+    entropy.png              attention entropy per layer and head (bits), the value in every cell
     distance.png             attention mass against relative distance, per layer
     grad_norms.png           gradient norm of every layer's parameters for this segment's loss
     memory_share.png         share of every head's attention mass that goes into the memory, per layer
     per_position.png         loss at each position inside the segment, with the memory and with it cut to 0
     context_curve.png        loss against the evaluation memory length (``same_length``)
     report.md, report.json   the numbers, memory statistics and warnings
+
+Units: attention entropy in bits (``entropy_bits``), losses in nats per token (as ``loss`` everywhere in longseq);
+``report.json`` names the unit of every number under ``units``, and each figure names it on its axis.
 
 The attention figures come from one segment of one stream; the two loss curves from an ordered pass over
 ``batch_size`` streams of the split (at most ``max_segments`` segments).
@@ -31,7 +34,16 @@ from torch import Tensor
 
 from longseq.model import TransformerXLLM
 
-COLLAPSE_NATS = 0.1  # a head whose mean entropy is below this attends to (almost) one key
+COLLAPSE_BITS = 0.15  # a head whose mean entropy is below this (about 0.1 nats) attends to (almost) one key
+UNITS = {
+    "loss": "nats per token",
+    "entropy_bits": "bits",
+    "memory_share": "share of the head's attention mass",
+    "mass_by_distance": "share of the layer's attention mass",
+    "grad_norms": "L2 norm of the layer's parameters' gradient",
+    "per_position": "nats per token",
+    "context_curve": "nats per token",
+}
 
 
 def attention_layers(model: TransformerXLLM) -> list[int]:
@@ -66,12 +78,12 @@ def attention_maps(model: TransformerXLLM, input_ids: Tensor, mems=None) -> tupl
 
 
 def summarize_attention(maps: list[Tensor], mlen: int) -> dict:
-    """Entropy per (layer, head), mass by relative distance per layer, and the share of mass in the memory."""
+    """Entropy in bits per (layer, head), mass by relative distance per layer, and the share of mass in the memory."""
     entropy, by_distance, memory_share = [], [], []
     for probs in maps:  # (B, H, T, K)
         batch, heads, qlen, klen = probs.shape
         p = probs.double()
-        ent = -(p * torch.log(p.clamp(min=1e-30))).sum(-1)  # (B, H, T)
+        ent = -(p * torch.log2(p.clamp(min=1e-30))).sum(-1)  # (B, H, T) bits
         entropy.append(ent.mean(dim=(0, 2)).tolist())
         memory_share.append(p[..., :mlen].sum(-1).mean(dim=(0, 2)).tolist())
         distance = (torch.arange(qlen)[:, None] + mlen) - torch.arange(klen)[None, :]  # (T, K)
@@ -79,7 +91,7 @@ def summarize_attention(maps: list[Tensor], mlen: int) -> dict:
         valid = distance >= 0
         mass.index_add_(0, distance[valid], p.sum(dim=(0, 1))[valid])  # total mass at each distance
         by_distance.append((mass / mass.sum()).tolist())
-    return {"entropy": entropy, "mass_by_distance": by_distance, "memory_share": memory_share}
+    return {"entropy_bits": entropy, "mass_by_distance": by_distance, "memory_share": memory_share}
 
 
 @torch.no_grad()
@@ -272,21 +284,8 @@ def diagnose(
     summary = summarize_attention(maps, mlen)
     grad_norms, loss = _grad_norms(model, x, y, mems)
     memory = _memory_stats(new_mems)
-    warnings, attending = [], attention_layers(model)
-    for i, heads in zip(attending, summary["entropy"]):
-        for h, value in enumerate(heads):
-            if value < COLLAPSE_NATS:
-                warnings.append(f"layer {i} head {h}: collapsed attention (entropy {value:.3f} nats)")
-    if not math.isfinite(loss):
-        warnings.append(f"the loss is not finite ({loss})")
-    if any(not math.isfinite(g) for g in grad_norms):
-        warnings.append(
-            "non-finite gradient norms: "
-            + ", ".join(f"layer {i}" for i, g in enumerate(grad_norms) if not math.isfinite(g))
-        )
-    for i, stats in enumerate(memory):
-        if stats["non_finite"]:
-            warnings.append(f"layer {i} memory holds {stats['non_finite']} NaN or Inf values")
+    attending = attention_layers(model)
+    warnings = _warnings(attending, summary["entropy_bits"], loss, grad_norms, memory)
     report = {
         "layers": len(model.transformer.layers),
         "attention_layers": attending,  # the rows of entropy, memory_share and mass_by_distance
@@ -298,6 +297,7 @@ def diagnose(
         "grad_norms": grad_norms,
         "memory": memory,
         "warnings": warnings,
+        "units": UNITS,
     }
     evidence = None
     if contexts != [] and model.config.memory.mem_len:
@@ -316,79 +316,109 @@ def diagnose(
     return report
 
 
+def _warnings(attending: list[int], entropy_bits, loss: float, grad_norms: list[float], memory: list[dict]):
+    """Collapsed heads, a loss or gradient norms that are not finite, NaN or Inf in the memory."""
+    warnings = []
+    for i, heads in zip(attending, entropy_bits):
+        for h, value in enumerate(heads):
+            if value < COLLAPSE_BITS:
+                warnings.append(f"layer {i} head {h}: collapsed attention (entropy {value:.3f} bits)")
+    if not math.isfinite(loss):
+        warnings.append(f"the loss is not finite ({loss})")
+    if any(not math.isfinite(g) for g in grad_norms):
+        bad = ", ".join(f"layer {i}" for i, g in enumerate(grad_norms) if not math.isfinite(g))
+        warnings.append(f"non-finite gradient norms: {bad}")
+    for i, stats in enumerate(memory):
+        if stats["non_finite"]:
+            warnings.append(f"layer {i} memory holds {stats['non_finite']} NaN or Inf values")
+    return warnings
+
+
 def _memory_length(mems) -> int:
     return int(mems.length)
 
 
 def _plots(plt, layers, maps, summary, grad_norms, mlen, out_dir, averaged=None) -> list[str]:
     """``layers``: the model's index of each attention map's layer."""
-    images = []
-    for i, probs in zip(layers, maps):
-        heads = probs.size(1)
-        cols = min(4, heads)
-        rows = -(-heads // cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False)
-        for h in range(rows * cols):
-            ax = axes[h // cols][h % cols]
-            if h >= heads:
-                ax.axis("off")
-                continue
-            ax.imshow(probs[0, h].float().numpy(), aspect="auto", cmap="viridis", interpolation="nearest")
-            if mlen:
-                ax.axvline(mlen - 0.5, color="white", linewidth=1)
-            ax.set_title(f"head {h}", fontsize=8)
-            ax.set_xlabel("key (memory | segment)", fontsize=7)
-            ax.set_ylabel("query", fontsize=7)
-            ax.tick_params(labelsize=6)
-        fig.suptitle(f"layer {i} attention")
-        fig.tight_layout()
-        images.append(_save(plt, fig, out_dir, f"attention_layer{i}.png"))
-
-    fig, ax = plt.subplots(figsize=(6, 3))
-    ent = np.array(summary["entropy"])
-    im = ax.imshow(ent, aspect="auto", cmap="magma")
-    ax.set_yticks(range(len(layers)), [str(i) for i in layers])
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    ax.set_title("mean attention entropy (nats)")
-    fig.colorbar(im, ax=ax)
+    images = [_save(plt, _attention_figure(plt, i, probs, mlen), out_dir, f"attention_layer{i}.png")
+              for i, probs in zip(layers, maps)]  # fmt: skip
+    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(summary["entropy_bits"][0]), 1.6 + 0.5 * len(layers)))
+    _heatmap(fig, ax, np.array(summary["entropy_bits"]), layers, cmap="magma", label="bits")
+    ax.set_title("mean attention entropy (bits)", fontsize=10)
     images.append(_save(plt, fig, out_dir, "entropy.png"))
-
     if mlen:
-        fig, ax = plt.subplots(figsize=(6, 3))
         share = np.array(summary["memory_share"] if averaged is None else averaged["memory_share"])  # (L, H)
-        im = ax.imshow(share, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
-        for (layer, head), value in np.ndenumerate(share):
-            ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=7, color="white")
-        ax.set_xticks(range(share.shape[1]))
-        ax.set_yticks(range(share.shape[0]), [str(i) for i in layers])
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
+        fig, ax = plt.subplots(figsize=(2.4 + 0.9 * share.shape[1], 1.8 + 0.5 * len(layers)))
+        _heatmap(fig, ax, share, layers, cmap="viridis", label="share of attention mass", limits=(0.0, 1.0))
         where = (
             "one segment"
             if averaged is None
             else f"{averaged['segments']} segments; uniform {averaged['uniform_share']:.2f}"
         )
-        ax.set_title(f"attention mass in the memory ({mlen} positions, {where})", fontsize=9)
-        fig.colorbar(im, ax=ax)
-        fig.tight_layout()
+        ax.set_title(f"attention mass in the memory\n({mlen} positions, {where})", fontsize=9)
         images.append(_save(plt, fig, out_dir, "memory_share.png"))
-
     fig, ax = plt.subplots(figsize=(6, 3))
     for i, mass in zip(layers, summary["mass_by_distance"]):
         ax.plot(range(len(mass)), mass, label=f"layer {i}")
     ax.axvline(max(mlen, 0), color="gray", linestyle=":", label="beyond the segment: memory")
-    ax.set_xlabel("relative distance")
+    ax.set_xlabel("relative distance (positions)")
     ax.set_ylabel("share of attention mass")
+    ax.xaxis.set_major_locator(_integers())
     ax.legend(fontsize=7)
     images.append(_save(plt, fig, out_dir, "distance.png"))
-
     fig, ax = plt.subplots(figsize=(6, 3))
     ax.bar(range(len(grad_norms)), grad_norms)
+    ax.set_xticks(range(len(grad_norms)))
     ax.set_xlabel("layer")
-    ax.set_ylabel("gradient norm")
+    ax.set_ylabel("gradient norm (L2)")
     images.append(_save(plt, fig, out_dir, "grad_norms.png"))
     return images
+
+
+def _integers():
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
+
+
+def _attention_figure(plt, layer: int, probs: Tensor, mlen: int):
+    """Every head's attention map of one layer (one segment of one stream)."""
+    heads = probs.size(1)
+    cols = min(4, heads)
+    rows = -(-heads // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False)
+    for h in range(rows * cols):
+        ax = axes[h // cols][h % cols]
+        if h >= heads:
+            ax.axis("off")
+            continue
+        ax.imshow(probs[0, h].float().numpy(), aspect="auto", cmap="viridis", interpolation="nearest")
+        if mlen:
+            ax.axvline(mlen - 0.5, color="white", linewidth=1)
+        ax.set_title(f"head {h}", fontsize=8)
+        ax.set_xlabel("key (memory | segment)", fontsize=7)
+        ax.set_ylabel("query", fontsize=7)
+        ax.xaxis.set_major_locator(_integers())
+        ax.yaxis.set_major_locator(_integers())
+        ax.tick_params(labelsize=6)
+    fig.suptitle(f"layer {layer} attention")
+    return fig
+
+
+def _heatmap(fig, ax, values: np.ndarray, layers: list[int], *, cmap: str, label: str, limits=(None, None)) -> None:
+    """A (layer, head) heat map with its value written in every cell, one tick per head and per layer."""
+    low, high = limits
+    im = ax.imshow(values, aspect="auto", cmap=cmap, vmin=low, vmax=high)
+    middle = (np.nanmin(values) + np.nanmax(values)) / 2 if low is None else (low + high) / 2
+    for (row, head), value in np.ndenumerate(values):
+        color = "black" if value > middle else "white"  # magma and viridis are bright at the top
+        ax.text(head, row, f"{value:.2f}", ha="center", va="center", fontsize=7, color=color)
+    ax.set_xticks(range(values.shape[1]))
+    ax.set_yticks(range(values.shape[0]), [str(i) for i in layers])
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    bar = fig.colorbar(im, ax=ax, label=label)
+    bar.ax.ticklabel_format(useOffset=False)  # no "1e-5+3.356" above the bar, over the title
 
 
 def _evidence_plots(evidence: dict, mem_len: int, out_dir: str) -> list[str]:
@@ -400,7 +430,9 @@ def _evidence_plots(evidence: dict, mem_len: int, out_dir: str) -> list[str]:
 
 
 def _save(plt, fig, out_dir: str, name: str) -> str:
-    fig.savefig(os.path.join(out_dir, name), dpi=90)
+    """Lay the figure out so that every label lies inside it, save, close."""
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, name), dpi=90, bbox_inches="tight")
     plt.close(fig)
     return name
 
@@ -416,12 +448,12 @@ def _markdown(report: dict, images: list[str]) -> str:
         "",
         *([f"- {w}" for w in report["warnings"]] or ["none"]),
         "",
-        "## Attention entropy (nats) and share of mass in the memory",
+        "## Attention entropy (bits) and share of mass in the memory",
         "",
         "| layer | " + " | ".join(f"head {h}" for h in range(report["heads"])) + " | memory share |",
         "|---" * (report["heads"] + 2) + "|",
     ]
-    for i, heads, shares in zip(report["attention_layers"], report["entropy"], report["memory_share"]):
+    for i, heads, shares in zip(report["attention_layers"], report["entropy_bits"], report["memory_share"]):
         share = sum(shares) / len(shares)
         lines.append(f"| {i} | " + " | ".join(f"{e:.2f}" for e in heads) + f" | {share:.3f} |")
     if report["mem_len"]:

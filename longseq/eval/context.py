@@ -90,6 +90,7 @@ def per_position_losses(
         "tokens": counts[keep].long().tolist(),
         "segments": scored,
         "skip_segments": skip_segments,
+        "unit": "nats per token",
     }
 
 
@@ -144,6 +145,7 @@ def context_curve(
         "clamp_len": clamp_len,
         "skip_segments": skip_segments,
         "kept": carried_beyond_mem_len(model.config),
+        "unit": "nats per token",
     }
 
 

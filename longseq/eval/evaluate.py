@@ -1,4 +1,11 @@
-"""Evaluation: loss, perplexity, bits per character or byte, and throughput over one ordered pass."""
+"""Evaluation: loss, perplexity, bits per character, bits per byte and throughput over one ordered pass.
+
+Bits per byte (``bpb``), whatever the tokenizer: the total NLL in bits over the UTF-8 bytes of the text the scored
+tokens stand for (:meth:`~longseq.data.tokenizers.Tokenizer.text_bytes`: a word tokenizer's text is its words
+joined by single spaces, lines ended by a newline).  Only the tokens scored count: with ``max_segments`` the bytes
+are those of the segments read.  For a byte tokenizer bpb is the bits per token; for a character tokenizer it
+differs from ``bpc`` (bits per character) where the text has characters of several bytes.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +18,14 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from longseq.data.batching import OrderedStream
+from longseq.data.batching import OrderedStream, Segment
 from longseq.model import Memory, TransformerXLLM
 from longseq.model.positions import position_encoding
 
 
 def bits_unit(tokenizer_kind: str) -> str | None:
-    """``"bpc"`` where a token is a character or a byte (bits per token are then bits per character), else None."""
+    """``"bpc"`` where a token is a character or a byte (bits per token are then bits per character; a byte model's
+    bpc is its bpb, enwik8's convention), else None."""
     return "bpc" if tokenizer_kind in ("byte", "char") else None
 
 
@@ -31,7 +39,7 @@ def _start_memory(model: TransformerXLLM, kv_memory: bool, doc_ids) -> Memory | 
 
 
 @torch.no_grad()
-def segment_losses(
+def scored_segments(
     model: TransformerXLLM,
     ids: np.ndarray,
     *,
@@ -45,8 +53,8 @@ def segment_losses(
     progress: bool = False,
     kv_memory: bool = True,
     doc_ids: np.ndarray | None = None,
-) -> Iterator[Tensor]:
-    """The per-token NLL (B, T) of every segment of one ordered pass (``batch_size`` streams), in order.
+) -> Iterator[tuple[Segment, Tensor]]:
+    """Every segment of one ordered pass (``batch_size`` streams), in order, with its per-token NLL (B, T).
 
     The settings are those of :func:`evaluate`.  With ``carry=False`` every segment starts from an empty memory
     (the model reads each segment alone).  The model is in eval mode while the generator runs.
@@ -75,9 +83,19 @@ def segment_losses(
                 )
                 mems = out.mems
                 bar.update(1)
-                yield out.nll
+                yield segment, out.nll
     finally:
         model.train(was_training)
+
+
+def segment_losses(model: TransformerXLLM, ids: np.ndarray, **settings) -> Iterator[Tensor]:
+    """The per-token NLL (B, T) of every segment of one ordered pass (:func:`scored_segments`' settings)."""
+    segments = scored_segments(model, ids, **settings)
+    try:
+        for _, nll in segments:
+            yield nll
+    finally:
+        segments.close()
 
 
 def evaluate(
@@ -95,6 +113,7 @@ def evaluate(
     progress: bool = False,
     kv_memory: bool = True,
     doc_ids: np.ndarray | None = None,
+    tokenizer=None,
 ) -> dict:
     """One pass over ``ids`` in ``batch_size`` streams of ``tgt_len`` segments, memory carried across.
 
@@ -102,22 +121,25 @@ def evaluate(
     them).  ``max_segments`` > 0 stops early.  ``skip_segments`` > 0 reads that many segments first without
     scoring them (to fill the memory).  ``bits_unit`` (``"bpc"``) adds loss / ln 2.  ``kv_memory`` carries
     projected keys and values instead of hidden states (same results, less work per segment).
-    ``doc_ids`` (one per token) keeps documents apart.
+    ``doc_ids`` (one per token) keeps documents apart.  ``tokenizer`` (the one ``ids`` were made by) adds ``bpb``
+    and ``bytes``, the bytes of the scored tokens (see the module docstring).
     """
     if skip_segments < 0:
         raise ValueError(f"skip_segments must be >= 0, got {skip_segments}")
-    nll_sum, n_tokens = 0.0, 0
+    nll_sum, n_tokens, n_bytes = 0.0, 0, 0
     start = time.perf_counter()
-    passes = segment_losses(
+    passes = scored_segments(
         model, ids, batch_size=batch_size, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
         same_length=same_length, max_segments=max_segments, progress=progress, kv_memory=kv_memory, doc_ids=doc_ids,
     )  # fmt: skip
     read = 0
-    for index, nll in enumerate(passes):
+    for index, (segment, nll) in enumerate(passes):
         read += 1
         if index >= skip_segments:
             nll_sum += float(nll.double().sum())
             n_tokens += nll.numel()
+            if tokenizer is not None:
+                n_bytes += tokenizer.text_bytes(segment.labels.numpy(), previous=segment.input_ids.numpy())
     elapsed = time.perf_counter() - start
     if n_tokens == 0:  # a loss of 0 over nothing would read as a perfect model
         raise ValueError(
@@ -125,12 +147,20 @@ def evaluate(
             f"{skip_segments} skips them all; give more data, a larger max_segments or a smaller skip_segments"
         )
     loss = nll_sum / max(n_tokens, 1)
-    metrics = {
-        "loss": loss,
-        "ppl": math.exp(min(loss, 700.0)),
-        "tokens": n_tokens,
-        "tokens_per_s": n_tokens / elapsed if elapsed > 0 else float("inf"),
-    }
+    return lm_metrics(loss, n_tokens, elapsed, bits_unit, nll_sum / math.log(2) / n_bytes if n_bytes else None, n_bytes)
+
+
+def lm_metrics(loss: float, tokens: int, elapsed: float, bits_unit: str | None, bpb: float | None,
+               n_bytes: int) -> dict:  # fmt: skip
+    """An evaluation's numbers, in the order a person reads them: loss (nats per token), perplexity, bits per
+    character (``bits_unit``), bits per byte, what was scored, speed."""
+    metrics = {"loss": loss, "ppl": math.exp(min(loss, 700.0))}
     if bits_unit:
         metrics[bits_unit] = loss / math.log(2)
+    if bpb is not None:
+        metrics["bpb"] = bpb
+    metrics["tokens"] = tokens
+    if bpb is not None:
+        metrics["bytes"] = n_bytes
+    metrics["tokens_per_s"] = tokens / elapsed if elapsed > 0 else float("inf")
     return metrics

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from longseq.eval.evaluate import lm_metrics
 from longseq.model.transformer import IGNORE_INDEX
 
 
@@ -73,20 +74,15 @@ def recurrent_losses(model, ids: np.ndarray, *, context: int, tgt_len: int, max_
 
 
 def evaluate_sliding(
-    model, ids: np.ndarray, *, context: int, batch_size: int = 16, max_targets: int = 0, bits_unit: str | None = None
-) -> dict:
-    """The metrics of :func:`longseq.eval.evaluate` (loss, ppl, tokens, tokens/s, bpc) for the vanilla protocol."""
+    model, ids: np.ndarray, *, context: int, batch_size: int = 16, max_targets: int = 0, bits_unit: str | None = None,
+    tokenizer=None,
+) -> dict:  # fmt: skip
+    """The metrics of :func:`longseq.eval.evaluate` (loss, ppl, bpc, bpb with ``tokenizer``, tokens, bytes,
+    tokens/s) for the vanilla protocol; the bytes are those of the targets scored, ids[1 : n + 1]."""
     start = time.perf_counter()
     losses = sliding_window_losses(model, ids, context=context, batch_size=batch_size, max_targets=max_targets)
     elapsed = time.perf_counter() - start
-    loss = float(losses.mean())
-    metrics = {
-        "loss": loss,
-        "ppl": math.exp(min(loss, 700.0)),
-        "tokens": int(losses.size),
-        "tokens_per_s": losses.size / elapsed if elapsed > 0 else float("inf"),
-        "protocol": f"sliding window of {context}",
-    }
-    if bits_unit:
-        metrics[bits_unit] = loss / math.log(2)
-    return metrics
+    loss, n = float(losses.mean()), int(losses.size)
+    n_bytes = 0 if tokenizer is None else tokenizer.text_bytes(np.asarray(ids[1 : n + 1]), previous=np.asarray(ids[:n]))
+    bpb = float(losses.sum()) / math.log(2) / n_bytes if n_bytes else None
+    return {**lm_metrics(loss, n, elapsed, bits_unit, bpb, n_bytes), "protocol": f"sliding window of {context}"}

@@ -19,4 +19,15 @@ def task_for(run: RunConfig, tokenizer=None, log=None, **kwargs) -> Task:
     return TASKS[name](run, tokenizer, log, **kwargs)
 
 
-__all__ = ["TASKS", "FinetuneOptions", "StepContext", "StepResult", "Task", "task_for"]
+def stored_run(run: RunConfig) -> RunConfig:
+    """``run`` as a checkpoint stored it: a task option the run did not record takes the value it had when the run
+    was made (the task's ``stored_defaults``), not today's default, so an old checkpoint loads as it was trained."""
+    if run.task is None:
+        return run
+    missing = {k: v for k, v in TASKS[run.task.name].stored_defaults.items() if k not in run.task.options}
+    if not missing:
+        return run
+    return RunConfig(run.model, run.data, run.train, run.task.replace(options={**missing, **run.task.options}))
+
+
+__all__ = ["TASKS", "FinetuneOptions", "StepContext", "StepResult", "Task", "stored_run", "task_for"]

@@ -59,6 +59,8 @@ class Task:
 
     name = ""
     options_type: type[JsonConfig] | None = None
+    writes_samples = False  # whether :meth:`sample` is implemented (``TrainConfig.sample_interval``)
+    stored_defaults: dict = {}  # option values of stored runs that did not record them (made before a default changed)
 
     def __init__(self, run: RunConfig, tokenizer, log=None, base: nn.Module | None = None) -> None:
         self.run, self.tokenizer, self.base = run, tokenizer, base  # base: the LM a new fine-tuning run starts from
@@ -104,6 +106,11 @@ class Task:
     def report(self, model: nn.Module) -> dict:
         """The task's final metrics (fine-tuning: train and valid), for the command line."""
         return {}
+
+    def sample(self, model: nn.Module, step: int) -> tuple[str, str]:
+        """What the model writes at optimizer step ``step``, as (a header naming the settings, the text), drawn from a
+        generator of its own: the global RNG is not read.  Tasks with ``writes_samples`` only."""
+        raise ConfigError(f"the {self.name} task writes no samples")
 
     def predict(self, model: nn.Module, records: list[dict]) -> list[dict]:
         """One output per input record: ``prediction`` plus scores."""

@@ -15,7 +15,9 @@ from longseq.config.run import RunConfig, TrainConfig
 from longseq.data.batching import OrderedStream
 from longseq.data.corpus import Corpus, load_data, unigram_bits_per_token
 from longseq.data.sources import ids_sha256
+from longseq.data.tokenizers import TokenizerError
 from longseq.eval.evaluate import bits_unit, evaluate
+from longseq.generation import generate
 from longseq.model import Memory, build_model
 from longseq.tasks.base import StepContext, StepResult, Task
 
@@ -41,10 +43,12 @@ class LanguageModeling(Task):
     """Next-token prediction on ``run.data``'s corpus (``corpus`` given: that one instead, e.g. in tests)."""
 
     name = "lm"
+    writes_samples = True
 
     def __init__(self, run: RunConfig, tokenizer=None, log=None, corpus: Corpus | None = None) -> None:
         super().__init__(run, tokenizer, log)
         self.corpus = corpus
+        self.prompt: list[int] = []
 
     def prepare(self) -> RunConfig:
         d = self.run.data
@@ -63,6 +67,8 @@ class LanguageModeling(Task):
             f"vocabulary {self.tokenizer.vocab_size:,}"
         )
         self._warn_about_validation(d)
+        if self.run.train.sample_interval:
+            self.prompt = sample_prompt(self.tokenizer, self.run.train.sample_prompt, self.corpus.valid)
         return self.run
 
     def _warn_about_validation(self, d) -> None:
@@ -135,7 +141,39 @@ class LanguageModeling(Task):
             model, valid, batch_size=min(d.eval_batch_size, max(1, len(valid) // 2)), tgt_len=d.eval_tgt_len,
             max_segments=self.run.train.eval_max_segments, bits_unit=self.unit, doc_ids=self._doc_ids("valid"),
             kv_memory=not sharded,  # the key/value cache projects W_R R outside the (sharded) layers
+            tokenizer=self.tokenizer,
         )  # fmt: skip
+
+    def sample(self, model: nn.Module, step: int) -> tuple[str, str]:
+        """``sample_tokens`` tokens after the prompt at ``sample_temperature``, from a generator seeded by the run's
+        seed and ``step`` (the global RNG is not read); the header names the settings, the text is prompt and
+        continuation decoded together."""
+        t, d = self.run.train, self.run.data
+        device = next(model.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(t.seed * 1_000_003 + step)
+        tokens = generate(
+            model, torch.as_tensor(self.prompt)[None], t.sample_tokens, temperature=t.sample_temperature,
+            mem_len=self.run.model.memory.mem_len + d.tgt_len, segment_len=d.tgt_len, generator=generator,
+        )  # fmt: skip
+        how = "greedy" if t.sample_temperature == 0 else f"temperature {t.sample_temperature:g}"
+        header = f"sample of {t.sample_tokens} tokens ({how}) after {self.tokenizer.decode(self.prompt)!r}:"
+        return header, self.tokenizer.decode([*self.prompt, *tokens[0].tolist()])
+
+
+def sample_prompt(tokenizer, prompt: str, valid) -> list[int]:
+    """The ids training samples start from: ``prompt`` encoded (a word prompt not ending in a newline does not end
+    its line), or the first 16 tokens of the validation split when it is empty."""
+    if not prompt:
+        return [int(i) for i in np.asarray(valid[: max(1, min(16, len(valid) - 1))])]
+    try:
+        ids = tokenizer.encode(prompt).tolist()
+    except TokenizerError as exc:
+        raise ConfigError(f"sample_prompt {prompt!r} cannot be read by the run's tokenizer: {exc}") from None
+    if tokenizer.kind == "word" and ids and not prompt.endswith("\n"):
+        ids = ids[:-1]  # the <eos> that encoding adds at the end of the line
+    if not ids:
+        raise ConfigError(f"sample_prompt {prompt!r} encodes to no token; give at least one character or word")
+    return ids
 
 
 def row_chunks(segment, device: torch.device, accum: int) -> list:

@@ -98,7 +98,7 @@ def finetune(base_checkpoint: str | None, out_dir: str, task: str | None = "clas
     job = task_for(run, tokenizer, log, base=base)
     result = Trainer(job, run, out_dir, resume=resume, overwrite=overwrite, progress=progress, log=log).fit()
     best, _, best_run, _ = load_checkpoint(os.path.join(out_dir, "best"))
-    report = task_for(_reading_files_of(best_run, run), tokenizer, log)
+    report = task_for(_reading_files_of(best_run, run), tokenizer)  # what it says was said at the start
     report.prepare()  # the examples, encoded with the run's label set
     last = result.losses[-10:]
     summary = {"steps": result.step, "train_loss": sum(last) / len(last) if last else float("nan")}

@@ -10,7 +10,10 @@ builds the model and computes each optimizer step's loss; the trainer owns every
   (:mod:`longseq.train.signals`);
 * the NaN guard (skip a non-finite step; roll back and lower the learning rate after ``nan_patience``);
 * the schedule, gradient clipping, mixed precision (bf16, fp16 with loss scaling), activation checkpointing,
-  DDP and FSDP under torchrun, the progress bar, ``metrics.jsonl`` and TensorBoard.
+  DDP and FSDP under torchrun, ``metrics.jsonl`` and TensorBoard;
+* where the run stops (``max_steps``, or the time budget ``max_time_s``, whichever comes first) and what a person
+  watching it reads: the progress bar on a terminal, plain progress lines elsewhere (:mod:`longseq.progress`),
+  samples every ``sample_interval`` steps (language modeling).
 """
 
 from __future__ import annotations
@@ -24,13 +27,13 @@ from dataclasses import dataclass
 
 import torch
 from safetensors.torch import load_file
-from tqdm import tqdm
 
 from longseq.config import ConfigError, RunConfig
 from longseq.config.base import leaves
 from longseq.config.checks import check_run
 from longseq.config.files import write_run_config
 from longseq.data.tokenizers import load_tokenizer
+from longseq.progress import TrainingProgress, duration
 from longseq.tasks.base import StepContext, Task, set_trainable
 from longseq.train.checkpoint import TrainingState, load_training_state, load_weights, save_checkpoint
 from longseq.train.config_check import check_options_apply, check_resumable, check_same_data
@@ -48,6 +51,8 @@ from longseq.train.optim import build_optimizer, layer_of, learning_rate
 from longseq.train.rundir import RunDirectory, has_checkpoint
 from longseq.train.signals import Interrupted, StopSignals
 
+SHOWN = ("loss", "bpc", "bpb", "accuracy", "exact_match", "f1", "ppl")  # the validation metrics the log names
+
 
 class TrainingError(RuntimeError):
     """Training cannot go on (for example, the loss became NaN or infinite)."""
@@ -63,6 +68,8 @@ class TrainResult:
     tokens_per_s: float
     unigram_bpc: float | None
     losses: list[float]
+    stopped_on_time: bool = False  # ended by max_time_s before max_steps
+    elapsed_s: float = 0.0  # the run's training wall time, across resumes
 
 
 def rng_states() -> tuple[torch.Tensor, list | None]:
@@ -95,7 +102,10 @@ class Trainer:
 
     ``resume`` continues from ``out_dir/last`` exactly; ``overwrite`` starts an existing run over.
     ``after_backward(step, model)`` is called after every backward pass, before the NaN guard looks at the
-    gradients (fault injection in tests)."""
+    gradients (fault injection in tests).  ``clock`` (seconds) measures the training time that ``max_time_s``,
+    ``elapsed_s`` and the speed read; tests replace it with a clock of their own."""
+
+    clock = staticmethod(time.perf_counter)
 
     def __init__(self, task: Task, run: RunConfig, out_dir: str, *, resume: bool = False, overwrite: bool = False,
                  progress: bool = True, log=None, after_backward=None) -> None:  # fmt: skip
@@ -117,7 +127,8 @@ class Trainer:
         self.pending_validation = False  # a validation a signal stopped: the resumed run does it again
         self.updating = False  # inside the optimizer update: a KeyboardInterrupt here cannot go back a step
         self.data_sha256: dict | None = None
-        self.writer, self.start_time, self.start_tokens, self.last_lr = None, time.perf_counter(), 0, 0.0
+        self.writer, self.start_time, self.start_tokens, self.last_lr = None, self.clock(), 0, 0.0
+        self.validated_at, self.stopped_on_time = -1, False
 
     # --- build and restore ------------------------------------------------------------------------------------
 
@@ -126,6 +137,9 @@ class Trainer:
         torch.manual_seed(tc.seed)
         if self.resume and self.task.tokenizer is None:  # read the data with the tokenizer the run was trained with
             self.task.tokenizer = load_tokenizer(os.path.join(self.dir.last, "tokenizer.json"))
+        if tc.sample_interval and not self.task.writes_samples:
+            raise ConfigError(f"sample_interval={tc.sample_interval}: samples are written by a language model; the "
+                              f"{self.task.name} task writes none (set sample_interval=0)")  # fmt: skip
         self.run = self.task.prepare()
         check_run(self.run, world.size)
         self.checkpoint_state = load_training_state(self.dir.last) if self.resume else None
@@ -254,6 +268,7 @@ class Trainer:
     def validate(self, stop: StopSignals) -> None:
         """Validation (aborted by a signal: then pending, done again by the resumed run), the best checkpoint,
         then ``last/``."""
+        self.validated_at = self.step_count  # on every rank: a stop on time validates again only if this did not run
         if self.world.main or self.sharded:  # under DDP the others go on to the checkpoint and wait there
             valid = stop.interruptible(self.task.validate, self.model, self.sharded)
             self.model.train()  # a validation stopped halfway may not have put the model back
@@ -264,7 +279,7 @@ class Trainer:
             if valid:
                 self.write_metrics({"step": self.step_count, **{f"valid_{k}": v for k, v in valid.items()},
                                     "elapsed_s": self.elapsed})  # fmt: skip
-                shown = {k: v for k, v in valid.items() if k in ("loss", "bpc", "accuracy", "exact_match", "f1", "ppl")}
+                shown = {k: v for k, v in valid.items() if k in SHOWN}
                 self.log(f"step {self.step_count}: " + ", ".join(f"valid {k} {v:.4f}" for k, v in shown.items()))
             loss = valid.get("loss")
             if self.sharded and loss is not None:  # every rank must take the same branch: the save is collective
@@ -336,7 +351,8 @@ class Trainer:
 
     @property
     def elapsed(self) -> float:
-        return self.clock_offset + time.perf_counter() - self.start_time
+        """The run's training wall time in seconds: this session's, plus the earlier sessions' (``clock_offset``)."""
+        return self.clock_offset + self.clock() - self.start_time
 
     def _open(self) -> None:
         """Lock the directory, build everything (a failure removes a directory this run created), then restore."""
@@ -359,6 +375,9 @@ class Trainer:
                 elif self.step_count >= self.tc.max_steps:
                     self.log(f"the run is already at step {self.step_count} of max_steps {self.tc.max_steps}: nothing "
                              "to train (raise max_steps to continue it)")  # fmt: skip
+                elif 0 < self.tc.max_time_s <= self.clock_offset:
+                    self.log(f"the run has already trained {duration(self.clock_offset)} of max_time_s "
+                             f"{self.tc.max_time_s:g}: nothing to train (raise max_time_s to continue it)")  # fmt: skip
         except BaseException:
             self.dir.close(failed=True)
             raise
@@ -371,7 +390,8 @@ class Trainer:
         return SummaryWriter(os.path.join(self.dir.path, "tensorboard"))
 
     def fit(self, stop_after: int | None = None) -> TrainResult:
-        """Train to ``max_steps`` (or ``stop_after`` more steps, checkpointing first: a simulated interruption)."""
+        """Train to ``max_steps`` or the time budget ``max_time_s``, whichever comes first (or ``stop_after`` more
+        steps, checkpointing first: a simulated interruption)."""
         self._open()
         try:
             with StopSignals() as stop:
@@ -388,15 +408,19 @@ class Trainer:
             self.log(f"memory: effective temporal range (mem_len + cmem_rate * cmem_len) * n_layer = "
                      f"{self.run.model.effective_range}")  # fmt: skip
         end = tc.max_steps if stop_after is None else min(tc.max_steps, self.step_count + stop_after)
-        self.start_time, self.start_tokens = time.perf_counter(), self.tokens_seen
-        start_tokens = self.start_tokens
+        self.start_time, self.start_tokens = self.clock(), self.tokens_seen
+        first_step = self.step_count
         if self.pending_validation:  # the resumed run validates the step whose validation a signal stopped
             self.validate(stop)
             self._stop_if_signalled(stop)
-        bar = tqdm(total=tc.max_steps, initial=self.step_count, desc="train", unit="step", dynamic_ncols=True,
-                   disable=not (self.progress and self.world.main) or None)  # fmt: skip
-        with bar:
+        progress = TrainingProgress(step=self.step_count, max_steps=tc.max_steps, max_time_s=tc.max_time_s,
+                                    interval_s=tc.progress_interval_s, enabled=self.progress and self.world.main,
+                                    log=self.log, clock=self.clock)  # fmt: skip
+        with progress:
             while self.step_count < end:
+                if self._out_of_time():
+                    self._stop_on_time(stop, first_step)
+                    break
                 snapshot = (self.batches.state_dict(), rng_states(), self.memory)  # the last completed step's state
                 try:
                     if not self.step():
@@ -404,14 +428,31 @@ class Trainer:
                 except KeyboardInterrupt:  # raised by code, not a signal (signals only set stop.signum)
                     self._interrupted_inside_step(snapshot)
                     raise
-                speed = (self.tokens_seen - start_tokens) / max(time.perf_counter() - self.start_time, 1e-9)
-                bar.update(1)
-                bar.set_postfix(loss=f"{self.losses[-1]:.3f}", lr=f"{self.last_lr:.2e}", tok_s=f"{speed:,.0f}")
+                speed = (self.tokens_seen - self.start_tokens) / max(self.clock() - self.start_time, 1e-9)
+                progress.update(self.step_count, self.losses[-1], self.last_lr, speed, self.elapsed)
                 self._after_step(stop, end, speed)
         if self.saved_at != self.step_count:
             self.save(self.dir.last, with_state=True)
-        if self.step_count >= tc.max_steps and not os.path.isdir(self.dir.best):  # nothing was validated
+        finished = self.step_count >= tc.max_steps or self.stopped_on_time
+        if finished and not os.path.isdir(self.dir.best):  # nothing was validated
             self.save(self.dir.best, with_state=False, metrics={"step": self.step_count, "validated": False})
+
+    def _out_of_time(self) -> bool:
+        """Whether the time budget is spent (every rank agrees: rank 0 holds the earlier sessions' time)."""
+        return self.tc.max_time_s > 0 and self.world.any(self.elapsed >= self.tc.max_time_s)
+
+    def _stop_on_time(self, stop: StopSignals, first_step: int) -> None:
+        """The budget is spent at this step boundary: say so and validate the step (unless it was validated); the
+        loop then ends and saves ``last/``.  A resumed session that took no step leaves its checkpoint as it is
+        (when its budget was spent before it started, ``_open`` said so)."""
+        self.stopped_on_time = True
+        if not (self.step_count == first_step and self.clock_offset >= self.tc.max_time_s):  # rank 0 decides the words
+            self.log(f"stopped on time at step {self.step_count} of max_steps {self.tc.max_steps}: the run has "
+                     f"trained {duration(self.elapsed)}, max_time_s is {self.tc.max_time_s:g}; to continue it: "
+                     "--resume with a larger max_time_s")  # fmt: skip
+        if (self.step_count > first_step or not self.resume) and self.validated_at != self.step_count:  # every rank
+            self.validate(stop)
+        self._stop_if_signalled(stop)
 
     def _after_step(self, stop: StopSignals, end: int, speed: float) -> None:
         """Log, validate and save as the cadence asks; stop with a saved checkpoint when a signal came."""
@@ -419,6 +460,8 @@ class Trainer:
         if step % tc.log_interval == 0 or step == end:
             self.write_metrics({"step": step, "loss": self.losses[-1], "lr": self.last_lr, "tokens_per_s": speed,
                                 "elapsed_s": self.elapsed})  # fmt: skip
+        if tc.sample_interval and step % tc.sample_interval == 0 and self.world.main:
+            self._sample()
         if step % tc.eval_interval == 0 or step == tc.max_steps:
             self.validate(stop)
         elif tc.save_interval and step % tc.save_interval == 0:
@@ -426,6 +469,17 @@ class Trainer:
         elif self.world.any(tc.save_every_s > 0 and time.monotonic() - self.last_save >= tc.save_every_s):
             self.save(self.dir.last, with_state=True)
         self._stop_if_signalled(stop)
+
+    def _sample(self) -> None:
+        """Rank 0 logs what the model writes now.  It cannot change the run: the task draws from a generator of its
+        own, the global RNG states are put back all the same, and the model goes back to train mode."""
+        cpu, cuda = rng_states()
+        try:
+            header, text = self.task.sample(self.model, self.step_count)
+        finally:
+            set_rng_states(cpu, cuda)
+            self.model.train()
+        self.log(f"step {self.step_count}: {header}\n{text}")
 
     def _stop_if_signalled(self, stop: StopSignals) -> None:
         """After a signal: ``last/`` holds this step (saved now unless it already does); raise :class:`Interrupted`."""
@@ -450,13 +504,13 @@ class Trainer:
         self.save(self.dir.last, with_state=True)
 
     def _result(self) -> TrainResult:
-        elapsed = max(time.perf_counter() - self.start_time, 1e-9)
+        elapsed = max(self.clock() - self.start_time, 1e-9)
         unigram = self.task.unigram_bpc() if hasattr(self.task, "unigram_bpc") else None
         return TrainResult(
             step=self.step_count, train_loss=self.losses[-1] if self.losses else float("nan"), valid=self.valid,
             best_valid_loss=self.best, tokens=self.tokens_seen,
             tokens_per_s=(self.tokens_seen - self.start_tokens) / elapsed,
-            unigram_bpc=unigram, losses=self.losses,
+            unigram_bpc=unigram, losses=self.losses, stopped_on_time=self.stopped_on_time, elapsed_s=self.elapsed,
         )  # fmt: skip
 
 

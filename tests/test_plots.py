@@ -1,0 +1,159 @@
+"""Plots (issue 31, item 9): every figure of ``longseq diagnose``, ``eval --plot`` and ``longseq plot`` keeps its
+labels inside the canvas, counts heads, layers, positions and steps with integer ticks, writes the value in every
+heat-map cell, and names its unit; the JSON names the unit of every number (entropy in bits, losses in nats).
+
+The figures are caught as they are saved (``Figure.savefig`` wrapped), then measured with their own renderer."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+from matplotlib.figure import Figure
+
+from longseq import ModelConfig
+from longseq.model import TransformerXLLM
+
+
+@pytest.fixture
+def saved_figures(monkeypatch) -> dict[str, Figure]:
+    figures: dict[str, Figure] = {}
+    original = Figure.savefig
+
+    def savefig(self, path, *args, **kwargs):
+        figures[os.path.basename(str(path))] = self
+        return original(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return figures
+
+
+def assert_inside(fig: Figure, name: str) -> None:
+    """Every axes (labels, tick labels, titles, a second y axis, colour bars) and the figure title lie inside it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()  # the figure was closed once saved: a canvas of its own
+    box = fig.bbox
+    parts = [ax.get_tightbbox(renderer) for ax in fig.axes if ax.get_visible() and ax.axison]
+    if fig._suptitle is not None:
+        parts.append(fig._suptitle.get_window_extent(renderer))
+    for part in parts:
+        assert box.x0 - 1 <= part.x0 and part.x1 <= box.x1 + 1, f"{name}: {part} outside {box}"
+        assert box.y0 - 1 <= part.y0 and part.y1 <= box.y1 + 1, f"{name}: {part} outside {box}"
+
+
+def shown_ticks(axis, limits) -> list[float]:
+    low, high = sorted(limits)
+    return [t for t in axis.get_ticklocs() if low - 1e-9 <= t <= high + 1e-9]
+
+
+def labels(ticks) -> list[str]:
+    return [t.get_text() for t in ticks]
+
+
+def diagnosed(tmp_path, saved_figures, n_layer=3, n_head=3):
+    from longseq.diagnostics import diagnose
+
+    torch.manual_seed(0)
+    config = ModelConfig.of(vocab_size=30, n_layer=n_layer, d_model=18, n_head=n_head, d_head=6, d_inner=32,
+                            dropout=0.0, mem_len=6)  # fmt: skip
+    ids = np.random.default_rng(2).integers(0, 30, 400)
+    report = diagnose(TransformerXLLM(config), ids, str(tmp_path), tgt_len=8, warmup=2, batch_size=2, max_segments=6,
+                      contexts=[0, 6, 12])  # fmt: skip
+    return report, json.loads((tmp_path / "report.json").read_text())
+
+
+def test_every_diagnose_figure_keeps_its_labels_inside(tmp_path, saved_figures):
+    diagnosed(tmp_path, saved_figures)
+    expected = {"attention_layer0.png", "entropy.png", "memory_share.png", "distance.png", "grad_norms.png",
+                "per_position.png", "context_curve.png"}  # fmt: skip
+    assert expected <= set(saved_figures)
+    for name, fig in saved_figures.items():
+        assert_inside(fig, name)
+
+
+def test_heat_maps_have_a_tick_per_head_and_layer_and_a_value_in_every_cell(tmp_path, saved_figures):
+    report, saved = diagnosed(tmp_path, saved_figures)
+    for name, key in (("entropy.png", "entropy_bits"), ("memory_share.png", "memory_attention")):
+        values = np.array(saved[key] if key == "entropy_bits" else saved[key]["memory_share"])
+        ax = saved_figures[name].axes[0]
+        assert labels(ax.get_xticklabels()) == ["0", "1", "2"]  # heads, not 0.0, 0.5, 1.0 ...
+        assert labels(ax.get_yticklabels()) == ["0", "1", "2"]  # the attention layers' indices
+        cells = sorted(t.get_text() for t in ax.texts)
+        assert cells == sorted(f"{v:.2f}" for v in values.flatten())
+    colorbar = saved_figures["entropy.png"].axes[1]
+    assert colorbar.get_ylabel() == "bits" and "(bits)" in saved_figures["entropy.png"].axes[0].get_title()
+
+
+def test_integer_quantities_get_integer_ticks(tmp_path, saved_figures):
+    diagnosed(tmp_path, saved_figures, n_layer=2, n_head=2)
+    grad = saved_figures["grad_norms.png"].axes[0]
+    assert labels(grad.get_xticklabels()) == ["0", "1"]
+    for name in ("distance.png", "per_position.png", "context_curve.png"):
+        ax = saved_figures[name].axes[0]
+        ticks = shown_ticks(ax.xaxis, ax.get_xlim())
+        assert ticks and all(float(t).is_integer() for t in ticks), (name, ticks)
+    for ax in saved_figures["attention_layer0.png"].axes:
+        for axis, limits in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+            assert all(float(t).is_integer() for t in shown_ticks(axis, limits))
+
+
+def test_the_report_json_names_its_units_and_entropy_is_in_bits(tmp_path, saved_figures):
+    from longseq.diagnostics import summarize_attention
+
+    report, saved = diagnosed(tmp_path, saved_figures)
+    assert "entropy" not in saved and np.array(saved["entropy_bits"]).shape == (3, 3)
+    numbers = {"loss", "entropy_bits", "memory_share", "mass_by_distance", "grad_norms", "per_position",
+               "context_curve"}  # fmt: skip
+    assert numbers <= set(saved["units"]) and saved["units"]["entropy_bits"] == "bits"
+    assert saved["units"]["loss"] == "nats per token" == saved["per_position"]["unit"] == saved["context_curve"]["unit"]
+    uniform = torch.full((1, 2, 4, 4), 0.25)  # every query spreads its mass over 4 keys: 2 bits
+    assert summarize_attention([uniform], mlen=0)["entropy_bits"] == [[2.0, 2.0]]
+    markdown = (tmp_path / "report.md").read_text()
+    assert "Attention entropy (bits)" in markdown
+
+
+def test_loss_figures_draw_the_json_s_unit_and_name_both(tmp_path, saved_figures):
+    from longseq.diagnostics.plots import plot_context_curve, plot_per_position, plot_runs
+
+    result = {"positions": list(range(8)), "loss_memory": [2.0] * 8, "loss_no_memory": [3.0] * 8, "segments": 3,
+              "skip_segments": 1}  # fmt: skip
+    plot_per_position(result, str(tmp_path / "pp.png"))
+    plot_context_curve({"contexts": [0, 8, 16], "loss": [3.0, 2.5, 2.4]}, str(tmp_path / "cc.png"), train_mem_len=8)
+    for name in ("pp.png", "cc.png"):
+        ax = saved_figures[name].axes[0]
+        assert ax.get_ylabel() == "loss (nats per token)"
+        (right,) = ax.child_axes
+        assert right.get_ylabel() == "bits per token"
+        top = max(np.max(line.get_ydata()) for line in ax.get_lines())
+        assert top == 3.0  # drawn in nats, as the JSON holds it
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"step": s, "loss": 2.0 / s, "elapsed_s": 0.5 * s} for s in range(1, 6)]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    out = plot_runs([str(run)], str(tmp_path / "curves.png"), bits=True)
+    assert out["unit"] == "bits per token"
+    by_step = saved_figures["curves.png"].axes[0]
+    assert by_step.get_ylabel() == "loss (bits per token)" and by_step.child_axes[0].get_ylabel() == "nats per token"
+    assert max(by_step.get_lines()[0].get_ydata()) == pytest.approx(2.0 / math.log(2))
+    for name in ("pp.png", "cc.png", "curves.png"):
+        assert_inside(saved_figures[name], name)
+
+
+def test_eval_per_position_json_and_plot_share_their_unit(tmp_path, saved_figures, capsys):
+    from test_adversarial import lm_checkpoint
+    from test_train import corpus_file
+
+    from longseq.cli import main
+
+    lm = lm_checkpoint(tmp_path)
+    assert main(["eval", "--checkpoint", lm, "--data", str(corpus_file(tmp_path)), "--per-position", "--plot",
+                 str(tmp_path / "pp.png"), "--json", "--quiet", "--set", "max_segments=4"]) == 0  # fmt: skip
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert result["unit"] == "nats per token"
+    drawn = saved_figures["pp.png"].axes[0].get_lines()[0].get_ydata()
+    np.testing.assert_allclose(drawn, result["loss_memory"], rtol=0, atol=1e-12)  # the plot's numbers are the JSON's
