@@ -28,7 +28,7 @@ TEXT = "Grüße aus Köln, 東京 und Zürich!\nnaïve café — déjà vu.\n\np
 
 def model_for(vocab_size: int, pos: str = "sinusoidal") -> TransformerXLLM:
     torch.manual_seed(0)
-    config = ModelConfig.of(vocab_size=vocab_size, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32,
+    config = ModelConfig(vocab_size=vocab_size, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32,
                             mem_len=8 if pos != "absolute" else 0, pos=pos)  # fmt: skip
     return TransformerXLLM(config).eval()
 

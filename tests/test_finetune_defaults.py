@@ -36,7 +36,7 @@ def documents(path, n: int, seed: int, segments: tuple[int, int] = (3, 4)) -> st
 
 
 def classify_run(train: str, pooling: str | None = None, mem_bptt: int = 1) -> RunConfig:
-    model = ModelConfig.of(vocab_size=8, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
+    model = ModelConfig(vocab_size=8, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
                            mem_len=SEGMENT, mem_bptt=mem_bptt)  # fmt: skip
     options = {"train": train, **({} if pooling is None else {"pooling": pooling})}
     return RunConfig(model, DataConfig(tgt_len=SEGMENT, batch_size=4), TrainConfig(), TaskConfig("classify", options))

@@ -59,7 +59,7 @@ def diagnosed(tmp_path, saved_figures, n_layer=3, n_head=3):
     from longseq.diagnostics import diagnose
 
     torch.manual_seed(0)
-    config = ModelConfig.of(vocab_size=30, n_layer=n_layer, d_model=18, n_head=n_head, d_head=6, d_inner=32,
+    config = ModelConfig(vocab_size=30, n_layer=n_layer, d_model=18, n_head=n_head, d_head=6, d_inner=32,
                             dropout=0.0, mem_len=6)  # fmt: skip
     ids = np.random.default_rng(2).integers(0, 30, 400)
     report = diagnose(TransformerXLLM(config), ids, str(tmp_path), tgt_len=8, warmup=2, batch_size=2, max_segments=6,

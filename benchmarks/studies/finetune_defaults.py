@@ -73,7 +73,7 @@ def make_lm(work: str, text: str, steps: int) -> str:
     ids = tokenizer.encode(text)
     cut = int(len(ids) * 0.9)
     corpus = Corpus(ids[:cut], ids[cut:], ids[cut:], tokenizer, "finetune-defaults")
-    model = ModelConfig.of(vocab_size=tokenizer.vocab_size, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64,
+    model = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64,
                            dropout=0.0, mem_len=SEGMENT)  # fmt: skip
     run = RunConfig(model, DataConfig(tgt_len=SEGMENT, batch_size=8, eval_tgt_len=SEGMENT, eval_batch_size=4),
                     TrainConfig(max_steps=steps, lr=3e-3, warmup_steps=10, eval_interval=steps, device="cpu"))  # fmt: skip
