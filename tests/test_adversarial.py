@@ -73,9 +73,10 @@ def test_finetune_resume_extends_with_steps_and_refuses_what_it_cannot_change(tm
               for name in ("whole", "ft")}  # fmt: skip
     assert losses["ft"] == losses["whole"] and len(losses["ft"]) == 4  # steps 3, 4 continue exactly
     before = (tmp_path / "ft" / "last" / "manifest.json").read_text()
+    span = ["finetune", "--task", "span", "--data", data, "--checkpoint", lm, "--out", str(tmp_path / "span")]
+    assert main([*span, "--pooling", "mean"]) == 2  # pooling is not an option of span
+    assert "--pooling (task.pooling) is an option of the classify task, not of span" in capsys.readouterr().err
     other = ["finetune", "--resume", "--out", str(tmp_path / "ft"), "--task", "span", "--data", lm + "/x.jsonl"]
-    assert main([*other, "--pooling", "mean"]) == 2  # pooling is not an option of span
-    assert "--pooling is an option of the classify task, not of span" in capsys.readouterr().err
     assert main([*other, "--lr", "0.01", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "--task 'classify' -> 'span'" in err and "--data" in err and "--lr" not in err.split(".")[0]

@@ -39,7 +39,9 @@ def classify_run(train: str, pooling: str | None = None, mem_bptt: int = 1) -> R
     model = ModelConfig(vocab_size=8, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
                            mem_len=SEGMENT, mem_bptt=mem_bptt)  # fmt: skip
     options = {"train": train, **({} if pooling is None else {"pooling": pooling})}
-    return RunConfig(model, DataConfig(tgt_len=SEGMENT, batch_size=4), TrainConfig(), TaskConfig("classify", options))
+    return RunConfig(
+        model, DataConfig(tgt_len=SEGMENT, batch_size=4), TrainConfig(), TaskConfig(name="classify", **options)
+    )
 
 
 TOKENIZER = CharTokenizer(list("abcdefgh"))
@@ -91,12 +93,15 @@ def test_a_run_records_its_pooling_and_an_old_checkpoint_keeps_last(tmp_path):
 
     train = documents(tmp_path / "train.jsonl", 6, seed=2)
     task = task_for(classify_run(train), TOKENIZER)
-    assert task.prepare().task.options["pooling"] == "document"  # recorded, so a later default cannot change it
+    assert task.prepare().task.pooling == "document"  # recorded in every checkpoint, so a later default changes nothing
     old = classify_run(train)
-    old.task.options = {"train": train, "labels": ["blue", "green", "red"]}  # as runs before the change stored it
     save_checkpoint(str(tmp_path / "old"), DocumentClassifier(build_model(old.model), 3, "last"), old, TOKENIZER)
+    config = json.loads((tmp_path / "old" / "config.json").read_text())  # as a format v2 run of before the change
+    config["format"] = "longseq-checkpoint-v2"
+    config["run"]["task"] = {"name": "classify", "options": {"train": train, "labels": ["blue", "green", "red"]}}
+    rewrite_listed(tmp_path / "old", "config.json", json.dumps(config))
     model, _, run, _ = load_checkpoint(str(tmp_path / "old"))
-    assert model.pooling == "last" and run.task.options["pooling"] == "last"
+    assert model.pooling == "last" and run.task.pooling == "last"
 
 
 def test_a_tiny_classifier_learns_a_first_token_label_with_the_defaults(tmp_path):
@@ -113,3 +118,13 @@ def test_a_tiny_classifier_learns_a_first_token_label_with_the_defaults(tmp_path
     result = finetune(lm, str(tmp_path / "ft"), "classify", train=train, valid=valid, log=said.append)
     assert result["steps"] == 200 and result["valid"]["accuracy"] >= 0.8
     assert not any("longer than" in m for m in said)  # every segment trains: nothing out of reach
+
+
+def rewrite_listed(directory, name, text):
+    """Replace a checkpoint file and its manifest entry (a checkpoint as an older version wrote it)."""
+    from longseq.data.sources import file_sha256
+
+    (directory / name).write_text(text)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["files"][name] = {"size": (directory / name).stat().st_size, "sha256": file_sha256(str(directory / name))}
+    (directory / "manifest.json").write_text(json.dumps(manifest))

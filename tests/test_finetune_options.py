@@ -14,7 +14,8 @@ from test_faults import records
 
 from longseq.cli import main
 from longseq.config import ConfigError
-from longseq.tasks.base import FinetuneOptions, LengthGroupedBatches, training_batches
+from longseq.config.run import TaskConfig
+from longseq.tasks.base import LengthGroupedBatches, training_batches
 
 
 def test_a_grouped_batch_is_a_run_of_neighbours_in_length_order():
@@ -50,9 +51,11 @@ def test_a_resumed_grouped_sampler_draws_the_same_batches():
 
 
 def test_the_sampler_follows_the_option_and_refuses_no_documents():
-    options = FinetuneOptions(train="x.jsonl", group_by_length=True)
+    options = TaskConfig(name="classify", train="x.jsonl", group_by_length=True)
     assert isinstance(training_batches([3, 1, 2], options, 2, 0), LengthGroupedBatches)
-    assert not isinstance(training_batches([3, 1, 2], FinetuneOptions(train="x.jsonl"), 2, 0), LengthGroupedBatches)
+    assert not isinstance(
+        training_batches([3, 1, 2], TaskConfig(name="classify", train="x.jsonl"), 2, 0), LengthGroupedBatches
+    )
     assert len(LengthGroupedBatches([5, 6], batch_size=8, seed=0).next()) == 2  # fewer documents than a batch
     with pytest.raises(ConfigError, match="no training examples"):
         LengthGroupedBatches([], batch_size=8, seed=0)
@@ -79,16 +82,16 @@ def test_grouped_linear_fine_tuning_resumes_exactly_and_refuses_changes(tmp_path
     assert main([*args, "--out", str(tmp_path / "part")]) == 0  # interrupted after 3 of its 6 steps
     monkeypatch.setattr(finetune_module.Trainer, "fit", fit)
     config = json.loads((tmp_path / "whole" / "last" / "config.json").read_text())
-    assert config["run"]["train"]["schedule"] == "linear" and config["run"]["task"]["options"]["group_by_length"]
+    assert config["run"]["train"]["schedule"] == "linear" and config["run"]["task"]["group_by_length"]
     capsys.readouterr()
     resume = ["finetune", "--resume", "--out", str(tmp_path / "part"), "--quiet", "--json"]
-    assert main([*resume, "--schedule", "cosine"]) == 2
-    assert "--schedule 'linear' -> 'cosine'" in capsys.readouterr().err
+    assert main([*resume, "--batch-size", "2"]) == 2  # a resume keeps the data layout (as a language model's)
+    assert "data.batch_size: 4 -> 2" in capsys.readouterr().err
     plain = ["finetune", "--task", "classify", "--data", data, "--checkpoint", lm, "--segment-len", "8",
              "--batch-size", "4", "--quiet", "--json", "--steps", "2", "--out", str(tmp_path / "plain")]  # fmt: skip
     assert main(plain) == 0
     assert main(["finetune", "--resume", "--out", str(tmp_path / "plain"), "--group-by-length", "--quiet"]) == 2
-    assert "--group-by-length None -> True" in capsys.readouterr().err
+    assert "task.group_by_length: False -> True" in capsys.readouterr().err
     losses = lambda name: [(r["step"], r["loss"]) for r in records(tmp_path / name / "metrics.jsonl") if "loss" in r]  # noqa: E731
     assert len(losses("part")) == 3
     assert main(resume) == 0
@@ -142,7 +145,7 @@ def test_a_moved_run_resumes_exactly_from_its_files_at_their_new_path_and_other_
     assert main([*resume, "--data", moved_data, "--valid", moved_data, "--checkpoint", moved_lm]) == 0
     losses = lambda name: [(r["step"], r["loss"]) for r in records(new / name / "metrics.jsonl") if "loss" in r]  # noqa: E731
     assert losses("part") == losses("whole") and len(losses("whole")) == 6
-    options = json.loads((new / "part" / "last" / "config.json").read_text())["run"]["task"]["options"]
+    options = json.loads((new / "part" / "last" / "config.json").read_text())["run"]["task"]
     assert (options["train"], options["valid"], options["base"]) == (moved_data, moved_data, str(new / "lm" / "best"))
     shutil.copy(other, moved_data)  # other bytes at the run's own path
     assert main([*resume, "--steps", "8"]) == 2
@@ -163,7 +166,7 @@ def test_a_run_without_fingerprints_resumes_from_its_own_paths_only_and_says_so(
     args = ["finetune", "--task", "classify", "--data", data, "--checkpoint", lm, "--segment-len", "8",
             "--batch-size", "4", "--steps", "2", "--quiet", "--json", "--out", str(old / "ft")]  # fmt: skip
     assert main(args) == 0
-    assert not json.loads((old / "ft" / "last" / "config.json").read_text())["run"]["task"]["options"].get("sha256")
+    assert not json.loads((old / "ft" / "last" / "config.json").read_text())["run"]["task"].get("sha256")
     shutil.move(old, tmp_path / "new")
     resume = ["finetune", "--resume", "--out", str(tmp_path / "new" / "ft"), "--quiet", "--steps", "3"]
     capsys.readouterr()

@@ -163,7 +163,7 @@ def test_fine_tuning_refuses_samples(tmp_path):
 
     lm = lm_checkpoint(tmp_path)
     base, tokenizer, base_run, _ = load_checkpoint(lm)
-    run = finetune_run(base_run, lm, "classify", {"train": classify_file(tmp_path)}, steps=2)
+    run = finetune_run(base_run, lm, "classify", {"task.train": classify_file(tmp_path), "train.max_steps": 2})
     run.train = run.train.replace(sample_interval=5)
     trainer = Trainer(task_for(run, tokenizer, base=base), run, str(tmp_path / "ft"), progress=False)
     with pytest.raises(ConfigError, match="sample_interval=5: samples are written by a language model; the classify"):

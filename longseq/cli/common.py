@@ -93,11 +93,14 @@ def device_flag(p: argparse.ArgumentParser, default: str = "auto") -> None:
 
 def load_model(checkpoint: str, device: str = "auto"):
     """(path, model, tokenizer, run config) of ``checkpoint`` (a run directory means its best/, said on stderr)."""
+    from longseq.runtime import set_matmul_precision
     from longseq.train.checkpoint import load_checkpoint, resolve_checkpoint
     from longseq.train.distributed import resolve_device
 
     path = resolve_checkpoint(checkpoint, say)
-    model, tokenizer, run, _ = load_checkpoint(path, device=resolve_device(device))
+    device = resolve_device(device)
+    set_matmul_precision(device, "high")  # TensorFloat-32 on a GPU, as in training
+    model, tokenizer, run, _ = load_checkpoint(path, device=device)
     return path, model, tokenizer, run
 
 

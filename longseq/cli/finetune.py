@@ -1,25 +1,53 @@
 """``longseq finetune``: fine-tune an LM checkpoint on a task (classify, span, mlm), with checkpoints and
-``--resume``; ``longseq predict`` reads the result."""
+``--resume``; ``longseq predict`` reads the result.
+
+Every setting is a key of the run config (``--set pooling=mean lr=3e-4``, or a file's ``[task]``, ``[train]``,
+``[data]`` tables with ``--config FILE``); the flags below are the common ones, each the key :data:`FLAG_KEYS`
+names."""
 
 from __future__ import annotations
 
 import argparse
 
-from longseq.cli.common import common_flags, say
+from longseq.cli.common import common_flags, overrides, say
+
+FLAG_KEYS = {  # a flag (its dest) -> the run config key it sets
+    "data": "task.train",
+    "valid": "task.valid",
+    "steps": "train.max_steps",
+    "batch_size": "data.batch_size",
+    "segment_len": "task.segment_len",
+    "lr": "train.lr",
+    "layer_lr_decay": "train.layer_lr_decay",
+    "schedule": "train.schedule",
+    "eval_interval": "train.eval_interval",
+    "save_interval": "train.save_interval",
+    "head_only": "task.head_only",
+    "group_by_length": "task.group_by_length",
+    "pooling": "task.pooling",
+    "lm_weight": "task.lm_weight",
+    "max_answer_len": "task.max_answer_len",
+    "mask_rate": "task.mask_rate",
+    "mask_token": "task.mask_token",
+    "seed": "train.seed",
+    "device": "train.device",
+}
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("finetune", help="fine-tune an LM checkpoint on a task (classify, span, mlm)")
+    p = sub.add_parser("finetune", help="fine-tune an LM checkpoint on a task (classify, span, mlm)",
+                       epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     from longseq.tasks import TASKS
 
-    tasks = sorted(name for name in TASKS if name != "lm")
-    p.add_argument("--task", choices=tasks, help="the task (not needed with --resume)")
+    p.add_argument("--task", choices=sorted(n for n in TASKS if n != "lm"), help="the task (not needed with --resume)")
     p.add_argument("--data", help="training JSONL")
     p.add_argument("--valid", help="validation JSONL")
     p.add_argument("--checkpoint", help="the LM checkpoint (or run directory) to start from")
     p.add_argument("--out", required=True, help="run directory: last/ (resumable), best/, metrics.jsonl")
     p.add_argument("--resume", action="store_true", help="continue exactly from OUT/last")
     p.add_argument("--overwrite", action="store_true", help="start over an existing run in OUT")
+    p.add_argument("--config", metavar="FILE", help="settings in a TOML or JSON file: [task], [train], [data] tables")
+    p.add_argument("--set", nargs="+", action="append", metavar="KEY=VALUE", help="any key of the run config")
     p.add_argument("--steps", type=int, help="optimizer steps (default 200; with --resume: extend the run to N)")
     p.add_argument("--batch-size", type=int, help="default 8")
     p.add_argument("--segment-len", type=int, help="segment length (default: the checkpoint's tgt_len)")
@@ -29,15 +57,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="after the warmup (a tenth of the steps): constant (the default), or a decay to 0")  # fmt: skip
     p.add_argument("--eval-interval", type=int, help="validate every N steps (default: at the end)")
     p.add_argument("--save-interval", type=int, help="also save last/ every N steps (default 0: off)")
-    p.add_argument("--head-only", action="store_true", help="train the task head only")
-    p.add_argument("--group-by-length", action="store_true",
+    p.add_argument("--head-only", action="store_true", default=None, help="train the task head only")
+    p.add_argument("--group-by-length", action="store_true", default=None,
                    help="batches of documents of similar length (fewer filler segments per batch)")  # fmt: skip
-    p.add_argument(
-        "--pooling",
-        choices=["last", "mean", "document"],
-        help="classify: mean of the whole document (default: every segment trains), last position, or mean of the "
-        "final segment (with a stop-gradient memory, last and mean train only the final segment)",
-    )
+    p.add_argument("--pooling", choices=["last", "mean", "document"],
+                   help="classify: mean of the whole document (default: every segment trains), last position, or mean "
+                   "of the final segment (with a stop-gradient memory, last and mean train only the final segment)")  # fmt: skip
     p.add_argument("--lm-weight", type=float, help="classify: lambda of the joint LM loss (default 0)")
     p.add_argument("--max-answer-len", type=int, help="span: longest answer in tokens (default 64)")
     p.add_argument("--mask-rate", type=float, help="mlm: fraction of tokens chosen for masking (default 0.15)")
@@ -47,11 +72,23 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return common_flags(p)
 
 
-TASK_OPTIONS = {
-    "classify": ("pooling", "lm_weight"),
-    "span": ("max_answer_len",),
-    "mlm": ("mask_rate", "mask_token"),
-}
+def settings_of(args: argparse.Namespace) -> dict:
+    """Every setting of the command line by its run config key: the config file's, then ``--set``, then the flags."""
+    from longseq.config.files import read_config_file
+
+    settings: dict = {}
+    if args.config:
+        data = read_config_file(args.config)
+        from longseq.config.base import leaves
+
+        settings.update(leaves({k: v for k, v in data.items() if k in ("model", "data", "train", "task")}))
+    for item in overrides(args.set):
+        if "=" not in item:
+            raise ValueError(f"override {item!r} must look like key=value")
+        key, value = item.split("=", 1)
+        settings[key.strip()] = value
+    settings.update({key: getattr(args, flag) for flag, key in FLAG_KEYS.items() if getattr(args, flag) is not None})
+    return settings
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -59,14 +96,5 @@ def run(args: argparse.Namespace) -> dict:
 
     if not args.resume and (args.task is None or args.data is None):
         raise ValueError("a new fine-tuning run needs --task, --data and --checkpoint (or --resume to continue one)")
-    settings = dict(steps=args.steps, batch_size=args.batch_size, lr=args.lr, layer_lr_decay=args.layer_lr_decay,
-                    seed=args.seed, device=args.device, eval_interval=args.eval_interval, save_interval=args.save_interval, train=args.data,
-                    valid=args.valid, segment_len=args.segment_len, head_only=args.head_only or None,
-                    schedule=args.schedule, group_by_length=args.group_by_length or None)  # fmt: skip
-    for task, names in TASK_OPTIONS.items():
-        for name in (n for n in names if getattr(args, n) is not None):
-            if args.task is not None and args.task != task:
-                raise ValueError(f"--{name.replace('_', '-')} is an option of the {task} task, not of {args.task}")
-            settings[name] = getattr(args, name)
     return finetune(args.checkpoint, args.out, args.task, resume=args.resume, overwrite=args.overwrite,
-                    progress=not args.quiet, log=say, **settings)  # fmt: skip
+                    progress=not args.quiet, log=say, **settings_of(args))  # fmt: skip

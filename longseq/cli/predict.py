@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> dict:
     records = read_records(args.data, run_config.task.name)
     check_output(args.out, args.data)
     if run_config.task.name == "classify":
-        check_gold_labels(records, run_config.task.options.get("labels", []), args.data, path)
+        check_gold_labels(records, run_config.task.labels, args.data, path)
     task = task_for(run_config, tokenizer)
     outputs = task.predict(model, records, args.data)
     write_jsonl(args.out, outputs, ensure_ascii=False)

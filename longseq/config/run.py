@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from longseq.config.base import ConfigError, JsonConfig, check, check_finite, config
+from longseq.config.base import ConfigError, JsonConfig, check, check_choice, check_finite, config
 from longseq.config.model import ModelConfig
 
 TOKENIZERS = ("byte", "char", "word", "bpe")
@@ -92,6 +92,9 @@ class TrainConfig(JsonConfig):
     cpu or cuda[:N]; under torchrun each rank takes cuda:LOCAL_RANK.  ``parallel``: how torchrun processes share
     the model, ddp (every rank holds all weights) or fsdp (weights, gradients and optimizer moments sharded
     across ranks, PyTorch's ``fully_shard``, one unit per decoder layer); one process ignores it.
+    ``matmul_precision`` on a GPU: ``high`` (the default) lets float32 matmuls use TensorFloat-32, ``highest``
+    keeps full float32, ``medium`` allows bfloat16 (:func:`longseq.runtime.set_matmul_precision`; no effect on
+    the CPU).
     """
 
     max_steps: int = 1200
@@ -131,6 +134,7 @@ class TrainConfig(JsonConfig):
     tensorboard: bool = False
     device: str = "auto"
     parallel: str = "ddp"
+    matmul_precision: str = "high"
 
     def __post_init__(self) -> None:
         check_finite(self)
@@ -153,6 +157,7 @@ class TrainConfig(JsonConfig):
             f"TrainConfig.device must be auto, cpu or cuda[:N], got {self.device!r}",
         )
         check(self.parallel in ("ddp", "fsdp"), f"TrainConfig.parallel must be ddp or fsdp, got {self.parallel!r}")
+        check_choice("TrainConfig.matmul_precision", self.matmul_precision, ("highest", "high", "medium"))
         check(self.lr > 0, f"TrainConfig.lr must be > 0, got {self.lr}")
         check(0 <= self.min_lr <= self.lr, f"TrainConfig.min_lr must be in [0, lr], got {self.min_lr}")
         check(self.schedule in SCHEDULES, f"TrainConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
@@ -228,14 +233,45 @@ class EvalConfig(JsonConfig):
 
 @config
 class TaskConfig(JsonConfig):
-    """What a run trains for: ``lm`` (language modeling on ``data``) or a fine-tuning task (:mod:`longseq.tasks`).
-    ``options`` are the task's own typed options (files, segment length, labels, ...), validated by the task."""
+    """What a run trains for: ``lm`` (language modeling on ``data``) or a fine-tuning task (``classify``, ``span``,
+    ``mlm``; :mod:`longseq.tasks`), with its options, reachable by ``--set`` and in a config file's ``[task]`` table.
+
+    Every fine-tuning task reads: ``train`` and ``valid`` (JSONL files), ``segment_len`` (the length a document is
+    read in; 0: the LM's ``tgt_len``), ``base`` (the LM checkpoint it starts from), ``head_only`` (train the head
+    alone), ``group_by_length`` (batches of documents of similar length) and ``sha256`` (the fingerprints of the
+    files and of the base weights, written when the run starts: a resume finds them at a new path by them).
+    ``classify`` reads ``labels`` (the training file's, written when the run starts), ``pooling`` (``document``:
+    the mean over the whole document, every segment trained; ``last`` position or ``mean`` of the final segment)
+    and ``lm_weight`` (a joint next-token loss); ``span`` reads ``max_answer_len`` (tokens); ``mlm`` reads
+    ``mask_rate`` and ``mask_token`` (``mask_id``: its id, found when the run starts).  An option another task
+    reads is refused for this one."""
 
     name: str = "lm"
-    options: dict = field(default_factory=dict)
+    train: str = ""
+    valid: str | None = None
+    segment_len: int = 0
+    base: str | None = None
+    head_only: bool = False
+    group_by_length: bool = False
+    sha256: dict = field(default_factory=dict)
+    labels: list[str] = field(default_factory=list)
+    pooling: str = "document"
+    lm_weight: float = 0.0
+    max_answer_len: int = 64
+    mask_rate: float = 0.15
+    mask_token: str | None = None
+    mask_id: int = -1
 
     def __post_init__(self) -> None:
-        check(bool(self.name), "TaskConfig.name must name a task (lm, or a fine-tuning task)")
+        check_finite(self)
+        check(bool(self.name), "task.name must name a task (lm, or a fine-tuning task)")
+        check(
+            self.name == "lm" or bool(self.train), f"the {self.name} task needs its training file (--data FILE.jsonl)"
+        )
+        check(self.segment_len >= 0, f"task.segment_len must be >= 0, got {self.segment_len}")
+        check(self.lm_weight >= 0, f"task.lm_weight must be >= 0, got {self.lm_weight}")
+        check(self.max_answer_len >= 1, f"task.max_answer_len must be >= 1 token, got {self.max_answer_len}")
+        check(0.0 < self.mask_rate < 1.0, f"task.mask_rate must be in (0, 1), got {self.mask_rate}")
 
 
 @dataclass
@@ -253,8 +289,10 @@ class RunConfig:
         return out if self.task is None else {**out, "task": self.task.to_dict()}
 
     def sections(self) -> dict[str, JsonConfig]:
-        """The three configs by section name, as :func:`~longseq.config.base.apply_overrides` takes them."""
-        return {"model": self.model, "data": self.data, "train": self.train}
+        """The configs by section name (the task's too, when there is one), as
+        :func:`~longseq.config.base.apply_overrides` takes them and ``RunConfig(**sections)`` puts them back."""
+        out = {"model": self.model, "data": self.data, "train": self.train}
+        return out if self.task is None else {**out, "task": self.task}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:

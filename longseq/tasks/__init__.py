@@ -1,9 +1,9 @@
 """Tasks as plug-ins: language modeling and the fine-tuning tasks, each one file with a :class:`Task` subclass.
 ``TASKS`` is the registry: it maps the names ``TaskConfig.name`` may give to them."""
 
-from longseq.config.base import check_choice
-from longseq.config.run import RunConfig
-from longseq.tasks.base import FinetuneOptions, StepContext, StepResult, Task
+from longseq.config.base import ConfigError, check_choice
+from longseq.config.run import RunConfig, TaskConfig
+from longseq.tasks.base import StepContext, StepResult, Task
 from longseq.tasks.classify import Classify
 from longseq.tasks.lm import LanguageModeling
 from longseq.tasks.mlm import MaskedLM
@@ -16,18 +16,21 @@ def task_for(run: RunConfig, tokenizer=None, log=None, **kwargs) -> Task:
     """The task a run config names (language modeling when it names none)."""
     name = "lm" if run.task is None else run.task.name
     check_choice("task", name, tuple(TASKS))
+    if run.task is not None:
+        check_task_options(run.task)
     return TASKS[name](run, tokenizer, log, **kwargs)
 
 
-def stored_run(run: RunConfig) -> RunConfig:
-    """``run`` as a checkpoint stored it: a task option the run did not record takes the value it had when the run
-    was made (the task's ``stored_defaults``), not today's default, so an old checkpoint loads as it was trained."""
-    if run.task is None:
-        return run
-    missing = {k: v for k, v in TASKS[run.task.name].stored_defaults.items() if k not in run.task.options}
-    if not missing:
-        return run
-    return RunConfig(run.model, run.data, run.train, run.task.replace(options={**missing, **run.task.options}))
+def check_task_options(task: TaskConfig) -> None:
+    """An option set for ``task`` (other than its default) that its task does not read is an error naming the task
+    that reads it: ``pooling`` is an option of classify, not of span."""
+    defaults, reads = TaskConfig(name=task.name, train="x"), TASKS[task.name].reads
+    for key, value in task.to_dict().items():
+        if key != "name" and key not in reads and value != getattr(defaults, key):
+            owners = [name for name, t in TASKS.items() if key in t.reads] or ["none"]
+            raise ConfigError(
+                f"--{key.replace('_', '-')} (task.{key}) is an option of the {', '.join(owners)} task, not of {task.name}"
+            )
 
 
-__all__ = ["TASKS", "FinetuneOptions", "StepContext", "StepResult", "Task", "stored_run", "task_for"]
+__all__ = ["TASKS", "StepContext", "StepResult", "Task", "task_for"]

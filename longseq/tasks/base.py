@@ -12,14 +12,14 @@ DDP-wrapped) model, the device, this rank's rows, mixed-precision autocast and t
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from longseq.config.base import ConfigError, JsonConfig, check, config
-from longseq.config.run import RunConfig
+from longseq.config.base import ConfigError
+from longseq.config.run import RunConfig, TaskConfig
 from longseq.model.memory import Memory
 
 
@@ -54,21 +54,29 @@ class StepResult:
     tokens: int
 
 
+FINETUNE_OPTIONS = ("train", "valid", "segment_len", "base", "head_only", "group_by_length", "sha256")
+
+
 class Task:
-    """The interface; see the module docstring.  Subclasses set ``name`` and ``options_type``."""
+    """The interface; see the module docstring.  Subclasses set ``name`` and ``reads``: the fields of
+    :class:`~longseq.config.run.TaskConfig` the task has use for (another task's are refused)."""
 
     name = ""
-    options_type: type[JsonConfig] | None = None
+    reads: tuple[str, ...] = ()
     writes_samples = False  # whether :meth:`sample` is implemented (``TrainConfig.sample_interval``)
-    stored_defaults: dict = {}  # option values of stored runs that did not record them (made before a default changed)
 
     def __init__(self, run: RunConfig, tokenizer, log=None, base: nn.Module | None = None) -> None:
         self.run, self.tokenizer, self.base = run, tokenizer, base  # base: the LM a new fine-tuning run starts from
         self.log = log or (lambda message: None)
 
     @property
-    def options(self):
-        return self.options_type.from_dict(self.run.task.options) if self.options_type else None
+    def options(self) -> TaskConfig:
+        """The run's task section (typed), the options this task reads among them."""
+        return self.run.task
+
+    def set_options(self, **values) -> None:
+        """Record what the run found when it started (labels, a mask token's id) in its task section."""
+        self.run = RunConfig(self.run.model, self.run.data, self.run.train, self.run.task.replace(**values))
 
     def prepare(self) -> RunConfig:
         """Read what the run needs (data, labels) and return the run config completed by it."""
@@ -115,28 +123,6 @@ class Task:
     def predict(self, model: nn.Module, records: list[dict]) -> list[dict]:
         """One output per input record: ``prediction`` plus scores."""
         raise ConfigError(f"the {self.name} task has no predictions; use longseq generate for a language model")
-
-
-@config
-class FinetuneOptions(JsonConfig):
-    """What every fine-tuning task shares: the training and validation JSONL files, the segment length the
-    document is read in (0: the LM's ``tgt_len``), the LM checkpoint it starts from (``base``), ``head_only``
-    (train the task head alone) and ``group_by_length`` (training batches of documents of similar length, so that
-    a batch reads few filler segments: :class:`LengthGroupedBatches`).  ``sha256``: the fingerprints of the
-    training and validation files and of the base checkpoint's weights, written when the run starts, by which a
-    resume knows the same files at another path (a moved or re-cloned project)."""
-
-    train: str = ""
-    valid: str | None = None
-    segment_len: int = 0
-    base: str | None = None
-    head_only: bool = False
-    group_by_length: bool = False
-    sha256: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        check(bool(self.train), "a fine-tuning task needs its training file (--data FILE.jsonl)")
-        check(self.segment_len >= 0, f"segment_len must be >= 0, got {self.segment_len}")
 
 
 class ExampleBatches:
@@ -203,7 +189,7 @@ class LengthGroupedBatches(ExampleBatches):
         return picked
 
 
-def training_batches(lengths: list[int], options: FinetuneOptions, batch_size: int, seed: int) -> ExampleBatches:
+def training_batches(lengths: list[int], options: TaskConfig, batch_size: int, seed: int) -> ExampleBatches:
     """The sampler of a fine-tuning run: shuffled batches, or batches grouped by length (``group_by_length``)."""
     if options.group_by_length:
         return LengthGroupedBatches(lengths, batch_size, seed)

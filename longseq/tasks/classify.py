@@ -5,20 +5,19 @@ and macro-F1; predictions: the label and every label's probability."""
 
 from __future__ import annotations
 
-from dataclasses import field
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from longseq.config.base import check, check_choice, config
+from longseq.config.base import check_choice
+from longseq.config.run import TaskConfig
 from longseq.data.tasks import TaskDataError, encode_field, read_jsonl
 from longseq.model import build_model
 from longseq.model.heads import POOLING, DocumentClassifier
 from longseq.tasks.base import (
+    FINETUNE_OPTIONS,
     TRAIN_SCORED,
     ExampleBatches,
-    FinetuneOptions,
     StepContext,
     StepResult,
     Task,
@@ -28,30 +27,7 @@ from longseq.tasks.base import (
 )  # fmt: skip
 
 
-@config
-class ClassifyOptions(FinetuneOptions):
-    """``labels``: the label set, in class order (found in the training file; stored so a checkpoint knows its
-    classes); ``pooling``: document (the mean of the whole document, the default), last (the last position) or mean
-    (of the final segment); ``lm_weight``: the weight of a joint next-token loss.
-
-    Why ``document``: with the stop-gradient memory only the final segment's computation trains under ``last`` and
-    ``mean``, so a label carried early in a document longer than a segment is learned only by chance.  Measured
-    (``benchmarks/results/finetune-defaults``: 3 classes, the label word first in documents of 3-4 segments, 200
-    steps of ``longseq finetune``'s defaults, 3 seeds): document 1.00 validation accuracy, last 0.36, mean 0.35,
-    chance 0.33.  Runs made when ``last`` was the default recorded no pooling, and keep it (``Classify.stored_defaults``).
-    """
-
-    labels: list[str] = field(default_factory=list)
-    pooling: str = "document"
-    lm_weight: float = 0.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_choice("pooling", self.pooling, POOLING)
-        check(self.lm_weight >= 0, f"lm_weight must be >= 0, got {self.lm_weight}")
-
-
-def reach_warning(lengths: list[int], segment_len: int, model, o: ClassifyOptions) -> str | None:
+def reach_warning(lengths: list[int], segment_len: int, model, o: TaskConfig) -> str | None:
     """What a run says at its start when training documents are longer than the classification loss's gradient
     reaches: the final ``segments_per_step`` segments under ``last`` and ``mean`` pooling (every segment under
     ``document``), with how far back the final segment sees at all (attention only: ``effective_range``)."""
@@ -96,22 +72,28 @@ def classification_metrics(predicted: list[int], gold: list[int], n_classes: int
 
 
 class Classify(Task):
+    """Options: ``labels``, ``pooling`` (``document``, the default; ``last``, ``mean``), ``lm_weight``.
+
+    Why ``document``: with the stop-gradient memory only the final segment's computation trains under ``last`` and
+    ``mean``, so a label carried early in a document longer than a segment is learned only by chance.  Measured
+    (``benchmarks/results/finetune-defaults``: 3 classes, the label word first in documents of 3-4 segments, 200
+    steps of ``longseq finetune``'s defaults, 3 seeds): document 1.00 validation accuracy, last 0.36, mean 0.35,
+    chance 0.33.  Runs made when ``last`` was the default recorded no pooling, and keep it
+    (:func:`longseq.train.upgrade.upgrade_run`)."""
+
     name = "classify"
-    options_type = ClassifyOptions
-    stored_defaults = {"pooling": "last"}  # the default of the runs that did not record it
+    reads = (*FINETUNE_OPTIONS, "labels", "pooling", "lm_weight")
 
     def prepare(self):
         o = self.options
+        check_choice("task.pooling", o.pooling, POOLING)
         records = read_jsonl(o.train, "classify")
         if not o.labels:  # a new run: the classes are the training file's labels
             names = sorted({label_name(r["label"]) for r in records})
             if len(names) < 2:
                 raise TaskDataError(f"{o.train}: classification needs at least 2 labels, found {names}")
-            self.run.task.options = {**self.run.task.options, "labels": names}
-        self.run.task.options = {
-            **self.run.task.options,
-            "pooling": o.pooling,
-        }  # recorded: a later default cannot change it
+            self.set_options(labels=names)
+        o = self.options
         self.index = {name: i for i, name in enumerate(self.options.labels)}
         self.train_docs = self.encode(records, o.train, labelled=True)
         self.valid_docs = self.encode(read_jsonl(o.valid, "classify"), o.valid, labelled=True) if o.valid else None

@@ -9,7 +9,6 @@ import math
 import torch
 from torch import nn
 
-from longseq.config.base import check, config
 from longseq.config.run import RunConfig
 from longseq.data.tasks import TaskDataError, encode_field, read_jsonl
 from longseq.data.tokenizers import TokenizerError
@@ -17,9 +16,9 @@ from longseq.model import build_model
 from longseq.model.heads import MaskedLM as MaskedLMHead
 from longseq.model.heads import mask_tokens
 from longseq.tasks.base import (
+    FINETUNE_OPTIONS,
     TRAIN_SCORED,
     ExampleBatches,
-    FinetuneOptions,
     StepContext,
     StepResult,
     Task,
@@ -27,21 +26,6 @@ from longseq.tasks.base import (
     padded,
     training_batches,
 )  # fmt: skip
-
-
-@config
-class MlmOptions(FinetuneOptions):
-    """``mask_rate``: the share of tokens chosen; ``mask_token``: the text of the token standing for [MASK]
-    (default: <unk> for words, byte 0 for bytes; a character vocabulary needs one); ``mask_id``: its id, found
-    when the run starts (-1 until then)."""
-
-    mask_rate: float = 0.15
-    mask_token: str | None = None
-    mask_id: int = -1
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(0.0 < self.mask_rate < 1.0, f"mask_rate must be in (0, 1), got {self.mask_rate}")
 
 
 def default_mask_id(tokenizer, mask_token: str | None) -> int:
@@ -73,12 +57,12 @@ def bidirectional(run: RunConfig) -> RunConfig:
 
 class MaskedLM(Task):
     name = "mlm"
-    options_type = MlmOptions
+    reads = (*FINETUNE_OPTIONS, "mask_rate", "mask_token", "mask_id")
 
     def prepare(self):
         o = self.options
         if o.mask_id < 0:
-            self.run.task.options = {**self.run.task.options, "mask_id": default_mask_id(self.tokenizer, o.mask_token)}
+            self.set_options(mask_id=default_mask_id(self.tokenizer, o.mask_token))
         self.run = bidirectional(self.run)
         self.train_docs = self.encode(o.train)
         self.valid_docs = self.encode(o.valid) if o.valid else None

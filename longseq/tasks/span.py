@@ -13,15 +13,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from longseq.config.base import check, config
 from longseq.data.tasks import TaskDataError, encode_field, read_jsonl
 from longseq.data.tokenizers import TokenizerError
 from longseq.model import build_model
 from longseq.model.heads import SpanExtractor, best_spans
 from longseq.tasks.base import (
+    FINETUNE_OPTIONS,
     TRAIN_SCORED,
     ExampleBatches,
-    FinetuneOptions,
     StepContext,
     StepResult,
     Task,
@@ -29,17 +28,6 @@ from longseq.tasks.base import (
     padded,
     training_batches,
 )  # fmt: skip
-
-
-@config
-class SpanOptions(FinetuneOptions):
-    """``max_answer_len``: the longest answer, in tokens."""
-
-    max_answer_len: int = 64
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.max_answer_len >= 1, f"max_answer_len must be >= 1 token, got {self.max_answer_len}")
 
 
 def normalize_answer(text: str) -> str:
@@ -107,7 +95,7 @@ def encode_questions(records: list[dict], tokenizer, path: str) -> list[dict]:
 
 class Span(Task):
     name = "span"
-    options_type = SpanOptions
+    reads = (*FINETUNE_OPTIONS, "max_answer_len")
 
     def prepare(self):
         o = self.options

@@ -30,10 +30,10 @@ from longseq.config import ConfigError, RunConfig
 from longseq.data.sources import file_sha256
 from longseq.data.tokenizers import Tokenizer, TokenizerError, load_tokenizer
 from longseq.model import Memory, TransformerXLLM
-from longseq.tasks import stored_run, task_for
-from longseq.train.upgrade import FORMAT_V1, is_v1, upgrade_memory_names, upgrade_weight_names
+from longseq.tasks import task_for
+from longseq.train.upgrade import OLD_FORMATS, is_v1, upgrade_memory_names, upgrade_run, upgrade_weight_names
 
-FORMAT = "longseq-checkpoint-v2"
+FORMAT = "longseq-checkpoint-v3"
 
 
 class CheckpointError(RuntimeError):
@@ -269,9 +269,9 @@ def _read_config(directory: str) -> tuple[RunConfig, dict]:
     try:
         with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
-        if config.get("format") not in (FORMAT, FORMAT_V1):  # v1: a flat model config, which ModelConfig reads
+        if config.get("format") not in (FORMAT, *OLD_FORMATS):
             raise CheckpointError(f"{directory} has checkpoint format {config.get('format')!r}, expected {FORMAT!r}")
-        return stored_run(RunConfig.from_dict(config["run"])), config
+        return RunConfig.from_dict(upgrade_run(config["run"])), config
     except (json.JSONDecodeError, KeyError, AttributeError, ConfigError) as exc:
         raise CheckpointError(f"checkpoint {directory} has an invalid config.json: {exc}") from None
 

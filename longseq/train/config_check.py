@@ -15,13 +15,13 @@ FIXED_DATA = ("tokenizer", "lowercase", "batch_size", "tgt_len", "varlen", "doc_
 FIXED_TRAIN = ("seed", "grad_accum", "parallel")
 
 
-# a fine-tuning run's files may lie at a new path; finetune.resumed_run checks their bytes against task.options.sha256
-MOVED_FILES = ("task.options.train", "task.options.valid", "task.options.base")
+# a fine-tuning run's files may lie at a new path; finetune.resumed_run checks their bytes against task.sha256
+MOVED_FILES = ("task.train", "task.valid", "task.base")
 
 
 def changed_fields(old: RunConfig, new: RunConfig) -> list[str]:
     """``section.field: old -> new`` for every field a resume cannot change.  A fine-tuning run's files may lie at
-    a new path: their fingerprints (``task.options.sha256``) may not change."""
+    a new path: their fingerprints (``task.sha256``) may not change."""
     before, after = (leaves(r.to_dict(), keep=("sha256",)) for r in (old, new))
     fixed = [k for k in {**before, **after} if k.startswith(("model.", "task.")) and k not in MOVED_FILES]
     fixed += [f"data.{k}" for k in FIXED_DATA] + [f"train.{k}" for k in FIXED_TRAIN]

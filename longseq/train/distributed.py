@@ -29,10 +29,12 @@ from longseq.model.memory import Memory
 
 @dataclass(frozen=True)
 class World:
-    """This process's place in the run: ``rank`` of ``size`` (1 without torchrun)."""
+    """This process's place in the run: ``rank`` of ``size`` (1 without torchrun), and the ``device`` its
+    collectives exchange tensors on: the model's (NCCL moves CUDA tensors only; gloo, CPU ones)."""
 
     rank: int = 0
     size: int = 1
+    device: torch.device = torch.device("cpu")
 
     @property
     def main(self) -> bool:
@@ -47,7 +49,7 @@ class World:
         """The mean of ``value`` over ranks (every rank gets it)."""
         if self.size == 1:
             return value
-        buffer = torch.tensor([value], dtype=torch.float64)
+        buffer = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(buffer)
         return float(buffer) / self.size
 
@@ -55,7 +57,7 @@ class World:
         """True on every rank when ``flag`` is true on some rank (a decision every rank must take alike)."""
         if self.size == 1:
             return flag
-        buffer = torch.tensor([float(flag)])
+        buffer = torch.tensor([float(flag)], device=self.device)
         dist.all_reduce(buffer, op=dist.ReduceOp.MAX)
         return bool(buffer.item())
 
@@ -63,11 +65,12 @@ class World:
         """Every rank's memory joined in rank order (all ranks must call it); None stays None."""
         if self.size == 1 or mems is None:
             return mems
-        tensors = mems.to_tensors()
+        tensors = mems.to_tensors()  # on the CPU, for the checkpoint
         gathered = [{} for _ in range(self.size)]
         for name in sorted(tensors):
-            parts = [torch.empty_like(tensors[name]) for _ in range(self.size)]
-            dist.all_gather(parts, tensors[name].contiguous())
+            local = tensors[name].to(self.device).contiguous()
+            parts = [torch.empty_like(local) for _ in range(self.size)]
+            dist.all_gather(parts, local)
             for rank, part in enumerate(parts):
                 gathered[rank][name] = part
         restored = [Memory.from_tensors(parts, tokens_age=mems.tokens_age) for parts in gathered]
@@ -89,10 +92,16 @@ def init_world() -> World:
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size <= 1:
         return World()
+    device = torch.device("cpu")
+    if torch.cuda.is_available():  # NCCL, one GPU per rank: this rank's, made current before the group forms
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
-    return World(dist.get_rank(), dist.get_world_size())
+        if device.type == "cuda":
+            dist.init_process_group("nccl", device_id=device)
+        else:
+            dist.init_process_group("gloo")
+    return World(dist.get_rank(), dist.get_world_size(), device)
 
 
 def shard_model(model) -> None:

@@ -34,6 +34,7 @@ from longseq.config.checks import check_run
 from longseq.config.files import write_run_config
 from longseq.data.tokenizers import load_tokenizer
 from longseq.progress import TrainingProgress, duration
+from longseq.runtime import set_matmul_precision
 from longseq.tasks.base import StepContext, Task, set_trainable
 from longseq.train.checkpoint import TrainingState, load_training_state, load_weights, save_checkpoint
 from longseq.train.config_check import check_options_apply, check_resumable, check_same_data
@@ -149,6 +150,12 @@ class Trainer:
             check_same_data(self.checkpoint_state.data_sha256, self.data_sha256, self.dir.last, self.run, self.log,
                             saved_path=saved.data.path)  # fmt: skip
         self.device = resolve_device(tc.device, world)
+        set_matmul_precision(self.device, tc.matmul_precision)
+        if world.size > 1 and self.device.type != world.device.type:
+            raise ConfigError(
+                f"device {self.device} under torchrun, but the process group exchanges {world.device.type} tensors "
+                f"(NCCL with a GPU, gloo without): train on {world.device.type}"
+            )
         self.sharded = tc.parallel == "fsdp" and world.size > 1
         self._build_model()
         self.optimizer = build_optimizer(self.model, tc)
@@ -190,7 +197,8 @@ class Trainer:
         set_rng_states(state.torch_rng, state.cuda_rng)
         if self.scaler is not None and state.scaler:
             self.scaler.load_state_dict(state.scaler)
-        self.memory = self.world.local_memory(state.memory)
+        local = self.world.local_memory(state.memory)
+        self.memory = None if local is None else local.to(self.device)  # read on the CPU, used on the model's device
         self.step_count, self.best, self.tokens_seen = state.step, state.best_valid_loss, state.tokens_seen
         self.lr_scale, self.pending_validation = state.lr_scale, state.pending_validation
         self.saved_at = self.step_count  # the state restored is the one on disk: nothing new to save yet
@@ -269,24 +277,25 @@ class Trainer:
         """Validation (aborted by a signal: then pending, done again by the resumed run), the best checkpoint,
         then ``last/``."""
         self.validated_at = self.step_count  # on every rank: a stop on time validates again only if this did not run
-        if self.world.main or self.sharded:  # under DDP the others go on to the checkpoint and wait there
-            valid = stop.interruptible(self.task.validate, self.model, self.sharded)
-            self.model.train()  # a validation stopped halfway may not have put the model back
-            self.pending_validation = valid is None
-            if valid is None:  # stopped by a signal: the loop saves last/ (validation pending) and stops
-                return
-            self.valid = valid
-            if valid:
-                self.write_metrics({"step": self.step_count, **{f"valid_{k}": v for k, v in valid.items()},
-                                    "elapsed_s": self.elapsed})  # fmt: skip
-                shown = {k: v for k, v in valid.items() if k in SHOWN}
-                self.log(f"step {self.step_count}: " + ", ".join(f"valid {k} {v:.4f}" for k, v in shown.items()))
-            loss = valid.get("loss")
-            if self.sharded and loss is not None:  # every rank must take the same branch: the save is collective
-                loss = self.world.mean(loss)
-            if loss is not None and (self.best is None or loss < self.best):
-                self.best = loss
-                self.save(self.dir.best, with_state=False, metrics={"step": self.step_count, **valid})
+        # every rank validates (its own copy of the data): no rank waits in a collective while another one reads the
+        # validation set, however long that takes, and every rank takes the same branches after it
+        valid = stop.interruptible(self.task.validate, self.model, self.sharded)
+        self.model.train()  # a validation stopped halfway may not have put the model back
+        self.pending_validation = self.world.any(valid is None)
+        if self.pending_validation:  # stopped by a signal (on some rank): the loop saves last/ and stops
+            return
+        self.valid = valid
+        if valid:
+            self.write_metrics({"step": self.step_count, **{f"valid_{k}": v for k, v in valid.items()},
+                                "elapsed_s": self.elapsed})  # fmt: skip
+            shown = {k: v for k, v in valid.items() if k in SHOWN}
+            self.log(f"step {self.step_count}: " + ", ".join(f"valid {k} {v:.4f}" for k, v in shown.items()))
+        loss = valid.get("loss")
+        if loss is not None:  # the ranks' losses differ in the last bits at most: they agree on the mean
+            loss = self.world.mean(loss)
+        if loss is not None and (self.best is None or loss < self.best):
+            self.best = loss
+            self.save(self.dir.best, with_state=False, metrics={"step": self.step_count, **valid})
         self.save(self.dir.last, with_state=True)
 
     def save(self, directory: str, with_state: bool, metrics: dict | None = None) -> None:

@@ -1,20 +1,24 @@
-"""Checkpoints of earlier formats, read as today's: the one place that knows them.
+"""Checkpoints of earlier formats, read as today's (format v3): the one place that knows them.
 
-Format v1 (written before the memory and the model config were redesigned, 2026-12-01) differs in three ways:
+Format v1 (written before the memory and the model config were redesigned, 2026-12-01) differs in four ways:
 
 * the model config is flat (every field of the memory, pattern, positions, mixers and hourglass sections at the
   top of ``"model"``), which today's :class:`~longseq.config.model.ModelConfig` still reads;
 * two weights had other names: the compressors and the memory tokens (:data:`V1_WEIGHT_NAMES`);
-* a training state's memory tensors were named ``mems.i`` and ``state.i.j``.
+* a training state's memory tensors were named ``mems.i`` and ``state.i.j``;
+* and, as in format v2, a fine-tuned run kept its task's options in a dict, ``{"name": ..., "options": {...}}``.
 
-Each reader of a checkpoint passes what it read through the function here for its part; a v1 checkpoint then
-loads and scores what it scored (``tests/fixtures``, format v1 files)."""
+Format v2 differs in that last way only.  Today the options are typed fields of
+:class:`~longseq.config.run.TaskConfig`; a classifier that recorded no ``pooling`` was trained with ``last``, the
+default then.  Each reader of a checkpoint passes what it read through the function here for its part; an old
+checkpoint then loads and scores what it scored (``tests/fixtures``, format v1 files)."""
 
 from __future__ import annotations
 
 from torch import Tensor
 
 FORMAT_V1 = "longseq-checkpoint-v1"
+OLD_FORMATS = (FORMAT_V1, "longseq-checkpoint-v2")
 V1_WEIGHT_NAMES = {  # format v1 name prefix -> today's
     "transformer.compressors.": "transformer.memory.policies.compression.compressors.",
     "transformer.memory_tokens": "transformer.memory.policies.tokens.initial",
@@ -46,3 +50,14 @@ def upgrade_memory_names(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
         return "memory." + old.split(".", 1)[1] if old.startswith("state.") else old
 
     return {name(k): v for k, v in tensors.items()}
+
+
+def upgrade_run(run: dict) -> dict:
+    """A stored run config (a checkpoint's ``"run"``) in today's terms: a task's options dict becomes its fields."""
+    task = run.get("task")
+    if not isinstance(task, dict) or "options" not in task:
+        return run
+    options = dict(task["options"])
+    if task.get("name") == "classify":
+        options.setdefault("pooling", "last")  # the default of the runs that did not record it
+    return {**run, "task": {"name": task["name"], **options}}

@@ -172,6 +172,30 @@ class Memory:
 
     # --- transformations (each returns a new memory) ---------------------------------------------------------
 
+    def to(self, device) -> Memory:
+        """The memory with every tensor on ``device`` (a checkpoint's memory is read on the CPU); a ring memory,
+        written in place, is refused."""
+        if self.storage == "ring":
+            raise ValueError("a ring memory is written in place and cannot be copied to another device")
+
+        def move(t):
+            return None if t is None else t.to(device)
+
+        def layer_to(layer: LayerMemory) -> LayerMemory:
+            hidden = layer.hidden
+            hidden = (
+                Quantized(hidden.values.to(device), hidden.scale.to(device))
+                if isinstance(hidden, Quantized)
+                else move(hidden)
+            )
+            return replace(layer, hidden=hidden, compressed=move(layer.compressed), keys=move(layer.keys),
+                           values=move(layer.values), state=None if layer.state is None else tuple(map(move, layer.state)),
+                           inner=None if layer.inner is None else layer.inner.to(device))  # fmt: skip
+
+        table = None if self.table is None else (tuple(map(move, self.table[0])), self.table[1])
+        return replace(self, layers=tuple(layer_to(layer) for layer in self.layers), doc_ids=move(self.doc_ids),
+                       last_doc=move(self.last_doc), tokens=move(self.tokens), table=table)  # fmt: skip
+
     def detach(self) -> Memory:
         """The memory with the graphs of the hidden states (``mem_bptt``), the memory tokens and the recurrent
         states cut (the end of a back-propagation window)."""
