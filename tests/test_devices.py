@@ -25,7 +25,7 @@ def test_every_collective_gets_tensors_on_the_worlds_device(monkeypatch):
     for device in ("meta", "cpu"):
         world = World(rank=0, size=2, device=torch.device(device))
         seen.clear()
-        for collective in (lambda: world.mean(1.5), lambda: world.any(True)):
+        for collective in (lambda w=world: w.mean(1.5), lambda w=world: w.any(True)):
             try:
                 collective()
             except RuntimeError:  # the result of a meta tensor cannot be read: only what was handed over counts

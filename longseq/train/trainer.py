@@ -184,6 +184,11 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel
 
             self.net = DistributedDataParallel(model)  # averages gradients; parameters start from rank 0's
+        if self.tc.compile != "none":  # the training step's model; validation and saving read self.model, uncompiled
+            if self.run.task is not None:
+                raise ConfigError(f"compile={self.tc.compile} compiles a language model's training step; the "
+                                  f"{self.run.task.name} task reads documents in Python loops: set compile=none")  # fmt: skip
+            self.net = torch.compile(self.net, fullgraph=True, backend=self.tc.compile)
 
     def restore(self, state: TrainingState) -> None:
         """Everything :meth:`save` stored: weights, optimizer, data position, RNG, loss scale, memory."""
