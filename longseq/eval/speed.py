@@ -91,7 +91,7 @@ def train_throughput(
     result = {
         "tokens_per_s": steps * batch * tgt_len / elapsed,
         "step_ms": 1000 * elapsed / steps,
-        "loss": float(out.loss),
+        "loss": float(out.loss.detach()),
         # what the timed steps cost the process in CPU time (all threads), in system time and in page faults
         "cpu_s_per_step": (after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime) / steps,
         "sys_s_per_step": (after.ru_stime - usage.ru_stime) / steps,
