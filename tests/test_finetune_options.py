@@ -176,3 +176,29 @@ def test_a_run_without_fingerprints_resumes_from_its_own_paths_only_and_says_so(
     assert main([*resume, "--data", moved]) == 2
     err = capsys.readouterr().err
     assert f"--data {data!r} -> {moved!r}. A resume" in err and "sha256 differs" not in err
+
+
+def test_a_config_file_table_finetune_does_not_read_is_refused(tmp_path, capsys):
+    """A --config table other than model, data, train and task was read as nothing; now it is named."""
+    (tmp_path / "ft.toml").write_text("[train]\nlr = 1e-3\n[optimiser]\nlr = 2e-3\n")
+    argv = ["finetune", "--config", str(tmp_path / "ft.toml"), "--task", "classify", "--data", "x.jsonl"]
+    assert main([*argv, "--checkpoint", "none", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "optimiser" in err and "task" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_fine_tuning_run_toml_says_how_to_continue_it_not_how_to_train(tmp_path):
+    """A fine-tuning run's run.toml said `longseq train --config THIS_FILE` runs it again, which trains an LM."""
+    from longseq.config.files import write_run_config
+    from longseq.config.run import RunConfig
+    from longseq.train.rundir import is_longseq_file
+
+    lm = RunConfig()
+    tuned = RunConfig(task=TaskConfig(name="classify", train="x.jsonl"))
+    for run, name in ((lm, "lm.toml"), (tuned, "run.toml")):
+        write_run_config(run, str(tmp_path / name))
+    lm_lines, tuned_lines = (tmp_path / "lm.toml").read_text(), (tmp_path / "run.toml").read_text()
+    assert "longseq train --config" in lm_lines.split("\n", 2)[1]
+    assert "finetune --resume" in tuned_lines.split("\n", 2)[1] and "train --config" not in tuned_lines
+    assert is_longseq_file(str(tmp_path / "run.toml"))
