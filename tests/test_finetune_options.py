@@ -190,12 +190,15 @@ def test_a_config_file_table_finetune_does_not_read_is_refused(tmp_path, capsys)
 
 def test_a_fine_tuning_run_toml_says_how_to_continue_it_not_how_to_train(tmp_path):
     """A fine-tuning run's run.toml said `longseq train --config THIS_FILE` runs it again, which trains an LM."""
+    from dataclasses import replace
+
+    from longseq.config import DataConfig, ModelConfig, TrainConfig
     from longseq.config.files import write_run_config
     from longseq.config.run import RunConfig
     from longseq.train.rundir import is_longseq_file
 
-    lm = RunConfig()
-    tuned = RunConfig(task=TaskConfig(name="classify", train="x.jsonl"))
+    lm = RunConfig(ModelConfig(), DataConfig(), TrainConfig())
+    tuned = replace(lm, task=TaskConfig(name="classify", train="x.jsonl"))
     for run, name in ((lm, "lm.toml"), (tuned, "run.toml")):
         write_run_config(run, str(tmp_path / name))
     lm_lines, tuned_lines = (tmp_path / "lm.toml").read_text(), (tmp_path / "run.toml").read_text()
