@@ -73,15 +73,26 @@ class Meter:
     1.1 MB/s | ETA 8s``), the first at the first update, then at most every ``interval_s`` seconds, and one at the
     end.  ``enabled=False`` shows nothing; ``terminal`` (default: whether stderr is one) chooses bar or lines."""
 
-    def __init__(self, total: int, desc: str, *, unit: str = "", enabled: bool = True, interval_s: float = 30.0,
-                 totals: dict[str, int] | None = None, write: Callable[[str], None] = to_stderr,
-                 terminal: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        *,
+        unit: str = "",
+        enabled: bool = True,
+        interval_s: float = 30.0,
+        totals: dict[str, int] | None = None,
+        write: Callable[[str], None] = to_stderr,
+        terminal: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         terminal = on_terminal() if terminal is None else terminal
         self.total, self.desc, self.unit, self.write, self.clock = total, desc, unit, write, clock
         self.totals = dict(totals or {})
         self.done, self.counts, self.start = 0, dict.fromkeys(self.totals, 0), clock()
-        self.bar = tqdm(total=total, desc=desc, unit=unit or "it", unit_scale=unit == "B",
-                        disable=not (enabled and terminal))  # fmt: skip
+        self.bar = tqdm(
+            total=total, desc=desc, unit=unit or "it", unit_scale=unit == "B", disable=not (enabled and terminal)
+        )
         self.lines = Every(interval_s if enabled and not terminal else 0.0, clock)
 
     def update(self, n: int) -> None:
@@ -97,8 +108,10 @@ class Meter:
             self.bar.set_postfix_str(" ".join(self._counters()), refresh=False)
 
     def _counters(self) -> list[str]:
-        return [f"{name} {value:,}" + (f"/{self.totals[name]:,}" if name in self.totals else "")
-                for name, value in self.counts.items()]  # fmt: skip
+        return [
+            f"{name} {value:,}" + (f"/{self.totals[name]:,}" if name in self.totals else "")
+            for name, value in self.counts.items()
+        ]
 
     def line(self, final: bool = False) -> str:
         show = size if self.unit == "B" else (lambda n: f"{n:,.0f}")
@@ -124,12 +137,28 @@ class TrainingProgress:
     """The training loop's progress: a bar on a terminal, or plain lines to ``log`` (see the module docstring).
     ``interval_s`` 0 turns the lines off; ``enabled=False`` (``--quiet``, ranks other than 0) shows nothing."""
 
-    def __init__(self, *, step: int, max_steps: int, max_time_s: float, interval_s: float, enabled: bool,
-                 log: Callable[[str], None], clock: Callable[[], float], terminal: bool | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        step: int,
+        max_steps: int,
+        max_time_s: float,
+        interval_s: float,
+        enabled: bool,
+        log: Callable[[str], None],
+        clock: Callable[[], float],
+        terminal: bool | None = None,
+    ) -> None:
         terminal = on_terminal() if terminal is None else terminal
         self.max_steps, self.max_time_s, self.log, self.clock = max_steps, max_time_s, log, clock
-        self.bar = tqdm(total=max_steps, initial=step, desc="train", unit="step", dynamic_ncols=True,
-                        disable=not (enabled and terminal))  # fmt: skip
+        self.bar = tqdm(
+            total=max_steps,
+            initial=step,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            disable=not (enabled and terminal),
+        )
         self.lines = Every(interval_s if enabled and not terminal else 0.0, clock)
         self.first_step, self.start = step, clock()
 

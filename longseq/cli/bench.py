@@ -60,8 +60,13 @@ def run(args: argparse.Namespace) -> dict:
     model = TransformerXLLM(speed.bench_config(args.mem_len, attn_chunk=args.attn_chunk)).to(device)
     if args.task != "train" and (args.compile or args.autocast):
         raise ValueError("--compile and --autocast apply to `longseq bench train` only")
-    settings = {"task": args.task, "tgt_len": args.tgt_len, "mem_len": args.mem_len, "threads": torch.get_num_threads(),
-                "device": device}  # fmt: skip
+    settings = {
+        "task": args.task,
+        "tgt_len": args.tgt_len,
+        "mem_len": args.mem_len,
+        "threads": torch.get_num_threads(),
+        "device": device,
+    }
     if args.task == "train":
         result = speed.train_throughput(
             model,
@@ -109,8 +114,17 @@ def run(args: argparse.Namespace) -> dict:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Every size in its range, before a model is built (a zero divided the timings: ZeroDivisionError)."""
-    least = {"tgt_len": 1, "mem_len": 0, "batch": 1, "steps": 1, "rounds": 1, "prompt_len": 1, "new_tokens": 1,
-             "attn_chunk": 0, "threads": 0}  # fmt: skip
+    least = {
+        "tgt_len": 1,
+        "mem_len": 0,
+        "batch": 1,
+        "steps": 1,
+        "rounds": 1,
+        "prompt_len": 1,
+        "new_tokens": 1,
+        "attn_chunk": 0,
+        "threads": 0,
+    }
     for name, low in least.items():
         if getattr(args, name) < low:
             raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")

@@ -81,8 +81,17 @@ def library_errors() -> tuple[type[BaseException], ...]:
     from longseq.train.checkpoint import CheckpointError
     from longseq.train.trainer import TrainingError
 
-    return (ConfigError, CorpusError, TokenizerError, CheckpointError, ConversionError, TrainingError, BatchingError,
-            ValueError, OSError)  # fmt: skip
+    return (
+        ConfigError,
+        CorpusError,
+        TokenizerError,
+        CheckpointError,
+        ConversionError,
+        TrainingError,
+        BatchingError,
+        ValueError,
+        OSError,
+    )
 
 
 def device_flag(p: argparse.ArgumentParser, default: str = "auto") -> None:

@@ -61,6 +61,10 @@ def run_prepare(args: argparse.Namespace) -> dict:
     vocab_size = DEFAULT_BPE_VOCAB if args.vocab_size is None else args.vocab_size
     DataConfig(tokenizer=args.tokenizer, vocab_size=vocab_size)  # the same checks as a run's config
     return prepare_corpus(
-        args.data, args.tokenizer, args.out, vocab_size=vocab_size, lowercase=args.lowercase,
+        args.data,
+        args.tokenizer,
+        args.out,
+        vocab_size=vocab_size,
+        lowercase=args.lowercase,
         progress=not args.quiet,
-    )  # fmt: skip
+    )

@@ -40,9 +40,15 @@ def run(args: argparse.Namespace) -> dict:
     ids = read_corpus(args.data, run, tokenizer, checkpoint).split(args.split)
     tgt_len = args.tgt_len or run.data.eval_tgt_len
     report = diagnose(
-        model, ids, args.out, tgt_len=tgt_len, warmup=args.warmup, contexts=args.contexts,
-        batch_size=args.batch_size or run.data.eval_batch_size, max_segments=args.max_segments,
-    )  # fmt: skip
+        model,
+        ids,
+        args.out,
+        tgt_len=tgt_len,
+        warmup=args.warmup,
+        contexts=args.contexts,
+        batch_size=args.batch_size or run.data.eval_batch_size,
+        max_segments=args.max_segments,
+    )
     for warning in report["warnings"]:
         say(f"warning: {warning}")
     keep = ("layers", "attention_layers", "heads", "tgt_len", "mem_len", "loss", "memory_share", "grad_norms")

@@ -105,8 +105,10 @@ def unknown_rate(ids, tokenizer, what: str) -> float | None:
     step = 1 << 24
     rate = sum(int(np.count_nonzero(np.asarray(ids[i : i + step]) == unk)) for i in range(0, len(ids), step)) / len(ids)
     if rate > WARN_UNKNOWN:
-        say(f"warning: {rate:.1%} of the tokens of {what} are <unk>: the vocabulary ({tokenizer.vocab_size:,} words) "
-            "lacks many of its words, so the loss and perplexity are mostly those of <unk> and not comparable")  # fmt: skip
+        say(
+            f"warning: {rate:.1%} of the tokens of {what} are <unk>: the vocabulary ({tokenizer.vocab_size:,} words) "
+            "lacks many of its words, so the loss and perplexity are mostly those of <unk> and not comparable"
+        )
     return rate
 
 
@@ -148,11 +150,19 @@ def run(args: argparse.Namespace) -> dict:
         )
         return {"split": settings.split, **metrics, **unk}
     metrics = evaluate(
-        model, ids, batch_size=batch_size, tgt_len=settings.tgt_len or run_config.data.eval_tgt_len,
-        mem_len=settings.mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length,
-        max_segments=settings.max_segments, bits_unit=unit, progress=not args.quiet, doc_ids=doc_ids,
+        model,
+        ids,
+        batch_size=batch_size,
+        tgt_len=settings.tgt_len or run_config.data.eval_tgt_len,
+        mem_len=settings.mem_len,
+        clamp_len=settings.clamp_len,
+        same_length=settings.same_length,
+        max_segments=settings.max_segments,
+        bits_unit=unit,
+        progress=not args.quiet,
+        doc_ids=doc_ids,
         tokenizer=tokenizer,
-    )  # fmt: skip
+    )
     return {"split": settings.split, **metrics, **unk}
 
 
@@ -163,13 +173,22 @@ def run_evidence(args, model, settings, run_config, ids, batch_size) -> dict:
     from longseq.eval.context import context_curve, per_position_losses
 
     tgt_len = settings.tgt_len or run_config.data.eval_tgt_len
-    common = dict(tgt_len=tgt_len, batch_size=batch_size, clamp_len=settings.clamp_len,
-                  max_segments=settings.max_segments, progress=not args.quiet)  # fmt: skip
+    common = dict(
+        tgt_len=tgt_len,
+        batch_size=batch_size,
+        clamp_len=settings.clamp_len,
+        max_segments=settings.max_segments,
+        progress=not args.quiet,
+    )
     if args.per_position:
         result = per_position_losses(
-            model, ids, mem_len=settings.mem_len, same_length=settings.same_length,
-            skip_segments=args.skip_segments, **common,
-        )  # fmt: skip
+            model,
+            ids,
+            mem_len=settings.mem_len,
+            same_length=settings.same_length,
+            skip_segments=args.skip_segments,
+            **common,
+        )
         summary = {
             "loss_memory_mean": sum(result["loss_memory"]) / len(result["loss_memory"]),
             "loss_no_memory_mean": sum(result["loss_no_memory"]) / len(result["loss_no_memory"]),

@@ -38,8 +38,12 @@ FLAG_KEYS = {  # a flag (its dest) -> the run config key it sets
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("finetune", help="fine-tune an LM checkpoint on a task (classify, span, mlm)",
-                       epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = sub.add_parser(
+        "finetune",
+        help="fine-tune an LM checkpoint on a task (classify, span, mlm)",
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     from longseq.tasks import TASKS
 
     p.add_argument("--task", choices=sorted(n for n in TASKS if n != "lm"), help="the task (not needed with --resume)")
@@ -56,16 +60,26 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--segment-len", type=int, help="segment length (default: the checkpoint's tgt_len)")
     p.add_argument("--lr", type=float, help="default 1e-3")
     p.add_argument("--layer-lr-decay", type=float, help="default 0.8")
-    p.add_argument("--schedule", choices=["constant", "linear", "cosine"],
-                   help="after the warmup (a tenth of the steps): constant (the default), or a decay to 0")  # fmt: skip
+    p.add_argument(
+        "--schedule",
+        choices=["constant", "linear", "cosine"],
+        help="after the warmup (a tenth of the steps): constant (the default), or a decay to 0",
+    )
     p.add_argument("--eval-interval", type=int, help="validate every N steps (default: at the end)")
     p.add_argument("--save-interval", type=int, help="also save last/ every N steps (default 0: off)")
     p.add_argument("--head-only", action="store_true", default=None, help="train the task head only")
-    p.add_argument("--group-by-length", action="store_true", default=None,
-                   help="batches of documents of similar length (fewer filler segments per batch)")  # fmt: skip
-    p.add_argument("--pooling", choices=["last", "mean", "document"],
-                   help="classify: mean of the whole document (default: every segment trains), last position, or mean "
-                   "of the final segment (with a stop-gradient memory, last and mean train only the final segment)")  # fmt: skip
+    p.add_argument(
+        "--group-by-length",
+        action="store_true",
+        default=None,
+        help="batches of documents of similar length (fewer filler segments per batch)",
+    )
+    p.add_argument(
+        "--pooling",
+        choices=["last", "mean", "document"],
+        help="classify: mean of the whole document (default: every segment trains), last position, or mean "
+        "of the final segment (with a stop-gradient memory, last and mean train only the final segment)",
+    )
     p.add_argument("--lm-weight", type=float, help="classify: lambda of the joint LM loss (default 0)")
     p.add_argument("--max-answer-len", type=int, help="span: longest answer in tokens (default 64)")
     p.add_argument("--mask-rate", type=float, help="mlm: fraction of tokens chosen for masking (default 0.15)")
@@ -86,8 +100,9 @@ def settings_of(args: argparse.Namespace) -> dict:
 
         foreign = sorted(set(data) - set(TABLES))
         if foreign:
-            raise ValueError(f"{args.config}: unknown table(s) {', '.join(foreign)}; a fine-tuning config has "
-                             f"{', '.join(TABLES)}")  # fmt: skip
+            raise ValueError(
+                f"{args.config}: unknown table(s) {', '.join(foreign)}; a fine-tuning config has {', '.join(TABLES)}"
+            )
         settings.update(leaves(data))
     for item in overrides(args.set):
         if "=" not in item:
@@ -103,5 +118,13 @@ def run(args: argparse.Namespace) -> dict:
 
     if not args.resume and (args.task is None or args.data is None):
         raise ValueError("a new fine-tuning run needs --task, --data and --checkpoint (or --resume to continue one)")
-    return finetune(args.checkpoint, args.out, args.task, resume=args.resume, overwrite=args.overwrite,
-                    progress=not args.quiet, log=say, **settings_of(args))  # fmt: skip
+    return finetune(
+        args.checkpoint,
+        args.out,
+        args.task,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+        log=say,
+        **settings_of(args),
+    )

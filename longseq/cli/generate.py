@@ -37,8 +37,10 @@ def prompt_ids(tokenizer, prompt: str) -> list[int]:
         words = [w.lower() if tokenizer.lowercase else w for w in prompt.split()]
         unknown = sorted({w for w in words if w not in tokenizer.index})
         if unknown:
-            say(f"warning: {len(unknown)} prompt word(s) are not in the vocabulary and read as <unk>: "
-                + ", ".join(repr(w) for w in unknown[:10]))  # fmt: skip
+            say(
+                f"warning: {len(unknown)} prompt word(s) are not in the vocabulary and read as <unk>: "
+                + ", ".join(repr(w) for w in unknown[:10])
+            )
     if not ids:
         raise ValueError("the prompt is empty; give at least one character or word")
     return ids
@@ -86,10 +88,16 @@ def run(args: argparse.Namespace) -> dict:
     mem_len = args.mem_len if args.mem_len is not None else run_config.model.memory.mem_len + run_config.data.tgt_len
     stream = StreamText(tokenizer, ids, args.prompt)
     tokens = generate_stream(
-        model, torch.as_tensor(ids)[None], args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, mem_len=mem_len, segment_len=run_config.data.tgt_len,
+        model,
+        torch.as_tensor(ids)[None],
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        mem_len=mem_len,
+        segment_len=run_config.data.tgt_len,
         generator=torch.Generator().manual_seed(args.seed),
-    )  # fmt: skip
+    )
     start, count, interrupted = time.perf_counter(), 0, False
     if not args.json:
         print(args.prompt, end="", flush=True)

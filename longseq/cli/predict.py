@@ -44,8 +44,10 @@ def run(args: argparse.Namespace) -> dict:
     if not scored:
         return result
     if len(scored) < len(records):
-        say(f"{len(scored)} of the {len(records)} records of {args.data} have the gold field {gold_field!r}: the "
-            f"metrics score those {len(scored)}")  # fmt: skip
+        say(
+            f"{len(scored)} of the {len(records)} records of {args.data} have the gold field {gold_field!r}: the "
+            f"metrics score those {len(scored)}"
+        )
     result["scored"] = len(scored)
     if gold_field == "label":
         names = task.options.labels

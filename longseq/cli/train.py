@@ -109,8 +109,15 @@ def run(args: argparse.Namespace) -> dict:
     base = load_checkpoint_config(os.path.join(out, "last")) if resuming else base_config(args)
     config = RunConfig(**apply_overrides(base.sections(), data_overrides(args)))
     refuse_vocab_size(args.vocab_size, config.data.tokenizer)
-    result = train(config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet, log=say,
-                   base=None if resuming else preset_of(args))  # fmt: skip
+    result = train(
+        config,
+        out,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+        log=say,
+        base=None if resuming else preset_of(args),
+    )
     import gc
 
     import torch.distributed as dist

@@ -159,8 +159,15 @@ def _placed(cls: type, key: str, names: list[str]) -> str:
     """``'key'`` with where it belongs (a key of another config: ``ModelConfig.pattern.window``) or the close
     matches among ``cls``'s keys, its sections' included (``memory.mem_len`` for ``mem_lne``)."""
     nested = {t for c in CONFIG_CLASSES for t in _sections(c).values()}  # configs that are sections of another
-    homes = sorted({f"{other.__name__}.{path}" for other in CONFIG_CLASSES if other not in nested and other is not cls
-                    for path in leaf_paths(other) if path.split(".")[-1] == key})  # fmt: skip
+    homes = sorted(
+        {
+            f"{other.__name__}.{path}"
+            for other in CONFIG_CLASSES
+            if other not in nested and other is not cls
+            for path in leaf_paths(other)
+            if path.split(".")[-1] == key
+        }
+    )
     if homes:
         return f"{key!r} (it is a key of {', '.join(homes)})"
     paths = {path.split(".")[-1]: path for path in leaf_paths(cls)} | {name: name for name in names}

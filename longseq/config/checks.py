@@ -15,11 +15,14 @@ def check_run(run: RunConfig, world_size: int = 1, source: str | None = None) ->
     check_cutoffs(m.cutoffs, m.vocab_size, source)
     c = m.memory
     check(
-        not (c.cmem_len and c.cmem_fn in ("conv", "linear") and (d.tgt_len % c.cmem_rate or c.mem_len % c.cmem_rate
-                                                                  or d.varlen)),
+        not (
+            c.cmem_len
+            and c.cmem_fn in ("conv", "linear")
+            and (d.tgt_len % c.cmem_rate or c.mem_len % c.cmem_rate or d.varlen)
+        ),
         f"cmem_fn={c.cmem_fn} compresses groups of exactly cmem_rate={c.cmem_rate} evicted states: tgt_len={d.tgt_len} "
         f"and mem_len={c.mem_len} must be multiples of it, and varlen must be off",
-    )  # fmt: skip
+    )
     check(
         d.batch_size % (t.grad_accum * world_size) == 0,
         f"batch_size={d.batch_size} must be divisible by grad_accum={t.grad_accum} x {world_size} process(es)",

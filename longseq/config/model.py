@@ -340,8 +340,10 @@ class ModelConfig(JsonConfig):
     def _check_softmax(self) -> None:
         self.cutoffs = list(self.cutoffs)
         if self.vocab_size == 0:  # not known yet: training takes it from the tokenizer and checks the cutoffs then
-            check(self.cutoffs == sorted(set(self.cutoffs)) and all(c > 0 for c in self.cutoffs),
-                  f"ModelConfig.cutoffs must be strictly increasing and positive, got {self.cutoffs}")  # fmt: skip
+            check(
+                self.cutoffs == sorted(set(self.cutoffs)) and all(c > 0 for c in self.cutoffs),
+                f"ModelConfig.cutoffs must be strictly increasing and positive, got {self.cutoffs}",
+            )
             return
         bounds = [0, *self.cutoffs, self.vocab_size]
         check(

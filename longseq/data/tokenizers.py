@@ -224,8 +224,9 @@ class WordTokenizer(Tokenizer):
 
     def byte_lengths(self) -> np.ndarray:
         """A word's UTF-8 bytes, ``<eos>`` 1 (the newline); :meth:`text_bytes` adds the spaces between words."""
-        return np.asarray([1 if w == EOS else len(w.encode("utf-8", errors="surrogatepass")) for w in self.words],
-                          dtype=np.int64)  # fmt: skip
+        return np.asarray(
+            [1 if w == EOS else len(w.encode("utf-8", errors="surrogatepass")) for w in self.words], dtype=np.int64
+        )
 
     def text_bytes(self, ids, previous=None) -> int:
         """The bytes of the words and line ends, and one space before every word that follows a word.  Without
@@ -374,9 +375,11 @@ def train_bpe(pieces: Iterable[str], vocab_size: int = DEFAULT_BPE_VOCAB) -> BPE
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     hf.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[],
+        vocab_size=vocab_size,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
         show_progress=False,
-    )  # fmt: skip
+    )
     hf.train_from_iterator(pieces, trainer)
     return BPETokenizer(hf.to_str())
 

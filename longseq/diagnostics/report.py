@@ -340,8 +340,10 @@ def _memory_length(mems) -> int:
 
 def _plots(plt, layers, maps, summary, grad_norms, mlen, out_dir, averaged=None) -> list[str]:
     """``layers``: the model's index of each attention map's layer."""
-    images = [_save(plt, _attention_figure(plt, i, probs, mlen), out_dir, f"attention_layer{i}.png")
-              for i, probs in zip(layers, maps)]  # fmt: skip
+    images = [
+        _save(plt, _attention_figure(plt, i, probs, mlen), out_dir, f"attention_layer{i}.png")
+        for i, probs in zip(layers, maps)
+    ]
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(summary["entropy_bits"][0]), 1.6 + 0.5 * len(layers)))
     _heatmap(fig, ax, np.array(summary["entropy_bits"]), layers, cmap="magma", label="bits")
     ax.set_title("mean attention entropy (bits)", fontsize=10)

@@ -131,10 +131,17 @@ def context_curve(
     losses, tokens = [], 0
     for c in contexts:
         metrics = evaluate(
-            model, ids, batch_size=batch_size, tgt_len=tgt_len, mem_len=c, clamp_len=clamp_len,
-            same_length=same_length and c > 0, max_segments=max_segments, skip_segments=skip_segments,
+            model,
+            ids,
+            batch_size=batch_size,
+            tgt_len=tgt_len,
+            mem_len=c,
+            clamp_len=clamp_len,
+            same_length=same_length and c > 0,
+            max_segments=max_segments,
+            skip_segments=skip_segments,
             progress=progress,
-        )  # fmt: skip
+        )
         losses.append(metrics["loss"])
         tokens = metrics["tokens"]
     return {

@@ -129,9 +129,18 @@ def evaluate(
     nll_sum, n_tokens, n_bytes = None, 0, 0  # the sum stays on the model's device: read once, at the end
     start = time.perf_counter()
     passes = scored_segments(
-        model, ids, batch_size=batch_size, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
-        same_length=same_length, max_segments=max_segments, progress=progress, kv_memory=kv_memory, doc_ids=doc_ids,
-    )  # fmt: skip
+        model,
+        ids,
+        batch_size=batch_size,
+        tgt_len=tgt_len,
+        mem_len=mem_len,
+        clamp_len=clamp_len,
+        same_length=same_length,
+        max_segments=max_segments,
+        progress=progress,
+        kv_memory=kv_memory,
+        doc_ids=doc_ids,
+    )
     read = 0
     for index, (segment, nll) in enumerate(passes):
         read += 1
@@ -152,8 +161,9 @@ def evaluate(
     return lm_metrics(loss, n_tokens, elapsed, bits_unit, nll_sum / math.log(2) / n_bytes if n_bytes else None, n_bytes)
 
 
-def lm_metrics(loss: float, tokens: int, elapsed: float, bits_unit: str | None, bpb: float | None,
-               n_bytes: int) -> dict:  # fmt: skip
+def lm_metrics(
+    loss: float, tokens: int, elapsed: float, bits_unit: str | None, bpb: float | None, n_bytes: int
+) -> dict:
     """An evaluation's numbers, in the order a person reads them: loss (nats per token), perplexity, bits per
     character (``bits_unit``), bits per byte, what was scored, speed."""
     metrics = {"loss": loss, "ppl": math.exp(min(loss, 700.0))}

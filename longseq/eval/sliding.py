@@ -74,9 +74,15 @@ def recurrent_losses(model, ids: np.ndarray, *, context: int, tgt_len: int, max_
 
 
 def evaluate_sliding(
-    model, ids: np.ndarray, *, context: int, batch_size: int = 16, max_targets: int = 0, bits_unit: str | None = None,
+    model,
+    ids: np.ndarray,
+    *,
+    context: int,
+    batch_size: int = 16,
+    max_targets: int = 0,
+    bits_unit: str | None = None,
     tokenizer=None,
-) -> dict:  # fmt: skip
+) -> dict:
     """The metrics of :func:`longseq.eval.evaluate` (loss, ppl, bpc, bpb with ``tokenizer``, tokens, bytes,
     tokens/s) for the vanilla protocol; the bytes are those of the targets scored, ids[1 : n + 1]."""
     start = time.perf_counter()

@@ -19,8 +19,7 @@ from longseq.model.transformer import TransformerXLLM
 POOLING = ("last", "mean", "document")
 
 
-def read_segments(lm: TransformerXLLM, input_ids: Tensor, segment_len: int, padding: Tensor | None = None,
-                  track=None):  # fmt: skip
+def read_segments(lm: TransformerXLLM, input_ids: Tensor, segment_len: int, padding: Tensor | None = None, track=None):
     """Read a (B, N) document segment by segment with the memory carried, as in language modeling: yields
     ``(index, segment ids (B, T), filler mask (B, T) or None, hidden states (B, T, E))`` for every segment.
 

@@ -30,9 +30,12 @@ def inner_config(config: ModelConfig) -> ModelConfig:
     mixers, patterns = config.layer_mixers[first:end], config.layer_pattern_names[first:end]
     memory = {**config.memory.to_dict(), "mem_len": config.memory.mem_len // k}
     return config.replace(
-        n_layer=end - first, mixer=mixers, pattern={**config.pattern.to_dict(), "attention": patterns},
-        memory=memory, hourglass={"shorten_layers": []},
-    )  # fmt: skip
+        n_layer=end - first,
+        mixer=mixers,
+        pattern={**config.pattern.to_dict(), "attention": patterns},
+        memory=memory,
+        hourglass={"shorten_layers": []},
+    )
 
 
 class Hourglass(nn.Module):
@@ -80,17 +83,23 @@ class Hourglass(nn.Module):
         added = up[:, index, position - group]  # (B, T, E)
         if docs is not None:  # a group of another document adds nothing
             added = added * (end_docs[:, index] == docs[0]).to(added.dtype)[..., None]
-        new_state = (full[:, length:].detach(), up[:, -1].detach(),
-                     torch.full((batch,), (phase + length) % k, dtype=torch.long, device=hidden.device),
-                     up_doc if end_docs is None else end_docs[:, -1])  # fmt: skip
+        new_state = (
+            full[:, length:].detach(),
+            up[:, -1].detach(),
+            torch.full((batch,), (phase + length) % k, dtype=torch.long, device=hidden.device),
+            up_doc if end_docs is None else end_docs[:, -1],
+        )
         return LayerOutput(hidden + added, LayerMemory(state=new_state, inner=inner_memory, phase=(phase + length) % k))
 
     def _state(self, state, hidden: Tensor):
         batch, k = hidden.size(0), self.factor
         if state is None:
             zeros = hidden.new_zeros
-            return zeros(batch, k - 1, self.d_model), zeros(batch, k, self.d_model), torch.full(
-                (batch,), -1, dtype=torch.long, device=hidden.device)  # fmt: skip
+            return (
+                zeros(batch, k - 1, self.d_model),
+                zeros(batch, k, self.d_model),
+                torch.full((batch,), -1, dtype=torch.long, device=hidden.device),
+            )
         tail, up, _, up_doc = state  # its phase tensor is kept for the checkpoint; the host's phase is read
         return tail.to(hidden.dtype), up.to(hidden.dtype), up_doc
 

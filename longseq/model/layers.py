@@ -52,8 +52,9 @@ class StackLayer(Protocol):
 
     attends: ClassVar[bool]
 
-    def __call__(self, hidden: Tensor, rel_key, r_w_bias: Tensor, r_r_bias: Tensor, mask,
-                 context: LayerContext) -> LayerOutput: ...  # fmt: skip
+    def __call__(
+        self, hidden: Tensor, rel_key, r_w_bias: Tensor, r_r_bias: Tensor, mask, context: LayerContext
+    ) -> LayerOutput: ...
 
 
 class DecoderLayer(nn.Module):

@@ -47,8 +47,11 @@ def ignored_options(config: ModelConfig, base: ModelConfig | None = None) -> lis
     defaults = leaves((base or ModelConfig(vocab_size=config.vocab_size)).to_dict())
     unread = unread_options(config)
     shown = lambda v: ",".join(map(str, v)) if isinstance(v, list) else str(v)  # noqa: E731
-    return [f"{path}={shown(value)}" for path, value in leaves(config.to_dict()).items()
-            if path in unread and defaults.get(path) != value]  # fmt: skip
+    return [
+        f"{path}={shown(value)}"
+        for path, value in leaves(config.to_dict()).items()
+        if path in unread and defaults.get(path) != value
+    ]
 
 
 def unread_options(config: ModelConfig) -> set[str]:
@@ -63,14 +66,33 @@ def unread_options(config: ModelConfig) -> set[str]:
     else:
         used = {n for n, m in zip(config.layer_pattern_names, config.layer_mixers) if m == "attention"}
         read = {parameter for name in used for parameter in PATTERNS[name].reads}
-        unread |= {f"pattern.{p}" for p in ("window", "dilation", "stride", "block_size", "block_summary",
-                                            "num_global", "num_random_blocks", "pattern_seed") if p not in read}  # fmt: skip
+        unread |= {
+            f"pattern.{p}"
+            for p in (
+                "window",
+                "dilation",
+                "stride",
+                "block_size",
+                "block_summary",
+                "num_global",
+                "num_random_blocks",
+                "pattern_seed",
+            )
+            if p not in read
+        }
         if not config.pattern.num_random_blocks:
             unread.add("pattern.pattern_seed")
         unread |= set(POSITION_ENCODINGS[config.positions.pos].unread)
         m = config.memory
-        unread |= {path for path, on in (("memory.mem_quant_axis", m.mem_quant == "int8"),
-                   ("memory.cmem_fn", m.cmem_len > 0), ("memory.mem_tokens_bptt", m.mem_tokens > 0)) if not on}  # fmt: skip
+        unread |= {
+            path
+            for path, on in (
+                ("memory.mem_quant_axis", m.mem_quant == "int8"),
+                ("memory.cmem_fn", m.cmem_len > 0),
+                ("memory.mem_tokens_bptt", m.mem_tokens > 0),
+            )
+            if not on
+        }
     read = {parameter for name in layers - {"attention"} for parameter in MIXERS[name].reads}
     unread |= {f"mixers.{f}" for f in leaves(config.mixers.to_dict()) if f not in read}
     if not config.hourglass.shorten_layers:

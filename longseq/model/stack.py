@@ -86,8 +86,9 @@ class LayerStack(nn.Module):
         tokens = self.memory.policies["tokens"] if "tokens" in self.memory.policies else None
         return None if tokens is None else tokens.initial
 
-    def open_step(self, memory: Memory, batch: int, qlen: int, device, recurrence: Recurrence,
-                  doc_ids: Tensor | None = None) -> MemoryStep:  # fmt: skip
+    def open_step(
+        self, memory: Memory, batch: int, qlen: int, device, recurrence: Recurrence, doc_ids: Tensor | None = None
+    ) -> MemoryStep:
         """The memory step of one forward pass of these layers over a (batch, qlen) segment."""
         given = StepInputs(memory, batch, qlen, recurrence, doc_ids, self.training, device, self.attends)
         return self.memory.begin(given)
@@ -151,8 +152,9 @@ class LayerStack(nn.Module):
         """Every layer's relative table (H, R, D), projected outside the layers (the key/value memory's cache)."""
         return [layer.dec_attn.relative_keys(positions) if layer.attends else None for layer in self.layers]
 
-    def _masks(self, step: MemoryStep, shape: MaskInputs, global_mask: Tensor | None, batch: int,
-               device) -> list[PatternMask | None]:  # fmt: skip
+    def _masks(
+        self, step: MemoryStep, shape: MaskInputs, global_mask: Tensor | None, batch: int, device
+    ) -> list[PatternMask | None]:
         """Each attention layer's :class:`PatternMask` (layers with the same pattern share one); None for the
         others."""
         if global_mask is not None:
@@ -166,8 +168,15 @@ class LayerStack(nn.Module):
                     flags = global_keys(global_mask, pattern.num_global, batch, shape.qlen, shape.mlen, device)
                     rows = global_positions(global_mask, pattern.num_global, batch, shape.qlen, shape.mlen)
                 shared[pattern] = PatternMask(
-                    pattern=pattern, qlen=shape.qlen, mlen=shape.mlen, span=shape.span, query_docs=shape.query_docs,
-                    key_docs=shape.key_docs, global_keys=flags, device=device, dropped_keys=shape.dropped_keys,
+                    pattern=pattern,
+                    qlen=shape.qlen,
+                    mlen=shape.mlen,
+                    span=shape.span,
+                    query_docs=shape.query_docs,
+                    key_docs=shape.key_docs,
+                    global_keys=flags,
+                    device=device,
+                    dropped_keys=shape.dropped_keys,
                     global_rows=rows,
-                )  # fmt: skip
+                )
         return [shared[pattern] for pattern in patterns]

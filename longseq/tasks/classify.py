@@ -24,7 +24,7 @@ from longseq.tasks.base import (
     chunks,
     padded,
     training_batches,
-)  # fmt: skip
+)
 
 
 def reach_warning(lengths: list[int], segment_len: int, model, o: TaskConfig) -> str | None:
@@ -37,19 +37,23 @@ def reach_warning(lengths: list[int], segment_len: int, model, o: TaskConfig) ->
     if o.pooling == "document" or not longer:
         return None
     longest = max(longer)
-    what = (f"classify: {len(longer):,} of {len(lengths):,} training documents are longer than the {block} segment(s) "
-            f"the classification loss's gradient reaches (segment_len {segment_len} x {block} = {reach} tokens; the "
-            f"longest has {longest:,} tokens, {-(-longest // segment_len)} segments).  With pooling={o.pooling} and a "
-            f"stop-gradient memory (mem_bptt={model.memory.mem_bptt}) only the final {reach} tokens' computation "
-            "trains for the label; earlier tokens reach the summary only through a memory that is not trained for it")  # fmt: skip
+    what = (
+        f"classify: {len(longer):,} of {len(lengths):,} training documents are longer than the {block} segment(s) "
+        f"the classification loss's gradient reaches (segment_len {segment_len} x {block} = {reach} tokens; the "
+        f"longest has {longest:,} tokens, {-(-longest // segment_len)} segments).  With pooling={o.pooling} and a "
+        f"stop-gradient memory (mem_bptt={model.memory.mem_bptt}) only the final {reach} tokens' computation "
+        "trains for the label; earlier tokens reach the summary only through a memory that is not trained for it"
+    )
     if o.lm_weight > 0:
         what += " (the joint LM loss trains every segment, but not for the label)"
     attention_only = model.arch == "transformer" and set(model.layer_mixers) == {"attention"}
     if attention_only and not model.memory.mem_tokens:
         seen = segment_len + model.effective_range
         beyond = sum(n > seen for n in lengths)
-        what += (f", and {beyond:,} are longer than the final segment sees at all (segment_len {segment_len} + "
-                 f"n_layer {model.n_layer} x memory {model.effective_range // model.n_layer} = {seen} tokens)")  # fmt: skip
+        what += (
+            f", and {beyond:,} are longer than the final segment sees at all (segment_len {segment_len} + "
+            f"n_layer {model.n_layer} x memory {model.effective_range // model.n_layer} = {seen} tokens)"
+        )
     return what + ".  pooling=document trains every segment of a document."
 
 

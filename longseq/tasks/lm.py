@@ -76,11 +76,15 @@ class LanguageModeling(Task):
         valid file is its train file), or fewer tokens than one segment."""
         train, valid, source = self.corpus.train, self.corpus.valid, self.corpus.source
         if len(valid) == len(train) and np.array_equal(np.asarray(valid), np.asarray(train)):
-            self.log(f"warning: the validation split of {source} holds the training split's tokens exactly: "
-                     "validation loss will measure memorisation, not generalisation")  # fmt: skip
+            self.log(
+                f"warning: the validation split of {source} holds the training split's tokens exactly: "
+                "validation loss will measure memorisation, not generalisation"
+            )
         if len(valid) <= d.eval_tgt_len:
-            self.log(f"warning: the validation split of {source} has {len(valid)} tokens, not more than one segment "
-                     f"(eval_tgt_len={d.eval_tgt_len}): its loss is measured on {max(0, len(valid) - 1)} tokens")  # fmt: skip
+            self.log(
+                f"warning: the validation split of {source} has {len(valid)} tokens, not more than one segment "
+                f"(eval_tgt_len={d.eval_tgt_len}): its loss is measured on {max(0, len(valid) - 1)} tokens"
+            )
 
     def data_fingerprint(self) -> dict:
         """The sha256 of the training and validation token ids (:func:`~longseq.data.sources.ids_sha256`)."""
@@ -105,8 +109,15 @@ class LanguageModeling(Task):
 
     def batches(self, world) -> LMBatches:
         d, t = self.run.data, self.run.train
-        stream = OrderedStream(self.corpus.train, d.batch_size, d.tgt_len, varlen=d.varlen, seed=t.seed,
-                               doc_ids=self._doc_ids("train"), rows=world.rows(d.batch_size))  # this rank's rows only  # fmt: skip
+        stream = OrderedStream(
+            self.corpus.train,
+            d.batch_size,
+            d.tgt_len,
+            varlen=d.varlen,
+            seed=t.seed,
+            doc_ids=self._doc_ids("train"),
+            rows=world.rows(d.batch_size),
+        )  # this rank's rows only
         return LMBatches(stream, self.run.model.segments_per_step)
 
     def train_step(self, ctx: StepContext, segments: list, memory: Memory | None) -> StepResult:
@@ -138,11 +149,16 @@ class LanguageModeling(Task):
     def validate(self, model: nn.Module, sharded: bool = False) -> dict:
         d, valid = self.run.data, self.corpus.valid
         return evaluate(
-            model, valid, batch_size=min(d.eval_batch_size, max(1, len(valid) // 2)), tgt_len=d.eval_tgt_len,
-            max_segments=self.run.train.eval_max_segments, bits_unit=self.unit, doc_ids=self._doc_ids("valid"),
+            model,
+            valid,
+            batch_size=min(d.eval_batch_size, max(1, len(valid) // 2)),
+            tgt_len=d.eval_tgt_len,
+            max_segments=self.run.train.eval_max_segments,
+            bits_unit=self.unit,
+            doc_ids=self._doc_ids("valid"),
             kv_memory=not sharded,  # the key/value cache projects W_R R outside the (sharded) layers
             tokenizer=self.tokenizer,
-        )  # fmt: skip
+        )
 
     def sample(self, model: nn.Module, step: int) -> tuple[str, str]:
         """``sample_tokens`` tokens after the prompt at ``sample_temperature``, from a generator seeded by the run's
@@ -152,9 +168,14 @@ class LanguageModeling(Task):
         device = next(model.parameters()).device
         generator = torch.Generator(device=device).manual_seed(t.seed * 1_000_003 + step)
         tokens = generate(
-            model, torch.as_tensor(self.prompt)[None], t.sample_tokens, temperature=t.sample_temperature,
-            mem_len=self.run.model.memory.mem_len + d.tgt_len, segment_len=d.tgt_len, generator=generator,
-        )  # fmt: skip
+            model,
+            torch.as_tensor(self.prompt)[None],
+            t.sample_tokens,
+            temperature=t.sample_temperature,
+            mem_len=self.run.model.memory.mem_len + d.tgt_len,
+            segment_len=d.tgt_len,
+            generator=generator,
+        )
         how = "greedy" if t.sample_temperature == 0 else f"temperature {t.sample_temperature:g}"
         header = f"sample of {t.sample_tokens} tokens ({how}) after {self.tokenizer.decode(self.prompt)!r}:"
         return header, self.tokenizer.decode([*self.prompt, *tokens[0].tolist()])

@@ -25,7 +25,7 @@ from longseq.tasks.base import (
     chunks,
     padded,
     training_batches,
-)  # fmt: skip
+)
 
 
 def default_mask_id(tokenizer, mask_token: str | None) -> int:
@@ -160,6 +160,11 @@ class MaskedLM(Task):
             for i in where:
                 filled[i] = int(probs[i].argmax())
             tokens = [self.tokenizer.decode([filled[i]]) for i in where]
-            out.append({"prediction": self.tokenizer.decode(filled), "filled": tokens,
-                        "scores": [float(probs[i].max()) for i in where]})  # fmt: skip
+            out.append(
+                {
+                    "prediction": self.tokenizer.decode(filled),
+                    "filled": tokens,
+                    "scores": [float(probs[i].max()) for i in where],
+                }
+            )
         return out

@@ -27,7 +27,7 @@ from longseq.tasks.base import (
     chunks,
     padded,
     training_batches,
-)  # fmt: skip
+)
 
 
 def normalize_answer(text: str) -> str:
@@ -73,9 +73,17 @@ def encode_spans(records: list[dict], tokenizer, path: str) -> list[dict]:
         if not record["answer_text"].strip() or not len(inside):
             raise TaskDataError(f"{path}: record {number}: the answer is empty or overlaps no token of the context")
         prefix = len(question) + len(sep)
-        out.append({"ids": question + sep + context.tolist(), "prefix": prefix, "start": prefix + int(inside[0]),
-                    "end": prefix + int(inside[-1]), "context": record["context"], "offsets": offsets,
-                    "answer": record["answer_text"]})  # fmt: skip
+        out.append(
+            {
+                "ids": question + sep + context.tolist(),
+                "prefix": prefix,
+                "start": prefix + int(inside[0]),
+                "end": prefix + int(inside[-1]),
+                "context": record["context"],
+                "offsets": offsets,
+                "answer": record["answer_text"],
+            }
+        )
     return out
 
 
@@ -88,8 +96,14 @@ def encode_questions(records: list[dict], tokenizer, path: str) -> list[dict]:
         question = encode_field(tokenizer, record, "question", path, number).tolist()
         context = encode_field(tokenizer, record, "context", path, number)
         prefix = len(question) + len(sep)
-        out.append({"ids": question + sep + context.tolist(), "prefix": prefix, "context": record["context"],
-                    "offsets": tokenizer.offsets(record["context"])})  # fmt: skip
+        out.append(
+            {
+                "ids": question + sep + context.tolist(),
+                "prefix": prefix,
+                "context": record["context"],
+                "offsets": tokenizer.offsets(record["context"]),
+            }
+        )
     return out
 
 
@@ -161,8 +175,9 @@ class Span(Task):
                 offsets, a, b = e["offsets"], s - e["prefix"], t - e["prefix"]
                 inside = 0 <= a <= b < len(offsets)  # a row with no finite score picks nothing
                 span = (int(offsets[a, 0]), int(offsets[b, 1])) if inside else (0, 0)
-                found.append({"prediction": e["context"][span[0] : span[1]], "start": span[0], "end": span[1],
-                              "score": score})  # fmt: skip
+                found.append(
+                    {"prediction": e["context"][span[0] : span[1]], "start": span[0], "end": span[1], "score": score}
+                )
         model.train(was_training)
         return found, sum(losses) / max(1, len(examples))
 

@@ -410,7 +410,7 @@ def load_training_state(directory: str) -> TrainingState:
             (tensors[f"rng.rank{r}.torch"], _cuda_states(tensors, f"rng.rank{r}.cuda."))
             for r in range(1, 1 + sum(k.startswith("rng.rank") and k.endswith(".torch") for k in tensors))
         ]
-        or None,  # fmt: skip
+        or None,
         pending_validation=bool(meta.get("pending_validation", False)),
         data_sha256=meta.get("data_sha256"),
     )

@@ -45,8 +45,9 @@ def check_resumable(last_dir: str, run: RunConfig, tokenizer) -> RunConfig:
     return saved
 
 
-def check_same_data(saved: dict | None, current: dict | None, last_dir: str, run: RunConfig, log,
-                    saved_path: str | None = None) -> None:  # fmt: skip
+def check_same_data(
+    saved: dict | None, current: dict | None, last_dir: str, run: RunConfig, log, saved_path: str | None = None
+) -> None:
     """A resume reads the data the run was trained on: the same token ids (``saved``, recorded in ``last_dir``),
     at any path.  Other data is refused, naming the parts that differ; a run that recorded no fingerprint (made
     before they were recorded) continues with a warning, unverified."""
@@ -54,8 +55,10 @@ def check_same_data(saved: dict | None, current: dict | None, last_dir: str, run
         return
     where = run.data.path or "the bundled corpus"
     if saved is None:
-        log(f"warning: {last_dir} records no fingerprint of its data, so a resume cannot tell whether {where} is the "
-            "corpus it was trained on")  # fmt: skip
+        log(
+            f"warning: {last_dir} records no fingerprint of its data, so a resume cannot tell whether {where} is the "
+            "corpus it was trained on"
+        )
         return
     differ = [part for part in ("train", "valid") if part in saved and saved[part] != current.get(part)]
     if differ:

@@ -64,12 +64,26 @@ def finetune_run(base: RunConfig, base_path: str, task: str, settings: dict[str,
     segment = int(settings.get("task.segment_len") or base.data.tgt_len)
     batch = int(settings.get("data.batch_size", 8))
     head_only = bool(settings.get("task.head_only"))
-    data = DataConfig(tokenizer=base.data.tokenizer, lowercase=base.data.lowercase, tgt_len=segment,
-                      eval_tgt_len=segment, batch_size=batch, eval_batch_size=batch)  # fmt: skip
+    data = DataConfig(
+        tokenizer=base.data.tokenizer,
+        lowercase=base.data.lowercase,
+        tgt_len=segment,
+        eval_tgt_len=segment,
+        batch_size=batch,
+        eval_batch_size=batch,
+    )
     train = TrainConfig(
-        max_steps=steps, lr=1e-3, min_lr=0.0, warmup_steps=max(1, steps // 10), schedule="constant", clip=1.0,
-        layer_lr_decay=1.0 if head_only else 0.8, seed=0, eval_interval=steps, log_interval=max(1, steps // 10),
-    )  # fmt: skip
+        max_steps=steps,
+        lr=1e-3,
+        min_lr=0.0,
+        warmup_steps=max(1, steps // 10),
+        schedule="constant",
+        clip=1.0,
+        layer_lr_decay=1.0 if head_only else 0.8,
+        seed=0,
+        eval_interval=steps,
+        log_interval=max(1, steps // 10),
+    )
     if "task.train" not in settings:
         raise ConfigError("a new fine-tuning run needs its training file (--data FILE.jsonl)")
     task_config = TaskConfig(name=task, train=settings["task.train"], base=os.path.abspath(base_path))
@@ -78,8 +92,17 @@ def finetune_run(base: RunConfig, base_path: str, task: str, settings: dict[str,
     return RunConfig(run.model, run.data, run.train, run.task.replace(sha256=fingerprints(run.task)))
 
 
-def finetune(base_checkpoint: str | None, out_dir: str, task: str | None = "classify", *, resume: bool = False,
-             overwrite: bool = False, progress: bool = False, log=None, **settings) -> dict:  # fmt: skip
+def finetune(
+    base_checkpoint: str | None,
+    out_dir: str,
+    task: str | None = "classify",
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = False,
+    log=None,
+    **settings,
+) -> dict:
     """Fine-tune ``base_checkpoint`` on ``task`` into ``out_dir`` (``resume``: continue ``out_dir/last``; no base
     needed).  ``settings``: any key of the run config, as ``--set`` takes it (see the module docstring)."""
     log = log or (lambda message: None)
@@ -121,22 +144,29 @@ def _new_run(base_checkpoint: str | None, task: str | None, given: dict, log):
     run = finetune_run(base_run, path, task, given)
     recorded = run.task.sha256
     if "valid" in recorded and recorded.get("train") == recorded["valid"]:
-        log(f"warning: --valid {run.task.valid} holds the same bytes as --data {run.task.train}: validation will "
-            "measure memorisation, and best/ is chosen by it")  # fmt: skip
+        log(
+            f"warning: --valid {run.task.valid} holds the same bytes as --data {run.task.train}: validation will "
+            "measure memorisation, and best/ is chosen by it"
+        )
     return base, tokenizer, run
 
 
 def _note_stretched_decay(run: RunConfig, saved: RunConfig, log) -> None:
     if run.train.schedule != "constant" and run.train.max_steps != saved.train.max_steps:
-        log(f"note: the {run.train.schedule} decay now ends at step {run.train.max_steps}, not "
-            f"{saved.train.max_steps}: the learning rate follows the new schedule from here")  # fmt: skip
+        log(
+            f"note: the {run.train.schedule} decay now ends at step {run.train.max_steps}, not "
+            f"{saved.train.max_steps}: the learning rate follows the new schedule from here"
+        )
 
 
 def fingerprints(task: TaskConfig) -> dict:
     """The sha256 of a fine-tuning run's training and validation files and of its base checkpoint's weights
     (those that exist), by which a resume recognises them at another path."""
-    out = {key: file_sha256(path) for key, path in (("train", task.train), ("valid", task.valid))
-           if path and os.path.isfile(path)}  # fmt: skip
+    out = {
+        key: file_sha256(path)
+        for key, path in (("train", task.train), ("valid", task.valid))
+        if path and os.path.isfile(path)
+    }
     weights = weights_sha256(task.base) if task.base else None
     return {**out, "base": weights} if weights else out
 
@@ -170,8 +200,11 @@ def _files_found(task: TaskConfig, given: dict, base_checkpoint: str | None) -> 
                 other = " (not the run's file: its sha256 differs)" if name in recorded and os.path.isfile(new) else ""
                 changed.append(f"{FLAGS[key]} {saved!r} -> {new!r}{other}")
         elif saved and not os.path.isfile(saved):
-            hint = (f"give its new place with {FLAGS[key]}; the same bytes are recognised by their sha256"
-                    if name in recorded else "the run records no sha256 of its files, so it resumes from that path only")  # fmt: skip
+            hint = (
+                f"give its new place with {FLAGS[key]}; the same bytes are recognised by their sha256"
+                if name in recorded
+                else "the run records no sha256 of its files, so it resumes from that path only"
+            )
             changed.append(f"{FLAGS[key]}: the run's file {saved} is gone ({hint})")
         elif saved and name in recorded and file_sha256(saved) != recorded[name]:
             changed.append(f"{FLAGS[key]}: {saved} is not the file the run started with (its sha256 differs)")

@@ -96,8 +96,9 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimi
     if config.optimizer == "lamb":
         return Lamb(param_groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps)
     try:  # fused: one kernel for all tensors, the step count on the device (no read back from a GPU)
-        return torch.optim.AdamW(param_groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps,
-                                 fused=True)  # fmt: skip
+        return torch.optim.AdamW(
+            param_groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, fused=True
+        )
     except (RuntimeError, ValueError):  # a device or dtype the fused kernel does not serve
         return torch.optim.AdamW(param_groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps)
 

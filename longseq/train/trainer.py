@@ -108,8 +108,18 @@ class Trainer:
 
     clock = staticmethod(time.perf_counter)
 
-    def __init__(self, task: Task, run: RunConfig, out_dir: str, *, resume: bool = False, overwrite: bool = False,
-                 progress: bool = True, log=None, after_backward=None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        task: Task,
+        run: RunConfig,
+        out_dir: str,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        progress: bool = True,
+        log=None,
+        after_backward=None,
+    ) -> None:
         self.world = init_world()
         self.log = log if (log is not None and self.world.main) else (lambda message: None)
         self.task, self.run, self.tc = task, run, run.train
@@ -118,8 +128,10 @@ class Trainer:
         self.resume, self.overwrite, self.progress = self.dir.resuming, overwrite, progress
         self.after_backward = after_backward
         if self.dir.fresh_start:
-            self.log(f"{self.dir.path} holds a run that stopped before its first checkpoint "
-                     f"({', '.join(self.dir.existing)}): nothing to resume, so it starts afresh")  # fmt: skip
+            self.log(
+                f"{self.dir.path} holds a run that stopped before its first checkpoint "
+                f"({', '.join(self.dir.existing)}): nothing to resume, so it starts afresh"
+            )
         self.step_count, self.best, self.tokens_seen, self.lr_scale = 0, None, 0, 1.0
         self.memory = None  # what the task carries from one step to the next (the LM's Memory), or None
         self.bad_steps, self.saved_at, self.clock_offset, self.last_save = 0, -1, 0.0, time.monotonic()
@@ -139,16 +151,24 @@ class Trainer:
         if self.resume and self.task.tokenizer is None:  # read the data with the tokenizer the run was trained with
             self.task.tokenizer = load_tokenizer(os.path.join(self.dir.last, "tokenizer.json"))
         if tc.sample_interval and not self.task.writes_samples:
-            raise ConfigError(f"sample_interval={tc.sample_interval}: samples are written by a language model; the "
-                              f"{self.task.name} task writes none (set sample_interval=0)")  # fmt: skip
+            raise ConfigError(
+                f"sample_interval={tc.sample_interval}: samples are written by a language model; the "
+                f"{self.task.name} task writes none (set sample_interval=0)"
+            )
         self.run = self.task.prepare()
         check_run(self.run, world.size)
         self.checkpoint_state = load_training_state(self.dir.last) if self.resume else None
         self.data_sha256 = self.task.data_fingerprint()
         if self.resume:
             saved = check_resumable(self.dir.last, self.run, self.task.tokenizer)
-            check_same_data(self.checkpoint_state.data_sha256, self.data_sha256, self.dir.last, self.run, self.log,
-                            saved_path=saved.data.path)  # fmt: skip
+            check_same_data(
+                self.checkpoint_state.data_sha256,
+                self.data_sha256,
+                self.dir.last,
+                self.run,
+                self.log,
+                saved_path=saved.data.path,
+            )
         self.device = resolve_device(tc.device, world)
         set_matmul_precision(self.device, tc.matmul_precision)
         if world.size > 1 and self.device.type != world.device.type:
@@ -164,8 +184,9 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type) if tc.precision == "fp16" else None
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tc.precision)
         self.batches = self.task.batches(world)
-        self.ctx = StepContext(self.net, self.device, world.rows(self.run.data.batch_size), tc.grad_accum,
-                               self.autocast_dtype, self.scaler)  # fmt: skip
+        self.ctx = StepContext(
+            self.net, self.device, world.rows(self.run.data.batch_size), tc.grad_accum, self.autocast_dtype, self.scaler
+        )
 
     def _build_model(self) -> None:
         model = self.task.build_model().to(self.device)
@@ -188,8 +209,10 @@ class Trainer:
             self.net = DistributedDataParallel(model)  # averages gradients; parameters start from rank 0's
         if self.tc.compile != "none":  # the training step's model; validation and saving read self.model, uncompiled
             if self.run.task is not None:
-                raise ConfigError(f"compile={self.tc.compile} compiles a language model's training step; the "
-                                  f"{self.run.task.name} task reads documents in Python loops: set compile=none")  # fmt: skip
+                raise ConfigError(
+                    f"compile={self.tc.compile} compiles a language model's training step; the "
+                    f"{self.run.task.name} task reads documents in Python loops: set compile=none"
+                )
             self.net = torch.compile(self.net, fullgraph=True, backend=self.tc.compile)
 
     def restore(self, state: TrainingState) -> None:
@@ -297,8 +320,9 @@ class Trainer:
             return
         self.valid = valid
         if valid:
-            self.write_metrics({"step": self.step_count, **{f"valid_{k}": v for k, v in valid.items()},
-                                "elapsed_s": self.elapsed})  # fmt: skip
+            self.write_metrics(
+                {"step": self.step_count, **{f"valid_{k}": v for k, v in valid.items()}, "elapsed_s": self.elapsed}
+            )
             shown = {k: v for k, v in valid.items() if k in SHOWN}
             self.log(f"step {self.step_count}: " + ", ".join(f"valid {k} {v:.4f}" for k, v in shown.items()))
         loss = valid.get("loss")
@@ -336,8 +360,16 @@ class Trainer:
             )
         if world.main:
             keep = self._history_slot(directory) if with_state else None
-            save_checkpoint(directory, self.model, self.run, self.task.tokenizer, training, metrics,
-                            keep_previous_as=keep, weights=weights)  # fmt: skip
+            save_checkpoint(
+                directory,
+                self.model,
+                self.run,
+                self.task.tokenizer,
+                training,
+                metrics,
+                keep_previous_as=keep,
+                weights=weights,
+            )
             self._rotate(keep)
         if with_state:
             world.barrier()  # the others may read it next (NaN rollback)
@@ -363,8 +395,11 @@ class Trainer:
             try:
                 self.dir.append_metrics(record)
             except OSError as exc:  # a full disk: name the file, and what is safe
-                kept = (f"{self.dir.last} (step {self.saved_at}) is intact: free space and continue with --resume"
-                        if self.saved_at >= 0 else "no checkpoint was saved yet")  # fmt: skip
+                kept = (
+                    f"{self.dir.last} (step {self.saved_at}) is intact: free space and continue with --resume"
+                    if self.saved_at >= 0
+                    else "no checkpoint was saved yet"
+                )
                 raise TrainingError(f"could not append to {self.dir.metrics}: {exc.strerror or exc}; {kept}") from None
         if self.writer is not None:
             for key, value in leaves(record, sep="/").items():
@@ -395,11 +430,15 @@ class Trainer:
                 if self.pending_validation:
                     self.log(f"the validation of step {self.step_count} was interrupted: it runs again first")
                 elif self.step_count >= self.tc.max_steps:
-                    self.log(f"the run is already at step {self.step_count} of max_steps {self.tc.max_steps}: nothing "
-                             "to train (raise max_steps to continue it)")  # fmt: skip
+                    self.log(
+                        f"the run is already at step {self.step_count} of max_steps {self.tc.max_steps}: nothing "
+                        "to train (raise max_steps to continue it)"
+                    )
                 elif 0 < self.tc.max_time_s <= self.clock_offset:
-                    self.log(f"the run has already trained {duration(self.clock_offset)} of max_time_s "
-                             f"{self.tc.max_time_s:g}: nothing to train (raise max_time_s to continue it)")  # fmt: skip
+                    self.log(
+                        f"the run has already trained {duration(self.clock_offset)} of max_time_s "
+                        f"{self.tc.max_time_s:g}: nothing to train (raise max_time_s to continue it)"
+                    )
         except BaseException:
             self.dir.close(failed=True)
             raise
@@ -427,17 +466,25 @@ class Trainer:
         self.model.train()
         self.log(f"model: {sum(p.numel() for p in self.model.parameters()):,} parameters")
         if self.run.model.memory.cmem_len:
-            self.log(f"memory: effective temporal range (mem_len + cmem_rate * cmem_len) * n_layer = "
-                     f"{self.run.model.effective_range}")  # fmt: skip
+            self.log(
+                f"memory: effective temporal range (mem_len + cmem_rate * cmem_len) * n_layer = "
+                f"{self.run.model.effective_range}"
+            )
         end = tc.max_steps if stop_after is None else min(tc.max_steps, self.step_count + stop_after)
         self.start_time, self.start_tokens = self.clock(), self.tokens_seen
         first_step = self.step_count
         if self.pending_validation:  # the resumed run validates the step whose validation a signal stopped
             self.validate(stop)
             self._stop_if_signalled(stop)
-        progress = TrainingProgress(step=self.step_count, max_steps=tc.max_steps, max_time_s=tc.max_time_s,
-                                    interval_s=tc.progress_interval_s, enabled=self.progress and self.world.main,
-                                    log=self.log, clock=self.clock)  # fmt: skip
+        progress = TrainingProgress(
+            step=self.step_count,
+            max_steps=tc.max_steps,
+            max_time_s=tc.max_time_s,
+            interval_s=tc.progress_interval_s,
+            enabled=self.progress and self.world.main,
+            log=self.log,
+            clock=self.clock,
+        )
         with progress:
             while self.step_count < end:
                 if self._out_of_time():
@@ -469,9 +516,11 @@ class Trainer:
         (when its budget was spent before it started, ``_open`` said so)."""
         self.stopped_on_time = True
         if not (self.step_count == first_step and self.clock_offset >= self.tc.max_time_s):  # rank 0 decides the words
-            self.log(f"stopped on time at step {self.step_count} of max_steps {self.tc.max_steps}: the run has "
-                     f"trained {duration(self.elapsed)}, max_time_s is {self.tc.max_time_s:g}; to continue it: "
-                     "--resume with a larger max_time_s")  # fmt: skip
+            self.log(
+                f"stopped on time at step {self.step_count} of max_steps {self.tc.max_steps}: the run has "
+                f"trained {duration(self.elapsed)}, max_time_s is {self.tc.max_time_s:g}; to continue it: "
+                "--resume with a larger max_time_s"
+            )
         if (self.step_count > first_step or not self.resume) and self.validated_at != self.step_count:  # every rank
             self.validate(stop)
         self._stop_if_signalled(stop)
@@ -480,8 +529,15 @@ class Trainer:
         """Log, validate and save as the cadence asks; stop with a saved checkpoint when a signal came."""
         tc, step = self.tc, self.step_count
         if step % tc.log_interval == 0 or step == end:
-            self.write_metrics({"step": step, "loss": self.losses[-1], "lr": self.last_lr, "tokens_per_s": speed,
-                                "elapsed_s": self.elapsed})  # fmt: skip
+            self.write_metrics(
+                {
+                    "step": step,
+                    "loss": self.losses[-1],
+                    "lr": self.last_lr,
+                    "tokens_per_s": speed,
+                    "elapsed_s": self.elapsed,
+                }
+            )
         if tc.sample_interval and step % tc.sample_interval == 0 and self.world.main:
             self._sample()
         if step % tc.eval_interval == 0 or step == tc.max_steps:
@@ -516,8 +572,10 @@ class Trainer:
         to the last completed step, and ``last/`` is saved there; inside the update the weights may be half
         changed, so nothing is saved and ``last/`` keeps the step it holds."""
         if self.updating:
-            self.log(f"interrupted inside the optimizer update of step {self.step_count + 1}; {self.dir.last} "
-                     f"keeps step {self.saved_at}")  # fmt: skip
+            self.log(
+                f"interrupted inside the optimizer update of step {self.step_count + 1}; {self.dir.last} "
+                f"keeps step {self.saved_at}"
+            )
             return
         self.batches.load_state_dict(snapshot[0])
         set_rng_states(*snapshot[1])
@@ -529,16 +587,32 @@ class Trainer:
         elapsed = max(self.clock() - self.start_time, 1e-9)
         unigram = self.task.unigram_bpc() if hasattr(self.task, "unigram_bpc") else None
         return TrainResult(
-            step=self.step_count, train_loss=self.losses[-1] if self.losses else float("nan"), valid=self.valid,
-            best_valid_loss=self.best, tokens=self.tokens_seen,
+            step=self.step_count,
+            train_loss=self.losses[-1] if self.losses else float("nan"),
+            valid=self.valid,
+            best_valid_loss=self.best,
+            tokens=self.tokens_seen,
             tokens_per_s=(self.tokens_seen - self.start_tokens) / elapsed,
-            unigram_bpc=unigram, losses=self.losses, stopped_on_time=self.stopped_on_time, elapsed_s=self.elapsed,
-        )  # fmt: skip
+            unigram_bpc=unigram,
+            losses=self.losses,
+            stopped_on_time=self.stopped_on_time,
+            elapsed_s=self.elapsed,
+        )
 
 
-def train(run: RunConfig, out_dir: str, *, resume: bool = False, overwrite: bool = False, corpus=None,
-          stop_after: int | None = None, progress: bool = True, log=None, after_backward=None,
-          base: RunConfig | None = None) -> TrainResult:  # fmt: skip
+def train(
+    run: RunConfig,
+    out_dir: str,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    corpus=None,
+    stop_after: int | None = None,
+    progress: bool = True,
+    log=None,
+    after_backward=None,
+    base: RunConfig | None = None,
+) -> TrainResult:
     """Train a language model for ``run`` and write checkpoints and metrics under ``out_dir``.
 
     ``resume`` continues from ``out_dir/last`` exactly (same batches, dropout masks, memory and optimizer state);
@@ -552,6 +626,14 @@ def train(run: RunConfig, out_dir: str, *, resume: bool = False, overwrite: bool
         check_options_apply(run, base)
 
     task = LanguageModeling(run, log=log, corpus=corpus)
-    trainer = Trainer(task, run, out_dir, resume=resume, overwrite=overwrite, progress=progress, log=log,
-                      after_backward=after_backward)  # fmt: skip
+    trainer = Trainer(
+        task,
+        run,
+        out_dir,
+        resume=resume,
+        overwrite=overwrite,
+        progress=progress,
+        log=log,
+        after_backward=after_backward,
+    )
     return trainer.fit(stop_after=stop_after)

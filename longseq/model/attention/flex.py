@@ -40,8 +40,9 @@ def flex_available() -> bool:
     return True
 
 
-def flex_relative_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask, dropatt, training,
-                            first_forbidden: int = 0) -> Tensor:  # fmt: skip
+def flex_relative_attention(
+    query, key, value, rel_key, r_w_bias, r_r_bias, mask, dropatt, training, first_forbidden: int = 0
+) -> Tensor:
     """The kernel contract on FlexAttention, for the whole problem at once; ``mask`` a :class:`PatternMask` or a
     dense bool mask broadcastable to (B, H, T, K), True where forbidden (its block mask skips what is allowed
     everywhere, so ``first_forbidden`` adds nothing)."""

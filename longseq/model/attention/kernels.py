@@ -185,9 +185,13 @@ def content_attention(query, key, value, mask: PatternMask | Tensor, dropatt: fl
         return reference_attention(query, key, value, None, zeros, zeros, dense_mask(mask), dropatt, training)
     causal = isinstance(mask, PatternMask) and mask.is_causal_full and mask.mlen == 0 and mask.span is None
     return F.scaled_dot_product_attention(
-        query, key, value, attn_mask=None if causal else ~dense_mask(mask),
-        dropout_p=dropatt if training else 0.0, is_causal=causal,
-    )  # fmt: skip
+        query,
+        key,
+        value,
+        attn_mask=None if causal else ~dense_mask(mask),
+        dropout_p=dropatt if training else 0.0,
+        is_causal=causal,
+    )
 
 
 ATTENTION_KERNELS: dict[str, AttentionKernel] = {

@@ -183,12 +183,19 @@ def layer_patterns(config: ModelConfig) -> list[AttentionPattern]:
     p = config.pattern
     return [
         AttentionPattern(
-            name=name, causal=not p.bidirectional, window=p.window, dilation=tuple(p.dilation), stride=p.stride,
-            block_size=p.block_size, block_summary=p.block_summary, num_global=p.num_global,
-            num_random_blocks=p.num_random_blocks, seed=p.pattern_seed,
+            name=name,
+            causal=not p.bidirectional,
+            window=p.window,
+            dilation=tuple(p.dilation),
+            stride=p.stride,
+            block_size=p.block_size,
+            block_summary=p.block_summary,
+            num_global=p.num_global,
+            num_random_blocks=p.num_random_blocks,
+            seed=p.pattern_seed,
         )
         for name in config.layer_pattern_names
-    ]  # fmt: skip
+    ]
 
 
 def _mix(x: Tensor) -> Tensor:
@@ -384,8 +391,9 @@ def global_keys(
     return torch.cat([flags.new_zeros(batch, mlen), flags], dim=1)  # (B, K)
 
 
-def global_positions(global_mask: Tensor | None, num_global: int, batch: int, qlen: int,
-                     mlen: int) -> tuple[tuple[int, ...], ...] | None:  # fmt: skip
+def global_positions(
+    global_mask: Tensor | None, num_global: int, batch: int, qlen: int, mlen: int
+) -> tuple[tuple[int, ...], ...] | None:
     """The window positions of each row's global tokens, on the host, as :func:`global_keys` flags them: the first
     ``num_global`` of the segment (known without reading anything) and those of ``global_mask``, which is read
     once here (a host read: pass it on the CPU, where the data is made, and it costs no device synchronisation)."""

@@ -188,13 +188,25 @@ class Memory:
                 if isinstance(hidden, Quantized)
                 else move(hidden)
             )
-            return replace(layer, hidden=hidden, compressed=move(layer.compressed), keys=move(layer.keys),
-                           values=move(layer.values), state=None if layer.state is None else tuple(map(move, layer.state)),
-                           inner=None if layer.inner is None else layer.inner.to(device))  # fmt: skip
+            return replace(
+                layer,
+                hidden=hidden,
+                compressed=move(layer.compressed),
+                keys=move(layer.keys),
+                values=move(layer.values),
+                state=None if layer.state is None else tuple(map(move, layer.state)),
+                inner=None if layer.inner is None else layer.inner.to(device),
+            )
 
         table = None if self.table is None else (tuple(map(move, self.table[0])), self.table[1])
-        return replace(self, layers=tuple(layer_to(layer) for layer in self.layers), doc_ids=move(self.doc_ids),
-                       last_doc=move(self.last_doc), tokens=move(self.tokens), table=table)  # fmt: skip
+        return replace(
+            self,
+            layers=tuple(layer_to(layer) for layer in self.layers),
+            doc_ids=move(self.doc_ids),
+            last_doc=move(self.last_doc),
+            tokens=move(self.tokens),
+            table=table,
+        )
 
     def detach(self) -> Memory:
         """The memory with the graphs of the hidden states (``mem_bptt``), the memory tokens and the recurrent
@@ -241,7 +253,7 @@ class Memory:
         return [
             replace(
                 self, layers=tuple(layer[i] for layer in per_layer), doc_ids=docs[i], tokens=tokens[i], last_doc=last[i]
-            )  # fmt: skip
+            )
             for i in range(chunks)
         ]
 
@@ -266,8 +278,13 @@ class Memory:
             )
             for i in range(len(first.layers))
         )
-        return replace(first, layers=layers, doc_ids=cat([p.doc_ids for p in parts]),
-                       tokens=cat([p.tokens for p in parts]), last_doc=cat([p.last_doc for p in parts]))  # fmt: skip
+        return replace(
+            first,
+            layers=layers,
+            doc_ids=cat([p.doc_ids for p in parts]),
+            tokens=cat([p.tokens for p in parts]),
+            last_doc=cat([p.last_doc for p in parts]),
+        )
 
     # --- checkpoints -----------------------------------------------------------------------------------------
 
@@ -330,8 +347,13 @@ class Memory:
             LayerMemory(hidden(i), t.get(f"memory.compressed.{i}"), state=state(i), inner=inner(i), phase=phase(i))
             for i in layers
         )
-        return cls(parts, doc_ids=t.get("memory.doc_ids"), tokens=t.get("memory.tokens"), tokens_age=tokens_age,
-                   last_doc=t.get("memory.last_doc"))  # fmt: skip
+        return cls(
+            parts,
+            doc_ids=t.get("memory.doc_ids"),
+            tokens=t.get("memory.tokens"),
+            tokens_age=tokens_age,
+            last_doc=t.get("memory.last_doc"),
+        )
 
     # --- checks ----------------------------------------------------------------------------------------------
 

@@ -72,8 +72,13 @@ class HiddenStep:
             self.inputs.append(None)
             self.plain.append(None)
             stored = self.layer(i)
-            return LayerContext(state=stored.state, docs=self.state_docs(), inner=stored.inner, phase=stored.phase,
-                                recurrence=self.recurrence)  # fmt: skip
+            return LayerContext(
+                state=stored.state,
+                docs=self.state_docs(),
+                inner=stored.inner,
+                phase=stored.phase,
+                recurrence=self.recurrence,
+            )
         self.inputs.append(hidden)
         stored = self.layer(i).hidden
         plain = None if stored is None or stored.size(1) == 0 else self.policies.codec.decode(stored, hidden.dtype)

@@ -34,12 +34,12 @@ MIXERS: dict[str, MixerKind] = {  # the registry; "attention" (the decoder layer
             c.mixers.chunk,
             c.mixers.conv_kernel,
             c.layer_norm_eps,
-        ),  # fmt: skip
+        ),
         ("d_state", "head_dim", "expand", "chunk", "conv_kernel", "state_bptt"),
     ),
     "conv": MixerKind(
         lambda c: GatedConv(c.d_model, c.mixers.expand, c.mixers.conv_kernel), ("expand", "conv_kernel", "state_bptt")
-    ),  # fmt: skip
+    ),
     "rnn": MixerKind(lambda c: LSTMMixer(c.d_model), ("state_bptt",)),
 }
 

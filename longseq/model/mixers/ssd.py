@@ -48,8 +48,9 @@ def segsum(a: Tensor, boundaries: bool = False) -> Tensor:
     return sums.masked_fill(~causal, float("-inf"))
 
 
-def ssd_chunked(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk: int, state: Tensor | None = None,
-                boundaries: bool = False):  # fmt: skip
+def ssd_chunked(
+    x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk: int, state: Tensor | None = None, boundaries: bool = False
+):
     """:func:`ssd_reference` in chunks (see the module docstring); the same outputs and final state.  ``b`` and
     ``c`` may have one group (B, T, 1, N) shared by every head, which is computed once.  ``boundaries``: ``a`` may
     hold -inf (a document boundary resets the scan)."""

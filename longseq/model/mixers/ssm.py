@@ -36,8 +36,9 @@ class Mamba2(nn.Module):
     """(B, T, E) -> (B, T, E) with state ``(conv tail, scan state)``.  ``scan="reference"`` runs the scan step by
     step (tests)."""
 
-    def __init__(self, d_model: int, d_state: int, head_dim: int, expand: int, chunk: int, kernel: int,
-                 eps: float = 1e-5) -> None:  # fmt: skip
+    def __init__(
+        self, d_model: int, d_state: int, head_dim: int, expand: int, chunk: int, kernel: int, eps: float = 1e-5
+    ) -> None:
         super().__init__()
         self.inner, self.d_state, self.head_dim, self.chunk = expand * d_model, d_state, head_dim, chunk
         self.heads = self.inner // head_dim
@@ -89,8 +90,9 @@ class Mamba2(nn.Module):
         fused = _fused_scan() if x.is_cuda and self.scan == "chunked" else None
         if fused is not None:  # untested here (no GPU): mamba-ssm's kernel, documents as its seq_idx
             seq_idx = None if docs is None else (docs[0] - docs[0][:, :1]).to(torch.int32).contiguous()
-            return fused(x, dt, A, b, c, chunk_size=self.chunk, initial_states=state,
-                         seq_idx=seq_idx, return_final_states=True)  # fmt: skip
+            return fused(
+                x, dt, A, b, c, chunk_size=self.chunk, initial_states=state, seq_idx=seq_idx, return_final_states=True
+            )
         a = dt * A  # (B, T, H), log-decays
         if docs is not None:  # a token that starts a document forgets the state before it
             previous = torch.cat([docs[1][:, None], docs[0][:, :-1]], dim=1)
