@@ -7,7 +7,8 @@ every ``--json`` result are collected and the medians and the B/A ratios reporte
     git worktree add /tmp/before b15639a
     python benchmarks/tools/compare_trees.py --a /tmp/before --b . --rounds 3 [--json]
 
-Commands: ``longseq bench train`` (tokens/s), ``longseq bench eval`` (ms per token), ``longseq bench generate``
+Commands: ``longseq bench train`` (tokens/s, and MFU), the same with ``--compile`` (the whole model compiled),
+``longseq bench eval`` (ms per token), ``longseq bench generate``
 (tokens/s) and each tree's own ``benchmarks/speed/vs_hf.py train eval generate`` (``benchmarks/vs_hf.py`` in trees
 from before the benchmarks were laid out by purpose; longseq against HF TransfoXL in the same process pool: the HF
 figures are the same code on both trees, a check that the machine stayed the same).
@@ -25,6 +26,7 @@ import sys
 
 COMMANDS = {
     "bench train": ["-m", "longseq", "bench", "train", "--json", "--threads", "2", "--steps", "4"],
+    "bench train compiled": ["-m", "longseq", "bench", "train", "--json", "--threads", "2", "--steps", "4", "--compile"],
     "bench eval": ["-m", "longseq", "bench", "eval", "--json", "--threads", "2", "--steps", "4"],
     "bench generate": ["-m", "longseq", "bench", "generate", "--json", "--threads", "2"],
     "vs_hf": ["{vs_hf}", "train", "eval", "generate", "--rounds", "1", "--json"],
