@@ -6,30 +6,23 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_faults import records
-from test_train import corpus_file, tiny_corpus, tiny_run
+from support import (
+    TINY_CLI,
+    corpus_file,
+    records,
+    tiny_corpus,
+    tiny_lstm_config,
+    tiny_model,
+    tiny_model_config,
+    tiny_run,
+    train_tiny_lm,
+    write_classify_file,
+)
 
 from longseq.cli import main
-from longseq.config import ModelConfig, RunConfig
-from longseq.model import TransformerXLLM
+from longseq.config import RunConfig
 from longseq.train import load_checkpoint, save_checkpoint, train
 from longseq.train.checkpoint import CheckpointError
-
-
-def tiny_config(**overrides) -> ModelConfig:
-    """The model of ``tiny_run`` with fields of the model or its sections changed by name."""
-    fields = dict(vocab_size=10, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.2, dropatt=0.1)
-    return ModelConfig(**{**fields, "mem_len": 8, **overrides})
-
-
-def tiny_lstm_config() -> ModelConfig:
-    """The LSTM baseline of ``tiny_config``'s size: only the options an LSTM reads."""
-    return ModelConfig(arch="lstm", vocab_size=10, n_layer=2, d_model=16, dropout=0.2)
-
-
-def tiny_model(**overrides) -> TransformerXLLM:
-    torch.manual_seed(0)
-    return TransformerXLLM(tiny_config(**overrides))
 
 
 def test_an_evaluation_that_scores_no_token_is_an_error_not_a_loss_of_zero():
@@ -47,21 +40,9 @@ def test_an_evaluation_that_scores_no_token_is_an_error_not_a_loss_of_zero():
             context_curve(model, ids, [0, 8], tgt_len=8, batch_size=2, skip_segments=skip)
 
 
-def classify_file(tmp_path) -> str:
-    rows = [{"text": ["hh gfe abc", "cab defg"][i % 2] * 2, "label": i % 2} for i in range(8)]
-    path = tmp_path / "cls.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return str(path)
-
-
-def lm_checkpoint(tmp_path) -> str:
-    train(tiny_run(max_steps=2, eval_interval=2), str(tmp_path / "lm"), corpus=tiny_corpus(), progress=False)
-    return str(tmp_path / "lm" / "best")
-
-
 def test_finetune_resume_extends_with_steps_and_refuses_what_it_cannot_change(tmp_path, capsys):
     """``finetune --resume --steps 6`` used to ignore --steps (and --task, --data, --lr ...) without a word."""
-    lm, data = lm_checkpoint(tmp_path), classify_file(tmp_path)
+    lm, data = train_tiny_lm(tmp_path), write_classify_file(tmp_path)
     args = ["finetune", "--task", "classify", "--data", data, "--checkpoint", lm, "--segment-len", "8",
             "--batch-size", "4", "--quiet", "--json"]  # fmt: skip
     assert main([*args, "--out", str(tmp_path / "whole"), "--steps", "4"]) == 0
@@ -69,7 +50,7 @@ def test_finetune_resume_extends_with_steps_and_refuses_what_it_cannot_change(tm
     capsys.readouterr()
     assert main(["finetune", "--resume", "--out", str(tmp_path / "ft"), "--steps", "4", "--quiet", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["steps"] == 4
-    losses = {name: [(r["step"], r["loss"]) for r in records(tmp_path / name / "metrics.jsonl") if "loss" in r]
+    losses = {name: [(r["step"], r["loss"]) for r in records(tmp_path / name) if "loss" in r]
               for name in ("whole", "ft")}  # fmt: skip
     assert losses["ft"] == losses["whole"] and len(losses["ft"]) == 4  # steps 3, 4 continue exactly
     before = (tmp_path / "ft" / "last" / "manifest.json").read_text()
@@ -102,8 +83,8 @@ def interrupt_json_writes_after(lines: int, monkeypatch) -> None:
 def test_predict_never_writes_over_its_input_and_names_bad_files(tmp_path, capsys, monkeypatch):
     """``predict --data d.jsonl --out d.jsonl`` replaced the user's data with predictions; --out DIR was a bare
     IsADirectoryError, an empty file "torch.cat(): expected a non-empty list", a list label a silent 0 accuracy."""
-    data = classify_file(tmp_path)
-    ft = ["finetune", "--task", "classify", "--data", data, "--checkpoint", lm_checkpoint(tmp_path),
+    data = write_classify_file(tmp_path)
+    ft = ["finetune", "--task", "classify", "--data", data, "--checkpoint", train_tiny_lm(tmp_path),
           "--segment-len", "8", "--batch-size", "4", "--steps", "1", "--out", str(tmp_path / "ft"), "--quiet"]  # fmt: skip
     assert main(ft) == 0
     original = open(data).read()
@@ -137,7 +118,7 @@ def test_a_failed_weight_write_keeps_the_previous_checkpoint_and_says_so(tmp_pat
 
     import longseq.train.checkpoint as checkpoint
 
-    model, tokenizer, run, _ = load_checkpoint(lm_checkpoint(tmp_path))
+    model, tokenizer, run, _ = load_checkpoint(train_tiny_lm(tmp_path))
     target = tmp_path / "ck"
     save_checkpoint(str(target), model, run, tokenizer)
     before = {p.name: p.read_bytes() for p in target.iterdir()}
@@ -174,7 +155,7 @@ def test_generation_from_an_lstm_and_a_vanilla_transformer_matches_reading_the_t
     prompt = torch.as_tensor(tiny_corpus().valid[:30].astype(np.int64))[None].repeat(2, 1)  # (2, 30)
     prompt[1, :5] = 3  # two different rows
     torch.manual_seed(0)
-    lstm = LSTMLM(tiny_config(arch="lstm")).eval()
+    lstm = LSTMLM(tiny_model_config(arch="lstm")).eval()
     assert torch.equal(generate(lstm, prompt, 12, temperature=0, segment_len=8), naive_greedy(lstm, prompt, 12, None))
     vanilla = tiny_model(pos="absolute", mem_len=0).eval()
     for window in (8, 16):
@@ -192,7 +173,7 @@ def test_diagnose_and_convert_name_what_they_cannot_read_or_write(tmp_path, caps
     ids = tiny_corpus().valid
     for overrides, message in (({"mixer": "ssm,rnn"}, "has no attention layer .mixers ssm,rnn.*--per-position"),
                                ({"arch": "lstm"}, "holds a LSTMLM")):  # fmt: skip
-        model = LSTMLM(tiny_config(**overrides)) if "arch" in overrides else tiny_model(**overrides)
+        model = LSTMLM(tiny_model_config(**overrides)) if "arch" in overrides else tiny_model(**overrides)
         with pytest.raises(ValueError, match=message):
             diagnose(model, ids, str(tmp_path / "d"), tgt_len=8)
     for setting, value in (("tgt_len", -5), ("warmup", -1), ("batch_size", 0), ("max_segments", -1)):
@@ -207,7 +188,7 @@ def test_diagnose_and_convert_name_what_they_cannot_read_or_write(tmp_path, caps
     assert main(["convert", "--to-hf", "--checkpoint", str(lstm), "--out", str(tmp_path / "hf")]) == 2
     assert "only a language model exports to HF TransfoXL; this is a LSTMLM" in capsys.readouterr().err
     assert not (tmp_path / "hf").exists()
-    lm = lm_checkpoint(tmp_path)
+    lm = train_tiny_lm(tmp_path)
     (tmp_path / "file").write_text("x")
     for argv in (["convert", "--to-hf", "--checkpoint", lm, "--out", str(tmp_path / "file")],
                  ["diagnose", "--checkpoint", lm, "--data", str(corpus_file(tmp_path)), "--out", str(tmp_path / "file")]):  # fmt: skip
@@ -293,8 +274,6 @@ def test_resuming_on_another_corpus_is_refused_and_on_a_moved_copy_accepted(tmp_
     data is refused by name, the same bytes at a new path continue (said on stderr)."""
     import shutil
 
-    from test_reliability import TINY
-
     first = corpus_file(tmp_path)
     other = tmp_path / "other.txt"
     other.write_text(first.read_text()[::-1])  # the same characters, another text
@@ -302,46 +281,42 @@ def test_resuming_on_another_corpus_is_refused_and_on_a_moved_copy_accepted(tmp_
     moved.parent.mkdir()
     shutil.copy(first, moved)
     out = str(tmp_path / "run")
-    assert main(["train", "--data", str(first), "--tokenizer", "char", "--out", out, *TINY, "max_steps=2"]) == 0
+    assert main(["train", "--data", str(first), "--tokenizer", "char", "--out", out, *TINY_CLI, "max_steps=2"]) == 0
     capsys.readouterr()
     before = (tmp_path / "run" / "last" / "manifest.json").read_text()
-    assert main(["train", "--data", str(other), "--out", out, "--resume", *TINY, "max_steps=4"]) == 2
+    assert main(["train", "--data", str(other), "--out", out, "--resume", *TINY_CLI, "max_steps=4"]) == 2
     err = capsys.readouterr().err
     assert "not the data the run was trained on" in err and "train and valid splits differ" in err
     assert str(other) in err and "Traceback" not in err
     assert (tmp_path / "run" / "last" / "manifest.json").read_text() == before  # nothing was trained or saved
-    assert main(["train", "--data", str(moved), "--out", out, "--resume", *TINY, "max_steps=3"]) == 0
+    assert main(["train", "--data", str(moved), "--out", out, "--resume", *TINY_CLI, "max_steps=3"]) == 0
     err = capsys.readouterr().err
     assert f"resuming on {moved}: the same token ids as {first}" in err
 
 
 def test_json_output_is_strict_json_when_a_number_is_not_finite(tmp_path, capsys):
     """``train --resume`` of a finished run printed ``"train_loss": NaN``: not JSON, so jq refused the line."""
-    from test_reliability import TINY
-
     from longseq.cli.common import emit
 
     emit({"loss": float("nan"), "curve": [1.5, float("inf")], "nested": {"x": -float("inf")}, "n": 3}, True)
     strict = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"{name} in JSON output"))
     assert strict == {"loss": None, "curve": [1.5, None], "nested": {"x": None}, "n": 3}
     out = str(tmp_path / "run")
-    assert main(["train", "--data", str(corpus_file(tmp_path)), "--tokenizer", "char", "--out", out, *TINY]) == 0
+    assert main(["train", "--data", str(corpus_file(tmp_path)), "--tokenizer", "char", "--out", out, *TINY_CLI]) == 0
     capsys.readouterr()
-    assert main(["train", "--out", out, "--resume", "--json", *TINY]) == 0  # finished: no step, no training loss
+    assert main(["train", "--out", out, "--resume", "--json", *TINY_CLI]) == 0  # finished: no step, no training loss
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(line, parse_constant=lambda name: pytest.fail(name))["train_loss"] is None
-    assert main(["train", "--out", out, "--resume", *TINY]) == 0  # the text summary said "loss: nan"
+    assert main(["train", "--out", out, "--resume", *TINY_CLI]) == 0  # the text summary said "loss: nan"
     text = capsys.readouterr().out
     assert "nan" not in text.lower() and "train_loss: n/a" in text and "loss: n/a" in text
 
 
 def test_vocab_size_with_a_tokenizer_it_cannot_size_is_an_error(tmp_path, capsys):
     """``--vocab-size`` was ignored in silence for byte, char and word tokenizers (train and data prepare)."""
-    from test_reliability import TINY
-
     corpus = str(corpus_file(tmp_path))
     out = str(tmp_path / "run")
-    assert main(["train", "--data", corpus, "--tokenizer", "char", "--vocab-size", "512", "--out", out, *TINY]) == 2
+    assert main(["train", "--data", corpus, "--tokenizer", "char", "--vocab-size", "512", "--out", out, *TINY_CLI]) == 2
     assert "--vocab-size sizes a BPE" in capsys.readouterr().err and not (tmp_path / "run").exists()
     prepare = ["data", "prepare", "--data", corpus, "--out", str(tmp_path / "p"), "--quiet"]
     assert main([*prepare, "--tokenizer", "word", "--vocab-size", "512"]) == 2
@@ -354,7 +329,7 @@ def test_an_unseen_character_in_a_task_file_names_the_file_and_record(tmp_path, 
     data = tmp_path / "cls.jsonl"
     rows = [{"text": "abc cab", "label": 0}, {"text": "cab dZe", "label": 1}]
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    argv = ["finetune", "--task", "classify", "--data", str(data), "--checkpoint", lm_checkpoint(tmp_path),
+    argv = ["finetune", "--task", "classify", "--data", str(data), "--checkpoint", train_tiny_lm(tmp_path),
             "--segment-len", "8", "--batch-size", "2", "--steps", "1", "--out", str(tmp_path / "ft"), "--quiet"]  # fmt: skip
     assert main(argv) == 2
     err = capsys.readouterr().err

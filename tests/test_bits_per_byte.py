@@ -124,7 +124,7 @@ def test_the_sliding_window_evaluator_reports_bpb_of_its_targets():
 
 
 def test_training_and_the_command_line_report_bpb(tmp_path, capsys):
-    from test_faults import records
+    from support import records
 
     from longseq.cli import main
 
@@ -135,7 +135,7 @@ def test_training_and_the_command_line_report_bpb(tmp_path, capsys):
            "batch_size=4", "eval_batch_size=2", "max_steps=2", "eval_interval=2", "eval_max_segments=3"]  # fmt: skip
     assert main(run) == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
-    valid = [r for r in records(tmp_path / "run" / "metrics.jsonl") if "valid_loss" in r]
+    valid = [r for r in records(tmp_path / "run") if "valid_loss" in r]
     assert valid[-1]["valid_bpb"] == summary["bpb"] and valid[-1]["valid_bytes"] > valid[-1]["valid_tokens"]
     assert summary["bpb"] < summary["bpc"]  # several bytes in some characters
     assert main(["eval", "--checkpoint", str(tmp_path / "run" / "best"), "--json", "--quiet", "--set",

@@ -20,7 +20,7 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-from test_train import tiny_corpus, tiny_run  # noqa: E402
+from support import tiny_corpus, tiny_run  # noqa: E402
 
 KEYS = st.text(min_size=1, max_size=12)
 SCALARS = (
@@ -149,7 +149,7 @@ def test_training_twice_from_the_same_config_file_gives_identical_losses(tmp_pat
 
 
 def test_the_command_line_writes_run_toml_and_reruns_it_with_identical_losses(tmp_path, capsys):
-    from test_train import corpus_file
+    from support import corpus_file
 
     from longseq.cli import main
 

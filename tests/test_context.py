@@ -168,7 +168,7 @@ def test_memory_share_is_the_mass_on_the_memory_keys_per_layer_and_head():
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A tiny trained character model (mem_len 8, segments of 8) and its corpus file."""
-    from test_train import corpus_file, tiny_run
+    from support import corpus_file, tiny_run
 
     from longseq.train import train
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 from safetensors import safe_open
-from test_train import corpus_file
+from support import corpus_file
 
 from longseq.config import ConfigError, ModelConfig, RunConfig, TrainConfig, get_preset
 from longseq.config.checks import check_run

@@ -156,7 +156,7 @@ def test_plot_reads_runs_and_rejects_broken_logs(tmp_path):
 
 
 def test_eval_command_uses_sliding_windows_for_the_vanilla_model(tmp_path, capsys):
-    from test_train import corpus_file, tiny_run
+    from support import corpus_file, tiny_run
 
     from longseq.cli import main
     from longseq.train import load_checkpoint, train

@@ -13,15 +13,10 @@ import time
 
 import pytest
 import torch
-from test_train import corpus_file, tiny_corpus, tiny_run
+from support import corpus_file, records, tiny_corpus, tiny_run
 
 from longseq.train import load_checkpoint, train
 from longseq.train.checkpoint import load_training_state
-
-
-def records(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def inject_nan_at(step, times=1):
@@ -45,7 +40,7 @@ def test_nan_guard_skips_an_injected_nan_gradient_and_continues(tmp_path):
     )
     assert hit.step == 10 and all(math.isfinite(x) for x in hit.losses)
     assert hit.losses[:3] == clean.losses[:3]  # identical until the fault
-    skipped = [r for r in records(tmp_path / "hit" / "metrics.jsonl") if "skipped" in r]
+    skipped = [r for r in records(tmp_path / "hit") if "skipped" in r]
     assert [r["step"] for r in skipped] == [4] and "nan" in skipped[0]["skipped"]
     model, _, _, _ = load_checkpoint(str(tmp_path / "hit" / "last"))
     assert all(torch.isfinite(p).all() for p in model.parameters())
@@ -56,7 +51,7 @@ def test_consecutive_bad_steps_roll_back_and_lower_the_learning_rate(tmp_path):
     run = tiny_run(max_steps=12, save_interval=2, eval_interval=100, nan_patience=2, nan_lr_factor=0.5)
     result = train(run, str(tmp_path), corpus=corpus, progress=False, after_backward=inject_nan_at(5, times=2))
     assert result.step == 12
-    log = records(tmp_path / "metrics.jsonl")
+    log = records(tmp_path)
     rollback = [r for r in log if "rollback" in r]
     assert len(rollback) == 1 and rollback[0]["step"] == 4 and rollback[0]["lr_scale"] == 0.5
     assert load_training_state(str(tmp_path / "last")).lr_scale == 0.5  # kept for an exact resume
@@ -98,7 +93,7 @@ TRAIN = [sys.executable, "-m", "longseq", "train"]
 
 
 def losses(path) -> dict:
-    return {r["step"]: r["loss"] for r in records(path / "metrics.jsonl") if "loss" in r}
+    return {r["step"]: r["loss"] for r in records(path) if "loss" in r}
 
 
 def logged_steps(path) -> int:

@@ -108,11 +108,11 @@ def test_a_tiny_classifier_learns_a_first_token_label_with_the_defaults(tmp_path
     """``longseq finetune``'s defaults (200 steps, batch 8, lr 1e-3, layer-wise decay 0.8, pooling) from a tiny LM
     checkpoint: the label is the first character of documents of 3-4 segments.  Measured: 1.00 on seeds 0-5, where
     pooling=last reached 0.28-0.29 (chance 0.33); the bound keeps a wide margin."""
-    from test_adversarial import lm_checkpoint
+    from support import train_tiny_lm
 
     from longseq.train.finetune import finetune
 
-    lm = lm_checkpoint(tmp_path)  # segments of 8 tokens, mem_len 8, 2 layers
+    lm = train_tiny_lm(tmp_path)  # segments of 8 tokens, mem_len 8, 2 layers
     train, valid = documents(tmp_path / "train.jsonl", 200, seed=1), documents(tmp_path / "valid.jsonl", 90, seed=2)
     said: list[str] = []
     result = finetune(lm, str(tmp_path / "ft"), "classify", train=train, valid=valid, log=said.append)

@@ -9,8 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from test_adversarial import lm_checkpoint
-from test_faults import records
+from support import records, train_tiny_lm
 
 from longseq.cli import main
 from longseq.config import ConfigError
@@ -72,7 +71,7 @@ def varied_lengths_file(tmp_path) -> str:
 def test_grouped_linear_fine_tuning_resumes_exactly_and_refuses_changes(tmp_path, capsys, monkeypatch):
     import longseq.train.finetune as finetune_module
 
-    lm, data = lm_checkpoint(tmp_path), varied_lengths_file(tmp_path)
+    lm, data = train_tiny_lm(tmp_path), varied_lengths_file(tmp_path)
     args = ["finetune", "--task", "classify", "--data", data, "--checkpoint", lm, "--segment-len", "8",
             "--batch-size", "4", "--group-by-length", "--schedule", "linear", "--steps", "6", "--valid", data, "--eval-interval", "1",
             "--quiet", "--json"]  # fmt: skip
@@ -92,11 +91,11 @@ def test_grouped_linear_fine_tuning_resumes_exactly_and_refuses_changes(tmp_path
     assert main(plain) == 0
     assert main(["finetune", "--resume", "--out", str(tmp_path / "plain"), "--group-by-length", "--quiet"]) == 2
     assert "task.group_by_length: False -> True" in capsys.readouterr().err
-    losses = lambda name: [(r["step"], r["loss"]) for r in records(tmp_path / name / "metrics.jsonl") if "loss" in r]  # noqa: E731
+    losses = lambda name: [(r["step"], r["loss"]) for r in records(tmp_path / name) if "loss" in r]  # noqa: E731
     assert len(losses("part")) == 3
     assert main(resume) == 0
     assert losses("part") == losses("whole") and len(losses("whole")) == 6
-    lrs = [r["lr"] for r in records(tmp_path / "whole" / "metrics.jsonl") if "lr" in r]
+    lrs = [r["lr"] for r in records(tmp_path / "whole") if "lr" in r]
     assert lrs == pytest.approx([1e-3, 1e-3, 8e-4, 6e-4, 4e-4, 2e-4])  # 1 warmup step, then linear to 0 at step 6
     capsys.readouterr()
     assert main([*resume, "--steps", "8"]) == 0  # extending a decayed run says what happens to its schedule
@@ -116,7 +115,7 @@ def test_a_moved_run_resumes_exactly_from_its_files_at_their_new_path_and_other_
 
     old = tmp_path / "old"
     old.mkdir()
-    lm, data = lm_checkpoint(old), varied_lengths_file(old)
+    lm, data = train_tiny_lm(old), varied_lengths_file(old)
     args = ["finetune", "--task", "classify", "--data", data, "--valid", data, "--checkpoint", lm, "--segment-len",
             "8", "--batch-size", "4", "--steps", "6", "--eval-interval", "1", "--quiet", "--json"]  # fmt: skip
     assert main([*args, "--out", str(old / "whole")]) == 0
@@ -143,7 +142,7 @@ def test_a_moved_run_resumes_exactly_from_its_files_at_their_new_path_and_other_
     assert main([*finished, *files]) == 0  # nothing left to train: best/ still names the old paths
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 6
     assert main([*resume, "--data", moved_data, "--valid", moved_data, "--checkpoint", moved_lm]) == 0
-    losses = lambda name: [(r["step"], r["loss"]) for r in records(new / name / "metrics.jsonl") if "loss" in r]  # noqa: E731
+    losses = lambda name: [(r["step"], r["loss"]) for r in records(new / name) if "loss" in r]  # noqa: E731
     assert losses("part") == losses("whole") and len(losses("whole")) == 6
     options = json.loads((new / "part" / "last" / "config.json").read_text())["run"]["task"]
     assert (options["train"], options["valid"], options["base"]) == (moved_data, moved_data, str(new / "lm" / "best"))
@@ -162,7 +161,7 @@ def test_a_run_without_fingerprints_resumes_from_its_own_paths_only_and_says_so(
     monkeypatch.setattr(finetune_module, "fingerprints", lambda options: {})
     old = tmp_path / "old"
     old.mkdir()
-    lm, data = lm_checkpoint(old), varied_lengths_file(old)
+    lm, data = train_tiny_lm(old), varied_lengths_file(old)
     args = ["finetune", "--task", "classify", "--data", data, "--checkpoint", lm, "--segment-len", "8",
             "--batch-size", "4", "--steps", "2", "--quiet", "--json", "--out", str(old / "ft")]  # fmt: skip
     assert main(args) == 0

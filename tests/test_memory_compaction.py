@@ -114,7 +114,7 @@ def test_compression_functions_and_their_errors():
         ModelConfig(cmem_rate=2)
     with pytest.raises(ConfigError, match="cmem_fn"):
         build_model(ModelConfig(cmem_len=4, cmem_rate=2, cmem_fn="median"))
-    from test_train import tiny_corpus, tiny_run
+    from support import tiny_corpus, tiny_run
 
     from longseq.tasks.lm import prepare_model_config
 
@@ -202,7 +202,7 @@ def test_memory_tokens_carry_state_and_backpropagate_through_the_window():
 
 
 def test_memory_tokens_and_compaction_resume_exactly(tmp_path):
-    from test_train import tiny_corpus, tiny_run
+    from support import tiny_corpus, tiny_run
 
     from longseq.train import train
 

@@ -145,12 +145,11 @@ def test_loss_figures_draw_the_json_s_unit_and_name_both(tmp_path, saved_figures
 
 
 def test_eval_per_position_json_and_plot_share_their_unit(tmp_path, saved_figures, capsys):
-    from test_adversarial import lm_checkpoint
-    from test_train import corpus_file
+    from support import corpus_file, train_tiny_lm
 
     from longseq.cli import main
 
-    lm = lm_checkpoint(tmp_path)
+    lm = train_tiny_lm(tmp_path)
     assert main(["eval", "--checkpoint", lm, "--data", str(corpus_file(tmp_path)), "--per-position", "--plot",
                  str(tmp_path / "pp.png"), "--json", "--quiet", "--set", "max_segments=4"]) == 0  # fmt: skip
     result = json.loads(capsys.readouterr().out.splitlines()[-1])

@@ -17,8 +17,7 @@ import re
 
 import pytest
 import torch
-from test_faults import records
-from test_train import tiny_corpus, tiny_run
+from support import records, tiny_corpus, tiny_run
 
 from longseq.config import ConfigError
 from longseq.progress import Every, Meter, duration
@@ -73,7 +72,7 @@ def test_no_lines_on_a_terminal_with_interval_0_or_quiet(tmp_path, monkeypatch):
 
 
 def loss_records(path) -> list[tuple[int, float]]:
-    return [(r["step"], r["loss"]) for r in records(path / "metrics.jsonl") if "loss" in r]
+    return [(r["step"], r["loss"]) for r in records(path) if "loss" in r]
 
 
 def test_a_time_budget_stops_validates_saves_and_resumes_exactly(tmp_path):
@@ -82,7 +81,7 @@ def test_a_time_budget_stops_validates_saves_and_resumes_exactly(tmp_path):
     timed = fit(tmp_path / "timed", messages.append, max_steps=6, eval_interval=4, log_interval=1, max_time_s=25)
     assert (timed.step, timed.stopped_on_time, timed.elapsed_s) == (3, True, 30.0)  # the boundary after 25 s
     assert any(m.startswith("stopped on time at step 3 of max_steps 6") for m in messages)
-    valid = [r for r in records(tmp_path / "timed" / "metrics.jsonl") if "valid_loss" in r]
+    valid = [r for r in records(tmp_path / "timed") if "valid_loss" in r]
     assert [r["step"] for r in valid] == [3]  # the final validation, off the eval_interval cadence
     best = json.loads((tmp_path / "timed" / "best" / "config.json").read_text())["metrics"]
     assert best["step"] == 3 and best["loss"] == valid[0]["valid_loss"]
@@ -99,7 +98,7 @@ def test_a_time_budget_stops_validates_saves_and_resumes_exactly(tmp_path):
 
 
 def test_train_json_says_it_stopped_on_time(tmp_path, capsys):
-    from test_train import corpus_file
+    from support import corpus_file
 
     from longseq.cli import main
 
@@ -155,15 +154,15 @@ def test_sample_settings_are_checked(tmp_path):
 
 
 def test_fine_tuning_refuses_samples(tmp_path):
-    from test_adversarial import classify_file, lm_checkpoint
+    from support import train_tiny_lm, write_classify_file
 
     from longseq.tasks import task_for
     from longseq.train.checkpoint import load_checkpoint
     from longseq.train.finetune import finetune_run
 
-    lm = lm_checkpoint(tmp_path)
+    lm = train_tiny_lm(tmp_path)
     base, tokenizer, base_run, _ = load_checkpoint(lm)
-    run = finetune_run(base_run, lm, "classify", {"task.train": classify_file(tmp_path), "train.max_steps": 2})
+    run = finetune_run(base_run, lm, "classify", {"task.train": write_classify_file(tmp_path), "train.max_steps": 2})
     run.train = run.train.replace(sample_interval=5)
     trainer = Trainer(task_for(run, tokenizer, base=base), run, str(tmp_path / "ft"), progress=False)
     with pytest.raises(ConfigError, match="sample_interval=5: samples are written by a language model; the classify"):
@@ -232,11 +231,11 @@ def test_data_prepare_reports_files_bytes_and_tokens_off_a_terminal(tmp_path, ca
 
 
 def test_generate_ends_its_line(tmp_path, capsys):
-    from test_adversarial import lm_checkpoint
+    from support import train_tiny_lm
 
     from longseq.cli import main
 
-    lm = lm_checkpoint(tmp_path)
+    lm = train_tiny_lm(tmp_path)
     for prompt, new in (("abc", 5), ("abc\n", 0)):
         assert main(["generate", "--checkpoint", lm, "--prompt", prompt, "--max-new-tokens", str(new)]) == 0
         out = capsys.readouterr().out

@@ -11,31 +11,23 @@ import time
 import numpy as np
 import pytest
 import torch
-from test_train import corpus_file, tiny_corpus, tiny_run
+from support import TINY_CLI, corpus_file, last_json, tiny_corpus, tiny_run, train_tiny_lm
 
 from longseq.cli import main
 from longseq.train import load_checkpoint, save_checkpoint, train
 from longseq.train.checkpoint import TrainingState, load_training_state
 
-TINY = ["--quiet", "--set", "max_steps=4", "eval_interval=2", "eval_max_segments=2", "n_layer=1", "d_model=16",
-        "n_head=2", "d_head=8", "d_inner=32", "batch_size=2", "tgt_len=16", "eval_tgt_len=16", "eval_batch_size=2",
-        "mem_len=16"]  # fmt: skip
-
-
-def last_json(capsys):
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-
 
 def test_rerunning_into_an_existing_run_is_refused_and_overwrite_starts_over(tmp_path, capsys):
     out = str(tmp_path / "run")
-    assert main(["train", "--out", out, *TINY]) == 0
+    assert main(["train", "--out", out, *TINY_CLI]) == 0
     before = (tmp_path / "run" / "metrics.jsonl").read_text()
     capsys.readouterr()
-    assert main(["train", "--out", out, *TINY]) == 2
+    assert main(["train", "--out", out, *TINY_CLI]) == 2
     err = capsys.readouterr().err
     assert "already holds a run" in err and "--resume" in err and "--overwrite" in err
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == before  # nothing touched
-    assert main(["train", "--out", out, "--overwrite", *TINY, "max_steps=2", "eval_interval=1"]) == 0
+    assert main(["train", "--out", out, "--overwrite", *TINY_CLI, "max_steps=2", "eval_interval=1"]) == 0
     steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert max(steps) == 2  # the old run's records are gone, not appended to
 
@@ -66,7 +58,7 @@ def test_checkpoints_are_saved_by_the_clock_between_evaluations(tmp_path, monkey
 
 def test_generate_streams_what_it_samples_and_an_interrupt_keeps_it(tmp_path):
     out = tmp_path / "run"
-    assert main(["train", "--out", str(out), *TINY]) == 0
+    assert main(["train", "--out", str(out), *TINY_CLI]) == 0
     command = [sys.executable, "-m", "longseq", "generate", "--checkpoint", str(out), "--prompt", "ROMEO:",
                "--max-new-tokens", "1000000", "--seed", "1"]  # fmt: skip
     # a test runner started in the background by a shell without job control ignores SIGINT, and its children
@@ -85,7 +77,7 @@ def test_generate_streams_what_it_samples_and_an_interrupt_keeps_it(tmp_path):
 
 
 def test_cuda_rng_states_round_trip_through_a_checkpoint(tmp_path):
-    model, tokenizer, run, _ = load_checkpoint(_tiny_checkpoint(tmp_path))
+    model, tokenizer, run, _ = load_checkpoint(train_tiny_lm(tmp_path))
     states = [torch.randint(0, 255, (16,), dtype=torch.uint8), torch.randint(0, 255, (16,), dtype=torch.uint8)]
     training = TrainingState(
         step=3, data_state={"epoch": 0}, best_valid_loss=None, optimizer={"state": {}, "param_groups": []},
@@ -94,11 +86,6 @@ def test_cuda_rng_states_round_trip_through_a_checkpoint(tmp_path):
     save_checkpoint(str(tmp_path / "ck"), model, run, tokenizer, training)
     loaded = load_training_state(str(tmp_path / "ck")).cuda_rng
     assert len(loaded) == 2 and all(torch.equal(a, b) for a, b in zip(loaded, states))
-
-
-def _tiny_checkpoint(tmp_path) -> str:
-    train(tiny_run(max_steps=2, eval_interval=2), str(tmp_path / "lm"), corpus=tiny_corpus(), progress=False)
-    return str(tmp_path / "lm" / "best")
 
 
 def word_corpus(tmp_path) -> str:
@@ -113,7 +100,7 @@ def word_corpus(tmp_path) -> str:
 def test_adaptive_softmax_cutoffs_are_checked_against_the_real_vocabulary(tmp_path, capsys):
     """From the default (character, 65-symbol) preset, a word corpus of about 300 symbols takes cutoffs 100,200."""
     data = word_corpus(tmp_path)
-    args = ["train", "--data", data, "--tokenizer", "word", "--json", *TINY, "cutoffs=100,200"]
+    args = ["train", "--data", data, "--tokenizer", "word", "--json", *TINY_CLI, "cutoffs=100,200"]
     assert main([*args, "--out", str(tmp_path / "ok")]) == 0
     _, tokenizer, run, _ = load_checkpoint(str(tmp_path / "ok" / "best"))
     assert run.model.vocab_size == tokenizer.vocab_size > 200 and run.model.cutoffs == [100, 200]
@@ -122,7 +109,7 @@ def test_adaptive_softmax_cutoffs_are_checked_against_the_real_vocabulary(tmp_pa
 
 
 def test_labels_written_as_numbers_and_strings_are_one_class(tmp_path, capsys):
-    lm = _tiny_checkpoint(tmp_path)
+    lm = train_tiny_lm(tmp_path)
     rows = [{"text": "hh gfe abc", "label": [0, "0", 1, "1"][i % 4]} for i in range(8)]
     (tmp_path / "mixed.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     args = ["finetune", "--task", "classify", "--data", str(tmp_path / "mixed.jsonl"), "--checkpoint", lm,
@@ -133,7 +120,7 @@ def test_labels_written_as_numbers_and_strings_are_one_class(tmp_path, capsys):
 
 def test_word_generation_is_detokenized_and_unknown_prompt_words_are_named(tmp_path, capsys):
     out = tmp_path / "words"
-    assert main(["train", "--data", word_corpus(tmp_path), "--tokenizer", "word", "--out", str(out), *TINY]) == 0
+    assert main(["train", "--data", word_corpus(tmp_path), "--tokenizer", "word", "--out", str(out), *TINY_CLI]) == 0
     capsys.readouterr()
     args = ["generate", "--checkpoint", str(out), "--max-new-tokens", "5", "--temperature", "0"]
     assert main([*args, "--prompt", "w1 w2"]) == 0
@@ -146,7 +133,7 @@ def test_word_generation_is_detokenized_and_unknown_prompt_words_are_named(tmp_p
 def test_a_checkpoint_finds_its_corpus_from_any_directory_or_names_it(tmp_path, capsys, monkeypatch):
     data = corpus_file(tmp_path)
     monkeypatch.chdir(tmp_path)
-    assert main(["train", "--data", os.path.basename(data), "--tokenizer", "char", "--out", "run", *TINY]) == 0
+    assert main(["train", "--data", os.path.basename(data), "--tokenizer", "char", "--out", "run", *TINY_CLI]) == 0
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -160,7 +147,7 @@ def test_a_checkpoint_finds_its_corpus_from_any_directory_or_names_it(tmp_path, 
 
 
 def test_a_checkpoint_with_nan_weights_is_reported_broken(tmp_path, capsys):
-    model, tokenizer, run, _ = load_checkpoint(_tiny_checkpoint(tmp_path))
+    model, tokenizer, run, _ = load_checkpoint(train_tiny_lm(tmp_path))
     with torch.no_grad():
         next(model.parameters())[0].fill_(float("nan"))
     save_checkpoint(str(tmp_path / "broken"), model, run, tokenizer)
@@ -178,7 +165,7 @@ def test_a_checkpoint_with_nan_weights_is_reported_broken(tmp_path, capsys):
      (["--top-k", "-1"], "top_k must be >= 0"), (["--max-new-tokens", "-2"], "max_new_tokens must be")],
 )  # fmt: skip
 def test_each_bad_sampling_argument_is_named(tmp_path, capsys, extra, message):
-    lm = _tiny_checkpoint(tmp_path)
+    lm = train_tiny_lm(tmp_path)
     assert main(["generate", "--checkpoint", lm, "--prompt", "abc", *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
@@ -186,7 +173,7 @@ def test_each_bad_sampling_argument_is_named(tmp_path, capsys, extra, message):
 
 def test_resume_with_a_changed_model_is_one_message_naming_the_fields(tmp_path, capsys):
     out = str(tmp_path / "run")
-    assert main(["train", "--out", out, *TINY]) == 0
+    assert main(["train", "--out", out, *TINY_CLI]) == 0
     capsys.readouterr()
     assert main(["train", "--out", out, "--resume", "--quiet", "--set", "d_model=32", "max_steps=6"]) == 2
     err = capsys.readouterr().err
@@ -196,15 +183,15 @@ def test_resume_with_a_changed_model_is_one_message_naming_the_fields(tmp_path, 
 
 def test_out_pointing_at_a_file_and_a_failed_run_leave_nothing_behind(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
-    assert main(["train", "--out", str(tmp_path / "file"), *TINY]) == 2
+    assert main(["train", "--out", str(tmp_path / "file"), *TINY_CLI]) == 2
     assert "is a file" in capsys.readouterr().err
-    assert main(["train", "--out", str(tmp_path / "new"), "--data", str(tmp_path / "missing.txt"), *TINY]) == 2
+    assert main(["train", "--out", str(tmp_path / "new"), "--data", str(tmp_path / "missing.txt"), *TINY_CLI]) == 2
     assert "does not exist" in capsys.readouterr().err and not (tmp_path / "new").exists()
 
 
 def test_eval_takes_a_run_directory_and_says_which_checkpoint(tmp_path, capsys):
     out = str(tmp_path / "run")
-    assert main(["train", "--out", out, *TINY]) == 0
+    assert main(["train", "--out", out, *TINY_CLI]) == 0
     capsys.readouterr()
     assert main(["eval", "--checkpoint", out, "--json", "--quiet", "--set", "max_segments=2"]) == 0
     captured = capsys.readouterr()

@@ -137,7 +137,7 @@ def test_listops_is_deterministic_and_labels_are_the_values():
 
 
 def test_finetune_and_data_commands(tmp_path, capsys):
-    from test_train import tiny_corpus, tiny_run
+    from support import tiny_corpus, tiny_run
 
     from longseq.cli import main
     from longseq.train import train
@@ -279,7 +279,7 @@ def test_answer_offsets_map_to_the_answer_tokens(kind):
 
 
 def test_finetune_span_and_mlm_commands(tmp_path, capsys):
-    from test_train import tiny_corpus, tiny_run
+    from support import tiny_corpus, tiny_run
 
     from longseq.cli import main
     from longseq.train import train
@@ -353,7 +353,7 @@ def test_predict_reproduces_what_fine_tuning_reported(tmp_path, capsys):
     labels are noisy, so it is not 1), F1 and exact match; mlm fills exactly the [MASK] tokens."""
     import random
 
-    from test_train import tiny_corpus, tiny_run
+    from support import tiny_corpus, tiny_run
 
     from longseq.cli import main
     from longseq.train import train

@@ -6,48 +6,11 @@ import os
 import numpy as np
 import pytest
 import torch
+from support import tiny_corpus, tiny_run
 
-from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
-from longseq.data import CharTokenizer, Corpus
+from longseq import TrainConfig
 from longseq.train import CheckpointError, TrainingError, learning_rate, load_checkpoint, save_checkpoint, train
 from longseq.train import checkpoint as checkpoint_module
-
-
-def tiny_corpus(seed=0, n=6000):
-    rng = np.random.default_rng(seed)
-    words = ["abc", "defg", "hh", "gfe", "cab\n"]
-    text = " ".join(rng.choice(words, size=n // 3))[:n]
-    tok = CharTokenizer.build(text)
-    ids = tok.encode(text)
-    return Corpus(ids[:5000], ids[5000:5500], ids[5500:], tok, "generated")
-
-
-def corpus_file(tmp_path) -> str:
-    """The tiny corpus as one text file, for runs through the command line (split 90/5/5 on reading)."""
-    corpus = tiny_corpus()
-    path = tmp_path / "corpus.txt"
-    path.write_text(corpus.tokenizer.decode(list(corpus.train) + list(corpus.valid) + list(corpus.test)))
-    return path
-
-
-def tiny_run(**train_overrides):
-    return RunConfig(
-        model=ModelConfig(
-            vocab_size=10, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.2, dropatt=0.1, mem_len=8
-        ),
-        data=DataConfig(tgt_len=8, batch_size=4, eval_tgt_len=8, eval_batch_size=2, varlen=True),
-        train=TrainConfig(
-            **{
-                "max_steps": 14,
-                "lr": 3e-3,
-                "warmup_steps": 3,
-                "eval_interval": 5,
-                "log_interval": 1,
-                "grad_accum": 2,
-                **train_overrides,
-            }
-        ),
-    )
 
 
 def test_resume_gives_bit_identical_losses(tmp_path):

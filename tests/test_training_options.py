@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_train import tiny_corpus, tiny_run
+from support import tiny_corpus, tiny_run
 
 from longseq import ConfigError, ModelConfig, TrainConfig
 from longseq.model import TransformerXLLM
