@@ -11,7 +11,7 @@ checks of errors) are in ``support.py``; no test module imports another."""
 import os
 
 import pytest
-from support import records, tiny_text, train_tiny_lm, write_classify_file
+from support import corpus_file, records, tiny_run, tiny_text, train_tiny_lm, write_classify_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
@@ -41,3 +41,16 @@ def lm_checkpoint(tmp_path) -> str:
 def classify_file(tmp_path) -> str:
     """Eight two-class records in ``tmp_path/cls.jsonl``: the file's path."""
     return write_classify_file(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def trained_checkpoint(tmp_path_factory) -> str:
+    """A tiny trained character model (mem_len 8, segments of 8) whose config names its corpus file: the path of
+    its ``last/`` (trained once per session; tests read it, never write it)."""
+    from longseq.train import train
+
+    tmp = tmp_path_factory.mktemp("ckpt")
+    run = tiny_run(max_steps=4, eval_interval=4)
+    run.data.path, run.data.varlen = str(corpus_file(tmp)), False
+    train(run, str(tmp / "run"), progress=False)
+    return str(tmp / "run" / "last")

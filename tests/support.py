@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
+import time
 from contextlib import contextmanager
 
 import numpy as np
@@ -17,6 +20,7 @@ import pytest
 import torch
 
 from longseq.config import DataConfig, ModelConfig, RunConfig, TrainConfig
+from longseq.config.run import TaskConfig
 from longseq.data import CharTokenizer, Corpus
 from longseq.model import TransformerXLLM
 from longseq.model.attention import RelativeMultiHeadAttention
@@ -130,6 +134,68 @@ def assert_resumes_exactly(run, tmp_path, stop_after: int):
     return whole
 
 
+def word_corpus(directory) -> str:
+    """800 lines of 12 words drawn from 300 (Zipf-like): ``directory/words.txt``, a word vocabulary of ~300."""
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(300)]
+    lines = [" ".join(rng.choice(words, size=12, p=np.arange(300, 0, -1) / (300 * 301 / 2))) for _ in range(800)]
+    path = directory / "words.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+# a text whose characters take 1 to 3 UTF-8 bytes (bits per byte differ from bits per character)
+UNICODE_TEXT = "Grüße aus Köln, 東京 und Zürich!\nnaïve café — déjà vu.\n\nplain ascii line\n" * 6
+
+
+def canonical(text: str) -> str:
+    """A word tokenizer's text: each line's words joined by one space, ended by a newline."""
+    return "".join(" ".join(line.split()) + "\n" for line in text.split("\n")[:-1])
+
+
+def fit_tiny(out, log=None, progress=True, resume=False, **settings):
+    """A tiny LM run (:func:`tiny_run` with ``settings``) whose clock reads 10 s per optimizer step taken: time
+    budgets and progress lines are checked without timing anything."""
+    from longseq.tasks.lm import LanguageModeling
+    from longseq.train.trainer import Trainer
+
+    run = tiny_run(**settings)
+    trainer = Trainer(LanguageModeling(run, corpus=tiny_corpus()), run, str(out), resume=resume, progress=progress,
+                      log=log)  # fmt: skip
+    trainer.clock = lambda: 10.0 * trainer.step_count
+    return trainer.fit()
+
+
+# --- a classification whose label is a document's first character (fine-tuning defaults) ------------------------
+
+DOC_SEGMENT = 8
+ABC_TOKENIZER = CharTokenizer(list("abcdefgh"))
+_LABELS = {"a": "red", "b": "green", "c": "blue"}  # the first character carries the label; "defgh" are noise
+
+
+def label_first_documents(path, n: int, seed: int, segments: tuple[int, int] = (3, 4)) -> str:
+    """``n`` documents of 3-4 segments: a label character, then noise characters that never carry it."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        first = "abc"[int(torch.randint(0, 3, (1,), generator=g))]
+        length = int(torch.randint(segments[0] * DOC_SEGMENT - 2, segments[1] * DOC_SEGMENT + 1, (1,), generator=g))
+        noise = "".join("defgh"[int(i)] for i in torch.randint(0, 5, (length - 1,), generator=g))
+        rows.append({"text": first + noise, "label": _LABELS[first]})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def classify_run(train: str, pooling: str | None = None, mem_bptt: int = 1) -> RunConfig:
+    """A two-layer classifier run over :data:`ABC_TOKENIZER`, segments of :data:`DOC_SEGMENT`."""
+    model = ModelConfig(vocab_size=8, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
+                        mem_len=DOC_SEGMENT, mem_bptt=mem_bptt)  # fmt: skip
+    options = {"train": train, **({} if pooling is None else {"pooling": pooling})}
+    return RunConfig(
+        model, DataConfig(tgt_len=DOC_SEGMENT, batch_size=4), TrainConfig(), TaskConfig(name="classify", **options)
+    )
+
+
 # --- run directories and the command line ------------------------------------------------------------------------
 
 # ``--set`` sizes of a tiny character run through the command line: 4 steps of segments of 16
@@ -140,6 +206,29 @@ TINY_CLI = ["--quiet", "--set", "max_steps=4", "eval_interval=2", "eval_max_segm
 TINY_CLI_8 = ["--quiet", "--set", "max_steps=2", "eval_interval=2", "eval_max_segments=2", "n_layer=1", "d_model=16",
               "n_head=2", "d_head=8", "d_inner=32", "batch_size=2", "tgt_len=8", "eval_tgt_len=8", "mem_len=8",
               "save_every_s=0"]  # fmt: skip
+
+
+def cli_json(argv, capsys) -> dict:
+    """Run a ``--json`` command, which must succeed; the JSON object it printed last."""
+    from longseq.cli import main
+
+    assert main(argv) == 0
+    return last_json(capsys)
+
+
+def interrupt_json_writes_after(lines: int, monkeypatch) -> None:
+    """A Ctrl-C inside :func:`longseq.data.tasks.write_jsonl`, after ``lines`` lines."""
+    import longseq.data.tasks as tasks
+
+    calls = [0]
+
+    def dumps(row, **kwargs):
+        calls[0] += 1
+        if calls[0] > lines:
+            raise KeyboardInterrupt
+        return json.dumps(row, **kwargs)
+
+    monkeypatch.setattr(tasks, "json", type("J", (), {"dumps": staticmethod(dumps), "loads": json.loads}))
 
 
 def records(run_dir) -> list[dict]:
@@ -162,6 +251,60 @@ def rewrite_listed(directory, name: str, text: str) -> None:
     manifest = json.loads((directory / "manifest.json").read_text())
     manifest["files"][name] = {"size": os.path.getsize(path), "sha256": file_sha256(str(path))}
     (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+# --- a live training process, paused to inject a fault ----------------------------------------------------------
+
+TRAIN_COMMAND = [sys.executable, "-m", "longseq", "train"]
+FAULT_CLI = ["--tokenizer", "char", "--quiet", "--set", "eval_interval=1000", "log_interval=1", "n_layer=2",
+             "d_model=16", "n_head=2", "d_head=8", "d_inner=32", "mem_len=8", "tgt_len=8", "batch_size=4",
+             "eval_max_segments=2", "warmup_steps=3", "save_every_s=0"]  # fmt: skip
+
+
+def step_losses(run_dir) -> dict:
+    """``{step: loss}`` of a run's metrics log."""
+    return {r["step"]: r["loss"] for r in records(run_dir) if "loss" in r}
+
+
+def logged_steps(run_dir) -> int:
+    try:
+        return len(step_losses(run_dir))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return 0
+
+
+def pause_when(condition, proc, seconds=120):
+    """Wait until ``condition()`` holds for the running ``proc``, then stop it (SIGSTOP) where it is: a fault is then
+    injected into a live run however fast the machine is (SIGCONT lets it go on)."""
+    deadline = time.time() + seconds
+    while not condition() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGSTOP)
+    assert proc.poll() is None, "the run ended before the fault could be injected"
+
+
+# --- evaluation curves: a small model whose losses depend clearly on what it reads --------------------------------
+
+SMALL_LM = dict(vocab_size=30, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0)
+
+
+def large_weight_lm(**extra) -> TransformerXLLM:
+    """A tiny random float64 model with large weights, so that its losses depend clearly on what it reads."""
+    torch.manual_seed(0)
+    net = TransformerXLLM(ModelConfig(**{**SMALL_LM, **extra})).double().eval()
+    with torch.no_grad():
+        for param in net.parameters():
+            param.normal_(0.0, 0.3)
+    return net
+
+
+def checkpoint_and_valid_ids(checkpoint: str):
+    """The model of a character checkpoint and the validation ids of the corpus it was trained on."""
+    from longseq.data.corpus import load_corpus
+    from longseq.train import load_checkpoint
+
+    net, tokenizer, run, _ = load_checkpoint(checkpoint)
+    return net, load_corpus(run.data.path, "char", tokenizer=tokenizer).valid
 
 
 # --- one attention layer, fast kernel against the dense reference (float64) -------------------------------------

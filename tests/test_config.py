@@ -1,5 +1,7 @@
-"""Config files: the TOML writer read back by tomllib, run configs round-tripped through TOML and JSON, strict keys,
-presets as shipped files, and a run reproduced from its own run.toml with identical losses."""
+"""Configs: typed sections with strict keys, ``--set`` overrides (flat tails and dotted paths), TOML and JSON run
+files (the TOML writer read back by tomllib), presets as shipped files, the registries' names, and the checks a
+run's settings meet before anything is trained (options no chosen implementation reads, sizes that do not fit the
+vocabulary, non-finite numbers).  A run reproduced from its own run.toml gives identical losses."""
 
 import json
 import math
@@ -20,7 +22,18 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-from support import tiny_corpus, tiny_run  # noqa: E402
+
+from support import TINY_CLI, TINY_CLI_8, tiny_corpus, tiny_run, word_corpus
+
+from longseq.cli import main
+from longseq.config import apply_overrides
+from longseq.model import build_model
+from longseq.model.attention.kernels import ATTENTION_KERNELS
+from longseq.model.attention.patterns import PATTERNS
+from longseq.model.memory.compress import COMPRESSION_FUNCTIONS
+from longseq.model.mixers import MIXERS
+from longseq.model.positions import POSITION_ENCODINGS
+from longseq.train import load_checkpoint
 
 KEYS = st.text(min_size=1, max_size=12)
 SCALARS = (
@@ -148,12 +161,11 @@ def test_training_twice_from_the_same_config_file_gives_identical_losses(tmp_pat
     assert len(a.losses) == 6 and a.losses == b.losses
 
 
-def test_the_command_line_writes_run_toml_and_reruns_it_with_identical_losses(tmp_path, capsys):
-    from support import corpus_file
+def test_the_command_line_writes_run_toml_and_reruns_it_with_identical_losses(tmp_path, text_corpus, capsys):
 
     from longseq.cli import main
 
-    data = str(corpus_file(tmp_path))
+    data = str(text_corpus)
     tiny = ["--set", "max_steps=4", "eval_interval=2", "eval_max_segments=2", "n_layer=1", "d_model=16", "n_head=2",
             "d_head=8", "d_inner=32", "batch_size=2", "tgt_len=8", "eval_tgt_len=8", "eval_batch_size=2", "mem_len=8", "log_interval=1"]  # fmt: skip
     first, again = str(tmp_path / "first"), str(tmp_path / "again")
@@ -174,3 +186,112 @@ def test_the_command_line_writes_run_toml_and_reruns_it_with_identical_losses(tm
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
+
+
+def test_configs_round_trip_and_reject_unknown_keys():
+    for name in ("tiny-shakespeare", "enwik8-base", "text8-base", "wt103-base", "ptb"):
+        run = get_preset(name)
+        again = RunConfig.from_dict(json.loads(json.dumps(run.to_dict())))
+        assert again == run
+    with pytest.raises(ConfigError, match="unknown ModelConfig key"):
+        ModelConfig.from_dict({"n_layers": 3})
+    with pytest.raises(ConfigError, match="cutoffs"):
+        ModelConfig(vocab_size=100, cutoffs=[50, 40])
+    sections = apply_overrides(
+        {"model": ModelConfig(), "data": DataConfig(), "train": TrainConfig()},
+        ["cutoffs=10,20", "same_length=true", "model.dropout=0.3", "lr=1e-4", "d_embed=none"],
+    )
+    assert sections["model"].cutoffs == [10, 20] and sections["model"].memory.same_length is True
+    assert sections["model"].dropout == 0.3 and sections["train"].lr == 1e-4
+    with pytest.raises(ConfigError, match="must be >= 1"):
+        apply_overrides({"model": ModelConfig()}, ["n_layer=0"])
+    for bad, message in (("weight_decay=-1", "weight_decay must be >= 0"), ("beta1=1.5", r"beta1 must be in \[0, 1\)"),
+                         ("beta2=1", "beta2 must be in"), ("eps=0", "eps must be > 0")):  # fmt: skip
+        with pytest.raises(ConfigError, match=message):  # accepted, or left to torch's message, before
+            apply_overrides({"train": TrainConfig()}, [bad])
+
+
+def test_old_flat_override_keys_and_dotted_section_keys_both_work():
+    run = get_preset("tiny-shakespeare")
+    sections = {"model": run.model, "data": run.data, "train": run.train}
+    flat = apply_overrides(sections, ["mem_len=12", "attention=window", "pos=shaw", "cmem_len=2", "cmem_rate=2"])
+    dotted = apply_overrides(
+        sections,
+        ["model.memory.mem_len=12", "pattern.attention=window", "positions.pos=shaw", "memory.cmem_len=2",
+         "model.memory.cmem_rate=2"],
+    )  # fmt: skip
+    assert flat["model"] == dotted["model"]
+    assert flat["model"].memory.mem_len == 12 and flat["model"].pattern.attention == ["window"]
+    assert ModelConfig.from_dict(flat["model"].to_dict()) == flat["model"]  # nested JSON round trip
+
+
+@pytest.mark.parametrize(
+    "field, registry",
+    [("attention", lambda: PATTERNS), ("attn_impl", lambda: ATTENTION_KERNELS), ("pos", lambda: POSITION_ENCODINGS),
+     ("mixer", lambda: MIXERS), ("cmem_fn", lambda: COMPRESSION_FUNCTIONS)],
+)  # fmt: skip
+def test_a_config_may_name_what_a_registry_implements_and_nothing_else(field, registry):
+    """The registries own the names: every registered name builds a model, an unknown one is refused by name at
+    build time with the close matches (no list of names is kept anywhere else)."""
+    base = dict(vocab_size=12, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=4)
+    extra = {"cmem_fn": dict(cmem_len=2, cmem_rate=2), "mixer": {}, "attention": dict(window=3)}.get(field, {})
+    for name in registry():
+        value = [name] if field in ("attention", "mixer") else name
+        if name == "flex":
+            continue  # a CUDA kernel (and PyTorch's eager path on CPU): test_flex holds it to the reference
+        config = ModelConfig(**{**base, **extra, field: value, **({"mem_len": 0} if name == "absolute" else {})})
+        build_model(config)
+    wrong = ["windw"] if field in ("attention", "mixer") else "windw"
+    with pytest.raises(ConfigError, match=r"unknown value 'windw'"):
+        build_model(ModelConfig(**base, **{field: wrong}))
+
+
+def test_options_the_architecture_does_not_read_are_refused(tmp_path, text_corpus, capsys):
+    """arch=lstm with cmem_len, attention=window and pos=shaw trained a plain LSTM while the log claimed an
+    effective range of 96."""
+    base = ["train", "--data", str(text_corpus), "--tokenizer", "char", "--out", str(tmp_path / "r"), *TINY_CLI_8]
+    assert main([*base, "arch=lstm", "cmem_len=4", "cmem_rate=2", "attention=window", "pos=shaw"]) == 2
+    err = capsys.readouterr().err
+    for name in ("memory.cmem_len=4", "pattern.attention=window", "positions.pos=shaw", "n_head=2", "d_head=8"):
+        assert name in err
+    assert not (tmp_path / "r").exists()
+    for setting, name in (["window=32", "pattern.window=32"], ["d_state=8", "mixers.d_state=8"],
+                          ["max_relative_distance=9", "positions.max_relative_distance=9"]):  # fmt: skip
+        assert main([*base, setting]) == 2
+        assert name in capsys.readouterr().err
+    assert main([*base, "attention=window", "window=32"]) == 0  # read: accepted
+    assert main(["train", "--data", str(text_corpus), "--tokenizer", "char", "--out", str(tmp_path / "lstm"),
+                 "--quiet", "--set", "arch=lstm", "max_steps=2", "eval_interval=2"]) == 0  # the preset's own: fine  # fmt: skip
+
+
+def test_adaptive_softmax_cutoffs_are_checked_against_the_real_vocabulary(tmp_path, capsys):
+    """From the default (character, 65-symbol) preset, a word corpus of about 300 symbols takes cutoffs 100,200."""
+    data = word_corpus(tmp_path)
+    args = ["train", "--data", data, "--tokenizer", "word", "--json", *TINY_CLI, "cutoffs=100,200"]
+    assert main([*args, "--out", str(tmp_path / "ok")]) == 0
+    _, tokenizer, run, _ = load_checkpoint(str(tmp_path / "ok" / "best"))
+    assert run.model.vocab_size == tokenizer.vocab_size > 200 and run.model.cutoffs == [100, 200]
+    assert main([*args[:-1], "cutoffs=100,400", "--out", str(tmp_path / "bad")]) == 2
+    assert f"do not fit the {tokenizer.vocab_size}-token vocabulary" in capsys.readouterr().err
+
+
+def test_a_non_finite_setting_is_a_config_error(tmp_path, text_corpus, capsys):
+    for setting in ("lr=inf", "lr=nan", "weight_decay=inf", "init_std=nan"):
+        assert (
+            main(
+                [
+                    "train",
+                    "--data",
+                    str(text_corpus),
+                    "--out",
+                    str(tmp_path / "r"),
+                    "--tokenizer",
+                    "char",
+                    *TINY_CLI_8,
+                    setting,
+                ]
+            )
+            == 2
+        )
+        assert "finite number" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

@@ -1,4 +1,8 @@
-"""Evidence that the context is used: loss by position inside the segment, and loss against evaluation memory."""
+"""Evaluation: the ordered pass with memory scores every token once and refuses a pass that scores none; sliding
+windows give every target a full forward of its window; RECL on constructed curves and on models that cannot take
+a memory; the context is used (loss by position inside the segment, and loss against evaluation memory, held to
+one whole forward and to independent segments); bits per byte held to a naive count of the decoded text; the
+unknown-token rate; and the eval command's protocol, curves and plots."""
 
 import json
 import math
@@ -7,24 +11,38 @@ import os
 import numpy as np
 import pytest
 import torch
+from support import (
+    SMALL_LM,
+    TINY_CLI_8,
+    UNICODE_TEXT,
+    canonical,
+    checkpoint_and_valid_ids,
+    cli_json,
+    large_weight_lm,
+    records,
+    tiny_corpus,
+    tiny_lstm_config,
+    tiny_model,
+    tiny_run,
+)
 
-from longseq.config import ModelConfig
+from longseq import ModelConfig, TransformerXLLM
+from longseq.cli import main
+from longseq.config import RunConfig
+from longseq.data import (
+    ByteTokenizer,
+    CharTokenizer,
+    WordTokenizer,
+)
+from longseq.data.tokenizers import build_tokenizer
 from longseq.eval.context import context_curve, per_position_losses
-from longseq.eval.evaluate import evaluate
-from longseq.model import TransformerXLLM
+from longseq.eval.evaluate import evaluate, segment_losses
+from longseq.eval.recl import recl, relative_gain
+from longseq.eval.sliding import evaluate_sliding, recurrent_losses, sliding_window_losses
+from longseq.model import build_model
+from longseq.train import load_checkpoint, save_checkpoint, train
 
-BASE = dict(vocab_size=30, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0)
 T, B, STEPS = 8, 2, 41  # segments of 8, 2 streams of 41 tokens: 40 targets, 5 segments per stream
-
-
-def model(**extra):
-    """A tiny random model with large weights, so that its losses depend clearly on what it reads."""
-    torch.manual_seed(0)
-    net = TransformerXLLM(ModelConfig(**{**BASE, **extra})).double().eval()
-    with torch.no_grad():
-        for param in net.parameters():
-            param.normal_(0.0, 0.3)
-    return net
 
 
 def streams(seed=0):
@@ -50,7 +68,7 @@ def segment_nll(net, data):
 def test_per_position_curves_equal_one_whole_forward_and_independent_segments():
     """With a memory longer than the text, the ordered pass with memory is one forward over the whole stream
     (chunked with memory == whole), and the pass without it is every segment read alone."""
-    net = model(mem_len=64)
+    net = large_weight_lm(mem_len=64)
     ids, data = streams()
     result = per_position_losses(net, ids, tgt_len=T, batch_size=B, skip_segments=1)
     whole = whole_nll(net, data).view(B, 5, T)[:, 1:]  # segments after the first
@@ -63,7 +81,7 @@ def test_per_position_curves_equal_one_whole_forward_and_independent_segments():
 
 
 def test_per_position_skips_the_segments_that_fill_the_memory_and_counts_a_short_last_segment():
-    net = model(mem_len=16)
+    net = large_weight_lm(mem_len=16)
     ids = np.random.default_rng(1).integers(0, 30, B * 38)  # 37 targets per stream: 4 segments of 8 and one of 5
     result = per_position_losses(net, ids, tgt_len=T, batch_size=B)
     assert result["skip_segments"] == 2  # ceil(16 / 8): the memory is full from the third segment on
@@ -73,20 +91,20 @@ def test_per_position_skips_the_segments_that_fill_the_memory_and_counts_a_short
 
 
 def test_without_memory_the_two_curves_coincide():
-    net = model(mem_len=0)
+    net = large_weight_lm(mem_len=0)
     ids, _ = streams(2)
     result = per_position_losses(net, ids, tgt_len=T, batch_size=B)
     np.testing.assert_allclose(result["loss_memory"], result["loss_no_memory"], rtol=0, atol=1e-12)
 
 
 def test_per_position_restores_the_training_mode():
-    net = model(mem_len=8).train()
+    net = large_weight_lm(mem_len=8).train()
     per_position_losses(net, streams()[0], tgt_len=T, batch_size=B)
     assert net.training
 
 
 def test_context_curve_is_evaluate_at_each_memory_length():
-    net = model(mem_len=8)
+    net = large_weight_lm(mem_len=8)
     ids, data = streams(3)
     curve = context_curve(net, ids, [0, 4, 16, 64], tgt_len=T, batch_size=B, same_length=True)
     assert curve["contexts"] == [0, 4, 16, 64] and curve["tokens"] == B * 40
@@ -102,19 +120,19 @@ def test_context_curve_names_what_a_model_carries_beyond_its_attention_memory():
     """Context 0 is the segment alone for a plain XL model; a hybrid carries its ssm state at every point, so its
     context 0 is not the segment alone, and the curve says so under ``kept``."""
     ids, data = streams(5)
-    plain = context_curve(model(mem_len=8), ids, [0, 8], tgt_len=T, batch_size=B)
+    plain = context_curve(large_weight_lm(mem_len=8), ids, [0, 8], tgt_len=T, batch_size=B)
     assert plain["kept"] == []
-    assert plain["loss"][0] == pytest.approx(float(segment_nll(model(mem_len=8), data).mean()), abs=1e-10)
-    hybrid = model(mem_len=8, mixer="ssm,attention")
+    assert plain["loss"][0] == pytest.approx(float(segment_nll(large_weight_lm(mem_len=8), data).mean()), abs=1e-10)
+    hybrid = large_weight_lm(mem_len=8, mixer="ssm,attention")
     curve = context_curve(hybrid, ids, [0, 8], tgt_len=T, batch_size=B)
     assert curve["kept"] == ["ssm state"]
     assert abs(curve["loss"][0] - float(segment_nll(hybrid, data).mean())) > 1e-6  # the state reached context 0
-    compressive = model(mem_len=8, cmem_len=4, cmem_rate=2)
+    compressive = large_weight_lm(mem_len=8, cmem_len=4, cmem_rate=2)
     assert context_curve(compressive, ids, [0], tgt_len=T, batch_size=B)["kept"] == ["compressed memory (4 slots)"]
 
 
 def test_context_curve_skip_scores_the_same_later_tokens_at_every_length():
-    net = model(mem_len=8)
+    net = large_weight_lm(mem_len=8)
     ids, data = streams(4)
     curve = context_curve(net, ids, [0, 64], tgt_len=T, batch_size=B, same_length=False, skip_segments=2)
     assert curve["tokens"] == B * 3 * T
@@ -156,49 +174,11 @@ def test_a_model_trained_to_copy_across_segments_uses_its_memory_at_the_segment_
     assert max(result["loss_memory"][7], result["loss_no_memory"][7]) < 0.25 * chance
 
 
-def test_memory_share_is_the_mass_on_the_memory_keys_per_layer_and_head():
-    from longseq.diagnostics import summarize_attention
-
-    probs = torch.zeros(1, 2, 3, 5)  # (B, H, T, K): 2 memory keys, then the 3 segment keys
-    probs[0, 0, :, 0], probs[0, 0, :, 2] = 0.25, 0.75  # head 0: a quarter in the memory
-    probs[0, 1, :, 1] = 1.0  # head 1: all of it
-    assert summarize_attention([probs, probs.flip(1)], mlen=2)["memory_share"] == [[0.25, 1.0], [1.0, 0.25]]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A tiny trained character model (mem_len 8, segments of 8) and its corpus file."""
-    from support import corpus_file, tiny_run
-
-    from longseq.train import train
-
-    tmp = tmp_path_factory.mktemp("ckpt")
-    run = tiny_run(max_steps=4, eval_interval=4)
-    run.data.path, run.data.varlen = str(corpus_file(tmp)), False
-    train(run, str(tmp / "run"), progress=False)
-    return str(tmp / "run" / "last")
-
-
-def cli_json(argv, capsys):
-    from longseq.cli import main
-
-    assert main(argv) == 0
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-
-
-def saved(checkpoint):
-    from longseq.data.corpus import load_corpus
-    from longseq.train import load_checkpoint
-
-    net, tokenizer, run, _ = load_checkpoint(checkpoint)
-    return net, load_corpus(run.data.path, "char", tokenizer=tokenizer).valid
-
-
-def test_eval_per_position_command_prints_the_library_curves_and_plots_them(checkpoint, tmp_path, capsys):
+def test_eval_per_position_command_prints_the_library_curves_and_plots_them(trained_checkpoint, tmp_path, capsys):
     plot = tmp_path / "pp.png"
-    result = cli_json(["eval", "--checkpoint", checkpoint, "--per-position", "--plot", str(plot), "--json", "--quiet",
+    result = cli_json(["eval", "--checkpoint", trained_checkpoint, "--per-position", "--plot", str(plot), "--json", "--quiet",
                        "--set", "max_segments=6", "mem_len=16"], capsys)  # fmt: skip
-    net, ids = saved(checkpoint)
+    net, ids = checkpoint_and_valid_ids(trained_checkpoint)
     expected = per_position_losses(net, ids, tgt_len=8, batch_size=2, mem_len=16, max_segments=6)
     assert result["skip_segments"] == 2 and result["positions"] == list(range(8))
     for key in ("loss_memory", "loss_no_memory"):
@@ -206,64 +186,299 @@ def test_eval_per_position_command_prints_the_library_curves_and_plots_them(chec
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and result["plot"] == str(plot)
 
 
-def test_eval_context_curve_command_prints_the_library_curve(checkpoint, tmp_path, capsys):
-    result = cli_json(["eval", "--checkpoint", checkpoint, "--context-curve", "0,8,16", "--json", "--quiet",
+def test_eval_context_curve_command_prints_the_library_curve(trained_checkpoint, tmp_path, capsys):
+    result = cli_json(["eval", "--checkpoint", trained_checkpoint, "--context-curve", "0,8,16", "--json", "--quiet",
                        "--plot", str(tmp_path / "cc.png"), "--set", "max_segments=6", "clamp_len=12"], capsys)  # fmt: skip
-    net, ids = saved(checkpoint)
+    net, ids = checkpoint_and_valid_ids(trained_checkpoint)
     expected = context_curve(net, ids, [0, 8, 16], tgt_len=8, batch_size=2, clamp_len=12, max_segments=6)
     assert result["contexts"] == [0, 8, 16] and result["same_length"] is True and result["clamp_len"] == 12
     np.testing.assert_allclose(result["loss"], expected["loss"], rtol=0, atol=1e-9)
     assert os.path.getsize(tmp_path / "cc.png") > 1000
 
 
-def test_eval_evidence_flags_refuse_bad_input(checkpoint, capsys):
+def test_eval_evidence_flags_refuse_bad_input(trained_checkpoint, capsys):
     from longseq.cli import main
 
     with pytest.raises(SystemExit):
-        main(["eval", "--checkpoint", checkpoint, "--context-curve", "0,-8"])
+        main(["eval", "--checkpoint", trained_checkpoint, "--context-curve", "0,-8"])
     assert "memory lengths >= 0" in capsys.readouterr().err
-    assert main(["eval", "--checkpoint", checkpoint, "--plot", "x.png"]) == 2
+    assert main(["eval", "--checkpoint", trained_checkpoint, "--plot", "x.png"]) == 2
     assert "--plot draws --per-position or --context-curve" in capsys.readouterr().err
 
 
-def test_diagnose_command_adds_the_curves_and_the_memory_share_per_head(checkpoint, tmp_path, capsys):
-    out = tmp_path / "report"
-    result = cli_json(["diagnose", "--checkpoint", checkpoint, "--out", str(out), "--contexts", "0,8,16",
-                       "--max-segments", "6", "--json", "--quiet"], capsys)  # fmt: skip
-    report = json.loads((out / "report.json").read_text())
-    net, ids = saved(checkpoint)
-    expected = per_position_losses(net, ids, tgt_len=8, batch_size=2, max_segments=6)
-    np.testing.assert_allclose(report["per_position"]["loss_memory"], expected["loss_memory"], rtol=0, atol=1e-9)
-    assert report["context_curve"]["contexts"] == result["context_curve"]["contexts"] == [0, 8, 16]
-    share = np.array(report["memory_share"])
-    assert share.shape == (2, 2) and ((share > 0) & (share < 1)).all()
-    from longseq.diagnostics import memory_attention_share
+def test_an_evaluation_that_scores_no_token_is_an_error_not_a_loss_of_zero():
+    """``eval --context-curve 0,8 --skip-segments 1000`` printed loss 0.0 (a perfect model) over 0 tokens."""
+    from longseq.eval.context import context_curve
+    from longseq.eval.evaluate import evaluate
 
-    averaged = memory_attention_share(net, ids, tgt_len=8, batch_size=2)
-    np.testing.assert_allclose(report["memory_attention"]["memory_share"], averaged["memory_share"], atol=1e-9)
-    assert {"memory_share.png", "per_position.png", "context_curve.png"} <= set(result["files"])
-    markdown = (out / "report.md").read_text()
-    assert "Loss by position inside the segment" in markdown and "per head" in markdown
+    model, ids = tiny_model(), tiny_corpus().valid[:81]  # 2 streams of 40: 5 segments of 8
+    last = evaluate(model, ids, batch_size=2, tgt_len=8, skip_segments=4)
+    assert last["tokens"] == 2 * 7 and last["loss"] > 0  # the last, shorter segment is scored alone
+    for skip in (5, 1000):
+        with pytest.raises(ValueError, match=f"no token was scored: the pass read 5 segment.* skip_segments={skip}"):
+            evaluate(model, ids, batch_size=2, tgt_len=8, skip_segments=skip)
+        with pytest.raises(ValueError, match="no token was scored"):
+            context_curve(model, ids, [0, 8], tgt_len=8, batch_size=2, skip_segments=skip)
 
 
-@pytest.mark.parametrize("mixer", ["attention", "ssm,attention"])
-@pytest.mark.parametrize("same_length", [False, True])
-def test_memory_share_of_a_uniform_attention_is_the_uniform_share(same_length, mixer):
-    """With zero queries, keys and u, v every score is 0: each query spreads its mass evenly over the keys it sees,
-    so the measured share in the memory must equal the uniform share, for every attention layer and head (a hybrid
-    stack's ssm layer has no map and is left out)."""
-    from longseq.diagnostics import attention_layers, memory_attention_share
+def test_recl_limits_the_vanilla_transformer_and_the_lstm_to_each_context_by_sliding_windows(
+    tmp_path, text_corpus, capsys
+):
+    """RECL read the vanilla Transformer with a memory over absolute positions (it looked for ``config.pos``, which
+    the config redesign moved to ``config.positions.pos``): its losses differed from the sliding windows the protocol
+    asks by up to 0.4 nats a token.  An LSTM's context curve printed one loss for every memory length."""
+    from longseq.eval.context import context_curve
+    from longseq.eval.recl import context_losses
+    from longseq.eval.sliding import sliding_window_losses
+    from longseq.model.lstm import LSTMLM
 
-    net = model(mem_len=12, same_length=same_length, mixer=mixer)
-    with torch.no_grad():
-        for i in attention_layers(net):
-            net.transformer.layers[i].dec_attn.qkv_net.weight.zero_()
-        net.transformer.r_w_bias.zero_()
-        net.transformer.r_r_bias.zero_()
-    ids = np.random.default_rng(5).integers(0, 30, 3 * 60)
-    share = memory_attention_share(net, ids, tgt_len=T, batch_size=3, segments=4)
-    assert share["mem_len"] == 12 and share["segments"] == 4
-    expected = np.mean([(12 - t - 1) / 12 if same_length else 12 / (12 + t + 1) for t in range(T)])
-    assert share["uniform_share"] == pytest.approx(expected, abs=1e-12)
-    layers = 2 if mixer == "attention" else 1
-    np.testing.assert_allclose(share["memory_share"], np.full((layers, 2), expected), rtol=0, atol=1e-9)
+    ids, run = tiny_corpus().valid[:120], tiny_run()
+    torch.manual_seed(0)
+    lstm = LSTMLM(tiny_lstm_config())
+    for model in (tiny_model(pos="absolute", mem_len=0), lstm):
+        for context in (4, 16):
+            expected = sliding_window_losses(model, ids, context=context)
+            np.testing.assert_allclose(context_losses(model, run, ids, context), expected, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="the lstm reads its whole past"):
+        context_curve(lstm, ids, [0, 8], tgt_len=8, batch_size=2)
+    run = tiny_run(max_steps=1, eval_interval=1)
+    train(RunConfig(lstm.config, run.data, run.train), str(tmp_path / "lstm"), corpus=tiny_corpus(), progress=False)
+    capsys.readouterr()
+    argv = ["eval", "--checkpoint", str(tmp_path / "lstm"), "--data", str(text_corpus), "--quiet"]
+    assert main([*argv, "--set", "mem_len=0"]) == 2  # was the same loss as with any memory, in silence
+    assert "--set mem_len: the lstm reads its whole past" in capsys.readouterr().err
+
+
+def vanilla(**extra):
+    torch.manual_seed(0)
+    return TransformerXLLM(ModelConfig(**{**SMALL_LM, "mem_len": 0, "pos": "absolute", **extra})).double().eval()
+
+
+def test_sliding_window_scores_every_target_with_a_full_forward_of_its_window():
+    model = vanilla()
+    ids = np.random.default_rng(0).integers(0, 30, 40)
+    context = 9
+    losses = sliding_window_losses(model, ids, context=context, batch_size=5)
+    assert losses.shape == (39,)
+    data = torch.as_tensor(ids)
+    for target in range(1, 40):  # target index t is predicted from the window ending at t - 1
+        if target <= context:  # the first window scores its own prefix
+            log_probs = torch.log_softmax(model(data[None, :context]).logits[0, target - 1], -1)
+        else:
+            log_probs = torch.log_softmax(model(data[None, target - context : target]).logits[0, -1], -1)
+        assert losses[target - 1] == pytest.approx(-log_probs[data[target]].item(), abs=1e-10)
+
+
+def test_recurrent_losses_give_every_token_exactly_its_context():
+    """With same_length, a token's loss at context c depends on the last c positions only."""
+    torch.manual_seed(0)
+    model = TransformerXLLM(ModelConfig(**{**SMALL_LM, "mem_len": 8, "n_layer": 1})).double().eval()
+    ids = np.random.default_rng(1).integers(0, 30, 33)
+    base = recurrent_losses(model, ids, context=4, tgt_len=8)
+    changed = ids.copy()
+    changed[20] = (changed[20] + 1) % 30
+    other = recurrent_losses(model, changed, context=4, tgt_len=8)
+    # one layer: target t (predicted at position t - 1) sees positions t-4 .. t-1; target 20 itself changed too
+    differs = np.nonzero(np.abs(base - other) > 1e-12)[0] + 1
+    assert set(differs) == {20, 21, 22, 23, 24}
+
+
+def test_eval_command_uses_sliding_windows_for_the_vanilla_model(tmp_path, text_corpus, capsys):
+    from support import tiny_run
+
+    from longseq.cli import main
+    from longseq.train import train
+
+    data = text_corpus
+    run = tiny_run(max_steps=2, eval_interval=2)
+    run.model = ModelConfig(**{**run.model.to_dict(), "mem_len": 0, "pos": "absolute"})
+    run.data.path, run.data.varlen = str(data), False
+    train(run, str(tmp_path / "van"), progress=False)
+    assert main(["eval", "--checkpoint", str(tmp_path / "van" / "best"), "--quiet", "--json",
+                 "--set", "max_segments=5"]) == 0  # fmt: skip
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    model, tokenizer, saved, _ = load_checkpoint(str(tmp_path / "van" / "best"))
+    from longseq.data.corpus import load_corpus
+
+    ids = load_corpus(str(data), "char", tokenizer=tokenizer).valid
+    expected = sliding_window_losses(model, ids, context=saved.data.tgt_len, max_targets=5 * saved.data.tgt_len)
+    assert result["protocol"] == f"sliding window of {saved.data.tgt_len}" and result["tokens"] == expected.size
+    assert result["loss"] == pytest.approx(float(expected.mean()), abs=1e-9)
+
+
+def curves(**per_length):
+    return {int(k[1:]): np.array(v, dtype=float) for k, v in per_length.items()}
+
+
+def test_recl_of_a_group_follows_the_common_baseline():
+    group = {
+        "a": curves(c10=[2, 2, 2, 2], c20=[1, 1, 1, 1], c30=[1, 1, 1, 1]),
+        "b": curves(c10=[3, 3, 3, 3], c20=[3, 3, 3, 3], c30=[3, 3, 3, 3]),
+    }
+    # 10 -> 20: baseline min(a, b) = 2; a: f = 2 -> 1, gain 1 - 1/e; b never beats the baseline: gain 0
+    assert relative_gain(group, "a", 10, 20, 1.0) == pytest.approx(1 - math.exp(-1))
+    assert relative_gain(group, "b", 10, 20, 1.0) == 0.0
+    # 20 -> 30: the baseline is now a's own loss 1 and nothing improves on it
+    assert recl(group) == {"a": 20, "b": 10}
+
+
+def test_r_restricts_the_gain_to_the_hardest_tokens():
+    model = {"m": curves(c10=[3, 1, 1, 1], c20=[2.96, 1, 1, 1], c30=[2.96, 1, 1, 1])}
+    # r = 1: f drops by 0.04 / 4 = 0.01, gain 1 - e^-0.01 = 0.00995 < 0.01: RECL stays at 10
+    assert relative_gain(model, "m", 10, 20, 1.0) == pytest.approx(1 - math.exp(-0.01))
+    assert recl(model, r=1.0) == {"m": 10}
+    # r = 0.25 keeps only the token with the largest baseline: gain 1 - e^-0.04 = 0.039
+    assert relative_gain(model, "m", 10, 20, 0.25) == pytest.approx(1 - math.exp(-0.04))
+    assert recl(model, r=0.25) == {"m": 20}
+
+
+def test_recl_rejects_misaligned_inputs():
+    with pytest.raises(ValueError, match="evaluated at"):
+        recl({"a": curves(c10=[1.0], c20=[1.0]), "b": curves(c10=[1.0])})
+    with pytest.raises(ValueError, match="same tokens"):
+        recl({"a": curves(c10=[1.0], c20=[1.0]), "b": curves(c10=[1.0, 2.0], c20=[1.0, 2.0])})
+    with pytest.raises(ValueError, match="r must be"):
+        relative_gain({"a": curves(c10=[1.0], c20=[1.0])}, "a", 10, 20, 0.0)
+
+
+def bpb_model(vocab_size: int, pos: str = "sinusoidal") -> TransformerXLLM:
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=vocab_size, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32,
+                            mem_len=8 if pos != "absolute" else 0, pos=pos)  # fmt: skip
+    return TransformerXLLM(config).eval()
+
+
+def naive_bpb(model, tokenizer, ids, *, batch_size: int, tgt_len: int, max_segments: int = 0) -> tuple[float, int]:
+    """Bits over the UTF-8 bytes of each stream's scored tokens decoded (the text those labels are)."""
+    nll = list(segment_losses(model, ids, batch_size=batch_size, tgt_len=tgt_len, max_segments=max_segments))
+    bits = sum(float(n.double().sum()) for n in nll) / math.log(2)
+    scored = sum(n.size(1) for n in nll)  # tokens per stream
+    rows = len(ids) // batch_size
+    texts = [tokenizer.decode(ids[b * rows + 1 : b * rows + 1 + scored]) for b in range(batch_size)]
+    n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    return bits / n_bytes, n_bytes
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_evaluate_bits_per_byte_is_the_naive_count_of_the_decoded_text(kind):
+    tokenizer = build_tokenizer(kind, UNICODE_TEXT, vocab_size=300)
+    ids = tokenizer.encode(UNICODE_TEXT)
+    model = bpb_model(tokenizer.vocab_size)
+    for max_segments in (0, 2):  # a pass cut short counts the bytes of the tokens it scored
+        metrics = evaluate(model, ids, batch_size=1, tgt_len=16, max_segments=max_segments, tokenizer=tokenizer,
+                           bits_unit="bpc" if kind == "char" else None)  # fmt: skip
+        expected, n_bytes = naive_bpb(model, tokenizer, ids, batch_size=1, tgt_len=16, max_segments=max_segments)
+        assert metrics["bytes"] == n_bytes and metrics["bpb"] == pytest.approx(expected, rel=1e-12)
+    assert metrics["tokens"] == 2 * 16 and metrics["bytes"] < len(UNICODE_TEXT.encode())
+    if kind == "char":  # characters of several bytes: fewer bits per byte than per character
+        chars = metrics["tokens"]
+        assert metrics["bpb"] == pytest.approx(metrics["bpc"] * chars / metrics["bytes"], rel=1e-12)
+        assert metrics["bpb"] < metrics["bpc"]
+
+
+def test_several_streams_count_every_stream_s_scored_bytes():
+    tokenizer = CharTokenizer.build(UNICODE_TEXT)
+    ids = tokenizer.encode(UNICODE_TEXT)
+    model = bpb_model(tokenizer.vocab_size)
+    metrics = evaluate(model, ids, batch_size=3, tgt_len=8, max_segments=4, tokenizer=tokenizer)
+    expected, n_bytes = naive_bpb(model, tokenizer, ids, batch_size=3, tgt_len=8, max_segments=4)
+    assert metrics["bytes"] == n_bytes and metrics["bpb"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_byte_model_s_bpb_is_its_bpc():
+    tokenizer = ByteTokenizer()
+    ids = tokenizer.encode(UNICODE_TEXT)
+    metrics = evaluate(bpb_model(256), ids, batch_size=2, tgt_len=16, bits_unit="bpc", tokenizer=tokenizer)
+    assert metrics["bytes"] == metrics["tokens"] and metrics["bpb"] == pytest.approx(metrics["bpc"], rel=1e-12)
+
+
+def test_a_word_model_s_bpb_counts_its_words_spaces_and_line_ends():
+    text = canonical(UNICODE_TEXT)
+    tokenizer = WordTokenizer.build(text)
+    ids = tokenizer.encode(text)
+    model = bpb_model(tokenizer.vocab_size)
+    metrics = evaluate(model, ids, batch_size=1, tgt_len=8, tokenizer=tokenizer)
+    bits = sum(float(n.double().sum()) for n in segment_losses(model, ids, batch_size=1, tgt_len=8)) / math.log(2)
+    first = tokenizer.words[int(ids[0])]  # the first token is read, never scored
+    assert metrics["bytes"] == len(text.encode()) - len(first.encode())
+    assert metrics["bpb"] == pytest.approx(bits / metrics["bytes"], rel=1e-12)
+    assert "bpc" not in metrics
+
+
+def test_the_sliding_window_evaluator_reports_bpb_of_its_targets():
+    tokenizer = CharTokenizer.build(UNICODE_TEXT)
+    ids = tokenizer.encode(UNICODE_TEXT)
+    model = bpb_model(tokenizer.vocab_size, pos="absolute")
+    metrics = evaluate_sliding(model, ids, context=8, batch_size=8, max_targets=40, tokenizer=tokenizer)
+    losses = sliding_window_losses(model, ids, context=8, batch_size=8, max_targets=40)
+    n_bytes = len(tokenizer.decode(ids[1:41]).encode())
+    assert metrics["bytes"] == n_bytes and metrics["bpb"] == pytest.approx(losses.sum() / math.log(2) / n_bytes)
+
+
+def test_training_and_the_command_line_report_bpb(tmp_path, capsys):
+
+    from longseq.cli import main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(UNICODE_TEXT * 8)
+    run = ["train", "--data", str(corpus), "--out", str(tmp_path / "run"), "--json", "--quiet", "--set", "n_layer=1",
+           "d_model=16", "n_head=2", "d_head=8", "d_inner=32", "tgt_len=8", "mem_len=8", "eval_tgt_len=8",
+           "batch_size=4", "eval_batch_size=2", "max_steps=2", "eval_interval=2", "eval_max_segments=3"]  # fmt: skip
+    assert main(run) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    valid = [r for r in records(tmp_path / "run") if "valid_loss" in r]
+    assert valid[-1]["valid_bpb"] == summary["bpb"] and valid[-1]["valid_bytes"] > valid[-1]["valid_tokens"]
+    assert summary["bpb"] < summary["bpc"]  # several bytes in some characters
+    assert main(["eval", "--checkpoint", str(tmp_path / "run" / "best"), "--json", "--quiet", "--set",
+                 "max_segments=3"]) == 0  # fmt: skip
+    scored = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert scored["bpb"] == pytest.approx(summary["bpb"], rel=1e-9) and scored["bytes"] == valid[-1]["valid_bytes"]
+    assert main(["eval", "--checkpoint", str(tmp_path / "run" / "best"), "--quiet", "--set", "max_segments=3"]) == 0
+    text = capsys.readouterr().out
+    assert text.index("bpc:") < text.index("bpb:") < text.index("tokens:")  # beside loss and perplexity
+
+
+def test_no_tokenizer_no_bpb():
+    ids = np.arange(200) % 20
+    metrics = evaluate(bpb_model(20), ids, batch_size=2, tgt_len=8)
+    assert "bpb" not in metrics and "bytes" not in metrics
+
+
+def word_lines(vocab: list[str], n: int, seed: int) -> str:
+    g = torch.Generator().manual_seed(seed)
+    picks = torch.randint(0, len(vocab), (n,), generator=g).tolist()
+    return "\n".join(" ".join(vocab[i] for i in picks[k : k + 10]) for k in range(0, n, 10)) + "\n"
+
+
+def test_eval_reports_the_unknown_rate_and_warns_when_the_vocabulary_barely_covers(tmp_path, capsys):
+    """A PTB word model on WikiText-2 printed ppl 7701 with 41.8% of the tokens <unk>, and nothing else."""
+    own = [f"w{i}" for i in range(30)]
+    (tmp_path / "a.txt").write_text(word_lines(own, 3000, 0))
+    (tmp_path / "b.txt").write_text(word_lines(own[:20] + [f"x{i}" for i in range(12)], 3000, 1))  # ~3/8 unknown
+    out = str(tmp_path / "run")
+    assert main(["train", "--data", str(tmp_path / "a.txt"), "--tokenizer", "word", "--out", out, *TINY_CLI_8]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", out, "--json", "--quiet", "--set", "max_segments=4"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.splitlines()[-1])["unk_rate"] == 0.0 and "<unk>" not in captured.err
+    assert main(["eval", "--checkpoint", out, "--data", str(tmp_path / "b.txt"), "--json", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    rate = json.loads(captured.out.splitlines()[-1])["unk_rate"]
+    assert 0.25 < rate < 0.5 and f"{rate:.1%} of the tokens of the valid split" in captured.err
+
+
+def test_eval_of_a_checkpoint_that_names_no_corpus_asks_for_data_instead_of_scoring_the_bundled_one(tmp_path, capsys):
+    """A model trained through the API on a corpus given in memory records no path; ``longseq eval`` without
+    ``--data`` would read the bundled corpus with that model's vocabulary.  It stops and asks for ``--data``."""
+    from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
+    from longseq.cli import main
+    from longseq.data.tokenizers import WordTokenizer
+
+    tok = WordTokenizer.build("alpha beta gamma delta\n")
+    run = RunConfig(ModelConfig(vocab_size=tok.vocab_size, n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16,
+                                   cutoffs=[]), DataConfig(tokenizer="word"), TrainConfig())  # fmt: skip
+    save_checkpoint(str(tmp_path / "ckpt"), build_model(run.model), run, tok)
+    assert main(["eval", "--checkpoint", str(tmp_path / "ckpt"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "names no corpus, so the bundled one was read" in err and "pass --data PATH" in err
+    assert "Traceback" not in err

@@ -267,3 +267,31 @@ def test_invalid_utf8_is_reported_at_its_byte_across_block_boundaries(tmp_path, 
             prepare_corpus(str(tmp_path / "bad.txt"), "char", str(tmp_path / "out"), progress=False)
         with pytest.raises(CorpusError, match=rf"bad.txt is not valid UTF-8 \(byte {where}:"):
             load_corpus(str(tmp_path / "bad.txt"), "char")
+
+
+def test_data_prepare_reports_files_bytes_and_tokens_off_a_terminal(tmp_path, capsys):
+    from longseq.cli import main
+
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("hello world\n" * 500)
+    assert main(["data", "prepare", "--data", str(corpus), "--tokenizer", "char", "--out", str(tmp_path / "p"),
+                 "--json"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out.splitlines()[-1])
+    tokens = summary["train_tokens"] + summary["valid_tokens"] + summary["test_tokens"]
+    lines = captured.err.splitlines()
+    assert any(line.startswith("fit char: 6.0 kB of 6.0 kB (100%) | files 1/1") for line in lines)
+    assert f"encode: 6.0 kB of 6.0 kB (100%) | files 1/1 | tokens {tokens:,}" in captured.err
+    assert sum("done in" in line for line in lines) == 2  # one closing line per pass
+    assert main(["data", "prepare", "--data", str(corpus), "--tokenizer", "char", "--out", str(tmp_path / "q"),
+                 "--json", "--quiet"]) == 0  # fmt: skip
+    assert "encode" not in capsys.readouterr().err
+    layout = tmp_path / "layout"  # a word vocabulary is fitted on the training file alone: the meter counts that one
+    layout.mkdir()
+    for split, lines in (("train", 400), ("valid", 50), ("test", 50)):
+        (layout / f"{split}.txt").write_text("hello world\n" * lines)
+    assert main(["data", "prepare", "--data", str(layout), "--tokenizer", "word", "--out", str(tmp_path / "w")]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "fit word: 4.8 kB of 4.8 kB (100%) | files 1/1" in err and "encode: 6.0 kB of 6.0 kB (100%) | files 3/3" in err
+    )
