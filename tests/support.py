@@ -37,6 +37,11 @@ def assert_names(text: str, *words: str) -> None:
     assert not missing, f"{missing} not named in: {text[-2000:]}"
 
 
+def assert_said(messages: list[str], *words: str) -> None:
+    """One of ``messages`` (the lines a run logged) names every one of ``words``."""
+    assert any(all(word in m for word in words) for m in messages), f"no message names {words}: {messages[-20:]}"
+
+
 @contextmanager
 def raises_naming(kind: type[BaseException], *words: str):
     """``pytest.raises(kind)`` whose message names every one of ``words`` (see :func:`assert_names`)."""

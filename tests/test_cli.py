@@ -6,10 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import (
-    TINY_CLI,
-    last_json,
-)
+from support import TINY_CLI, assert_names, last_json
 
 from longseq.cli import main
 
@@ -37,20 +34,21 @@ def test_cli_train_eval_generate(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "argv,message",
+    "argv,words",
     [
-        (["train", "--preset", "wt-103"], "unknown preset 'wt-103'"),
-        (["train", "--set", "mem_lenn=3"], "did you mean mem_len"),
-        (["train", "--set", "lr=fast"], "lr: expected a number"),
-        (["train", "--set", "dropout"], "key=value"),
-        (["eval", "--checkpoint", "/nonexistent/ckpt"], "does not exist"),
-        (["eval", "--checkpoint", ".", "--set", "window=3"], "unknown config key 'window'"),
+        (["train", "--preset", "wt-103"], ("preset", "'wt-103'")),
+        (["train", "--set", "mem_lenn=3"], ("mem_lenn", "mem_len")),
+        (["train", "--set", "lr=fast"], ("lr", "number")),
+        (["train", "--set", "dropout"], ("dropout", "key=value")),
+        (["eval", "--checkpoint", "/nonexistent/ckpt"], ("/nonexistent/ckpt", "does not exist")),
+        (["eval", "--checkpoint", ".", "--set", "window=3"], ("config key", "'window'")),
     ],
 )
-def test_cli_errors_are_one_clear_line(argv, message, capsys):
+def test_cli_errors_are_one_clear_line(argv, words, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err
+    assert_names(err, *words)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_json_output_is_strict_json_when_a_number_is_not_finite(tmp_path, text_corpus, capsys):

@@ -23,7 +23,7 @@ else:
     import tomli as tomllib
 
 
-from support import TINY_CLI, TINY_CLI_8, tiny_corpus, tiny_run, word_corpus
+from support import TINY_CLI, TINY_CLI_8, assert_names, raises_naming, tiny_corpus, tiny_run, word_corpus
 
 from longseq.cli import main
 from longseq.config import apply_overrides
@@ -106,7 +106,7 @@ def test_presets_are_shipped_files_that_round_trip(tmp_path):
     assert (text8.data.tokenizer, enwik8.data.tokenizer) == ("char", "byte")  # what text8-base changes
     assert text8.model == enwik8.model and text8.train == enwik8.train  # the rest it inherits
     assert text8.model.vocab_size == 0  # taken from the tokenizer when training starts
-    with pytest.raises(ConfigError, match=r"unknown preset 'wt-103' \(did you mean wt103-base"):
+    with raises_naming(ConfigError, "'wt-103'", "wt103-base"):
         get_preset("wt-103")
 
 
@@ -127,26 +127,26 @@ def test_keys_are_those_of_set_as_tails_or_paths_in_their_section(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "text,message",
+    "text,words",
     [
-        ("[model]\nmem_lenn = 3\n", r"run.toml: \[model\] unknown config key 'mem_lenn'; did you mean mem_len"),
-        ("[train]\nmem_len = 3\n", r"\[train\] unknown config key 'mem_len'"),
-        ("[modle]\nn_layer = 3\n", r"unknown top-level key\(s\) 'modle' \(did you mean model"),
-        ("[model]\nmem_len = 3\n[model.memory]\nmem_len = 4\n", "sets model.memory.mem_len twice"),
-        ("[model]\nn_layer = 0\n", "n_layer must be >= 1"),
-        ("[train]\nlr = true\n", "lr: expected a number"),
-        ("[model\n", "is not valid TOML"),
-        ('preset = "nope"\n', "unknown preset 'nope'"),
-        ("model = 3\n", r"\[model\] must be a table"),
+        ("[model]\nmem_lenn = 3\n", ("run.toml", "[model]", "'mem_lenn'", "mem_len")),
+        ("[train]\nmem_len = 3\n", ("[train]", "'mem_len'")),
+        ("[modle]\nn_layer = 3\n", ("'modle'", "model")),
+        ("[model]\nmem_len = 3\n[model.memory]\nmem_len = 4\n", ("model.memory.mem_len", "twice")),
+        ("[model]\nn_layer = 0\n", ("n_layer", ">= 1")),
+        ("[train]\nlr = true\n", ("lr", "number")),
+        ("[model\n", ("run.toml", "TOML")),
+        ('preset = "nope"\n', ("preset", "'nope'")),
+        ("model = 3\n", ("[model]", "table")),
     ],
 )
-def test_bad_config_files_are_errors_naming_the_file(tmp_path, text, message):
-    with pytest.raises(ConfigError, match=message):
+def test_bad_config_files_are_errors_naming_the_file(tmp_path, text, words):
+    with raises_naming(ConfigError, *words):
         load_run_config(write(tmp_path, text))
 
 
 def test_a_file_that_names_a_preset_cannot_take_another_base(tmp_path):
-    with pytest.raises(ConfigError, match="names the preset 'ptb' and another base"):
+    with raises_naming(ConfigError, "'ptb'", "base"):
         load_run_config(write(tmp_path, 'preset = "ptb"\n'), base=get_preset("enwik8-base"))
     with pytest.raises(ConfigError, match=".toml or .json"):
         load_run_config(write(tmp_path, "", "run.yaml"))
@@ -162,7 +162,6 @@ def test_training_twice_from_the_same_config_file_gives_identical_losses(tmp_pat
 
 
 def test_the_command_line_writes_run_toml_and_reruns_it_with_identical_losses(tmp_path, text_corpus, capsys):
-
     from longseq.cli import main
 
     data = str(text_corpus)
@@ -205,9 +204,9 @@ def test_configs_round_trip_and_reject_unknown_keys():
     assert sections["model"].dropout == 0.3 and sections["train"].lr == 1e-4
     with pytest.raises(ConfigError, match="must be >= 1"):
         apply_overrides({"model": ModelConfig()}, ["n_layer=0"])
-    for bad, message in (("weight_decay=-1", "weight_decay must be >= 0"), ("beta1=1.5", r"beta1 must be in \[0, 1\)"),
-                         ("beta2=1", "beta2 must be in"), ("eps=0", "eps must be > 0")):  # fmt: skip
-        with pytest.raises(ConfigError, match=message):  # accepted, or left to torch's message, before
+    for bad, words in (("weight_decay=-1", ("weight_decay", ">= 0")), ("beta1=1.5", ("beta1", "[0, 1)")),
+                       ("beta2=1", ("beta2", "[0, 1)")), ("eps=0", ("eps", "> 0"))):  # fmt: skip
+        with raises_naming(ConfigError, *words):  # accepted, or left to torch's message, before
             apply_overrides({"train": TrainConfig()}, [bad])
 
 
@@ -272,7 +271,7 @@ def test_adaptive_softmax_cutoffs_are_checked_against_the_real_vocabulary(tmp_pa
     _, tokenizer, run, _ = load_checkpoint(str(tmp_path / "ok" / "best"))
     assert run.model.vocab_size == tokenizer.vocab_size > 200 and run.model.cutoffs == [100, 200]
     assert main([*args[:-1], "cutoffs=100,400", "--out", str(tmp_path / "bad")]) == 2
-    assert f"do not fit the {tokenizer.vocab_size}-token vocabulary" in capsys.readouterr().err
+    assert_names(capsys.readouterr().err, "cutoffs", "400", str(tokenizer.vocab_size))
 
 
 def test_a_non_finite_setting_is_a_config_error(tmp_path, text_corpus, capsys):

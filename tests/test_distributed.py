@@ -1,5 +1,6 @@
 """Data-parallel (DDP) and sharded (FSDP) training under torchrun (gloo on CPU) against one process on the same
-global batch."""
+global batch, an exact two-rank resume, the configurations refused, and every collective handed tensors on the
+process group's device (NCCL moves CUDA tensors only; PyTorch's ``meta`` device stands in for a GPU)."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
+from support import raises_naming
 
 from longseq.config import ConfigError, ModelConfig, RunConfig, TrainConfig, get_preset
 from longseq.config.checks import check_run
@@ -95,7 +97,7 @@ def test_fsdp_configuration_errors():
     run = get_preset("tiny-shakespeare")
     lstm = RunConfig(ModelConfig(arch="lstm", vocab_size=11, d_model=8, n_layer=1), run.data,
                      run.train.replace(parallel="fsdp"))  # fmt: skip
-    with pytest.raises(ConfigError, match="use parallel=ddp for arch=lstm"):
+    with raises_naming(ConfigError, "parallel=ddp", "arch=lstm"):
         check_run(lstm, world_size=2)
     check_run(lstm, world_size=1)  # one process ignores parallel
 

@@ -6,7 +6,7 @@ would wait on)."""
 
 import pytest
 import torch
-from support import SMALL_LM
+from support import SMALL_LM, raises_naming
 
 from longseq import ConfigError, ModelConfig, TransformerXLLM
 from longseq.diagnostics.syncs import HostSyncs
@@ -144,11 +144,11 @@ def test_bad_inputs_get_clear_errors():
     model = model_for(mem_len=4).eval()
     # ids and labels are checked on the device (no host read in the forward): at once on the CPU, asynchronously
     # on a GPU, where CUDA reports the assertion at the next synchronisation
-    with pytest.raises(RuntimeError, match=r"token ids must lie in \[0, 40\)"):
+    with raises_naming(RuntimeError, "token ids", "[0, 40)"):
         model(torch.tensor([[1, 2, 40]]))
     with pytest.raises(RuntimeError, match=r"token ids must lie"):
         model(torch.tensor([[-1, 2]]))
-    with pytest.raises(RuntimeError, match=r"labels must lie in \[0, 40\) or be -100"):
+    with raises_naming(RuntimeError, "labels", "[0, 40)", "-100"):
         model(torch.tensor([[1, 2]]), labels=torch.tensor([[40, -100]]))
     with pytest.raises(ValueError, match=r"\(batch, time\)"):
         model(torch.tensor([1, 2, 3]))
@@ -175,11 +175,9 @@ def test_the_model_checks_the_dtypes_of_mems_and_labels_by_name():
     ids = torch.randint(0, 20, (2, 6))
     mems = model(ids).mems
     for bad, dtype in (([m.double() for m in mems], "float64"), ([m.long() for m in mems], "int64")):
-        with pytest.raises(
-            ValueError, match=rf"mems\[0\] holds torch.{dtype} tensors, but the model reads torch.float32"
-        ):
+        with raises_naming(ValueError, "mems[0]", f"torch.{dtype}", "torch.float32"):
             model(ids, mems=bad)
-    with pytest.raises(ValueError, match="labels must be integer token ids"):
+    with raises_naming(ValueError, "labels", "integer"):
         model(ids, labels=ids.float())
     with torch.autocast("cpu", dtype=torch.bfloat16):  # under autocast a half-precision memory is the model's own
         assert torch.isfinite(model(ids, mems=[m.bfloat16() for m in mems], labels=ids).loss)

@@ -1,4 +1,4 @@
-"""Plots (issue 31, item 9): every figure of ``longseq diagnose``, ``eval --plot`` and ``longseq plot`` keeps its
+"""Plots: ``longseq plot`` reads runs' logs and refuses a broken one; every figure of ``longseq diagnose``, ``eval --plot`` and ``longseq plot`` keeps its
 labels inside the canvas, counts heads, layers, positions and steps with integer ticks, writes the value in every
 heat-map cell, and names its unit; the JSON names the unit of every number (entropy in bits, losses in nats).
 

@@ -11,7 +11,7 @@ import signal
 import subprocess
 
 import pytest
-from support import FAULT_CLI, TINY_CLI, TRAIN_COMMAND, logged_steps, pause_when, step_losses
+from support import FAULT_CLI, TINY_CLI, TRAIN_COMMAND, assert_names, logged_steps, pause_when, step_losses
 
 from longseq.cli import main
 
@@ -30,7 +30,7 @@ def test_overwrite_refuses_what_longseq_did_not_write_and_never_deletes_it(tmp_p
     for flags in ([], ["--overwrite"], ["--resume"]):
         assert main(["train", "--data", str(text_corpus), "--out", str(out), *flags, *TINY]) == 2
         err = capsys.readouterr().err
-        assert "holds best, which longseq did not write" in err and "never deletes" in err
+        assert_names(err, "best", "did not write", "never deletes")
     assert (out / "best" / "weights.pt.txt").read_text() == "the user's own" and (out / "notes.txt").exists()
     (out / "best" / "weights.pt.txt").unlink()
     (out / "best").rmdir()
@@ -45,7 +45,7 @@ def test_a_file_of_the_users_under_a_run_files_name_is_refused_by_name(tmp_path,
     out.mkdir()
     (out / name).write_text(content)
     assert main(["train", "--data", str(text_corpus), "--out", str(out), "--overwrite", *TINY]) == 2
-    assert f"holds {name}, which longseq did not write" in capsys.readouterr().err
+    assert_names(capsys.readouterr().err, name, "did not write")
     assert (out / name).read_text() == content
 
 
@@ -86,8 +86,8 @@ def test_a_full_disk_while_logging_names_the_log_and_the_safe_checkpoint(tmp_pat
             "log_interval=1"]  # fmt: skip
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert f"could not append to {out / 'metrics.jsonl'}: No space left on device" in err
-    assert f"{out / 'last'} (step 4) is intact" in err and "--resume" in err
+    assert_names(err, str(out / "metrics.jsonl"), "No space left on device")
+    assert_names(err, str(out / "last"), "step 4", "intact", "--resume")
     monkeypatch.setattr(RunDirectory, "append_metrics", original)
     assert main([*argv, "--resume"]) == 0
 
@@ -122,7 +122,8 @@ def test_a_second_trainer_on_a_locked_run_is_refused_and_the_first_finishes_unha
     pause_when(lambda: logged_steps(out) >= 7, first)  # paused past its first save, holding the lock
     for extra in (["--resume"], ["--overwrite"]):
         second = subprocess.run([*TRAIN_COMMAND, "--out", str(out), *extra, *settings], capture_output=True, text=True)
-        assert second.returncode == 2 and "is being trained into by pid" in second.stderr, second.stderr[-1000:]
+        assert second.returncode == 2, second.stderr[-1000:]
+        assert_names(second.stderr, "being trained into", "pid")
     first.send_signal(signal.SIGCONT)
     assert first.wait(timeout=300) == 0
     assert step_losses(out) == step_losses(tmp_path / "alone") and len(step_losses(out)) == 40

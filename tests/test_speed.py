@@ -7,9 +7,7 @@ import json
 
 import pytest
 import torch
-from support import (
-    last_json,
-)
+from support import assert_names, last_json
 from torch.utils.flop_counter import FlopCounterMode
 
 from longseq import ModelConfig, TransformerXLLM
@@ -86,11 +84,11 @@ def test_eval_speed_command_reports_medians_and_their_ratio(capsys):
             assert len(row["rounds"][key]) == 3 and row[key] == sorted(row["rounds"][key])[1]
 
 
-@pytest.mark.parametrize("argv,message", [(["eval", "--steps", "0"], "--steps must be >= 1, got 0"),
-                                          (["train", "--batch", "-1"], "--batch must be >= 1, got -1"),
-                                          (["generate", "--new-tokens", "0"], "--new-tokens must be >= 1, got 0"),
-                                          (["eval-speed", "--attn-len", "0"], "--attn-len lengths must be >= 1")])  # fmt: skip
-def test_bench_names_a_size_out_of_range_before_measuring_anything(argv, message, capsys, monkeypatch):
+@pytest.mark.parametrize("argv,words", [(["eval", "--steps", "0"], ("--steps", ">= 1", "0")),
+                                        (["train", "--batch", "-1"], ("--batch", ">= 1", "-1")),
+                                        (["generate", "--new-tokens", "0"], ("--new-tokens", ">= 1", "0")),
+                                        (["eval-speed", "--attn-len", "0"], ("--attn-len", ">= 1"))])  # fmt: skip
+def test_bench_names_a_size_out_of_range_before_measuring_anything(argv, words, capsys, monkeypatch):
     """``bench eval --steps 0`` built the model, ran the memory-filling segments and died in a ZeroDivisionError."""
     import longseq.eval.speed as speed
 
@@ -100,4 +98,4 @@ def test_bench_names_a_size_out_of_range_before_measuring_anything(argv, message
     for name in ("eval_per_token", "train_throughput", "generate_speed", "eval_speed_vs_vanilla", "bench_config"):
         monkeypatch.setattr(speed, name, never)
     assert main(["bench", *argv]) == 2
-    assert message in capsys.readouterr().err
+    assert_names(capsys.readouterr().err, *words)
