@@ -107,8 +107,10 @@ def _draw(scores: Tensor, *, temperature: float, top_k: int, top_p: float, gener
     """The next token (B, 1) from scores (B, V): the argmax at ``temperature`` 0, else a filtered sample."""
     if temperature == 0:
         return scores.argmax(dim=-1, keepdim=True)
-    scores = filter_logits(scores.float() / temperature, top_k, top_p)
-    return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)
+    probs = torch.softmax(filter_logits(scores.float() / temperature, top_k, top_p), dim=-1)
+    if generator is not None and generator.device != probs.device:  # a CPU generator draws for a CUDA model
+        return torch.multinomial(probs.to(generator.device), 1, generator=generator).to(probs.device)
+    return torch.multinomial(probs, 1, generator=generator)
 
 
 def generate(model: TransformerXLLM, prompt_ids: Tensor, max_new_tokens: int, **sampling) -> Tensor:

@@ -395,3 +395,32 @@ def test_fine_tuning_refuses_samples(tmp_path, lm_checkpoint, classify_file):
     trainer = Trainer(task_for(run, tokenizer, base=base), run, str(tmp_path / "ft"), progress=False)
     with raises_naming(ConfigError, "sample_interval=5", "language model", "classify"):
         trainer.fit()
+
+
+def test_a_config_file_table_finetune_does_not_read_is_refused(tmp_path, capsys):
+    """A --config table other than model, data, train and task was read as nothing; now it is named."""
+    (tmp_path / "ft.toml").write_text("[train]\nlr = 1e-3\n[optimiser]\nlr = 2e-3\n")
+    argv = ["finetune", "--config", str(tmp_path / "ft.toml"), "--task", "classify", "--data", "x.jsonl"]
+    assert main([*argv, "--checkpoint", "none", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "optimiser" in err and "task" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_fine_tuning_run_toml_says_how_to_continue_it_not_how_to_train(tmp_path):
+    """A fine-tuning run's run.toml said `longseq train --config THIS_FILE` runs it again, which trains an LM."""
+    from dataclasses import replace
+
+    from longseq.config import DataConfig, ModelConfig, TaskConfig, TrainConfig
+    from longseq.config.files import write_run_config
+    from longseq.config.run import RunConfig
+    from longseq.train.rundir import is_longseq_file
+
+    lm = RunConfig(ModelConfig(), DataConfig(), TrainConfig())
+    tuned = replace(lm, task=TaskConfig(name="classify", train="x.jsonl"))
+    for run, name in ((lm, "lm.toml"), (tuned, "run.toml")):
+        write_run_config(run, str(tmp_path / name))
+    lm_lines, tuned_lines = (tmp_path / "lm.toml").read_text(), (tmp_path / "run.toml").read_text()
+    assert "longseq train --config" in lm_lines.split("\n", 2)[1]
+    assert "finetune --resume" in tuned_lines.split("\n", 2)[1] and "train --config" not in tuned_lines
+    assert is_longseq_file(str(tmp_path / "run.toml"))

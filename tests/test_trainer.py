@@ -381,3 +381,33 @@ def test_a_restored_memory_is_on_the_models_device(tmp_path):
     tensors = [t for layer in trainer.memory.layers for t in layer.tensors()]
     assert tensors and all(t.device.type == "meta" for t in tensors)
     assert isinstance(trainer.memory, Memory)
+
+
+def test_a_training_step_reads_the_device_once(tmp_path):
+    """The trainer's bookkeeping and the NaN guard read the step's loss and gradient norm together, once; the
+    tasks keep their losses on the device (they read one value per segment before)."""
+    from longseq.config import DataConfig, ModelConfig, RunConfig, TrainConfig
+    from longseq.data import CharTokenizer, Corpus
+    from longseq.diagnostics.syncs import HostSyncs
+    from longseq.tasks.lm import LanguageModeling
+    from longseq.train.trainer import Trainer
+
+    text = "abcab cabba bacca " * 100
+    tok = CharTokenizer.build(text)
+    ids = tok.encode(text)
+    corpus = Corpus(ids[:1400], ids[1400:1600], ids[1600:], tok, "generated")
+    run = RunConfig(
+        ModelConfig(vocab_size=4, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=8),
+        DataConfig(tgt_len=8, batch_size=4, eval_batch_size=2, eval_tgt_len=8),
+        TrainConfig(max_steps=3, grad_accum=2),
+    )
+    trainer = Trainer(LanguageModeling(run, corpus=corpus), run, str(tmp_path / "run"), progress=False)
+    trainer.dir.open()
+    try:
+        trainer.build()
+        trainer.step()  # the memory fills
+        with HostSyncs() as syncs:
+            assert trainer.step()
+    finally:
+        trainer.dir.close()
+    assert len(syncs.where) == 1 and "Tensor.tolist" in syncs.where[0], syncs.where

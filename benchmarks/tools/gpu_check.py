@@ -1,6 +1,6 @@
 """One prepared GPU check: everything the CPU sessions could not verify, in one run that writes one JSON file.
 
-    python benchmarks/tools/gpu_check.py                       # on the GPU: about 7 minutes, writes gpu_check.json
+    python benchmarks/tools/gpu_check.py                       # on the GPU: under 8 minutes, writes gpu_check.json
     python benchmarks/tools/gpu_check.py --device cpu --quick  # the same sections at toy sizes, to check the script
 
 Self-contained: it needs torch, transformers (for the HF section only) and this repository; it installs nothing and
@@ -21,6 +21,11 @@ skips what would not fit.  Sections:
 * ``hf_ratio``: longseq against Hugging Face TransfoXL, same weights, training at tgt_len/mem_len 512/512, batch 8.
 * ``ddp_smoke``: one-process DDP (NCCL on CUDA, gloo on CPU): the loss and gradients equal the plain model's.
 * ``exact_resume``: a run stopped and resumed on the device gives the uninterrupted run's losses bit for bit.
+* ``host_syncs``: synchronising CUDA calls in a training forward and backward (``torch.cuda.set_sync_debug_mode``),
+  every pattern and mixer kind (expected: 0).
+* ``compiled_speed``: the benchmark model's training step eager and under ``torch.compile`` (inductor, fullgraph).
+* ``torchrun``: DDP and FSDP under torchrun (NCCL, one process per GPU, at most 2; gloo on the CPU): stopped halfway
+  and resumed, bit for bit with dropout (each rank's own RNG).
 """
 
 from __future__ import annotations
@@ -320,6 +325,99 @@ def section_exact_resume(args, budget) -> dict:
     return {"steps": len(whole.losses), "bit_identical": resumed == list(whole.losses), "max_loss_difference": diff}
 
 
+def _torchrun(args, out: str, steps: int, parallel: str, nproc: int, *extra: str) -> tuple[int, str]:
+    """``torchrun`` of a tiny language-model run with dropout on the bundled corpus; (exit code, stderr's tail)."""
+    import subprocess
+
+    settings = ["batch_size=4", "tgt_len=16", "mem_len=16", "n_layer=2", "d_model=32", "n_head=2", "d_head=16",
+                "d_inner=64", "dropout=0.1", "eval_interval=1000", "eval_max_segments=2", "log_interval=1",
+                "schedule=constant", "warmup_steps=0", "mem_len_start=-1", f"parallel={parallel}",
+                f"max_steps={steps}", f"device={'cuda' if args.device.startswith('cuda') else 'cpu'}"]  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), "-m",
+           "longseq", "train", "--out", out, "--quiet", *extra, "--set", *settings]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(HERE)), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    return done.returncode, done.stderr[-1500:]
+
+
+def _losses(run_dir: str) -> list:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [r["loss"] for r in map(json.loads, f) if "loss" in r]
+
+
+def section_torchrun(args, budget) -> dict:
+    """DDP and FSDP under torchrun (NCCL on CUDA, one process per GPU, at most 2; gloo on the CPU, 2 processes):
+    a run stopped halfway and resumed gives the uninterrupted run's losses bit for bit, dropout included (each
+    rank its own RNG, restored on its own device)."""
+    nproc = min(2, torch.cuda.device_count()) if args.device.startswith("cuda") else 2
+    out, report = tempfile.mkdtemp(), {"processes": nproc}
+    for parallel in ("ddp", "fsdp"):
+        if budget.left() < 30:
+            report[parallel] = {"skipped": "time budget"}
+            continue
+        where = {name: os.path.join(out, f"{parallel}-{name}") for name in ("whole", "split")}
+        codes = [_torchrun(args, where["whole"], 8, parallel, nproc), _torchrun(args, where["split"], 4, parallel, nproc),
+                 _torchrun(args, where["split"], 8, parallel, nproc, "--resume")]  # fmt: skip
+        failed = [tail for code, tail in codes if code != 0]
+        if failed:
+            report[parallel] = {"error": failed[0]}
+            continue
+        whole, split = _losses(where["whole"]), _losses(where["split"])
+        report[parallel] = {"steps": len(whole), "bit_identical": whole == split and len(whole) == 8}
+    return report
+
+
+def section_host_syncs(args, budget) -> dict:
+    """Synchronising CUDA calls in a training forward and backward, counted by PyTorch itself
+    (``torch.cuda.set_sync_debug_mode``), for every pattern and mixer kind of the CPU test."""
+    if not args.device.startswith("cuda"):
+        return {"skipped": "CUDA only (tests/test_host_syncs.py counts them on the CPU)"}
+    import warnings
+
+    from longseq.config import ModelConfig
+    from longseq.model import TransformerXLLM
+
+    cases = {"full": {}, "window": {"attention": ["window"], "window": 64}, "bigbird": {"attention": ["bigbird"],
+             "window": 64, "block_size": 64, "num_random_blocks": 1, "num_global": 2}, "ssm": {"mixer": ["ssm"]},
+             "hybrid": {"mixer": ["ssm", "attention"]}}  # fmt: skip
+    counts = {}
+    for name, extra in cases.items():
+        torch.manual_seed(0)
+        model = TransformerXLLM(ModelConfig(vocab_size=256, n_layer=2, d_model=128, n_head=4, d_head=32,
+                                            d_inner=512, mem_len=256, **extra)).to(args.device)  # fmt: skip
+        ids = torch.randint(0, 256, (2, 513), device=args.device)
+        memory = model(ids[:, :256]).mems
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                model(ids[:, 256:512], memory, ids[:, 257:513]).loss.backward()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        counts[name] = sum("synchroniz" in str(w.message) for w in caught)
+    return {"syncs_per_forward_backward": counts}
+
+
+def section_compiled_speed(args, budget) -> dict:
+    """The benchmark model's training step, eager against torch.compile (inductor, fullgraph), tokens/s."""
+    from longseq.eval.speed import bench_config, train_throughput
+    from longseq.model import TransformerXLLM
+
+    tgt_len = 256 if args.quick else 512
+    steps = 2 if args.quick else 10
+    result = {"tgt_len": tgt_len, "mem_len": tgt_len}
+    for label, compile_ in (("eager", False), ("compiled", True)):
+        torch.manual_seed(0)
+        model = TransformerXLLM(bench_config(tgt_len, n_layer=2 if args.quick else 4)).to(args.device)
+        measured = train_throughput(model, batch=8, tgt_len=tgt_len, steps=steps, warmup=1, compile=compile_)
+        result[label] = {k: measured[k] for k in ("tokens_per_s", "step_ms") if k in measured}
+        result[label]["compile_s"] = measured.get("compile_s", 0.0)
+        _free(args.device)
+    result["speedup"] = result["compiled"]["tokens_per_s"] / result["eager"]["tokens_per_s"]
+    return result
+
+
 def _error(exc: BaseException) -> str:
     lines = traceback.format_exception_only(type(exc), exc)
     return "".join(lines).strip()[-2000:]
@@ -340,10 +438,14 @@ SECTIONS = {
     "hf_ratio": section_hf_ratio,
     "ddp_smoke": section_ddp_smoke,
     "exact_resume": section_exact_resume,
+    "host_syncs": section_host_syncs,
+    "compiled_speed": section_compiled_speed,
+    "torchrun": section_torchrun,
 }
 # On the GPU: at most CAP seconds for a section, and RESERVE seconds kept for each section after it.
 CAP = {"flex_vs_reference": 130, "train_speed": 190}
-RESERVE = {"recompiles": 10, "train_speed": 60, "bf16_vs_fp32": 40, "hf_ratio": 35, "ddp_smoke": 10, "exact_resume": 25}
+RESERVE = {"recompiles": 10, "train_speed": 60, "bf16_vs_fp32": 40, "hf_ratio": 35, "ddp_smoke": 10, "exact_resume": 25,
+           "host_syncs": 20, "compiled_speed": 60, "torchrun": 120}  # fmt: skip
 
 
 def main() -> None:
@@ -351,7 +453,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="toy sizes: checks the script, measures nothing")
     parser.add_argument("--out", default="gpu_check.json")
-    parser.add_argument("--budget-s", type=float, default=450.0)
+    parser.add_argument("--budget-s", type=float, default=470.0)
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
     args = parser.parse_args()
     begin = time.perf_counter()

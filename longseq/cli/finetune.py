@@ -1,15 +1,18 @@
-"""``longseq finetune``: fine-tune an LM checkpoint on a task (classify, span, mlm), with checkpoints and
-``--resume``; ``longseq predict`` reads the result.
+"""longseq finetune: fine-tune an LM checkpoint on a task (classify, span, mlm), with checkpoints and --resume;
+longseq predict reads the result.
 
-Every setting is a key of the run config (``--set pooling=mean lr=3e-4``, or a file's ``[task]``, ``[train]``,
-``[data]`` tables with ``--config FILE``); the flags below are the common ones, each the key :data:`FLAG_KEYS`
-names."""
+Every setting is a key of the run config: --set pooling=mean lr=3e-4, or the [task], [train] and [data] tables
+of a TOML or JSON file given with --config FILE. The flags above are the common ones; each sets one key
+(--lr sets train.lr, --pooling sets task.pooling, --data sets task.train, --steps sets train.max_steps).
+"""
 
 from __future__ import annotations
 
 import argparse
 
 from longseq.cli.common import common_flags, overrides, say
+
+TABLES = ("model", "data", "train", "task")  # the tables a --config file may hold
 
 FLAG_KEYS = {  # a flag (its dest) -> the run config key it sets
     "data": "task.train",
@@ -81,7 +84,11 @@ def settings_of(args: argparse.Namespace) -> dict:
         data = read_config_file(args.config)
         from longseq.config.base import leaves
 
-        settings.update(leaves({k: v for k, v in data.items() if k in ("model", "data", "train", "task")}))
+        foreign = sorted(set(data) - set(TABLES))
+        if foreign:
+            raise ValueError(f"{args.config}: unknown table(s) {', '.join(foreign)}; a fine-tuning config has "
+                             f"{', '.join(TABLES)}")  # fmt: skip
+        settings.update(leaves(data))
     for item in overrides(args.set):
         if "=" not in item:
             raise ValueError(f"override {item!r} must look like key=value")

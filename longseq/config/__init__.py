@@ -5,7 +5,7 @@ from longseq.config.base import ConfigError, JsonConfig, apply_overrides, coerce
 from longseq.config.files import load_run_config, write_run_config
 from longseq.config.model import MemoryConfig, ModelConfig, PatternConfig, PositionConfig
 from longseq.config.presets import PRESETS, get_preset
-from longseq.config.run import SCHEDULES, DataConfig, EvalConfig, RunConfig, TrainConfig
+from longseq.config.run import SCHEDULES, DataConfig, EvalConfig, RunConfig, TaskConfig, TrainConfig
 
 __all__ = [
     "PRESETS",
@@ -19,6 +19,7 @@ __all__ = [
     "PatternConfig",
     "PositionConfig",
     "RunConfig",
+    "TaskConfig",
     "TrainConfig",
     "apply_overrides",
     "coerce_value",

@@ -140,7 +140,7 @@ def write_run_config(run: RunConfig, path: str) -> None:
     """Write ``run`` to ``path`` (``.toml`` or ``.json``) atomically: a temporary file, fsynced, renamed."""
     suffix = os.path.splitext(path)[1].lower()
     if suffix == ".toml":
-        text = dumps_toml(run.to_dict(), header=RUN_HEADER)
+        text = dumps_toml(run.to_dict(), header=f"{RUN_HEADER}\n{RERUN_LM if run.task is None else RERUN_TASK}")
     elif suffix == ".json":
         text = json.dumps(run.to_dict(), indent=2, sort_keys=True) + "\n"
     else:
@@ -153,7 +153,9 @@ def write_run_config(run: RunConfig, path: str) -> None:
     os.replace(tmp, path)
 
 
-RUN_HEADER = "The resolved configuration of a longseq run: `longseq train --config THIS_FILE` runs it again."
+RUN_HEADER = "The resolved configuration of a longseq run."  # the first line of every run.toml longseq writes
+RERUN_LM = "`longseq train --config THIS_FILE --out NEW_DIR` runs it again."
+RERUN_TASK = "A record of a fine-tuning run: `longseq finetune --resume --out RUN_DIR` continues it."
 
 
 def dumps_toml(data: dict[str, Any], header: str = "") -> str:

@@ -94,7 +94,10 @@ class TrainConfig(JsonConfig):
     across ranks, PyTorch's ``fully_shard``, one unit per decoder layer); one process ignores it.
     ``matmul_precision`` on a GPU: ``high`` (the default) lets float32 matmuls use TensorFloat-32, ``highest``
     keeps full float32, ``medium`` allows bfloat16 (:func:`longseq.runtime.set_matmul_precision`; no effect on
-    the CPU).
+    the CPU).  ``compile`` = ``inductor`` runs a language model's training step through
+    ``torch.compile(fullgraph=True)``: forward and backward in one graph each, compiled again only while the memory
+    first fills (a few steps; then its length is dynamic, the memory-length curriculum included); validation stays
+    eager.  ``aot_eager`` and ``eager`` trace without generating code (checks); ``none``, the default, is off.
     """
 
     max_steps: int = 1200
@@ -135,6 +138,7 @@ class TrainConfig(JsonConfig):
     device: str = "auto"
     parallel: str = "ddp"
     matmul_precision: str = "high"
+    compile: str = "none"
 
     def __post_init__(self) -> None:
         check_finite(self)
@@ -158,6 +162,7 @@ class TrainConfig(JsonConfig):
         )
         check(self.parallel in ("ddp", "fsdp"), f"TrainConfig.parallel must be ddp or fsdp, got {self.parallel!r}")
         check_choice("TrainConfig.matmul_precision", self.matmul_precision, ("highest", "high", "medium"))
+        check_choice("TrainConfig.compile", self.compile, ("none", "inductor", "aot_eager", "eager"))
         check(self.lr > 0, f"TrainConfig.lr must be > 0, got {self.lr}")
         check(0 <= self.min_lr <= self.lr, f"TrainConfig.min_lr must be in [0, lr], got {self.min_lr}")
         check(self.schedule in SCHEDULES, f"TrainConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}")

@@ -126,7 +126,7 @@ def evaluate(
     """
     if skip_segments < 0:
         raise ValueError(f"skip_segments must be >= 0, got {skip_segments}")
-    nll_sum, n_tokens, n_bytes = 0.0, 0, 0
+    nll_sum, n_tokens, n_bytes = None, 0, 0  # the sum stays on the model's device: read once, at the end
     start = time.perf_counter()
     passes = scored_segments(
         model, ids, batch_size=batch_size, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
@@ -136,7 +136,8 @@ def evaluate(
     for index, (segment, nll) in enumerate(passes):
         read += 1
         if index >= skip_segments:
-            nll_sum += float(nll.double().sum())
+            part = nll.double().sum()
+            nll_sum = part if nll_sum is None else nll_sum + part
             n_tokens += nll.numel()
             if tokenizer is not None:
                 n_bytes += tokenizer.text_bytes(segment.labels.numpy(), previous=segment.input_ids.numpy())
@@ -146,6 +147,7 @@ def evaluate(
             f"no token was scored: the pass read {read} segment(s) of {tgt_len} tokens and skip_segments="
             f"{skip_segments} skips them all; give more data, a larger max_segments or a smaller skip_segments"
         )
+    nll_sum = float(nll_sum)
     loss = nll_sum / max(n_tokens, 1)
     return lm_metrics(loss, n_tokens, elapsed, bits_unit, nll_sum / math.log(2) / n_bytes if n_bytes else None, n_bytes)
 

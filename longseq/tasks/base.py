@@ -46,10 +46,11 @@ class StepContext:
 
 @dataclass
 class StepResult:
-    """One optimizer step's mean training loss (this rank), the memory carried to the next step (the LM's,
-    else None) and the tokens it consumed: for the example tasks, the documents' tokens before padding."""
+    """One optimizer step's mean training loss (this rank; a 0-d tensor on the model's device, or a float), the
+    memory carried to the next step (the LM's, else None) and the tokens it consumed: for the example tasks, the
+    documents' tokens before padding."""
 
-    loss: float
+    loss: Tensor | float
     memory: Memory | None
     tokens: int
 

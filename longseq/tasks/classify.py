@@ -151,7 +151,7 @@ class Classify(Task):
             with ctx.autocast():
                 loss = ctx.net(inputs, self.segment_len, labels, self.options.lm_weight, padding)["loss"]
             ctx.backward(loss * len(part) / len(picked))
-            total += loss.item() * len(part) / len(picked)
+            total = total + loss.detach().float() * (len(part) / len(picked))  # read once, by the trainer
         return StepResult(total, None, sum(len(ids) for ids, _ in picked))
 
     @torch.no_grad()

@@ -128,7 +128,7 @@ class LanguageModeling(Task):
                     out = ctx.net(inp, carried, lab, doc_ids=doc, mem_len=mem_len)
                 total = out.loss if out.aux_loss is None else out.loss + out.aux_loss
                 pending = total if pending is None else pending + total
-                loss_sum += out.loss.item()
+                loss_sum = loss_sum + out.loss.detach().float()  # on the device: the trainer reads it once
                 carried = out.mems
             ctx.backward(pending / (accum * window))
             chunks_memory[c] = carried.detach()  # the graph of this chunk's window ends here
@@ -176,11 +176,19 @@ def sample_prompt(tokenizer, prompt: str, valid) -> list[int]:
     return ids
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A batch tensor made on the CPU, on ``device``: to a GPU through pinned memory without waiting (the copy
+    overlaps the work already queued; the stream orders it before the kernels that read it)."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def row_chunks(segment, device: torch.device, accum: int) -> list:
     """A segment's (inputs, labels, document ids) cut into ``accum`` chunks of rows, on ``device``."""
-    inputs = segment.input_ids.to(device).chunk(accum, dim=0)  # the stream holds this rank's rows
-    labels = segment.labels.to(device).chunk(accum, dim=0)
-    docs = segment.doc_ids.to(device).chunk(accum, dim=0) if segment.doc_ids is not None else [None] * accum
+    inputs = to_device(segment.input_ids, device).chunk(accum, dim=0)  # the stream holds this rank's rows
+    labels = to_device(segment.labels, device).chunk(accum, dim=0)
+    docs = to_device(segment.doc_ids, device).chunk(accum, dim=0) if segment.doc_ids is not None else [None] * accum
     return list(zip(inputs, labels, docs))
 
 

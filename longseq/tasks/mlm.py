@@ -113,7 +113,7 @@ class MaskedLM(Task):
             with ctx.autocast():
                 nll = ctx.net(masked[rows], self.segment_len, labels[rows], padding[rows])["nll"]
             ctx.backward(nll / count)
-            total += nll.item() / count
+            total = total + nll.detach().float() / count  # read once, by the trainer
         return StepResult(total, None, sum(len(ids) for ids in picked))
 
     @torch.no_grad()

@@ -139,7 +139,7 @@ class Span(Task):
             with ctx.autocast():
                 loss = ctx.net(inputs, self.segment_len, allowed, starts, ends, padding)["loss"]
             ctx.backward(loss * len(part) / len(picked))
-            total += loss.item() * len(part) / len(picked)
+            total = total + loss.detach().float() * (len(part) / len(picked))  # read once, by the trainer
         return StepResult(total, None, sum(len(e["ids"]) for e in picked))
 
     @torch.no_grad()

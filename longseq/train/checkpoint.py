@@ -54,6 +54,16 @@ class TrainingState:
     lr_scale: float = 1.0  # lowered by the NaN guard's rollbacks
     scaler: dict | None = None  # the fp16 loss scaler's state (scale, growth tracker)
     cuda_rng: list | None = None  # every CUDA device's RNG state, when CUDA is in use
+    rank_rngs: list | None = None  # ranks 1 .. N-1 under torchrun: (CPU state, CUDA states or None) each
+
+    def rng_of(self, rank: int) -> tuple[torch.Tensor, list | None] | None:
+        """Rank ``rank``'s RNG states (CPU, CUDA), or None when the checkpoint has none for it (written by another
+        number of processes, or before ranks saved their own)."""
+        if rank == 0:
+            return self.torch_rng, self.cuda_rng
+        others = self.rank_rngs or []
+        return others[rank - 1] if rank - 1 < len(others) else None
+
     pending_validation: bool = False  # a signal stopped this step's validation: the resumed run does it again
     data_sha256: dict | None = None  # the fingerprint of the training data (a resume on other data is refused)
 
@@ -191,6 +201,9 @@ def _write_checkpoint_files(tmp, model, run, tokenizer, training, metrics, weigh
         tensors["rng.torch"] = training.torch_rng
         for i, state in enumerate(training.cuda_rng or ()):
             tensors[f"rng.cuda.{i}"] = state
+        for rank, (cpu, cuda) in enumerate(training.rank_rngs or (), 1):
+            tensors[f"rng.rank{rank}.torch"] = cpu
+            tensors.update({f"rng.rank{rank}.cuda.{i}": state for i, state in enumerate(cuda or ())})
         tensors.update(training.memory.to_tensors() if training.memory is not None else {})
         save_file(tensors, os.path.join(tmp, "trainer.safetensors"))
         _write_json(
@@ -392,11 +405,20 @@ def load_training_state(directory: str) -> TrainingState:
         tokens_seen=meta.get("tokens_seen", 0),
         lr_scale=meta.get("lr_scale", 1.0),
         scaler=meta.get("scaler"),
-        cuda_rng=[tensors[f"rng.cuda.{i}"] for i in range(len([k for k in tensors if k.startswith("rng.cuda.")]))]
-        or None,
+        cuda_rng=_cuda_states(tensors, "rng.cuda."),
+        rank_rngs=[
+            (tensors[f"rng.rank{r}.torch"], _cuda_states(tensors, f"rng.rank{r}.cuda."))
+            for r in range(1, 1 + sum(k.startswith("rng.rank") and k.endswith(".torch") for k in tensors))
+        ]
+        or None,  # fmt: skip
         pending_validation=bool(meta.get("pending_validation", False)),
         data_sha256=meta.get("data_sha256"),
     )
+
+
+def _cuda_states(tensors: dict, prefix: str) -> list | None:
+    """The CUDA RNG states stored under ``prefix`` + device index, in device order (None: none stored)."""
+    return [tensors[f"{prefix}{i}"] for i in range(sum(k.startswith(prefix) for k in tensors))] or None
 
 
 def _verify_listed(directory: str, files: dict, needed: tuple[str, ...]) -> None:

@@ -53,6 +53,15 @@ class World:
         dist.all_reduce(buffer)
         return float(buffer) / self.size
 
+    def means(self, *values) -> list[float]:
+        """The means over ranks of ``values`` (0-d tensors on any device, or numbers), read from the device at once:
+        one host synchronisation, one collective.  (A gradient norm is the same on every rank: its mean is it.)"""
+        stacked = torch.stack([torch.as_tensor(v).detach().to(self.device, torch.float64) for v in values])
+        if self.size > 1:
+            dist.all_reduce(stacked)
+            stacked /= self.size
+        return stacked.tolist()
+
     def any(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is true on some rank (a decision every rank must take alike)."""
         if self.size == 1:
@@ -75,6 +84,20 @@ class World:
                 gathered[rank][name] = part
         restored = [Memory.from_tensors(parts, tokens_age=mems.tokens_age) for parts in gathered]
         return Memory.join(restored)
+
+    def gather_rngs(self, cpu: Tensor, cuda: list | None) -> list[tuple[Tensor, list | None]]:
+        """The RNG states (CPU, and CUDA's per device) of ranks 1 .. size - 1, on every rank (all ranks call it):
+        each rank draws its own dropout, so each resumes from its own state."""
+        if self.size == 1:
+            return []
+        parts = [cpu, *(cuda or [])]
+        gathered = []
+        for state in parts:
+            local = state.to(self.device)
+            copies = [torch.empty_like(local) for _ in range(self.size)]
+            dist.all_gather(copies, local)
+            gathered.append([c.cpu() for c in copies])
+        return [(gathered[0][r], [g[r] for g in gathered[1:]] or None) for r in range(1, self.size)]
 
     def local_memory(self, mems):
         """This rank's rows of a full memory (read from a checkpoint)."""

@@ -12,7 +12,10 @@ from longseq.config import TrainConfig
 
 class Lamb(torch.optim.Optimizer):
     """LAMB (You et al., 2020): Adam's direction, bias-corrected, plus decoupled weight decay, scaled per
-    parameter tensor by the trust ratio ||w|| / ||update|| (1 where either norm is 0)."""
+    parameter tensor by the trust ratio ||w|| / ||update|| (1 where either norm is 0).
+
+    Every tensor of a group is updated at once (PyTorch's ``_foreach`` operations), and the step count lives on
+    the parameters' device, so a step reads nothing back from a GPU."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0) -> None:
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
@@ -21,27 +24,39 @@ class Lamb(torch.optim.Optimizer):
     def step(self, closure=None):
         loss = None if closure is None else closure()
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float64)
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
-                state["step"] += 1
-                t = float(state["step"])
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
-                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                update = (m / (1 - beta1**t)) / ((v / (1 - beta2**t)).sqrt() + group["eps"])
-                if group["weight_decay"]:
-                    update.add_(p, alpha=group["weight_decay"])
-                w_norm, u_norm = p.norm(), update.norm()
-                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-                p.add_(update * trust, alpha=-group["lr"])
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._update(group, params)
         return loss
+
+    def _update(self, group: dict, params: list) -> None:
+        beta1, beta2 = group["betas"]
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float64, device=p.device)
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+        steps = [self.state[p]["step"] for p in params]
+        m = [self.state[p]["exp_avg"] for p in params]
+        v = [self.state[p]["exp_avg_sq"] for p in params]
+        torch._foreach_add_(steps, 1)
+        torch._foreach_lerp_(m, grads, 1 - beta1)  # m = beta1 m + (1 - beta1) g
+        torch._foreach_mul_(v, beta2)
+        torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
+        first = [(1 - beta1**t).to(p.dtype) for t, p in zip(steps, params)]  # the bias corrections, on the device
+        second = [(1 - beta2**t).to(p.dtype) for t, p in zip(steps, params)]
+        update = torch._foreach_div(m, first)
+        denom = torch._foreach_sqrt(torch._foreach_div(v, second))
+        torch._foreach_add_(denom, group["eps"])
+        torch._foreach_div_(update, denom)
+        if group["weight_decay"]:
+            torch._foreach_add_(update, params, alpha=group["weight_decay"])
+        w_norm, u_norm = torch.stack(torch._foreach_norm(params)), torch.stack(torch._foreach_norm(update))
+        trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+        torch._foreach_mul_(update, list(trust.unbind()))
+        torch._foreach_add_(params, update, alpha=-group["lr"])
 
 
 def layer_of(name: str, n_layer: int) -> int:
@@ -80,7 +95,11 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimi
     ]
     if config.optimizer == "lamb":
         return Lamb(param_groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps)
-    return torch.optim.AdamW(param_groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps)
+    try:  # fused: one kernel for all tensors, the step count on the device (no read back from a GPU)
+        return torch.optim.AdamW(param_groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps,
+                                 fused=True)  # fmt: skip
+    except (RuntimeError, ValueError):  # a device or dtype the fused kernel does not serve
+        return torch.optim.AdamW(param_groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps)
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:

@@ -63,7 +63,7 @@ def is_longseq_file(path: str) -> bool:
     if name == "metrics.jsonl":
         return _is_metrics(path)
     with open(path, encoding="utf-8", errors="replace") as f:
-        return f.readline().rstrip("\n") == f"# {RUN_HEADER}"  # run.toml: the header write_run_config writes
+        return f.readline().startswith(f"# {RUN_HEADER[:-1]}")  # run.toml: the header write_run_config writes
 
 
 class RunDirectory:

@@ -158,6 +158,8 @@ class Trainer:
             )
         self.sharded = tc.parallel == "fsdp" and world.size > 1
         self._build_model()
+        if world.rank:  # every rank built the same initial model; from here each draws its own dropout masks
+            torch.manual_seed(tc.seed + world.rank)
         self.optimizer = build_optimizer(self.model, tc)
         self.scaler = torch.amp.GradScaler(self.device.type) if tc.precision == "fp16" else None
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tc.precision)
@@ -184,6 +186,11 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel
 
             self.net = DistributedDataParallel(model)  # averages gradients; parameters start from rank 0's
+        if self.tc.compile != "none":  # the training step's model; validation and saving read self.model, uncompiled
+            if self.run.task is not None:
+                raise ConfigError(f"compile={self.tc.compile} compiles a language model's training step; the "
+                                  f"{self.run.task.name} task reads documents in Python loops: set compile=none")  # fmt: skip
+            self.net = torch.compile(self.net, fullgraph=True, backend=self.tc.compile)
 
     def restore(self, state: TrainingState) -> None:
         """Everything :meth:`save` stored: weights, optimizer, data position, RNG, loss scale, memory."""
@@ -194,7 +201,11 @@ class Trainer:
             load_weights(self.model, self.dir.last)
             self.optimizer.load_state_dict(state.optimizer)
         self.batches.load_state_dict(state.data_state)
-        set_rng_states(state.torch_rng, state.cuda_rng)
+        own = state.rng_of(self.world.rank)
+        if own is None:  # saved by another number of processes: rank 0's stream (not exact), and said
+            self.log(f"note: {self.dir.last} holds no RNG state of rank {self.world.rank}; it continues rank 0's")
+            own = (state.torch_rng, state.cuda_rng)
+        set_rng_states(*own)
         if self.scaler is not None and state.scaler:
             self.scaler.load_state_dict(state.scaler)
         local = self.world.local_memory(state.memory)
@@ -215,7 +226,6 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.ctx.step = self.step_count
         result = self.task.train_step(self.ctx, batch, self.memory)
-        loss = self.world.mean(result.loss)
         if self.after_backward is not None:
             self.after_backward(self.step_count + 1, self.model)
         if self.scaler is not None:
@@ -223,7 +233,8 @@ class Trainer:
         if tc.grad_norm_interval and (self.step_count + 1) % tc.grad_norm_interval == 0:
             self.write_metrics({"step": self.step_count + 1, "grad_norms": layer_grad_norms(self.model)})
         norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip or float("inf")))
-        grad_norm = 0.0 if self.scaler is not None and math.isfinite(loss) else float(norm)  # fp16: the scaler's job
+        loss, grad_norm = self.world.means(result.loss, norm)  # the step's one read from the device: both at once
+        grad_norm = 0.0 if self.scaler is not None and math.isfinite(loss) else grad_norm  # fp16: the scaler's job
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self._bad_step(f"loss {loss}, gradient norm {grad_norm}", lr)
             return False
@@ -307,6 +318,7 @@ class Trainer:
             self.saved_at, self.last_save = self.step_count, time.monotonic()
             optimizer = full_optimizer_state(self.optimizer, keep=world.main) if self.sharded else None
             cpu, cuda = rng_states()
+            others = world.gather_rngs(cpu, cuda)  # each rank resumes its own dropout stream
             training = TrainingState(
                 step=self.step_count,
                 data_state=self.batches.state_dict(),
@@ -318,6 +330,7 @@ class Trainer:
                 lr_scale=self.lr_scale,
                 scaler=self.scaler.state_dict() if self.scaler is not None else None,
                 cuda_rng=cuda,
+                rank_rngs=others or None,
                 pending_validation=self.pending_validation,
                 data_sha256=self.data_sha256,
             )

@@ -84,14 +84,16 @@ def _block_mask(mask: PatternMask | Tensor, batch: int, heads: int, qlen: int, k
     if isinstance(mask, Tensor):
         dense = mask.expand(batch, heads, qlen, klen)  # a view: (B, H, T, K)
         return create_block_mask(lambda b, h, q, kv: ~dense[b, h, q, kv], batch, heads, qlen, klen, device=device)
-    if ("flex", batch, heads) not in mask._blocks:
+
+    def make():
         per_batch = any(t is not None for t in (mask.key_docs, mask.global_keys, mask.dropped_keys))
         per_head = len(mask.pattern.dilation) > 1
         create = _compiled_block_mask() if device.type == "cuda" else create_block_mask
-        mask._blocks["flex", batch, heads] = create(
+        return create(
             mask.mask_mod(), batch if per_batch else None, heads if per_head else None, qlen, klen, device=device
         )
-    return mask._blocks["flex", batch, heads]
+
+    return mask.shared(("flex", batch, heads), make)
 
 
 def _flex(query, key, value, score_mod, block_mask, scale) -> Tensor:

@@ -252,11 +252,23 @@ class PatternMask:
         broadcastable to (B, H, q1 - q0, k1 - k0).  Computed once per block for all layers sharing the mask."""
         q1 = self.qlen if q1 is None else q1
         k1 = self.klen if k1 is None else k1
-        if (q0, q1, k0, k1) not in self._blocks:
+
+        def make() -> Tensor:
             query = torch.arange(q0, q1, device=self.device)[:, None] + self.mlen  # (Tq, 1) window positions
             key = torch.arange(k0, k1, device=self.device)[None, :]  # (1, Tk)
-            self._blocks[q0, q1, k0, k1] = self.forbidden_at(query, key)
-        return self._blocks[q0, q1, k0, k1]
+            return self.forbidden_at(query, key)
+
+        return self.shared((q0, q1, k0, k1), make)
+
+    def shared(self, key: tuple, make):
+        """``make()``, computed once for all the layers sharing this mask (cached under ``key``); under
+        ``torch.compile`` the traced graph computes it where it is used (a key of symbolic lengths cannot be
+        hashed without fixing them, which would compile the model again for every memory length)."""
+        if torch.compiler.is_compiling():
+            return make()
+        if key not in self._blocks:
+            self._blocks[key] = make()
+        return self._blocks[key]
 
     def first_forbidden(self, q0: int, k0: int) -> int:
         """A key column, counted from key ``k0``, before which no query of a block starting at query ``q0`` is
@@ -270,12 +282,14 @@ class PatternMask:
         """:meth:`forbidden` for the banded layout: block b's queries [M + b * block, ...) over keys starting
         ``before`` positions earlier, ``width`` of them; (B or 1, H or 1, n, block, W).  Padded queries past the
         segment attend anywhere (their output is dropped).  Computed once for all layers sharing the mask."""
-        if ("banded", n_blocks, block, before, width) not in self._blocks:
+
+        def make() -> Tensor:
             starts = self.mlen + torch.arange(n_blocks, device=self.device)[:, None, None] * block  # (n, 1, 1)
             query = starts + torch.arange(block, device=self.device)[:, None]  # (n, block, 1)
             key = starts - before + torch.arange(width, device=self.device)  # (n, 1, W)
-            self._blocks["banded", n_blocks, block, before, width] = self.forbidden_at(query, key) & (query < self.klen)
-        return self._blocks["banded", n_blocks, block, before, width]
+            return self.forbidden_at(query, key) & (query < self.klen)
+
+        return self.shared(("banded", n_blocks, block, before, width), make)
 
     def forbidden_at(self, query: Tensor, key: Tensor) -> Tensor:
         """:meth:`forbidden` for window positions of any broadcastable shapes (..., Tq, 1) and (..., 1, Tk):

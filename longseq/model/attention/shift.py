@@ -19,14 +19,15 @@ def rel_shift(position_scores: Tensor, qlen: int, klen: int | None = None) -> Te
     down to -(T - 1)), and key j of query i is distance M + i - j, so out[..., i, j] = in[..., i, T - i + j].
     That is a strided view (offset T, row stride R - 1): no padding, no copy.  Entries past the last row
     (future keys of a causal table) read neighbouring rows and must be masked.  ``klen`` defaults to R - 1.
+
+    Built from view operations only: flatten each (T, R) matrix, skip T entries, read the rest as (T, R - 1) and
+    keep its first K columns.  So ``torch.compile`` traces it with symbolic lengths, and writing into it (the
+    backward) writes the matrix.
     """
     *lead, rows, n_rel = position_scores.shape
     klen = n_rel - 1 if klen is None else klen
-    position_scores = position_scores.contiguous()
-    *s_lead, s_t, _ = position_scores.stride()
-    return position_scores.as_strided(
-        (*lead, rows, klen), (*s_lead, s_t - 1, 1), position_scores.storage_offset() + qlen
-    )
+    flat = position_scores.contiguous().flatten(-2)  # (..., T * R)
+    return flat.narrow(-1, qlen, rows * (n_rel - 1)).unflatten(-1, (rows, n_rel - 1))[..., :klen]  # (..., T, K)
 
 
 def fill_forbidden_(scores: Tensor, mask: Tensor, first: int = 0) -> Tensor:

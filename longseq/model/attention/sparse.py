@@ -253,7 +253,8 @@ class RandomBlocks:
 def sparse_pieces(mask: PatternMask, block: int) -> list:
     """The pieces of ``mask``'s pattern for query blocks of ``block``, built once per forward for every layer that
     shares the mask."""
-    if ("sparse", block) not in mask._blocks:
+
+    def make() -> list:
         pattern = mask.pattern
         pieces: list = [Band(mask, block)]
         if pattern.name == "strided":
@@ -265,8 +266,9 @@ def sparse_pieces(mask: PatternMask, block: int) -> list:
                 pieces.append(GlobalColumns(mask, list(pieces)))
             if pattern.name == "bigbird" and pattern.num_random_blocks:
                 pieces.append(RandomBlocks(mask, list(pieces)))
-        mask._blocks["sparse", block] = pieces
-    return mask._blocks["sparse", block]
+        return pieces
+
+    return mask.shared(("sparse", block), make)
 
 
 def sparse_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask: PatternMask, block, dropatt, training):

@@ -125,11 +125,11 @@ class Memory:
     @property
     def mem_length(self) -> int:
         """Positions of the (uncompressed) memory (of the attention layers; recurrent layers hold a state)."""
-        return max((layer.mem_length for layer in self.layers), default=0)
+        return max([0, *(layer.mem_length for layer in self.layers)])
 
     @property
     def cmem_length(self) -> int:
-        return max((layer.cmem_length for layer in self.layers), default=0)
+        return max([0, *(layer.cmem_length for layer in self.layers)])
 
     @property
     def length(self) -> int:

@@ -12,11 +12,12 @@ from longseq.model.memory.policy import MemoryPolicy, Update
 def keep_recent(inputs: Tensor, old: Tensor | None, mem_len: int, keep_graph: bool = False) -> Tensor:
     """The last ``mem_len`` positions of [old; inputs] (B, M', E), detached: no gradient reaches an earlier
     segment (the paper's SG(.)); with ``keep_graph``, the positions keep their gradient."""
-    with torch.set_grad_enabled(keep_graph and torch.is_grad_enabled()):
-        if mem_len == 0:
-            return inputs[:, :0].detach()
-        joined = inputs if old is None or old.size(1) == 0 else torch.cat([old, inputs], dim=1)  # (B, M + T, E)
-        return joined[:, -mem_len:] if keep_graph else joined[:, -mem_len:].detach()
+    if mem_len == 0:
+        return inputs[:, :0].detach()
+    if not keep_graph:  # detached first: the join builds no graph
+        inputs, old = inputs.detach(), None if old is None else old.detach()
+    joined = inputs if old is None or old.size(1) == 0 else torch.cat([old, inputs], dim=1)  # (B, M + T, E)
+    return joined[:, -mem_len:]
 
 
 class Truncate(MemoryPolicy):

@@ -1,0 +1,109 @@
+"""The documents cannot drift from the code: every Python block of README.md and docs/*.md runs (a page's blocks in
+order, in one namespace, in a fresh directory), and every ``longseq ...`` command line in them is parsed by the
+real command-line parser."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from longseq.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def blocks(page: Path, language: str) -> list[str]:
+    return [body for lang, body in FENCE.findall(page.read_text(encoding="utf-8")) if lang == language]
+
+
+def command_lines(page: Path) -> list[str]:
+    """The ``longseq`` invocations of a page's shell blocks (continued lines joined; ``torchrun ... -m longseq``
+    and ``python -m longseq`` included), without comments."""
+    found = []
+    for body in blocks(page, "bash"):
+        for line in body.replace("\\\n", " ").splitlines():
+            line = line.split(" #")[0].strip()
+            for part in re.split(r"\s*(?:&&|\|\||;)\s*", line):
+                words = shlex.split(part) if part else []
+                if "longseq" in words:
+                    at = words.index("longseq")
+                    if at == 0 or words[at - 1] == "-m":
+                        found.append(" ".join(shlex.quote(w) for w in words[at:]))
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_command_line_in_the_documents_parses(page):
+    parser = build_parser()
+    for line in command_lines(page):
+        try:
+            parser.parse_args(shlex.split(line)[1:])
+        except SystemExit as stop:
+            raise AssertionError(f"{page.name}: `{line}` does not parse") from stop
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "python")], ids=lambda p: p.name)
+def test_every_python_block_in_the_documents_runs(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LONGSEQ_DOCS_TEST", "1")
+    namespace: dict = {"__name__": "__docs__"}
+    for number, body in enumerate(blocks(page, "python"), 1):
+        try:
+            exec(compile(body, f"{page.name}, python block {number}", "exec"), namespace)
+        except Exception as exc:
+            raise AssertionError(f"{page.name}, python block {number} fails: {exc!r}") from exc
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lowercased, punctuation dropped, spaces made hyphens."""
+    text = FENCE.sub("", page.read_text(encoding="utf-8"))
+    headings = re.findall(r"^#+\s+(.*?)\s*$", text, re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_link_in_the_documents_resolves(page):
+    """A relative link names a file that exists, and its #anchor a heading of that file (BENCHMARKS.md is
+    generated: a renamed section breaks the links to it here, not silently on GitHub)."""
+    for target in LINK.findall(FENCE.sub("", page.read_text(encoding="utf-8"))):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        assert linked.is_file(), f"{page.name}: link to {target}: no file {linked}"
+        if anchor:
+            assert anchor in anchors(linked), f"{page.name}: link to {target}: no such heading in {linked.name}"
+
+
+def test_the_readme_is_short():
+    assert len((ROOT / "README.md").read_bytes()) <= 10 * 1024
+
+
+def test_the_command_reference_lists_every_command_and_flag():
+    """docs/cli.md has a section for every command and names every flag of its parser."""
+    import argparse
+
+    reference = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, parser in commands.items():
+        section = reference.partition(f"## longseq {name}\n")[2].split("\n## ")[0]
+        assert section, f"docs/cli.md has no section '## longseq {name}'"
+        for action in parser._actions:
+            for flag in action.option_strings:
+                if flag not in ("-h", "--help"):
+                    assert f"`{flag}" in section, f"docs/cli.md, longseq {name}: {flag} is not described"
+
+
+def test_the_documents_are_found():
+    """The tests above read something: the README has both kinds of block, and docs/ has its pages."""
+    assert blocks(ROOT / "README.md", "python") and command_lines(ROOT / "README.md")
+    assert len(PAGES) >= 2 and os.path.isdir(ROOT / "docs")
