@@ -3,22 +3,18 @@
 Every test, and every process a test starts, imports longseq from this source tree: pytest puts the repository
 root first on ``sys.path`` (``pythonpath`` in pyproject.toml), and the environment variable below does the same
 for the ``python -m longseq`` and ``torchrun`` processes the tests start, so a ``pip install .`` beside the
-checkout never hides the code being edited."""
+checkout never hides the code being edited.
 
-import json
+The plain helpers these fixtures are built on (tiny corpora, runs and models, the attention harness, key-word
+checks of errors) are in ``support.py``; no test module imports another."""
+
 import os
 
-import numpy as np
 import pytest
+from support import corpus_file, records, tiny_run, tiny_text, train_tiny_lm, write_classify_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-
-
-def tiny_text(seed: int = 0, n: int = 6000) -> str:
-    """``n`` characters of five made-up words: a corpus a two-layer model learns something of in a few steps."""
-    rng = np.random.default_rng(seed)
-    return " ".join(rng.choice(["abc", "defg", "hh", "gfe", "cab\n"], size=n // 3))[:n]
 
 
 @pytest.fixture
@@ -32,9 +28,29 @@ def text_corpus(tmp_path):
 @pytest.fixture
 def metrics():
     """``metrics(run_dir)``: the records of a run's metrics.jsonl."""
+    return records
 
-    def read(run_dir) -> list[dict]:
-        with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
 
-    return read
+@pytest.fixture
+def lm_checkpoint(tmp_path) -> str:
+    """A tiny character language model trained two steps into ``tmp_path/lm``: the path of its ``best/``."""
+    return train_tiny_lm(tmp_path)
+
+
+@pytest.fixture
+def classify_file(tmp_path) -> str:
+    """Eight two-class records in ``tmp_path/cls.jsonl``: the file's path."""
+    return write_classify_file(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def trained_checkpoint(tmp_path_factory) -> str:
+    """A tiny trained character model (mem_len 8, segments of 8) whose config names its corpus file: the path of
+    its ``last/`` (trained once per session; tests read it, never write it)."""
+    from longseq.train import train
+
+    tmp = tmp_path_factory.mktemp("ckpt")
+    run = tiny_run(max_steps=4, eval_interval=4)
+    run.data.path, run.data.varlen = str(corpus_file(tmp)), False
+    train(run, str(tmp / "run"), progress=False)
+    return str(tmp / "run" / "last")

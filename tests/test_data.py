@@ -1,46 +1,23 @@
-"""Tokenizers, corpus readers and ordered batching."""
+"""Corpora and batching: files, layouts and directories of documents read and split, the published sizes, the
+checks on what a run reads (empty, not UTF-8, a missing split, a validation split equal to the training one or
+shorter than a segment, another corpus's vocabulary), and the ordered stream (rows continued across segments,
+document ids carried, an exact resume)."""
 
 import os
 
 import numpy as np
 import pytest
+from support import TINY_CLI_8, assert_names, raises_naming
 
+from longseq.cli import main
 from longseq.data import (
-    ByteTokenizer,
     CharTokenizer,
     CorpusError,
     OrderedStream,
-    TokenizerError,
-    WordTokenizer,
     load_corpus,
-    load_tokenizer,
 )
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
-
-
-def test_tokenizers_round_trip_through_json(tmp_path):
-    text = "To be, or not to be:\nthat is the question.\n"
-    for tok in (ByteTokenizer(), CharTokenizer.build(text), WordTokenizer.build(text)):
-        path = tmp_path / f"{tok.kind}.json"
-        tok.save(str(path))
-        again = load_tokenizer(str(path))
-        assert again.vocab_size == tok.vocab_size
-        assert list(again.encode(text)) == list(tok.encode(text))
-    assert ByteTokenizer().decode(ByteTokenizer().encode("héllo")) == "héllo"
-    assert CharTokenizer.build(text).decode(CharTokenizer.build(text).encode(text)) == text
-
-
-def test_word_vocabulary_is_frequency_ordered_with_eos_and_unk():
-    tok = WordTokenizer.build("b a a\nc a b\n")
-    assert tok.words == ["a", "b", "<eos>", "c", "<unk>"]  # by count; ties in order of first appearance
-    ids = tok.encode("a zebra\n")
-    assert tok.words[ids[1]] == "<unk>" and tok.words[ids[-1]] == "<eos>"
-
-
-def test_char_tokenizer_names_unknown_character():
-    with pytest.raises(TokenizerError, match="'z'"):
-        CharTokenizer.build("abc").encode("abz")
 
 
 @pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED, "ptb")), reason="shared PTB not present")
@@ -124,9 +101,6 @@ def test_character_ptb_conversion_matches_the_published_size():
     assert ptb_to_char(" a <unk> cat \n") == "a _ <unk> _ c a t \n"
 
 
-# Reliability (issue 15, items 7, 14 and 15)
-
-
 def test_a_layout_missing_a_split_is_an_error_naming_the_file_not_a_directory_of_documents(tmp_path):
     """Read as documents, wiki.test.tokens would be split 90/5/5 and its text trained on."""
     from longseq.data import prepare_corpus
@@ -137,9 +111,7 @@ def test_a_layout_missing_a_split_is_an_error_naming_the_file_not_a_directory_of
         lambda: load_corpus(str(tmp_path), "word"),
         lambda: prepare_corpus(str(tmp_path), "word", str(tmp_path / "p")),
     ):
-        with pytest.raises(
-            CorpusError, match=r"wikitext layout's wiki.train.tokens, wiki.test.tokens but not wiki.valid.tokens"
-        ):
+        with raises_naming(CorpusError, "wiki.train.tokens", "wiki.test.tokens", "wiki.valid.tokens"):
             read()
     (tmp_path / "wiki.valid.tokens").write_text("")
     for read in (
@@ -174,10 +146,10 @@ def test_an_unseen_character_is_an_error_naming_the_file_the_character_its_place
     tok = CharTokenizer.build("abcdefgh \n")
     tok.save(str(tmp_path / "chars.json"))
     (tmp_path / "one.txt").write_text("abc defg\n" * 40 + "ab\tc\n")
-    message = r"one.txt, line 41, column 3: character '\\t' \(U\+0009\) is not in .*or use --tokenizer byte"
-    with pytest.raises(CorpusError, match=message):
+    words = ("one.txt", "line 41, column 3", "U+0009", "--tokenizer byte")
+    with raises_naming(CorpusError, *words):
         load_corpus(str(tmp_path / "one.txt"), "char", tokenizer=tok)
-    with pytest.raises(CorpusError, match=message):
+    with raises_naming(CorpusError, *words):
         prepare_corpus(str(tmp_path / "one.txt"), str(tmp_path / "chars.json"), str(tmp_path / "out"), progress=False)
 
 
@@ -193,36 +165,25 @@ def test_a_word_vocabulary_from_another_corpus_is_refused_not_scored_as_unknown_
     corpus = load_corpus(str(tmp_path / "own.txt"), "word", tokenizer=tok)
     assert 0 < np.mean(np.concatenate([corpus.train, corpus.valid, corpus.test]) == tok.unk_id) < MAX_UNKNOWN_SHARE
     (tmp_path / "other.txt").write_text("a b c d e f the\n" * 40)  # a-f: 6 tokens in 8 (with "the" and the newline)
-    with pytest.raises(CorpusError, match=r"75% of the tokens of .*other.txt are unknown to the tokenizer given"):
+    with raises_naming(CorpusError, "75%", "other.txt", "unknown"):
         load_corpus(str(tmp_path / "other.txt"), "word", tokenizer=tok)
 
 
-def test_eval_of_a_checkpoint_that_names_no_corpus_asks_for_data_instead_of_scoring_the_bundled_one(tmp_path, capsys):
-    """A model trained through the API on a corpus given in memory records no path; ``longseq eval`` without
-    ``--data`` would read the bundled corpus with that model's vocabulary.  It stops and asks for ``--data``."""
-    from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
-    from longseq.cli import main
-    from longseq.data.tokenizers import WordTokenizer
-    from longseq.model import build_model
-    from longseq.train import save_checkpoint
+def test_ordered_stream_carries_document_ids():
+    ids, docs = np.arange(40), np.repeat([0, 1, 2, 3], 10)
+    segment = OrderedStream(ids, batch_size=2, tgt_len=6, doc_ids=docs).next_segment()
+    assert segment.doc_ids.tolist() == [[0, 0, 0, 0, 0, 0], [2, 2, 2, 2, 2, 2]]
 
-    tok = WordTokenizer.build("alpha beta gamma delta\n")
-    run = RunConfig(ModelConfig(vocab_size=tok.vocab_size, n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16,
-                                   cutoffs=[]), DataConfig(tokenizer="word"), TrainConfig())  # fmt: skip
-    save_checkpoint(str(tmp_path / "ckpt"), build_model(run.model), run, tok)
-    assert main(["eval", "--checkpoint", str(tmp_path / "ckpt"), "--quiet"]) == 2
+
+def test_validation_equal_to_training_data_and_a_split_shorter_than_a_segment_are_said(tmp_path, capsys):
+    layout = tmp_path / "layout"
+    layout.mkdir()
+    for split in ("train", "valid", "test"):
+        (layout / f"{split}.txt").write_text("the same text in every split\n" * 40)
+    assert main(["train", "--data", str(layout), "--tokenizer", "char", "--out", str(tmp_path / "a"), *TINY_CLI_8]) == 0
+    assert_names(capsys.readouterr().err, "valid", "training split")
+    (tmp_path / "short.txt").write_text("abcdefgh ij\n" * 12)
+    assert main(["train", "--data", str(tmp_path / "short.txt"), "--tokenizer", "char", "--out",
+                 str(tmp_path / "b"), *TINY_CLI_8]) == 0  # fmt: skip
     err = capsys.readouterr().err
-    assert "names no corpus, so the bundled one was read" in err and "pass --data PATH" in err
-    assert "Traceback" not in err
-
-
-def test_a_checkpoint_whose_tokenizer_does_not_fit_the_model_is_an_error_naming_both_sizes(tmp_path):
-    from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
-    from longseq.model import build_model
-    from longseq.train import CheckpointError, load_checkpoint, save_checkpoint
-
-    run = RunConfig(ModelConfig(vocab_size=12, n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16), DataConfig(),
-                    TrainConfig())  # fmt: skip
-    save_checkpoint(str(tmp_path / "ckpt"), build_model(run.model), run, CharTokenizer.build("abcdefghijklmnop"))
-    with pytest.raises(CheckpointError, match=r"ckpt/tokenizer.json has 16 tokens but the model's vocabulary has 12"):
-        load_checkpoint(str(tmp_path / "ckpt"))
+    assert_names(err, "7 tokens", "eval_tgt_len=8")

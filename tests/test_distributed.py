@@ -1,5 +1,6 @@
 """Data-parallel (DDP) and sharded (FSDP) training under torchrun (gloo on CPU) against one process on the same
-global batch."""
+global batch, an exact two-rank resume, the configurations refused, and every collective handed tensors on the
+process group's device (NCCL moves CUDA tensors only; PyTorch's ``meta`` device stands in for a GPU)."""
 
 import json
 import os
@@ -7,14 +8,18 @@ import subprocess
 import sys
 
 import pytest
+import torch
+import torch.distributed as dist
 from safetensors import safe_open
-from test_train import corpus_file
+from support import raises_naming
 
 from longseq.config import ConfigError, ModelConfig, RunConfig, TrainConfig, get_preset
 from longseq.config.checks import check_run
 from longseq.data.corpus import load_corpus
 from longseq.eval.evaluate import evaluate
+from longseq.model import TransformerXLLM
 from longseq.train.checkpoint import load_checkpoint, load_training_state
+from longseq.train.distributed import World
 
 
 def losses(path):
@@ -23,8 +28,8 @@ def losses(path):
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_two_ranks_match_one_process_on_the_same_global_batch(tmp_path, parallel):
-    data = corpus_file(tmp_path)
+def test_two_ranks_match_one_process_on_the_same_global_batch(tmp_path, text_corpus, parallel):
+    data = text_corpus
     settings = ["--data", str(data), "--tokenizer", "char", "--quiet", "--set", "max_steps=20", "batch_size=4",
                 "tgt_len=8", "mem_len=8", "dropout=0", "dropatt=0", "n_layer=2", "d_model=16", "n_head=2",
                 "d_head=8", "d_inner=32", "eval_interval=10", "eval_max_segments=2", "log_interval=1"]  # fmt: skip
@@ -63,10 +68,10 @@ def test_two_ranks_match_one_process_on_the_same_global_batch(tmp_path, parallel
     "options",
     [["parallel=ddp"], ["parallel=fsdp", "optimizer=lamb", "layer_lr_decay=0.8", "activation_checkpointing=1"]],
 )
-def test_two_rank_resume_continues_bit_for_bit(tmp_path, options):
+def test_two_rank_resume_continues_bit_for_bit(tmp_path, text_corpus, options):
     """Two ranks stopped after 6 steps and resumed give the uninterrupted two-rank run's losses exactly
     (with FSDP the optimizer moments are gathered into the checkpoint and cut into shards again)."""
-    data = corpus_file(tmp_path)
+    data = text_corpus
     common = ["--data", str(data), "--tokenizer", "char", "--quiet", "--set", "batch_size=4", "tgt_len=8",
               "mem_len=8", "n_layer=2", "d_model=16", "n_head=2", "d_head=8", "d_inner=32", "eval_interval=1000",
               "eval_max_segments=2", "log_interval=1", "schedule=constant", "warmup_steps=0", "dropout=0.1",
@@ -92,6 +97,32 @@ def test_fsdp_configuration_errors():
     run = get_preset("tiny-shakespeare")
     lstm = RunConfig(ModelConfig(arch="lstm", vocab_size=11, d_model=8, n_layer=1), run.data,
                      run.train.replace(parallel="fsdp"))  # fmt: skip
-    with pytest.raises(ConfigError, match="use parallel=ddp for arch=lstm"):
+    with raises_naming(ConfigError, "parallel=ddp", "arch=lstm"):
         check_run(lstm, world_size=2)
     check_run(lstm, world_size=1)  # one process ignores parallel
+
+
+def test_every_collective_gets_tensors_on_the_worlds_device(monkeypatch):
+    seen = []
+
+    def spy(tensor_or_list, *args, **kwargs):
+        tensors = tensor_or_list if isinstance(tensor_or_list, list) else [tensor_or_list]
+        seen.extend(t.device for t in tensors)
+
+    for name in ("all_reduce", "all_gather"):
+        monkeypatch.setattr(dist, name, lambda out, *args, _spy=spy, **kwargs: _spy(out) or _spy(list(args[:1])))
+    for device in ("meta", "cpu"):
+        world = World(rank=0, size=2, device=torch.device(device))
+        seen.clear()
+        for collective in (lambda world=world: world.mean(1.5), lambda world=world: world.any(True)):
+            try:
+                collective()
+            except RuntimeError:  # the result of a meta tensor cannot be read: only what was handed over counts
+                pass
+        memory = TransformerXLLM(ModelConfig(vocab_size=9, n_layer=2, d_model=8, n_head=2, d_head=4, d_inner=8,
+                                             mem_len=3))(torch.randint(0, 9, (2, 4))).mems  # fmt: skip
+        try:
+            world.gather_memory(memory)
+        except Exception:  # the spy gathers nothing back: only what was handed over is checked
+            pass
+        assert seen and all(d.type == device for d in seen), (device, seen)

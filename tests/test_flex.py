@@ -4,7 +4,7 @@ implementation on CPU); bf16 against float64; the block mask built at exactly (T
 
 import pytest
 import torch
-from test_patterns import assert_same_run, make_layer, pattern, run_layer
+from support import assert_same_run, make_layer, pattern, pattern_lm, run_layer
 
 from longseq.model.attention.flex import flex_available
 from longseq.model.attention.patterns import PATTERNS
@@ -66,9 +66,7 @@ def test_flex_block_mask_is_built_at_the_exact_lengths_once_per_forward(monkeypa
 
 
 def lm_pair(name: str, **extra):
-    from test_patterns import lm
-
-    flex, fast = lm([name], attn_impl="flex", **extra), lm([name], attn_impl="rel_shift", **extra)
+    flex, fast = pattern_lm([name], attn_impl="flex", **extra), pattern_lm([name], attn_impl="rel_shift", **extra)
     fast.load_state_dict(flex.state_dict())
     return flex, fast
 

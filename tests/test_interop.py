@@ -15,12 +15,14 @@ transformers = pytest.importorskip("transformers")
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
+from support import assert_names, raises_naming, tiny_corpus, tiny_lstm_config, tiny_run  # noqa: E402
 from transformers import TransfoXLConfig, TransfoXLLMHeadModel  # noqa: E402
 
 from longseq import TransformerXLLM  # noqa: E402
 from longseq.cli import main  # noqa: E402
+from longseq.config import RunConfig  # noqa: E402
 from longseq.interop.hf import ConversionError, convert_from_hf, export_to_hf, load_hf  # noqa: E402
-from longseq.train import load_checkpoint  # noqa: E402
+from longseq.train import load_checkpoint, train  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -179,6 +181,22 @@ def test_conversion_errors_are_clear(tmp_path):
         with pytest.raises(ConversionError, match=message):
             load_hf(hf_dir)
     open(config_path, "w").write(json.dumps({**config, "d_inner": 48}))
-    expected = r"shape mismatch for transformer\.layers\.0\.pos_ff\.core_net\.0\.(bias|weight): checkpoint has \(32,( 16)?\), the config expects \(48,( 16)?\)"
-    with pytest.raises(ConversionError, match=expected):
+    with raises_naming(ConversionError, "transformer.layers.0.pos_ff.core_net.0.", "(32", "(48"):
         load_hf(hf_dir)
+
+
+def test_convert_names_what_it_cannot_write(tmp_path, lm_checkpoint, capsys):
+    """convert --to-hf of an LSTM was an AttributeError ('crit'), an --out that cannot be made a bare OSError
+    traceback."""
+    run = tiny_run(max_steps=1, eval_interval=1)
+    lstm = tmp_path / "lstm"
+    train(RunConfig(tiny_lstm_config(), run.data, run.train), str(lstm), corpus=tiny_corpus(), progress=False)
+    capsys.readouterr()
+    assert main(["convert", "--to-hf", "--checkpoint", str(lstm), "--out", str(tmp_path / "hf")]) == 2
+    assert_names(capsys.readouterr().err, "language model", "HF TransfoXL", "LSTMLM")
+    assert not (tmp_path / "hf").exists()
+    (tmp_path / "file").write_text("x")
+    argv = ["convert", "--to-hf", "--checkpoint", lm_checkpoint, "--out", str(tmp_path / "file"), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "file") in err and "Traceback" not in err

@@ -197,8 +197,7 @@ def test_mem_bptt_refuses_what_carries_no_gradient(fields, named):
 
 
 def test_a_run_with_mem_bptt_resumes_exactly(tmp_path):
-    from test_mixers import assert_resumes_exactly
-    from test_train import tiny_run
+    from support import assert_resumes_exactly, tiny_run
 
     def run():
         r = tiny_run(max_steps=6, eval_interval=3)

@@ -2,12 +2,10 @@
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 import torch
 
 from longseq import ConfigError, ModelConfig, TransformerXLLM
-from longseq.data import OrderedStream
 from longseq.model import Memory, Quantized, build_model, reset_rows
 from longseq.model.memory import quantize
 from longseq.model.memory.compress import Compressor
@@ -46,12 +44,6 @@ def test_reset_rows_clears_one_stream_only():
     after_reset = model(second, cleared).logits
     assert torch.allclose(after_reset[0], model(second[:1]).logits[0], atol=1e-10)  # row 0: as if fresh
     assert torch.allclose(after_reset[1], model(second, mems).logits[1], atol=1e-10)  # row 1: untouched
-
-
-def test_ordered_stream_carries_document_ids():
-    ids, docs = np.arange(40), np.repeat([0, 1, 2, 3], 10)
-    segment = OrderedStream(ids, batch_size=2, tgt_len=6, doc_ids=docs).next_segment()
-    assert segment.doc_ids.tolist() == [[0, 0, 0, 0, 0, 0], [2, 2, 2, 2, 2, 2]]
 
 
 def test_int8_memory_error_is_within_half_a_step_and_uses_a_quarter_of_the_bytes():
@@ -114,7 +106,7 @@ def test_compression_functions_and_their_errors():
         ModelConfig(cmem_rate=2)
     with pytest.raises(ConfigError, match="cmem_fn"):
         build_model(ModelConfig(cmem_len=4, cmem_rate=2, cmem_fn="median"))
-    from test_train import tiny_corpus, tiny_run
+    from support import tiny_corpus, tiny_run
 
     from longseq.tasks.lm import prepare_model_config
 
@@ -202,7 +194,7 @@ def test_memory_tokens_carry_state_and_backpropagate_through_the_window():
 
 
 def test_memory_tokens_and_compaction_resume_exactly(tmp_path):
-    from test_train import tiny_corpus, tiny_run
+    from support import tiny_corpus, tiny_run
 
     from longseq.train import train
 

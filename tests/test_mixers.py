@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from test_train import tiny_corpus, tiny_run
+from support import assert_resumes_exactly, tiny_run
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.model import Memory
@@ -13,7 +13,6 @@ from longseq.model.mixers import MIXERS
 from longseq.model.mixers.conv import causal_conv, conv_reference
 from longseq.model.mixers.rnn import lstm_reference
 from longseq.model.mixers.ssd import ssd_chunked, ssd_reference
-from longseq.train import train
 
 SMALL = dict(vocab_size=30, n_layer=4, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0, head_dim=8,
              d_state=4, chunk=4, conv_kernel=3)  # fmt: skip
@@ -288,14 +287,3 @@ def test_the_model_initialisation_keeps_each_mixer_its_own_and_the_mixers_mix():
         with torch.no_grad():
             change = (model(x).logits - model(y).logits).abs().amax(-1)[0, 6:9]  # 1 to 3 positions later
         assert float(change.max()) > 1e-3, (mixer, change)
-
-
-def assert_resumes_exactly(run, tmp_path, stop_after: int):
-    """Training stopped after ``stop_after`` steps and resumed gives the uninterrupted run's losses, bit for bit;
-    returns the uninterrupted run's result."""
-    corpus = tiny_corpus()
-    whole = train(run(), str(tmp_path / "whole"), corpus=corpus, progress=False)
-    first = train(run(), str(tmp_path / "split"), corpus=corpus, progress=False, stop_after=stop_after)
-    second = train(run(), str(tmp_path / "split"), corpus=corpus, progress=False, resume=True)
-    assert first.losses + second.losses == whole.losses
-    return whole

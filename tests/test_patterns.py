@@ -5,10 +5,10 @@ import math
 
 import pytest
 import torch
+from support import D_HEAD, D_MODEL, N_HEAD, assert_same_run, make_layer, pattern, pattern_lm, raises_naming, run_layer
 
 from longseq.config import ConfigError, ModelConfig
 from longseq.model import build_model
-from longseq.model.attention import RelativeMultiHeadAttention
 from longseq.model.attention.patterns import (
     PATTERNS,
     AttentionPattern,
@@ -18,16 +18,7 @@ from longseq.model.attention.patterns import (
     layer_patterns,
 )
 from longseq.model.memory import Memory, Recurrence
-from longseq.model.positions import RelativePositions, relative_distances, sinusoidal_embedding
-from longseq.model.transformer import TransformerXLLM
-
-D_MODEL, N_HEAD, D_HEAD = 16, 4, 4
-PARAMS = dict(window=5, stride=4, block_size=4, block_summary=1, num_random_blocks=2, seed=3)
-
-
-def pattern(name, causal=True, **overrides):
-    params = {**PARAMS, "dilation": (1, 2, 3, 1) if name == "dilated" else (1,), **overrides}
-    return AttentionPattern(name=name, causal=causal, **params)
+from longseq.model.positions import RelativePositions, relative_distances
 
 
 def naive_allowed(p: AttentionPattern, q: int, k: int, head: int) -> bool:
@@ -86,49 +77,6 @@ def test_random_blocks_are_seeded_counted_and_causal(causal):
     # a block of queries sees the same random keys whether asked alone or as part of the whole
     part = p.allowed(q[12:20], torch.arange(8, 30)[None, :], klen)[0]
     assert torch.equal(part, again[12:20, 8:30])
-
-
-def make_layer(kernel: str, chunk: int, pos: str = "sinusoidal") -> RelativeMultiHeadAttention:
-    torch.manual_seed(0)
-    layer = RelativeMultiHeadAttention(
-        D_MODEL, N_HEAD, D_HEAD, kernel=kernel, chunk=chunk, pos=pos, max_relative_distance=6
-    )
-    if pos == "shaw":
-        torch.nn.init.normal_(layer.rel_table, 0.0, 0.5)
-    return layer.double()
-
-
-def run_layer(layer, p, qlen, mlen, global_mask=None, docs=None, grad=True, dropped=None):
-    """Output and gradients (hidden, memory, u, v, every parameter) of one attention layer; with ``grad=False``
-    the output of a forward without autograd (the kernels' inference paths) and no gradients."""
-    torch.manual_seed(1)
-    hidden = torch.randn(2, qlen, D_MODEL, dtype=torch.float64, requires_grad=True)
-    memory = torch.randn(2, mlen, D_MODEL, dtype=torch.float64, requires_grad=True) if mlen else None
-    u = torch.randn(N_HEAD, D_HEAD, dtype=torch.float64, requires_grad=True)
-    v = torch.randn(N_HEAD, D_HEAD, dtype=torch.float64, requires_grad=True)
-    klen = qlen + mlen
-    distances = relative_distances(klen, -1, bottom=0 if p.causal else -(qlen - 1))
-    pos_emb = None if hasattr(layer, "rel_table") else sinusoidal_embedding(distances, D_MODEL, torch.float64)
-    rel_key = layer.relative_keys(RelativePositions(distances, pos_emb, torch.float64))
-    flags = global_keys(global_mask, p.num_global, 2, qlen, mlen, None) if p.has_global else None
-    query_docs, key_docs = docs if docs is not None else (None, None)
-    mask = PatternMask(p, qlen, mlen, None, query_docs, key_docs, flags, dropped_keys=dropped)
-    if layer.kernel == "reference":
-        mask = mask.forbidden()  # the dense reference: the predicate evaluated on every pair
-    with torch.set_grad_enabled(grad):
-        out, _, _ = layer(hidden, rel_key, u, v, mask, memory)
-    if not grad:
-        return out, []
-    weights = torch.randn_like(out)
-    grads = torch.autograd.grad((out * weights).sum(), [hidden, u, v, *layer.parameters()] + ([memory] if mlen else []))
-    return out, grads
-
-
-def assert_same_run(fast, slow, atol=1e-10):
-    """Two :func:`run_layer` results agree: the output and every gradient."""
-    torch.testing.assert_close(fast[0], slow[0], rtol=0, atol=atol)
-    for a, b in zip(fast[1], slow[1]):
-        torch.testing.assert_close(a, b, rtol=0, atol=atol)
 
 
 @pytest.mark.parametrize("pos", ["sinusoidal", "shaw"])
@@ -190,18 +138,11 @@ def test_local_key_ranges_are_bounded_by_block_plus_reach():
         assert max(widths) == 64 + reach
 
 
-def lm(attention, **extra):
-    base = dict(vocab_size=40, n_layer=2, d_model=D_MODEL, n_head=N_HEAD, d_head=D_HEAD, d_inner=32, dropout=0.0)
-    config = ModelConfig(**{**base, "mem_len": 12, "attention": attention, **extra})
-    torch.manual_seed(0)
-    return TransformerXLLM(config).double().eval()
-
-
 def test_window_covering_segment_and_memory_equals_full_attention():
     ids = torch.randint(0, 40, (2, 30))
     outs = {}
     for name, extra in [("full", {}), ("window", {"window": 12 + 10}), ("dilated", {"window": 22})]:
-        model, mems, logits = lm([name], attn_chunk=4, **extra), None, []
+        model, mems, logits = pattern_lm([name], attn_chunk=4, **extra), None, []
         for segment in ids.split(10, dim=1):
             out = model(segment, mems)
             logits.append(out.logits)
@@ -209,8 +150,8 @@ def test_window_covering_segment_and_memory_equals_full_attention():
         outs[name] = torch.cat(logits, 1)
     torch.testing.assert_close(outs["window"], outs["full"], rtol=0, atol=1e-10)
     torch.testing.assert_close(outs["dilated"], outs["full"], rtol=0, atol=1e-10)
-    narrow = lm(["window"], window=3)
-    assert not torch.allclose(narrow(ids[:, :10]).logits, lm(["full"])(ids[:, :10]).logits)
+    narrow = pattern_lm(["window"], window=3)
+    assert not torch.allclose(narrow(ids[:, :10]).logits, pattern_lm(["full"])(ids[:, :10]).logits)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -227,7 +168,7 @@ def test_global_tokens_see_everything_and_are_seen_by_everything(causal):
     assert not allowed[0, 0] and not allowed[11, 6 + 8 - 6]  # ordinary pairs beyond the window stay masked
 
     # and in a model: information from far away reaches a global token, not an ordinary one
-    model = lm(["global"], window=2, mem_len=0, bidirectional=not causal)
+    model = pattern_lm(["global"], window=2, mem_len=0, bidirectional=not causal)
     ids = torch.randint(0, 40, (1, 12))
     emb = model.transformer.word_emb(ids).detach().requires_grad_(True)
     hidden = model.transformer.layers[0].dec_attn  # one layer is enough to show who reads whom
@@ -278,12 +219,12 @@ def test_bad_pattern_configurations_get_clear_errors():
     with pytest.raises(ConfigError, match="one per layer"):
         ModelConfig(attention=["window", "full"], n_layer=4)
     assert layer_patterns(ModelConfig(attention="window,full,full,full"))[1].name == "full"
-    model = lm(["global"], window=3)
+    model = pattern_lm(["global"], window=3)
     ids = torch.randint(0, 40, (2, 8))
-    with pytest.raises(ValueError, match=r"global_mask must have the input's shape \(2, 8\), got \(2, 7\)"):
+    with raises_naming(ValueError, "global_mask", "(2, 8)", "(2, 7)"):
         model(ids, global_mask=torch.zeros(2, 7, dtype=torch.bool))
     with pytest.raises(ValueError, match="needs a global or bigbird"):
-        lm(["window"])(ids, global_mask=torch.zeros(2, 8, dtype=torch.bool))
+        pattern_lm(["window"])(ids, global_mask=torch.zeros(2, 8, dtype=torch.bool))
     with pytest.raises(PatternError, match="unknown value 'sparse'"):
         AttentionPattern(name="sparse")
 

@@ -1,4 +1,4 @@
-"""Plots (issue 31, item 9): every figure of ``longseq diagnose``, ``eval --plot`` and ``longseq plot`` keeps its
+"""Plots: ``longseq plot`` reads runs' logs and refuses a broken one; every figure of ``longseq diagnose``, ``eval --plot`` and ``longseq plot`` keeps its
 labels inside the canvas, counts heads, layers, positions and steps with integer ticks, writes the value in every
 heat-map cell, and names its unit; the JSON names the unit of every number (entropy in bits, losses in nats).
 
@@ -144,16 +144,33 @@ def test_loss_figures_draw_the_json_s_unit_and_name_both(tmp_path, saved_figures
         assert_inside(saved_figures[name], name)
 
 
-def test_eval_per_position_json_and_plot_share_their_unit(tmp_path, saved_figures, capsys):
-    from test_adversarial import lm_checkpoint
-    from test_train import corpus_file
+def test_eval_per_position_json_and_plot_share_their_unit(tmp_path, text_corpus, lm_checkpoint, saved_figures, capsys):
 
     from longseq.cli import main
 
-    lm = lm_checkpoint(tmp_path)
-    assert main(["eval", "--checkpoint", lm, "--data", str(corpus_file(tmp_path)), "--per-position", "--plot",
+    lm = lm_checkpoint
+    assert main(["eval", "--checkpoint", lm, "--data", str(text_corpus), "--per-position", "--plot",
                  str(tmp_path / "pp.png"), "--json", "--quiet", "--set", "max_segments=4"]) == 0  # fmt: skip
     result = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert result["unit"] == "nats per token"
     drawn = saved_figures["pp.png"].axes[0].get_lines()[0].get_ydata()
     np.testing.assert_allclose(drawn, result["loss_memory"], rtol=0, atol=1e-12)  # the plot's numbers are the JSON's
+
+
+def test_plot_reads_runs_and_rejects_broken_logs(tmp_path):
+    from longseq.diagnostics import plot_runs
+
+    for name, scale in (("a", 1.0), ("b", 2.0)):
+        run = tmp_path / name
+        run.mkdir()
+        lines = [{"step": s, "loss": scale / s, "elapsed_s": 0.5 * s} for s in range(1, 6)]
+        lines.append({"step": 5, "valid_loss": scale, "elapsed_s": 3.0})
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    result = plot_runs([str(tmp_path / "a"), str(tmp_path / "b")], str(tmp_path / "curves.png"))
+    assert os.path.getsize(tmp_path / "curves.png") > 1000
+    assert result["runs"]["a"] == {"train": 5, "valid": 1}
+    bare = plot_runs([str(tmp_path / "a")], str(tmp_path / "curves2"))  # no extension: the file written is named
+    assert bare["out"] == str(tmp_path / "curves2.png") and os.path.getsize(bare["out"]) > 1000
+    (tmp_path / "a" / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n{broken\n')
+    with pytest.raises(ValueError, match="metrics.jsonl:2"):
+        plot_runs([str(tmp_path / "a")], str(tmp_path / "x.png"))

@@ -1,5 +1,6 @@
 """Prepared corpora: the same ids, batches and losses as the in-RAM path, read by memory map; exact resume; bounded
-memory while preparing; every damaged or mismatched file is an error naming it."""
+memory while preparing; every damaged or mismatched file is an error naming it; ``longseq data prepare`` reports
+files, bytes and tokens off a terminal."""
 
 import json
 import os
@@ -7,6 +8,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from support import raises_naming
 
 from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
 from longseq.data import CorpusError, DocumentIds, OrderedStream, load_corpus, prepare_corpus, unigram_bits_per_token
@@ -167,21 +169,21 @@ def damage(directory, name, how):
 
 
 @pytest.mark.parametrize(
-    "name,how,message",
+    "name,how,words",
     [
-        ("train.bin", "truncate", r"train.bin is truncated or altered"),
-        ("valid.bin", "flip", r"valid.bin is corrupt: its sha256"),
-        ("test.bin", "delete", r"test.bin is missing"),
-        ("tokenizer.json", "flip", r"tokenizer.json does not match .*index.json"),
-        ("tokenizer.json", "delete", r"tokenizer.json is missing"),
-        ("index.json", "flip", r"index.json is not a valid prepared-corpus index"),
+        ("train.bin", "truncate", ("train.bin", "truncated")),
+        ("valid.bin", "flip", ("valid.bin", "sha256")),
+        ("test.bin", "delete", ("test.bin", "missing")),
+        ("tokenizer.json", "flip", ("tokenizer.json", "index.json")),
+        ("tokenizer.json", "delete", ("tokenizer.json", "missing")),
+        ("index.json", "flip", ("index.json", "prepared-corpus index")),
     ],
 )
-def test_damaged_files_are_errors_naming_the_file(tmp_path, sources, name, how, message):
+def test_damaged_files_are_errors_naming_the_file(tmp_path, sources, name, how, words):
     out = str(tmp_path / "prep")
     prepare_corpus(sources["layout"], "char", out, progress=False)
     damage(out, name, how)
-    with pytest.raises(CorpusError, match=message):
+    with raises_naming(CorpusError, *words):
         load_corpus(out, "char")
 
 
@@ -206,14 +208,12 @@ def test_an_index_that_does_not_fit_its_files_is_an_error(tmp_path, sources):
 def test_a_prepared_corpus_must_match_the_runs_tokenizer(tmp_path, sources):
     out = str(tmp_path / "prep")
     prepare_corpus(sources["file"], "bpe", out, vocab_size=300, progress=False)
-    with pytest.raises(
-        CorpusError, match=r"prepared with tokenizer=bpe, vocab_size=300, the run asks for tokenizer=char"
-    ):
+    with raises_naming(CorpusError, "tokenizer=bpe", "vocab_size=300", "tokenizer=char"):
         load_corpus(out, "char")
     with pytest.raises(CorpusError, match=r"vocab_size=8192"):
         load_corpus(out, "bpe", vocab_size=8192)
     other = load_corpus(sources["file"], "char").tokenizer
-    with pytest.raises(CorpusError, match=r"tokenizer.json is not the model's tokenizer"):
+    with raises_naming(CorpusError, "tokenizer.json", "model's tokenizer"):
         load_corpus(out, "char", tokenizer=other)
     own = load_corpus(out, "bpe").tokenizer  # a checkpoint's tokenizer evaluates the corpus it was prepared with
     assert load_corpus(out, own.kind, tokenizer=own).tokenizer.to_dict() == own.to_dict()
@@ -227,7 +227,7 @@ def test_prepare_refuses_a_non_empty_output_and_leaves_nothing_when_it_fails(tmp
     with pytest.raises(CorpusError, match="not empty"):
         prepare_corpus(sources["file"], "char", str(tmp_path / "full"), progress=False)
     (tmp_path / "bad.txt").write_bytes(b"fine text\n" * 100 + b"caf\xe9\n")
-    with pytest.raises(CorpusError, match=r"bad.txt is not valid UTF-8 \(byte 1003"):
+    with raises_naming(CorpusError, "bad.txt", "UTF-8", "byte 1003"):
         prepare_corpus(str(tmp_path / "bad.txt"), "char", str(tmp_path / "out"), progress=False)
     assert sorted(os.listdir(tmp_path)) == ["bad.txt", "full"]  # no half-written directory
 
@@ -263,7 +263,35 @@ def test_invalid_utf8_is_reported_at_its_byte_across_block_boundaries(tmp_path, 
     monkeypatch.setattr(prepared_module, "BLOCK_BYTES", 777)
     for data, where in [(b"a" * 776 + b"\xc3" + b"A" * 100, 776), (b"a" * 2000 + b"\xe2\x82", 2000)]:
         (tmp_path / "bad.txt").write_bytes(data)
-        with pytest.raises(CorpusError, match=rf"bad.txt is not valid UTF-8 \(byte {where}:"):
+        with raises_naming(CorpusError, "bad.txt", "UTF-8", f"byte {where}:"):
             prepare_corpus(str(tmp_path / "bad.txt"), "char", str(tmp_path / "out"), progress=False)
-        with pytest.raises(CorpusError, match=rf"bad.txt is not valid UTF-8 \(byte {where}:"):
+        with raises_naming(CorpusError, "bad.txt", "UTF-8", f"byte {where}:"):
             load_corpus(str(tmp_path / "bad.txt"), "char")
+
+
+def test_data_prepare_reports_files_bytes_and_tokens_off_a_terminal(tmp_path, capsys):
+    from longseq.cli import main
+
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("hello world\n" * 500)
+    assert main(["data", "prepare", "--data", str(corpus), "--tokenizer", "char", "--out", str(tmp_path / "p"),
+                 "--json"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out.splitlines()[-1])
+    tokens = summary["train_tokens"] + summary["valid_tokens"] + summary["test_tokens"]
+    lines = captured.err.splitlines()
+    assert any(line.startswith("fit char: 6.0 kB of 6.0 kB (100%) | files 1/1") for line in lines)
+    assert f"encode: 6.0 kB of 6.0 kB (100%) | files 1/1 | tokens {tokens:,}" in captured.err
+    assert sum("done in" in line for line in lines) == 2  # one closing line per pass
+    assert main(["data", "prepare", "--data", str(corpus), "--tokenizer", "char", "--out", str(tmp_path / "q"),
+                 "--json", "--quiet"]) == 0  # fmt: skip
+    assert "encode" not in capsys.readouterr().err
+    layout = tmp_path / "layout"  # a word vocabulary is fitted on the training file alone: the meter counts that one
+    layout.mkdir()
+    for split, lines in (("train", 400), ("valid", 50), ("test", 50)):
+        (layout / f"{split}.txt").write_text("hello world\n" * lines)
+    assert main(["data", "prepare", "--data", str(layout), "--tokenizer", "word", "--out", str(tmp_path / "w")]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "fit word: 4.8 kB of 4.8 kB (100%) | files 1/1" in err and "encode: 6.0 kB of 6.0 kB (100%) | files 3/3" in err
+    )

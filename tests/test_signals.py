@@ -5,12 +5,17 @@ step, exits 128 + the first signal's number, and ``--resume`` ends where the uni
 The signals are sent from hooks that ``tests/fault_driver.py`` sets on the trainer (PyTorch's forward, gradient
 and optimizer-step hooks; a wrapper around the checkpoint writer), so each lands in its phase however fast the
 machine is.  The default run covers every phase, every signal and both counts for language modeling and for
-fine-tuning; ``-m slow`` runs the whole product."""
+fine-tuning; ``-m slow`` runs the whole product.
+
+Beside them: a Ctrl-C (KeyboardInterrupt) inside a step and a SIGTERM inside a checkpoint save, through the Python
+API; and through the command line, a scheduler's signal when no checkpoint is due, SIGKILL at random moments, and a
+fine-tuning run killed or stopped, each resumed to the uninterrupted run's losses or weights bit for bit."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -19,6 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from safetensors.torch import load_file
+from support import FAULT_CLI, TRAIN_COMMAND, assert_names, logged_steps, pause_when, step_losses, tiny_corpus, tiny_run
+
+from longseq.train import checkpoint as checkpoint_module
+from longseq.train import train
+from longseq.train.checkpoint import load_training_state
 
 DRIVER = os.path.join(os.path.dirname(__file__), "fault_driver.py")
 TINY = ["--quiet", "--set", "eval_interval=5", "log_interval=1", "n_layer=2", "d_model=16", "n_head=2", "d_head=8",
@@ -60,13 +70,13 @@ def interrupted_then_resumed(command, out, case) -> str | None:
     cut = subprocess.run([sys.executable, DRIVER, phase, str(step), names, "--", *command(out)],
                          capture_output=True, text=True, env=ENV)  # fmt: skip
     first = getattr(signal, names.split(",")[0])
-    if cut.returncode != 128 + first or f"stopped by {signal.Signals(first).name}" not in cut.stderr:
+    if cut.returncode != 128 + first or signal.Signals(first).name not in cut.stderr:
         return f"{case}: exit {cut.returncode}, expected {128 + first}: {cut.stderr[-1500:]}"
     resumed = longseq(command(out, "--resume"))
     return None if resumed.returncode == 0 else f"{case}: resume exit {resumed.returncode}: {resumed.stderr[-1500:]}"
 
 
-def records(run_dir) -> list[dict]:
+def untimed_records(run_dir) -> list[dict]:
     with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
         return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in f if line.strip()]
 
@@ -92,7 +102,7 @@ def differences(whole, run) -> list[str]:
     for name in ("last/trainer_state.json", "best/config.json"):
         if untimed(json.loads((whole / name).read_text())) != untimed(json.loads((run / name).read_text())):
             found.append(name)
-    if records(whole) != records(run):
+    if untimed_records(whole) != untimed_records(run):
         found.append("metrics.jsonl")
     return found
 
@@ -150,8 +160,9 @@ def test_a_second_signal_after_the_optimizer_update_is_not_applied_twice(tmp_pat
                           *lm_command(text_corpus, out)], capture_output=True, text=True, env=ENV)  # fmt: skip
     assert cut.returncode == 143, cut.stderr[-2000:]
     state = json.loads((out / "last" / "trainer_state.json").read_text())
-    assert state["step"] == 7 and "stopped by SIGTERM at step 7" in cut.stderr
-    assert [r["step"] for r in records(out) if "loss" in r][-1] == 7
+    assert state["step"] == 7
+    assert_names(cut.stderr, "SIGTERM", "step 7")
+    assert [r["step"] for r in untimed_records(out) if "loss" in r][-1] == 7
 
 
 def test_a_validation_stopped_by_a_signal_is_done_again_on_resume(tmp_path, text_corpus, metrics):
@@ -165,9 +176,130 @@ def test_a_validation_stopped_by_a_signal_is_done_again_on_resume(tmp_path, text
     assert not any(r["step"] == 12 and "valid_loss" in r for r in metrics(out))
     resumed = longseq([*lm_command(text_corpus, out, "--resume"), "--json"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "validation of step 12 was interrupted: it runs again first" in resumed.stderr
+    assert_names(resumed.stderr, "validation", "step 12", "again")
     summary = json.loads(resumed.stdout.splitlines()[-1])
     assert summary["loss"] is not None and summary["step"] == 12
     twelve = [r for r in metrics(out) if r["step"] == 12 and "valid_loss" in r]
     assert len(twelve) == 1 and twelve[0]["valid_loss"] == summary["loss"]
     assert json.loads((out / "last" / "trainer_state.json").read_text())["pending_validation"] is False
+
+
+def test_interrupt_inside_a_step_saves_the_last_completed_step(tmp_path, monkeypatch):
+    from longseq.model import TransformerXLLM
+
+    corpus = tiny_corpus()
+    whole = train(tiny_run(), str(tmp_path / "whole"), corpus=corpus, progress=False)
+    original = TransformerXLLM.forward
+    calls = {"n": 0}
+
+    def interrupting(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2 * 7 + 2:  # the second chunk of step 8 (grad_accum=2; no evaluations in this run)
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(TransformerXLLM, "forward", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_run(eval_interval=100), str(tmp_path / "cut"), corpus=corpus, progress=False)
+    monkeypatch.setattr(TransformerXLLM, "forward", original)
+    resumed = train(tiny_run(), str(tmp_path / "cut"), corpus=corpus, progress=False, resume=True)
+    assert resumed.losses == whole.losses[7:]
+
+
+def test_sigterm_during_a_checkpoint_save_is_taken_after_the_save(tmp_path, monkeypatch):
+    """SIGTERM arriving in the middle of writing a checkpoint: the save completes, the run stops at that step,
+    and the resumed run gives the uninterrupted run's losses bit for bit."""
+    from longseq.train import Interrupted
+
+    corpus = tiny_corpus()
+    run = lambda: tiny_run(max_steps=12, save_interval=2, eval_interval=100)  # noqa: E731
+    whole = train(run(), str(tmp_path / "whole"), corpus=corpus, progress=False)
+    original, calls = checkpoint_module._write_checkpoint_files, {"n": 0}
+
+    def signalled(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the save at step 6
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module, "_write_checkpoint_files", signalled)
+    with pytest.raises(Interrupted) as stopped:
+        train(run(), str(tmp_path / "cut"), corpus=corpus, progress=False)
+    assert stopped.value.step == 6 and stopped.value.exit_code == 128 + signal.SIGTERM
+    monkeypatch.setattr(checkpoint_module, "_write_checkpoint_files", original)
+    resumed = train(run(), str(tmp_path / "cut"), corpus=corpus, progress=False, resume=True)
+    assert resumed.losses == whole.losses[6:]
+
+
+def test_sigkill_at_random_moments_then_resume_gives_the_same_losses(tmp_path, text_corpus):
+    """The CLI run is killed with SIGKILL twice at random moments (checkpoints are written every step, so kills
+    land inside saves too); resuming gives the uninterrupted run's losses bit for bit."""
+    settings = ["--data", str(text_corpus), *FAULT_CLI, "max_steps=60", "save_interval=1"]
+    subprocess.run([*TRAIN_COMMAND, "--out", str(tmp_path / "whole"), *settings], check=True, capture_output=True)
+    out = tmp_path / "killed"
+    rng = random.Random(7)
+    for attempt in range(2):
+        extra = ["--resume"] if attempt else []
+        proc = subprocess.Popen([*TRAIN_COMMAND, "--out", str(out), *extra, *settings], stderr=subprocess.DEVNULL)
+        start = load_training_state(str(out / "last")).step if attempt else 0  # the run is not alive here
+        target = start + rng.randint(3, 12)
+        pause_when(lambda target=target: logged_steps(out) >= target, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert proc.returncode == -signal.SIGKILL  # killed mid-run, not finished
+        assert load_training_state(str(out / "last")).step < 60
+    subprocess.run([*TRAIN_COMMAND, "--out", str(out), "--resume", *settings], check=True, capture_output=True)
+    assert step_losses(out) == step_losses(tmp_path / "whole") and len(step_losses(out)) == 60
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_scheduler_signal_saves_a_checkpoint_that_resumes_bit_for_bit(tmp_path, text_corpus, sig):
+    """No checkpoint is due (no evaluation, no save interval, no time cadence) when the signal comes: the run saves
+    last/ at the next step boundary, exits 128 + signal with the resume command, and --resume continues exactly."""
+    settings = ["--data", str(text_corpus), *FAULT_CLI, "max_steps=40"]
+    subprocess.run([*TRAIN_COMMAND, "--out", str(tmp_path / "whole"), *settings], check=True, capture_output=True)
+    out = tmp_path / "stopped"
+    proc = subprocess.Popen([*TRAIN_COMMAND, "--out", str(out), *settings], stderr=subprocess.PIPE, text=True)
+    pause_when(lambda: logged_steps(out) >= 5, proc)
+    proc.send_signal(sig)
+    proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, err[-2000:]
+    assert_names(err, signal.Signals(sig).name, "longseq train", "--resume")
+    stopped_at = load_training_state(str(out / "last")).step
+    assert 5 <= stopped_at < 40 and not (out / "best").exists()  # nothing had been saved before the signal
+    subprocess.run([*TRAIN_COMMAND, "--out", str(out), "--resume", *settings], check=True, capture_output=True)
+    assert step_losses(out) == step_losses(tmp_path / "whole") and len(step_losses(out)) == 40
+
+
+def classify_finetune_command(tmp_path, lm, out, *extra):
+    rows = [{"text": "hh gfe " * 3 + ("abc" if i % 2 else "defg"), "label": i % 2} for i in range(16)]
+    (tmp_path / "cls.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return [sys.executable, "-m", "longseq", "finetune", "--task", "classify", "--data", str(tmp_path / "cls.jsonl"),
+            "--checkpoint", lm, "--out", str(out), "--steps", "60", "--lr", "3e-3", "--batch-size", "4",
+            "--segment-len", "8", "--quiet", "--json", *extra]  # fmt: skip
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_fine_tuning_killed_and_resumed_ends_bit_for_bit_where_the_whole_run_does(tmp_path, lm_checkpoint, sig):
+    from safetensors.torch import load_file
+
+    lm = lm_checkpoint
+    subprocess.run(classify_finetune_command(tmp_path, lm, tmp_path / "whole"), check=True, capture_output=True)
+    out = tmp_path / "cut"
+    proc = subprocess.Popen(
+        classify_finetune_command(tmp_path, lm, out, "--save-interval", "1"), stderr=subprocess.DEVNULL
+    )
+    pause_when(lambda: logged_steps(out) >= 2, proc)  # logs every 6 steps (a tenth), saves every step
+    proc.send_signal(sig)
+    proc.send_signal(signal.SIGCONT)
+    proc.wait(timeout=120)
+    assert proc.returncode in (-signal.SIGKILL, 128 + signal.SIGTERM)
+    assert 6 <= load_training_state(str(out / "last")).step < 60
+    resumed = subprocess.run(classify_finetune_command(tmp_path, lm, out, "--resume"), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    whole, cut = (
+        load_file(str(tmp_path / "whole" / "last" / "model.safetensors")),
+        load_file(str(out / "last" / "model.safetensors")),
+    )
+    assert whole.keys() == cut.keys() and all(torch.equal(whole[k], cut[k]) for k in whole)

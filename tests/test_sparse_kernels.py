@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from test_patterns import assert_same_run, make_layer, run_layer
+from support import assert_same_run, make_layer, pattern_lm, run_layer
 
 import longseq.model.attention.sparse as sparse
 from longseq.model.attention.patterns import AttentionPattern, PatternMask
@@ -144,12 +144,10 @@ def test_sparse_kernel_scores_only_the_pairs_its_pattern_reaches(name, monkeypat
 @pytest.mark.parametrize("name", list(SPARSE))
 def test_sparse_kernels_under_activation_checkpointing_give_the_same_gradients(name):
     """Recomputed in the backward pass (saved tensors unpacked once), every parameter's gradient is unchanged."""
-    from test_patterns import lm
-
     grads = []
     for every in (0, 1):
         params = {("pattern_seed" if k == "seed" else k): v for k, v in SPARSE[name].items()}
-        model = lm([name], attn_chunk=4, mem_len=6, **params).train()
+        model = pattern_lm([name], attn_chunk=4, mem_len=6, **params).train()
         model.transformer.activation_checkpointing = every
         ids = torch.randint(0, 40, (2, 25), generator=torch.Generator().manual_seed(0))
         flags = None

@@ -1,15 +1,33 @@
-"""Task heads and task data: a classification that needs the memory, BERT masking rates, JSONL errors, ListOps."""
+"""Tasks: heads that need the memory (a label segments back, an answer segments after its question), document
+pooling, the joint LM loss, BERT masking, span metrics and answer offsets, padding; task data (JSONL errors by file,
+line and field, ListOps); the classifier's labels; the length-grouped sampler; and what a classification run says
+about documents longer than its gradient reaches."""
 
 import json
 import statistics
 
+import numpy as np
 import pytest
 import torch
+from support import (
+    ABC_TOKENIZER,
+    DOC_SEGMENT,
+    assert_names,
+    classify_run,
+    interrupt_json_writes_after,
+    label_first_documents,
+    last_json,
+    raises_naming,
+)
 
-from longseq import ModelConfig
+from longseq import ModelConfig, TransformerXLLM
+from longseq.cli import main
+from longseq.config import ConfigError
+from longseq.config.run import TaskConfig
 from longseq.data.tasks import TaskDataError, generate_listops, listops_value, read_jsonl
-from longseq.model import TransformerXLLM
 from longseq.model.heads import DocumentClassifier, SpanExtractor, best_spans, mask_tokens
+from longseq.tasks import task_for
+from longseq.tasks.base import LengthGroupedBatches, training_batches
 
 N_CLASSES, SEG, N_SEG = 4, 8, 6
 
@@ -113,7 +131,7 @@ def test_masking_follows_the_80_10_10_rule_at_the_configured_rate():
 def test_malformed_jsonl_names_the_line_and_the_problem(tmp_path):
     path = tmp_path / "train.jsonl"
     path.write_text('{"text": "a", "label": 1}\n{"text": "b"}\n')
-    with pytest.raises(TaskDataError, match=r"train.jsonl:2: missing field 'label'"):
+    with raises_naming(TaskDataError, "train.jsonl:2", "'label'"):
         read_jsonl(str(path), "classify")
     path.write_text('{"text": "a", "label": 1}\n\n{"text": "b", "label": 0\n')
     with pytest.raises(TaskDataError, match=r":3: not valid JSON"):
@@ -121,7 +139,7 @@ def test_malformed_jsonl_names_the_line_and_the_problem(tmp_path):
     path.write_text(json.dumps({"context": "one two three", "question": "q", "answer_start": 4, "answer_text": "two"}))
     assert read_jsonl(str(path), "span")[0]["answer_text"] == "two"
     path.write_text(json.dumps({"context": "one two three", "question": "q", "answer_start": 0, "answer_text": "two"}))
-    with pytest.raises(TaskDataError, match=r":1: answer_text is not found"):
+    with raises_naming(TaskDataError, ":1", "answer_text", "not found"):
         read_jsonl(str(path), "span")
 
 
@@ -134,37 +152,6 @@ def test_listops_is_deterministic_and_labels_are_the_values():
     assert listops_value(("[MAX", [2, 9, ("[MIN", [4, 7]), 0])) == 9
     assert listops_value(("[SM", [5, 7, ("[MED", [1, 8, 3])])) == (5 + 7 + 3) % 10
     assert listops_value(("[MED", [1, 2, 3, 4])) == int(statistics.median([1, 2, 3, 4]))
-
-
-def test_finetune_and_data_commands(tmp_path, capsys):
-    from test_train import tiny_corpus, tiny_run
-
-    from longseq.cli import main
-    from longseq.train import train
-
-    corpus = tiny_corpus()
-    train(tiny_run(max_steps=2, eval_interval=2), str(tmp_path / "lm"), corpus=corpus, progress=False)
-    rows = [
-        {"text": "hh gfe " * 3 + ("abc" if i % 2 else "defg"), "label": "odd" if i % 2 else "even"} for i in range(12)
-    ]
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    code = main(["finetune", "--task", "classify", "--data", str(tmp_path / "train.jsonl"), "--valid",
-                 str(tmp_path / "train.jsonl"), "--checkpoint", str(tmp_path / "lm" / "last"), "--out",
-                 str(tmp_path / "ft"), "--steps", "40", "--lr", "3e-3", "--batch-size", "4", "--segment-len", "8", "--json"])  # fmt: skip
-    assert code == 0
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(result["valid"]) == {"accuracy", "macro_f1"} and result["labels"] == ["even", "odd"]
-    assert result["valid"]["accuracy"] == 1.0  # the last word decides the label
-    assert (tmp_path / "ft" / "best" / "model.safetensors").exists() and (tmp_path / "ft" / "last").is_dir()
-    seen = json.loads((tmp_path / "ft" / "last" / "trainer_state.json").read_text())["tokens_seen"]
-    assert 40 * 4 * 24 <= seen <= 40 * 4 * 25  # tokens, not documents: each of the 4 a step has 24 or 25 characters
-    (tmp_path / "bad.jsonl").write_text(json.dumps(rows[0]) + "\n" + '{"text": "x"}\n')
-    code = main(["finetune", "--task", "classify", "--data", str(tmp_path / "bad.jsonl"), "--checkpoint",
-                 str(tmp_path / "lm" / "last"), "--out", str(tmp_path / "ft2")])  # fmt: skip
-    assert code == 2 and "bad.jsonl:2: missing field 'label'" in capsys.readouterr().err
-    assert main(["data", "listops", "--out", str(tmp_path / "lo"), "--train", "5", "--valid", "2", "--test", "2",
-                 "--min-length", "10", "--max-length", "100"]) == 0  # fmt: skip
-    assert len(read_jsonl(str(tmp_path / "lo" / "train.jsonl"), "classify")) == 5
 
 
 def train_mlm(bidirectional: bool) -> float:
@@ -274,45 +261,8 @@ def test_answer_offsets_map_to_the_answer_tokens(kind):
     example = encode_spans([record], tokenizer, "q.jsonl")[0]
     partial = tokenizer.decode(example["ids"][example["start"] : example["end"] + 1]).strip()
     assert partial == ("old mill," if kind == "word" else "ld mi")  # words are kept whole
-    with pytest.raises(TaskDataError, match="record 1: the answer is empty or overlaps no token"):
+    with raises_naming(TaskDataError, "record 1", "answer"):
         encode_spans([{**record, "answer_start": 5, "answer_text": " "}], tokenizer, "q.jsonl")
-
-
-def test_finetune_span_and_mlm_commands(tmp_path, capsys):
-    from test_train import tiny_corpus, tiny_run
-
-    from longseq.cli import main
-    from longseq.train import train
-
-    train(tiny_run(max_steps=2, eval_interval=2), str(tmp_path / "lm"), corpus=tiny_corpus(), progress=False)
-    lm = str(tmp_path / "lm" / "last")
-    rows = []
-    for i in range(8):
-        context = "hh gfe " * 4 + ("abc" if i % 2 else "fed") + " hh"
-        rows.append({"question": "gfe", "context": context, "answer_start": 28, "answer_text": context[28:31]})
-    (tmp_path / "span.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    code = main(["finetune", "--task", "span", "--data", str(tmp_path / "span.jsonl"), "--valid",
-                 str(tmp_path / "span.jsonl"), "--checkpoint", lm, "--out", str(tmp_path / "span"), "--steps", "60",
-                 "--lr", "3e-3", "--batch-size", "4", "--segment-len", "8", "--max-answer-len", "3", "--json"])  # fmt: skip
-    assert code == 0
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert result["valid"]["exact_match"] >= 0.75  # the answer always sits at the same place
-    assert json.loads((tmp_path / "span" / "best" / "config.json").read_text())["run"]["task"]["name"] == "span"
-
-    (tmp_path / "mlm.jsonl").write_text("\n".join(json.dumps({"text": "hh gfe " * 6}) for _ in range(8)) + "\n")
-    args = ["finetune", "--task", "mlm", "--data", str(tmp_path / "mlm.jsonl"), "--checkpoint", lm, "--out",
-            str(tmp_path / "mlm"), "--batch-size", "4", "--segment-len", "8", "--json"]  # fmt: skip
-    assert main(args) == 2 and "no spare symbol for [MASK]" in capsys.readouterr().err  # a char vocabulary
-    results = []
-    for steps, lr in (("1", "1e-5"), ("60", "3e-3")):  # untrained, then fine-tuned
-        assert (
-            main([*args, "--mask-token", "a", "--mask-rate", "0.3", "--steps", steps, "--lr", lr, "--overwrite"]) == 0
-        )
-        results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["train"])
-    before, after = results
-    assert 0.25 * 8 * 42 < after["masked_tokens"] < 0.35 * 8 * 42  # 30% of the 8 x 42 characters
-    assert json.loads((tmp_path / "mlm" / "last" / "trainer_state.json").read_text())["tokens_seen"] == 60 * 4 * 42
-    assert after["ppl"] < 0.7 * before["ppl"] and after["masked_accuracy"] > before["masked_accuracy"]
 
 
 @pytest.mark.parametrize("pooling", ["mean", "document"])
@@ -348,66 +298,129 @@ def test_padding_changes_nothing_for_the_real_tokens(pooling):
     torch.testing.assert_close(alone, beside, rtol=0, atol=1e-5)
 
 
-def test_predict_reproduces_what_fine_tuning_reported(tmp_path, capsys):
-    """finetune then predict on the validation file: one output line per input line, and the same accuracy (the
-    labels are noisy, so it is not 1), F1 and exact match; mlm fills exactly the [MASK] tokens."""
-    import random
+def test_a_task_file_with_invalid_utf8_names_the_file_and_line(tmp_path, capsys):
+    from longseq.data.tasks import TaskDataError, read_jsonl
 
-    from test_train import tiny_corpus, tiny_run
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"text": "fine", "label": 0}\n{"text": "caf\xe9", "label": 1}\n')
+    with raises_naming(TaskDataError, "bad.jsonl:2", "UTF-8", "byte 14"):
+        read_jsonl(str(path), "classify")
 
-    from longseq.cli import main
-    from longseq.train import train
 
-    train(tiny_run(max_steps=2, eval_interval=2), str(tmp_path / "lm"), corpus=tiny_corpus(), progress=False)
-    lm, rng = str(tmp_path / "lm" / "last"), random.Random(0)
-    rows = [{"text": "hh gfe " * 3 + ("abc" if i % 2 else "defg"), "label": (i + (rng.random() < 0.2)) % 2}
-            for i in range(40)]  # fmt: skip
-    (tmp_path / "cls.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    common = ["--checkpoint", lm, "--steps", "30", "--lr", "3e-3", "--batch-size", "4", "--segment-len", "8",
-              "--quiet", "--json"]  # fmt: skip
-    cls = [
-        "finetune",
-        "--task",
-        "classify",
-        "--data",
-        str(tmp_path / "cls.jsonl"),
-        "--valid",
-        str(tmp_path / "cls.jsonl"),
-    ]
-    assert main([*cls, *common, "--out", str(tmp_path / "ft")]) == 0
-    reported = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["valid"]
-    assert 0.5 < reported["accuracy"] < 1.0
-    assert main(["predict", "--checkpoint", str(tmp_path / "ft"), "--data", str(tmp_path / "cls.jsonl"), "--out",
-                 str(tmp_path / "pred.jsonl"), "--json"]) == 0  # fmt: skip
-    predicted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert predicted["accuracy"] == reported["accuracy"] and predicted["macro_f1"] == reported["macro_f1"]
-    lines = [json.loads(line) for line in (tmp_path / "pred.jsonl").read_text().splitlines()]
-    assert len(lines) == 40 and all(p["prediction"] in ("0", "1") and set(p["scores"]) == {"0", "1"} for p in lines)
+def test_an_unseen_character_in_a_task_file_names_the_file_and_record(tmp_path, lm_checkpoint, capsys):
+    """An unseen character in a fine-tuning record said "at line 1, column 1" of the record's text alone."""
+    data = tmp_path / "cls.jsonl"
+    rows = [{"text": "abc cab", "label": 0}, {"text": "cab dZe", "label": 1}]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    argv = ["finetune", "--task", "classify", "--data", str(data), "--checkpoint", lm_checkpoint,
+            "--segment-len", "8", "--batch-size", "2", "--steps", "1", "--out", str(tmp_path / "ft"), "--quiet"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert_names(err, str(data), "record 2", "'text'", "'Z'")
+    assert "Traceback" not in err
 
-    spans = []
-    for i in range(12):
-        context = "hh gfe " * 4 + ("abc" if i % 2 else "fed") + " hh"
-        spans.append({"question": "gfe", "context": context, "answer_start": 28, "answer_text": context[28:31]})
-    (tmp_path / "span.jsonl").write_text("\n".join(json.dumps(r) for r in spans) + "\n")
-    span = ["finetune", "--task", "span", "--data", str(tmp_path / "span.jsonl"), "--valid", str(tmp_path / "span.jsonl"),
-            "--max-answer-len", "3"]  # fmt: skip
-    assert main([*span, *common, "--out", str(tmp_path / "sp")]) == 0
-    reported = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["valid"]
-    assert main(["predict", "--checkpoint", str(tmp_path / "sp" / "best"), "--data", str(tmp_path / "span.jsonl"),
-                 "--out", str(tmp_path / "spans.jsonl"), "--json"]) == 0  # fmt: skip
-    predicted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert (predicted["exact_match"], predicted["f1"]) == (reported["exact_match"], reported["f1"])
-    answers = [json.loads(line) for line in (tmp_path / "spans.jsonl").read_text().splitlines()]
-    assert all(a["prediction"] == spans[i]["context"][a["start"] : a["end"]] for i, a in enumerate(answers))
 
-    (tmp_path / "mlm.jsonl").write_text("\n".join(json.dumps({"text": "hh gfe " * 6}) for _ in range(8)) + "\n")
-    mlm = ["finetune", "--task", "mlm", "--data", str(tmp_path / "mlm.jsonl"), "--mask-token", "a"]
-    assert main([*mlm, *common, "--out", str(tmp_path / "mlm")]) == 0
+def test_listops_with_a_bad_argument_or_an_interruption_leaves_existing_files_whole(tmp_path, capsys, monkeypatch):
+    """``data listops --out DIR --min-length 100 --max-length 50`` truncated DIR/train.jsonl to nothing before the
+    generator refused the lengths; ``--train -1`` wrote an empty train file and reported success."""
+    base = ["data", "listops", "--out", str(tmp_path / "lo"), "--valid", "2", "--test", "2", "--quiet"]
+    good = [*base, "--train", "4", "--min-length", "10", "--max-length", "60"]
+    assert main(good) == 0
+    files = {p.name: p.read_text() for p in (tmp_path / "lo").iterdir()}
+    assert sorted(files) == ["test.jsonl", "train.jsonl", "valid.jsonl"] and len(files["train.jsonl"].splitlines()) == 4
     capsys.readouterr()
-    (tmp_path / "holes.jsonl").write_text(json.dumps({"text": "hh afe hh gfe ha"}) + "\n")
-    assert main(["predict", "--checkpoint", str(tmp_path / "mlm"), "--data", str(tmp_path / "holes.jsonl"), "--out",
-                 str(tmp_path / "filled.jsonl")]) == 0  # fmt: skip
-    filled = json.loads((tmp_path / "filled.jsonl").read_text())
-    assert len(filled["filled"]) == 2 and len(filled["prediction"]) == len("hh afe hh gfe ha")
-    unmasked = [c for c, t in zip(filled["prediction"], "hh afe hh gfe ha") if t != "a"]
-    assert "".join(unmasked) == "hh fe hh gfe h"  # only the [MASK] positions changed
+    assert main([*base, "--train", "4", "--min-length", "100", "--max-length", "50"]) == 2
+    assert "min_length <= max_length" in capsys.readouterr().err
+    assert main([*base, "--train", "-1"]) == 2
+    assert_names(capsys.readouterr().err, "--train", "-1")
+    interrupt_json_writes_after(5, monkeypatch)  # Ctrl-C in the middle of the second file
+    assert main(good) == 130
+    assert {p.name: p.read_text() for p in (tmp_path / "lo").iterdir()} == files
+
+
+def test_labels_written_as_numbers_and_strings_are_one_class(tmp_path, lm_checkpoint, capsys):
+    lm = lm_checkpoint
+    rows = [{"text": "hh gfe abc", "label": [0, "0", 1, "1"][i % 4]} for i in range(8)]
+    (tmp_path / "mixed.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    args = ["finetune", "--task", "classify", "--data", str(tmp_path / "mixed.jsonl"), "--checkpoint", lm,
+            "--out", str(tmp_path / "ft"), "--steps", "2", "--segment-len", "8", "--batch-size", "4", "--quiet", "--json"]  # fmt: skip
+    assert main(args) == 0
+    assert last_json(capsys)["labels"] == ["0", "1"]
+
+
+def test_a_grouped_batch_is_a_run_of_neighbours_in_length_order():
+    lengths = np.random.default_rng(0).permutation(64).tolist()  # distinct lengths: ranks are the lengths
+    batches = LengthGroupedBatches(lengths, batch_size=8, seed=3, pool=50)  # one pool holds every document
+    for _ in range(2 * 8):  # two epochs
+        picked = sorted(lengths[i] for i in batches.next())
+        assert picked == list(range(picked[0], picked[0] + 8)) and picked[0] % 8 == 0
+
+
+def test_grouped_batches_are_full_draw_each_document_at_most_once_an_epoch_and_cover_the_rest_later():
+    lengths = np.random.default_rng(1).integers(1, 500, size=70).tolist()
+    batches = LengthGroupedBatches(lengths, batch_size=8, seed=5, pool=2)
+    seen = []
+    for epoch in range(10):
+        drawn = [batches.next() for _ in range(70 // 8)]
+        assert all(len(b) == 8 for b in drawn)
+        flat = [i for b in drawn for i in b]
+        assert len(set(flat)) == len(flat) == 64 and batches.state_dict() == {"epoch": epoch + 1, "position": 0}
+        seen += flat
+    assert set(seen) == set(range(70))  # the 6 left over differ from epoch to epoch
+
+
+def test_a_resumed_grouped_sampler_draws_the_same_batches():
+    lengths = np.random.default_rng(2).integers(1, 500, size=50).tolist()
+    whole = LengthGroupedBatches(lengths, batch_size=4, seed=7, pool=3)
+    expected = [whole.next() for _ in range(30)]  # across an epoch boundary (12 batches an epoch)
+    first = LengthGroupedBatches(lengths, batch_size=4, seed=7, pool=3)
+    head = [first.next() for _ in range(17)]
+    resumed = LengthGroupedBatches(lengths, batch_size=4, seed=7, pool=3)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    assert head + [resumed.next() for _ in range(13)] == expected
+
+
+def test_the_sampler_follows_the_option_and_refuses_no_documents():
+    options = TaskConfig(name="classify", train="x.jsonl", group_by_length=True)
+    assert isinstance(training_batches([3, 1, 2], options, 2, 0), LengthGroupedBatches)
+    assert not isinstance(
+        training_batches([3, 1, 2], TaskConfig(name="classify", train="x.jsonl"), 2, 0), LengthGroupedBatches
+    )
+    assert len(LengthGroupedBatches([5, 6], batch_size=8, seed=0).next()) == 2  # fewer documents than a batch
+    with pytest.raises(ConfigError, match="no training examples"):
+        LengthGroupedBatches([], batch_size=8, seed=0)
+
+
+def test_the_default_gradient_reaches_the_first_segment(tmp_path):
+    """The label character 'a' sits only at position 0 of a 4-segment document: its embedding row gets a gradient
+    from the classification loss with the default pooling, none with pooling=last."""
+    train = label_first_documents(tmp_path / "train.jsonl", 6, seed=0, segments=(4, 4))
+    grads = {}
+    for pooling in (None, "last"):
+        task = task_for(classify_run(train, pooling), ABC_TOKENIZER)
+        task.run = task.prepare()
+        torch.manual_seed(0)
+        model = task.build_model()
+        inputs = torch.as_tensor([ABC_TOKENIZER.encode("a" + "defghdef" * 3 + "ghdefgh").tolist()])  # 4 segments
+        model(inputs, DOC_SEGMENT, torch.tensor([0]))["loss"].backward()
+        grads[pooling] = model.lm.transformer.word_emb.emb_layers[0].weight.grad[ABC_TOKENIZER.index["a"]].norm()
+    assert task_for(classify_run(train), ABC_TOKENIZER).options.pooling == "document"
+    assert grads[None] > 1e-6 and grads["last"] == 0
+
+
+def test_a_run_says_at_its_start_where_documents_are_longer_than_the_gradient_reaches(tmp_path):
+    train = label_first_documents(tmp_path / "train.jsonl", 20, seed=1)
+    said: list[str] = []
+    task_for(classify_run(train, "last"), ABC_TOKENIZER, said.append).prepare()
+    lengths = [len(json.loads(line)["text"]) for line in open(train)]
+    (message,) = [m for m in said if "longer than" in m]
+    longest = max(lengths)
+    assert_names(
+        message, "20 of 20", "segment_len 8", f"{longest} tokens", f"{-(-longest // 8)} segments", "mem_bptt=1"
+    )
+    beyond = sum(n > 8 + 2 * 8 for n in lengths)  # the final segment and two layers of an 8-token memory
+    assert_names(message, f"and {beyond} are", "n_layer 2", "= 24")
+    for quiet in (classify_run(train), classify_run(train, "last", mem_bptt=5)):  # document pooling; bptt over 5
+        said.clear()
+        task_for(quiet, ABC_TOKENIZER, said.append).prepare()
+        assert not any("longer than" in m for m in said)

@@ -1,5 +1,6 @@
-"""Tokenizers: exact round trips (property-based), the BPE's frequency order, loading any saved tokenizer, and the
-checks that name a tokenizer file that does not fit."""
+"""Tokenizers: exact round trips (property-based) and through their JSON files, the word vocabulary's and the
+BPE's frequency order, loading any saved tokenizer, the UTF-8 bytes of a text counted from its ids, and the checks
+that name a tokenizer file, a character or a vocabulary size that does not fit."""
 
 import json
 
@@ -7,21 +8,25 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import TINY_CLI, UNICODE_TEXT, assert_names, canonical, raises_naming
 
+from longseq.cli import main
 from longseq.config import ConfigError, DataConfig
+from longseq.data import (
+    ByteTokenizer,
+    CharTokenizer,
+    TokenizerError,
+    WordTokenizer,
+    load_tokenizer,
+)
 from longseq.data.corpus import bundled_corpus_path
 from longseq.data.tokenizers import (
     EOS,
     UNK,
     BPETokenizer,
-    ByteTokenizer,
-    CharTokenizer,
-    TokenizerError,
-    WordTokenizer,
     build_tokenizer,
     check_tokenizer_fits,
     iter_pieces,
-    load_tokenizer,
     tokenizer_from_dict,
     train_bpe,
 )
@@ -143,7 +148,7 @@ def test_bad_tokenizer_files_are_errors_naming_the_file(tmp_path):
     spec = json.loads(BPE.hf.to_str())
     spec["model"] = {"type": "WordPiece", "vocab": {"[UNK]": 0, "a": 1}, "unk_token": "[UNK]"}
     wordpiece.write_text(json.dumps(spec))
-    with pytest.raises(TokenizerError, match="wordpiece.json.*only BPE"):
+    with raises_naming(TokenizerError, "wordpiece.json", "BPE"):
         load_tokenizer(str(wordpiece))
     with pytest.raises(TokenizerError, match="permutation"):
         tokenizer_from_dict({**BPE.to_dict(), "order": [0] * BPE.vocab_size})
@@ -155,19 +160,75 @@ def test_bad_tokenizer_files_are_errors_naming_the_file(tmp_path):
 
 def test_check_tokenizer_fits_names_the_file_and_both_sizes():
     check_tokenizer_fits(BPE, 400, "run/tokenizer.json")
-    with pytest.raises(TokenizerError, match=r"run/tokenizer.json has 400 tokens .* vocabulary has 8192"):
+    with raises_naming(TokenizerError, "run/tokenizer.json", "400", "8192"):
         check_tokenizer_fits(BPE, 8192, "run/tokenizer.json")
 
 
 def test_char_tokenizer_error_names_the_character_and_its_line_and_column():
-    with pytest.raises(TokenizerError, match=r"'z' \(U\+007A\) at line 2, column 3"):
+    with raises_naming(TokenizerError, "'z'", "U+007A", "line 2, column 3"):
         CharTokenizer.build("abc\n").encode("abc\nabz")
 
 
 def test_data_config_takes_bpe_and_tokenizer_files():
     assert DataConfig(tokenizer="bpe", vocab_size=4096).vocab_size == 4096
     assert DataConfig(tokenizer="gpt2/tokenizer.json").tokenizer == "gpt2/tokenizer.json"
-    with pytest.raises(ConfigError, match="byte, char, word, bpe or the path"):
+    with raises_naming(ConfigError, "'bpee'", "byte, char, word, bpe"):
         DataConfig(tokenizer="bpee")
     with pytest.raises(ConfigError, match="vocab_size"):
         DataConfig(tokenizer="bpe", vocab_size=100)
+
+
+def test_tokenizers_round_trip_through_json(tmp_path):
+    text = "To be, or not to be:\nthat is the question.\n"
+    for tok in (ByteTokenizer(), CharTokenizer.build(text), WordTokenizer.build(text)):
+        path = tmp_path / f"{tok.kind}.json"
+        tok.save(str(path))
+        again = load_tokenizer(str(path))
+        assert again.vocab_size == tok.vocab_size
+        assert list(again.encode(text)) == list(tok.encode(text))
+    assert ByteTokenizer().decode(ByteTokenizer().encode("héllo")) == "héllo"
+    assert CharTokenizer.build(text).decode(CharTokenizer.build(text).encode(text)) == text
+
+
+def test_word_vocabulary_is_frequency_ordered_with_eos_and_unk():
+    tok = WordTokenizer.build("b a a\nc a b\n")
+    assert tok.words == ["a", "b", "<eos>", "c", "<unk>"]  # by count; ties in order of first appearance
+    ids = tok.encode("a zebra\n")
+    assert tok.words[ids[1]] == "<unk>" and tok.words[ids[-1]] == "<eos>"
+
+
+def test_char_tokenizer_names_unknown_character():
+    with pytest.raises(TokenizerError, match="'z'"):
+        CharTokenizer.build("abc").encode("abz")
+
+
+@pytest.mark.parametrize("kind", ["byte", "char", "bpe", "word"])
+def test_the_ids_of_a_text_count_its_bytes(kind):
+    text = UNICODE_TEXT if kind != "word" else canonical(UNICODE_TEXT.replace(",", " ,"))
+    tokenizer = build_tokenizer(kind, text, vocab_size=300)
+    ids = tokenizer.encode(text)
+    assert tokenizer.text_bytes(ids) == len(text.encode("utf-8"))
+    assert tokenizer.text_bytes(ids[5:], previous=ids[4:-1]) == len(text.encode("utf-8")) - tokenizer.text_bytes(
+        ids[:5]
+    )
+
+
+def test_a_word_tokenizer_counts_its_canonical_text_not_its_decoding():
+    tokenizer = WordTokenizer.build("the cat sat\n\non the mat\n")
+    ids = tokenizer.encode("  the  cat sat \n\non the mat\n")  # the spacing of the file is not kept
+    assert tokenizer.text_bytes(ids) == len("the cat sat\n\non the mat\n")
+    assert tokenizer.decode(ids) == "the cat sat \n\non the mat \n"  # decoding pads every word with a space
+
+
+def test_vocab_size_with_a_tokenizer_it_cannot_size_is_an_error(tmp_path, text_corpus, capsys):
+    """``--vocab-size`` was ignored in silence for byte, char and word tokenizers (train and data prepare)."""
+    corpus = str(text_corpus)
+    out = str(tmp_path / "run")
+    assert main(["train", "--data", corpus, "--tokenizer", "char", "--vocab-size", "512", "--out", out, *TINY_CLI]) == 2
+    assert_names(capsys.readouterr().err, "--vocab-size", "BPE", "'char'")
+    assert not (tmp_path / "run").exists()
+    prepare = ["data", "prepare", "--data", corpus, "--out", str(tmp_path / "p"), "--quiet"]
+    assert main([*prepare, "--tokenizer", "word", "--vocab-size", "512"]) == 2
+    assert_names(capsys.readouterr().err, "--vocab-size", "'word'")
+    assert not (tmp_path / "p").exists()
+    assert main([*prepare, "--tokenizer", "char"]) == 0  # without it: as before

@@ -1,9 +1,12 @@
-"""Key/value memory: the same outputs as the hidden-state memory, without re-projecting the memory."""
+"""The memory object: every forward returns a new memory and leaves the one it was given untouched; a superseded
+ring memory is refused; the key/value memory gives the hidden-state memory's outputs without re-projecting it, and
+its ring storage equals concatenating and truncating."""
 
 import pytest
 import torch
 
 from longseq import ModelConfig, TransformerXLLM
+from longseq.eval import evaluate
 from longseq.model import Memory
 
 BASE = dict(vocab_size=40, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.1, mem_len=7)
@@ -67,8 +70,6 @@ def test_kv_memory_with_wrong_batch_is_an_error():
 def test_evaluate_gives_the_same_loss_with_either_memory():
     import numpy as np
 
-    from longseq.eval import evaluate
-
     torch.manual_seed(0)
     model = TransformerXLLM(ModelConfig(**BASE)).double()
     ids = np.random.default_rng(0).integers(0, 40, 400)
@@ -109,3 +110,40 @@ def test_ring_kv_memory_equals_concatenating_kv_memory(dtype, tol):
         assert torch.allclose(a.logits, b.logits, atol=tol, rtol=0)
         plain, ring = a.mems, b.mems
         assert ring.length == plain.length
+
+
+SMALL = dict(vocab_size=30, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0, mem_len=6)
+
+
+def _snapshot(memory: Memory) -> list[torch.Tensor]:
+    return [t.clone() for layer in memory.layers for t in layer.tensors()]
+
+
+@pytest.mark.parametrize(
+    "storage,overrides",
+    [("hidden", {}), ("hidden", {"cmem_len": 4, "cmem_rate": 2, "mem_quant": "int8"}), ("hidden", {"mem_tokens": 2}),
+     ("hidden", {"mem_select": "attention"}), ("kv", {})],
+)  # fmt: skip
+def test_every_call_returns_a_new_memory_and_leaves_its_input_untouched(storage, overrides):
+    torch.manual_seed(0)
+    model = TransformerXLLM(ModelConfig(**SMALL, **overrides)).eval()
+    x = torch.randint(0, 30, (2, 20))
+    memory = Memory.empty(storage)
+    for lo in range(0, 20, 5):
+        before = _snapshot(memory)
+        new = model(x[:, lo : lo + 5], memory).mems
+        assert new is not memory
+        after = _snapshot(memory)
+        assert len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after))
+        again = model(x[:, lo : lo + 5], memory).mems  # the old memory still gives the same answer
+        assert all(torch.equal(a, b) for a, b in zip(_snapshot(new), _snapshot(again)))
+        memory = new
+
+
+def test_a_superseded_ring_memory_is_refused_by_name():
+    model = TransformerXLLM(ModelConfig(**SMALL)).eval()
+    x = torch.randint(0, 30, (1, 4))
+    first = model(x, Memory.empty("ring")).mems
+    model(x, first)  # writes the ring in place: ``first`` is now stale
+    with pytest.raises(ValueError, match="superseded"):
+        model(x, first)

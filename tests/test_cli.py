@@ -1,0 +1,69 @@
+"""The command line end to end on a tiny run (train, eval, generate, resume), its errors one clear line each (exit
+code 2, no traceback), and ``--json`` output that stays strict JSON when a number is not finite."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support import TINY_CLI, assert_names, last_json
+
+from longseq.cli import main
+
+
+def test_cli_train_eval_generate(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert main(["train", "--out", out, "--json", *TINY_CLI]) == 0
+    result = last_json(capsys)
+    for key in ("loss", "ppl", "tokens", "tokens_per_s", "bpc", "unigram_bpc"):
+        assert key in result
+    assert result["tokens"] == 4 * 2 * 16
+    assert (
+        main(["eval", "--checkpoint", f"{out}/best", "--json", "--quiet", "--set", "max_segments=3", "mem_len=48"]) == 0
+    )
+    metrics = last_json(capsys)
+    assert metrics["tokens"] == 3 * 2 * 16 and metrics["bpc"] == pytest.approx(metrics["loss"] / 0.6931471805599453)
+    args = ["generate", "--checkpoint", f"{out}/best", "--prompt", "ROMEO:", "--max-new-tokens", "12", "--json"]
+    assert main([*args, "--seed", "3"]) == 0
+    first = last_json(capsys)
+    assert main([*args, "--seed", "3"]) == 0
+    assert last_json(capsys)["text"] == first["text"] and len(first["text"]) == 12
+    # resume continues to a larger max_steps
+    assert main(["train", "--out", out, "--resume", "--json", "--quiet", "--set", "max_steps=6"]) == 0
+    assert last_json(capsys)["step"] == 6
+
+
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["train", "--preset", "wt-103"], ("preset", "'wt-103'")),
+        (["train", "--set", "mem_lenn=3"], ("mem_lenn", "mem_len")),
+        (["train", "--set", "lr=fast"], ("lr", "number")),
+        (["train", "--set", "dropout"], ("dropout", "key=value")),
+        (["eval", "--checkpoint", "/nonexistent/ckpt"], ("/nonexistent/ckpt", "does not exist")),
+        (["eval", "--checkpoint", ".", "--set", "window=3"], ("config key", "'window'")),
+    ],
+)
+def test_cli_errors_are_one_clear_line(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert_names(err, *words)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_json_output_is_strict_json_when_a_number_is_not_finite(tmp_path, text_corpus, capsys):
+    """``train --resume`` of a finished run printed ``"train_loss": NaN``: not JSON, so jq refused the line."""
+    from longseq.cli.common import emit
+
+    emit({"loss": float("nan"), "curve": [1.5, float("inf")], "nested": {"x": -float("inf")}, "n": 3}, True)
+    strict = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"{name} in JSON output"))
+    assert strict == {"loss": None, "curve": [1.5, None], "nested": {"x": None}, "n": 3}
+    out = str(tmp_path / "run")
+    assert main(["train", "--data", str(text_corpus), "--tokenizer", "char", "--out", out, *TINY_CLI]) == 0
+    capsys.readouterr()
+    assert main(["train", "--out", out, "--resume", "--json", *TINY_CLI]) == 0  # finished: no step, no training loss
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(line, parse_constant=lambda name: pytest.fail(name))["train_loss"] is None
+    assert main(["train", "--out", out, "--resume", *TINY_CLI]) == 0  # the text summary said "loss: nan"
+    text = capsys.readouterr().out
+    assert "nan" not in text.lower() and "train_loss: n/a" in text and "loss: n/a" in text

@@ -1,0 +1,296 @@
+"""Configs: typed sections with strict keys, ``--set`` overrides (flat tails and dotted paths), TOML and JSON run
+files (the TOML writer read back by tomllib), presets as shipped files, the registries' names, and the checks a
+run's settings meet before anything is trained (options no chosen implementation reads, sizes that do not fit the
+vocabulary, non-finite numbers).  A run reproduced from its own run.toml gives identical losses."""
+
+import json
+import math
+import os
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
+from longseq.config import PRESETS, ConfigError, get_preset, load_run_config, write_run_config
+from longseq.config.files import dumps_toml, preset_names
+from longseq.train import train
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+
+from support import TINY_CLI, TINY_CLI_8, assert_names, raises_naming, tiny_corpus, tiny_run, word_corpus
+
+from longseq.cli import main
+from longseq.config import apply_overrides
+from longseq.model import build_model
+from longseq.model.attention.kernels import ATTENTION_KERNELS
+from longseq.model.attention.patterns import PATTERNS
+from longseq.model.memory.compress import COMPRESSION_FUNCTIONS
+from longseq.model.mixers import MIXERS
+from longseq.model.positions import POSITION_ENCODINGS
+from longseq.train import load_checkpoint
+
+KEYS = st.text(min_size=1, max_size=12)
+SCALARS = (
+    st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text()  # quotes, backslashes, control characters and any unicode
+)
+VALUES = (
+    SCALARS
+    | st.lists(st.integers())
+    | st.lists(st.booleans())
+    | st.lists(st.text())
+    | st.lists(st.floats(allow_nan=False))
+)
+TABLES = st.recursive(
+    st.dictionaries(KEYS, VALUES, max_size=5), lambda t: st.dictionaries(KEYS, VALUES | t, max_size=4), max_leaves=20
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(TABLES)
+def test_the_toml_writer_is_read_back_exactly_by_tomllib(table):
+    assert tomllib.loads(dumps_toml(table, header="a header\nwith two lines")) == table
+
+
+def test_the_toml_writer_leaves_out_none_and_writes_special_floats():
+    text = dumps_toml({"a": None, "b": {"c": None, "d": float("inf"), "e": -0.0}, "f": float("nan")})
+    back = tomllib.loads(text)
+    assert "a" not in back and back["b"] == {"d": math.inf, "e": 0.0} and math.isnan(back["f"])
+    assert math.copysign(1, back["b"]["e"]) == -1
+    with pytest.raises(ConfigError, match="TOML cannot hold None"):
+        dumps_toml({"x": [1, None]})
+
+
+def varied_run() -> RunConfig:
+    """Every kind of field: nested sections, lists of ints, bools and strings, an unset optional (d_embed), a set
+    optional (tie_projs) and strings that need escapes."""
+    return RunConfig(
+        model=ModelConfig(
+            vocab_size=300, n_layer=2, cutoffs=[40, 120], tie_projs=[False, True, True], attention=["window", "full"],
+            dilation=[1, 2, 1, 2], mem_len=12, same_length=True, init_std=1e-5,
+        ),
+        data=DataConfig(path='dir with "quotes" \\ back\\slash, ünï 東京', tokenizer="bpe", vocab_size=4096),
+        train=TrainConfig(max_steps=7, lr=2.5e-4, min_lr=0.0, clip=1e300),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
+def test_a_run_config_written_and_read_back_is_equal(tmp_path, suffix):
+    run = varied_run()
+    assert run.model.d_embed is None
+    path = str(tmp_path / f"run{suffix}")
+    write_run_config(run, path)
+    assert load_run_config(path) == run
+    assert load_run_config(path, base=get_preset("enwik8-base")) == run  # the file sets every field but d_embed
+    if suffix == ".toml":
+        with open(path, "rb") as f:
+            assert "d_embed" not in tomllib.load(f)["model"]  # unset: left out, read back unset
+
+
+def test_presets_are_shipped_files_that_round_trip(tmp_path):
+    assert set(PRESETS) == set(preset_names()) == {"tiny-shakespeare", "enwik8-base", "text8-base", "wt103-base", "ptb"}
+    for name in PRESETS:
+        run = PRESETS[name]()
+        assert run == get_preset(name) and run is not get_preset(name)
+        write_run_config(run, str(tmp_path / f"{name}.toml"))
+        assert load_run_config(str(tmp_path / f"{name}.toml")) == run
+    text8, enwik8 = get_preset("text8-base"), get_preset("enwik8-base")  # text8-base names enwik8-base as its base
+    assert (text8.data.tokenizer, enwik8.data.tokenizer) == ("char", "byte")  # what text8-base changes
+    assert text8.model == enwik8.model and text8.train == enwik8.train  # the rest it inherits
+    assert text8.model.vocab_size == 0  # taken from the tokenizer when training starts
+    with raises_naming(ConfigError, "'wt-103'", "wt103-base"):
+        get_preset("wt-103")
+
+
+def write(tmp_path, text, name="run.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_keys_are_those_of_set_as_tails_or_paths_in_their_section(tmp_path):
+    path = write(tmp_path, 'preset = "tiny-shakespeare"\n[model]\nmem_len = 32\nn_layer = 3\n'
+                 '[model.pattern]\nattention = ["window"]\n[train]\nmax_steps = 9\nlr = "1e-4"\n')  # fmt: skip
+    run = load_run_config(path)
+    base = get_preset("tiny-shakespeare")
+    assert run.model.memory.mem_len == 32 and run.model.n_layer == 3 and run.model.pattern.attention == ["window"]
+    assert run.train.max_steps == 9 and run.train.lr == 1e-4 and run.data == base.data
+    assert load_run_config(write(tmp_path, "[train]\nmax_steps = 9\n", "partial.toml")).model == ModelConfig()
+
+
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("[model]\nmem_lenn = 3\n", ("run.toml", "[model]", "'mem_lenn'", "mem_len")),
+        ("[train]\nmem_len = 3\n", ("[train]", "'mem_len'")),
+        ("[modle]\nn_layer = 3\n", ("'modle'", "model")),
+        ("[model]\nmem_len = 3\n[model.memory]\nmem_len = 4\n", ("model.memory.mem_len", "twice")),
+        ("[model]\nn_layer = 0\n", ("n_layer", ">= 1")),
+        ("[train]\nlr = true\n", ("lr", "number")),
+        ("[model\n", ("run.toml", "TOML")),
+        ('preset = "nope"\n', ("preset", "'nope'")),
+        ("model = 3\n", ("[model]", "table")),
+    ],
+)
+def test_bad_config_files_are_errors_naming_the_file(tmp_path, text, words):
+    with raises_naming(ConfigError, *words):
+        load_run_config(write(tmp_path, text))
+
+
+def test_a_file_that_names_a_preset_cannot_take_another_base(tmp_path):
+    with raises_naming(ConfigError, "'ptb'", "base"):
+        load_run_config(write(tmp_path, 'preset = "ptb"\n'), base=get_preset("enwik8-base"))
+    with pytest.raises(ConfigError, match=".toml or .json"):
+        load_run_config(write(tmp_path, "", "run.yaml"))
+
+
+def test_training_twice_from_the_same_config_file_gives_identical_losses(tmp_path):
+    path = str(tmp_path / "tiny.toml")
+    write_run_config(tiny_run(max_steps=6), path)
+    corpus = tiny_corpus()
+    a = train(load_run_config(path), str(tmp_path / "a"), corpus=corpus, progress=False)
+    b = train(load_run_config(path), str(tmp_path / "b"), corpus=corpus, progress=False)
+    assert len(a.losses) == 6 and a.losses == b.losses
+
+
+def test_the_command_line_writes_run_toml_and_reruns_it_with_identical_losses(tmp_path, text_corpus, capsys):
+    from longseq.cli import main
+
+    data = str(text_corpus)
+    tiny = ["--set", "max_steps=4", "eval_interval=2", "eval_max_segments=2", "n_layer=1", "d_model=16", "n_head=2",
+            "d_head=8", "d_inner=32", "batch_size=2", "tgt_len=8", "eval_tgt_len=8", "eval_batch_size=2", "mem_len=8", "log_interval=1"]  # fmt: skip
+    first, again = str(tmp_path / "first"), str(tmp_path / "again")
+    assert main(["train", "--data", data, "--out", first, "--quiet", "--json", *tiny]) == 0
+    assert main(["train", "--config", os.path.join(first, "run.toml"), "--out", again, "--quiet", "--json"]) == 0
+    capsys.readouterr()
+    assert load_run_config(os.path.join(again, "run.toml")) == load_run_config(os.path.join(first, "run.toml"))
+
+    def losses(run_dir):
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            return [r["loss"] for r in map(json.loads, f) if "loss" in r]
+
+    assert len(losses(first)) == 4 and losses(first) == losses(again)
+    for argv, message in [
+        (["train", "--config", os.path.join(first, "run.toml"), "--out", first, "--resume"], "--resume continues"),
+        (["train", "--config", str(tmp_path / "missing.toml")], "cannot read config file"),
+    ]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+
+
+def test_configs_round_trip_and_reject_unknown_keys():
+    for name in ("tiny-shakespeare", "enwik8-base", "text8-base", "wt103-base", "ptb"):
+        run = get_preset(name)
+        again = RunConfig.from_dict(json.loads(json.dumps(run.to_dict())))
+        assert again == run
+    with pytest.raises(ConfigError, match="unknown ModelConfig key"):
+        ModelConfig.from_dict({"n_layers": 3})
+    with pytest.raises(ConfigError, match="cutoffs"):
+        ModelConfig(vocab_size=100, cutoffs=[50, 40])
+    sections = apply_overrides(
+        {"model": ModelConfig(), "data": DataConfig(), "train": TrainConfig()},
+        ["cutoffs=10,20", "same_length=true", "model.dropout=0.3", "lr=1e-4", "d_embed=none"],
+    )
+    assert sections["model"].cutoffs == [10, 20] and sections["model"].memory.same_length is True
+    assert sections["model"].dropout == 0.3 and sections["train"].lr == 1e-4
+    with pytest.raises(ConfigError, match="must be >= 1"):
+        apply_overrides({"model": ModelConfig()}, ["n_layer=0"])
+    for bad, words in (("weight_decay=-1", ("weight_decay", ">= 0")), ("beta1=1.5", ("beta1", "[0, 1)")),
+                       ("beta2=1", ("beta2", "[0, 1)")), ("eps=0", ("eps", "> 0"))):  # fmt: skip
+        with raises_naming(ConfigError, *words):  # accepted, or left to torch's message, before
+            apply_overrides({"train": TrainConfig()}, [bad])
+
+
+def test_old_flat_override_keys_and_dotted_section_keys_both_work():
+    run = get_preset("tiny-shakespeare")
+    sections = {"model": run.model, "data": run.data, "train": run.train}
+    flat = apply_overrides(sections, ["mem_len=12", "attention=window", "pos=shaw", "cmem_len=2", "cmem_rate=2"])
+    dotted = apply_overrides(
+        sections,
+        ["model.memory.mem_len=12", "pattern.attention=window", "positions.pos=shaw", "memory.cmem_len=2",
+         "model.memory.cmem_rate=2"],
+    )  # fmt: skip
+    assert flat["model"] == dotted["model"]
+    assert flat["model"].memory.mem_len == 12 and flat["model"].pattern.attention == ["window"]
+    assert ModelConfig.from_dict(flat["model"].to_dict()) == flat["model"]  # nested JSON round trip
+
+
+@pytest.mark.parametrize(
+    "field, registry",
+    [("attention", lambda: PATTERNS), ("attn_impl", lambda: ATTENTION_KERNELS), ("pos", lambda: POSITION_ENCODINGS),
+     ("mixer", lambda: MIXERS), ("cmem_fn", lambda: COMPRESSION_FUNCTIONS)],
+)  # fmt: skip
+def test_a_config_may_name_what_a_registry_implements_and_nothing_else(field, registry):
+    """The registries own the names: every registered name builds a model, an unknown one is refused by name at
+    build time with the close matches (no list of names is kept anywhere else)."""
+    base = dict(vocab_size=12, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=4)
+    extra = {"cmem_fn": dict(cmem_len=2, cmem_rate=2), "mixer": {}, "attention": dict(window=3)}.get(field, {})
+    for name in registry():
+        value = [name] if field in ("attention", "mixer") else name
+        if name == "flex":
+            continue  # a CUDA kernel (and PyTorch's eager path on CPU): test_flex holds it to the reference
+        config = ModelConfig(**{**base, **extra, field: value, **({"mem_len": 0} if name == "absolute" else {})})
+        build_model(config)
+    wrong = ["windw"] if field in ("attention", "mixer") else "windw"
+    with pytest.raises(ConfigError, match=r"unknown value 'windw'"):
+        build_model(ModelConfig(**base, **{field: wrong}))
+
+
+def test_options_the_architecture_does_not_read_are_refused(tmp_path, text_corpus, capsys):
+    """arch=lstm with cmem_len, attention=window and pos=shaw trained a plain LSTM while the log claimed an
+    effective range of 96."""
+    base = ["train", "--data", str(text_corpus), "--tokenizer", "char", "--out", str(tmp_path / "r"), *TINY_CLI_8]
+    assert main([*base, "arch=lstm", "cmem_len=4", "cmem_rate=2", "attention=window", "pos=shaw"]) == 2
+    err = capsys.readouterr().err
+    for name in ("memory.cmem_len=4", "pattern.attention=window", "positions.pos=shaw", "n_head=2", "d_head=8"):
+        assert name in err
+    assert not (tmp_path / "r").exists()
+    for setting, name in (["window=32", "pattern.window=32"], ["d_state=8", "mixers.d_state=8"],
+                          ["max_relative_distance=9", "positions.max_relative_distance=9"]):  # fmt: skip
+        assert main([*base, setting]) == 2
+        assert name in capsys.readouterr().err
+    assert main([*base, "attention=window", "window=32"]) == 0  # read: accepted
+    assert main(["train", "--data", str(text_corpus), "--tokenizer", "char", "--out", str(tmp_path / "lstm"),
+                 "--quiet", "--set", "arch=lstm", "max_steps=2", "eval_interval=2"]) == 0  # the preset's own: fine  # fmt: skip
+
+
+def test_adaptive_softmax_cutoffs_are_checked_against_the_real_vocabulary(tmp_path, capsys):
+    """From the default (character, 65-symbol) preset, a word corpus of about 300 symbols takes cutoffs 100,200."""
+    data = word_corpus(tmp_path)
+    args = ["train", "--data", data, "--tokenizer", "word", "--json", *TINY_CLI, "cutoffs=100,200"]
+    assert main([*args, "--out", str(tmp_path / "ok")]) == 0
+    _, tokenizer, run, _ = load_checkpoint(str(tmp_path / "ok" / "best"))
+    assert run.model.vocab_size == tokenizer.vocab_size > 200 and run.model.cutoffs == [100, 200]
+    assert main([*args[:-1], "cutoffs=100,400", "--out", str(tmp_path / "bad")]) == 2
+    assert_names(capsys.readouterr().err, "cutoffs", "400", str(tokenizer.vocab_size))
+
+
+def test_a_non_finite_setting_is_a_config_error(tmp_path, text_corpus, capsys):
+    for setting in ("lr=inf", "lr=nan", "weight_decay=inf", "init_std=nan"):
+        assert (
+            main(
+                [
+                    "train",
+                    "--data",
+                    str(text_corpus),
+                    "--out",
+                    str(tmp_path / "r"),
+                    "--tokenizer",
+                    "char",
+                    *TINY_CLI_8,
+                    setting,
+                ]
+            )
+            == 2
+        )
+        assert "finite number" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

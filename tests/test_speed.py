@@ -1,0 +1,101 @@
+"""Speed measurements (``eval/speed.py``, ``longseq bench``).  The model FLOPs behind MFU: the count of
+model_flops_per_token equals PyTorch's FLOP counter on a forward pass of the readable reference kernel (which scores
+every (query, key) pair), by part, in training and with a key/value memory.  The bench commands report each task,
+the medians of their rounds, and name a size out of range before measuring anything."""
+
+import json
+
+import pytest
+import torch
+from support import assert_names, last_json
+from torch.utils.flop_counter import FlopCounterMode
+
+from longseq import ModelConfig, TransformerXLLM
+from longseq.cli import main
+from longseq.eval.speed import model_flops_per_token
+from longseq.model import Memory
+
+CONFIG = dict(vocab_size=50, n_layer=2, d_model=32, n_head=4, d_head=8, d_inner=64, dropout=0.0, mem_len=6)
+
+
+def counted(model, *args, **kwargs) -> int:
+    with FlopCounterMode(display=False) as counter:
+        model(*args, **kwargs)
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("pos", ["sinusoidal", "shaw"])
+def test_training_forward_flops_are_counted_exactly(pos):
+    config = ModelConfig(**CONFIG, attn_impl="reference", attn_chunk=0, pos=pos)
+    model = TransformerXLLM(config)
+    x = torch.randint(0, 50, (3, 10))
+    mems = model(x).mems  # a full memory of 6
+    flops = model_flops_per_token(config, tgt_len=10, mem_len=6, batch=3, keys_per_query=16)
+    assert counted(model, x, mems, x) == pytest.approx(flops["forward"] * 3 * 10, rel=1e-12)
+    assert flops["train"] == 3 * flops["forward"]
+
+
+def test_evaluation_with_a_key_value_memory_projects_only_the_segment():
+    config = ModelConfig(**CONFIG, attn_impl="reference", attn_chunk=0)
+    model = TransformerXLLM(config).eval()
+    x = torch.randint(0, 50, (3, 10))
+    with torch.no_grad():
+        mems = model(x, Memory.empty("kv"), mem_len=6).mems
+        flops = model_flops_per_token(config, tgt_len=10, mem_len=6, batch=3, keys_per_query=16, kv_memory=True)
+        assert counted(model, x, mems, x, mem_len=6) == pytest.approx(flops["forward"] * 3 * 10, rel=1e-12)
+
+
+def test_default_keys_per_query_is_full_causal_attention():
+    config = ModelConfig(**CONFIG)
+    full = model_flops_per_token(config, tgt_len=10, mem_len=6)
+    explicit = model_flops_per_token(config, tgt_len=10, mem_len=6, keys_per_query=6 + 11 / 2)
+    assert full == explicit
+
+
+def test_bench_cli_reports_each_task(capsys):
+    small = ["--tgt-len", "8", "--mem-len", "16", "--batch", "2", "--steps", "1"]
+    assert main(["bench", "train", *small, "--json"]) == 0
+    train = last_json(capsys)
+    assert train["task"] == "train" and train["tokens_per_s"] > 0 and train["peak_rss_mb"] > 0
+    assert main(["bench", "eval", *small, "--json"]) == 0
+    assert last_json(capsys)["ms_per_token"] > 0
+    assert (
+        main(["bench", "generate", *small, "--prompt-len", "20", "--new-tokens", "5", "--device", "cpu", "--json"]) == 0
+    )
+    generated = last_json(capsys)
+    assert generated["tokens_per_s"] > 0 and generated["device"] == "cpu" and train["device"] == "cpu"
+    if not torch.cuda.is_available():  # --device cuda where there is no GPU: one line that says so
+        assert main(["bench", "eval", *small, "--device", "cuda", "--json"]) == 2
+        assert "no GPU that torch can use" in capsys.readouterr().err
+
+
+def test_eval_speed_command_reports_medians_and_their_ratio(capsys):
+    """The JSON the issue specifies: one object per length with the two times and their ratio; with rounds, the
+    reported times are the medians of the rounds kept beside them."""
+    from longseq.cli import main
+
+    assert main(["bench", "eval-speed", "--attn-len", "16", "24", "--tgt-len", "8", "--steps", "1", "--rounds", "3",
+                 "--threads", "1", "--json"]) == 0  # fmt: skip
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["lengths"]
+    assert [r["attn_len"] for r in rows] == [16, 24]
+    for row in rows:
+        assert row["ratio"] == row["vanilla_ms_per_token"] / row["xl_ms_per_token"]
+        for key in ("xl_ms_per_token", "vanilla_ms_per_token"):
+            assert len(row["rounds"][key]) == 3 and row[key] == sorted(row["rounds"][key])[1]
+
+
+@pytest.mark.parametrize("argv,words", [(["eval", "--steps", "0"], ("--steps", ">= 1", "0")),
+                                        (["train", "--batch", "-1"], ("--batch", ">= 1", "-1")),
+                                        (["generate", "--new-tokens", "0"], ("--new-tokens", ">= 1", "0")),
+                                        (["eval-speed", "--attn-len", "0"], ("--attn-len", ">= 1"))])  # fmt: skip
+def test_bench_names_a_size_out_of_range_before_measuring_anything(argv, words, capsys, monkeypatch):
+    """``bench eval --steps 0`` built the model, ran the memory-filling segments and died in a ZeroDivisionError."""
+    import longseq.eval.speed as speed
+
+    def never(*args, **kwargs):
+        raise AssertionError("a benchmark ran")
+
+    for name in ("eval_per_token", "train_throughput", "generate_speed", "eval_speed_vs_vanilla", "bench_config"):
+        monkeypatch.setattr(speed, name, never)
+    assert main(["bench", *argv]) == 2
+    assert_names(capsys.readouterr().err, *words)
