@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from huggingface_hub.dataclasses import strict
 from torch import Tensor
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
@@ -33,7 +34,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from longseq.config import ModelConfig
 from longseq.generation import read_prompt, recurrence_overrides, windowed
 from longseq.interop.hf_longseq import GENERATION_DEFAULTS, MODEL_TYPE, hf_config, tied_names
-from longseq.model import Memory, TransformerXLLM
+from longseq.model import Memory, TransformerXLLM, build_model
 from longseq.model.stack import LayerStack
 from longseq.model.transformer import IGNORE_INDEX
 
@@ -119,7 +120,7 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config: LongseqConfig) -> None:
         super().__init__(config)
-        self.model = TransformerXLLM(config.model_config())  # initialised as longseq initialises
+        self.model = build_model(config.model_config())  # a TransformerXLLM (or the LSTM baseline), initialised
         self._tied_weights_keys = {f"model.{t}": f"model.{s}" for t, s in tied_names(self.model).items()}
         self.post_init()
         if self.generation_config is not None:
@@ -158,23 +159,23 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
+        num_items_in_batch: int | Tensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
         """Logits (B, T, V) (log-probabilities with an adaptive softmax; with ``logits_to_keep`` k > 0 the last k
-        positions), the loss of ``labels`` shifted as transformers does, and the new cache."""
+        positions), the loss of ``labels`` shifted as transformers does (plus the compressors' reconstruction loss
+        in training, as longseq trains), and the new cache."""
         _refuse(kwargs)
         check_mask(attention_mask)
         memory, overrides = (cache.memory, cache.overrides) if cache is not None else (None, {})
-        hidden, new_memory, _ = self.model.hidden_states(input_ids, memory, **overrides)  # (B, T, E)
-        kept = hidden if logits_to_keep == 0 else hidden[:, -logits_to_keep:]
-        logits = self.model.head(kept).logits  # (B, T or k, V)
-        loss = None
-        if labels is not None:
-            shifted = torch.cat([labels[:, 1:], labels.new_full((labels.size(0), 1), IGNORE_INDEX)], dim=1)
-            loss = self.model.head(hidden, shifted).loss
+        out = self.model(input_ids, memory, **overrides)  # LMOutput: logits (B, T, V), the new memory
+        loss = None if labels is None else causal_lm_loss(out.logits, labels, num_items_in_batch)
+        if loss is not None and out.aux_loss is not None:
+            loss = loss + out.aux_loss
+        logits = out.logits if logits_to_keep == 0 else out.logits[:, -logits_to_keep:]
         use_cache = self.config.use_cache if use_cache is None else use_cache
         seen = (cache.seen if cache is not None else 0) + input_ids.size(1)
-        new_cache = LongseqCache(new_memory, overrides, seen) if use_cache else None
+        new_cache = LongseqCache(out.mems, overrides, seen) if use_cache else None
         return_dict = self.config.return_dict if return_dict is None else return_dict
         if not return_dict:
             return tuple(x for x in (loss, logits, new_cache) if x is not None)
@@ -207,6 +208,19 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
             memory = read_prompt(self.model, input_ids[:, :-1], self.config.segment_len, overrides)
             cache = LongseqCache(memory, overrides, input_ids.size(1) - 1)
         return {**inputs, "input_ids": input_ids[:, -1:], "cache": cache, **kwargs}
+
+
+def causal_lm_loss(scores: Tensor, labels: Tensor, num_items_in_batch: int | Tensor | None = None) -> Tensor:
+    """transformers' causal-LM loss: position t is scored on ``labels[:, t + 1]`` (-100 ignored), the mean over
+    the scored tokens (or the sum over ``num_items_in_batch``, as the Trainer asks with gradient accumulation).
+    ``scores`` (B, T, V) may be logits or log-probabilities (log_softmax leaves those as they are)."""
+    if labels.shape != scores.shape[:2]:
+        raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(scores.shape[:2])}")
+    flat = scores[:, :-1].reshape(-1, scores.size(-1)).float()  # (B (T - 1), V)
+    target = labels[:, 1:].reshape(-1).long().to(scores.device)
+    if num_items_in_batch is None:
+        return F.cross_entropy(flat, target, ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(flat, target, ignore_index=IGNORE_INDEX, reduction="sum") / num_items_in_batch
 
 
 def check_mask(attention_mask: Tensor | None) -> None:

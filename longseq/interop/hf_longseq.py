@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from longseq.config import ModelConfig
 from longseq.data.tokenizers import Tokenizer
 from longseq.model import TransformerXLLM
+from longseq.model.lstm import LSTMLM
 
 MODEL_TYPE = "longseq"
 ARCHITECTURE = "LongseqForCausalLM"
@@ -59,7 +60,7 @@ def hf_config(config: ModelConfig, segment_len: int = 128, generate_mem_len: int
 
 
 def export_longseq_hf(
-    model: TransformerXLLM,
+    model: TransformerXLLM | LSTMLM,
     out: str,
     tokenizer: Tokenizer | None = None,
     segment_len: int = 128,
@@ -68,8 +69,10 @@ def export_longseq_hf(
     """Write ``model`` as a transformers directory that ``AutoModelForCausalLM.from_pretrained`` loads after
     ``import longseq.hf``; ``segment_len`` and ``generate_mem_len`` are how ``longseq generate`` samples it (the
     training ``tgt_len``, and ``mem_len + tgt_len``)."""
-    if not isinstance(model, TransformerXLLM):
-        raise ValueError(f"only a language model exports to transformers; this is a {type(model).__name__}")
+    if not isinstance(model, (TransformerXLLM, LSTMLM)):
+        raise ValueError(
+            f"only a language model exports to transformers; this is a {type(model).__name__} (a fine-tuned model)"
+        )
     config = hf_config(model.config, segment_len, generate_mem_len)
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--out {out} is a file; give a directory")
