@@ -101,11 +101,14 @@ def recurrence_overrides(
     }
 
 
-def read_prompt(model: TransformerXLLM, context: Tensor, segment_len: int, overrides: dict) -> Memory:
-    """The memory after reading ``context`` (B, C) in segments of ``segment_len``: what sampling starts from (the
-    prompt's last token is then fed alone).  Ring storage: never projected twice, never copied."""
-    storage = "hidden" if model.config.memory.compacted else "ring"
-    mems = Memory.empty(storage)
+def read_prompt(
+    model: TransformerXLLM, context: Tensor, segment_len: int, overrides: dict, mems: Memory | None = None
+) -> Memory:
+    """The memory after reading ``context`` (B, C) in segments of ``segment_len`` after ``mems`` (None: a new
+    one): what sampling starts from (the prompt's last token is then fed alone).  Ring storage: never projected
+    twice, never copied."""
+    if mems is None:
+        mems = Memory.empty("hidden" if model.config.memory.compacted else "ring")
     for start in range(0, context.size(1), segment_len):
         mems = model.read(context[:, start : start + segment_len], mems, **overrides)
     return mems

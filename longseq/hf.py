@@ -191,8 +191,8 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         logits_to_keep: int | None = None,
         **kwargs,
     ) -> dict:
-        """As ``longseq generate``: without a cache, the tokens but the last are read in segments of
-        ``segment_len`` into a new memory; then the last token is fed alone.  A model without a memory (absolute
+        """As ``longseq generate``: the tokens but the last that the cache has not read (all of them without a
+        cache) are read in segments of ``segment_len`` into its memory; then the last token is fed alone.  A model without a memory (absolute
         positions) reads its last ``segment_len`` tokens again every step."""
         if inputs_embeds is not None:
             raise ValueError("LongseqForCausalLM generates from input_ids, not inputs_embeds")
@@ -204,9 +204,16 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
             window = input_ids[:, -self.config.segment_len :]
             return {**inputs, "input_ids": window, "cache": LongseqCache(None, {"mem_len": 0}), **kwargs}
         if cache is None:
-            overrides = recurrence_overrides(self.model, self.config.sampling_mem_len)
-            memory = read_prompt(self.model, input_ids[:, :-1], self.config.segment_len, overrides)
-            cache = LongseqCache(memory, overrides, input_ids.size(1) - 1)
+            cache = LongseqCache(None, recurrence_overrides(self.model, self.config.sampling_mem_len))
+        if input_ids.size(1) <= cache.seen:
+            raise ValueError(
+                f"the cache has read {cache.seen} tokens and input_ids has {input_ids.size(1)}: give the tokens it read "
+                "and at least one more (generate feeds the last one and reads the others it has not read)"
+            )
+        if input_ids.size(1) - 1 > cache.seen:  # a new prompt, or a continuation: read what the cache has not
+            unread = input_ids[:, cache.seen : -1]
+            memory = read_prompt(self.model, unread, self.config.segment_len, cache.overrides, cache.memory)
+            cache = LongseqCache(memory, cache.overrides, input_ids.size(1) - 1)
         return {**inputs, "input_ids": input_ids[:, -1:], "cache": cache, **kwargs}
 
 

@@ -139,3 +139,28 @@ def test_bad_input_is_refused_clearly(tmp_path):
     hf.config.save_pretrained(str(tmp_path))
     assert isinstance(AutoConfig.from_pretrained(str(tmp_path)), LongseqConfig)
     assert os.path.isfile(tmp_path / "config.json")
+
+
+def test_generate_without_cache_or_continuing_one_draws_the_same_tokens():
+    model = tiny("mixers-shaw")
+    hf = longseq.hf.from_longseq(model, segment_len=SEGMENT, generate_mem_len=9)
+    x = torch.randint(0, 50, (2, 7))
+    expected = generate(model, x, 8, temperature=0, mem_len=9, segment_len=SEGMENT)
+    recomputed = hf.generate(x, max_new_tokens=8, do_sample=False, use_cache=False)  # the prompt read again per token
+    first = hf.generate(x, max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
+    continued = hf.generate(first.sequences, cache=first.cache, max_new_tokens=5, do_sample=False)
+    assert torch.equal(recomputed[:, 7:], expected) and torch.equal(continued[:, 7:], expected)
+    with pytest.raises(ValueError, match="the cache has read 7 tokens"):
+        hf.generate(x, cache=hf(x).cache, max_new_tokens=2)
+
+
+def test_training_through_transformers_gives_longseqs_gradients():
+    model = tiny("compressed-tokens-int8").train()
+    hf = longseq.hf.from_longseq(model).train()
+    x = torch.randint(0, 50, (2, 9))
+    hf(x, labels=x).loss.backward()
+    out = model(x, labels=torch.cat([x[:, 1:], torch.full((2, 1), -100)], dim=1))
+    (out.loss + out.aux_loss if out.aux_loss is not None else out.loss).backward()
+    ours = dict(model.named_parameters())
+    for name, param in hf.model.named_parameters():
+        assert torch.allclose(param.grad, ours[name].grad, atol=1e-6, rtol=1e-5), name
