@@ -40,7 +40,7 @@ from longseq.model.transformer import IGNORE_INDEX
 
 __all__ = ["LongseqCache", "LongseqConfig", "LongseqForCausalLM", "from_longseq"]
 
-_DERIVED = {"vocab_size": "vocab_size", "hidden_size": "d_model", "num_hidden_layers": "n_layer"}
+MIRRORED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "tie_word_embeddings")
 
 
 @strict
@@ -68,9 +68,9 @@ class LongseqConfig(PreTrainedConfig):
             raise ValueError(f"segment_len must be >= 1, got {self.segment_len}")
         if self.generate_mem_len is not None and self.generate_mem_len < 0:
             raise ValueError(f"generate_mem_len must be >= 0 or None, got {self.generate_mem_len}")
-        derived = {k: v for k, v in hf_config(model).items() if k in (*_DERIVED, "num_attention_heads")}
-        derived["tie_word_embeddings"] = model.tie_weight
-        for key, value in derived.items():
+        mirrored = hf_config(model)
+        for key in MIRRORED:
+            value = mirrored[key]
             given = getattr(self, key)
             if given is not None and given != value:
                 raise ValueError(f"config {key}={given} disagrees with the longseq model config, which has {value}")

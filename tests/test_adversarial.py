@@ -204,9 +204,12 @@ def test_diagnose_and_convert_name_what_they_cannot_read_or_write(tmp_path, caps
     run = tiny_run(max_steps=1, eval_interval=1)
     train(RunConfig(tiny_lstm_config(), run.data, run.train), str(lstm), corpus=tiny_corpus(), progress=False)
     capsys.readouterr()
-    assert main(["convert", "--to-hf", "--checkpoint", str(lstm), "--out", str(tmp_path / "hf")]) == 2
+    to_hf = ["convert", "--to-hf", "--checkpoint", str(lstm), "--out", str(tmp_path / "hf")]
+    assert main([*to_hf, "--format", "transfo-xl"]) == 2
     assert "only a language model exports to HF TransfoXL; this is a LSTMLM" in capsys.readouterr().err
     assert not (tmp_path / "hf").exists()
+    assert main([*to_hf, "--quiet"]) == 0  # the transformers format holds every longseq language model
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["longseq"]["arch"] == "lstm"
     lm = lm_checkpoint(tmp_path)
     (tmp_path / "file").write_text("x")
     for argv in (["convert", "--to-hf", "--checkpoint", lm, "--out", str(tmp_path / "file")],
