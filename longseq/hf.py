@@ -3,7 +3,8 @@
 Importing this module registers :class:`LongseqConfig` (``model_type: "longseq"``) with ``AutoConfig`` and
 :class:`LongseqForCausalLM` with ``AutoModelForCausalLM``; importing plain ``longseq`` never imports transformers.
 Every longseq language model loads (each attention pattern, mixer, memory policy, hourglass, adaptive softmax): the
-class holds a :class:`~longseq.model.TransformerXLLM` under ``.model`` and adds the transformers conventions.
+class holds a :class:`~longseq.model.TransformerXLLM` (or the LSTM baseline) under ``.model`` and adds the
+transformers conventions.
 
 * ``forward(input_ids, cache=None, labels=None)`` reads ``input_ids`` as one segment after the memory in ``cache``
   (a :class:`LongseqCache`; ``None``: no memory), as ``TransformerXLLM.forward`` does.  ``labels`` follow
@@ -35,6 +36,7 @@ from longseq.config import ModelConfig
 from longseq.generation import read_prompt, recurrence_overrides, windowed
 from longseq.interop.hf_longseq import GENERATION_DEFAULTS, MODEL_TYPE, hf_config, tied_names
 from longseq.model import Memory, TransformerXLLM, build_model
+from longseq.model.lstm import LSTMLM
 from longseq.model.stack import LayerStack
 from longseq.model.transformer import IGNORE_INDEX
 
@@ -141,11 +143,12 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         the buffers that are not saved are set again (u and v of a model without them are zeros)."""
         if isinstance(module, LayerStack):
             for name in ("r_w_bias", "r_r_bias"):
-                if name in module._buffers and module._buffers[name] is not None:
-                    module._buffers[name] = torch.zeros_like(module._buffers[name], device=module._buffers[name].device)
+                buffer = module._buffers.get(name)
+                if buffer is not None:
+                    module._buffers[name] = torch.zeros_like(buffer)
 
     def get_input_embeddings(self) -> torch.nn.Module:
-        return self.model.transformer.word_emb
+        return self.model.embedding if isinstance(self.model, LSTMLM) else self.model.transformer.word_emb
 
     def get_output_embeddings(self) -> None:
         return None  # an adaptive softmax, not one Linear: resize_token_embeddings is not supported
