@@ -131,6 +131,17 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
                     setattr(self.generation_config, key, value)
 
     @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """transformers' ``from_pretrained``, refusing a checkpoint that lacks tensors of the model (transformers
+        would warn and leave them uninitialised: longseq initialises only when it builds a model)."""
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        if info["missing_keys"]:
+            missing = sorted(info["missing_keys"])
+            raise ValueError(f"the checkpoint lacks {len(missing)} tensor(s) of the model: {', '.join(missing[:5])}")
+        return (model, info) if want_info else model
+
+    @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # the cache is a LongseqCache, made in prepare_inputs_for_generation
 

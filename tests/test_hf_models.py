@@ -6,7 +6,7 @@ import os
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 transformers = pytest.importorskip("transformers")
 if int(transformers.__version__.split(".")[0]) < 5:
@@ -136,6 +136,12 @@ def test_bad_input_is_refused_clearly(tmp_path):
         LongseqConfig(longseq={"n_layers": 2})
     with pytest.raises(ValueError, match="vocab_size=7 disagrees"):
         LongseqConfig(longseq=BASE, vocab_size=7)
+    export_longseq_hf(tiny("window-dilated"), str(tmp_path / "hf"))
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    del weights["model.transformer.layers.1.pos_ff.core_net.0.weight"]
+    save_file(weights, str(tmp_path / "hf" / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"lacks 1 tensor\(s\) of the model: model\.transformer\.layers\.1\.pos_ff"):
+        AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
     hf.config.save_pretrained(str(tmp_path))
     assert isinstance(AutoConfig.from_pretrained(str(tmp_path)), LongseqConfig)
     assert os.path.isfile(tmp_path / "config.json")
