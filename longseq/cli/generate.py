@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> dict:
     tokens = generate_stream(
         model, torch.as_tensor(ids)[None], args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, mem_len=mem_len, segment_len=run_config.data.tgt_len,
-        generator=torch.Generator().manual_seed(args.seed),
+        generator=torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed),  # multinomial's device
     )  # fmt: skip
     start, count, interrupted = time.perf_counter(), 0, False
     if not args.json:
