@@ -26,6 +26,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+try:
+    import transformers
+except ImportError:
+    raise ImportError('longseq.hf needs transformers 5: pip install "longseq[hf]"') from None
+if int(transformers.__version__.split(".")[0]) < 5:
+    raise ImportError(
+        f'longseq.hf needs transformers 5, this is {transformers.__version__}: pip install "longseq[hf]" (with '
+        "transformers 4.x, export with longseq convert --to-hf --format transfo-xl; see docs/transformers.md)"
+    )
+
 from huggingface_hub.dataclasses import strict
 from torch import Tensor
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedModel

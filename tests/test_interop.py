@@ -191,3 +191,8 @@ def test_conversion_errors_are_clear(tmp_path):
     expected = r"shape mismatch for transformer\.layers\.0\.pos_ff\.core_net\.0\.(bias|weight): checkpoint has \(32,( 16)?\), the config expects \(48,( 16)?\)"
     with pytest.raises(ConversionError, match=expected):
         load_hf(hf_dir)
+
+
+def test_longseq_hf_says_it_needs_transformers_5():
+    with pytest.raises(ImportError, match=r"longseq.hf needs transformers 5, this is 4\."):
+        import longseq.hf  # noqa: F401
