@@ -18,7 +18,7 @@ def blocks(language: str) -> list[str]:
 
 def test_command_lines_parse():
     lines = [line for block in blocks("bash") for line in block.splitlines() if line.startswith("longseq ")]
-    assert len(lines) == 3
+    assert len(lines) == 4
     for line in lines:
         args = build_parser().parse_args(shlex.split(line.split("#")[0])[1:])
         assert args.command == "convert", line

@@ -23,7 +23,7 @@ from longseq.generation import generate  # noqa: E402
 from longseq.hf import LongseqConfig, LongseqForCausalLM  # noqa: E402
 from longseq.interop.hf_longseq import export_longseq_hf  # noqa: E402
 from longseq.model import build_model  # noqa: E402
-from longseq.train.checkpoint import save_checkpoint  # noqa: E402
+from longseq.train.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 
 BASE = dict(vocab_size=50, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=6, dropout=0.0)
 CONFIGS = {  # every attention pattern, every mixer, hourglass, the memory policies, adaptive softmax, the baselines
@@ -116,6 +116,14 @@ def test_cli_export_generates_the_cli_tokens(tmp_path, capsys):
     ids = torch.as_tensor(saved.encode("hello world").tolist())[None]
     torch.manual_seed(5)
     assert saved.decode(hf.generate(ids, max_new_tokens=12, top_k=40)[0, ids.size(1) :].tolist()) == expected
+    hf.save_pretrained(str(tmp_path / "saved"))  # no tokenizer file: 256 tokens read as bytes
+    for directory in ("hf", "saved"):  # and back into a longseq checkpoint, bit for bit
+        assert (
+            main(["convert", "--from-hf", str(tmp_path / directory), "--out", str(tmp_path / f"{directory}-back")]) == 0
+        )
+        back, back_tokenizer, back_run, _ = load_checkpoint(str(tmp_path / f"{directory}-back"))
+        assert back_tokenizer.kind == "byte" and back_run.data.tgt_len == 5 and back_run.model == run.model
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
 
 
 def test_bad_input_is_refused_clearly(tmp_path):

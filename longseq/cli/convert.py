@@ -20,7 +20,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "longseq convert --from-hf HF_DIR --out DIR [--vocab vocab.txt]",
     )
     p.add_argument(
-        "--from-hf", metavar="DIR", help="HF TransfoXL directory (config.json + model.safetensors or pytorch_model.bin)"
+        "--from-hf",
+        metavar="DIR",
+        help="HF TransfoXL directory (config.json + model.safetensors or pytorch_model.bin), or a longseq one",
     )
     p.add_argument("--to-hf", action="store_true", help="export --checkpoint to a transformers directory")
     p.add_argument(
@@ -40,13 +42,14 @@ def run(args: argparse.Namespace) -> dict:
     import os
 
     from longseq.interop.hf import convert_from_hf, export_to_hf
-    from longseq.interop.hf_longseq import export_longseq_hf
+    from longseq.interop.hf_longseq import convert_from_longseq_hf, export_longseq_hf, is_longseq_hf
     from longseq.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 
     if bool(args.from_hf) == bool(args.to_hf):
         raise ValueError("give exactly one of --from-hf DIR or --to-hf (with --checkpoint DIR)")
     if args.from_hf:
-        model, tokenizer, run = convert_from_hf(args.from_hf, vocab=args.vocab)
+        convert = convert_from_longseq_hf if is_longseq_hf(args.from_hf) else convert_from_hf
+        model, tokenizer, run = convert(args.from_hf, vocab=args.vocab)
         save_checkpoint(args.out, model, run, tokenizer, metrics={"converted_from": os.path.abspath(args.from_hf)})
         return {
             "from_hf": args.from_hf,

@@ -15,11 +15,12 @@ import json
 import os
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
-from longseq.config import ModelConfig
-from longseq.data.tokenizers import Tokenizer
-from longseq.model import TransformerXLLM
+from longseq.config import DataConfig, ModelConfig, RunConfig, TrainConfig
+from longseq.data.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
+from longseq.interop.hf import read_vocab
+from longseq.model import TransformerXLLM, build_model
 from longseq.model.lstm import LSTMLM
 
 MODEL_TYPE = "longseq"
@@ -89,3 +90,51 @@ def export_longseq_hf(
             json.dump(data, f, indent=2, sort_keys=True)
     if tokenizer is not None:
         tokenizer.save(os.path.join(out, "longseq_tokenizer.json"))
+
+
+def is_longseq_hf(directory: str) -> bool:
+    """Whether ``directory`` holds a longseq model in the transformers format (its config.json says so)."""
+    try:
+        with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+            return json.load(f).get("model_type") == MODEL_TYPE
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return False
+
+
+def load_longseq_hf(directory: str) -> tuple[TransformerXLLM | LSTMLM, Tokenizer | None, dict]:
+    """The model (eval mode), tokenizer (``longseq_tokenizer.json``; None if absent) and config.json of a directory
+    written by :func:`export_longseq_hf` or ``save_pretrained``, read without transformers."""
+    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    if config.get("model_type") != MODEL_TYPE:
+        raise ValueError(
+            f"{directory} is not a longseq transformers directory (model_type {config.get('model_type')!r})"
+        )
+    model = build_model(ModelConfig.from_dict(config.get("longseq") or {}))
+    weights = load_file(os.path.join(directory, "model.safetensors"))
+    state = {name.removeprefix(PREFIX): tensor for name, tensor in weights.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = sorted(set(missing) - set(tied_names(model)))
+    if missing or unexpected:
+        raise ValueError(f"{directory}: the weights do not fit the config: missing {missing}, unexpected {unexpected}")
+    path = os.path.join(directory, "longseq_tokenizer.json")
+    tokenizer = load_tokenizer(path, vocab_size=model.config.vocab_size) if os.path.isfile(path) else None
+    return model.eval(), tokenizer, config
+
+
+def convert_from_longseq_hf(directory: str, vocab: str | None = None):
+    """(model, tokenizer, run config) of a longseq transformers directory, for ``longseq convert --from-hf``: the
+    tokenizer from ``longseq_tokenizer.json``, else ``vocab`` (one token per line), else bytes for 256 tokens;
+    ``tgt_len`` is the directory's ``segment_len``."""
+    model, tokenizer, config = load_longseq_hf(directory)
+    if vocab is not None:
+        tokenizer = read_vocab(vocab)
+    if tokenizer is None and model.config.vocab_size == 256:
+        tokenizer = ByteTokenizer()
+    if tokenizer is None or tokenizer.vocab_size != model.config.vocab_size:
+        raise ValueError(
+            f"{directory} has no longseq_tokenizer.json for its {model.config.vocab_size} tokens: pass --vocab FILE"
+        )
+    segment_len = int(config.get("segment_len", 128))
+    data = DataConfig(tokenizer=tokenizer.kind, tgt_len=segment_len, eval_tgt_len=segment_len)
+    return model, tokenizer, RunConfig(model=model.config, data=data, train=TrainConfig())
