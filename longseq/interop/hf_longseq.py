@@ -1,4 +1,4 @@
-"""longseq models in the transformers format (``model_type: "longseq"``), written without transformers.
+"""longseq models in the transformers format (``model_type: "longseq"``), written and read without transformers.
 
 A directory holds ``config.json`` (the transformers config: ``model_type``, ``architectures``, the longseq
 :class:`~longseq.config.ModelConfig` under ``"longseq"``, and how to sample: ``segment_len``, ``generate_mem_len``),
@@ -6,7 +6,8 @@ A directory holds ``config.json`` (the transformers config: ``model_type``, ``ar
 transformers' ``save_pretrained`` writes them), ``generation_config.json`` (sampling as ``longseq generate``: no
 top-k, no nucleus, no end-of-text stop) and ``longseq_tokenizer.json`` (longseq's tokenizer, read by
 :func:`longseq.data.tokenizers.load_tokenizer`).  ``import longseq.hf`` registers the classes that load it with
-``AutoModelForCausalLM.from_pretrained``; see docs/transformers.md.
+``AutoModelForCausalLM.from_pretrained``; :func:`load_longseq_hf` reads one back (``longseq convert --from-hf``).
+See docs/transformers.md.
 """
 
 from __future__ import annotations
