@@ -235,7 +235,7 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
                 f"the cache has read {cache.seen} tokens and input_ids has {input_ids.size(1)}: give the tokens it read "
                 "and at least one more (generate feeds the last one and reads the others it has not read)"
             )
-        if input_ids.size(1) - 1 > cache.seen:  # a new prompt, or a continuation: read what the cache has not
+        if cache.memory is None or input_ids.size(1) - 1 > cache.seen:  # read what the cache has not (maybe nothing)
             unread = input_ids[:, cache.seen : -1]
             memory = read_prompt(self.model, unread, self.config.segment_len, cache.overrides, cache.memory)
             cache = LongseqCache(memory, cache.overrides, input_ids.size(1) - 1)

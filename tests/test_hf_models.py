@@ -164,6 +164,11 @@ def test_generate_without_cache_or_continuing_one_draws_the_same_tokens():
     first = hf.generate(x, max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
     continued = hf.generate(first.sequences, cache=first.cache, max_new_tokens=5, do_sample=False)
     assert torch.equal(recomputed[:, 7:], expected) and torch.equal(continued[:, 7:], expected)
+    one = x[:, :1]  # a one-token prompt: nothing to read before it, the memory is still longseq's ring
+    assert torch.equal(
+        hf.generate(one, max_new_tokens=5, do_sample=False)[:, 1:],
+        generate(model, one, 5, temperature=0, mem_len=9, segment_len=SEGMENT),
+    )
     with pytest.raises(ValueError, match="the cache has read 7 tokens"):
         hf.generate(x, cache=hf(x).cache, max_new_tokens=2)
 
