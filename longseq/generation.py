@@ -71,19 +71,11 @@ def generate_stream(
     draw = partial(_draw, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     prompt_ids = prompt_ids.to(next(model.parameters()).device)
     try:
-        if model.config.arch == "transformer" and not position_encoding(model.config.positions.pos).relative:
+        if windowed(model):
             yield from _windowed(model, prompt_ids, max_new_tokens, segment_len, draw)
             return
-        overrides = {
-            "mem_len": model.config.memory.mem_len if mem_len is None else mem_len,
-            "clamp_len": clamp_len,
-            "same_length": same_length,
-        }
-        storage = "hidden" if model.config.memory.compacted else "ring"  # ring: never projected twice, never copied
-        mems = Memory.empty(storage)
-        context = prompt_ids[:, :-1]
-        for start in range(0, context.size(1), segment_len):
-            mems = model.read(context[:, start : start + segment_len], mems, **overrides)
+        overrides = recurrence_overrides(model, mem_len, clamp_len, same_length)
+        mems = read_prompt(model, prompt_ids[:, :-1], segment_len, overrides)
         token = prompt_ids[:, -1:]
         for _ in range(max_new_tokens):
             scores, mems = model.next_token_scores(token, mems, **overrides)  # (B, V)
@@ -91,6 +83,35 @@ def generate_stream(
             yield token
     finally:
         model.train(was_training)
+
+
+def windowed(model: TransformerXLLM) -> bool:
+    """Whether ``model`` samples without a memory (the vanilla Transformer: absolute positions, no recurrence)."""
+    return model.config.arch == "transformer" and not position_encoding(model.config.positions.pos).relative
+
+
+def recurrence_overrides(
+    model: TransformerXLLM, mem_len: int | None, clamp_len: int | None = None, same_length: bool | None = None
+) -> dict:
+    """The recurrence settings of every sampling call (``mem_len`` None: the model's own)."""
+    return {
+        "mem_len": model.config.memory.mem_len if mem_len is None else mem_len,
+        "clamp_len": clamp_len,
+        "same_length": same_length,
+    }
+
+
+def read_prompt(
+    model: TransformerXLLM, context: Tensor, segment_len: int, overrides: dict, mems: Memory | None = None
+) -> Memory:
+    """The memory after reading ``context`` (B, C) in segments of ``segment_len`` after ``mems`` (None: a new
+    one): what sampling starts from (the prompt's last token is then fed alone).  Ring storage: never projected
+    twice, never copied."""
+    if mems is None:
+        mems = Memory.empty("hidden" if model.config.memory.compacted else "ring")
+    for start in range(0, context.size(1), segment_len):
+        mems = model.read(context[:, start : start + segment_len], mems, **overrides)
+    return mems
 
 
 def _windowed(model, prompt_ids: Tensor, max_new_tokens: int, window: int, draw):

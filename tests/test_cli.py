@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import TINY_CLI, assert_names, last_json
+from support import TINY_CLI, assert_names, last_json, tiny_corpus, tiny_lstm_config, tiny_run
 
 from longseq.cli import main
+from longseq.config import RunConfig
+from longseq.train import train
 
 
 def test_cli_train_eval_generate(tmp_path, capsys):
@@ -67,3 +69,23 @@ def test_json_output_is_strict_json_when_a_number_is_not_finite(tmp_path, text_c
     assert main(["train", "--out", out, "--resume", *TINY_CLI]) == 0  # the text summary said "loss: nan"
     text = capsys.readouterr().out
     assert "nan" not in text.lower() and "train_loss: n/a" in text and "loss: n/a" in text
+
+
+def test_convert_names_what_it_cannot_write(tmp_path, lm_checkpoint, capsys):
+    """convert --to-hf (no transformers needed) of an LSTM was an AttributeError ('crit'), an --out that cannot be made a bare OSError
+    traceback."""
+    run = tiny_run(max_steps=1, eval_interval=1)
+    lstm = tmp_path / "lstm"
+    train(RunConfig(tiny_lstm_config(), run.data, run.train), str(lstm), corpus=tiny_corpus(), progress=False)
+    capsys.readouterr()
+    to_hf = ["convert", "--to-hf", "--checkpoint", str(lstm), "--out", str(tmp_path / "hf")]
+    assert main([*to_hf, "--format", "transfo-xl"]) == 2
+    assert_names(capsys.readouterr().err, "language model", "HF TransfoXL", "LSTMLM")
+    assert not (tmp_path / "hf").exists()
+    assert main([*to_hf, "--quiet"]) == 0  # the transformers format holds every longseq language model
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["longseq"]["arch"] == "lstm"
+    (tmp_path / "file").write_text("x")
+    argv = ["convert", "--to-hf", "--checkpoint", lm_checkpoint, "--out", str(tmp_path / "file"), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "file") in err and "Traceback" not in err

@@ -1,6 +1,7 @@
 """The documents cannot drift from the code: every Python block of README.md and docs/*.md runs (a page's blocks in
 order, in one namespace, in a fresh directory), and every ``longseq ...`` command line in them is parsed by the
-real command-line parser."""
+real command-line parser.  A block that needs an optional package says so on its first line, ``# requires:
+transformers>=5`` (or ``<5``), and runs only where that holds."""
 
 from __future__ import annotations
 
@@ -20,6 +21,25 @@ FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 def blocks(page: Path, language: str) -> list[str]:
     return [body for lang, body in FENCE.findall(page.read_text(encoding="utf-8")) if lang == language]
+
+
+REQUIRES = re.compile(r"# requires: ([\w-]+)\s*(>=|<)\s*(\d+)")
+
+
+def unmet_requirement(body: str) -> str | None:
+    """What a block's ``# requires:`` line asks that this environment lacks (by major version), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    wanted = REQUIRES.match(body)
+    if wanted is None:
+        return None
+    package, op, major = wanted.group(1), wanted.group(2), int(wanted.group(3))
+    try:
+        have = int(version(package).split(".")[0])
+    except PackageNotFoundError:
+        return f"{package} is not installed"
+    ok = have >= major if op == ">=" else have < major
+    return None if ok else f"{package} {version(package)} is installed"
 
 
 def command_lines(page: Path) -> list[str]:
@@ -54,6 +74,8 @@ def test_every_python_block_in_the_documents_runs(page, tmp_path, monkeypatch):
     monkeypatch.setenv("LONGSEQ_DOCS_TEST", "1")
     namespace: dict = {"__name__": "__docs__"}
     for number, body in enumerate(blocks(page, "python"), 1):
+        if unmet_requirement(body):
+            continue
         try:
             exec(compile(body, f"{page.name}, python block {number}", "exec"), namespace)
         except Exception as exc:

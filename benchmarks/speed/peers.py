@@ -1,7 +1,7 @@
 """The Hugging Face TransfoXL peer for side-by-side benchmarks (needs ``transformers==4.46.3``).
 
-transformers 4.46.3 fails on current torch at ``pos_seq.type_as(dtype=...)``; :func:`shim_hf` patches
-``Tensor.type_as`` to accept ``dtype=`` for the benchmark process only.  The peer is built with the same
+transformers 4.46.3 fails on current torch at ``pos_seq.type_as(dtype=...)``; :func:`shim_hf` applies the package's
+fix (:mod:`longseq.interop.transfo_xl_compat`: ``type_as(dtype=)`` accepted while HF's forward runs).  The peer is built with the same
 configuration and the same weights as the longseq model, converted with ``longseq.interop``.
 """
 
@@ -13,6 +13,7 @@ import torch
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.interop.hf import hf_config_from_model, state_dict_to_hf
+from longseq.interop.transfo_xl_compat import apply as apply_compat
 
 _shimmed = False
 
@@ -21,12 +22,7 @@ def shim_hf() -> None:
     global _shimmed
     if _shimmed:
         return
-    original = torch.Tensor.type_as
-
-    def type_as(self, other=None, dtype=None):
-        return self.to(dtype) if other is None else original(self, other)
-
-    torch.Tensor.type_as = type_as
+    apply_compat()
     warnings.filterwarnings("ignore", module="transformers")
     warnings.filterwarnings("ignore", message="The output of TransfoXL")
     _shimmed = True

@@ -1,4 +1,9 @@
-"""``longseq convert``: Hugging Face TransfoXL checkpoints to longseq and back."""
+"""``longseq convert``: longseq checkpoints to transformers directories, and Hugging Face TransfoXL checkpoints in.
+
+``--to-hf`` writes the transformers format of any longseq language model (``import longseq.hf``, then
+``AutoModelForCausalLM.from_pretrained``; no transformers needed to write it); ``--to-hf --format transfo-xl`` writes
+the old HF TransfoXL format for transformers 4.x stacks (plain Transformer-XL models only; run it with
+``longseq.interop.transfo_xl_compat.apply()``).  See docs/transformers.md."""
 
 from __future__ import annotations
 
@@ -10,14 +15,23 @@ from longseq.cli.common import common_flags, say
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "convert",
-        help="convert Hugging Face TransfoXL checkpoints to longseq and back",
-        description="longseq convert --from-hf HF_DIR --out DIR [--vocab vocab.txt]  |  "
-        "longseq convert --to-hf --checkpoint DIR --out HF_DIR",
+        help="export to transformers, or import Hugging Face TransfoXL checkpoints",
+        description="longseq convert --to-hf --checkpoint DIR --out HF_DIR [--format longseq|transfo-xl]  |  "
+        "longseq convert --from-hf HF_DIR --out DIR [--vocab vocab.txt]",
     )
     p.add_argument(
-        "--from-hf", metavar="DIR", help="HF TransfoXL directory (config.json + model.safetensors or pytorch_model.bin)"
+        "--from-hf",
+        metavar="DIR",
+        help="HF TransfoXL directory (config.json + model.safetensors or pytorch_model.bin), or a longseq one",
     )
-    p.add_argument("--to-hf", action="store_true", help="export --checkpoint to an HF TransfoXL directory")
+    p.add_argument("--to-hf", action="store_true", help="export --checkpoint to a transformers directory")
+    p.add_argument(
+        "--format",
+        choices=("longseq", "transfo-xl"),
+        default="longseq",
+        help="--to-hf format: longseq (transformers 5, AutoModelForCausalLM after `import longseq.hf`; every model) "
+        "or transfo-xl (HF TransfoXL for transformers 4.x; plain Transformer-XL models only)",
+    )
     p.add_argument("--checkpoint", help="longseq checkpoint to export")
     p.add_argument("--vocab", help="plain-text vocabulary, one token per line in id order (never a pickle)")
     p.add_argument("--out", required=True, help="output directory")
@@ -28,12 +42,14 @@ def run(args: argparse.Namespace) -> dict:
     import os
 
     from longseq.interop.hf import convert_from_hf, export_to_hf
+    from longseq.interop.hf_longseq import convert_from_longseq_hf, export_longseq_hf, is_longseq_hf
     from longseq.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 
     if bool(args.from_hf) == bool(args.to_hf):
         raise ValueError("give exactly one of --from-hf DIR or --to-hf (with --checkpoint DIR)")
     if args.from_hf:
-        model, tokenizer, run = convert_from_hf(args.from_hf, vocab=args.vocab)
+        convert = convert_from_longseq_hf if is_longseq_hf(args.from_hf) else convert_from_hf
+        model, tokenizer, run = convert(args.from_hf, vocab=args.vocab)
         save_checkpoint(args.out, model, run, tokenizer, metrics={"converted_from": os.path.abspath(args.from_hf)})
         return {
             "from_hf": args.from_hf,
@@ -43,6 +59,14 @@ def run(args: argparse.Namespace) -> dict:
         }
     if not args.checkpoint:
         raise ValueError("--to-hf needs --checkpoint DIR (a longseq checkpoint)")
-    model, tokenizer, _, _ = load_checkpoint(resolve_checkpoint(args.checkpoint, say))
-    export_to_hf(model, args.out, tokenizer)
-    return {"checkpoint": args.checkpoint, "to_hf": args.out}
+    model, tokenizer, run, _ = load_checkpoint(resolve_checkpoint(args.checkpoint, say))
+    if run.task is not None:
+        raise ValueError(f"{args.checkpoint} is fine-tuned for {run.task.name}; only language models export")
+    if args.format == "transfo-xl":
+        export_to_hf(model, args.out, tokenizer)
+    else:
+        tgt_len = run.data.tgt_len
+        export_longseq_hf(
+            model, args.out, tokenizer, segment_len=tgt_len, generate_mem_len=run.model.memory.mem_len + tgt_len
+        )
+    return {"checkpoint": args.checkpoint, "to_hf": args.out, "format": args.format}

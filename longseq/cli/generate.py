@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> dict:
         top_p=args.top_p,
         mem_len=mem_len,
         segment_len=run_config.data.tgt_len,
-        generator=torch.Generator().manual_seed(args.seed),
+        generator=torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed),
     )
     start, count, interrupted = time.perf_counter(), 0, False
     if not args.json:

@@ -1,0 +1,141 @@
+"""longseq models in the transformers format (``model_type: "longseq"``), written and read without transformers.
+
+A directory holds ``config.json`` (the transformers config: ``model_type``, ``architectures``, the longseq
+:class:`~longseq.config.ModelConfig` under ``"longseq"``, and how to sample: ``segment_len``, ``generate_mem_len``),
+``model.safetensors`` (the language model's tensors under ``model.``, each tied tensor once, under its first name, as
+transformers' ``save_pretrained`` writes them), ``generation_config.json`` (sampling as ``longseq generate``: no
+top-k, no nucleus, no end-of-text stop) and ``longseq_tokenizer.json`` (longseq's tokenizer, read by
+:func:`longseq.data.tokenizers.load_tokenizer`).  ``import longseq.hf`` registers the classes that load it with
+``AutoModelForCausalLM.from_pretrained``; :func:`load_longseq_hf` reads one back (``longseq convert --from-hf``).
+See docs/transformers.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from longseq.config import DataConfig, ModelConfig, RunConfig, TrainConfig
+from longseq.data.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
+from longseq.interop.hf import read_vocab
+from longseq.model import TransformerXLLM, build_model
+from longseq.model.lstm import LSTMLM
+
+MODEL_TYPE = "longseq"
+ARCHITECTURE = "LongseqForCausalLM"
+PREFIX = "model."  # the language model's attribute in LongseqForCausalLM
+GENERATION_DEFAULTS = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}  # longseq generate's
+
+
+def tied_names(model: torch.nn.Module) -> dict[str, str]:
+    """``{target: source}`` for every parameter that is another one (the softmax tied to the embedding, shared
+    projections), read from the module itself: the source is the first name a tensor has."""
+    first: dict[int, str] = {}
+    tied = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            tied[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return tied
+
+
+def hf_config(config: ModelConfig, segment_len: int = 128, generate_mem_len: int | None = None) -> dict:
+    """The ``config.json`` of a longseq model in the transformers format."""
+    if segment_len < 1:
+        raise ValueError(f"segment_len must be >= 1, got {segment_len}")
+    return {
+        "model_type": MODEL_TYPE,
+        "architectures": [ARCHITECTURE],
+        "longseq": config.to_dict(),
+        "segment_len": segment_len,
+        "generate_mem_len": generate_mem_len,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.d_model,
+        "num_hidden_layers": config.n_layer,
+        "num_attention_heads": config.n_head,
+        "tie_word_embeddings": config.tie_weight,
+    }
+
+
+def export_longseq_hf(
+    model: TransformerXLLM | LSTMLM,
+    out: str,
+    tokenizer: Tokenizer | None = None,
+    segment_len: int = 128,
+    generate_mem_len: int | None = None,
+) -> None:
+    """Write ``model`` as a transformers directory that ``AutoModelForCausalLM.from_pretrained`` loads after
+    ``import longseq.hf``; ``segment_len`` and ``generate_mem_len`` are how ``longseq generate`` samples it (the
+    training ``tgt_len``, and ``mem_len + tgt_len``)."""
+    if not isinstance(model, (TransformerXLLM, LSTMLM)):
+        raise ValueError(
+            f"only a language model exports to transformers; this is a {type(model).__name__} (a fine-tuned model)"
+        )
+    config = hf_config(model.config, segment_len, generate_mem_len)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out} is a file; give a directory")
+    os.makedirs(out, exist_ok=True)
+    skip = set(tied_names(model))
+    tensors = {
+        PREFIX + name: tensor.detach().contiguous().cpu()
+        for name, tensor in model.state_dict(keep_vars=False).items()
+        if name not in skip
+    }
+    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    for name, data in (("config.json", config), ("generation_config.json", GENERATION_DEFAULTS)):
+        with open(os.path.join(out, name), "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+    if tokenizer is not None:
+        tokenizer.save(os.path.join(out, "longseq_tokenizer.json"))
+
+
+def is_longseq_hf(directory: str) -> bool:
+    """Whether ``directory`` holds a longseq model in the transformers format (its config.json says so)."""
+    try:
+        with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+            return json.load(f).get("model_type") == MODEL_TYPE
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return False
+
+
+def load_longseq_hf(directory: str) -> tuple[TransformerXLLM | LSTMLM, Tokenizer | None, dict]:
+    """The model (eval mode), tokenizer (``longseq_tokenizer.json``; None if absent) and config.json of a directory
+    written by :func:`export_longseq_hf` or ``save_pretrained``, read without transformers."""
+    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    if config.get("model_type") != MODEL_TYPE:
+        raise ValueError(
+            f"{directory} is not a longseq transformers directory (model_type {config.get('model_type')!r})"
+        )
+    model = build_model(ModelConfig.from_dict(config.get("longseq") or {}))
+    weights = load_file(os.path.join(directory, "model.safetensors"))
+    state = {name.removeprefix(PREFIX): tensor for name, tensor in weights.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = sorted(set(missing) - set(tied_names(model)))
+    if missing or unexpected:
+        raise ValueError(f"{directory}: the weights do not fit the config: missing {missing}, unexpected {unexpected}")
+    path = os.path.join(directory, "longseq_tokenizer.json")
+    tokenizer = load_tokenizer(path, vocab_size=model.config.vocab_size) if os.path.isfile(path) else None
+    return model.eval(), tokenizer, config
+
+
+def convert_from_longseq_hf(directory: str, vocab: str | None = None):
+    """(model, tokenizer, run config) of a longseq transformers directory, for ``longseq convert --from-hf``: the
+    tokenizer from ``longseq_tokenizer.json``, else ``vocab`` (one token per line), else bytes for 256 tokens;
+    ``tgt_len`` is the directory's ``segment_len``."""
+    model, tokenizer, config = load_longseq_hf(directory)
+    if vocab is not None:
+        tokenizer = read_vocab(vocab)
+    if tokenizer is None and model.config.vocab_size == 256:
+        tokenizer = ByteTokenizer()
+    if tokenizer is None or tokenizer.vocab_size != model.config.vocab_size:
+        raise ValueError(
+            f"{directory} has no longseq_tokenizer.json for its {model.config.vocab_size} tokens: pass --vocab FILE"
+        )
+    segment_len = int(config.get("segment_len", 128))
+    data = DataConfig(tokenizer=tokenizer.kind, tgt_len=segment_len, eval_tgt_len=segment_len)
+    return model, tokenizer, RunConfig(model=model.config, data=data, train=TrainConfig())

@@ -1,0 +1,185 @@
+"""longseq models in transformers 5 (``import longseq.hf``): what AutoModelForCausalLM loads computes what longseq
+computes, and ``generate()`` draws the tokens ``longseq generate`` draws for the same seed."""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+transformers = pytest.importorskip("transformers")
+if int(transformers.__version__.split(".")[0]) < 5:
+    pytest.skip(f"longseq.hf needs transformers 5, this is {transformers.__version__}", allow_module_level=True)
+
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+
+import longseq.hf  # noqa: E402, F401  (registers the classes)
+from longseq import ModelConfig, RunConfig  # noqa: E402
+from longseq.cli import main  # noqa: E402
+from longseq.config import ConfigError, DataConfig, TrainConfig  # noqa: E402
+from longseq.data.tokenizers import ByteTokenizer, load_tokenizer  # noqa: E402
+from longseq.generation import generate  # noqa: E402
+from longseq.hf import LongseqConfig, LongseqForCausalLM  # noqa: E402
+from longseq.interop.hf_longseq import export_longseq_hf  # noqa: E402
+from longseq.model import build_model  # noqa: E402
+from longseq.train.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+
+BASE = dict(vocab_size=50, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=6, dropout=0.0)
+CONFIGS = {  # every attention pattern, every mixer, hourglass, the memory policies, adaptive softmax, the baselines
+    "xl-adaptive-untied": dict(cutoffs=[10, 30], div_val=2, d_embed=16, untie_r=True, same_length=True, clamp_len=4),
+    "window-dilated": dict(attention=["window", "dilated"], window=3, dilation=[1, 2]),
+    "strided-blocksparse": dict(attention=["strided", "block_sparse"], stride=3, window=2, block_size=2),
+    "bigbird-global": dict(attention=["bigbird", "global"], window=2, block_size=2, num_global=1, num_random_blocks=1),
+    "mixers-shaw": dict(n_layer=4, mixer=["ssm", "attention", "conv", "rnn"], head_dim=8, pos="shaw"),
+    "hourglass": dict(n_layer=4, shorten_layers=[1, 3], cutoffs=[20], div_val=1),
+    "compressed-tokens-int8": dict(cmem_len=4, cmem_rate=2, cmem_fn="linear", mem_tokens=2, mem_quant="int8"),
+    "absolute-no-memory": dict(pos="absolute", mem_len=0),
+    "lstm": dict(arch="lstm"),
+}
+SEGMENT = 4  # the prompt (7 tokens) is read in two segments, the second one short
+
+
+def tiny(name: str, seed: int = 0):
+    torch.manual_seed(seed)
+    return build_model(ModelConfig(**{**BASE, **CONFIGS[name]})).eval()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_auto_model_computes_and_samples_as_longseq(name, tmp_path):
+    model = tiny(name)
+    export_longseq_hf(model, str(tmp_path / "hf"), segment_len=SEGMENT, generate_mem_len=9)
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    assert isinstance(hf, LongseqForCausalLM) and hf.num_parameters() == model.num_parameters()
+    x = torch.randint(0, 50, (2, 7))
+    first, rest = x[:, :5], x[:, 5:]
+    with torch.no_grad():
+        ours = model(first)
+        out = hf(first)
+        assert torch.equal(out.logits, ours.logits)
+        assert torch.equal(hf(rest, cache=out.cache).logits, model(rest, ours.mems).logits)  # the cache is the memory
+        shifted = torch.cat([x[:, 1:], torch.full((2, 1), -100)], dim=1)  # transformers shifts; longseq's are shifted
+        assert torch.allclose(hf(x, labels=x).loss, model(x, labels=shifted).loss, atol=1e-6, rtol=0)
+    sampling = dict(mem_len=9, segment_len=SEGMENT)
+    greedy = hf.generate(x, max_new_tokens=6, do_sample=False)
+    assert torch.equal(greedy[:, :7], x) and torch.equal(
+        greedy[:, 7:], generate(model, x, 6, temperature=0, **sampling)
+    )
+    torch.manual_seed(1)  # generate() draws from torch's default generator, longseq from its own: the same stream
+    drawn = hf.generate(x, max_new_tokens=6)[:, 7:]  # sampling at temperature 1, no top-k: longseq's defaults
+    assert torch.equal(drawn, generate(model, x, 6, generator=torch.Generator().manual_seed(1), **sampling))
+
+
+@pytest.mark.parametrize("options", [{"temperature": 0.7, "top_k": 5}, {"top_p": 0.8}, {"top_k": 3, "top_p": 0.5}])
+def test_filters_sample_as_longseq(options):
+    """transformers' temperature, top-k and top-p warpers keep the tokens longseq's filter_logits keeps."""
+    model = tiny("xl-adaptive-untied")
+    hf = longseq.hf.from_longseq(model, segment_len=SEGMENT, generate_mem_len=9)
+    x = torch.randint(0, 50, (3, 7))
+    torch.manual_seed(2)
+    drawn = hf.generate(x, max_new_tokens=8, **options)[:, 7:]
+    expected = generate(
+        model, x, 8, generator=torch.Generator().manual_seed(2), mem_len=9, segment_len=SEGMENT, **options
+    )
+    assert torch.equal(drawn, expected)
+
+
+def test_save_pretrained_writes_what_convert_writes(tmp_path):
+    model = tiny("xl-adaptive-untied")
+    export_longseq_hf(model, str(tmp_path / "exported"), segment_len=SEGMENT)
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "exported"))
+    hf.save_pretrained(str(tmp_path / "saved"))
+    exported, saved = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("exported", "saved"))
+    assert set(exported) == set(saved) and all(torch.equal(exported[k], saved[k]) for k in exported)
+    assert "model.crit.out_layers.0.weight" not in saved  # tied to the embedding: stored once
+    configs = [json.loads((tmp_path / d / "config.json").read_text()) for d in ("exported", "saved")]
+    assert configs[0]["longseq"] == configs[1]["longseq"] == model.config.to_dict()
+    again = AutoModelForCausalLM.from_pretrained(str(tmp_path / "saved"))
+    for (name, a), b in zip(hf.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert again.model.crit.out_layers[0].weight is again.model.transformer.word_emb.emb_layers[0].weight
+
+
+def test_cli_export_generates_the_cli_tokens(tmp_path, capsys):
+    """``longseq convert --to-hf`` then ``generate()`` with the seed gives ``longseq generate --seed``'s text."""
+    tokenizer = ByteTokenizer()
+    model = build_model(ModelConfig(**{**BASE, "vocab_size": 256})).eval()
+    run = RunConfig(model=model.config, data=DataConfig(tokenizer="byte", tgt_len=5), train=TrainConfig())
+    save_checkpoint(str(tmp_path / "ck"), model, run, tokenizer)
+    assert main(["convert", "--to-hf", "--checkpoint", str(tmp_path / "ck"), "--out", str(tmp_path / "hf")]) == 0
+    args = ["--checkpoint", str(tmp_path / "ck"), "--prompt", "hello world", "--max-new-tokens", "12", "--json"]
+    assert main(["generate", *args, "--seed", "5", "--top-k", "40"]) == 0
+    expected = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"]
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
+    assert (hf.config.segment_len, hf.config.sampling_mem_len) == (5, model.config.memory.mem_len + 5)
+    saved = load_tokenizer(str(tmp_path / "hf" / "longseq_tokenizer.json"))
+    ids = torch.as_tensor(saved.encode("hello world").tolist())[None]
+    torch.manual_seed(5)
+    assert saved.decode(hf.generate(ids, max_new_tokens=12, top_k=40)[0, ids.size(1) :].tolist()) == expected
+    hf.save_pretrained(str(tmp_path / "saved"))  # no tokenizer file: 256 tokens read as bytes
+    for directory in ("hf", "saved"):  # and back into a longseq checkpoint, bit for bit
+        assert (
+            main(["convert", "--from-hf", str(tmp_path / directory), "--out", str(tmp_path / f"{directory}-back")]) == 0
+        )
+        back, back_tokenizer, back_run, _ = load_checkpoint(str(tmp_path / f"{directory}-back"))
+        assert back_tokenizer.kind == "byte" and back_run.data.tgt_len == 5 and back_run.model == run.model
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
+
+
+def test_bad_input_is_refused_clearly(tmp_path):
+    hf = longseq.hf.from_longseq(tiny("window-dilated"), segment_len=SEGMENT)
+    x = torch.randint(0, 50, (2, 5))
+    padded = torch.ones_like(x)
+    padded[0, 0] = 0
+    with pytest.raises(ValueError, match="attention_mask has zeros"):
+        hf(x, attention_mask=padded)
+    with pytest.raises(ValueError, match="attention_mask has zeros"):
+        hf.generate(x, attention_mask=padded, max_new_tokens=2)
+    assert torch.equal(hf(x, attention_mask=torch.ones_like(x)).logits, hf(x).logits)
+    with pytest.raises(ValueError, match="cannot use beam search"):
+        hf.generate(x, num_beams=2, do_sample=False, max_new_tokens=2)
+    with pytest.raises(TypeError, match="does not take"):
+        hf(x, position_ids=torch.arange(5)[None])
+    with pytest.raises(ConfigError, match="n_layers"):
+        LongseqConfig(longseq={"n_layers": 2})
+    with pytest.raises(ValueError, match="vocab_size=7 disagrees"):
+        LongseqConfig(longseq=BASE, vocab_size=7)
+    export_longseq_hf(tiny("window-dilated"), str(tmp_path / "hf"))
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    del weights["model.transformer.layers.1.pos_ff.core_net.0.weight"]
+    save_file(weights, str(tmp_path / "hf" / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"lacks 1 tensor\(s\) of the model: model\.transformer\.layers\.1\.pos_ff"):
+        AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
+    hf.config.save_pretrained(str(tmp_path))
+    assert isinstance(AutoConfig.from_pretrained(str(tmp_path)), LongseqConfig)
+    assert os.path.isfile(tmp_path / "config.json")
+
+
+def test_generate_without_cache_or_continuing_one_draws_the_same_tokens():
+    model = tiny("mixers-shaw")
+    hf = longseq.hf.from_longseq(model, segment_len=SEGMENT, generate_mem_len=9)
+    x = torch.randint(0, 50, (2, 7))
+    expected = generate(model, x, 8, temperature=0, mem_len=9, segment_len=SEGMENT)
+    recomputed = hf.generate(x, max_new_tokens=8, do_sample=False, use_cache=False)  # the prompt read again per token
+    first = hf.generate(x, max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
+    continued = hf.generate(first.sequences, cache=first.cache, max_new_tokens=5, do_sample=False)
+    assert torch.equal(recomputed[:, 7:], expected) and torch.equal(continued[:, 7:], expected)
+    one = x[:, :1]  # a one-token prompt: nothing to read before it, the memory is still longseq's ring
+    assert torch.equal(
+        hf.generate(one, max_new_tokens=5, do_sample=False)[:, 1:],
+        generate(model, one, 5, temperature=0, mem_len=9, segment_len=SEGMENT),
+    )
+    with pytest.raises(ValueError, match="the cache has read 7 tokens"):
+        hf.generate(x, cache=hf(x).cache, max_new_tokens=2)
+
+
+def test_training_through_transformers_gives_longseqs_gradients():
+    model = tiny("compressed-tokens-int8").train()
+    hf = longseq.hf.from_longseq(model).train()
+    x = torch.randint(0, 50, (2, 9))
+    hf(x, labels=x).loss.backward()
+    out = model(x, labels=torch.cat([x[:, 1:], torch.full((2, 1), -100)], dim=1))
+    (out.loss + out.aux_loss if out.aux_loss is not None else out.loss).backward()
+    ours = dict(model.named_parameters())
+    for name, param in hf.model.named_parameters():
+        assert torch.allclose(param.grad, ours[name].grad, atol=1e-6, rtol=1e-5), name
