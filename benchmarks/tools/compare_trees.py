@@ -26,7 +26,18 @@ import sys
 
 COMMANDS = {
     "bench train": ["-m", "longseq", "bench", "train", "--json", "--threads", "2", "--steps", "4"],
-    "bench train compiled": ["-m", "longseq", "bench", "train", "--json", "--threads", "2", "--steps", "4", "--compile"],
+    "bench train compiled": [
+        "-m",
+        "longseq",
+        "bench",
+        "train",
+        "--json",
+        "--threads",
+        "2",
+        "--steps",
+        "4",
+        "--compile",
+    ],
     "bench eval": ["-m", "longseq", "bench", "eval", "--json", "--threads", "2", "--steps", "4"],
     "bench generate": ["-m", "longseq", "bench", "generate", "--json", "--threads", "2"],
     "vs_hf": ["{vs_hf}", "train", "eval", "generate", "--rounds", "1", "--json"],
