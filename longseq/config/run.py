@@ -20,7 +20,8 @@ class DataConfig(JsonConfig):
     ``vocab_size`` tokens learnt from the training text), or the path of a tokenizer file (``.json``: ours, or
     an HF ``tokenizer.json`` such as GPT-2's).  ``varlen`` draws segment lengths around ``tgt_len`` as the paper's code does.
     ``doc_reset`` keeps documents apart (a directory of documents): no token attends to another document,
-    in the segment or in the memory.
+    in the segment or in the memory.  ``text_column``: the column that holds the text when ``path`` is a table
+    (parquet, arrow, JSON lines; read through ``datasets``), its rows joined by newlines.
     """
 
     path: str | None = None
@@ -33,8 +34,10 @@ class DataConfig(JsonConfig):
     eval_batch_size: int = 16
     varlen: bool = False
     doc_reset: bool = False
+    text_column: str = "text"
 
     def __post_init__(self) -> None:
+        check(bool(self.text_column), "DataConfig.text_column must name a column")
         check(
             self.tokenizer in TOKENIZERS or self.tokenizer.endswith(".json"),
             f"DataConfig.tokenizer must be byte, char, word, bpe or the path of a tokenizer .json file, "
