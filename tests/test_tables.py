@@ -94,3 +94,47 @@ def test_other_columns_and_bad_values_are_named(tmp_path, capsys):
     assert main(args) == 2
     assert "its columns are text" in capsys.readouterr().err
     assert main([*args[:-1], "text"]) == 0
+
+
+def test_task_files_may_be_tables_with_their_own_column_names(tmp_path):
+    """A classification task read from parquet or arrow, with its text and label under other names, is the task
+    read from the JSON lines of the usual names: the same records, labels and encoded documents."""
+    from longseq.config import DataConfig, ModelConfig, RunConfig, TrainConfig
+    from longseq.config.run import TaskConfig
+    from longseq.data.tasks import TaskDataError, read_jsonl
+    from longseq.data.tokenizers import ByteTokenizer
+    from longseq.tasks.classify import Classify
+
+    rows = {"review": [f"text number {i} " * (i % 4 + 1) for i in range(40)], "stars": [i % 3 for i in range(40)]}
+    usual = tmp_path / "usual.jsonl"
+    usual.write_text("".join(json.dumps({"text": t, "label": s}) + "\n" for t, s in zip(*rows.values())))
+    datasets.Dataset.from_dict(rows).to_parquet(str(tmp_path / "t.parquet"))
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "saved"))
+    columns = {"text": "review", "label": "stars"}
+
+    def task(path, **names):
+        config = ModelConfig(vocab_size=256, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32)
+        options = TaskConfig(name="classify", train=str(path), **names)
+        prepared = Classify(RunConfig(config, DataConfig(tokenizer="byte"), TrainConfig(), options),
+                                ByteTokenizer())  # fmt: skip
+        prepared.prepare()
+        return prepared
+
+    expected = task(usual)
+    for table in (tmp_path / "t.parquet", next((tmp_path / "saved").glob("*.arrow"))):
+        records = read_jsonl(str(table), "classify", columns)
+        assert [(r["text"], r["label"]) for r in records] == [(r["text"], r["label"]) for r in read_jsonl(str(usual),
+                                                                                                         "classify")]  # fmt: skip
+        from longseq.cli.predict import read_records
+
+        predicted = read_records(str(table), "classify", {"text": "review", "label": "stars"})
+        assert [(r["text"], r["label"]) for r in predicted] == [(t, s) for t, s in zip(*rows.values())]
+        read = task(table, text_column="review", label_column="stars")
+        assert read.options.labels == expected.options.labels and read.train_docs == expected.train_docs
+    with pytest.raises(TaskDataError, match="no column 'label'; its columns are review, stars"):
+        read_jsonl(str(tmp_path / "t.parquet"), "classify", {"text": "review"})
+    with pytest.raises(
+        TaskDataError,
+        match=r"usual.jsonl:1: missing field 'body' \(the task's 'text'\) for task mlm; the record has text, label",
+    ):
+        read_jsonl(str(usual), "mlm", {"text": "body"})

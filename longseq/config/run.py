@@ -251,8 +251,10 @@ class TaskConfig(JsonConfig):
     ``classify`` reads ``labels`` (the training file's, written when the run starts), ``pooling`` (``document``:
     the mean over the whole document, every segment trained; ``last`` position or ``mean`` of the final segment)
     and ``lm_weight`` (a joint next-token loss); ``span`` reads ``max_answer_len`` (tokens); ``mlm`` reads
-    ``mask_rate`` and ``mask_token`` (``mask_id``: its id, found when the run starts).  An option another task
-    reads is refused for this one."""
+    ``mask_rate`` and ``mask_token`` (``mask_id``: its id, found when the run starts).  ``classify`` and ``mlm``
+    read ``text_column`` (and ``classify`` ``label_column``): the names of those fields in the files (JSON lines,
+    or parquet and arrow tables read through ``datasets``).  An option another task reads is refused for this
+    one."""
 
     name: str = "lm"
     train: str = ""
@@ -269,6 +271,8 @@ class TaskConfig(JsonConfig):
     mask_rate: float = 0.15
     mask_token: str | None = None
     mask_id: int = -1
+    text_column: str = "text"
+    label_column: str = "label"
 
     def __post_init__(self) -> None:
         check_finite(self)

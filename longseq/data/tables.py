@@ -21,9 +21,9 @@ BATCH_ROWS = 1024  # rows per batch read from the table
 BLOCK_CHARS = 1 << 22  # characters per text block handed to the tokenizer
 
 
-def open_table(path: str, columns: list[str]):
-    """The streaming dataset of ``path`` with only ``columns``; a missing column is an error naming those the
-    file has."""
+def open_table(path: str, columns: list[str] | None):
+    """The streaming dataset of ``path`` with only ``columns`` (None: all); a missing column is an error naming
+    those the file has."""
     try:
         import datasets
     except ImportError:
@@ -40,6 +40,8 @@ def open_table(path: str, columns: list[str]):
         raise CorpusError(f"cannot read {path} as a {TABLE_BUILDERS[table_suffix(path)]} table: {exc}") from None
     if names is None:  # JSON lines: the columns are known once a row is read
         names = list(next(iter(table), {}))
+    if columns is None:
+        return table
     missing = [c for c in columns if c not in names]
     if missing:
         raise CorpusError(
@@ -48,7 +50,7 @@ def open_table(path: str, columns: list[str]):
     return table.select_columns(columns)
 
 
-def table_batches(path: str, columns: list[str], batch_rows: int | None = None) -> Iterator[dict[str, list]]:
+def table_batches(path: str, columns: list[str] | None, batch_rows: int | None = None) -> Iterator[dict[str, list]]:
     """The rows of ``path`` as batches ``{column: values}``, ``batch_rows`` (default :data:`BATCH_ROWS`) at a
     time."""
     table = open_table(path, columns)
