@@ -91,7 +91,8 @@ class TrainConfig(JsonConfig):
     on CPU it runs, slowly, for testing); attention logits, softmax and the loss stay in float32.  ``activation_checkpointing`` = k recomputes
     every k-th decoder layer in the backward pass instead of keeping its activations (0: off).
     ``grad_norm_interval`` = N logs every layer's gradient norm every N steps; ``tensorboard`` also writes the
-    metrics as TensorBoard events (needs the tensorboard package).  ``device``: auto (cuda when available),
+    metrics as TensorBoard events (needs the tensorboard package), ``wandb`` logs them to Weights & Biases, project
+    ``wandb_project`` (the ``wandb`` extra; ``WANDB_MODE=offline`` keeps them on disk: :mod:`longseq.train.tracking`).  ``device``: auto (cuda when available),
     cpu or cuda[:N]; under torchrun each rank takes cuda:LOCAL_RANK.  ``parallel``: how torchrun processes share
     the model, ddp (every rank holds all weights) or fsdp (weights, gradients and optimizer moments sharded
     across ranks, PyTorch's ``fully_shard``, one unit per decoder layer); one process ignores it.
@@ -138,6 +139,8 @@ class TrainConfig(JsonConfig):
     activation_checkpointing: int = 0
     grad_norm_interval: int = 0
     tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "longseq"
     device: str = "auto"
     parallel: str = "ddp"
     matmul_precision: str = "high"
