@@ -74,3 +74,19 @@ def test_the_check_sees_an_upward_import(tmp_path):
     assert imported_packages(module) == {"cli"}
     module.write_text("from ..eval import context\nfrom . import plots\n")
     assert imported_packages(module, ("longseq", "diagnostics")) == {"eval", "diagnostics"}
+
+
+def test_the_optional_integrations_are_imported_only_when_asked_for():
+    """``import longseq``, the command line's parser and the modules that mention the extras (the trainer, the
+    corpus readers, predict) import none of lm_eval, datasets and wandb: the core install does not need them."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, longseq, longseq.cli, longseq.train.trainer, longseq.data.corpus, longseq.data.tables, "
+        "longseq.cli.predict, longseq.integrations\n"
+        "longseq.cli.build_parser()\n"
+        "print(sorted(m for m in ('lm_eval', 'datasets', 'wandb') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
