@@ -1,7 +1,8 @@
 """The documents cannot drift from the code: every Python block of README.md and docs/*.md runs (a page's blocks in
 order, in one namespace, in a fresh directory), and every ``longseq ...`` command line in them is parsed by the
 real command-line parser.  A block that needs an optional package says so on its first line, ``# requires:
-transformers>=5`` (or ``<5``), and runs only where that holds."""
+transformers>=5`` (or ``<5``), and runs only where that holds; a page whose every block needs an optional module
+says ``<!-- requires: MODULE -->`` and its blocks run where that module imports."""
 
 from __future__ import annotations
 
@@ -42,6 +43,16 @@ def unmet_requirement(body: str) -> str | None:
     return None if ok else f"{package} {version(package)} is installed"
 
 
+PAGE_REQUIRES = re.compile(r"<!-- requires: ([\w.]+) -->")
+
+
+def missing_modules(page: Path) -> list[str]:
+    """The modules a page's ``<!-- requires: MODULE -->`` names that cannot be found here."""
+    from importlib.util import find_spec
+
+    return [m for m in PAGE_REQUIRES.findall(page.read_text(encoding="utf-8")) if find_spec(m) is None]
+
+
 def command_lines(page: Path) -> list[str]:
     """The ``longseq`` invocations of a page's shell blocks (continued lines joined; ``torchrun ... -m longseq``
     and ``python -m longseq`` included), without comments."""
@@ -70,6 +81,8 @@ def test_every_command_line_in_the_documents_parses(page):
 
 @pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "python")], ids=lambda p: p.name)
 def test_every_python_block_in_the_documents_runs(page, tmp_path, monkeypatch):
+    if missing_modules(page):
+        pytest.skip(f"{page.name} needs {', '.join(missing_modules(page))} (an optional extra)")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("LONGSEQ_DOCS_TEST", "1")
     namespace: dict = {"__name__": "__docs__"}

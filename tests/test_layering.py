@@ -74,3 +74,41 @@ def test_the_check_sees_an_upward_import(tmp_path):
     assert imported_packages(module) == {"cli"}
     module.write_text("from ..eval import context\nfrom . import plots\n")
     assert imported_packages(module, ("longseq", "diagnostics")) == {"eval", "diagnostics"}
+
+
+def test_the_optional_integrations_are_imported_only_when_asked_for():
+    """``import longseq``, the command line's parser and the modules that mention the extras (the trainer, the
+    corpus readers, predict) import none of lm_eval, datasets and wandb: the core install does not need them."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, longseq, longseq.cli, longseq.train.trainer, longseq.data.corpus, longseq.data.tables, "
+        "longseq.cli.predict, longseq.integrations\n"
+        "longseq.cli.build_parser()\n"
+        "print(sorted(m for m in ('lm_eval', 'datasets', 'wandb') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+
+
+def test_an_absent_extra_is_named_with_its_install_line(tmp_path, monkeypatch):
+    """Asking for W&B or a table without the package installed is one error that says what to install."""
+    import sys
+
+    import pytest
+
+    from longseq.config import ConfigError
+    from longseq.data.sources import CorpusError
+    from longseq.data.tables import open_table
+    from longseq.train.tracking import WandbTracker
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now raises ImportError
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ConfigError, match=r'pip install "longseq\[wandb\]"'):
+        WandbTracker(str(tmp_path), "p", {})
+    (tmp_path / "t.parquet").write_bytes(b"")
+    with pytest.raises(
+        CorpusError, match=r'reading it needs the datasets library \(pip install "longseq\[datasets\]"\)'
+    ):
+        open_table(str(tmp_path / "t.parquet"), ["text"])

@@ -2,6 +2,7 @@
 (``listops``, LRA ListOps).
 
     longseq data prepare --data PATH --tokenizer byte|char|word|bpe|FILE.json [--vocab-size 8192] --out DIR
+    longseq data prepare --data CORPUS.parquet|.arrow|.jsonl [--text-column text] --tokenizer ... --out DIR
     longseq data listops --out DIR [--seed N] [--train 2000 --valid 200 --test 200]
 
 ``longseq train --data DIR`` and ``longseq eval --data DIR`` then read DIR by memory map.  ``prepare`` reports its
@@ -30,6 +31,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     prepare.add_argument("--tokenizer", help="byte, char, word, bpe, or the path of a tokenizer .json file")
     prepare.add_argument("--vocab-size", type=int, help="tokens of a BPE to learn (default 8192)")
     prepare.add_argument("--lowercase", action="store_true", help="word tokenizer: lowercase the text")
+    prepare.add_argument(
+        "--text-column",
+        default="text",
+        help="a table (.parquet, .arrow, .jsonl; read streamed through datasets): the column of text, its rows "
+        "joined by newlines (default: %(default)s)",
+    )
     listops = p.add_argument_group("listops")
     listops.add_argument("--seed", type=int, default=0)
     listops.add_argument("--train", type=int, default=2000)
@@ -59,7 +66,7 @@ def run_prepare(args: argparse.Namespace) -> dict:
         raise ValueError("longseq data prepare needs --tokenizer (byte, char, word, bpe or a tokenizer .json file)")
     refuse_vocab_size(args.vocab_size, args.tokenizer)
     vocab_size = DEFAULT_BPE_VOCAB if args.vocab_size is None else args.vocab_size
-    DataConfig(tokenizer=args.tokenizer, vocab_size=vocab_size)  # the same checks as a run's config
+    DataConfig(tokenizer=args.tokenizer, vocab_size=vocab_size, text_column=args.text_column)  # a run's checks
     return prepare_corpus(
         args.data,
         args.tokenizer,
@@ -67,4 +74,5 @@ def run_prepare(args: argparse.Namespace) -> dict:
         vocab_size=vocab_size,
         lowercase=args.lowercase,
         progress=not args.quiet,
+        text_column=args.text_column,
     )

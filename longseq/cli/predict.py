@@ -1,4 +1,6 @@
-"""``longseq predict``: a fine-tuned checkpoint's predictions for every line of a JSONL file.
+"""``longseq predict``: a fine-tuned checkpoint's predictions for every line of a JSONL file (or every row of a
+parquet or arrow table, read through ``datasets``; the run's ``task.text_column`` and ``task.label_column`` name its
+fields).
 
 One output line per input line, with the field ``prediction`` (classify: the label; span: the answer text; mlm: the
 text with its [MASK] tokens filled) plus scores.  Where the input has the gold field (``label``, ``answer_text``),
@@ -31,7 +33,7 @@ def run(args: argparse.Namespace) -> dict:
     path, model, tokenizer, run_config = load_model(args.checkpoint, args.device)
     if run_config.task is None:
         raise ValueError(f"{path} is a language model, not a fine-tuned one; sample from it with longseq generate")
-    records = read_records(args.data, run_config.task.name)
+    records = read_records(args.data, run_config.task.name, task_columns(run_config.task))
     check_output(args.out, args.data)
     if run_config.task.name == "classify":
         check_gold_labels(records, run_config.task.labels, args.data, path)
@@ -59,25 +61,36 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def read_records(path: str, task: str) -> list[dict]:
-    """The JSON objects of ``path``, one per non-empty line; a classification gold label of the wrong type is an
-    error naming its line, as fine-tuning reports it (it would be scored as a wrong prediction)."""
-    from longseq.data.tasks import TaskDataError, iter_jsonl
+def task_columns(options) -> dict[str, str]:
+    """The file's names of the task's fields (``task.text_column``, ``task.label_column``), where they differ."""
+    names = {"text": options.text_column, "label": options.label_column}
+    return {field: column for field, column in names.items() if field != column}
+
+
+def read_records(path: str, task: str, columns: dict[str, str] | None = None) -> list[dict]:
+    """The records of ``path``: JSON objects one per non-empty line, or the rows of a parquet or arrow table;
+    ``columns`` renames the file's columns to the task's fields (``{"text": "review"}``).  A classification gold
+    label of the wrong type is an error naming its line, as fine-tuning reports it (it would be scored as a wrong
+    prediction)."""
+    from longseq.data.tasks import TaskDataError, numbered_records
 
     if not os.path.isfile(path):
         raise TaskDataError(f"{path}: no such file")
     try:
-        numbered = list(iter_jsonl(path))
+        numbered, where = numbered_records(path, None)
     except ValueError as exc:
         raise TaskDataError(str(exc)) from None
     if not numbered:
         raise TaskDataError(f"{path}: no records")
     for number, record in numbered:
         if not isinstance(record, dict):
-            raise TaskDataError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+            raise TaskDataError(f"{where(number)}: expected a JSON object, got {type(record).__name__}")
+        for field, column in (columns or {}).items():
+            if column in record:
+                record[field] = record[column]
         gold = record.get("label")
         if task == "classify" and "label" in record and (isinstance(gold, bool) or not isinstance(gold, (str, int))):
-            raise TaskDataError(f"{path}:{number}: field 'label' has the wrong type {type(gold).__name__}")
+            raise TaskDataError(f"{where(number)}: field 'label' has the wrong type {type(gold).__name__}")
     return [record for _, record in numbered]
 
 

@@ -20,7 +20,8 @@ class DataConfig(JsonConfig):
     ``vocab_size`` tokens learnt from the training text), or the path of a tokenizer file (``.json``: ours, or
     an HF ``tokenizer.json`` such as GPT-2's).  ``varlen`` draws segment lengths around ``tgt_len`` as the paper's code does.
     ``doc_reset`` keeps documents apart (a directory of documents): no token attends to another document,
-    in the segment or in the memory.
+    in the segment or in the memory.  ``text_column``: the column that holds the text when ``path`` is a table
+    (parquet, arrow, JSON lines; read through ``datasets``), its rows joined by newlines.
     """
 
     path: str | None = None
@@ -33,8 +34,10 @@ class DataConfig(JsonConfig):
     eval_batch_size: int = 16
     varlen: bool = False
     doc_reset: bool = False
+    text_column: str = "text"
 
     def __post_init__(self) -> None:
+        check(bool(self.text_column), "DataConfig.text_column must name a column")
         check(
             self.tokenizer in TOKENIZERS or self.tokenizer.endswith(".json"),
             f"DataConfig.tokenizer must be byte, char, word, bpe or the path of a tokenizer .json file, "
@@ -88,7 +91,8 @@ class TrainConfig(JsonConfig):
     on CPU it runs, slowly, for testing); attention logits, softmax and the loss stay in float32.  ``activation_checkpointing`` = k recomputes
     every k-th decoder layer in the backward pass instead of keeping its activations (0: off).
     ``grad_norm_interval`` = N logs every layer's gradient norm every N steps; ``tensorboard`` also writes the
-    metrics as TensorBoard events (needs the tensorboard package).  ``device``: auto (cuda when available),
+    metrics as TensorBoard events (needs the tensorboard package), ``wandb`` logs them to Weights & Biases, project
+    ``wandb_project`` (the ``wandb`` extra; ``WANDB_MODE=offline`` keeps them on disk: :mod:`longseq.train.tracking`).  ``device``: auto (cuda when available),
     cpu or cuda[:N]; under torchrun each rank takes cuda:LOCAL_RANK.  ``parallel``: how torchrun processes share
     the model, ddp (every rank holds all weights) or fsdp (weights, gradients and optimizer moments sharded
     across ranks, PyTorch's ``fully_shard``, one unit per decoder layer); one process ignores it.
@@ -135,6 +139,8 @@ class TrainConfig(JsonConfig):
     activation_checkpointing: int = 0
     grad_norm_interval: int = 0
     tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "longseq"
     device: str = "auto"
     parallel: str = "ddp"
     matmul_precision: str = "high"
@@ -248,8 +254,10 @@ class TaskConfig(JsonConfig):
     ``classify`` reads ``labels`` (the training file's, written when the run starts), ``pooling`` (``document``:
     the mean over the whole document, every segment trained; ``last`` position or ``mean`` of the final segment)
     and ``lm_weight`` (a joint next-token loss); ``span`` reads ``max_answer_len`` (tokens); ``mlm`` reads
-    ``mask_rate`` and ``mask_token`` (``mask_id``: its id, found when the run starts).  An option another task
-    reads is refused for this one."""
+    ``mask_rate`` and ``mask_token`` (``mask_id``: its id, found when the run starts).  ``classify`` and ``mlm``
+    read ``text_column`` (and ``classify`` ``label_column``): the names of those fields in the files (JSON lines,
+    or parquet and arrow tables read through ``datasets``).  An option another task reads is refused for this
+    one."""
 
     name: str = "lm"
     train: str = ""
@@ -266,6 +274,8 @@ class TaskConfig(JsonConfig):
     mask_rate: float = 0.15
     mask_token: str | None = None
     mask_id: int = -1
+    text_column: str = "text"
+    label_column: str = "label"
 
     def __post_init__(self) -> None:
         check_finite(self)

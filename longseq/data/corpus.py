@@ -60,14 +60,16 @@ def load_corpus(
     tokenizer: Tokenizer | None = None,
     lowercase: bool = False,
     vocab_size: int | None = None,
+    text_column: str = "text",
 ) -> Corpus:
     """Read ``path`` into token ids; build the tokenizer that the spec ``tokenizer_kind`` names (byte, char, word,
     bpe or a tokenizer file) from the training text unless one is given.  ``vocab_size``: the size of a BPE to
     learn (default 8192).  A prepared directory is read by memory map and must match the spec (and
-    ``vocab_size`` when given) or the given tokenizer."""
+    ``vocab_size`` when given) or the given tokenizer.  A table file (parquet, arrow, JSON lines) is read by its
+    ``text_column`` (:mod:`longseq.data.tables`)."""
     if is_prepared(path):
         return load_prepared(path, tokenizer_kind, tokenizer=tokenizer, lowercase=lowercase, vocab_size=vocab_size)
-    source = resolve_source(path)
+    source = resolve_source(path, text_column)
     if source.kind == "layout":
         corpus = _load_layout(source, tokenizer_kind, tokenizer, lowercase, vocab_size or DEFAULT_BPE_VOCAB)
     else:
@@ -98,7 +100,8 @@ def check_known(corpus: Corpus) -> None:
 def load_data(config: DataConfig, tokenizer: Tokenizer | None = None) -> Corpus:
     """The corpus that a :class:`~longseq.config.run.DataConfig` names (its path, tokenizer, lowercase and
     BPE vocabulary size)."""
-    return load_corpus(config.path, config.tokenizer, tokenizer, config.lowercase, config.vocab_size)
+    return load_corpus(config.path, config.tokenizer, tokenizer, config.lowercase, config.vocab_size,
+                       config.text_column)  # fmt: skip
 
 
 def _load_layout(source: Source, spec: str, tokenizer, lowercase: bool, vocab_size: int) -> Corpus:
@@ -119,7 +122,7 @@ def _load_layout(source: Source, spec: str, tokenizer, lowercase: bool, vocab_si
 def _load_stream(source: Source, spec: str, tokenizer, lowercase: bool, vocab_size: int) -> Corpus:
     """A single file or a directory of documents (joined by newlines): one stream, split 90/5/5 by tokens."""
     paths = source.files
-    docs = [read_bytes(p) for p in paths]
+    docs = [_table_bytes(source) if source.kind == "table" else read_bytes(p) for p in paths]
     docs = [d + b"\n" for d in docs[:-1]] + docs[-1:]  # documents joined by newlines
     data = b"".join(docs)
     if not data.strip():
@@ -138,6 +141,13 @@ def _load_stream(source: Source, spec: str, tokenizer, lowercase: bool, vocab_si
         check_nonempty(part, f"the {name} split of {source.path} ({len(ids)} tokens in all)")
     doc_ids = dict(zip(SPLITS, np.split(doc_of, cuts))) if len(docs) > 1 else None
     return Corpus(train, valid, test, tokenizer, source.path, doc_ids)
+
+
+def _table_bytes(source: Source) -> bytes:
+    """A table's text column, its rows joined by newlines, as UTF-8 (read into memory: a corpus in RAM)."""
+    from longseq.data.tables import text_blocks
+
+    return "".join(text_blocks(source.path, source.column)).encode("utf-8", errors="surrogatepass")
 
 
 def unigram_bits_per_token(train: np.ndarray, target: np.ndarray, vocab_size: int) -> float:

@@ -82,14 +82,34 @@ class _Reader:
     written."""
 
     def __init__(self, source: Source, desc: str, progress: bool, splits: tuple[str, ...] = SPLITS) -> None:
-        """``splits``: the files of a layout this pass reads (the meter's total; a single stream reads all)."""
+        """``splits``: the files of a layout this pass reads (the meter's total; a single stream reads all).  A
+        table's total is the bytes of its text (a streamed pass of its own, once per file)."""
         self.paths = [source.files[s] for s in splits] if isinstance(source.files, dict) else list(source.files)
-        self.total = sum(os.path.getsize(p) for p in self.paths)
+        self.column = source.column if source.kind == "table" else None
+        if self.column is not None:
+            from longseq.data.tables import text_bytes
+
+            self.total = text_bytes(source.path, self.column)
+        else:
+            self.total = sum(os.path.getsize(p) for p in self.paths)
         self.stream_bytes = self.total + (len(self.paths) - 1 if source.kind == "documents" else 0)  # with the joins
         self.meter = Meter(self.total, desc, unit="B", enabled=progress, totals={"files": len(self.paths)})
         self.digests: dict = {}
 
+    def _table_blocks(self, path: str) -> Iterator[str]:
+        """A table's text (its rows joined by newlines) in blocks; the meter counts their UTF-8 bytes."""
+        from longseq.data.tables import text_blocks
+
+        for block in text_blocks(path, self.column):
+            self.meter.update(len(block.encode("utf-8", errors="surrogatepass")))
+            yield block
+        self.digests.setdefault(path, file_sha256(path))
+        self.meter.count("files", 1)
+
     def bytes_blocks(self, path: str) -> Iterator[bytes]:
+        if self.column is not None:
+            yield from (block.encode("utf-8", errors="surrogatepass") for block in self._table_blocks(path))
+            return
         digest = self.digests.setdefault(path, hashlib.sha256())
         try:
             with open(path, "rb") as f:
@@ -102,6 +122,9 @@ class _Reader:
             raise CorpusError(f"cannot read {path}: {exc.strerror}") from None
 
     def text_blocks(self, path: str) -> Iterator[str]:
+        if self.column is not None:
+            yield from self._table_blocks(path)
+            return
         decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
         for block in self.bytes_blocks(path):
             try:
@@ -125,7 +148,7 @@ class _Reader:
                 yield "\n" if text else b"\n"
 
     def hashes(self) -> dict[str, str]:
-        return {path: digest.hexdigest() for path, digest in self.digests.items()}
+        return {path: d if isinstance(d, str) else d.hexdigest() for path, d in self.digests.items()}
 
     def close(self) -> None:
         self.meter.close()
@@ -336,11 +359,13 @@ def prepare_corpus(
     vocab_size: int = DEFAULT_BPE_VOCAB,
     lowercase: bool = False,
     progress: bool = True,
+    text_column: str = "text",
 ) -> dict:
-    """Tokenize the corpus at ``path`` once into ``out_dir`` (see the module docstring); returns a summary."""
+    """Tokenize the corpus at ``path`` once into ``out_dir`` (see the module docstring); returns a summary.  A table
+    (parquet, arrow, JSON lines: :mod:`longseq.data.tables`) is read by its ``text_column``, streamed."""
     if is_prepared(path):
         raise CorpusError(f"{path} is already a prepared corpus")
-    source = resolve_source(path)
+    source = resolve_source(path, text_column)
     out_dir = os.path.abspath(os.path.expanduser(out_dir))
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise CorpusError(f"{out_dir} already exists and is not empty; remove it or choose another --out")
@@ -402,6 +427,7 @@ def _write_index(tmp, source, tokenizer, spec, vocab_size, lowercase, dtype, spa
         "source": {
             "path": os.path.abspath(source.path),
             "kind": source.kind,
+            **({"column": source.column} if source.kind == "table" else {}),
             "files": [{"path": os.path.abspath(p), "sha256": h} for p, h in hashes.items()],
         },
         "splits": {

@@ -89,11 +89,26 @@ class DocumentIds:
 @dataclass
 class Source:
     """Where a corpus's text is: ``layout`` (``files`` maps each split to its file), ``documents`` (``files``
-    lists the documents in order) or ``file`` (one file)."""
+    lists the documents in order), ``file`` (one file) or ``table`` (one parquet, arrow or JSON-lines file whose
+    ``column`` holds the text, read through ``datasets``: :mod:`longseq.data.tables`)."""
 
     kind: str
     path: str
     files: dict[str, str] | list[str]
+    column: str | None = None
+
+
+TABLE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "json", ".json": "json"}  # suffix -> builder
+
+
+def table_suffix(path: str) -> str:
+    """The suffix that names a table's format (``.jsonl`` for ``x.jsonl.gz``)."""
+    return os.path.splitext(path.lower().removesuffix(".gz"))[1]
+
+
+def is_table(path: str | None) -> bool:
+    """Whether ``path`` is a file that the ``datasets`` library reads as a table (by its suffix)."""
+    return path is not None and os.path.isfile(path) and table_suffix(path) in TABLE_BUILDERS
 
 
 def file_sha256(path: str, block_bytes: int = 1 << 22) -> str:
@@ -166,11 +181,14 @@ def document_files(directory: str) -> list[str]:
     return [os.path.join(directory, n) for n in names]
 
 
-def resolve_source(path: str | None) -> Source:
-    """The :class:`Source` that ``path`` names (not a prepared directory: see :func:`is_prepared`)."""
+def resolve_source(path: str | None, text_column: str = "text") -> Source:
+    """The :class:`Source` that ``path`` names (not a prepared directory: see :func:`is_prepared`); a table's text
+    is its ``text_column``."""
     source = bundled_corpus_path() if path is None else os.path.expanduser(path)
     if not os.path.exists(source):
         raise CorpusError(f"corpus path {source} does not exist")
+    if is_table(source):
+        return Source("table", source, [source], text_column)
     if not os.path.isdir(source):
         return Source("file", source, [source])
     layout = find_layout(source)

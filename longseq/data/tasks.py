@@ -38,33 +38,58 @@ def encode_field(tokenizer, record: dict, key: str, path: str, number: int):
         raise TaskDataError(f"{path}: record {number}, field {key!r}: {exc}") from None
 
 
-def read_jsonl(path: str, task: str) -> list[dict]:
-    """Every record of a JSONL file for ``task``; a malformed line is an error naming its line number."""
+def read_jsonl(path: str, task: str, columns: dict[str, str] | None = None) -> list[dict]:
+    """Every record of a task file for ``task``: JSON lines (a malformed line is an error naming its number), or a
+    parquet or arrow table read through ``datasets`` (:mod:`longseq.data.tables`; errors name the row).
+    ``columns`` maps a field of the task to the file's name for it (``{"text": "review", "label": "stars"}``);
+    a missing one is an error naming the fields the record has."""
     if task not in TASK_FIELDS:
         raise TaskDataError(f"unknown task {task!r}; known: {', '.join(TASK_FIELDS)}")
     if not os.path.isfile(path):
         raise TaskDataError(f"{path}: no such file")
-    records = []
+    columns = {key: (columns or {}).get(key, key) for key in TASK_FIELDS[task]}
     try:
-        lines = list(iter_jsonl(path))
+        numbered, where = numbered_records(path, list(columns.values()))
     except ValueError as exc:
         raise TaskDataError(str(exc)) from None
-    for number, record in lines:
-        if not isinstance(record, dict):
-            raise TaskDataError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-        for key, kind in TASK_FIELDS[task].items():
-            if key not in record:
-                raise TaskDataError(f"{path}:{number}: missing field {key!r} for task {task}")
-            if not isinstance(record[key], kind) or isinstance(record[key], bool):
-                raise TaskDataError(f"{path}:{number}: field {key!r} has the wrong type {type(record[key]).__name__}")
-        if task == "span":
-            start, answer = record["answer_start"], record["answer_text"]
-            if record["context"][start : start + len(answer)] != answer:
-                raise TaskDataError(f"{path}:{number}: answer_text is not found at answer_start {start}")
-        records.append(record)
+    records = [_task_record(record, task, columns, where(number)) for number, record in numbered]
     if not records:
         raise TaskDataError(f"{path}: no records")
     return records
+
+
+def numbered_records(path: str, names: list[str] | None):
+    """(number, record) of every record of ``path`` (a table: its columns ``names``, None: all), and how an error
+    names the place of record ``number``."""
+    from longseq.data.sources import table_suffix
+
+    if table_suffix(path) not in (".parquet", ".arrow"):
+        return list(iter_jsonl(path)), lambda number: f"{path}:{number}"
+    from longseq.data.tables import table_batches
+
+    rows = [dict(zip(batch, values)) for batch in table_batches(path, names) for values in zip(*batch.values())]
+    return list(enumerate(rows, 1)), lambda number: f"{path}, row {number}"
+
+
+def _task_record(record, task: str, columns: dict[str, str], where: str) -> dict:
+    """``record`` with the task's fields under their names (from ``columns``), each checked for its type."""
+    if not isinstance(record, dict):
+        raise TaskDataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    for key, kind in TASK_FIELDS[task].items():
+        column = columns[key]
+        if column not in record:
+            named = repr(key) if column == key else f"{column!r} (the task's {key!r})"
+            raise TaskDataError(
+                f"{where}: missing field {named} for task {task}; the record has {', '.join(record) or 'no fields'}"
+            )
+        value = record[key] = record[column]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise TaskDataError(f"{where}: field {column!r} has the wrong type {type(value).__name__}")
+    if task == "span":
+        start, answer = record["answer_start"], record["answer_text"]
+        if record["context"][start : start + len(answer)] != answer:
+            raise TaskDataError(f"{where}: answer_text is not found at answer_start {start}")
+    return record
 
 
 def iter_jsonl(path: str):

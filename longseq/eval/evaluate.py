@@ -29,7 +29,7 @@ def bits_unit(tokenizer_kind: str) -> str | None:
     return "bpc" if tokenizer_kind in ("byte", "char") else None
 
 
-def _start_memory(model: TransformerXLLM, kv_memory: bool, doc_ids) -> Memory | None:
+def start_memory(model: TransformerXLLM, kv_memory: bool = True, doc_ids=None) -> Memory | None:
     """The memory an ordered pass starts from: projected keys and values when the model allows it."""
     c = model.config
     relative = c.arch == "transformer" and position_encoding(c.positions.pos).relative
@@ -64,7 +64,7 @@ def scored_segments(
     device = next(model.parameters()).device
     stream = OrderedStream(ids, batch_size, tgt_len, doc_ids=doc_ids)
     total = stream.n_segments() if not max_segments else min(max_segments, stream.n_segments())
-    start = _start_memory(model, kv_memory, doc_ids)
+    start = start_memory(model, kv_memory, doc_ids)
     mems = start
     try:
         with tqdm(total=total, desc="eval", unit="seg", disable=not progress or None, leave=False) as bar:

@@ -86,12 +86,13 @@ class Classify(Task):
     (:func:`longseq.train.upgrade.upgrade_run`)."""
 
     name = "classify"
-    reads = (*FINETUNE_OPTIONS, "labels", "pooling", "lm_weight")
+    reads = (*FINETUNE_OPTIONS, "labels", "pooling", "lm_weight", "text_column", "label_column")
 
     def prepare(self):
         o = self.options
         check_choice("task.pooling", o.pooling, POOLING)
-        records = read_jsonl(o.train, "classify")
+        columns = {"text": o.text_column, "label": o.label_column}
+        records = read_jsonl(o.train, "classify", columns)
         if not o.labels:  # a new run: the classes are the training file's labels
             names = sorted({label_name(r["label"]) for r in records})
             if len(names) < 2:
@@ -100,7 +101,9 @@ class Classify(Task):
         o = self.options
         self.index = {name: i for i, name in enumerate(self.options.labels)}
         self.train_docs = self.encode(records, o.train, labelled=True)
-        self.valid_docs = self.encode(read_jsonl(o.valid, "classify"), o.valid, labelled=True) if o.valid else None
+        self.valid_docs = (
+            self.encode(read_jsonl(o.valid, "classify", columns), o.valid, labelled=True) if o.valid else None
+        )
         message = reach_warning([len(ids) for ids, _ in self.train_docs], self.segment_len, self.run.model, o)
         if message:
             self.log(message)

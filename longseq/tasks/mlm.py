@@ -57,7 +57,7 @@ def bidirectional(run: RunConfig) -> RunConfig:
 
 class MaskedLM(Task):
     name = "mlm"
-    reads = (*FINETUNE_OPTIONS, "mask_rate", "mask_token", "mask_id")
+    reads = (*FINETUNE_OPTIONS, "mask_rate", "mask_token", "mask_id", "text_column")
 
     def prepare(self):
         o = self.options
@@ -70,7 +70,8 @@ class MaskedLM(Task):
 
     def encode(self, path: str) -> list[list[int]]:
         docs = [
-            encode_field(self.tokenizer, r, "text", path, n).tolist() for n, r in enumerate(read_jsonl(path, "mlm"), 1)
+            encode_field(self.tokenizer, r, "text", path, n).tolist()
+            for n, r in enumerate(read_jsonl(path, "mlm", {"text": self.options.text_column}), 1)
         ]
         for number, d in enumerate(docs, 1):
             if not d:

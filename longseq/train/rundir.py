@@ -20,7 +20,7 @@ from longseq.config import ConfigError
 from longseq.config.files import RUN_HEADER
 from longseq.train.checkpoint import CheckpointError, checkpoint_parts, recover_checkpoint
 
-RUN_FILES = ("last", "best", "history", "metrics.jsonl", "run.toml", "tensorboard")
+RUN_FILES = ("last", "best", "history", "metrics.jsonl", "run.toml", "tensorboard", "wandb")
 
 
 def has_checkpoint(run_dir: str) -> bool:
@@ -48,7 +48,7 @@ def _is_metrics(path: str) -> bool:
 
 def is_longseq_file(path: str) -> bool:
     """Whether ``path`` (one of :data:`RUN_FILES` in a run directory) is what longseq writes there: a checkpoint
-    with its manifest, a history of them, its metrics, its run.toml, TensorBoard event files."""
+    with its manifest, a history of them, its metrics, its run.toml, TensorBoard event files, W&B's directory."""
     name = os.path.basename(path)
     if name in ("last", "best"):
         return os.path.isdir(path) and _is_checkpoint(path)
@@ -58,6 +58,8 @@ def is_longseq_file(path: str) -> bool:
         )
     if name == "tensorboard":
         return os.path.isdir(path) and all(n.startswith("events.out.tfevents") for n in os.listdir(path))
+    if name == "wandb":  # W&B's own files, beside the id a run keeps there
+        return os.path.isfile(os.path.join(path, "longseq-run-id"))
     if not os.path.isfile(path):
         return False
     if name == "metrics.jsonl":

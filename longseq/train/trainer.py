@@ -29,7 +29,6 @@ import torch
 from safetensors.torch import load_file
 
 from longseq.config import ConfigError, RunConfig
-from longseq.config.base import leaves
 from longseq.config.checks import check_run
 from longseq.config.files import write_run_config
 from longseq.data.tokenizers import load_tokenizer
@@ -51,6 +50,7 @@ from longseq.train.distributed import (
 from longseq.train.optim import build_optimizer, layer_of, learning_rate
 from longseq.train.rundir import RunDirectory, has_checkpoint
 from longseq.train.signals import Interrupted, StopSignals
+from longseq.train.tracking import open_trackers, scalars
 
 SHOWN = ("loss", "bpc", "bpb", "accuracy", "exact_match", "f1", "ppl")  # the validation metrics the log names
 
@@ -140,7 +140,7 @@ class Trainer:
         self.pending_validation = False  # a validation a signal stopped: the resumed run does it again
         self.updating = False  # inside the optimizer update: a KeyboardInterrupt here cannot go back a step
         self.data_sha256: dict | None = None
-        self.writer, self.start_time, self.start_tokens, self.last_lr = None, self.clock(), 0, 0.0
+        self.trackers, self.start_time, self.start_tokens, self.last_lr = [], self.clock(), 0, 0.0
         self.validated_at, self.stopped_on_time = -1, False
 
     # --- build and restore ------------------------------------------------------------------------------------
@@ -401,10 +401,10 @@ class Trainer:
                     else "no checkpoint was saved yet"
                 )
                 raise TrainingError(f"could not append to {self.dir.metrics}: {exc.strerror or exc}; {kept}") from None
-        if self.writer is not None:
-            for key, value in leaves(record, sep="/").items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self.writer.add_scalar(key, value, record["step"])
+        if self.trackers:
+            values = scalars(record)
+            for tracker in self.trackers:
+                tracker.log(values, record["step"])
 
     @property
     def elapsed(self) -> float:
@@ -420,7 +420,9 @@ class Trainer:
             if self.overwrite and self.world.main:
                 self.dir.clear()
             self.world.barrier()
-            self.writer = self._tensorboard() if self.tc.tensorboard and self.world.main else None
+            if self.world.main:
+                self.trackers = open_trackers(self.dir.path, self.tc.tensorboard, self.tc.wandb,
+                                              self.tc.wandb_project, self.run.to_dict())  # fmt: skip
             if self.world.main:  # the resolved configuration: longseq train --config OUT/run.toml runs it again
                 write_run_config(self.run, os.path.join(self.dir.path, "run.toml"))
             if self.checkpoint_state is not None:
@@ -443,13 +445,6 @@ class Trainer:
             self.dir.close(failed=True)
             raise
 
-    def _tensorboard(self):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise ConfigError("tensorboard=true needs the tensorboard package: pip install tensorboard") from None
-        return SummaryWriter(os.path.join(self.dir.path, "tensorboard"))
-
     def fit(self, stop_after: int | None = None) -> TrainResult:
         """Train to ``max_steps`` or the time budget ``max_time_s``, whichever comes first (or ``stop_after`` more
         steps, checkpointing first: a simulated interruption)."""
@@ -458,6 +453,8 @@ class Trainer:
             with StopSignals() as stop:
                 self._loop(stop, stop_after)
         finally:
+            for tracker in self.trackers:
+                tracker.close()
             self.dir.close(failed=self.saved_at < 0)
         return self._result()
 

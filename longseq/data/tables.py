@@ -1,0 +1,104 @@
+"""Table files (parquet, arrow, JSON lines) read through the ``datasets`` library, streamed.
+
+A table corpus is one column of text: its rows, in order, joined by newlines, are read as one stream, exactly as
+a plain text file holding those lines (``longseq data prepare`` and :func:`~longseq.data.corpus.load_corpus` give
+the same ids for both; a prepared corpus's tests hold them equal).  The rows are read ``BATCH_ROWS`` at a time
+from a streaming dataset (``load_dataset(..., streaming=True)``), so preparing a table larger than memory holds
+one batch of rows and one block of text at a time.
+
+``datasets`` is an optional extra (``pip install "longseq[datasets]"``), imported when a table is read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from functools import lru_cache
+
+from longseq.data.sources import TABLE_BUILDERS, CorpusError, table_suffix
+
+BATCH_ROWS = 1024  # rows per batch read from the table
+BLOCK_CHARS = 1 << 22  # characters per text block handed to the tokenizer
+
+
+def open_table(path: str, columns: list[str] | None):
+    """The streaming dataset of ``path`` with only ``columns`` (None: all); a missing column is an error naming
+    those the file has."""
+    try:
+        import datasets
+    except ImportError:
+        raise CorpusError(
+            f"{path} is a table ({table_suffix(path)}): reading it needs the datasets library "
+            '(pip install "longseq[datasets]")'
+        ) from None
+    datasets.disable_progress_bars()
+    try:
+        table = datasets.load_dataset(TABLE_BUILDERS[table_suffix(path)], data_files=os.path.abspath(path), split="train",
+                                      streaming=True)  # fmt: skip
+        names = table.column_names
+    except (ValueError, OSError, datasets.exceptions.DatasetGenerationError) as exc:
+        raise CorpusError(f"cannot read {path} as a {TABLE_BUILDERS[table_suffix(path)]} table: {exc}") from None
+    if names is None:  # JSON lines: the columns are known once a row is read
+        names = list(next(iter(table), {}))
+    if columns is None:
+        return table
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise CorpusError(
+            f"{path} has no column {', '.join(repr(c) for c in missing)}; its columns are {', '.join(names) or 'none'}"
+        )
+    return table.select_columns(columns)
+
+
+def table_batches(path: str, columns: list[str] | None, batch_rows: int | None = None) -> Iterator[dict[str, list]]:
+    """The rows of ``path`` as batches ``{column: values}``, ``batch_rows`` (default :data:`BATCH_ROWS`) at a
+    time."""
+    table = open_table(path, columns)
+    try:
+        yield from table.iter(batch_size=batch_rows or BATCH_ROWS)
+    except (ValueError, OSError) as exc:
+        raise CorpusError(f"cannot read {path}: {exc}") from None
+
+
+def text_rows(path: str, column: str, batch_rows: int | None = None) -> Iterator[str]:
+    """The text of every row of ``column``, in order; a value that is not a string is an error naming its row."""
+    row = 0
+    for batch in table_batches(path, [column], batch_rows):
+        for value in batch[column]:
+            row += 1
+            if not isinstance(value, str):
+                raise CorpusError(
+                    f"{path}, row {row}: column {column!r} holds {type(value).__name__} ({value!r}), not text"
+                )
+            yield value
+
+
+def text_blocks(path: str, column: str, block_chars: int | None = None) -> Iterator[str]:
+    """The rows of ``column`` joined by newlines, in blocks of about ``block_chars`` (default :data:`BLOCK_CHARS`)
+    characters: a block ends after the row that fills it (the readers that need whole lines regroup them)."""
+    block_chars = block_chars or BLOCK_CHARS
+    parts, size, first = [], 0, True
+    for text in text_rows(path, column):
+        if not first:
+            parts.append("\n")
+        parts.append(text)
+        size, first = size + len(text) + 1, False
+        if size >= block_chars:
+            yield "".join(parts)
+            parts, size = [], 0
+    if parts:
+        yield "".join(parts)
+    elif first:
+        raise CorpusError(f"{path} has no rows")
+
+
+def text_bytes(path: str, column: str) -> int:
+    """The UTF-8 bytes of the stream that :func:`text_blocks` gives (one streamed pass, remembered while the file
+    keeps its size and modification time)."""
+    stat = os.stat(path)
+    return _text_bytes(os.path.abspath(path), column, stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=8)
+def _text_bytes(path: str, column: str, size: int, mtime_ns: int) -> int:
+    return sum(len(block.encode("utf-8", errors="surrogatepass")) for block in text_blocks(path, column))

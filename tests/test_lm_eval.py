@@ -1,0 +1,142 @@
+"""The ``longseq`` model of the LM evaluation harness: its scores are longseq's own, through every request type.
+
+All offline: a tiny random checkpoint, and a harness task defined in a temporary directory over a local JSONL file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("lm_eval")
+
+from lm_eval.api.instance import Instance  # noqa: E402
+
+from longseq.cli import main  # noqa: E402
+from longseq.config import DataConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
+from longseq.data.tokenizers import ByteTokenizer  # noqa: E402
+from longseq.eval.evaluate import evaluate  # noqa: E402
+from longseq.integrations.lm_eval import LongseqLM  # noqa: E402
+from longseq.model import TransformerXLLM  # noqa: E402
+from longseq.train.checkpoint import save_checkpoint  # noqa: E402
+
+DOCS = [
+    "The memory carries the past from one segment to the next.",
+    "Short one.",
+    "A third document, long enough to need four segments of sixteen bytes each.",
+]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A random two-layer byte model (memory 12, evaluation segments of 16 bytes) saved as a checkpoint."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=256, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=12)
+    run = RunConfig(config, DataConfig(tokenizer="byte", eval_tgt_len=16, eval_batch_size=1), TrainConfig())
+    path = tmp_path_factory.mktemp("lm_eval") / "ckpt"
+    save_checkpoint(str(path), TransformerXLLM(config), run, ByteTokenizer())
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def lm(checkpoint):
+    return LongseqLM(checkpoint, device="cpu")
+
+
+def request(kind: str, *args) -> Instance:
+    return Instance(request_type=kind, doc={}, arguments=args, idx=0)
+
+
+def test_rolling_loglikelihood_is_longseq_eval_on_the_same_text(lm, checkpoint, tmp_path, capsys):
+    """A document's rolling log-likelihood is minus ``longseq eval``'s total NLL (loss x tokens) over a test split
+    holding the newline (the prefix token) and the document: the same segments, memory carried."""
+    document = " ".join(DOCS)  # 4+ segments: the memory is carried and truncated
+    for split in ("train", "valid", "test"):
+        (tmp_path / f"{split}.txt").write_text("\n" + document)
+    assert main(["eval", "--checkpoint", checkpoint, "--data", str(tmp_path), "--split", "test", "--device", "cpu",
+                 "--json", "--quiet", "--set", "batch_size=1"]) == 0  # fmt: skip
+    scored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    (rolling,) = lm.loglikelihood_rolling([request("loglikelihood_rolling", document)], disable_tqdm=True)
+    assert scored["tokens"] == len(document.encode())
+    assert rolling == pytest.approx(-scored["loss"] * scored["tokens"], rel=1e-9, abs=1e-6)
+
+
+def test_each_document_is_scored_from_an_empty_memory(lm):
+    """Several documents: each one's rolling score is evaluate() over that document alone."""
+    scores = lm.loglikelihood_rolling([request("loglikelihood_rolling", d) for d in DOCS], disable_tqdm=True)
+    for document, score in zip(DOCS, scores):
+        ids = np.frombuffer(("\n" + document).encode(), dtype=np.uint8).astype(np.int64)
+        alone = evaluate(lm.model, ids, batch_size=1, tgt_len=16)
+        assert score == pytest.approx(-alone["loss"] * alone["tokens"], rel=1e-6)
+
+
+def test_loglikelihood_adds_up_to_the_rolling_score(lm):
+    """log p(context) + log p(continuation | context) = log p(context + continuation), the continuation read after
+    a context that fills several segments (memory carried), and an empty context reads the prefix token."""
+    context, continuation = DOCS[2][:40], DOCS[2][40:]
+    (whole,) = lm.loglikelihood_rolling([request("loglikelihood_rolling", DOCS[2])], disable_tqdm=True)
+    (head, _), (tail, _) = lm.loglikelihood(
+        [request("loglikelihood", "", context), request("loglikelihood", context, continuation)], disable_tqdm=True
+    )
+    assert head + tail == pytest.approx(whole, rel=1e-5)
+
+
+def test_greedy_generation_is_greedy_by_the_scores(lm):
+    """``generate_until`` (greedy) makes text that ``loglikelihood`` calls greedy, and it stops before ``until``."""
+    context = DOCS[0][:30]
+    (free,) = lm.generate_until([request("generate_until", context, {"max_gen_toks": 12})], disable_tqdm=True)
+    assert len(free.encode("utf-8", errors="surrogateescape")) <= 12
+    assert lm.loglikelihood([request("loglikelihood", context, free)], disable_tqdm=True)[0][1] is True
+    stop = free[len(free) // 2]
+    (cut,) = lm.generate_until(
+        [request("generate_until", context, {"max_gen_toks": 12, "until": [stop]})], disable_tqdm=True
+    )
+    assert cut == free[: free.index(stop)]
+
+
+def test_unknown_arguments_are_refused_by_name(checkpoint, lm):
+    with pytest.raises(ValueError, match="memlen"):
+        LongseqLM(checkpoint, device="cpu", memlen=3)
+    with pytest.raises(ValueError, match="num_beams"):
+        lm.generate_until([request("generate_until", "x", {"num_beams": 2})], disable_tqdm=True)
+
+
+TASK = """task: longseq_local_ppl
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: byte_perplexity
+  - metric: bits_per_byte
+"""
+
+
+def test_the_harness_runs_a_local_task(lm, checkpoint, tmp_path, monkeypatch):
+    """``simple_evaluate`` through the registered name, a task defined in a directory over a JSONL file: its
+    bits per byte are the documents' rolling NLL over their UTF-8 bytes."""
+    lm_eval = pytest.importorskip("lm_eval")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "local.yaml").write_text(TASK.format(data=data))
+    from lm_eval.tasks import TaskManager
+
+    results = lm_eval.simple_evaluate(
+        model="longseq", model_args=f"checkpoint={checkpoint}", device="cpu", tasks=["longseq_local_ppl"],
+        task_manager=TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False), log_samples=False,
+    )  # fmt: skip
+    scores = lm.loglikelihood_rolling([request("loglikelihood_rolling", d) for d in DOCS], disable_tqdm=True)
+    expected = -sum(scores) / sum(len(d.encode()) for d in DOCS) / math.log(2)
+    assert results["results"]["longseq_local_ppl"]["bits_per_byte,none"] == pytest.approx(expected, rel=1e-9)

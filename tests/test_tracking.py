@@ -1,0 +1,62 @@
+"""Weights & Biases beside metrics.jsonl: an offline run's logged history holds metrics.jsonl's figures, step by
+step, and a resumed run continues the same W&B run."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+wandb = pytest.importorskip("wandb")
+
+from test_train import tiny_corpus, tiny_run  # noqa: E402
+
+from longseq.train import train  # noqa: E402
+from longseq.train.tracking import scalars  # noqa: E402
+
+
+def wandb_history(run_dir) -> list[dict]:
+    """The history rows of the offline run's ``.wandb`` file, which must end with the run's exit record (a LevelDB-style log of protobuf records: a 7-byte
+    file header, 32 KiB blocks, each record chunk headed by crc32, length and kind; kinds 1 full, 2 first, 3 middle,
+    4 last)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    data, pos, parts, rows, kinds = path.read_bytes(), 7, b"", [], []
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
+        if kind == 0:  # the end of a block: padding
+            pos += left
+            continue
+        parts, pos = parts + data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(parts)
+            parts = b""
+            kinds.append(record.WhichOneof("record_type"))
+            if kinds[-1] == "history":
+                rows.append({"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item})
+    assert kinds[-1] == "exit", f"{path} ends with a {kinds[-1]} record: the run was not finished"
+    return rows
+
+
+def test_the_offline_wandb_history_is_metrics_jsonl(tmp_path, monkeypatch, metrics):
+    """Every number of every metrics.jsonl record is in the W&B history at its step, under TensorBoard's key, and
+    the history holds nothing else (W&B's own ``_`` keys aside)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    train(tiny_run(max_steps=4, eval_interval=2, wandb=True), str(out), corpus=tiny_corpus(), progress=False)
+    wandb.teardown()  # the W&B service writes the run's file until it stops (at exit, in a command-line run)
+    expected: dict[int, dict] = {}
+    for record in metrics(out):
+        expected.setdefault(record["step"], {}).update(scalars(record))
+    logged = {row["_step"]: {k: v for k, v in row.items() if not k.startswith("_")} for row in wandb_history(out)}
+    assert logged == expected and len(expected) == 4
+    run_id = (out / "wandb" / "longseq-run-id").read_text().strip()
+    assert len(list((out / "wandb").glob(f"offline-run-*-{run_id}"))) == 1
