@@ -10,7 +10,7 @@ import pytest
 
 wandb = pytest.importorskip("wandb")
 
-from test_train import tiny_corpus, tiny_run  # noqa: E402
+from support import tiny_corpus, tiny_run  # noqa: E402
 
 from longseq.train import train  # noqa: E402
 from longseq.train.tracking import scalars  # noqa: E402
