@@ -143,3 +143,16 @@ def test_a_tiny_model_learns_a_passkey_through_its_memory_and_not_past_its_reach
     assert main(["recall", str(out), "--distances", "4,20,200", "--n", "64", "--json", "--quiet"]) == 0
     cells = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["cells"]
     assert cells[0]["accuracy"] >= 0.9 and cells[2]["accuracy"] <= 0.3  # 200 tokens back: past 2 x 16, at chance
+
+
+def test_the_heat_map_table_averages_seeds_by_distance_and_marks_missing_cells(tmp_path):
+    from longseq.diagnostics.plots import plot_recall_heatmap, recall_table
+
+    def run(accuracies):
+        cells = [{"distance": d, "length": 2 * d, "accuracy": a} for d, a in accuracies.items()]
+        return {"task": "passkey", "chance": 0.1, "effective_range": 64, "cells": cells}
+
+    results = {"xl": [run({16: 1.0, 128: 0.2}), run({16: 0.5, 128: 0.0})], "ssm": [run({16: 1.0})]}
+    assert recall_table(results) == (["xl", "ssm"], [16, 128], [[0.75, 0.1], [1.0, None]])
+    assert plot_recall_heatmap(results, str(tmp_path / "heat")) == str(tmp_path / "heat.png")
+    assert (tmp_path / "heat.png").stat().st_size > 1000
