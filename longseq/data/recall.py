@@ -6,7 +6,8 @@ Every sequence is token ids below 256 (the byte vocabulary), ``labels`` hold the
 lies (-1 where nothing is asked).  Formats:
 
 * ``passkey`` (Mohtashami & Jaggi, 2023): random filler, a KEY marker and ``key_len`` digits at a chosen
-  ``distance`` before the end, a QUERY marker, then the digits asked one by one (teacher-forced).
+  ``distance`` before the end (drawn log-uniformly when not given), a QUERY marker, then the digits asked one
+  by one (teacher-forced).
   Chance: 1/10 a digit.
 * ``mqar`` (Zoology, Arora et al., 2023): ``n_pairs`` key-value pairs (keys from 1..127, values from 128..255),
   then zeros with every key asked once at a random place; the position of a query predicts its value.
@@ -86,10 +87,15 @@ def passkey_distances(options: TaskConfig, length: int) -> tuple[int, int]:
     return low, high
 
 
+def log_uniform(rng, low: int, high: int) -> int:
+    """An integer in [low, high] drawn log-uniformly: every scale of distance is trained alike."""
+    return min(high, int(np.exp(rng.uniform(np.log(low), np.log(high + 1)))))
+
+
 def _passkey(rng, o: TaskConfig, inputs, labels, dist, distance) -> None:
     n, k = len(inputs), o.key_len
     low, high = passkey_distances(o, n)
-    d = int(rng.integers(low, high + 1)) if distance is None else distance
+    d = log_uniform(rng, low, high) if distance is None else distance
     if not low <= d <= n - k - 1:
         raise ValueError(f"passkey distance {d} does not fit {n} tokens with key_len {k} (range [{low}, {n - k - 1}])")
     inputs[:] = FILLER + rng.integers(0, o.alphabet, n)
