@@ -126,8 +126,10 @@ def test_train_task_and_recall_commands_round_trip(tmp_path, capsys):
     trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert trained["step"] == 2 and trained["chance"] == 0.1 and 0 <= trained["accuracy"] <= 1
     saved = tmp_path / "cells.json"
-    assert main(["recall", str(out), "--lengths", "40", "--n", "4", "--out", str(saved), "--json", "--quiet"]) == 0
+    assert main(["recall", str(out), "--lengths", "40", "--n", "4", "--out", str(saved), "--json", "--quiet",
+                 "--plot", str(tmp_path / "cells.png")]) == 0  # fmt: skip
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["plot"] == str(tmp_path / "cells.png") and (tmp_path / "cells.png").exists()
     assert json.loads(saved.read_text())["cells"] == printed["cells"] and printed["cells"][0]["asked"] == 4
     with pytest.raises(SystemExit):
         main(["train", "--task", "nope"])

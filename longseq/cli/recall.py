@@ -2,7 +2,7 @@
 with the memory carried (:func:`longseq.eval.recall.recall_grid`).
 
     longseq recall runs/passkey --distances 16,64,256,1024 --json
-    longseq recall runs/induction --lengths 256,4096,65536 --n 32 --out induction.json
+    longseq recall runs/induction --lengths 256,4096,65536 --n 32 --out induction.json --plot induction.png
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--segment-len", type=int, help="the segment read at a time (default: the task's)")
     p.add_argument("--seed", type=int, default=0, help="the evaluation stream (default %(default)s)")
     p.add_argument("--out", help="also write the result to this JSON file")
+    p.add_argument("--plot", metavar="FILE.png", help="also draw the accuracy as a heat map (one row: this model)")
     device_flag(p)
     return common_flags(p)
 
 
 def run(args: argparse.Namespace) -> dict:
     import json
+    import os
 
     from longseq.cli.common import load_model
     from longseq.config import ConfigError
@@ -48,4 +50,8 @@ def run(args: argparse.Namespace) -> dict:
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
+    if args.plot:
+        from longseq.diagnostics.plots import plot_recall_heatmap
+
+        result["plot"] = plot_recall_heatmap({os.path.basename(os.path.dirname(path)) or path: [result]}, args.plot)
     return result
