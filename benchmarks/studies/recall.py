@@ -153,7 +153,7 @@ def plot_store(store: str) -> None:
     for task in STUDIES:
         results = read_store(store, task)
         if results:
-            print(plot_recall_heatmap(results, os.path.join(store, f"{task}.png"), title=f"{task}: accuracy"))
+            print(plot_recall_heatmap(results, os.path.join(store, f"{task}.png")))
 
 
 def read_store(store: str, task: str) -> dict[str, list[dict]]:
