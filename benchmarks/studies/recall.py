@@ -55,7 +55,7 @@ PASSKEY = {  # variant -> model settings over BASE_MODEL
 STUDIES = {  # task -> (task options, training settings, rows, the evaluation grid)
     "passkey": (dict(seq_len=64 * SEGMENTS, key_len=1), dict(max_steps=300), PASSKEY,
                 dict(distances=[16, 32, 64, 96, 128, 192, 256, 384, 512, 1024, 4096])),
-    "induction": (dict(seq_len=256, alphabet=16), dict(max_steps=300),
+    "induction": (dict(seq_len=256, alphabet=16), dict(max_steps=1500),  # 300 steps: ssm at chance
                   {"ssm": dict(mixer=["ssm"], state_bptt=4), "xl-mem256": dict(mem_len=256)},
                   dict(lengths=[256, 1024, 4096, 16384, 65536])),
     "copying": (dict(seq_len=256, n_copy=16, alphabet=16), dict(max_steps=300),
