@@ -61,7 +61,7 @@ STUDIES = {  # task -> (task options, training settings, rows, the evaluation gr
     "copying": (dict(seq_len=256, n_copy=16, alphabet=16), dict(max_steps=300),
                 {"ssm": dict(mixer=["ssm"], state_bptt=4), "xl-mem256": dict(mem_len=256)},
                 dict(lengths=[256, 1024])),
-    "mqar": (dict(seq_len=64, n_pairs=4), dict(max_steps=300),
+    "mqar": (dict(seq_len=64, n_pairs=4), dict(max_steps=2000, lr=3e-3),  # 300 steps at 1e-3: 0.4-0.8%
              {"attention": dict(mem_len=0), "ssm": dict(mixer=["ssm"]),
               "conv": dict(mixer=["conv"])},
              dict(lengths=[64, 128, 256])),
