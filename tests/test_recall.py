@@ -111,6 +111,7 @@ def test_the_grid_reports_accuracy_by_distance_and_length_with_the_models_reach(
     assert [(c.get("distance"), c["length"], c["asked"]) for c in result["cells"]] == [(5, 16, 18), (40, 48, 18),
                                                                                      (None, 24, 18)]  # fmt: skip
     assert all(0 <= c["accuracy"] <= 1 for c in result["cells"])
+    assert recall_grid(tiny(mixer=["ssm"]), OPTIONS["passkey"], 8, lengths=[16], n=2)["effective_range"] == 0
     with pytest.raises(ValueError, match="evaluate mqar at lengths"):
         recall_grid(lm, OPTIONS["mqar"], 8, distances=[5])
 

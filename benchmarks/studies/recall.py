@@ -165,7 +165,10 @@ def read_store(store: str, task: str) -> dict[str, list[dict]]:
             path = stored(store, task, variant, seed)
             if os.path.exists(path):
                 with open(path, encoding="utf-8") as f:
-                    seeds.append(json.load(f))
+                    run = json.load(f)
+                if "attention" not in run["settings"].get("mixer", ["attention"]):
+                    run["effective_range"] = 0  # rows stored before recall_grid said so: no layer reads mem_len
+                seeds.append(run)
         if seeds:
             out[variant] = seeds
     return out

@@ -85,5 +85,6 @@ def recall_grid(lm, options: TaskConfig, segment_len: int, *, distances: list[in
              for d in distances or []]  # fmt: skip
     cells += [recall_cell(lm, options, segment_len, length, None, n, batch_size, seed) for length in lengths or []]
     c = lm.config
+    reach = c.effective_range if "attention" in c.layer_mixers else 0  # mem_len is read by attention layers only
     return {"task": options.name, "segment_len": segment_len, "mem_len": c.memory.mem_len,
-            "effective_range": c.effective_range, "chance": chance(options), "n": n, "cells": cells}  # fmt: skip
+            "effective_range": reach, "chance": chance(options), "n": n, "cells": cells}  # fmt: skip
