@@ -18,6 +18,8 @@ Every command is a module of this package with ``add_parser(subparsers)`` and ``
     longseq predict --checkpoint DIR --data IN.jsonl --out OUT.jsonl [--json]
     longseq data prepare --data PATH --tokenizer byte|char|word|bpe|FILE.json [--vocab-size N] --out DIR [--json]
     longseq data listops --out DIR [--seed N] [--train 2000 --valid 200 --test 200]
+    longseq train --task passkey|mqar|copying|induction [--set seq_len=256 ...] --out DIR
+    longseq recall CHECKPOINT [--distances 16,64,256] [--lengths 256,4096] [--n 64] [--out FILE.json] [--json]
 
 Human-readable progress goes to stderr; the result goes to stdout (one JSON object on the last line with ``--json``).
 """
@@ -30,7 +32,8 @@ import sys
 
 from longseq.cli.common import emit, library_errors
 
-COMMANDS = ("train", "eval", "generate", "convert", "bench", "diagnose", "plot", "finetune", "predict", "data")
+COMMANDS = ("train", "eval", "generate", "convert", "bench", "diagnose", "plot", "finetune", "predict", "data",
+            "recall")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,9 +44,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from longseq.tasks import TASKS
+    from longseq.tasks import FINETUNE_TASKS
 
-    p.add_argument("--task", choices=sorted(n for n in TASKS if n != "lm"), help="the task (not needed with --resume)")
+    p.add_argument("--task", choices=sorted(FINETUNE_TASKS), help="the task (not needed with --resume)")
     p.add_argument("--data", help="training JSONL")
     p.add_argument("--valid", help="validation JSONL")
     p.add_argument("--checkpoint", help="the LM checkpoint (or run directory) to start from")

@@ -9,6 +9,7 @@ import os
 
 from longseq.cli.common import common_flags, overrides, refuse_vocab_size, say
 from longseq.config import PRESETS, ConfigError, RunConfig, apply_overrides, get_preset, load_run_config
+from longseq.config.run import RECALL_TASKS, TaskConfig
 
 DEFAULT_PRESET = "tiny-shakespeare"
 
@@ -25,7 +26,11 @@ max_steps and max_time_s comes first), validates and saves; --resume --set max_t
 time counts across resumes).  progress: a bar on a terminal; elsewhere (a log, CI, nohup) a line every
 progress_interval_s=30 seconds with step, loss, lr, tokens/s and the ETA.  samples while training:
 --set sample_interval=500 sample_tokens=200 sample_prompt="ROMEO:" sample_temperature=0.8 (0: greedy).
-data parallel: torchrun --nproc_per_node N -m longseq train ..."""
+data parallel: torchrun --nproc_per_node N -m longseq train ...
+recall tasks (generated data, no corpus): --task passkey|mqar|copying|induction trains from the configs' defaults
+(or --preset/--config) on sequences the task draws, e.g. longseq train --task passkey --set seq_len=256
+tgt_len=64 mem_len=64 n_layer=2 max_steps=300 --out runs/passkey; task keys: seq_len segment_len min_distance
+max_distance key_len alphabet n_pairs n_copy valid_size; longseq recall runs/passkey measures it by distance."""
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -47,10 +52,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue exactly from OUT/last")
     p.add_argument("--overwrite", action="store_true", help="start over an existing run in OUT (its files are deleted)")
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events (OUT/tensorboard)")
+    p.add_argument("--task", choices=RECALL_TASKS, help="a recall task with generated data instead of a corpus")
     return common_flags(p)
 
 
 def run_name(args: argparse.Namespace) -> str:
+    if args.task and not (args.preset or args.config):
+        return args.task
     if args.preset or not args.config:
         return args.preset or DEFAULT_PRESET
     return os.path.splitext(os.path.basename(args.config))[0]
@@ -58,6 +66,17 @@ def run_name(args: argparse.Namespace) -> str:
 
 def base_config(args: argparse.Namespace) -> RunConfig:
     """The preset, or the config file laid over the preset it names, else over ``--preset``, else the defaults."""
+    if args.task:  # generated data: the configs' defaults (or the preset, the file), with the task's section
+        from longseq.config import DataConfig, ModelConfig, TrainConfig
+
+        if args.data is not None or args.tokenizer is not None:
+            raise ConfigError(f"--task {args.task} makes its own data (byte ids); --data and --tokenizer do not apply")
+        base = RunConfig(ModelConfig(), DataConfig(tokenizer="byte"), TrainConfig())
+        if args.preset or args.config:
+            base = base_config(argparse.Namespace(**{**vars(args), "task": None}))
+        return RunConfig(
+            base.model, base.data.replace(path=None, tokenizer="byte"), base.train, TaskConfig(name=args.task)
+        )
     if not args.config:
         return get_preset(args.preset or DEFAULT_PRESET)
     return load_run_config(args.config, base=get_preset(args.preset) if args.preset else None)
@@ -68,6 +87,8 @@ def preset_of(args: argparse.Namespace) -> RunConfig | None:
     settings are not the user's own; None for a config file over the configs' defaults."""
     from longseq.config.files import read_config_file
 
+    if args.task and not (args.preset or args.config):
+        return None
     if args.config:
         name = read_config_file(args.config).get("preset") or args.preset
         return get_preset(name) if isinstance(name, str) else None
@@ -141,6 +162,8 @@ def run(args: argparse.Namespace) -> dict:
         "stopped_on_time": result.stopped_on_time,
         "checkpoint": os.path.join(out, "best"),
     }
+    if "accuracy" in result.valid:  # a recall task
+        summary["accuracy"], summary["chance"] = result.valid["accuracy"], result.valid["chance"]
     if "bpb" in result.valid:
         summary["bpb"] = result.valid["bpb"]
     if "bpc" in result.valid:

@@ -9,6 +9,7 @@ from longseq.config.base import ConfigError, JsonConfig, check, check_choice, ch
 from longseq.config.model import ModelConfig
 
 TOKENIZERS = ("byte", "char", "word", "bpe")
+RECALL_TASKS = ("passkey", "mqar", "copying", "induction")  # generated tasks: no training file
 
 
 @config
@@ -257,7 +258,13 @@ class TaskConfig(JsonConfig):
     ``mask_rate`` and ``mask_token`` (``mask_id``: its id, found when the run starts).  ``classify`` and ``mlm``
     read ``text_column`` (and ``classify`` ``label_column``): the names of those fields in the files (JSON lines,
     or parquet and arrow tables read through ``datasets``).  An option another task reads is refused for this
-    one."""
+    one.
+
+    The recall tasks (``passkey``, ``mqar``, ``copying``, ``induction``; :mod:`longseq.data.recall`) make their
+    data: ``seq_len`` tokens a training sequence, read in segments of ``segment_len`` with the memory carried;
+    ``min_distance``/``max_distance`` bound the passkey's distance (0: any that fits); ``key_len`` digits a
+    passkey; ``alphabet`` random tokens (filler, induction, copying); ``n_pairs`` key-value pairs (mqar);
+    ``n_copy`` tokens to copy (copying); ``valid_size`` validation sequences."""
 
     name: str = "lm"
     train: str = ""
@@ -276,12 +283,29 @@ class TaskConfig(JsonConfig):
     mask_id: int = -1
     text_column: str = "text"
     label_column: str = "label"
+    seq_len: int = 256
+    min_distance: int = 0
+    max_distance: int = 0
+    key_len: int = 3
+    alphabet: int = 16
+    n_pairs: int = 4
+    n_copy: int = 16
+    valid_size: int = 256
 
     def __post_init__(self) -> None:
         check_finite(self)
         check(bool(self.name), "task.name must name a task (lm, or a fine-tuning task)")
         check(
-            self.name == "lm" or bool(self.train), f"the {self.name} task needs its training file (--data FILE.jsonl)"
+            self.name in ("lm", *RECALL_TASKS) or bool(self.train),
+            f"the {self.name} task needs its training file (--data FILE.jsonl)",
+        )
+        for name in ("seq_len", "key_len", "n_pairs", "n_copy", "valid_size"):
+            check(getattr(self, name) >= 1, f"task.{name} must be >= 1, got {getattr(self, name)}")
+        check(2 <= self.alphabet <= 200, f"task.alphabet must be in [2, 200], got {self.alphabet}")
+        check(
+            0 <= self.min_distance and (self.max_distance == 0 or self.min_distance <= self.max_distance),
+            f"task.min_distance and max_distance must satisfy 0 <= min <= max (max 0: any), got "
+            f"{self.min_distance}, {self.max_distance}",
         )
         check(self.segment_len >= 0, f"task.segment_len must be >= 0, got {self.segment_len}")
         check(self.lm_weight >= 0, f"task.lm_weight must be >= 0, got {self.lm_weight}")

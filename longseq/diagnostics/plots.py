@@ -146,3 +146,45 @@ def plot_context_curve(
     ax.set_title(title or "loss against evaluation memory")
     ax.grid(alpha=0.3)
     return _save_figure(plt, fig, out_path)
+
+
+def recall_table(results: dict[str, list[dict]]) -> tuple[list[str], list[int], list[list[float | None]]]:
+    """Results of :func:`longseq.eval.recall.recall_grid` by model (each a list over seeds) as a table: the model
+    names, the columns (distances when the cells have them, else lengths) and the mean accuracy over seeds (None
+    where a model has no such cell)."""
+    axis = "distance" if any("distance" in c for runs in results.values() for c in runs[0]["cells"]) else "length"
+    columns = sorted({c[axis] for runs in results.values() for run in runs for c in run["cells"] if axis in c})
+    table = []
+    for runs in results.values():
+        row = []
+        for column in columns:
+            values = [c["accuracy"] for run in runs for c in run["cells"] if c.get(axis) == column]
+            row.append(sum(values) / len(values) if values else None)
+        table.append(row)
+    return list(results), columns, table
+
+
+def plot_recall_heatmap(results: dict[str, list[dict]], out_path: str, *, title: str | None = None) -> str:
+    """A heat map of recall accuracy: a row a model, a column a distance (or length), the mean over seeds written
+    in each cell; the dashed line of each row marks its model's effective range (attention: n_layer x mem_len)."""
+    plt = _pyplot()
+    names, columns, table = recall_table(results)
+    axis = "distance" if any("distance" in c for runs in results.values() for c in runs[0]["cells"]) else "length"
+    fig, ax = plt.subplots(figsize=(1.0 + 0.62 * len(columns), 0.9 + 0.42 * len(names)))
+    values = [[float("nan") if v is None else v for v in row] for row in table]
+    image = ax.imshow(values, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    for i, row in enumerate(table):
+        for j, v in enumerate(row):
+            if v is not None:
+                ax.text(j, i, f"{100 * v:.0f}", ha="center", va="center", fontsize=7, color="w" if v < 0.6 else "k")
+        reach = results[names[i]][0].get("effective_range", 0)
+        if axis == "distance" and reach and any(c > reach for c in columns):
+            edge = sum(c <= reach for c in columns) - 0.5
+            ax.plot([edge, edge], [i - 0.5, i + 0.5], "--", color="r", linewidth=1.2)
+    ax.set_xticks(range(len(columns)), [str(c) for c in columns], rotation=45, fontsize=8)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_xlabel(f"{axis} (tokens)")
+    runs = results[names[0]][0]
+    ax.set_title(title or f"{runs['task']}: accuracy (%), chance {100 * runs['chance']:.0f}%", fontsize=10)
+    fig.colorbar(image, ax=ax, fraction=0.03, label="accuracy")
+    return _save_figure(plt, fig, out_path)

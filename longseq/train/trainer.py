@@ -617,12 +617,16 @@ def train(
     ends the run early after that many optimizer steps (checkpointing first), which is how an interruption is
     simulated in tests.  A new run refuses model options its architecture does not read, counting those that
     differ from ``base`` (the preset the command line started from; default: the configs' defaults)."""
+    from longseq.tasks import task_for
     from longseq.tasks.lm import LanguageModeling
 
     if not (resume and has_checkpoint(out_dir)):  # a new run (a resume continues what was accepted then)
         check_options_apply(run, base)
 
-    task = LanguageModeling(run, log=log, corpus=corpus)
+    if run.task is None or run.task.name == "lm":
+        task = LanguageModeling(run, log=log, corpus=corpus)
+    else:  # a task that makes its own data (the recall tasks)
+        task = task_for(run, log=log)
     trainer = Trainer(
         task,
         run,

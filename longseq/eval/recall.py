@@ -1,0 +1,90 @@
+"""Recall across segments: a sequence of a recall task (:mod:`longseq.data.recall`) read segment by segment with
+the memory (or a recurrent state) carried, so that the answer may lie many segments back; accuracy by the
+distance of the answer and by the length of the sequence.
+
+    cells = recall_grid(model.lm, task, segment_len=64, distances=[16, 64, 256, 1024], n=64)
+
+The cost is linear in the length: one forward per segment, the softmax only where a label is asked.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from longseq.config.run import TaskConfig
+from longseq.data.recall import IGNORE, RecallBatch, chance, recall_batch
+from longseq.model.heads import read_segments
+
+EVAL_STREAM = 7_777_777  # eval batches come from this stream offset of the seed, apart from training's
+
+
+@torch.no_grad()
+def recall_scores(lm, batch: RecallBatch, segment_len: int) -> tuple[Tensor, Tensor]:
+    """Whether the argmax at each asked position is right (K,) and its distance (K,), reading ``batch`` in
+    segments of ``segment_len`` with the memory carried (the model's own ``mem_len``)."""
+    was_training = lm.training
+    lm.eval()
+    device = next(lm.parameters()).device
+    inputs, labels = batch.inputs.to(device), batch.labels.split(segment_len, dim=1)
+    distances = batch.distance.split(segment_len, dim=1)
+    correct, distance = [], []
+    for i, _, _, hidden in read_segments(lm, inputs, segment_len):
+        keep = labels[i].to(device) != IGNORE  # (B, T)
+        if keep.any():
+            logits = lm.head(hidden[keep][None]).logits[0]  # (K, V)
+            correct.append((logits.argmax(-1) == labels[i].to(device)[keep]).cpu())
+            distance.append(distances[i][keep.cpu()])
+    lm.train(was_training)
+    return torch.cat(correct), torch.cat(distance)
+
+
+def passkey_length(options: TaskConfig, distance: int, segment_len: int) -> int:
+    """The length a passkey eval at ``distance`` uses: the shortest whole number of segments it fits in."""
+    need = distance + options.key_len + 1
+    return -(-need // segment_len) * segment_len
+
+
+def recall_cell(lm, options: TaskConfig, segment_len: int, length: int, distance: int | None = None, n: int = 64,
+                batch_size: int = 64, seed: int = 0) -> dict:  # fmt: skip
+    """Accuracy over ``n`` sequences of ``length`` tokens (passkey: the key at ``distance``): ``accuracy``,
+    ``asked`` (the labels scored) and, by powers of two of the distance, ``by_distance``."""
+    correct, distance_of = [], []
+    for first in range(0, n, batch_size):
+        rows = min(batch_size, n - first)
+        batch = recall_batch(options, seed + EVAL_STREAM, first // batch_size, rows, length, distance)
+        c, d = recall_scores(lm, batch, segment_len)
+        correct.append(c)
+        distance_of.append(d)
+    hits, far = torch.cat(correct).float(), torch.cat(distance_of)
+    buckets = {}
+    for bucket in sorted({_bucket(int(x)) for x in far}):
+        where = torch.as_tensor([_bucket(int(x)) == bucket for x in far])
+        buckets[str(bucket)] = {"accuracy": float(hits[where].mean()), "asked": int(where.sum())}
+    cell = {"length": length, "accuracy": float(hits.mean()), "asked": len(hits), "by_distance": buckets}
+    return cell if distance is None else {"distance": distance, **cell}
+
+
+def _bucket(distance: int) -> int:
+    """The power of two at or above ``distance`` (1 for 0 and 1)."""
+    return 1 << max(0, math.ceil(math.log2(max(1, distance))))
+
+
+def recall_grid(lm, options: TaskConfig, segment_len: int, *, distances: list[int] | None = None,
+                lengths: list[int] | None = None, n: int = 64, batch_size: int = 64, seed: int = 0) -> dict:  # fmt: skip
+    """Accuracy against distance (passkey: ``distances``, each at the shortest whole number of segments it fits
+    in) or against length (``lengths``; every task), with what the model reaches: ``effective_range`` (attention's
+    n_layer x mem_len, as the model reports it) and the task's ``chance``."""
+    if not distances and not lengths:
+        raise ValueError("give distances (passkey) or lengths to evaluate recall at")
+    if distances and options.name != "passkey":
+        raise ValueError(f"distances are chosen by the passkey task; evaluate {options.name} at lengths")
+    cells = [recall_cell(lm, options, segment_len, passkey_length(options, d, segment_len), d, n, batch_size, seed)
+             for d in distances or []]  # fmt: skip
+    cells += [recall_cell(lm, options, segment_len, length, None, n, batch_size, seed) for length in lengths or []]
+    c = lm.config
+    reach = c.effective_range if "attention" in c.layer_mixers else 0  # mem_len is read by attention layers only
+    return {"task": options.name, "segment_len": segment_len, "mem_len": c.memory.mem_len,
+            "effective_range": reach, "chance": chance(options), "n": n, "cells": cells}  # fmt: skip

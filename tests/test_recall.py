@@ -1,0 +1,161 @@
+"""The recall tasks: generators (every answer's source lies at its distance, the same per seed), evaluation across
+segments (equal to reading the whole sequence at once, and to a hand-rolled segment loop), training through the
+one Trainer and the command line."""
+
+import json
+
+import pytest
+import torch
+
+from longseq import ModelConfig
+from longseq.cli import main
+from longseq.config import ConfigError
+from longseq.config.run import RECALL_TASKS, TaskConfig
+from longseq.data.recall import KEY, QUERY, RecallBatches, chance, recall_batch
+from longseq.eval.recall import recall_grid, recall_scores
+from longseq.model import TransformerXLLM
+from longseq.tasks import check_task_options
+
+OPTIONS = {
+    "passkey": TaskConfig(name="passkey", key_len=3),
+    "mqar": TaskConfig(name="mqar", n_pairs=4),
+    "copying": TaskConfig(name="copying", n_copy=5, alphabet=8),
+    "induction": TaskConfig(name="induction", alphabet=16),
+}
+
+
+@pytest.mark.parametrize("task", RECALL_TASKS)
+@pytest.mark.parametrize("length", [37, 300])
+def test_every_answer_is_the_token_at_its_distance_and_the_same_per_seed(task, length):
+    o = OPTIONS[task]
+    batch = recall_batch(o, seed=3, index=5, batch=16, length=length)
+    asked = batch.labels != -100
+    rows, cols = asked.nonzero(as_tuple=True)
+    source = cols - batch.distance[rows, cols]
+    assert bool((batch.distance[asked] >= 1).all()) and bool((source >= 0).all())
+    assert torch.equal(batch.inputs[rows, source], batch.labels[rows, cols])  # the answer lies where it says
+    assert bool((batch.distance[~asked] == -1).all()) and int(batch.inputs.max()) < 256
+    again, other = recall_batch(o, 3, 5, 16, length), recall_batch(o, 3, 6, 16, length)
+    assert torch.equal(again.inputs, batch.inputs) and torch.equal(again.labels, batch.labels)
+    assert not torch.equal(other.inputs, batch.inputs)
+    per_row = {"passkey": o.key_len, "mqar": o.n_pairs, "copying": o.n_copy, "induction": 1}[task]
+    assert bool((asked.sum(1) == per_row).all())
+
+
+def test_passkey_places_its_key_at_the_distance_asked_and_its_markers_once():
+    o = OPTIONS["passkey"]
+    batch = recall_batch(o, seed=0, index=0, batch=8, length=1000, distance=700)
+    assert set(batch.distance[batch.labels != -100].tolist()) == {700}
+    assert bool(((batch.inputs == KEY).sum(1) == 1).all()) and bool(((batch.inputs == QUERY).sum(1) == 1).all())
+    assert bool((batch.inputs[:, 1000 - 3 - 700 - 1] == KEY).all())
+
+
+def test_generators_refuse_what_does_not_fit_by_name():
+    with pytest.raises(ValueError, match="needs >= 8 tokens"):
+        recall_batch(OPTIONS["passkey"], 0, 0, 1, 7)
+    with pytest.raises(ValueError, match="distance 90 does not fit"):
+        recall_batch(OPTIONS["passkey"], 0, 0, 1, 64, distance=90)
+    with pytest.raises(ValueError, match="passkey task only"):
+        recall_batch(OPTIONS["mqar"], 0, 0, 1, 64, distance=9)
+    with pytest.raises(ConfigError, match="option of the classify task"):
+        check_task_options(TaskConfig(name="passkey", pooling="mean"))
+    with pytest.raises(ConfigError, match="passkey, mqar, copying, induction task, not of span"):
+        check_task_options(TaskConfig(name="span", train="x.jsonl", key_len=5))
+
+
+def test_the_stream_resumes_where_it_stopped():
+    stream = RecallBatches(OPTIONS["induction"].replace(seq_len=40), seed=1, batch=4)
+    stream.next()
+    state = stream.state_dict()
+    expected = stream.next()
+    fresh = RecallBatches(OPTIONS["induction"].replace(seq_len=40), seed=1, batch=4)
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh.next().inputs, expected.inputs)
+
+
+def tiny(**overrides) -> TransformerXLLM:
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=256, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0,
+                         **overrides)  # fmt: skip
+    return TransformerXLLM(config).double().eval()
+
+
+def hand_rolled_logits(lm, inputs, segment_len):
+    """Logits (B, N, V) read one segment at a time with lm(segment, mems), the memory carried by hand."""
+    mems, out = None, []
+    for segment in inputs.split(segment_len, dim=1):
+        step = lm(segment, mems)
+        out.append(step.logits)
+        mems = step.mems
+    return torch.cat(out, dim=1)
+
+
+@pytest.mark.parametrize("model", [dict(mem_len=64), dict(mixer=["ssm"], mem_len=0), dict(mixer=["rnn"], mem_len=0)])
+def test_reading_in_segments_with_memory_equals_reading_the_whole_sequence(model):
+    lm, o = tiny(**model), OPTIONS["passkey"]
+    batch = recall_batch(o, seed=2, index=0, batch=4, length=48, distance=30)
+    with torch.no_grad():
+        whole = lm(batch.inputs).logits  # one segment: every token sees the key directly
+        chunked = hand_rolled_logits(lm, batch.inputs, 8)
+    torch.testing.assert_close(chunked, whole, rtol=1e-7, atol=1e-9)
+    correct, distance = recall_scores(lm, batch, segment_len=8)
+    asked = batch.labels != -100
+    assert torch.equal(correct, (whole.argmax(-1) == batch.labels)[asked])
+    assert torch.equal(distance, batch.distance[asked])
+
+
+def test_the_grid_reports_accuracy_by_distance_and_length_with_the_models_reach():
+    lm = tiny(mem_len=16)
+    result = recall_grid(lm, OPTIONS["passkey"], 8, distances=[5, 40], lengths=[24], n=6, batch_size=4)
+    assert result["effective_range"] == 32 and result["chance"] == chance(OPTIONS["passkey"])
+    assert [(c.get("distance"), c["length"], c["asked"]) for c in result["cells"]] == [(5, 16, 18), (40, 48, 18),
+                                                                                     (None, 24, 18)]  # fmt: skip
+    assert all(0 <= c["accuracy"] <= 1 for c in result["cells"])
+    assert recall_grid(tiny(mixer=["ssm"]), OPTIONS["passkey"], 8, lengths=[16], n=2)["effective_range"] == 0
+    with pytest.raises(ValueError, match="evaluate mqar at lengths"):
+        recall_grid(lm, OPTIONS["mqar"], 8, distances=[5])
+
+
+TINY_RUN = ["--set", "tgt_len=16", "mem_len=16", "n_layer=2", "n_head=2", "d_head=32", "d_inner=128", "dropout=0",
+            "batch_size=16", "warmup_steps=10", "key_len=1", "valid_size=64", "save_every_s=0"]  # fmt: skip
+
+
+def test_train_task_and_recall_commands_round_trip(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--task", "passkey", "--out", str(out), "--json", "--quiet", *TINY_RUN, "d_model=32",
+                 "seq_len=32", "max_steps=2", "eval_interval=2"]) == 0  # fmt: skip
+    trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert trained["step"] == 2 and trained["chance"] == 0.1 and 0 <= trained["accuracy"] <= 1
+    saved = tmp_path / "cells.json"
+    assert main(["recall", str(out), "--lengths", "40", "--n", "4", "--out", str(saved), "--json", "--quiet",
+                 "--plot", str(tmp_path / "cells.png")]) == 0  # fmt: skip
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["plot"] == str(tmp_path / "cells.png") and (tmp_path / "cells.png").exists()
+    assert json.loads(saved.read_text())["cells"] == printed["cells"] and printed["cells"][0]["asked"] == 4
+    with pytest.raises(SystemExit):
+        main(["train", "--task", "nope"])
+
+
+@pytest.mark.slow
+def test_a_tiny_model_learns_a_passkey_through_its_memory_and_not_past_its_reach(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--task", "passkey", "--out", str(out), "--json", "--quiet", *TINY_RUN, "d_model=64",
+                 "seq_len=64", "max_steps=80", "eval_interval=80", "max_distance=24", "lr=0.003"]) == 0  # fmt: skip
+    trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert trained["accuracy"] >= 0.9  # distances up to 24: in the segment or one segment back
+    assert main(["recall", str(out), "--distances", "4,20,200", "--n", "64", "--json", "--quiet"]) == 0
+    cells = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["cells"]
+    assert cells[0]["accuracy"] >= 0.9 and cells[2]["accuracy"] <= 0.3  # 200 tokens back: past 2 x 16, at chance
+
+
+def test_the_heat_map_table_averages_seeds_by_distance_and_marks_missing_cells(tmp_path):
+    from longseq.diagnostics.plots import plot_recall_heatmap, recall_table
+
+    def run(accuracies):
+        cells = [{"distance": d, "length": 2 * d, "accuracy": a} for d, a in accuracies.items()]
+        return {"task": "passkey", "chance": 0.1, "effective_range": 64, "cells": cells}
+
+    results = {"xl": [run({16: 1.0, 128: 0.2}), run({16: 0.5, 128: 0.0})], "ssm": [run({16: 1.0})]}
+    assert recall_table(results) == (["xl", "ssm"], [16, 128], [[0.75, 0.1], [1.0, None]])
+    assert plot_recall_heatmap(results, str(tmp_path / "heat")) == str(tmp_path / "heat.png")
+    assert (tmp_path / "heat.png").stat().st_size > 1000
