@@ -119,10 +119,9 @@ def headline() -> list[str]:
     return [
         "# Benchmarks",
         "",
-        "One table per question, with its command, machine and date, generated from the results under",
-        "`benchmarks/results/` named below it (a README.md there tells how the study went):",
-        "`python benchmarks/tools/results_page.py` writes this page, `--check` (`tests/test_results_page.py`) fails",
-        "when they disagree. ↑/↓: higher/lower is better. Corpora: `$LONGSEQ_DATA`.",
+        "One table per question with its command, machine and date, generated from `benchmarks/results/` (a",
+        "README.md beside each tells how the study went) by `benchmarks/tools/results_page.py`; `--check` fails when",
+        "they disagree. ↑/↓: higher/lower is better. Corpora: `$LONGSEQ_DATA`.",
         "Machine **" + MACHINE + "**.",
         "",
         f"**How fast.** Against Hugging Face TransfoXL with the same weights: training {train[0]['speedup']:.2f}x as"
@@ -452,13 +451,10 @@ def recall_section() -> list[str]:
     head = ["model", "seeds", "reach", "≥99% to", *[f"pk {d}" for d in RECALL_PASSKEY], "ind. 256", "ind. 2^16",
             "copy", "MQAR"]  # fmt: skip
     body = [
-        "Accuracy ↑ (mean over seeds; task columns: (seeds)); 2 layers, d_model 64, segments of 64, memory carried.",
-        "Passkey (pk: distance; chance 10%): reach = n_layer x (mem_len + cmem), as the model reports it (window and",
-        "hourglass rows: the memory's, not the pattern's); ≥99% to: the measured edge; trained at distances 1-254.",
-        "Papers: Mamba Table 1 selective copying S6 99.8%, S4 18.3%, Hyena 30.1% (4,096 tokens; ours 256);",
-        "Table 2 induction (trained at 256): Mamba 100% to 2^20, attention (abs/RoPE/xPos) fails soon past 256;",
-        "Zoology MQAR: attention ~100% at every width, gated convs need width growing with length.",
-        "Ours at minutes a row: induction, copying and MQAR not learned (chance 6.7%, 7.1%, 25%); see its README.md.",
+        "Accuracy ↑, mean over seeds; 2 layers, d_model 64, segments of 64, memory carried. Passkey (pk: distance,",
+        "chance 10%, trained at 1-254): reach = what the model reports; ≥99% to = the measured edge. Papers: Mamba",
+        "copying S6 99.8% (4,096 tokens; ours 256), induction 100% to 2^20; Zoology MQAR: attention ~100%. Ours, at",
+        "minutes a row: induction, copying, MQAR not learned (chance 6.7%, 7.1%, 25%): `recall/README.md`.",
         "",
         *table(head, rows, "lrrrrrrrrrrr"),
     ]
@@ -492,26 +488,6 @@ def preset_section() -> list[str]:
     return section("The default preset's recipe", run, body, "preset-tiny-shakespeare-1200/")
 
 
-def small_speed_sections() -> list[str]:
-    """Activation checkpointing, FSDP and Flex on CPU: one short table each."""
-    a, f, x = load("speed/activation-checkpointing.json"), load("speed/fsdp-memory.json"), load("speed/flex-cpu.json")
-    ckpt = [[num(r["length"]), r["every"], f"{r['step_s']:.2f}", f"{r['time_vs_off']:.2f}x", num(r["step_memory_mib"]),
-             f"{r['memory_vs_off']:.2f}x"] for r in a["rows"]]  # fmt: skip
-    fsdp = [[r["figure"], f"{r['ddp_mib']:,}", f"{r['fsdp_mib']:,}", f"{r['ratio']:.2f}"] for r in f["rows"]]
-    flex = [[r["case"], f"{r['rel_shift_ms']:#.3g}", f"{r['flex_eager_ms']:.1f}", f"{r['flex_compiled_ms']:#.3g}",
-             f"{r['eager_over_rel_shift']}x", f"{r['compiled_over_rel_shift']:.2f}x"] for r in x["rows"]]  # fmt: skip
-    return [
-        *section("Activation checkpointing", a, ["Window 256, batch 1, mem_len 256; every k-th layer recomputed:", "",
-                 *table(["length", "every", "step s ↓", "vs off", "step MiB ↓", "vs off"], ckpt, "rrrrrr")],
-                 "speed/activation-checkpointing.json"),
-        *section("FSDP against DDP: what each rank holds", f, ["27.4M parameters, 2 ranks, rank 0, MiB ↓:", "",
-                 *table(["", "DDP", "FSDP", "FSDP / DDP"], fsdp, "lrrr")], "speed/fsdp-memory.json"),
-        *section("FlexAttention on CPU, inference", x, ["Medians of 5 calls, ms ↓:", "", *table(["case", "rel_shift",
-                 "Flex", "Flex compiled", "Flex / rel_shift", "compiled / rel_shift"], flex, "lrrrrr")],
-                 "speed/flex-cpu.json"),
-    ]  # fmt: skip
-
-
 def mfu_section() -> list[str]:
     data = load("speed/mfu.json")
     share = lambda v: "" if v is None else f"{100 * v:.0f}%"  # noqa: E731
@@ -528,30 +504,43 @@ def mfu_section() -> list[str]:
     return section("Model FLOPs utilisation of a training step", data, body, "speed/mfu.json")
 
 
-def data_sections() -> list[str]:
-    """Prepared corpora and tokenizers."""
+def smaller_section() -> list[str]:
+    """The smaller measurements, one line each with its key figures; their tables are in the JSON each names."""
+    a, f, x = load("speed/activation-checkpointing.json"), load("speed/fsdp-memory.json"), load("speed/flex-cpu.json")
     p, t = load("speed/prepared-corpus.json"), load("speed/tokenizers-wt2.json")
-    gib = lambda v: "" if v is None else f"{v:.2f}"  # noqa: E731
-    secs = lambda v: v if isinstance(v, str) else f"{v:.1f}"  # noqa: E731
-    prep = [[r["tokenizer"], num(r["tokens"]), r["tokens_per_byte"], num(r["wall_s"], 1), r["encoding_tokens_per_s"],
-             gib(r["peak_rss_gib"])] for r in p["prepare"]]  # fmt: skip
-    start = [[r["tokenizer"], secs(r["prepared_s"]), secs(r["in_ram_s"]), gib(r["prepared_rss_gib"]),
-              gib(r["in_ram_rss_gib"])] for r in p["startup"]]  # fmt: skip
-    toks = [[r["tokenizer"], num(r["vocabulary"]), r["test_tokens_per_byte"], f"{r['test_bpc']:.3f}",
-             r["training_text_seen"]] for r in t["rows"]]  # fmt: skip
-    prepared = [
-        "`longseq data prepare` of 306 MB; `longseq train` to its first backward (median of 3):",
-        "",
-        *table(["tokenizer", "tokens", "tokens / byte", "prepare s ↓", "encoding tokens/s", "peak GiB ↓"], prep, "lrrrrr"),
-        "",
-        *table(["tokenizer", "start-up s, prepared ↓", "in RAM", "GiB, prepared ↓", "in RAM"], start, "lrrrr"),
-    ]  # fmt: skip
-    tokenizers = [
-        "2 layers, d_model 128, 300 steps of 16 x 64 tokens: equal tokens, not equal text; bits per character ↓.", "",
-        *table(["tokenizer", "vocabulary", "test tokens / byte", "test bpc", "training text seen"], toks, "lrrrr"),
-    ]  # fmt: skip
-    return [*section("Prepared corpora", p, prepared, "speed/prepared-corpus.json"),
-            *section("Tokenizers on WikiText-2", t, tokenizers, "speed/tokenizers-wt2.json")]  # fmt: skip
+    arrow, parquet = load("speed/table-corpus-arrow.json"), load("speed/table-corpus-parquet.json")
+    every = [r for r in a["rows"] if r["every"] == "1"][-1]
+    held, peak = f["rows"][0], f["rows"][-1]
+    window = x["rows"][-1]
+    byte = [r for r in p["startup"] if r["tokenizer"] == "byte"][0]
+    bpc = {r["tokenizer"]: r["test_bpc"] for r in t["rows"]}
+    rss = lambda d, k: f"{d['results'][-1][k]['peak_rss_mib']:,.0f}"  # noqa: E731
+    lines = [
+        f"* **Activation checkpointing** (`speed/activation-checkpointing.json`): every layer recomputed at "
+        f"{num(every['length'])} tokens: {every['time_vs_off']:.2f}x the step time for {every['memory_vs_off']:.2f}x "
+        "the step memory.",
+        f"* **FSDP against DDP** (`speed/fsdp-memory.json`, 2 ranks): each rank holds {held['ratio']:.2f}x the "
+        f"parameters, gradients and moments; peak RSS {peak['ratio']:.2f}x.",
+        f"* **FlexAttention on CPU** (`speed/flex-cpu.json`): {window['case']}: eager "
+        f"{window['eager_over_rel_shift']}x rel_shift's time, compiled {window['compiled_over_rel_shift']:.2f}x.",
+        f"* **Prepared corpora** (`speed/prepared-corpus.json`, 306 MB): start-up of a byte run "
+        f"{byte['prepared_s']} s prepared against {byte['in_ram_s']} s in RAM, {byte['prepared_rss_gib']:.2f} GiB "
+        f"against {byte['in_ram_rss_gib']:.2f}.",
+        f"* **Tokenizers on WikiText-2** (`speed/tokenizers-wt2.json`, equal tokens): test bits per character byte "
+        f"{bpc['byte']:.3f}, char {bpc['char']:.3f}, BPE {bpc['bpe']:.3f}, word {bpc['word']:.3f}.",
+        f"* **Tables through datasets** (`speed/table-corpus-*.json`, data prepare of {arrow['results'][-1]['mb']} MB"
+        f" of text, peak MiB ↓): plain file {rss(arrow, 'plain')}, arrow {rss(arrow, 'table')}, parquet "
+        f"{rss(parquet, 'table')} (parquet grows with the file).",
+    ]
+    return ["## Smaller measurements", f"*{MACHINE.split(':')[0]}; commands in each JSON*", "", *lines, ""]
+
+
+def before_after_section() -> list[str]:
+    """The CPU speed before and after the GPU-readiness and interface work, alternating trees."""
+    data = load("speed/before-after.json")
+    rows = [[r["figure"], f"{r['before']:#.4g}", f"{r['after']:#.4g}", f"**{r['ratio']:.2f}**"] for r in data["rows"]]
+    body = [data["setup"], "", *table(["figure", "before", "after", "after / before"], rows, "lrrr")]
+    return section("Before and after the GPU-ready step", data, body, "speed/before-after.json")
 
 
 def render() -> str:
@@ -559,7 +548,7 @@ def render() -> str:
     parts = [headline(), memory_section(), hf_section(), vanilla_section(), patterns_section(), table6_section(),
              compaction_section(), clamp_section(), mixers_section(), mixers_speed_section(), listops_section(),
              recall_section(),
-             preset_section(), mfu_section(), data_sections(), small_speed_sections()]  # fmt: skip
+             preset_section(), mfu_section(), before_after_section(), smaller_section()]  # fmt: skip
     return "\n".join(line for part in parts for line in part).rstrip("\n") + "\n"
 
 
