@@ -32,8 +32,19 @@ import sys
 
 from longseq.cli.common import emit, library_errors
 
-COMMANDS = ("train", "eval", "generate", "convert", "bench", "diagnose", "plot", "finetune", "predict", "data",
-            "recall")  # fmt: skip
+COMMANDS = (
+    "train",
+    "eval",
+    "generate",
+    "convert",
+    "bench",
+    "diagnose",
+    "plot",
+    "finetune",
+    "predict",
+    "data",
+    "recall",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -120,8 +120,9 @@ def read_corpus(data: str | None, run, tokenizer, checkpoint: str):
 
     path = data if data is not None else run.data.path
     try:
-        return load_corpus(path, tokenizer.kind, tokenizer=tokenizer, lowercase=run.data.lowercase,
-                           text_column=run.data.text_column)  # fmt: skip
+        return load_corpus(
+            path, tokenizer.kind, tokenizer=tokenizer, lowercase=run.data.lowercase, text_column=run.data.text_column
+        )
     except CorpusError as exc:
         if data is None and path is not None:
             raise CorpusError(

@@ -13,9 +13,13 @@ from longseq.cli.common import common_flags, device_flag, memory_lengths
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("recall", help="a recall task's accuracy against distance and sequence length",
-                       description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                       formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = sub.add_parser(
+        "recall",
+        help="a recall task's accuracy against distance and sequence length",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("checkpoint", help="a checkpoint (or run directory: its best/) of a recall task")
     p.add_argument("--distances", type=memory_lengths, help="passkey: distances from the key to the query, e.g. 16,64")
     p.add_argument("--lengths", type=memory_lengths, help="sequence lengths in tokens, e.g. 256,4096,65536")
@@ -44,8 +48,16 @@ def run(args: argparse.Namespace) -> dict:
     if args.n < 1 or args.batch_size < 1:
         raise ConfigError(f"--n and --batch-size must be >= 1, got {args.n} and {args.batch_size}")
     segment = args.segment_len or run_config.task.segment_len or run_config.data.tgt_len
-    result = recall_grid(model.lm, run_config.task, segment, distances=args.distances, lengths=args.lengths,
-                         n=args.n, batch_size=args.batch_size, seed=args.seed)  # fmt: skip
+    result = recall_grid(
+        model.lm,
+        run_config.task,
+        segment,
+        distances=args.distances,
+        lengths=args.lengths,
+        n=args.n,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
     result["checkpoint"] = path
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

@@ -100,8 +100,9 @@ def check_known(corpus: Corpus) -> None:
 def load_data(config: DataConfig, tokenizer: Tokenizer | None = None) -> Corpus:
     """The corpus that a :class:`~longseq.config.run.DataConfig` names (its path, tokenizer, lowercase and
     BPE vocabulary size)."""
-    return load_corpus(config.path, config.tokenizer, tokenizer, config.lowercase, config.vocab_size,
-                       config.text_column)  # fmt: skip
+    return load_corpus(
+        config.path, config.tokenizer, tokenizer, config.lowercase, config.vocab_size, config.text_column
+    )
 
 
 def _load_layout(source: Source, spec: str, tokenizer, lowercase: bool, vocab_size: int) -> Corpus:

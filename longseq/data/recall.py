@@ -47,25 +47,35 @@ class RecallBatch:
 
 def chance(options: TaskConfig) -> float:
     """The accuracy of guessing a label uniformly among the tokens the task asks for."""
-    return {"passkey": 1 / 10, "mqar": 1 / options.n_pairs, "copying": 1 / (options.alphabet - 2),
-            "induction": 1 / (options.alphabet - 1)}[options.name]  # fmt: skip
+    return {
+        "passkey": 1 / 10,
+        "mqar": 1 / options.n_pairs,
+        "copying": 1 / (options.alphabet - 2),
+        "induction": 1 / (options.alphabet - 1),
+    }[options.name]
 
 
 def shortest(options: TaskConfig) -> int:
     """The shortest sequence the task's format fits in."""
-    return {"passkey": 2 * options.key_len + 2, "mqar": 3 * options.n_pairs, "copying": 2 * options.n_copy + 1,
-            "induction": 4}[options.name]  # fmt: skip
+    return {
+        "passkey": 2 * options.key_len + 2,
+        "mqar": 3 * options.n_pairs,
+        "copying": 2 * options.n_copy + 1,
+        "induction": 4,
+    }[options.name]
 
 
-def recall_batch(options: TaskConfig, seed: int, index: int, batch: int, length: int,
-                 distance: int | None = None) -> RecallBatch:  # fmt: skip
+def recall_batch(
+    options: TaskConfig, seed: int, index: int, batch: int, length: int, distance: int | None = None
+) -> RecallBatch:
     """Batch ``index`` of the stream ``seed``: ``batch`` sequences of ``length`` tokens of the task
     ``options.name``.  ``distance`` fixes the passkey's distance (default: drawn within the options' bounds)."""
     if options.name not in RECALL_TASKS:
         raise ValueError(f"{options.name!r} is not a recall task; known: {', '.join(RECALL_TASKS)}")
     if length < shortest(options):
-        raise ValueError(f"a {options.name} sequence with these options needs >= {shortest(options)} tokens, "
-                         f"got length {length}")  # fmt: skip
+        raise ValueError(
+            f"a {options.name} sequence with these options needs >= {shortest(options)} tokens, got length {length}"
+        )
     if distance is not None and options.name != "passkey":
         raise ValueError(f"distance is chosen by the passkey task only, not by {options.name}")
     rng = np.random.default_rng([seed, index])

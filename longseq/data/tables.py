@@ -33,8 +33,9 @@ def open_table(path: str, columns: list[str] | None):
         ) from None
     datasets.disable_progress_bars()
     try:
-        table = datasets.load_dataset(TABLE_BUILDERS[table_suffix(path)], data_files=os.path.abspath(path), split="train",
-                                      streaming=True)  # fmt: skip
+        table = datasets.load_dataset(
+            TABLE_BUILDERS[table_suffix(path)], data_files=os.path.abspath(path), split="train", streaming=True
+        )
         names = table.column_names
     except (ValueError, OSError, datasets.exceptions.DatasetGenerationError) as exc:
         raise CorpusError(f"cannot read {path} as a {TABLE_BUILDERS[table_suffix(path)]} table: {exc}") from None

@@ -47,8 +47,16 @@ def passkey_length(options: TaskConfig, distance: int, segment_len: int) -> int:
     return -(-need // segment_len) * segment_len
 
 
-def recall_cell(lm, options: TaskConfig, segment_len: int, length: int, distance: int | None = None, n: int = 64,
-                batch_size: int = 64, seed: int = 0) -> dict:  # fmt: skip
+def recall_cell(
+    lm,
+    options: TaskConfig,
+    segment_len: int,
+    length: int,
+    distance: int | None = None,
+    n: int = 64,
+    batch_size: int = 64,
+    seed: int = 0,
+) -> dict:
     """Accuracy over ``n`` sequences of ``length`` tokens (passkey: the key at ``distance``): ``accuracy``,
     ``asked`` (the labels scored) and, by powers of two of the distance, ``by_distance``."""
     correct, distance_of = [], []
@@ -72,8 +80,17 @@ def _bucket(distance: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, distance))))
 
 
-def recall_grid(lm, options: TaskConfig, segment_len: int, *, distances: list[int] | None = None,
-                lengths: list[int] | None = None, n: int = 64, batch_size: int = 64, seed: int = 0) -> dict:  # fmt: skip
+def recall_grid(
+    lm,
+    options: TaskConfig,
+    segment_len: int,
+    *,
+    distances: list[int] | None = None,
+    lengths: list[int] | None = None,
+    n: int = 64,
+    batch_size: int = 64,
+    seed: int = 0,
+) -> dict:
     """Accuracy against distance (passkey: ``distances``, each at the shortest whole number of segments it fits
     in) or against length (``lengths``; every task), with what the model reaches: ``effective_range`` (attention's
     n_layer x mem_len, as the model reports it) and the task's ``chance``."""
@@ -81,10 +98,19 @@ def recall_grid(lm, options: TaskConfig, segment_len: int, *, distances: list[in
         raise ValueError("give distances (passkey) or lengths to evaluate recall at")
     if distances and options.name != "passkey":
         raise ValueError(f"distances are chosen by the passkey task; evaluate {options.name} at lengths")
-    cells = [recall_cell(lm, options, segment_len, passkey_length(options, d, segment_len), d, n, batch_size, seed)
-             for d in distances or []]  # fmt: skip
+    cells = [
+        recall_cell(lm, options, segment_len, passkey_length(options, d, segment_len), d, n, batch_size, seed)
+        for d in distances or []
+    ]
     cells += [recall_cell(lm, options, segment_len, length, None, n, batch_size, seed) for length in lengths or []]
     c = lm.config
     reach = c.effective_range if "attention" in c.layer_mixers else 0  # mem_len is read by attention layers only
-    return {"task": options.name, "segment_len": segment_len, "mem_len": c.memory.mem_len,
-            "effective_range": reach, "chance": chance(options), "n": n, "cells": cells}  # fmt: skip
+    return {
+        "task": options.name,
+        "segment_len": segment_len,
+        "mem_len": c.memory.mem_len,
+        "effective_range": reach,
+        "chance": chance(options),
+        "n": n,
+        "cells": cells,
+    }

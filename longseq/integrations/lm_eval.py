@@ -62,8 +62,18 @@ class LongseqLM(TemplateLM):
     256).  ``batch_size`` from the harness is accepted and unused: every request is read alone.
     """
 
-    def __init__(self, checkpoint: str, device: str = "auto", tgt_len=None, mem_len=None, clamp_len=None,
-                 same_length=None, max_gen_toks=256, batch_size=None, **unused) -> None:  # fmt: skip
+    def __init__(
+        self,
+        checkpoint: str,
+        device: str = "auto",
+        tgt_len=None,
+        mem_len=None,
+        clamp_len=None,
+        same_length=None,
+        max_gen_toks=256,
+        batch_size=None,
+        **unused,
+    ) -> None:
         super().__init__()
         unused = {k: v for k, v in unused.items() if v is not None and k not in ("max_batch_size",)}
         if unused:
@@ -131,8 +141,9 @@ class LongseqLM(TemplateLM):
         import numpy as np
 
         total = torch.zeros((), dtype=torch.float64)
-        passes = scored_segments(self.model, np.asarray(ids, dtype=np.int64), batch_size=1, tgt_len=self.tgt_len,
-                                 **self.overrides)  # fmt: skip
+        passes = scored_segments(
+            self.model, np.asarray(ids, dtype=np.int64), batch_size=1, tgt_len=self.tgt_len, **self.overrides
+        )
         for _, nll in passes:
             total = total + nll.double().sum().cpu()
         return float(total)
@@ -204,8 +215,9 @@ class LongseqLM(TemplateLM):
         prompt = self.tok_encode(context) or [self.eot_token_id]
         prompt_ids = torch.tensor([prompt], dtype=torch.long)
         made: list[int] = []
-        stream = generate_stream(self.model, prompt_ids, max_new, segment_len=self.tgt_len, **sampling,
-                                 **self.overrides)  # fmt: skip
+        stream = generate_stream(
+            self.model, prompt_ids, max_new, segment_len=self.tgt_len, **sampling, **self.overrides
+        )
         try:
             for token in stream:
                 made.append(int(token[0, 0]))

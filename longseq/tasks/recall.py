@@ -18,8 +18,17 @@ from longseq.model import build_model
 from longseq.model.heads import MaskedLM as AskedPositions  # an LM read in segments, scored where labels are asked
 from longseq.tasks.base import StepContext, StepResult, Task, chunks
 
-RECALL_OPTIONS = ("segment_len", "seq_len", "min_distance", "max_distance", "key_len", "alphabet", "n_pairs",
-                  "n_copy", "valid_size")  # fmt: skip
+RECALL_OPTIONS = (
+    "segment_len",
+    "seq_len",
+    "min_distance",
+    "max_distance",
+    "key_len",
+    "alphabet",
+    "n_pairs",
+    "n_copy",
+    "valid_size",
+)
 
 
 class Recall(Task):
@@ -39,8 +48,10 @@ class Recall(Task):
         recall_batch(o, 0, 0, 1, o.seq_len)  # refuses options that do not fit (a passkey distance) by name
         self.run = RunConfig(m.replace(vocab_size=256), self.run.data, self.run.train, self.run.task)
         self.valid = recall_batch(o, self.run.train.seed, 0, o.valid_size, o.seq_len)  # training draws index >= 1
-        self.log(f"{o.name}: sequences of {o.seq_len} tokens in segments of {self.segment_len}; "
-                 f"chance accuracy {chance(o):.3f}")  # fmt: skip
+        self.log(
+            f"{o.name}: sequences of {o.seq_len} tokens in segments of {self.segment_len}; "
+            f"chance accuracy {chance(o):.3f}"
+        )
         return self.run
 
     @property
