@@ -1,5 +1,5 @@
-"""Preparing a parquet or arrow corpus through ``datasets`` (streamed) against the same text as a plain file: peak
-memory and time at several sizes, and the ids compared.
+"""Preparing a parquet or arrow corpus (streamed: parquet through pyarrow, arrow through ``datasets``) against the
+same text as a plain file: peak memory and time at several sizes, and the ids compared.
 
     python benchmarks/speed/table_corpus.py [--format parquet|arrow] [--mb 20 200 800] [--tokenizer byte] \
         [--work /tmp/longseq-tables] [--out benchmarks/results/speed/table-corpus-FORMAT.json]

@@ -530,7 +530,7 @@ def smaller_section() -> list[str]:
         f"{bpc['byte']:.3f}, char {bpc['char']:.3f}, BPE {bpc['bpe']:.3f}, word {bpc['word']:.3f}.",
         f"* **Tables through datasets** (`speed/table-corpus-*.json`, data prepare of {arrow['results'][-1]['mb']} MB"
         f" of text, peak MiB ↓): plain file {rss(arrow, 'plain')}, arrow {rss(arrow, 'table')}, parquet "
-        f"{rss(parquet, 'table')} (parquet grows with the file).",
+        f"{rss(parquet, 'table')}.",
     ]
     return ["## Smaller measurements", f"*{MACHINE.split(':')[0]}; commands in each JSON*", "", *lines, ""]
 
@@ -538,7 +538,8 @@ def smaller_section() -> list[str]:
 def before_after_section() -> list[str]:
     """The CPU speed before and after the GPU-readiness and interface work, alternating trees."""
     data = load("speed/before-after.json")
-    rows = [[r["figure"], f"{r['before']:#.4g}", f"{r['after']:#.4g}", f"**{r['ratio']:.2f}**"] for r in data["rows"]]
+    fig = lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"  # noqa: E731
+    rows = [[r["figure"], fig(r["before"]), fig(r["after"]), f"**{r['ratio']:.2f}**"] for r in data["rows"]]
     body = [data["setup"], "", *table(["figure", "before", "after", "after / before"], rows, "lrrr")]
     return section("Before and after the GPU-ready step", data, body, "speed/before-after.json")
 

@@ -3,8 +3,8 @@
 A table corpus is one column of text: its rows, in order, joined by newlines, are read as one stream, exactly as
 a plain text file holding those lines (``longseq data prepare`` and :func:`~longseq.data.corpus.load_corpus` give
 the same ids for both; a prepared corpus's tests hold them equal).  The rows are read ``BATCH_ROWS`` at a time
-from a streaming dataset (``load_dataset(..., streaming=True)``), so preparing a table larger than memory holds
-one batch of rows and one block of text at a time.
+from a streaming dataset (``load_dataset(..., streaming=True)``; parquet through pyarrow's own reader, a row group
+at a time), so preparing a table larger than memory holds one batch of rows and one block of text at a time.
 
 ``datasets`` is an optional extra (``pip install "longseq[datasets]"``), imported when a table is read.
 """
@@ -54,9 +54,27 @@ def open_table(path: str, columns: list[str] | None):
 def table_batches(path: str, columns: list[str] | None, batch_rows: int | None = None) -> Iterator[dict[str, list]]:
     """The rows of ``path`` as batches ``{column: values}``, ``batch_rows`` (default :data:`BATCH_ROWS`) at a
     time."""
+    if path.lower().endswith(".parquet"):
+        yield from parquet_batches(path, columns, batch_rows or BATCH_ROWS)
+        return
     table = open_table(path, columns)
     try:
         yield from table.iter(batch_size=batch_rows or BATCH_ROWS)
+    except (ValueError, OSError) as exc:
+        raise CorpusError(f"cannot read {path}: {exc}") from None
+
+
+def parquet_batches(path: str, columns: list[str] | None, batch_rows: int) -> Iterator[dict[str, list]]:
+    """A parquet file's rows through pyarrow (installed with ``datasets``), one row group at a time and without
+    pre-buffering: the streaming ``datasets`` reader keeps what it read (apache/arrow#39808), so its memory grew
+    with the file."""
+    open_table(path, columns)  # the same errors as every table: no datasets, not parquet, a missing column
+    import pyarrow.parquet as pq
+
+    try:
+        with pq.ParquetFile(path, pre_buffer=False, memory_map=False) as table:
+            for batch in table.iter_batches(batch_size=batch_rows, columns=columns, use_threads=False):
+                yield batch.to_pydict()
     except (ValueError, OSError) as exc:
         raise CorpusError(f"cannot read {path}: {exc}") from None
 
