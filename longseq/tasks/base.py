@@ -75,6 +75,11 @@ class Task:
         """The run's task section (typed), the options this task reads among them."""
         return self.run.task
 
+    @property
+    def segment_len(self) -> int:
+        """The segment a task reads at a time: its own ``segment_len``, else the run's ``tgt_len``."""
+        return self.options.segment_len or self.run.data.tgt_len
+
     def set_options(self, **values) -> None:
         """Record what the run found when it started (labels, a mask token's id) in its task section."""
         self.run = RunConfig(self.run.model, self.run.data, self.run.train, self.run.task.replace(**values))

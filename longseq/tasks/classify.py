@@ -109,10 +109,6 @@ class Classify(Task):
             self.log(message)
         return self.run
 
-    @property
-    def segment_len(self) -> int:
-        return self.options.segment_len or self.run.data.tgt_len
-
     def encode(self, records: list[dict], path: str, labelled: bool) -> list[tuple[list[int], int]]:
         docs = []
         for number, record in enumerate(records, 1):

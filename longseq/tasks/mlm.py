@@ -78,10 +78,6 @@ class MaskedLM(Task):
                 raise TaskDataError(f"{path}: record {number} has an empty text")
         return docs
 
-    @property
-    def segment_len(self) -> int:
-        return self.options.segment_len or self.run.data.tgt_len
-
     def build_model(self) -> nn.Module:
         return MaskedLMHead(build_model(self.run.model))
 

@@ -54,10 +54,6 @@ class Recall(Task):
         )
         return self.run
 
-    @property
-    def segment_len(self) -> int:
-        return self.options.segment_len or self.run.data.tgt_len
-
     def build_model(self) -> nn.Module:
         return AskedPositions(build_model(self.run.model))
 

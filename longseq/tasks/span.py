@@ -117,10 +117,6 @@ class Span(Task):
         self.valid_examples = encode_spans(read_jsonl(o.valid, "span"), self.tokenizer, o.valid) if o.valid else None
         return self.run
 
-    @property
-    def segment_len(self) -> int:
-        return self.options.segment_len or self.run.data.tgt_len
-
     def build_model(self) -> nn.Module:
         return SpanExtractor(build_model(self.run.model))
 
