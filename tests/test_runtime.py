@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from support import tiny_run
 
 REALLOCATE = """
 import resource, torch
@@ -36,3 +37,24 @@ def test_freed_memory_is_reused_without_page_faults():
     system, default = reallocation_faults("system")
     assert how.startswith("glibc, freed memory kept") and default == "system"
     assert kept < 16 < system, (kept, system)  # 96 MiB is 24,576 pages of 4 KiB (48 of 2 MiB)
+
+
+def test_tensorfloat32_is_set_on_cuda_only_and_the_trainer_passes_its_setting(tmp_path, monkeypatch):
+    """``matmul_precision`` reaches torch on a CUDA device string and leaves a CPU run's float32 alone."""
+    import torch
+
+    import longseq.runtime
+    import longseq.train.trainer
+    from longseq.train import train
+
+    calls = []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", calls.append)
+    longseq.runtime.set_matmul_precision("cpu", "high")
+    assert calls == []
+    longseq.runtime.set_matmul_precision("cuda:1", "medium")
+    longseq.runtime.set_matmul_precision(torch.device("cuda"), "highest")
+    assert calls == ["medium", "highest"]
+    seen = []
+    monkeypatch.setattr(longseq.train.trainer, "set_matmul_precision", lambda device, p: seen.append((str(device), p)))
+    train(tiny_run(max_steps=1, matmul_precision="medium"), str(tmp_path / "run"), progress=False)
+    assert seen == [("cpu", "medium")]

@@ -47,8 +47,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     from longseq.tasks import FINETUNE_TASKS
 
     p.add_argument("--task", choices=sorted(FINETUNE_TASKS), help="the task (not needed with --resume)")
-    p.add_argument("--data", help="training JSONL")
-    p.add_argument("--valid", help="validation JSONL")
+    p.add_argument("--data", help="training file: JSON lines (or a parquet/arrow table for classify and mlm)")
+    p.add_argument("--valid", help="validation file, in the same formats as --data")
     p.add_argument("--checkpoint", help="the LM checkpoint (or run directory) to start from")
     p.add_argument("--out", required=True, help="run directory: last/ (resumable), best/, metrics.jsonl")
     p.add_argument("--resume", action="store_true", help="continue exactly from OUT/last")

@@ -18,7 +18,11 @@ from longseq.cli.common import common_flags, device_flag, load_model, say
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("predict", help="predictions of a fine-tuned checkpoint for a JSONL file")
     p.add_argument("--checkpoint", required=True, help="a fine-tuned checkpoint, or its run directory (uses best/)")
-    p.add_argument("--data", required=True, help="input JSONL: the fields the task reads (text; question, context)")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="input JSON lines (or a parquet/arrow table): the fields the task reads (text; question, context)",
+    )
     p.add_argument("--out", required=True, help="output JSONL, one line per input line")
     device_flag(p)
     return common_flags(p)
