@@ -112,3 +112,28 @@ def test_an_absent_extra_is_named_with_its_install_line(tmp_path, monkeypatch):
         CorpusError, match=r'reading it needs the datasets library \(pip install "longseq\[datasets\]"\)'
     ):
         open_table(str(tmp_path / "t.parquet"), ["text"])
+
+
+def test_the_memory_steps_and_the_layers_keep_their_declared_interfaces():
+    """Every memory step defines each method of :class:`MemoryStep` with its parameters; every kind of layer the
+    stack builds says by a bool ``attends`` how it reads its context and takes the :class:`StackLayer` call."""
+    import inspect
+
+    from longseq.model.hourglass import Hourglass
+    from longseq.model.layers import DecoderLayer, StackLayer
+    from longseq.model.memory.cache import KeyValueStep
+    from longseq.model.memory.policy import MemoryStep
+    from longseq.model.memory.step import HiddenStep
+    from longseq.model.mixers import MixerLayer
+
+    def parameters(function) -> list[str]:
+        return list(inspect.signature(function).parameters)
+
+    declared = {n: parameters(f) for n, f in vars(MemoryStep).items() if inspect.isfunction(f) and n[0] != "_"}
+    assert len(declared) == 9
+    for step in (HiddenStep, KeyValueStep):
+        assert {n: parameters(getattr(step, n, None) or (lambda: 0)) for n in declared} == declared, step
+    call = parameters(StackLayer.__call__)
+    for layer in (DecoderLayer, MixerLayer, Hourglass):
+        assert isinstance(layer.attends, bool), layer
+        assert parameters(layer.forward) == call, layer

@@ -51,7 +51,7 @@ class Hourglass(nn.Module):
         self.upsample = nn.Linear(width, k * width)  # one vector per position of the group
         self.inner = inner  # a LayerStack of the shortened layers
 
-    def forward(self, hidden: Tensor, table, r_w_bias, r_r_bias, mask, context):
+    def forward(self, hidden: Tensor, rel_key, r_w_bias, r_r_bias, mask, context):
         batch, length, width = hidden.shape
         r = context.recurrence or Recurrence(self.inner.config.memory.mem_len * self.factor)
         self._inner_recurrence = Recurrence(  # the shortened layers count positions in groups

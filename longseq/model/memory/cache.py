@@ -91,22 +91,22 @@ class KeyValueStep:
         rows = next(t for t in table if t is not None).size(1)
         return [None if t is None else t[:, rows - self.klen - 1 :] for t in table]
 
-    def read(self, i: int, hidden: Tensor) -> LayerContext:
-        if not self.attends[i]:  # a recurrent layer: its state, whatever the storage
-            stored = self.memory.layers[i] if self.memory.layers else LayerMemory()
+    def read(self, layer: int, hidden: Tensor) -> LayerContext:
+        if not self.attends[layer]:  # a recurrent layer: its state, whatever the storage
+            stored = self.memory.layers[layer] if self.memory.layers else LayerMemory()
             return LayerContext(state=stored.state, inner=stored.inner, phase=stored.phase, recurrence=self.recurrence)
         if self.rings is not None:
-            return LayerContext(cache=self.rings[i])
+            return LayerContext(cache=self.rings[layer])
         if not self.mlen:
             return LayerContext(cache=())  # nothing cached yet: the layer's keys are the segment's
-        layer = self.memory.layers[i]
-        return LayerContext(cache=(layer.keys, layer.values))
+        stored = self.memory.layers[layer]
+        return LayerContext(cache=(stored.keys, stored.values))
 
-    def record(self, i: int, present, mass) -> None:
-        if self.attends[i]:
+    def record(self, layer: int, present, mass) -> None:
+        if self.attends[layer]:
             self.presents.append(present)
         else:
-            self.states[i] = replace(present, state=tuple(t.detach() for t in present.state))
+            self.states[layer] = replace(present, state=tuple(t.detach() for t in present.state))
             self.presents.append(None)
 
     def write(self, hidden: Tensor) -> StepOutput:

@@ -67,11 +67,11 @@ class HiddenStep:
     def carry_tables(self, tables: list, clamp_len: int) -> list:
         return tables
 
-    def read(self, i: int, hidden: Tensor) -> LayerContext:
-        if not self.attends[i]:
+    def read(self, layer: int, hidden: Tensor) -> LayerContext:
+        if not self.attends[layer]:
             self.inputs.append(None)
             self.plain.append(None)
-            stored = self.layer(i)
+            stored = self.layer(layer)
             return LayerContext(
                 state=stored.state,
                 docs=self.state_docs(),
@@ -80,18 +80,18 @@ class HiddenStep:
                 recurrence=self.recurrence,
             )
         self.inputs.append(hidden)
-        stored = self.layer(i).hidden
+        stored = self.layer(layer).hidden
         plain = None if stored is None or stored.size(1) == 0 else self.policies.codec.decode(stored, hidden.dtype)
         self.plain.append(plain)  # dequantized once, reused by the update
         context = LayerContext(memory=plain, with_mass=self.with_mass)
         for policy in self.policies.active:
-            context = policy.read(self, i, context)
+            context = policy.read(self, layer, context)
         return context
 
-    def record(self, i: int, present, mass: Tensor | None) -> None:
+    def record(self, layer: int, present, mass: Tensor | None) -> None:
         self.masses.append(mass)
-        if not self.attends[i]:
-            self.states[i] = present
+        if not self.attends[layer]:
+            self.states[layer] = present
 
     def state_docs(self) -> tuple | None:
         """(document of every position (B, T), document of the last position before the segment (B,)), or None."""

@@ -59,7 +59,7 @@ class MixerLayer(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.pos_ff = feed_forward
 
-    def forward(self, hidden: Tensor, table, r_w_bias, r_r_bias, mask, context):
+    def forward(self, hidden: Tensor, rel_key, r_w_bias, r_r_bias, mask, context):
         source = self.layer_norm(hidden) if self.pre_lnorm else hidden
         out, state = self.mixer(source, context.state, context.docs)
         out = self.drop(out)
