@@ -424,3 +424,19 @@ def test_a_fine_tuning_run_toml_says_how_to_continue_it_not_how_to_train(tmp_pat
     assert "longseq train --config" in lm_lines.split("\n", 2)[1]
     assert "finetune --resume" in tuned_lines.split("\n", 2)[1] and "train --config" not in tuned_lines
     assert is_longseq_file(str(tmp_path / "run.toml"))
+
+
+def test_task_options_from_a_config_file_and_set_reach_the_run_and_the_flags_win(
+    tmp_path, lm_checkpoint, classify_file
+):
+    """A [task] table and --set task.KEY set the typed task section that the run records; a flag overrides both."""
+    from longseq.train.checkpoint import load_checkpoint
+
+    (tmp_path / "ft.toml").write_text('[task]\npooling = "last"\nlm_weight = 0.25\n[train]\nmax_steps = 2\n')
+    argv = ["finetune", "--config", str(tmp_path / "ft.toml"), "--task", "classify", "--data", classify_file,
+            "--checkpoint", lm_checkpoint, "--out", str(tmp_path / "ft"), "--set", "task.head_only=true",
+            "task.segment_len=8", "--lm-weight", "0.5"]  # fmt: skip
+    assert main(argv) == 0
+    run = load_checkpoint(str(tmp_path / "ft" / "last"))[2]
+    assert (run.task.name, run.task.pooling, run.task.lm_weight) == ("classify", "last", 0.5)
+    assert (run.task.head_only, run.task.segment_len, run.train.max_steps) == (True, 8, 2)
