@@ -227,7 +227,7 @@ def test_recl_limits_the_vanilla_transformer_and_the_lstm_to_each_context_by_sli
     tmp_path, text_corpus, capsys
 ):
     """RECL read the vanilla Transformer with a memory over absolute positions (it looked for ``config.pos``, which
-    the config redesign moved to ``config.positions.pos``): its losses differed from the sliding windows the protocol
+    now lives in ``config.positions.pos``): its losses differed from the sliding windows the protocol
     asks by up to 0.4 nats a token.  An LSTM's context curve printed one loss for every memory length."""
     from longseq.eval.context import context_curve
     from longseq.eval.recl import context_losses

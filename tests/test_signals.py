@@ -151,7 +151,7 @@ def test_every_signal_once_and_twice_in_every_phase_of_fine_tuning(tmp_path, lm_
 
 
 def test_a_second_signal_after_the_optimizer_update_is_not_applied_twice(tmp_path, text_corpus):
-    """The issue's probe: SIGTERM twice, the second after ``optimizer.step()`` of step 7.  The second signal used
+    """An adversarial probe: SIGTERM twice, the second after ``optimizer.step()`` of step 7.  The second signal used
     to raise inside the step, which restored the data position of step 6 but kept step 7's weights and saved them
     as step 6 (so --resume applied step 7 twice), and exited 130.  Now the step finishes, last/ holds step 7 whole,
     and the exit code is SIGTERM's."""

@@ -70,7 +70,7 @@ def test_bench_cli_reports_each_task(capsys):
 
 
 def test_eval_speed_command_reports_medians_and_their_ratio(capsys):
-    """The JSON the issue specifies: one object per length with the two times and their ratio; with rounds, the
+    """The JSON a user reads: one object per length with the two times and their ratio; with rounds, the
     reported times are the medians of the rounds kept beside them."""
     from longseq.cli import main
 

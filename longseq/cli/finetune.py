@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from longseq.cli.common import common_flags, overrides, say
+from longseq.config.run import POOLING
 
 TABLES = ("model", "data", "train", "task")  # the tables a --config file may hold
 
@@ -76,7 +77,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--pooling",
-        choices=["last", "mean", "document"],
+        choices=POOLING,
         help="classify: mean of the whole document (default: every segment trains), last position, or mean "
         "of the final segment (with a stop-gradient memory, last and mean train only the final segment)",
     )

@@ -50,6 +50,7 @@ class DataConfig(JsonConfig):
 
 
 SCHEDULES = ("cosine", "linear", "inv_sqrt", "constant")
+POOLING = ("last", "mean", "document")  # a classifier's summary of a document (longseq.model.heads)
 
 
 @config

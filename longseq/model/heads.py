@@ -14,9 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from longseq.config.run import POOLING
 from longseq.model.transformer import TransformerXLLM
-
-POOLING = ("last", "mean", "document")
 
 
 def read_segments(lm: TransformerXLLM, input_ids: Tensor, segment_len: int, padding: Tensor | None = None, track=None):
