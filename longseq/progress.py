@@ -2,7 +2,7 @@
 where a bar prints nothing useful, a plain line now and then.
 
 * :class:`Meter`: a count towards a total (bytes read, segments scored) with named counters beside it (tokens
-  written); ``longseq data prepare`` reports through it.
+  written); ``longseq data prepare``, ``longseq eval`` and a language model's validation report through it.
 * :class:`TrainingProgress`: the training loop's bar, or its line ``step 120/1200 (10%) | loss 2.3456 | lr
   1.00e-03 | 12,345 tok/s | elapsed 1m30s | ETA 13m20s``, the first after the first step, then at most every
   ``interval_s`` seconds; the ETA comes from the speed measured in this session and, with a time budget,
@@ -51,11 +51,11 @@ def size(n: float) -> str:
 
 
 class Every:
-    """Says when a plain line is due: the first time asked, then once ``interval_s`` seconds have passed since the
-    last line (``interval_s`` 0: never)."""
+    """Says when a plain line is due: the first time asked (``wait_first``: once ``interval_s`` seconds have passed
+    since it was made), then once ``interval_s`` seconds have passed since the last line (``interval_s`` 0: never)."""
 
-    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.interval_s, self.clock, self.last = interval_s, clock, None
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic, wait_first: bool = False):
+        self.interval_s, self.clock, self.last = interval_s, clock, clock() if wait_first else None
 
     def due(self) -> bool:
         if self.interval_s <= 0:
@@ -71,7 +71,9 @@ class Meter:
     """``done`` of ``total`` (``unit`` "B" shows bytes) and named counters (``totals`` gives some of them a total),
     as a bar on a terminal or as plain lines (``encode: 3.4 MB of 12.0 MB (28%) | files 1/3 | tokens 3,400,112 |
     1.1 MB/s | ETA 8s``), the first at the first update, then at most every ``interval_s`` seconds, and one at the
-    end.  ``enabled=False`` shows nothing; ``terminal`` (default: whether stderr is one) chooses bar or lines."""
+    end.  ``quiet_start``: the first line once ``interval_s`` seconds have passed, the last only if one was
+    written (a pass that ends sooner says nothing), and the bar leaves no line behind.  ``enabled=False`` shows
+    nothing; ``terminal`` (default: whether stderr is one) chooses bar or lines."""
 
     def __init__(
         self,
@@ -85,21 +87,28 @@ class Meter:
         write: Callable[[str], None] = to_stderr,
         terminal: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
+        quiet_start: bool = False,
     ) -> None:
         terminal = on_terminal() if terminal is None else terminal
         self.total, self.desc, self.unit, self.write, self.clock = total, desc, unit, write, clock
-        self.totals = dict(totals or {})
+        self.totals, self.quiet_start, self.written = dict(totals or {}), quiet_start, False
         self.done, self.counts, self.start = 0, dict.fromkeys(self.totals, 0), clock()
         self.bar = tqdm(
-            total=total, desc=desc, unit=unit or "it", unit_scale=unit == "B", disable=not (enabled and terminal)
+            total=total,
+            desc=desc,
+            unit=unit or "it",
+            unit_scale=unit == "B",
+            disable=not (enabled and terminal),
+            leave=not quiet_start,
         )
-        self.lines = Every(interval_s if enabled and not terminal else 0.0, clock)
+        self.lines = Every(interval_s if enabled and not terminal else 0.0, clock, wait_first=quiet_start)
 
     def update(self, n: int) -> None:
         self.done += n
         self.bar.update(n)
         if self.lines.due():
             self.write(self.line())
+            self.written = True
 
     def count(self, name: str, n: int) -> None:
         """Add ``n`` to the counter ``name`` (shown beside the total)."""
@@ -119,8 +128,8 @@ class Meter:
         parts += self._counters()
         elapsed = self.clock() - self.start
         rate = self.done / elapsed if elapsed > 0 else 0.0
-        if rate:
-            parts.append(f"{show(rate)}/s")
+        if rate:  # a slow count (segments of a long validation) keeps its first figures
+            parts.append(f"{show(rate) if self.unit == 'B' or rate >= 10 else f'{rate:.2g}'}/s")
         if final:
             parts.append(f"done in {duration(elapsed)}")
         elif rate:
@@ -128,7 +137,7 @@ class Meter:
         return " | ".join(parts)
 
     def close(self) -> None:
-        if self.lines.interval_s > 0:  # plain lines end with where the count ended
+        if self.lines.interval_s > 0 and (self.written or not self.quiet_start):  # lines end where the count ended
             self.write(self.line(final=True))
         self.bar.close()
 

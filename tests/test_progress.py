@@ -82,3 +82,30 @@ def test_every_and_duration():
     assert due == [True, False, False, True, False, False, True, False, False, True]
     assert not Every(0).due()
     assert [duration(s) for s in (0.4, 59, 61, 3599, 3600, 7325)] == ["0s", "59s", "1m01s", "59m59s", "1h00m", "2h02m"]
+
+
+def test_a_quiet_start_meter_speaks_only_once_its_interval_has_passed():
+    """Validation's meter: a pass shorter than the interval prints nothing; a longer one prints a line once the
+    interval has passed, then at most every interval, and where it ended."""
+    now, lines = [0.0], []
+    short = Meter(5, "eval", interval_s=30, write=lines.append, terminal=False, clock=lambda: now[0], quiet_start=True)
+    for _ in range(5):
+        now[0] += 5
+        short.update(1)
+    short.close()
+    assert lines == []
+    long = Meter(10, "eval", interval_s=30, write=lines.append, terminal=False, clock=lambda: now[0], quiet_start=True)
+    for _ in range(10):
+        now[0] += 10
+        long.update(1)
+    long.close()
+    assert lines == ["eval: 3 of 10 (30%) | 0.1/s | ETA 1m10s", "eval: 6 of 10 (60%) | 0.1/s | ETA 40s",
+                     "eval: 9 of 10 (90%) | 0.1/s | ETA 10s", "eval: 10 of 10 (100%) | 0.1/s | done in 1m40s"]  # fmt: skip
+
+
+def test_a_validation_longer_than_the_interval_shows_its_progress_off_a_terminal(tmp_path, capsys):
+    fit_tiny(tmp_path / "run", max_steps=2, eval_interval=2, progress_interval_s=1e-9)
+    shown = [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval: ")]
+    assert shown and shown[-1].startswith("eval: ") and "done in" in shown[-1]
+    fit_tiny(tmp_path / "quiet", progress=False, max_steps=2, eval_interval=2, progress_interval_s=1e-9)
+    assert "eval: " not in capsys.readouterr().err

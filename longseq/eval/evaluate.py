@@ -12,15 +12,16 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from contextlib import closing
 
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from longseq.data.batching import OrderedStream, Segment
 from longseq.model import Memory, TransformerXLLM
 from longseq.model.positions import position_encoding
+from longseq.progress import Meter
 
 
 def bits_unit(tokenizer_kind: str) -> str | None:
@@ -51,6 +52,7 @@ def scored_segments(
     max_segments: int = 0,
     carry: bool = True,
     progress: bool = False,
+    progress_interval_s: float = 30.0,
     kv_memory: bool = True,
     doc_ids: np.ndarray | None = None,
 ) -> Iterator[tuple[Segment, Tensor]]:
@@ -67,7 +69,8 @@ def scored_segments(
     start = start_memory(model, kv_memory, doc_ids)
     mems = start
     try:
-        with tqdm(total=total, desc="eval", unit="seg", disable=not progress or None, leave=False) as bar:
+        bar = Meter(total, "eval", enabled=progress, interval_s=progress_interval_s, quiet_start=True)
+        with closing(bar):
             for _ in range(total):
                 segment = stream.next_segment(cycle=False)
                 if segment is None:
@@ -111,6 +114,7 @@ def evaluate(
     skip_segments: int = 0,
     bits_unit: str | None = None,
     progress: bool = False,
+    progress_interval_s: float = 30.0,
     kv_memory: bool = True,
     doc_ids: np.ndarray | None = None,
     tokenizer=None,
@@ -138,6 +142,7 @@ def evaluate(
         same_length=same_length,
         max_segments=max_segments,
         progress=progress,
+        progress_interval_s=progress_interval_s,
         kv_memory=kv_memory,
         doc_ids=doc_ids,
     )

@@ -65,6 +65,7 @@ class Task:
     name = ""
     reads: tuple[str, ...] = ()
     writes_samples = False  # whether :meth:`sample` is implemented (``TrainConfig.sample_interval``)
+    progress = False  # whether :meth:`validate` may show its progress (the Trainer says, for the run's main rank)
 
     def __init__(self, run: RunConfig, tokenizer, log=None, base: nn.Module | None = None) -> None:
         self.run, self.tokenizer, self.base = run, tokenizer, base  # base: the LM a new fine-tuning run starts from

@@ -158,6 +158,8 @@ class LanguageModeling(Task):
             doc_ids=self._doc_ids("valid"),
             kv_memory=not sharded,  # the key/value cache projects W_R R outside the (sharded) layers
             tokenizer=self.tokenizer,
+            progress=self.progress,
+            progress_interval_s=self.run.train.progress_interval_s,
         )
 
     def sample(self, model: nn.Module, step: int) -> tuple[str, str]:

@@ -126,6 +126,7 @@ class Trainer:
         task.log = self.log  # rank 0 speaks for the run
         self.dir = RunDirectory(out_dir, resume=resume, overwrite=overwrite, main=self.world.main)
         self.resume, self.overwrite, self.progress = self.dir.resuming, overwrite, progress
+        task.progress = progress and self.world.main  # a long validation says how far it is, as training does
         self.after_backward = after_backward
         if self.dir.fresh_start:
             self.log(
