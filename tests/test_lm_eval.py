@@ -140,3 +140,27 @@ def test_the_harness_runs_a_local_task(lm, checkpoint, tmp_path, monkeypatch):
     scores = lm.loglikelihood_rolling([request("loglikelihood_rolling", d) for d in DOCS], disable_tqdm=True)
     expected = -sum(scores) / sum(len(d.encode()) for d in DOCS) / math.log(2)
     assert results["results"]["longseq_local_ppl"]["bits_per_byte,none"] == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.slow  # the harness's command indexes every task it ships first: 15-50 s here
+def test_the_lm_eval_command_scores_a_checkpoint(lm, checkpoint, tmp_path, monkeypatch):
+    """``python -m longseq.lm_eval --model longseq ...`` (run in this process): the harness's own command line
+    writes the same bits per byte as the model's rolling scores."""
+    import sys
+
+    from longseq.integrations.lm_eval import main as lm_eval_main
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(sys, "argv", ["lm_eval"])  # restored after the test: main sets it
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "local.yaml").write_text(TASK.format(data=data))
+    lm_eval_main(["--model", "longseq", "--model_args", f"checkpoint={checkpoint}", "--tasks", "longseq_local_ppl",
+                  "--include_path", str(tmp_path / "tasks"), "--device", "cpu", "--output_path", str(tmp_path / "out")])  # fmt: skip
+    (written,) = list((tmp_path / "out").rglob("results_*.json"))
+    scores = lm.loglikelihood_rolling([request("loglikelihood_rolling", d) for d in DOCS], disable_tqdm=True)
+    expected = -sum(scores) / sum(len(d.encode()) for d in DOCS) / math.log(2)
+    bpb = json.loads(written.read_text())["results"]["longseq_local_ppl"]["bits_per_byte,none"]
+    assert bpb == pytest.approx(expected, rel=1e-9)
