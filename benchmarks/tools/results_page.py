@@ -173,7 +173,7 @@ def memory_section() -> list[str]:
     ]
     study = load("recipe/study.json")
     study = {**study, "commands": study["commands"][:3]}  # the 3-seed rows; the others: recipe/README.md
-    return section("What the memory buys", study, body, "recipe/ (its README: all commands)")
+    return section("What the memory buys", study, body, "recipe/ (README: all commands)")
 
 
 def hf_section() -> list[str]:
@@ -451,10 +451,10 @@ def recall_section() -> list[str]:
     head = ["model", "seeds", "reach", "≥99% to", *[f"pk {d}" for d in RECALL_PASSKEY], "ind. 256", "ind. 2^16",
             "copy", "MQAR"]  # fmt: skip
     body = [
-        "Accuracy ↑, mean over seeds; 2 layers, d_model 64, segments of 64, memory carried. Passkey (pk: distance,",
-        "chance 10%, trained at 1-254): reach = what the model reports; ≥99% to = the measured edge. Papers: Mamba",
-        "copying S6 99.8% (4,096 tokens; ours 256), induction 100% to 2^20; Zoology MQAR: attention ~100%. Ours, at",
-        "minutes a row: induction, copying, MQAR not learned (chance 6.7%, 7.1%, 25%): `recall/README.md`.",
+        "Accuracy ↑, mean over (seeds); 2 layers, d_model 64, segments of 64, memory carried. Passkey (pk: distance,",
+        "chance 10%, trained at 1-254): reach = as reported; ≥99% to = measured edge. Papers: Mamba copying S6 99.8%",
+        "(4,096 tokens; ours 256), induction 100% to 2^20; Zoology MQAR: attention ~100%. Induction, copying, MQAR:",
+        "not learned here (chance 6.7%, 7.1%, 25%) after every try, up to 30k steps: `recall/README.md`.",
         "",
         *table(head, rows, "lrrrrrrrrrrr"),
     ]
@@ -528,7 +528,7 @@ def smaller_section() -> list[str]:
         f"against {byte['in_ram_rss_gib']:.2f}.",
         f"* **Tokenizers on WikiText-2** (`speed/tokenizers-wt2.json`, equal tokens): test bits per character byte "
         f"{bpc['byte']:.3f}, char {bpc['char']:.3f}, BPE {bpc['bpe']:.3f}, word {bpc['word']:.3f}.",
-        f"* **Tables through datasets** (`speed/table-corpus-*.json`, data prepare of {arrow['results'][-1]['mb']} MB"
+        f"* **Tables through datasets** (`speed/table-corpus-*.json`, {arrow['results'][-1]['mb']} MB"
         f" of text, peak MiB ↓): plain file {rss(arrow, 'plain')}, arrow {rss(arrow, 'table')}, parquet "
         f"{rss(parquet, 'table')}.",
     ]
