@@ -440,3 +440,17 @@ def test_task_options_from_a_config_file_and_set_reach_the_run_and_the_flags_win
     run = load_checkpoint(str(tmp_path / "ft" / "last"))[2]
     assert (run.task.name, run.task.pooling, run.task.lm_weight) == ("classify", "last", 0.5)
     assert (run.task.head_only, run.task.segment_len, run.train.max_steps) == (True, 8, 2)
+
+
+def test_a_validation_file_with_the_training_files_bytes_is_said(tmp_path, lm_checkpoint, classify_file, capsys):
+    """--valid holding the same bytes as --data (another path) measures memorisation: the run says so at start."""
+    import shutil
+
+    copy = shutil.copy(classify_file, tmp_path / "copy.jsonl")
+    base = ["finetune", "--task", "classify", "--data", classify_file, "--checkpoint", lm_checkpoint, "--steps", "1"]
+    assert main([*base, "--valid", str(copy), "--out", str(tmp_path / "same")]) == 0
+    assert_names(capsys.readouterr().err, "same bytes", "copy.jsonl", "memorisation")
+    other = tmp_path / "other.jsonl"
+    other.write_text("\n".join(open(classify_file).read().splitlines()[:-1]) + "\n")
+    assert main([*base, "--valid", str(other), "--out", str(tmp_path / "other")]) == 0
+    assert "same bytes" not in capsys.readouterr().err
