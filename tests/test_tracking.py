@@ -16,13 +16,13 @@ from longseq.train import train  # noqa: E402
 from longseq.train.tracking import scalars  # noqa: E402
 
 
-def wandb_history(run_dir) -> list[dict]:
-    """The history rows of the offline run's ``.wandb`` file, which must end with the run's exit record (a LevelDB-style log of protobuf records: a 7-byte
-    file header, 32 KiB blocks, each record chunk headed by crc32, length and kind; kinds 1 full, 2 first, 3 middle,
-    4 last)."""
+def wandb_history(session) -> list[dict]:
+    """The history rows of one offline session's ``.wandb`` file (``session``: its ``offline-run-*`` directory),
+    which must end with the run's exit record (a LevelDB-style log of protobuf records: a 7-byte file header, 32 KiB
+    blocks, each record chunk headed by crc32, length and kind; kinds 1 full, 2 first, 3 middle, 4 last)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    (path,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    (path,) = session.glob("run-*.wandb")
     data, pos, parts, rows, kinds = path.read_bytes(), 7, b"", [], []
     assert data[:4] == b":W&B"
     while pos + 7 <= len(data):
@@ -56,7 +56,28 @@ def test_the_offline_wandb_history_is_metrics_jsonl(tmp_path, monkeypatch, metri
     expected: dict[int, dict] = {}
     for record in metrics(out):
         expected.setdefault(record["step"], {}).update(scalars(record))
-    logged = {row["_step"]: {k: v for k, v in row.items() if not k.startswith("_")} for row in wandb_history(out)}
+    (session,) = (out / "wandb").glob("offline-run-*")
+    logged = {row["_step"]: {k: v for k, v in row.items() if not k.startswith("_")} for row in wandb_history(session)}
     assert logged == expected and len(expected) == 4
     run_id = (out / "wandb" / "longseq-run-id").read_text().strip()
     assert len(list((out / "wandb").glob(f"offline-run-*-{run_id}"))) == 1
+
+
+def test_a_resumed_run_logs_to_the_same_wandb_run_from_where_it_stopped(tmp_path, monkeypatch, metrics):
+    """Stopped at step 2 and resumed to 4: both sessions log under one W&B run id, the second from step 3 on, and
+    together they hold metrics.jsonl."""
+    for name, value in (("WANDB_MODE", "offline"), ("WANDB_SILENT", "true"), ("WANDB_CONFIG_DIR", "config"),
+                        ("WANDB_CACHE_DIR", "cache")):  # fmt: skip
+        monkeypatch.setenv(name, str(tmp_path / value) if name.endswith("DIR") else value)
+    out = tmp_path / "run"
+    train(tiny_run(max_steps=2, eval_interval=2, wandb=True), str(out), corpus=tiny_corpus(), progress=False)
+    wandb.teardown()
+    run_id = (out / "wandb" / "longseq-run-id").read_text().strip()
+    train(tiny_run(max_steps=4, eval_interval=2, wandb=True), str(out), corpus=tiny_corpus(), progress=False,
+          resume=True)  # fmt: skip
+    wandb.teardown()
+    sessions = sorted((out / "wandb").glob("offline-run-*"))
+    assert len(sessions) == 2 and all(s.name.endswith(f"-{run_id}") for s in sessions)
+    steps = [sorted({row["_step"] for row in wandb_history(s)}) for s in sessions]
+    assert steps == [[1, 2], [3, 4]]
+    assert sorted({r["step"] for r in metrics(out)}) == [1, 2, 3, 4]
