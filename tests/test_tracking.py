@@ -4,6 +4,7 @@ step, and a resumed run continues the same W&B run."""
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import pytest
@@ -77,7 +78,8 @@ def test_a_resumed_run_logs_to_the_same_wandb_run_from_where_it_stopped(tmp_path
           resume=True)  # fmt: skip
     wandb.teardown()
     sessions = sorted((out / "wandb").glob("offline-run-*"))
-    assert len(sessions) == 2 and all(s.name.endswith(f"-{run_id}") for s in sessions)
+    # a session's directory: offline-run-TIME-ID, with -1 added when two sessions start in the same second
+    assert len(sessions) == 2 and all(re.fullmatch(rf"offline-run-\d+_\d+-{run_id}(-\d+)?", s.name) for s in sessions)
     steps = [sorted({row["_step"] for row in wandb_history(s)}) for s in sessions]
     assert steps == [[1, 2], [3, 4]]
     assert sorted({r["step"] for r in metrics(out)}) == [1, 2, 3, 4]
