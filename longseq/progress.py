@@ -136,6 +136,12 @@ class Meter:
             parts.append(f"ETA {duration((self.total - self.done) / rate)}")
         return " | ".join(parts)
 
+    def __enter__(self) -> Meter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self) -> None:
         if self.lines.interval_s > 0 and (self.written or not self.quiet_start):  # lines end where the count ended
             self.write(self.line(final=True))

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from support import raises_naming
 
 from longseq import ModelConfig
 from longseq.cli import main
@@ -159,3 +160,11 @@ def test_the_heat_map_table_averages_seeds_by_distance_and_marks_missing_cells(t
     assert recall_table(results) == (["xl", "ssm"], [16, 128], [[0.75, 0.1], [1.0, None]])
     assert plot_recall_heatmap(results, str(tmp_path / "heat")) == str(tmp_path / "heat.png")
     assert (tmp_path / "heat.png").stat().st_size > 1000
+
+
+def test_chance_reads_only_the_named_tasks_options_and_copying_needs_three_tokens():
+    """alphabet=2 is a valid filler alphabet for the passkey; chance used to evaluate copying's 1/(alphabet-2) too."""
+    assert chance(TaskConfig(name="passkey", alphabet=2)) == 0.1
+    assert chance(TaskConfig(name="induction", alphabet=2)) == 1.0
+    with raises_naming(ConfigError, "task.alphabet", "copying", "3"):
+        TaskConfig(name="copying", alphabet=2)

@@ -304,6 +304,10 @@ class TaskConfig(JsonConfig):
             check(getattr(self, name) >= 1, f"task.{name} must be >= 1, got {getattr(self, name)}")
         check(2 <= self.alphabet <= 200, f"task.alphabet must be in [2, 200], got {self.alphabet}")
         check(
+            self.name != "copying" or self.alphabet >= 3,
+            f"task.alphabet must be >= 3 for copying (a noise token, a separator and a token to copy), got {self.alphabet}",
+        )
+        check(
             0 <= self.min_distance and (self.max_distance == 0 or self.min_distance <= self.max_distance),
             f"task.min_distance and max_distance must satisfy 0 <= min <= max (max 0: any), got "
             f"{self.min_distance}, {self.max_distance}",

@@ -103,7 +103,8 @@ class _Reader:
         for block in text_blocks(path, self.column):
             self.meter.update(len(block.encode("utf-8", errors="surrogatepass")))
             yield block
-        self.digests.setdefault(path, file_sha256(path))
+        if path not in self.digests:
+            self.digests[path] = file_sha256(path)
         self.meter.count("files", 1)
 
     def bytes_blocks(self, path: str) -> Iterator[bytes]:

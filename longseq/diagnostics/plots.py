@@ -148,11 +148,16 @@ def plot_context_curve(
     return _save_figure(plt, fig, out_path)
 
 
+def recall_axis(results: dict[str, list[dict]]) -> str:
+    """What the cells of ``results`` vary: ``distance`` (passkey) or ``length``."""
+    return "distance" if any("distance" in c for runs in results.values() for c in runs[0]["cells"]) else "length"
+
+
 def recall_table(results: dict[str, list[dict]]) -> tuple[list[str], list[int], list[list[float | None]]]:
     """Results of :func:`longseq.eval.recall.recall_grid` by model (each a list over seeds) as a table: the model
     names, the columns (distances when the cells have them, else lengths) and the mean accuracy over seeds (None
     where a model has no such cell)."""
-    axis = "distance" if any("distance" in c for runs in results.values() for c in runs[0]["cells"]) else "length"
+    axis = recall_axis(results)
     columns = sorted({c[axis] for runs in results.values() for run in runs for c in run["cells"] if axis in c})
     table = []
     for runs in results.values():
@@ -169,7 +174,7 @@ def plot_recall_heatmap(results: dict[str, list[dict]], out_path: str, *, title:
     in each cell; the dashed line of each row marks its model's effective range (attention: n_layer x mem_len)."""
     plt = _pyplot()
     names, columns, table = recall_table(results)
-    axis = "distance" if any("distance" in c for runs in results.values() for c in runs[0]["cells"]) else "length"
+    axis = recall_axis(results)
     fig, ax = plt.subplots(figsize=(1.0 + 0.62 * len(columns), 0.9 + 0.42 * len(names)))
     values = [[float("nan") if v is None else v for v in row] for row in table]
     image = ax.imshow(values, vmin=0, vmax=1, cmap="viridis", aspect="auto")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from contextlib import closing
 
 import numpy as np
 import torch
@@ -69,8 +68,7 @@ def scored_segments(
     start = start_memory(model, kv_memory, doc_ids)
     mems = start
     try:
-        bar = Meter(total, "eval", enabled=progress, interval_s=progress_interval_s, quiet_start=True)
-        with closing(bar):
+        with Meter(total, "eval", enabled=progress, interval_s=progress_interval_s, quiet_start=True) as bar:
             for _ in range(total):
                 segment = stream.next_segment(cycle=False)
                 if segment is None:

@@ -31,13 +31,15 @@ def recall_scores(lm, batch: RecallBatch, segment_len: int) -> tuple[Tensor, Ten
     inputs, labels = batch.inputs.to(device), batch.labels.split(segment_len, dim=1)
     distances = batch.distance.split(segment_len, dim=1)
     correct, distance = [], []
-    for i, _, _, hidden in read_segments(lm, inputs, segment_len):
-        keep = labels[i].to(device) != IGNORE  # (B, T)
-        if keep.any():
-            logits = lm.head(hidden[keep][None]).logits[0]  # (K, V)
-            correct.append((logits.argmax(-1) == labels[i].to(device)[keep]).cpu())
-            distance.append(distances[i][keep.cpu()])
-    lm.train(was_training)
+    try:
+        for i, _, _, hidden in read_segments(lm, inputs, segment_len):
+            keep = labels[i] != IGNORE  # (B, T), on the host with the labels: no device read per segment
+            if keep.any():
+                logits = lm.head(hidden[keep.to(device)][None]).logits[0]  # (K, V)
+                correct.append(logits.argmax(-1).cpu() == labels[i][keep])
+                distance.append(distances[i][keep])
+    finally:
+        lm.train(was_training)
     return torch.cat(correct), torch.cat(distance)
 
 
@@ -67,9 +69,9 @@ def recall_cell(
         correct.append(c)
         distance_of.append(d)
     hits, far = torch.cat(correct).float(), torch.cat(distance_of)
-    buckets = {}
-    for bucket in sorted({_bucket(int(x)) for x in far}):
-        where = torch.as_tensor([_bucket(int(x)) == bucket for x in far])
+    bucket_of, buckets = torch.as_tensor([_bucket(int(x)) for x in far]), {}
+    for bucket in bucket_of.unique().tolist():  # ascending
+        where = bucket_of == bucket
         buckets[str(bucket)] = {"accuracy": float(hits[where].mean()), "asked": int(where.sum())}
     cell = {"length": length, "accuracy": float(hits.mean()), "asked": len(hits), "by_distance": buckets}
     return cell if distance is None else {"distance": distance, **cell}

@@ -29,8 +29,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from longseq.eval.evaluate import scored_segments, start_memory
-from longseq.generation import generate_stream
-from longseq.model.positions import position_encoding
+from longseq.generation import generate_stream, windowed
 from longseq.runtime import set_matmul_precision
 from longseq.train.checkpoint import load_checkpoint, resolve_checkpoint
 from longseq.train.distributed import resolve_device
@@ -123,10 +122,6 @@ class LongseqLM(TemplateLM):
         return self.tokenizer.decode(ids)
 
     # -- scoring --------------------------------------------------------------------------------------------------
-    def _recurrent(self) -> bool:
-        c = self.model.config
-        return c.arch != "transformer" or position_encoding(c.positions.pos).relative
-
     def rolling_ids(self, string: str) -> list[int]:
         """The tokens a rolling log-likelihood reads: the prefix token, then the document's."""
         return [self.eot_token_id, *self.tok_encode(string)]
@@ -136,7 +131,7 @@ class LongseqLM(TemplateLM):
         (one stream, segments of ``tgt_len``, memory carried)."""
         if len(ids) < 2:
             return 0.0
-        if not self._recurrent():
+        if windowed(self.model):
             raise ValueError("this checkpoint has absolute positions and no memory: score it with longseq eval")
         import numpy as np
 
@@ -173,7 +168,7 @@ class LongseqLM(TemplateLM):
         by the backbone only."""
         if not continuation:
             return 0.0, True
-        if not self._recurrent():
+        if windowed(self.model):
             raise ValueError("this checkpoint has absolute positions and no memory: score it with longseq eval")
         ids = torch.tensor(context + continuation, dtype=torch.long, device=self._device)
         inputs, targets, first = ids[:-1].unsqueeze(0), ids[1:], len(context) - 1  # first: a continuation target

@@ -12,7 +12,7 @@ from torch import nn
 
 from longseq.config.base import ConfigError
 from longseq.config.run import RunConfig
-from longseq.data.recall import RecallBatch, RecallBatches, chance, recall_batch, shortest
+from longseq.data.recall import IGNORE, RecallBatch, RecallBatches, chance, recall_batch, shortest
 from longseq.data.tokenizers import ByteTokenizer
 from longseq.model import build_model
 from longseq.model.heads import MaskedLM as AskedPositions  # an LM read in segments, scored where labels are asked
@@ -45,9 +45,9 @@ class Recall(Task):
             raise ConfigError(f"the {o.name} task uses the 256-token byte vocabulary; got vocab_size={m.vocab_size}")
         if o.seq_len < shortest(o):
             raise ConfigError(f"task.seq_len={o.seq_len} is too short for {o.name}: it needs >= {shortest(o)} tokens")
-        recall_batch(o, 0, 0, 1, o.seq_len)  # refuses options that do not fit (a passkey distance) by name
         self.run = RunConfig(m.replace(vocab_size=256), self.run.data, self.run.train, self.run.task)
-        self.valid = recall_batch(o, self.run.train.seed, 0, o.valid_size, o.seq_len)  # training draws index >= 1
+        # training draws index >= 1; this also refuses options that do not fit (a passkey distance) by name
+        self.valid = recall_batch(o, self.run.train.seed, 0, o.valid_size, o.seq_len)
         self.log(
             f"{o.name}: sequences of {o.seq_len} tokens in segments of {self.segment_len}; "
             f"chance accuracy {chance(o):.3f}"
@@ -63,7 +63,7 @@ class Recall(Task):
     def train_step(self, ctx: StepContext, batch: RecallBatch, memory: None) -> StepResult:
         mine = batch.rows(ctx.rows)
         inputs, labels = mine.inputs.to(ctx.device), mine.labels.to(ctx.device)
-        count, total = (labels != -100).sum().clamp(min=1), 0.0
+        count, total = (labels != IGNORE).sum().clamp(min=1), 0.0
         for part in chunks(list(range(len(inputs))), ctx.grad_accum):
             rows = slice(part[0], part[-1] + 1)
             with ctx.autocast():

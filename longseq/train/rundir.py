@@ -19,6 +19,7 @@ import shutil
 from longseq.config import ConfigError
 from longseq.config.files import RUN_HEADER
 from longseq.train.checkpoint import CheckpointError, checkpoint_parts, recover_checkpoint
+from longseq.train.tracking import WANDB_ID_FILE
 
 RUN_FILES = ("last", "best", "history", "metrics.jsonl", "run.toml", "tensorboard", "wandb")
 
@@ -59,7 +60,7 @@ def is_longseq_file(path: str) -> bool:
     if name == "tensorboard":
         return os.path.isdir(path) and all(n.startswith("events.out.tfevents") for n in os.listdir(path))
     if name == "wandb":  # W&B's own files, beside the id a run keeps there
-        return os.path.isfile(os.path.join(path, "longseq-run-id"))
+        return os.path.isfile(os.path.join(path, WANDB_ID_FILE))
     if not os.path.isfile(path):
         return False
     if name == "metrics.jsonl":

@@ -421,11 +421,12 @@ class Trainer:
             if self.overwrite and self.world.main:
                 self.dir.clear()
             self.world.barrier()
-            if self.world.main:
+            if (
+                self.world.main
+            ):  # run.toml, the resolved configuration: longseq train --config OUT/run.toml runs it again
                 self.trackers = open_trackers(
                     self.dir.path, self.tc.tensorboard, self.tc.wandb, self.tc.wandb_project, self.run.to_dict()
                 )
-            if self.world.main:  # the resolved configuration: longseq train --config OUT/run.toml runs it again
                 write_run_config(self.run, os.path.join(self.dir.path, "run.toml"))
             if self.checkpoint_state is not None:
                 self.restore(self.checkpoint_state)
