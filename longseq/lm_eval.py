@@ -2,10 +2,10 @@
 
     python -m longseq.lm_eval --model longseq --model_args checkpoint=DIR --tasks wikitext --include_path TASKS/
 
-The model lives in :mod:`longseq.integrations.lm_eval` (``pip install "longseq[lm-eval]"``).
+The model lives in :mod:`longseq.integrations.harness` (``pip install "longseq[lm-eval]"``).
 """
 
 if __name__ == "__main__":
-    from longseq.integrations.lm_eval import main
+    from longseq.integrations.harness import main
 
     main()

@@ -33,7 +33,7 @@ from transformers import TransfoXLConfig, TransfoXLLMHeadModel  # noqa: E402
 
 from longseq import TransformerXLLM  # noqa: E402
 from longseq.cli import main  # noqa: E402
-from longseq.interop.hf import ConversionError, convert_from_hf, export_to_hf, load_hf  # noqa: E402
+from longseq.interop.transfo_xl import ConversionError, convert_from_hf, export_to_hf, load_hf  # noqa: E402
 from longseq.interop.transfo_xl_compat import apply as apply_compat  # noqa: E402
 from longseq.train import load_checkpoint  # noqa: E402
 

@@ -20,7 +20,7 @@ from longseq.cli import main  # noqa: E402
 from longseq.config import DataConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
 from longseq.data.tokenizers import ByteTokenizer  # noqa: E402
 from longseq.eval.evaluate import evaluate  # noqa: E402
-from longseq.integrations.lm_eval import LongseqLM  # noqa: E402
+from longseq.integrations.harness import LongseqLM  # noqa: E402
 from longseq.model import TransformerXLLM  # noqa: E402
 from longseq.train.checkpoint import save_checkpoint  # noqa: E402
 
@@ -148,7 +148,7 @@ def test_the_lm_eval_command_scores_a_checkpoint(lm, checkpoint, tmp_path, monke
     writes the same bits per byte as the model's rolling scores."""
     import sys
 
-    from longseq.integrations.lm_eval import main as lm_eval_main
+    from longseq.integrations.harness import main as lm_eval_main
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))

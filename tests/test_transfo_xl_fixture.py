@@ -10,7 +10,7 @@ import sys
 import torch
 from safetensors.torch import load_file
 
-from longseq.interop.hf import export_to_hf, load_hf, read_hf_weights
+from longseq.interop.transfo_xl import export_to_hf, load_hf, read_hf_weights
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "transfo_xl")
 

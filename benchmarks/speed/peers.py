@@ -12,7 +12,7 @@ import warnings
 import torch
 
 from longseq import ModelConfig, TransformerXLLM
-from longseq.interop.hf import hf_config_from_model, state_dict_to_hf
+from longseq.interop.transfo_xl import hf_config_from_model, state_dict_to_hf
 from longseq.interop.transfo_xl_compat import apply as apply_compat
 
 _shimmed = False

@@ -77,7 +77,7 @@ def library_errors() -> tuple[type[BaseException], ...]:
     from longseq.data.batching import BatchingError
     from longseq.data.corpus import CorpusError
     from longseq.data.tokenizers import TokenizerError
-    from longseq.interop.hf import ConversionError
+    from longseq.interop.transfo_xl import ConversionError
     from longseq.train.checkpoint import CheckpointError
     from longseq.train.trainer import TrainingError
 

@@ -41,8 +41,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> dict:
     import os
 
-    from longseq.interop.hf import convert_from_hf, export_to_hf
     from longseq.interop.hf_longseq import convert_from_longseq_hf, export_longseq_hf, is_longseq_hf
+    from longseq.interop.transfo_xl import convert_from_hf, export_to_hf
     from longseq.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 
     if bool(args.from_hf) == bool(args.to_hf):

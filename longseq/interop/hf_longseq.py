@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from longseq.config import DataConfig, ModelConfig, RunConfig, TrainConfig
 from longseq.data.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
-from longseq.interop.hf import read_vocab
+from longseq.interop.transfo_xl import read_vocab
 from longseq.model import TransformerXLLM, build_model
 from longseq.model.lstm import LSTMLM
 
