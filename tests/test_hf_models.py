@@ -183,3 +183,58 @@ def test_training_through_transformers_gives_longseqs_gradients():
     ours = dict(model.named_parameters())
     for name, param in hf.model.named_parameters():
         assert torch.allclose(param.grad, ours[name].grad, atol=1e-6, rtol=1e-5), name
+
+
+def test_nan_weights_are_refused_by_from_pretrained_and_convert(tmp_path, capsys):
+    """from_pretrained loaded NaN or Inf weights without a word (greedy generation then emitted token 0 forever),
+    and convert --from-hf wrote a checkpoint of them that eval then refused."""
+    model = tiny("window-dilated")
+    with torch.no_grad():
+        model.transformer.layers[1].pos_ff.core_net[0].weight[0, 0] = float("nan")
+        next(model.crit.parameters())[0, 0] = float("inf")
+    export_longseq_hf(model, str(tmp_path / "hf"))
+    with pytest.raises(ValueError, match=r"NaN or Inf weights in 2 tensor\(s\)"):
+        AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
+    out = tmp_path / "back"
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "NaN or Inf" in err and "model.safetensors" in err and "Traceback" not in err and not out.exists()
+
+
+def test_convert_from_hf_names_a_broken_directory_without_a_traceback(tmp_path, capsys):
+    """A config.json without its longseq section, a truncated model.safetensors and a tensor of the wrong shape were
+    raw tracebacks (KeyError-free defaults, SafetensorError, a size-mismatch RuntimeError)."""
+    export_longseq_hf(tiny("window-dilated"), str(tmp_path / "good"))
+    weights_path, config_path = "model.safetensors", "config.json"
+
+    def broken(name, change) -> str:
+        directory = tmp_path / name
+        directory.mkdir()
+        for file in os.listdir(tmp_path / "good"):
+            (directory / file).write_bytes((tmp_path / "good" / file).read_bytes())
+        change(directory)
+        return str(directory)
+
+    def no_section(d):
+        config = json.loads((d / config_path).read_text())
+        del config["longseq"]
+        (d / config_path).write_text(json.dumps(config))
+
+    def truncated(d):
+        data = (d / weights_path).read_bytes()
+        (d / weights_path).write_bytes(data[: len(data) // 2])
+
+    def reshaped(d):
+        weights = load_file(str(d / weights_path))
+        name = "model.transformer.layers.0.pos_ff.core_net.0.weight"
+        weights[name] = torch.zeros(weights[name].shape[0] + 1, weights[name].shape[1])
+        save_file(weights, str(d / weights_path))
+
+    for name, change, words in (("section", no_section, ("config.json", "no longseq section")),
+                                ("truncated", truncated, ("model.safetensors", "truncated")),
+                                ("shape", reshaped, ("model.safetensors", "core_net.0.weight"))):  # fmt: skip
+        source = broken(name, change)
+        assert main(["convert", "--from-hf", source, "--out", str(tmp_path / f"{name}-out")]) == 2, name
+        err = capsys.readouterr().err
+        assert all(word in err for word in words) and "Traceback" not in err, err
+        assert not (tmp_path / f"{name}-out").exists()

@@ -58,6 +58,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DROPPED_ON_RESUME = ("config", "out", "resume", "overwrite")  # a resume reads the run's own config from OUT/last
+
+
+def resume_command(parser: argparse.ArgumentParser, argv: list[str], args: argparse.Namespace, checkpoint: str) -> str:
+    """The command that continues a run stopped by a signal, shell-quoted, to paste as printed: the command line
+    given, without ``--config`` (a resume continues the run's own settings: ``OUT/last``), ``--overwrite`` and
+    ``--resume``, with ``--out`` the run directory, then ``--resume``.  Options are matched as argparse matches them
+    (``--conf`` is ``--config``)."""
+    import os
+    import shlex
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
+    options = sub._option_string_actions
+    kept, tokens = [], list(argv[1:])  # argv[0] is the command: the top-level parser has no other option
+    while tokens:
+        token = tokens.pop(0)
+        name = token.split("=", 1)[0]
+        matches = [o for o in options if o == name] or [o for o in options if o.startswith(name) and len(name) > 2]
+        action = options[matches[0]] if len(matches) == 1 else None
+        if action is None or action.dest not in DROPPED_ON_RESUME:
+            kept.append(token)
+        elif action.nargs is None and "=" not in token and tokens:
+            tokens.pop(0)  # the option's value
+    out = getattr(args, "out", None) or os.path.relpath(os.path.dirname(checkpoint))
+    return shlex.join(["longseq", args.command, *kept, "--out", out, "--resume"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -69,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.func(args)
     except Interrupted as stopped:
-        resume = " ".join(a for a in sys.argv[1:] if a not in ("--overwrite", "--resume")) + " --resume"
-        print(f"longseq {args.command}: {stopped}\nresume with: longseq {resume}", file=sys.stderr)
+        command = resume_command(parser, sys.argv[1:] if argv is None else argv, args, stopped.checkpoint)
+        print(f"longseq {args.command}: {stopped}\nresume with: {command}", file=sys.stderr)
         return stopped.exit_code
     except library_errors() as exc:
         print(f"longseq {args.command}: error: {exc}", file=sys.stderr)

@@ -41,13 +41,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> dict:
     import os
 
-    from longseq.interop.hf_longseq import convert_from_longseq_hf, export_longseq_hf, is_longseq_hf
-    from longseq.interop.transfo_xl import convert_from_hf, export_to_hf
+    from longseq.interop.hf_longseq import EXPORT_FILES, convert_from_longseq_hf, export_longseq_hf, is_longseq_hf
+    from longseq.interop.transfo_xl import TRANSFO_XL_FILES, check_export_directory, convert_from_hf, export_to_hf
     from longseq.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 
     if bool(args.from_hf) == bool(args.to_hf):
         raise ValueError("give exactly one of --from-hf DIR or --to-hf (with --checkpoint DIR)")
     if args.from_hf:
+        check_converted_directory(args.out)  # before any work: a run, a trained checkpoint, a user's folder stay
         convert = convert_from_longseq_hf if is_longseq_hf(args.from_hf) else convert_from_hf
         model, tokenizer, run = convert(args.from_hf, vocab=args.vocab)
         save_checkpoint(args.out, model, run, tokenizer, metrics={"converted_from": os.path.abspath(args.from_hf)})
@@ -59,6 +60,7 @@ def run(args: argparse.Namespace) -> dict:
         }
     if not args.checkpoint:
         raise ValueError("--to-hf needs --checkpoint DIR (a longseq checkpoint)")
+    check_export_directory(args.out, TRANSFO_XL_FILES if args.format == "transfo-xl" else EXPORT_FILES)
     model, tokenizer, run, _ = load_checkpoint(resolve_checkpoint(args.checkpoint, say))
     if run.task is not None:
         raise ValueError(f"{args.checkpoint} is fine-tuned for {run.task.name}; only language models export")
@@ -70,3 +72,31 @@ def run(args: argparse.Namespace) -> dict:
             model, args.out, tokenizer, segment_len=tgt_len, generate_mem_len=run.model.memory.mem_len + tgt_len
         )
     return {"checkpoint": args.checkpoint, "to_hf": args.out, "format": args.format}
+
+
+CHECKPOINT_FILES = ("config.json", "tokenizer.json", "model.safetensors", "manifest.json")
+
+
+def is_converted_checkpoint(directory: str) -> bool:
+    """Whether ``directory`` is a checkpoint that ``convert --from-hf`` wrote (its metrics name the source), the
+    only checkpoint a conversion replaces: a trained one is never written over."""
+    import json
+    import os
+
+    try:
+        with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+            metrics = json.load(f).get("metrics")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(metrics, dict) and "converted_from" in metrics
+
+
+def check_converted_directory(out: str) -> None:
+    """``--from-hf``'s ``--out``: new, empty, or an earlier conversion (a checkpoint is replaced as a whole, so
+    anything else in it, a run's files, a trained checkpoint, is refused by name)."""
+    import os
+
+    from longseq.outputs import check_output_directory
+
+    own = lambda path: is_converted_checkpoint(os.path.dirname(path))  # noqa: E731
+    check_output_directory(out, "--out", "a converted checkpoint", {name: own for name in CHECKPOINT_FILES})

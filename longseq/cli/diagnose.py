@@ -35,7 +35,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> dict:
     from longseq.diagnostics import diagnose
+    from longseq.diagnostics.report import check_report_directory
 
+    check_report_directory(args.out)  # before any work
     checkpoint, model, tokenizer, run = load_model(args.checkpoint, args.device)
     ids = read_corpus(args.data, run, tokenizer, checkpoint).split(args.split)
     tgt_len = args.tgt_len or run.data.eval_tgt_len

@@ -120,6 +120,10 @@ def run(args: argparse.Namespace) -> dict:
         return run_recl(args)
     if args.plot and not (args.per_position or args.context_curve):
         raise ValueError("--plot draws --per-position or --context-curve; give one of them")
+    if args.plot:
+        from longseq.diagnostics.plots import check_figure
+
+        check_figure(args.plot, "--plot")  # before any work
     model, settings, run_config, ids, doc_ids, unit, unk, tokenizer = _load(args)
     ignored = [k for k in ("mem_len", "clamp_len", "same_length") if getattr(settings, k) is not None]
     if model.config.arch != "transformer" and ignored:

@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> dict:
     from longseq.tasks.classify import classification_metrics, label_name
     from longseq.tasks.span import span_metrics
 
+    check_output(args.out, args.data)  # before any work
     path, model, tokenizer, run_config = load_model(args.checkpoint, args.device)
     if run_config.task is None:
         raise ValueError(f"{path} is a language model, not a fine-tuned one; sample from it with longseq generate")
@@ -114,10 +115,14 @@ def check_gold_labels(records: list[dict], labels: list[str], data: str, checkpo
 
 
 def check_output(out: str, data: str) -> None:
-    """``--out`` must be a file path that is not the input (the predictions would replace the user's data)."""
+    """``--out`` must be a file path that is not the input (the predictions would replace the user's data), and
+    new or earlier predictions (every row with a ``prediction``): nothing else is replaced."""
+    from longseq.outputs import check_output_file, jsonl_rows_with
+
     if os.path.isdir(out):
         raise ValueError(f"--out {out} is a directory; give the path of the output JSONL file")
-    if os.path.exists(out) and os.path.samefile(out, data):
+    if os.path.exists(out) and os.path.exists(data) and os.path.samefile(out, data):
         raise ValueError(
             f"--out {out} is the input file --data: the predictions would replace it; choose another --out"
         )
+    check_output_file(out, "--out", "predictions file", jsonl_rows_with("prediction"))

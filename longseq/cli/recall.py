@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> dict:
     from longseq.config.run import RECALL_TASKS
     from longseq.eval.recall import recall_grid
 
+    check_outputs(args)  # before minutes of work
     path, model, _, run_config = load_model(args.checkpoint, args.device)
     if run_config.task is None or run_config.task.name not in RECALL_TASKS:
         raise ConfigError(f"{path} is not a recall task's checkpoint (passkey, mqar, copying, induction)")
@@ -60,6 +61,7 @@ def run(args: argparse.Namespace) -> dict:
     )
     result["checkpoint"] = path
     if args.out:
+        check_outputs(args)
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
     if args.plot:
@@ -67,3 +69,17 @@ def run(args: argparse.Namespace) -> dict:
 
         result["plot"] = plot_recall_heatmap({os.path.basename(os.path.dirname(path)) or path: [result]}, args.plot)
     return result
+
+
+RECALL_REPORT = ("task", "cells", "checkpoint")  # the keys of what --out writes: a file holding them is recall's own
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """``--out`` and ``--plot`` may receive the result: new files, or this command's earlier ones."""
+    from longseq.diagnostics.plots import check_figure
+    from longseq.outputs import check_output_file, json_object_with
+
+    if args.out:
+        check_output_file(args.out, "--out", "recall report (JSON)", json_object_with(*RECALL_REPORT))
+    if args.plot:
+        check_figure(args.plot, "--plot")

@@ -5,6 +5,7 @@ OUT/run.toml`` runs it again."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from longseq.cli.common import common_flags, overrides, refuse_vocab_size, say
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace) -> dict:
             return {}
     summary = {
         "step": result.step,
-        "train_loss": result.train_loss if result.valid else None,  # a resume with no step left: nothing measured
+        "train_loss": result.train_loss if math.isfinite(result.train_loss) else None,  # the log's, on a resume
         "loss": result.valid.get("loss"),  # None (JSON null, "n/a" in text) when this session ran no validation
         "ppl": result.valid.get("ppl"),
         "best_valid_loss": result.best_valid_loss,

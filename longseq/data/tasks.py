@@ -13,6 +13,8 @@ import os
 import random
 import statistics
 
+from longseq.outputs import check_output_directory
+
 TASK_FIELDS = {
     "classify": {"text": str, "label": (str, int)},
     "span": {"context": str, "question": str, "answer_start": int, "answer_text": str},
@@ -168,6 +170,18 @@ def generate_listops(
     return examples
 
 
+def is_listops(path: str) -> bool:
+    """Whether ``path`` holds ListOps examples as :func:`write_listops` writes them (its first row a ListOps
+    expression and its value): the only file ``data listops`` replaces."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            row = json.loads(f.readline())
+    except (OSError, ValueError):
+        return False
+    text = row.get("text") if isinstance(row, dict) else None
+    return isinstance(text, str) and text.startswith(OPERATORS) and row.get("label") in range(10)
+
+
 def write_listops(out_dir: str, seed: int, sizes: dict[str, int], **lengths) -> dict[str, int]:
     """Write train/valid/test JSONL files of ListOps examples (distinct seeds per split).  Every split is drawn
     before anything is written and each file is written under a temporary name, then renamed: a bad argument or an
@@ -175,6 +189,7 @@ def write_listops(out_dir: str, seed: int, sizes: dict[str, int], **lengths) -> 
     for split, n in sizes.items():
         if n < 1:
             raise ValueError(f"--{split} must be >= 1 example, got {n}")
+    check_output_directory(out_dir, "--out", "ListOps data", {f"{split}.jsonl": is_listops for split in sizes})
     examples = {split: generate_listops(n, seed * 1000 + i, **lengths) for i, (split, n) in enumerate(sizes.items())}
     os.makedirs(out_dir, exist_ok=True)
     for split, rows in examples.items():

@@ -11,6 +11,7 @@ import math
 import os
 
 from longseq.data.tasks import iter_jsonl
+from longseq.outputs import PNG_METADATA, check_output_file, is_longseq_png
 
 
 def read_metrics(run_dir: str) -> list[dict]:
@@ -39,9 +40,10 @@ def curves(records: list[dict], bits: bool) -> dict[str, tuple[list[float], list
 
 def plot_runs(run_dirs: list[str], out_path: str, *, bits: bool = False) -> dict:
     """Plot training and validation loss of every run against step (left) and wall time (right)."""
-    plt = _pyplot()
     if not run_dirs:
         raise ValueError("plot needs at least one run directory")
+    check_figure(out_path)
+    plt = _pyplot()
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
     summary = {}
     for run_dir in run_dirs:
@@ -96,15 +98,34 @@ def _pyplot():
     return plt
 
 
+def figure_path(out_path: str) -> str:
+    """The file a figure is written to: ``out_path``, ``.png`` added to a name without an extension (as matplotlib
+    does: the caller reports the file that exists)."""
+    return out_path if os.path.splitext(out_path)[1] else out_path + ".png"
+
+
+def check_figure(out_path: str, flag: str = "--out") -> None:
+    """``out_path`` may receive a figure: new, or one longseq drew (an :class:`~longseq.outputs.OutputError`
+    otherwise, before any work)."""
+    check_output_file(figure_path(out_path), flag, "figure", is_longseq_png)
+
+
+def save_png(fig, path: str, **kwargs) -> None:
+    """``fig.savefig`` marked as longseq's (a PNG's ``Software`` chunk), so that a rerun may replace it."""
+    png = os.path.splitext(path)[1].lower() == ".png"
+    fig.savefig(path, metadata=PNG_METADATA if png else None, **kwargs)
+
+
 def _save_figure(plt, fig, out_path: str) -> str:
-    """Save and close ``fig``; returns the path written (``.png`` added to a name without an extension, as
-    matplotlib does: the caller reports the file that exists)."""
-    if not os.path.splitext(out_path)[1]:
-        out_path += ".png"
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    fig.savefig(out_path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    """Save and close ``fig``; returns the path written."""
+    out_path = figure_path(out_path)
+    try:
+        check_figure(out_path)
+        fig.tight_layout()
+        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+        save_png(fig, out_path, dpi=100, bbox_inches="tight")
+    finally:
+        plt.close(fig)
     return out_path
 
 

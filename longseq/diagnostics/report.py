@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from longseq.model import TransformerXLLM
+from longseq.outputs import check_output_directory, first_line_is, is_longseq_png, json_object_with
 
 COLLAPSE_BITS = 0.15  # a head whose mean entropy is below this (about 0.1 nats) attends to (almost) one key
 UNITS = {
@@ -264,6 +265,7 @@ def diagnose(
     _check_diagnosable(
         model, len(ids), tgt_len=tgt_len, warmup=warmup, batch_size=batch_size, max_segments=max_segments
     )
+    check_report_directory(out_dir)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -314,6 +316,19 @@ def diagnose(
         f.write(_markdown(report, images))
     report["files"] = sorted(os.listdir(out_dir))
     return report
+
+
+REPORT_FILES = {
+    "*.png": is_longseq_png,
+    "report.json": json_object_with("units", "attention_layers"),
+    "report.md": first_line_is("# longseq diagnostics"),
+}
+
+
+def check_report_directory(out_dir: str, flag: str = "--out") -> None:
+    """``out_dir`` may receive a report: new, empty, or an earlier report (its figures, report.json and report.md,
+    which are replaced); anything else is refused by name (:mod:`longseq.outputs`)."""
+    check_output_directory(out_dir, flag, "a diagnostics report", REPORT_FILES)
 
 
 def _warnings(attending: list[int], entropy_bits, loss: float, grad_norms: list[float], memory: list[dict]):
@@ -433,8 +448,10 @@ def _evidence_plots(evidence: dict, mem_len: int, out_dir: str) -> list[str]:
 
 def _save(plt, fig, out_dir: str, name: str) -> str:
     """Lay the figure out so that every label lies inside it, save, close."""
+    from longseq.diagnostics.plots import save_png
+
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, name), dpi=90, bbox_inches="tight")
+    save_png(fig, os.path.join(out_dir, name), dpi=90, bbox_inches="tight")
     plt.close(fig)
     return name
 

@@ -46,6 +46,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from longseq.config import ModelConfig
 from longseq.generation import read_prompt, recurrence_overrides, windowed
 from longseq.interop.hf_longseq import GENERATION_DEFAULTS, MODEL_TYPE, hf_config, tied_names
+from longseq.interop.transfo_xl import refuse_non_finite
 from longseq.model import Memory, TransformerXLLM, build_model
 from longseq.model.lstm import LSTMLM
 from longseq.model.stack import LayerStack
@@ -144,12 +145,15 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         """transformers' ``from_pretrained``, refusing a checkpoint that lacks tensors of the model (transformers
-        would warn and leave them uninitialised: longseq initialises only when it builds a model)."""
+        would warn and leave them uninitialised: longseq initialises only when it builds a model) or whose weights
+        hold NaN or Inf (the model would score NaN and generate token 0 forever; longseq's own loader refuses them
+        too)."""
         want_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
         if info["missing_keys"]:
             missing = sorted(info["missing_keys"])
             raise ValueError(f"the checkpoint lacks {len(missing)} tensor(s) of the model: {', '.join(missing[:5])}")
+        refuse_non_finite(model.model, str(args[0]) if args else "the checkpoint")
         return (model, info) if want_info else model
 
     @classmethod

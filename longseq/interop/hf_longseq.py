@@ -16,11 +16,18 @@ import json
 import os
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from longseq.config import DataConfig, ModelConfig, RunConfig, TrainConfig
+from longseq.config import ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
 from longseq.data.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
-from longseq.interop.transfo_xl import read_vocab
+from longseq.interop.transfo_xl import (
+    EXPORT_METADATA,
+    ConversionError,
+    check_export_directory,
+    read_vocab,
+    refuse_non_finite,
+)
 from longseq.model import TransformerXLLM, build_model
 from longseq.model.lstm import LSTMLM
 
@@ -28,6 +35,7 @@ MODEL_TYPE = "longseq"
 ARCHITECTURE = "LongseqForCausalLM"
 PREFIX = "model."  # the language model's attribute in LongseqForCausalLM
 GENERATION_DEFAULTS = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}  # longseq generate's
+EXPORT_FILES = ("config.json", "model.safetensors", "generation_config.json", "longseq_tokenizer.json")
 
 
 def tied_names(model: torch.nn.Module) -> dict[str, str]:
@@ -76,8 +84,7 @@ def export_longseq_hf(
             f"only a language model exports to transformers; this is a {type(model).__name__} (a fine-tuned model)"
         )
     config = hf_config(model.config, segment_len, generate_mem_len)
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"--out {out} is a file; give a directory")
+    check_export_directory(out, EXPORT_FILES)  # a new directory, or an earlier export of convert: nothing else
     os.makedirs(out, exist_ok=True)
     skip = set(tied_names(model))
     tensors = {
@@ -85,7 +92,7 @@ def export_longseq_hf(
         for name, tensor in model.state_dict(keep_vars=False).items()
         if name not in skip
     }
-    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    save_file(tensors, os.path.join(out, "model.safetensors"), metadata=EXPORT_METADATA)
     for name, data in (("config.json", config), ("generation_config.json", GENERATION_DEFAULTS)):
         with open(os.path.join(out, name), "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2, sort_keys=True)
@@ -104,20 +111,43 @@ def is_longseq_hf(directory: str) -> bool:
 
 def load_longseq_hf(directory: str) -> tuple[TransformerXLLM | LSTMLM, Tokenizer | None, dict]:
     """The model (eval mode), tokenizer (``longseq_tokenizer.json``; None if absent) and config.json of a directory
-    written by :func:`export_longseq_hf` or ``save_pretrained``, read without transformers."""
-    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
-        config = json.load(f)
-    if config.get("model_type") != MODEL_TYPE:
-        raise ValueError(
-            f"{directory} is not a longseq transformers directory (model_type {config.get('model_type')!r})"
+    written by :func:`export_longseq_hf` or ``save_pretrained``, read without transformers.  What does not fit (no
+    ``longseq`` section, a truncated or foreign ``model.safetensors``, a tensor of another shape, NaN weights) is a
+    :class:`ConversionError` naming the file."""
+    path = os.path.join(directory, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConversionError(f"cannot read {path}: {exc}") from None
+    if not isinstance(config, dict) or config.get("model_type") != MODEL_TYPE:
+        kind = config.get("model_type") if isinstance(config, dict) else None
+        raise ConversionError(f"{directory} is not a longseq transformers directory (model_type {kind!r})")
+    if not isinstance(config.get("longseq"), dict):
+        raise ConversionError(
+            f"{path} has no longseq section (the model's ModelConfig, which convert --to-hf and save_pretrained "
+            "write): the architecture is unknown"
         )
-    model = build_model(ModelConfig.from_dict(config.get("longseq") or {}))
-    weights = load_file(os.path.join(directory, "model.safetensors"))
+    try:
+        model = build_model(ModelConfig.from_dict(config["longseq"]))
+    except ConfigError as exc:
+        raise ConversionError(f"{path}: its longseq section is not a valid model config: {exc}") from None
+    weights_path = os.path.join(directory, "model.safetensors")
+    try:
+        weights = load_file(weights_path)
+    except (OSError, SafetensorError) as exc:
+        raise ConversionError(f"cannot read {weights_path} (truncated, or not safetensors): {exc}") from None
     state = {name.removeprefix(PREFIX): tensor for name, tensor in weights.items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # a tensor of another shape than the config's
+        raise ConversionError(f"{weights_path} does not fit {path}: {exc}") from None
     missing = sorted(set(missing) - set(tied_names(model)))
     if missing or unexpected:
-        raise ValueError(f"{directory}: the weights do not fit the config: missing {missing}, unexpected {unexpected}")
+        raise ConversionError(
+            f"{directory}: the weights do not fit the config: missing {missing}, unexpected {unexpected}"
+        )
+    refuse_non_finite(model, weights_path)
     path = os.path.join(directory, "longseq_tokenizer.json")
     tokenizer = load_tokenizer(path, vocab_size=model.config.vocab_size) if os.path.isfile(path) else None
     return model.eval(), tokenizer, config

@@ -24,12 +24,15 @@ import os
 import re
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from longseq.config import ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
 from longseq.data.tokenizers import EOS, UNK, ByteTokenizer, Tokenizer, WordTokenizer
 from longseq.model import TransformerXLLM
+from longseq.outputs import EXPORTED_BY, check_output_directory
+
+EXPORT_METADATA = {"format": "pt", "exported_by": EXPORTED_BY}  # model.safetensors of a directory convert wrote
 
 
 class ConversionError(ValueError):
@@ -262,7 +265,36 @@ def load_hf(directory: str) -> TransformerXLLM:
     if leftover or unexpected:
         raise ConversionError(f"weights do not match: missing {leftover}, unexpected {sorted(unexpected)}")
     model.tie_weights()
+    refuse_non_finite(model, directory)
     return model.eval()
+
+
+def refuse_non_finite(model: torch.nn.Module, where: str) -> None:
+    """A :class:`ConversionError` when a floating-point weight of ``model`` holds NaN or Inf (read from ``where``):
+    such a model scores NaN and generates one token forever, and longseq's own loader refuses it."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]  # a tied weight once
+    broken = [name for name, tensor in tensors if tensor.is_floating_point() and not bool(tensor.isfinite().all())]
+    if broken:
+        raise ConversionError(
+            f"{where} holds NaN or Inf weights in {len(broken)} tensor(s) ({', '.join(broken[:3])}"
+            f"{', ...' if len(broken) > 3 else ''}): the model cannot be used; take an earlier checkpoint"
+        )
+
+
+def exported_by_longseq(directory: str) -> bool:
+    """Whether ``directory`` holds an export ``longseq convert`` wrote (its ``model.safetensors`` says so)."""
+    try:
+        with safe_open(os.path.join(directory, "model.safetensors"), "pt") as f:
+            return (f.metadata() or {}).get("exported_by") == EXPORTED_BY
+    except (OSError, SafetensorError, ValueError):
+        return False
+
+
+def check_export_directory(out: str, names: tuple[str, ...]) -> None:
+    """``out`` may receive an export of the files ``names``: it is new, empty, or an earlier export of convert
+    (refused by name otherwise: a checkpoint, a run, a model someone else saved)."""
+    own = lambda path: exported_by_longseq(os.path.dirname(path))  # noqa: E731
+    check_output_directory(out, "--out", "an export", {name: own for name in names})
 
 
 def convert_from_hf(directory: str, vocab: str | None = None) -> tuple[TransformerXLLM, Tokenizer, RunConfig]:
@@ -292,6 +324,9 @@ def convert_from_hf(directory: str, vocab: str | None = None) -> tuple[Transform
     return model, tokenizer, run
 
 
+TRANSFO_XL_FILES = ("config.json", "model.safetensors", "vocab.txt")  # what export_to_hf writes
+
+
 def export_to_hf(model: TransformerXLLM, out: str, tokenizer: Tokenizer | None = None) -> None:
     """Write an HF TransfoXL directory (``config.json`` + ``model.safetensors``) that transformers 4.x loads."""
     if not isinstance(model, TransformerXLLM):
@@ -300,12 +335,11 @@ def export_to_hf(model: TransformerXLLM, out: str, tokenizer: Tokenizer | None =
             "LSTM model)"
         )
     config = hf_config_from_model(model.config)  # checked before anything is written
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ConversionError(f"--out {out} is a file; give a directory for the HF checkpoint")
+    check_export_directory(out, TRANSFO_XL_FILES)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2, sort_keys=True)
-    save_file(state_dict_to_hf(model), os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    save_file(state_dict_to_hf(model), os.path.join(out, "model.safetensors"), metadata=EXPORT_METADATA)
     if isinstance(tokenizer, WordTokenizer):
         with open(os.path.join(out, "vocab.txt"), "w", encoding="utf-8") as f:
             f.write("\n".join(tokenizer.words) + "\n")

@@ -6,7 +6,7 @@ empty by a run that failed before it wrote anything.
     history/        older training checkpoints (keep_last > 1)
     metrics.jsonl   one JSON object per logged step and per validation
     run.toml        the resolved run configuration
-    .lock           held (flock) by the process training into the directory
+    .lock           held (flock) by the process training into the directory; removed when it ends
 """
 
 from __future__ import annotations
@@ -114,17 +114,7 @@ class RunDirectory:
         if not os.path.isdir(self.path):
             os.makedirs(self.path)
             self.created = True
-        self._lock = open(os.path.join(self.path, ".lock"), "a+")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lock.seek(0)
-            holder = self._lock.read().strip() or "another process"
-            self._lock.close()
-            self._lock = None
-            raise ConfigError(
-                f"{self.path} is being trained into by {holder}; wait for it or choose another --out"
-            ) from None
+        self._lock = self._take_lock()
         self._lock.seek(0)
         self._lock.truncate()
         self._lock.write(f"pid {os.getpid()}\n")
@@ -135,6 +125,30 @@ class RunDirectory:
             self.clear()
         return self
 
+    def _take_lock(self):
+        """The flock of ``.lock``, held until :meth:`close` (which removes the file).  A file removed by the run
+        that held it, between our open and our flock, is not the lock any more: it is taken again on the new one."""
+        path = os.path.join(self.path, ".lock")
+        for _ in range(10):
+            lock = open(path, "a+")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                lock.seek(0)
+                holder = lock.read().strip() or "another process"
+                lock.close()
+                raise ConfigError(
+                    f"{self.path} is being trained into by {holder}; wait for it or choose another --out"
+                ) from None
+            try:
+                same = os.stat(path).st_ino == os.fstat(lock.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                return lock
+            lock.close()
+        raise ConfigError(f"{self.path}/.lock keeps being replaced by another process; choose another --out")
+
     def clear(self) -> None:
         """Remove the previous run's files (``--overwrite``), nothing else."""
         self.existing = [name for name in RUN_FILES if os.path.exists(os.path.join(self.path, name))]
@@ -143,11 +157,16 @@ class RunDirectory:
             shutil.rmtree(target) if os.path.isdir(target) else os.remove(target)
 
     def close(self, failed: bool = False) -> None:
-        """Release the lock; a directory this run created and wrote nothing into is removed after a failure."""
+        """Release the lock and remove ``.lock`` (removed while held, so no other process can take the old file);
+        a directory this run created and wrote nothing into is removed after a failure."""
         if self._lock is not None:
+            try:
+                os.remove(os.path.join(self.path, ".lock"))
+            except OSError:
+                pass
             self._lock.close()
             self._lock = None
-        if failed and self.created and set(os.listdir(self.path)) <= {".lock"}:
+        if failed and self.created and not os.listdir(self.path):
             shutil.rmtree(self.path, ignore_errors=True)
 
     @property
@@ -165,6 +184,25 @@ class RunDirectory:
     def append_metrics(self, record: dict) -> None:
         with open(self.metrics, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+
+    def last_logged(self) -> tuple[dict, dict]:
+        """The last training record (``loss``, ``tokens_per_s``) and the last validation record (its ``valid_``
+        keys without the prefix, and ``step``) of ``metrics.jsonl``; empty dicts when there are none."""
+        train, valid = {}, {}
+        try:
+            with open(self.metrics, encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+                    if "loss" in record:
+                        train = record
+                    elif any(key.startswith("valid_") for key in record):
+                        valid = {k.removeprefix("valid_"): v for k, v in record.items() if k != "elapsed_s"}
+        except OSError:
+            pass
+        return train, valid
 
     def truncate_metrics(self, step: int) -> float:
         """Drop log records written after the checkpoint we resume from, so the log matches the run; returns the

@@ -584,15 +584,24 @@ class Trainer:
         self.save(self.dir.last, with_state=True)
 
     def _result(self) -> TrainResult:
+        """What the run reports.  A session that trained no step (a resume of a finished run) reports the run's own
+        last training loss, speed and validation as ``metrics.jsonl`` holds them, not an empty measurement."""
         elapsed = max(self.clock() - self.start_time, 1e-9)
         unigram = self.task.unigram_bpc() if hasattr(self.task, "unigram_bpc") else None
+        train_loss = self.losses[-1] if self.losses else float("nan")
+        speed, valid = (self.tokens_seen - self.start_tokens) / elapsed, self.valid
+        if not self.losses and self.world.main:
+            logged, validated = self.dir.last_logged()
+            train_loss, speed = logged.get("loss", train_loss), logged.get("tokens_per_s", speed)
+            if not valid and validated.get("step") == self.step_count:
+                valid = {k: v for k, v in validated.items() if k != "step"}
         return TrainResult(
             step=self.step_count,
-            train_loss=self.losses[-1] if self.losses else float("nan"),
-            valid=self.valid,
+            train_loss=train_loss,
+            valid=valid,
             best_valid_loss=self.best,
             tokens=self.tokens_seen,
-            tokens_per_s=(self.tokens_seen - self.start_tokens) / elapsed,
+            tokens_per_s=speed,
             unigram_bpc=unigram,
             losses=self.losses,
             stopped_on_time=self.stopped_on_time,
