@@ -24,7 +24,17 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from safetensors.torch import load_file
-from support import FAULT_CLI, TRAIN_COMMAND, assert_names, logged_steps, pause_when, step_losses, tiny_corpus, tiny_run
+from support import (
+    FAULT_CLI,
+    TRAIN_COMMAND,
+    assert_names,
+    logged_steps,
+    pause_when,
+    step_losses,
+    tiny_corpus,
+    tiny_run,
+    tiny_text,
+)
 
 from longseq.train import checkpoint as checkpoint_module
 from longseq.train import train
@@ -303,3 +313,26 @@ def test_fine_tuning_killed_and_resumed_ends_bit_for_bit_where_the_whole_run_doe
         load_file(str(out / "last" / "model.safetensors")),
     )
     assert whole.keys() == cut.keys() and all(torch.equal(whole[k], cut[k]) for k in whole)
+
+
+def test_the_printed_resume_command_works_as_printed(tmp_path):
+    """After a signal, the run printed "resume with: longseq train --config tiny.toml ... --resume", which that
+    command refused ("change settings with --set, not --config"), and it did not quote a path with a space."""
+    import shlex
+
+    folder = tmp_path / "my configs"
+    folder.mkdir()
+    (folder / "tiny.toml").write_text("[model]\nn_layer = 1\n\n[train]\nmax_steps = 6\n")
+    (tmp_path / "corpus.txt").write_text(tiny_text())
+    argv = ["train", f"--config={folder / 'tiny.toml'}", "--data", "corpus.txt", "--out", "my run", *TINY[:1],
+            "--set", *[s for s in TINY[2:] if not s.startswith(("n_layer", "max_steps"))]]  # fmt: skip
+    cut = subprocess.run([sys.executable, DRIVER, "forward", "3", "SIGINT", "--", *argv, "--tokenizer", "char"],
+                         capture_output=True, text=True, env=ENV, cwd=tmp_path)  # fmt: skip
+    assert cut.returncode == 128 + signal.SIGINT, cut.stderr[-1500:]
+    printed = cut.stderr.split("resume with: ", 1)[1].splitlines()[0]
+    command = shlex.split(printed)
+    assert command[:2] == ["longseq", "train"] and "--config" not in printed and "'my run'" in printed
+    resumed = subprocess.run([sys.executable, "-m", "longseq", *command[1:]], capture_output=True, text=True,
+                             env=ENV, cwd=tmp_path)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-1500:]
+    assert sorted(step_losses(tmp_path / "my run")) == list(range(1, 7))
