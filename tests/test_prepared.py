@@ -295,3 +295,60 @@ def test_data_prepare_reports_files_bytes_and_tokens_off_a_terminal(tmp_path, ca
     assert (
         "fit word: 4.8 kB of 4.8 kB (100%) | files 1/1" in err and "encode: 6.0 kB of 6.0 kB (100%) | files 3/3" in err
     )
+
+
+def test_a_split_file_truncated_or_rewritten_under_a_stream_is_an_error_not_a_sigbus(tmp_path, sources):
+    """Reading a memory map past a truncated file's end killed the process with SIGBUS (exit 135, no message); a
+    file written over in place with other bytes of the same length would have been read as the old corpus."""
+    import time
+
+    from longseq.data.sources import CorpusChangedError
+
+    prepare_corpus(sources["file"], "char", str(tmp_path / "prep"), progress=False)
+    path = tmp_path / "prep" / "train.bin"
+    original = path.read_bytes()
+    for change, words in (
+        (lambda f: f.truncate(len(original) // 3), ("train.bin", "truncated", f"{len(original):,} bytes")),
+        (lambda f: f.write(original[::-1]), ("train.bin", "written to")),
+    ):
+        stream = OrderedStream(prepared_module.load_prepared(str(tmp_path / "prep")).train, 4, 16)
+        first = stream.next_segment()
+        assert np.array_equal(first.input_ids[0].numpy(), np.frombuffer(original, np.uint16)[:16])
+        time.sleep(0.02)  # past the file system clock's tick, as any later copy is
+        with open(path, "r+b") as f:
+            change(f)
+        with raises_naming(CorpusChangedError, *words):
+            stream.next_segment()
+        path.write_bytes(original)
+
+
+def test_a_corpus_truncated_while_training_stops_with_a_save_that_resumes_bit_for_bit(tmp_path, sources):
+    """Copying a new train.bin over the one a run reads (cp truncates it first) killed training with SIGBUS: no
+    message, no save.  Now the run names the file, saves last/ at its last whole step, and once the file is back
+    ``--resume`` ends where the uninterrupted run ends, loss for loss."""
+    import signal
+    import subprocess
+    import sys
+
+    from support import FAULT_CLI, assert_names, logged_steps, pause_when, step_losses
+
+    from longseq.cli import main
+
+    prepare_corpus(sources["file"], "char", str(tmp_path / "prep"), progress=False)
+    settings = ["--data", str(tmp_path / "prep"), *FAULT_CLI, "max_steps=30"]
+    assert main(["train", "--out", str(tmp_path / "whole"), *settings]) == 0
+    path, out = tmp_path / "prep" / "train.bin", tmp_path / "cut"
+    original = path.read_bytes()
+    run = subprocess.Popen([sys.executable, "-m", "longseq", "train", "--out", str(out), *settings],
+                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    pause_when(lambda: logged_steps(out) >= 5, run)
+    with open(path, "r+b") as f:
+        f.truncate(len(original) // 2)  # what cp does first
+    run.send_signal(signal.SIGCONT)
+    err = run.communicate(timeout=300)[1]
+    assert run.returncode == 2, (run.returncode, err[-1500:])  # not -SIGBUS
+    assert_names(err, "train.bin", "truncated", "holds step", "--resume")
+    assert "Traceback" not in err
+    path.write_bytes(original)
+    assert main(["train", "--out", str(out), "--resume", *settings]) == 0
+    assert step_losses(out) == step_losses(tmp_path / "whole") and len(step_losses(out)) == 30

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from longseq.data.sources import SplitFile
+
 
 class BatchingError(ValueError):
     """The data is too short for the requested batch shape."""
@@ -36,7 +38,9 @@ class OrderedStream:
     stream is the contiguous slice ``ids[b * N : (b + 1) * N]`` (N = ``len(ids) // batch_size``); a segment reads
     only its own window of every row, so a memory-mapped corpus is never loaded.  ``rows`` (a slice of
     ``range(batch_size)``) yields only those rows: a data-parallel rank reads its own streams only.
-    ``doc_ids`` (an array, or a :class:`~longseq.data.sources.DocumentIds`) is sliced the same way.
+    ``doc_ids`` (an array, or a :class:`~longseq.data.sources.DocumentIds`) is sliced the same way.  A prepared
+    corpus's split is read from its file (:class:`~longseq.data.sources.SplitFile`): one truncated or rewritten
+    under the run is a :class:`~longseq.data.sources.CorpusChangedError`, not a SIGBUS.
 
     ``varlen`` draws each segment length as the paper's code does: ``tgt_len`` (or half of it with
     probability 0.05), plus Gaussian noise of std 5, clipped to [5, tgt_len + 15].
@@ -60,6 +64,7 @@ class OrderedStream:
         if doc_ids is not None and len(doc_ids) != len(ids):
             raise BatchingError(f"doc_ids has {len(doc_ids)} entries for {len(ids)} tokens")
         self.ids, self.doc_ids, self.n_step = ids, doc_ids, n_step
+        self.file = SplitFile.of(ids)  # a prepared split: read from its file, never through the map (SIGBUS)
         self.rows = range(batch_size)[rows if rows is not None else slice(None)]
         if len(self.rows) == 0:
             raise BatchingError(f"rows={rows} selects none of the {batch_size} streams")
@@ -79,7 +84,10 @@ class OrderedStream:
 
     def _window(self, array, start: int, length: int) -> Tensor:
         """Columns [start, start + length) of this stream's rows of ``array``, (R, length), int64."""
-        parts = [np.asarray(array[b * self.n_step + start : b * self.n_step + start + length]) for b in self.rows]
+        if array is self.ids and self.file is not None:
+            parts = [self.file.read(b * self.n_step + start, length) for b in self.rows]
+        else:
+            parts = [np.asarray(array[b * self.n_step + start : b * self.n_step + start + length]) for b in self.rows]
         return torch.from_numpy(np.stack(parts).astype(np.int64, copy=False))
 
     def state_dict(self) -> dict:

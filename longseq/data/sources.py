@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -41,6 +42,56 @@ PREPARED_INDEX = "index.json"
 
 class CorpusError(ValueError):
     """A corpus that cannot be read: missing, empty, or not valid text."""
+
+
+class CorpusChangedError(CorpusError):
+    """A memory-mapped split whose file was truncated or written to while it was being read."""
+
+
+class SplitFile:
+    """The file behind a whole memory-mapped split, read with ``pread`` instead of through the map.
+
+    Reading a map past the end of a file that was truncated under it (``cp new.bin train.bin`` truncates first)
+    kills the process with SIGBUS, no message, no save; a read of the file returns short instead.  The file's size
+    and modification time are those it had when opened, checked before and after every read: a file written to in
+    place (new bytes of the same length) is refused too, never read as the old corpus.  A file replaced by a rename
+    keeps being read as it was (the open descriptor holds the old one)."""
+
+    def __init__(self, ids: np.memmap) -> None:
+        self.path, self.dtype, self.offset = ids.filename, ids.dtype, ids.offset
+        self.fd = os.open(self.path, os.O_RDONLY)
+        weakref.finalize(self, os.close, self.fd)
+        self.stamp = self._stamp()
+
+    @classmethod
+    def of(cls, ids) -> SplitFile | None:
+        """The file of ``ids`` when it is a whole memory map of one (not a view of one, not an array in RAM)."""
+        whole_map = isinstance(ids, np.memmap) and isinstance(ids.base, mmap.mmap) and ids.filename is not None
+        return cls(ids) if whole_map else None
+
+    def _stamp(self) -> tuple[int, int]:
+        status = os.fstat(self.fd)
+        return status.st_size, status.st_mtime_ns
+
+    def _check(self) -> None:
+        size, mtime = self._stamp()
+        if (size, mtime) != self.stamp:
+            how = "truncated" if size < self.stamp[0] else "written to"
+            raise CorpusChangedError(
+                f"{self.path} was {how} while it was being read ({self.stamp[0]:,} bytes when opened, {size:,} now): "
+                "a prepared corpus must not change under a run; put it back as it was, or prepare the new one into "
+                "another directory"
+            )
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        """Ids [start, start + length) of the split."""
+        self._check()
+        size = length * self.dtype.itemsize
+        data = os.pread(self.fd, size, self.offset + start * self.dtype.itemsize)
+        self._check()
+        if len(data) != size:  # only if the size check raced with a truncation
+            raise CorpusChangedError(f"{self.path} ended {size - len(data)} bytes early: it was truncated")
+        return np.frombuffer(data, dtype=self.dtype)
 
 
 @dataclass

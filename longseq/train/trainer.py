@@ -31,6 +31,7 @@ from safetensors.torch import load_file
 from longseq.config import ConfigError, RunConfig
 from longseq.config.checks import check_run
 from longseq.config.files import write_run_config
+from longseq.data.sources import CorpusChangedError
 from longseq.data.tokenizers import load_tokenizer
 from longseq.progress import TrainingProgress, duration
 from longseq.runtime import set_matmul_precision
@@ -497,9 +498,14 @@ class Trainer:
                 except KeyboardInterrupt:  # raised by code, not a signal (signals only set stop.signum)
                     self._interrupted_inside_step(snapshot)
                     raise
+                except CorpusChangedError as exc:  # read before the step changed anything
+                    self._data_changed(exc, snapshot)
                 speed = (self.tokens_seen - self.start_tokens) / max(self.clock() - self.start_time, 1e-9)
                 progress.update(self.step_count, self.losses[-1], self.last_lr, speed, self.elapsed)
-                self._after_step(stop, end, speed)
+                try:
+                    self._after_step(stop, end, speed)
+                except CorpusChangedError as exc:  # in validation: the step is whole, its validation pending
+                    self._data_changed(exc, None)
         if self.saved_at != self.step_count:
             self.save(self.dir.last, with_state=True)
         finished = self.step_count >= tc.max_steps or self.stopped_on_time
@@ -582,6 +588,21 @@ class Trainer:
         self.memory = snapshot[2]
         self.log(f"interrupted at step {self.step_count}; saving {self.dir.last} for --resume")
         self.save(self.dir.last, with_state=True)
+
+    def _data_changed(self, exc: CorpusChangedError, snapshot) -> None:
+        """The corpus file changed under the run (:class:`~longseq.data.sources.SplitFile`): ``last/`` is saved at
+        the last completed step (the data position, RNG and memory put back to it; with ``snapshot`` None the step
+        is whole and its validation is done again on resume), then a :class:`TrainingError` says how to go on."""
+        if snapshot is not None:
+            self.batches.load_state_dict(snapshot[0])
+            set_rng_states(*snapshot[1])
+            self.memory = snapshot[2]
+        else:
+            self.pending_validation = True
+        self.save(self.dir.last, with_state=True)
+        raise TrainingError(
+            f"{exc}. {self.dir.last} holds step {self.step_count}: once the corpus is as it was, continue with --resume"
+        ) from None
 
     def _result(self) -> TrainResult:
         """What the run reports.  A session that trained no step (a resume of a finished run) reports the run's own
