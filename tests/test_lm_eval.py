@@ -105,6 +105,33 @@ def test_unknown_arguments_are_refused_by_name(checkpoint, lm):
         lm.generate_until([request("generate_until", "x", {"num_beams": 2})], disable_tqdm=True)
 
 
+@pytest.mark.parametrize(
+    "args, words",
+    [({"tgt_len": "-1"}, ("tgt_len", ">= 1", "-1")), ({"tgt_len": 0}, ("tgt_len", ">= 1", "0")),
+     ({"tgt_len": "abc"}, ("tgt_len", "'abc'", "integer")), ({"max_gen_toks": "-1"}, ("max_gen_toks", "-1")),
+     ({"mem_len": -3}, ("mem_len", ">= 0")), ({"tgt_len": 2.5}, ("tgt_len", "2.5"))],
+)  # fmt: skip
+def test_model_args_out_of_range_are_refused_by_name_when_the_model_is_made(checkpoint, args, words):
+    """tgt_len=-1 scored every document at log-likelihood 0 (perplexity 1), tgt_len=0 meant the default, tgt_len=abc
+    named no key, max_gen_toks=-1 failed only at the first generation."""
+    with pytest.raises(ValueError) as caught:
+        LongseqLM(checkpoint, device="cpu", **args)
+    assert all(word in str(caught.value) for word in words), str(caught.value)
+
+
+def test_generation_arguments_are_checked_and_top_p_zero_is_not_off(lm):
+    """``top_p: 0`` sampled from the whole vocabulary (``top_p or 1.0``); a request's max_gen_toks=-1 was read as
+    none."""
+    for kwargs, word in (({"do_sample": True, "top_p": 0}, "top_p"), ({"max_gen_toks": -1}, "max_gen_toks"),
+                         ({"do_sample": True, "temperature": -1}, "temperature")):  # fmt: skip
+        with pytest.raises(ValueError, match=word):
+            lm.generate_until([request("generate_until", "abc", {"until": ["\n\n"], **kwargs})], disable_tqdm=True)
+    one = lm.generate_until([request("generate_until", "abc", {"until": [], "do_sample": True, "top_p": 1e-9,
+                                                               "max_gen_toks": 6})], disable_tqdm=True)  # fmt: skip
+    greedy = lm.generate_until([request("generate_until", "abc", {"until": [], "max_gen_toks": 6})], disable_tqdm=True)
+    assert one == greedy  # a nucleus of (almost) no mass keeps the most likely token only: greedy
+
+
 TASK = """task: longseq_local_ppl
 dataset_path: json
 dataset_kwargs:

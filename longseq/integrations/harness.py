@@ -29,7 +29,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from longseq.eval.evaluate import scored_segments, start_memory
-from longseq.generation import generate_stream, windowed
+from longseq.generation import check_sampling, generate_stream, windowed
 from longseq.runtime import set_matmul_precision
 from longseq.train.checkpoint import load_checkpoint, resolve_checkpoint
 from longseq.train.distributed import resolve_device
@@ -37,8 +37,21 @@ from longseq.train.distributed import resolve_device
 PREFIX_TEXT = "\n"
 
 
-def _optional_int(value) -> int | None:
-    return None if value is None or value == "" else int(value)
+def _model_arg(name: str, value, minimum: int) -> int | None:
+    """The integer ``model_args`` ``name`` (None when not given), at least ``minimum``, or a ``ValueError`` naming
+    it: ``tgt_len=-1`` scored every document at log-likelihood 0, ``tgt_len=0`` meant the default, ``abc`` named
+    nothing."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(f"model_args {name}={value!r} must be an integer >= {minimum}")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"model_args {name}={value!r} must be an integer >= {minimum}") from None
+    if number < minimum:
+        raise ValueError(f"model_args {name} must be >= {minimum}, got {number}")
+    return number
 
 
 def _flag(value) -> bool | None:
@@ -80,6 +93,9 @@ class LongseqLM(TemplateLM):
                 f"unknown model_args for longseq: {sorted(unused)}; known: checkpoint, device, tgt_len, mem_len, "
                 "clamp_len, same_length, max_gen_toks"
             )
+        settings = {"tgt_len": (tgt_len, 1), "mem_len": (mem_len, 0), "clamp_len": (clamp_len, -1)}
+        settings = {name: _model_arg(name, value, least) for name, (value, least) in settings.items()}
+        self.max_gen_toks = _model_arg("max_gen_toks", max_gen_toks, 1) or 256
         path = resolve_checkpoint(checkpoint)
         self._device = resolve_device(str(device))
         set_matmul_precision(self._device, "high")
@@ -87,13 +103,12 @@ class LongseqLM(TemplateLM):
         if run.task is not None:
             raise ValueError(f"{path} is fine-tuned for {run.task.name}: the harness scores language models")
         self.checkpoint = path
-        self.tgt_len = _optional_int(tgt_len) or run.data.eval_tgt_len
+        self.tgt_len = settings["tgt_len"] or run.data.eval_tgt_len
         self.overrides = {
-            "mem_len": _optional_int(mem_len),
-            "clamp_len": _optional_int(clamp_len),
+            "mem_len": settings["mem_len"],
+            "clamp_len": settings["clamp_len"],
             "same_length": _flag(same_length),
         }
-        self.max_gen_toks = int(max_gen_toks)
         self._prefix = _prefix_id(self.tokenizer)
 
     # -- tokens ---------------------------------------------------------------------------------------------------
@@ -205,8 +220,9 @@ class LongseqLM(TemplateLM):
         """The continuation of ``context`` up to the first ``until`` string (not included) or ``max_gen_toks``."""
         until = gen_kwargs.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
-        max_new = int(gen_kwargs.pop("max_gen_toks", self.max_gen_toks))
+        max_new = _model_arg("max_gen_toks", gen_kwargs.pop("max_gen_toks", None), 1) or self.max_gen_toks
         sampling = _sampling(gen_kwargs)
+        check_sampling(max_new, sampling["temperature"], sampling["top_k"], sampling["top_p"], None)
         prompt = self.tok_encode(context) or [self.eot_token_id]
         prompt_ids = torch.tensor([prompt], dtype=torch.long)
         made: list[int] = []
@@ -230,10 +246,11 @@ def _sampling(gen_kwargs: dict) -> dict:
     anything else is refused by name."""
     do_sample = _flag(gen_kwargs.pop("do_sample", False))
     temperature = float(gen_kwargs.pop("temperature", 1.0 if do_sample else 0.0))
+    top_k, top_p = gen_kwargs.pop("top_k", None), gen_kwargs.pop("top_p", None)  # 0 is not "off" for top_p
     sampling = {
         "temperature": temperature if do_sample else 0.0,
-        "top_k": int(gen_kwargs.pop("top_k", 0) or 0),
-        "top_p": float(gen_kwargs.pop("top_p", 1.0) or 1.0),
+        "top_k": 0 if top_k is None else int(top_k),
+        "top_p": 1.0 if top_p is None else float(top_p),
     }
     if gen_kwargs:
         raise ValueError(f"unknown generation arguments for longseq: {sorted(gen_kwargs)}")
