@@ -258,9 +258,43 @@ def test_options_the_architecture_does_not_read_are_refused(tmp_path, text_corpu
                           ["max_relative_distance=9", "positions.max_relative_distance=9"]):  # fmt: skip
         assert main([*base, setting]) == 2
         assert name in capsys.readouterr().err
-    assert main([*base, "attention=window", "window=32"]) == 0  # read: accepted
+    assert main([*base, "attention=window", "window=8"]) == 0  # read (and narrower than memory + segment): accepted
     assert main(["train", "--data", str(text_corpus), "--tokenizer", "char", "--out", str(tmp_path / "lstm"),
                  "--quiet", "--set", "arch=lstm", "max_steps=2", "eval_interval=2"]) == 0  # the preset's own: fine  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "pattern, full",
+    [(["attention=bigbird", "block_size=4", "num_random_blocks=2", "num_global=2"], True),  # the docs' line
+     (["attention=bigbird", "window=4", "block_size=4", "num_random_blocks=2", "num_global=2"], False),
+     (["attention=window", "window=16"], True), (["attention=window", "window=15"], False),
+     (["attention=strided", "window=4", "stride=1"], True), (["attention=strided", "window=4", "stride=4"], False),
+     (["attention=block_sparse", "block_size=16"], True), (["attention=block_sparse", "block_size=4"], False),
+     (["attention=dilated", "window=16", "dilation=1"], True), (["attention=dilated", "window=16", "dilation=2"], False),
+     (["attention=window,full", "n_layer=2", "window=32"], True)],
+)  # fmt: skip
+def test_a_pattern_that_allows_every_pair_at_the_runs_lengths_is_refused_at_start(tmp_path, text_corpus, capsys,
+                                                                                pattern, full):  # fmt: skip
+    """``attention=bigbird`` kept window=256, wider than segment plus memory, and trained exactly full attention (the
+    same bpc to every digit); a pattern that allows every pair is now refused as an unread option is.  Segments of 8
+    after a memory of 8: 16 keys."""
+    import torch
+
+    from longseq.cli.common import overrides
+    from longseq.model.attention.patterns import layer_patterns
+    from longseq.train.config_check import full_in_effect
+
+    out = tmp_path / "r"
+    argv = ["train", "--data", str(text_corpus), "--tokenizer", "char", "--out", str(out), *TINY_CLI_8, *pattern]
+    assert main(argv) == (2 if full else 0)
+    err = capsys.readouterr().err
+    assert ("allows every pair" in err and "full attention" in err and "mem" in err) == full, err
+    assert out.exists() != full
+    run = RunConfig(**apply_overrides(get_preset("tiny-shakespeare").sections(), overrides([TINY_CLI_8[2:] + pattern])))
+    # the claim itself, against the dense masks: full exactly when every causal pair of the 16 keys is allowed
+    query, key = torch.arange(8, 16)[:, None], torch.arange(16)[None, :]
+    dense = [p.allowed(query, key, 16) | (key > query) for p in layer_patterns(run.model) if p.name != "full"]
+    assert all(bool(mask.all()) for mask in dense) == full == bool(full_in_effect(run))
 
 
 def test_adaptive_softmax_cutoffs_are_checked_against_the_real_vocabulary(tmp_path, capsys):

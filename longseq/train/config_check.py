@@ -72,6 +72,25 @@ def check_same_data(
         log(f"resuming on {run.data.path}: the same token ids as {saved_path}, where the run started")
 
 
+def full_in_effect(run: RunConfig) -> list[str]:
+    """The sparse patterns of ``run``'s attention layers that allow every pair at the run's lengths (segments of
+    ``tgt_len``, up to 15 more with ``varlen``, after the memory, the compressed memory and memory tokens): each
+    trains exactly full attention, whatever it is called."""
+    from longseq.model.attention.patterns import layer_patterns
+
+    m, d = run.model, run.data
+    if m.arch == "lstm" or (run.task is not None and run.task.name != "lm"):
+        return []
+    qlen = d.tgt_len + (15 if d.varlen else 0)
+    klen = m.memory.mem_len + m.memory.cmem_len + m.memory.mem_tokens + qlen
+    full = {
+        pattern.name
+        for pattern, mixer in zip(layer_patterns(m), m.layer_mixers)
+        if mixer == "attention" and pattern.name != "full" and pattern.allows_every_pair(qlen, klen)
+    }
+    return sorted(full)
+
+
 def check_options_apply(run: RunConfig, base: RunConfig | None = None) -> None:
     """A new run refuses a name no registry has, and model options its architecture does not read
     (:func:`~longseq.model.registry.ignored_options`):
@@ -85,4 +104,18 @@ def check_options_apply(run: RunConfig, base: RunConfig | None = None) -> None:
         raise ConfigError(
             f"{what} does not read {', '.join(ignored)}: each would have no effect. Remove them (or set them back "
             "to their defaults), or choose an architecture that reads them"
+        )
+    full = full_in_effect(run)
+    if full:
+        from longseq.model.attention.patterns import PATTERNS
+
+        m, d = run.model, run.data
+        read = sorted(
+            {key for name in full for key in PATTERNS[name].reads if key in ("window", "block_size", "stride")}
+        )
+        settings = ", ".join(f"{key}={getattr(m.pattern, key)}" for key in read)
+        raise ConfigError(
+            f"attention={','.join(full)} with {settings} allows every pair for segments of {d.tgt_len} tokens after "
+            f"a memory of {m.memory.mem_len}: it would train exactly full attention. Narrow the pattern (a window "
+            f"below {d.tgt_len + m.memory.mem_len}), lengthen the segment or the memory, or use attention=full"
         )

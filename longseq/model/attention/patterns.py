@@ -154,6 +154,23 @@ class AttentionPattern:
         span = span.clamp(min=0)  # future keys of a causal pattern are removed by the causal mask
         return PATTERNS[self.name].allows(self, query, key, span, dilation, random)
 
+    def allows_every_pair(self, qlen: int, klen: int, chunk: int = 256) -> bool:
+        """Whether the pattern allows every pair that full attention does (causal: every key up to the query) for
+        ``qlen`` queries at the end of a ``klen``-long window, so that it computes full attention at those lengths
+        (a ``window`` wider than segment plus memory).  Read in blocks of ``chunk`` queries, stopping at the first
+        pair it forbids."""
+        if self.name in ("window", "global") or (self.name == "bigbird" and not self.num_random_blocks):
+            return self.window >= klen  # a band: every distance up to klen - 1 lies inside it
+        key = torch.arange(klen)[None, :]  # (1, K)
+        dilation = torch.tensor(self.dilation).view(-1, 1, 1)  # (H or 1, 1, 1)
+        random = self.random_table(klen)
+        for start in range(klen - qlen, klen, chunk):
+            query = torch.arange(start, min(start + chunk, klen))[:, None]  # (Tq, 1)
+            ok = self.rule(query, key, dilation, random)  # (H or 1, Tq, K)
+            if not bool((ok | (key > query) if self.causal else ok).all()):
+                return False
+        return True
+
     def random_picks(self, klen: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
         """The random key blocks of every query block of a ``klen``-long window: (picks, valid), both (n, r) for
         n = ceil(klen / block_size) blocks and r = min(num_random_blocks, n).  Each (query block, key block) pair
