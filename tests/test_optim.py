@@ -104,3 +104,26 @@ def test_the_optimizers_read_nothing_back_from_the_device():
         with HostSyncs() as syncs:
             optimizer.step()
         assert syncs.where == [], (name, syncs.where)
+
+
+def test_a_run_shorter_than_its_preset_keeps_the_warm_ups_share_and_says_so(tmp_path, text_corpus, capsys):
+    """``--set max_steps=N`` kept the preset's warmup_steps (100 of 1,200): a 100-step smoke run warmed up from start
+    to end and never decayed.  The warm-up now keeps its share of the run, said on stderr and written in run.toml;
+    a warm-up the user sets over the whole run is kept, and said."""
+    from support import TINY_CLI, assert_names, records
+
+    from longseq.cli import main
+    from longseq.config import load_run_config
+
+    args = ["train", "--data", str(text_corpus), "--tokenizer", "char", *TINY_CLI, "max_steps=24", "log_interval=1"]
+    assert main([*args, "--out", str(tmp_path / "short")]) == 0
+    assert "warmup_steps scaled from 100 to 2" in capsys.readouterr().err  # 100 * 24 / 1200
+    assert load_run_config(str(tmp_path / "short" / "run.toml")).train.warmup_steps == 2
+    lrs = [r["lr"] for r in records(tmp_path / "short") if "lr" in r]
+    assert len(lrs) == 24 and lrs[0] < lrs[1] == max(lrs)  # two steps up (the last at the peak) ...
+    assert all(a > b for a, b in zip(lrs[2:], lrs[3:])) and lrs[-1] < lrs[1] / 2  # ... then the cosine decay
+    assert main([*args, "warmup_steps=30", "--out", str(tmp_path / "mine")]) == 0
+    assert_names(capsys.readouterr().err, "warmup_steps=30 >= max_steps=24", "never")
+    assert load_run_config(str(tmp_path / "mine" / "run.toml")).train.warmup_steps == 30
+    lrs = [r["lr"] for r in records(tmp_path / "mine") if "lr" in r]
+    assert all(a < b for a, b in zip(lrs, lrs[1:]))  # the user's choice: warm-up all along

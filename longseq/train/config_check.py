@@ -91,6 +91,30 @@ def full_in_effect(run: RunConfig) -> list[str]:
     return sorted(full)
 
 
+def scaled_schedule(run: RunConfig, base: RunConfig | None) -> tuple[RunConfig, str | None]:
+    """A new run's warm-up against its length: ``(run, what to say)``.
+
+    Setting ``max_steps`` below the preset's (``base``) and leaving its ``warmup_steps`` made a smoke run (100
+    steps of the default preset's 1,200, warm-up 100) warm up from start to end and never decay.  Then the warm-up
+    keeps its share of the run (``warmup_steps * max_steps / base.max_steps``, at least 1), and the message says
+    so.  A warm-up that still covers the whole run (set so, or with no preset to scale from) is said, not
+    changed."""
+    t = run.train
+    if base is not None and t.max_steps < base.train.max_steps and t.warmup_steps == base.train.warmup_steps > 0:
+        warmup = max(1, round(t.warmup_steps * t.max_steps / base.train.max_steps))
+        scaled = RunConfig(run.model, run.data, run.train.replace(warmup_steps=warmup), run.task)
+        return scaled, (
+            f"max_steps={t.max_steps} is shorter than the preset's {base.train.max_steps}: warmup_steps scaled from "
+            f"{t.warmup_steps} to {warmup}, the same share of the run (set warmup_steps to choose another)"
+        )
+    if t.warmup_steps >= t.max_steps and t.schedule != "constant":
+        return run, (
+            f"warmup_steps={t.warmup_steps} >= max_steps={t.max_steps}: the learning rate rises for the whole run "
+            f"and never reaches its {t.schedule} decay (lower warmup_steps to have one)"
+        )
+    return run, None
+
+
 def check_options_apply(run: RunConfig, base: RunConfig | None = None) -> None:
     """A new run refuses a name no registry has, and model options its architecture does not read
     (:func:`~longseq.model.registry.ignored_options`):
