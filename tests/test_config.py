@@ -328,3 +328,20 @@ def test_a_non_finite_setting_is_a_config_error(tmp_path, text_corpus, capsys):
         )
         assert "finite number" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_the_evaluation_segment_follows_a_changed_training_segment(tmp_path, text_corpus, capsys):
+    """Training with ``--set tgt_len=32`` validated on the preset's eval_tgt_len (64), and no command line said so;
+    it now follows tgt_len unless set, is said, and the checkpoint keeps it (``longseq eval`` reads it)."""
+    settings = [s for s in TINY_CLI if not s.startswith(("tgt_len", "eval_tgt_len"))]
+    args = ["train", "--json", "--data", str(text_corpus), "--tokenizer", "char", *settings, "tgt_len=12"]
+    assert main([*args, "--out", str(tmp_path / "follows")]) == 0
+    assert "tgt_len=12: eval_tgt_len follows it (was 64" in capsys.readouterr().err
+    assert load_run_config(str(tmp_path / "follows" / "run.toml")).data.eval_tgt_len == 12
+    assert main([*args, "eval_tgt_len=20", "--out", str(tmp_path / "chosen")]) == 0
+    assert "eval_tgt_len follows" not in capsys.readouterr().err
+    assert load_run_config(str(tmp_path / "chosen" / "run.toml")).data.eval_tgt_len == 20
+    run = tiny_run(max_steps=2, eval_interval=2)
+    run = RunConfig(run.model, run.data.replace(tgt_len=12, eval_tgt_len=64), run.train)
+    with pytest.warns(UserWarning, match="tgt_len=12 but eval_tgt_len=64"):  # the Python API: said, not changed
+        train(run, str(tmp_path / "api"), corpus=tiny_corpus(), progress=False)

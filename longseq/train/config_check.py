@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from longseq.config import ConfigError, RunConfig
+from longseq.config import ConfigError, DataConfig, RunConfig
 from longseq.config.base import leaves
 from longseq.model.registry import ignored_options
 from longseq.train.checkpoint import load_checkpoint_config
@@ -91,28 +91,41 @@ def full_in_effect(run: RunConfig) -> list[str]:
     return sorted(full)
 
 
-def scaled_schedule(run: RunConfig, base: RunConfig | None) -> tuple[RunConfig, str | None]:
-    """A new run's warm-up against its length: ``(run, what to say)``.
+def follow_changes(run: RunConfig, base: RunConfig | None) -> tuple[RunConfig, list[str]]:
+    """A new run's settings that follow the ones the user changed from the preset ``base``: ``(run, what to say)``.
 
-    Setting ``max_steps`` below the preset's (``base``) and leaving its ``warmup_steps`` made a smoke run (100
-    steps of the default preset's 1,200, warm-up 100) warm up from start to end and never decay.  Then the warm-up
-    keeps its share of the run (``warmup_steps * max_steps / base.max_steps``, at least 1), and the message says
-    so.  A warm-up that still covers the whole run (set so, or with no preset to scale from) is said, not
-    changed."""
-    t = run.train
+    * Setting ``max_steps`` below the preset's and leaving ``warmup_steps`` made a smoke run (100 steps of the
+      default preset's 1,200, warm-up 100) warm up from start to end and never decay: the warm-up keeps its share
+      of the run (``warmup_steps * max_steps / base.max_steps``, at least 1).
+    * Setting ``tgt_len`` and leaving ``eval_tgt_len`` validated on the preset's segments (64 for training segments
+      of 32): the evaluation segment follows ``tgt_len``.
+
+    Each change is said.  Without a preset (the Python API, a config file over the configs' defaults) nothing is
+    changed, but a warm-up over the whole run and an evaluation segment other than a changed training one are
+    said."""
+    t, d, said = run.train, run.data, []
+    train, data = {}, {}
     if base is not None and t.max_steps < base.train.max_steps and t.warmup_steps == base.train.warmup_steps > 0:
-        warmup = max(1, round(t.warmup_steps * t.max_steps / base.train.max_steps))
-        scaled = RunConfig(run.model, run.data, run.train.replace(warmup_steps=warmup), run.task)
-        return scaled, (
+        train["warmup_steps"] = max(1, round(t.warmup_steps * t.max_steps / base.train.max_steps))
+        said.append(
             f"max_steps={t.max_steps} is shorter than the preset's {base.train.max_steps}: warmup_steps scaled from "
-            f"{t.warmup_steps} to {warmup}, the same share of the run (set warmup_steps to choose another)"
+            f"{t.warmup_steps} to {train['warmup_steps']}, the same share of the run (set warmup_steps to choose)"
         )
-    if t.warmup_steps >= t.max_steps and t.schedule != "constant":
-        return run, (
+    elif t.warmup_steps >= t.max_steps and t.schedule != "constant":
+        said.append(
             f"warmup_steps={t.warmup_steps} >= max_steps={t.max_steps}: the learning rate rises for the whole run "
             f"and never reaches its {t.schedule} decay (lower warmup_steps to have one)"
         )
-    return run, None
+    reference = base.data if base is not None else DataConfig()
+    if d.tgt_len != reference.tgt_len and d.eval_tgt_len == reference.eval_tgt_len != d.tgt_len:
+        if base is not None:
+            data["eval_tgt_len"] = d.tgt_len
+            said.append(f"tgt_len={d.tgt_len}: eval_tgt_len follows it (was {d.eval_tgt_len}; set it to choose)")
+        else:
+            said.append(f"tgt_len={d.tgt_len} but eval_tgt_len={d.eval_tgt_len}: validation reads other segments")
+    if train or data:
+        run = RunConfig(run.model, run.data.replace(**data), run.train.replace(**train), run.task)
+    return run, said
 
 
 def check_options_apply(run: RunConfig, base: RunConfig | None = None) -> None:

@@ -38,7 +38,7 @@ from longseq.progress import TrainingProgress, duration
 from longseq.runtime import set_matmul_precision
 from longseq.tasks.base import StepContext, Task, set_trainable
 from longseq.train.checkpoint import TrainingState, load_training_state, load_weights, save_checkpoint
-from longseq.train.config_check import check_options_apply, check_resumable, check_same_data, scaled_schedule
+from longseq.train.config_check import check_options_apply, check_resumable, check_same_data, follow_changes
 from longseq.train.distributed import (
     full_optimizer_state,
     full_state_dict,
@@ -650,18 +650,16 @@ def train(
     ``overwrite`` starts an existing run over.  ``corpus`` replaces reading ``run.data`` (tests).  ``stop_after``
     ends the run early after that many optimizer steps (checkpointing first), which is how an interruption is
     simulated in tests.  A new run refuses model options its architecture does not read, counting those that
-    differ from ``base`` (the preset the command line started from; default: the configs' defaults), and a run
-    shorter than ``base`` keeps its warm-up's share (:func:`~longseq.train.config_check.scaled_schedule`)."""
+    differ from ``base`` (the preset the command line started from; default: the configs' defaults), and some
+    settings follow the ones changed from ``base`` (:func:`~longseq.train.config_check.follow_changes`)."""
     from longseq.tasks import task_for
     from longseq.tasks.lm import LanguageModeling
 
     if not (resume and has_checkpoint(out_dir)):  # a new run (a resume continues what was accepted then)
         check_options_apply(run, base)
-        run, said = scaled_schedule(run, base)
-        if said is not None and log is not None:
-            log(said)
-        elif said is not None:
-            warnings.warn(said, stacklevel=2)
+        run, said = follow_changes(run, base)
+        for message in said:
+            log(message) if log is not None else warnings.warn(message, stacklevel=2)
 
     if run.task is None or run.task.name == "lm":
         task = LanguageModeling(run, log=log, corpus=corpus)
