@@ -138,3 +138,25 @@ def test_task_files_may_be_tables_with_their_own_column_names(tmp_path):
         match=r"usual.jsonl:1: missing field 'body' \(the task's 'text'\) for task mlm; the record has text, label",
     ):
         read_jsonl(str(usual), "mlm", {"text": "body"})
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+@pytest.mark.parametrize("command", ["train", "prepare"])
+def test_a_damaged_compressed_table_is_named_without_a_traceback(tmp_path, capsys, damage, command):
+    """A truncated ``.jsonl.gz`` corpus was a raw ``EOFError`` traceback (gzip's, from inside datasets)."""
+    import gzip
+
+    rows = "".join(json.dumps({"text": f"line {i} of the corpus, with some words in it"}) + "\n" for i in range(4000))
+    data = bytearray(gzip.compress(rows.encode()))
+    if damage == "truncated":
+        data = data[: len(data) // 2]
+    else:
+        data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)  # zeros in the middle of the deflate stream
+    path = tmp_path / "corpus.jsonl.gz"
+    path.write_bytes(bytes(data))
+    out = str(tmp_path / "out")
+    argv = (["train", "--data", str(path), "--tokenizer", "char", "--out", out, "--quiet", "--set", "max_steps=1"]
+            if command == "train" else ["data", "prepare", "--data", str(path), "--tokenizer", "char", "--out", out])  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "corpus.jsonl.gz" in err and "Traceback" not in err, err

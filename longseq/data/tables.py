@@ -11,7 +11,9 @@ at a time), so preparing a table larger than memory holds one batch of rows and 
 
 from __future__ import annotations
 
+import lzma
 import os
+import zlib
 from collections.abc import Iterator
 from functools import lru_cache
 
@@ -19,6 +21,9 @@ from longseq.data.sources import TABLE_BUILDERS, CorpusError, table_suffix
 
 BATCH_ROWS = 1024  # rows per batch read from the table
 BLOCK_CHARS = 1 << 22  # characters per text block handed to the tokenizer
+# what a damaged file raises while it is read: a truncated .gz or .xz stops with EOFError, a corrupt one with zlib's
+# or lzma's own error, bad UTF-8 with a ValueError
+READ_ERRORS = (ValueError, OSError, EOFError, zlib.error, lzma.LZMAError)
 
 
 def open_table(path: str, columns: list[str] | None):
@@ -37,10 +42,10 @@ def open_table(path: str, columns: list[str] | None):
             TABLE_BUILDERS[table_suffix(path)], data_files=os.path.abspath(path), split="train", streaming=True
         )
         names = table.column_names
-    except (ValueError, OSError, datasets.exceptions.DatasetGenerationError) as exc:
+        if names is None:  # JSON lines: the columns are known once a row is read
+            names = list(next(iter(table), {}))
+    except (*READ_ERRORS, datasets.exceptions.DatasetGenerationError) as exc:
         raise CorpusError(f"cannot read {path} as a {TABLE_BUILDERS[table_suffix(path)]} table: {exc}") from None
-    if names is None:  # JSON lines: the columns are known once a row is read
-        names = list(next(iter(table), {}))
     if columns is None:
         return table
     missing = [c for c in columns if c not in names]
@@ -49,6 +54,13 @@ def open_table(path: str, columns: list[str] | None):
             f"{path} has no column {', '.join(repr(c) for c in missing)}; its columns are {', '.join(names) or 'none'}"
         )
     return table.select_columns(columns)
+
+
+def datasets_error() -> type[Exception]:
+    """``datasets``' own error for a file its builder cannot read (imported once a table has been opened)."""
+    import datasets
+
+    return datasets.exceptions.DatasetGenerationError
 
 
 def table_batches(path: str, columns: list[str] | None, batch_rows: int | None = None) -> Iterator[dict[str, list]]:
@@ -60,7 +72,7 @@ def table_batches(path: str, columns: list[str] | None, batch_rows: int | None =
     table = open_table(path, columns)
     try:
         yield from table.iter(batch_size=batch_rows or BATCH_ROWS)
-    except (ValueError, OSError) as exc:
+    except (*READ_ERRORS, datasets_error()) as exc:
         raise CorpusError(f"cannot read {path}: {exc}") from None
 
 
@@ -75,7 +87,7 @@ def parquet_batches(path: str, columns: list[str] | None, batch_rows: int) -> It
         with pq.ParquetFile(path, pre_buffer=False, memory_map=False) as table:
             for batch in table.iter_batches(batch_size=batch_rows, columns=columns, use_threads=False):
                 yield batch.to_pydict()
-    except (ValueError, OSError) as exc:
+    except READ_ERRORS as exc:
         raise CorpusError(f"cannot read {path}: {exc}") from None
 
 
