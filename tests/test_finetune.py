@@ -454,3 +454,21 @@ def test_a_validation_file_with_the_training_files_bytes_is_said(tmp_path, lm_ch
     other.write_text("\n".join(open(classify_file).read().splitlines()[:-1]) + "\n")
     assert main([*base, "--valid", str(other), "--out", str(tmp_path / "other")]) == 0
     assert "same bytes" not in capsys.readouterr().err
+
+
+def test_fine_tuning_an_lstm_baseline_is_refused_by_name(tmp_path, classify_file, capsys):
+    """Fine-tuning from an arch=lstm checkpoint was an AttributeError ('LSTMLM' object has no attribute
+    'hidden_states') from inside the first training step."""
+    from support import tiny_lstm_config
+
+    from longseq.config import RunConfig
+
+    run = tiny_run(max_steps=1, eval_interval=1)
+    train(RunConfig(tiny_lstm_config(), run.data, run.train), str(tmp_path / "lstm"), corpus=tiny_corpus(),
+          progress=False)  # fmt: skip
+    out = tmp_path / "ft"
+    argv = ["finetune", "--task", "classify", "--data", classify_file, "--checkpoint", str(tmp_path / "lstm"),
+            "--out", str(out), "--steps", "2", "--quiet"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "arch=lstm" in err and "transformer" in err and "Traceback" not in err and not out.exists()

@@ -83,3 +83,20 @@ def test_a_resumed_run_logs_to_the_same_wandb_run_from_where_it_stopped(tmp_path
     steps = [sorted({row["_step"] for row in wandb_history(s)}) for s in sessions]
     assert steps == [[1, 2], [3, 4]]
     assert sorted({r["step"] for r in metrics(out)}) == [1, 2, 3, 4]
+
+
+def test_a_project_name_wandb_refuses_is_named_before_the_run_starts(tmp_path, text_corpus, monkeypatch, capsys):
+    """``--set wandb=true wandb_project=bad/name#?`` was W&B's raw UsageError traceback, after the model was built."""
+    from longseq.cli import main
+    from longseq.config import ConfigError, TrainConfig
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for name in ("bad/name#?", "a:b", "", "x" * 129):
+        with pytest.raises(ConfigError, match="not a W&B project name"):
+            TrainConfig(wandb_project=name)
+    out = tmp_path / "run"
+    argv = ["train", "--data", str(text_corpus), "--tokenizer", "char", "--out", str(out), "--quiet", "--set",
+            "max_steps=1", "wandb=true", "wandb_project=bad/name#?"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "wandb_project 'bad/name#?'" in err and "# / ?" in err and "Traceback" not in err and not out.exists()

@@ -154,6 +154,12 @@ class TrainConfig(JsonConfig):
         check(self.nan_patience >= 0, f"TrainConfig.nan_patience must be >= 0, got {self.nan_patience}")
         check(0 < self.nan_lr_factor <= 1, f"TrainConfig.nan_lr_factor must be in (0, 1], got {self.nan_lr_factor}")
         check(self.keep_last >= 1, f"TrainConfig.keep_last must be >= 1, got {self.keep_last}")
+        bad = sorted(set(self.wandb_project) & set("/\\#?%:"))  # W&B's own rule, checked before a run starts
+        check(
+            0 < len(self.wandb_project) <= 128 and not bad,
+            f"TrainConfig.wandb_project {self.wandb_project!r} is not a W&B project name: 1 to 128 characters, none "
+            f"of / \\ # ? % :" + (f" (it has {' '.join(bad)})" if bad else ""),
+        )
         check(
             self.optimizer in ("adamw", "lamb"), f"TrainConfig.optimizer must be adamw or lamb, got {self.optimizer!r}"
         )

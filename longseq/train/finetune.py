@@ -141,6 +141,11 @@ def _new_run(base_checkpoint: str | None, task: str | None, given: dict, log):
     base, tokenizer, base_run, _ = load_checkpoint(path)
     if base_run.task is not None:
         raise ValueError(f"{path} is already fine-tuned for {base_run.task.name}; start from a language model")
+    if base_run.model.arch != "transformer":
+        raise ConfigError(
+            f"{path} is an arch={base_run.model.arch} baseline: the task heads read a transformer stack's hidden "
+            "states (any mixer, pattern or memory), which it has none of; fine-tune a transformer checkpoint"
+        )
     run = finetune_run(base_run, path, task, given)
     recorded = run.task.sha256
     if "valid" in recorded and recorded.get("train") == recorded["valid"]:

@@ -61,7 +61,10 @@ class WandbTracker:
             with open(id_file, "w", encoding="utf-8") as f:
                 f.write(run_id + "\n")
         name = os.path.basename(os.path.abspath(run_dir))
-        self.run = wandb.init(project=project, name=name, id=run_id, resume="allow", dir=run_dir, config=config)
+        try:
+            self.run = wandb.init(project=project, name=name, id=run_id, resume="allow", dir=run_dir, config=config)
+        except wandb.errors.UsageError as exc:  # a setting W&B refuses (its environment variables too)
+            raise ConfigError(f"W&B refused the run: {exc}") from None
 
     def log(self, values: dict[str, float], step: int) -> None:
         self.run.log(values, step=step)
