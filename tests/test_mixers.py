@@ -287,3 +287,28 @@ def test_the_model_initialisation_keeps_each_mixer_its_own_and_the_mixers_mix():
         with torch.no_grad():
             change = (model(x).logits - model(y).logits).abs().amax(-1)[0, 6:9]  # 1 to 3 positions later
         assert float(change.max()) > 1e-3, (mixer, change)
+
+
+def test_memory_settings_on_a_stack_without_attention_are_refused_by_eval_and_generate(tmp_path, capsys):
+    """``generate --mem-len`` and ``eval --set mem_len`` on an ssm checkpoint were accepted and did nothing (the
+    recurrent state carries the whole past), while ``train`` refuses them."""
+    from longseq.cli import main
+    from longseq.config import DataConfig, RunConfig, TrainConfig
+    from longseq.data.tokenizers import ByteTokenizer
+    from longseq.train.checkpoint import save_checkpoint
+
+    (tmp_path / "c.txt").write_text("some text to score, read in segments.\n" * 40)
+    config = ModelConfig(**{**SMALL, "vocab_size": 256, "mixer": ["ssm"], "mem_len": 0})
+    run = RunConfig(config, DataConfig(path=str(tmp_path / "c.txt"), tokenizer="byte", tgt_len=8, eval_tgt_len=8,
+                                       eval_batch_size=2), TrainConfig())  # fmt: skip
+    save_checkpoint(str(tmp_path / "ssm"), TransformerXLLM(config), run, ByteTokenizer())
+    ck = ["--checkpoint", str(tmp_path / "ssm")]
+    for argv, flag in ((["eval", *ck, "--set", "mem_len=64"], "--set mem_len"),
+                       (["eval", *ck, "--set", "same_length=true"], "--set same_length"),
+                       (["generate", *ck, "--prompt", "so", "--max-new-tokens", "3", "--mem-len", "99"], "--mem-len")):  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert flag in err and "mixer=ssm" in err and "no attention layer" in err, err
+    assert (
+        main(["eval", *ck, "--quiet"]) == 0 and main(["generate", *ck, "--prompt", "so", "--max-new-tokens", "3"]) == 0
+    )

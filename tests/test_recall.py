@@ -168,3 +168,27 @@ def test_chance_reads_only_the_named_tasks_options_and_copying_needs_three_token
     assert chance(TaskConfig(name="induction", alphabet=2)) == 1.0
     with raises_naming(ConfigError, "task.alphabet", "copying", "3"):
         TaskConfig(name="copying", alphabet=2)
+
+
+def test_a_recall_runs_toml_runs_again_and_a_length_that_cannot_fit_is_refused_at_once(tmp_path, capsys):
+    """A recall run's own run.toml was refused by ``train --config`` ("unknown top-level key(s) 'task'") and said a
+    fine-tuning command continues it; ``recall --distances 1000000000`` ran silently for minutes (its batch needs
+    1.5 TB) before it could fail."""
+    out, again = tmp_path / "run", tmp_path / "again"
+    assert main(["train", "--task", "passkey", "--out", str(out), "--quiet", *TINY_RUN, "d_model=32", "seq_len=32",
+                 "max_steps=2", "eval_interval=2"]) == 0  # fmt: skip
+    header = (out / "run.toml").read_text().splitlines()[1]
+    assert "longseq train --config" in header and "finetune" not in header
+    assert main(["train", "--config", str(out / "run.toml"), "--out", str(again), "--quiet"]) == 0
+    assert (again / "metrics.jsonl").read_text().count("valid_accuracy") == 1
+    untimed = [[{k: v for k, v in json.loads(line).items() if "elapsed" not in k and "per_s" not in k}
+                for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (out, again)]  # fmt: skip
+    assert untimed[0] == untimed[1]  # the same run, loss for loss
+    capsys.readouterr()
+    assert main(["recall", str(out), "--distances", "1000000000", "--n", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "1,000,000,0" in err and "GiB" in err and "--batch-size" in err and "Traceback" not in err
+    tuned = tmp_path / "tuned.toml"
+    tuned.write_text('[task]\nname = "classify"\ntrain = "x.jsonl"\n')
+    assert main(["train", "--config", str(tuned), "--out", str(tmp_path / "t")]) == 2
+    assert "longseq finetune" in capsys.readouterr().err

@@ -28,6 +28,21 @@ def emit(result: dict, as_json: bool) -> None:
         print(f"{key:>16}: {value}")
 
 
+def refuse_memory_settings(config, given: list[str]) -> None:
+    """``given`` (``mem_len``, ``clamp_len``, ``same_length`` as the user named them) apply to attention layers only:
+    on an LSTM, or a stack of mixers whose recurrent state carries the whole past, they would do nothing, as
+    ``train`` refuses them."""
+    if not given:
+        return
+    if config.arch == "lstm":
+        what = "the lstm"
+    elif "attention" not in config.layer_mixers:
+        what = f"this model (mixer={','.join(config.mixer)}) has no attention layer: its recurrent state"
+    else:
+        return
+    raise ValueError(f"{', '.join(given)}: {what} reads its whole past; these do not apply")
+
+
 def refuse_vocab_size(vocab_size: int | None, tokenizer: str) -> None:
     """``--vocab-size`` sizes a BPE learnt from the text; with any other tokenizer (which has its own vocabulary) it
     is an error, not ignored."""

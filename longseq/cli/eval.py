@@ -6,7 +6,16 @@ import argparse
 import os
 from functools import partial
 
-from longseq.cli.common import common_flags, device_flag, load_model, memory_lengths, overrides, read_corpus, say
+from longseq.cli.common import (
+    common_flags,
+    device_flag,
+    load_model,
+    memory_lengths,
+    overrides,
+    read_corpus,
+    refuse_memory_settings,
+    say,
+)
 from longseq.config import EvalConfig, apply_overrides
 
 EPILOG = """reports loss (nats per token), ppl, bpc (byte and char tokenizers: bits per character), bpb (bits per
@@ -125,11 +134,8 @@ def run(args: argparse.Namespace) -> dict:
 
         check_figure(args.plot, "--plot")  # before any work
     model, settings, run_config, ids, doc_ids, unit, unk, tokenizer = _load(args)
-    ignored = [k for k in ("mem_len", "clamp_len", "same_length") if getattr(settings, k) is not None]
-    if model.config.arch != "transformer" and ignored:
-        raise ValueError(
-            f"--set {', '.join(ignored)}: the {model.config.arch} reads its whole past, these do not apply"
-        )
+    given = [f"--set {k}" for k in ("mem_len", "clamp_len", "same_length") if getattr(settings, k) is not None]
+    refuse_memory_settings(model.config, given)
     batch_size = settings.batch_size or run_config.data.eval_batch_size
     relative = position_encoding(model.config.positions.pos).relative
     if args.per_position or args.context_curve:

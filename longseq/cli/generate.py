@@ -10,7 +10,7 @@ import argparse
 import json
 import time
 
-from longseq.cli.common import common_flags, device_flag, load_model, say
+from longseq.cli.common import common_flags, device_flag, load_model, refuse_memory_settings, say
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> dict:
     _, model, tokenizer, run_config = load_model(args.checkpoint, args.device)
     if run_config.task is not None:
         raise ValueError(f"{args.checkpoint} is fine-tuned for {run_config.task.name}; use longseq predict")
+    refuse_memory_settings(run_config.model, ["--mem-len"] if args.mem_len is not None else [])
     ids = prompt_ids(tokenizer, args.prompt)
     mem_len = args.mem_len if args.mem_len is not None else run_config.model.memory.mem_len + run_config.data.tgt_len
     stream = StreamText(tokenizer, ids, args.prompt)

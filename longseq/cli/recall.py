@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> dict:
         n=args.n,
         batch_size=args.batch_size,
         seed=args.seed,
+        progress=not args.quiet,
     )
     result["checkpoint"] = path
     if args.out:

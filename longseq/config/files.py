@@ -37,7 +37,7 @@ from typing import Any
 
 from longseq.config.base import ConfigError, apply_values, leaf_paths, leaves, resolve_key
 from longseq.config.model import ModelConfig
-from longseq.config.run import DataConfig, RunConfig, TrainConfig
+from longseq.config.run import RECALL_TASKS, DataConfig, RunConfig, TaskConfig, TrainConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -45,7 +45,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 SECTIONS = ("model", "data", "train")
-TOP_LEVEL = ("preset", *SECTIONS)
+TOP_LEVEL = ("preset", *SECTIONS, "task")  # [task]: a recall task's (a run.toml of `train --task` runs again)
 
 
 def preset_names() -> list[str]:
@@ -102,20 +102,30 @@ def load_run_config(path: str, base: RunConfig | None = None, _seen: tuple[str, 
         if name in _seen:
             raise ConfigError(f"{path}: presets name each other in a loop: {' -> '.join([*_seen, name])}")
         base = load_run_config(preset_path(name), _seen=(*_seen, name))
+    task = data.get("task")
+    if task is not None and not (isinstance(task, dict) and task.get("name") in RECALL_TASKS):
+        name = task.get("name") if isinstance(task, dict) else task
+        raise ConfigError(
+            f"{path}: [task] name={name!r} is not a recall task ({', '.join(RECALL_TASKS)}), the only [task] a "
+            "training config holds; a fine-tuning config is read by longseq finetune --config"
+        )
     return apply_sections(base or default_run(), data, path)
 
 
 def apply_sections(base: RunConfig, data: dict[str, Any], source: str) -> RunConfig:
-    """``base`` with the ``model``, ``data`` and ``train`` tables of ``data`` (read from ``source``) laid over it."""
+    """``base`` with the ``model``, ``data`` and ``train`` tables of ``data`` (read from ``source``) laid over it,
+    and its ``task`` table, when it has one."""
     sections = base.sections()
-    for name in SECTIONS:
+    if isinstance(data.get("task"), dict) and "task" not in sections:
+        sections["task"] = TaskConfig(name=str(data["task"].get("name", "lm")))
+    for name in (*SECTIONS, "task") if "task" in data else SECTIONS:
         table = data.get(name, {})
         if not isinstance(table, dict):
             raise ConfigError(f"{source}: [{name}] must be a table, got {table!r}")
         paths = [f"{name}.{p}" for p in leaf_paths(type(sections[name]))]
         resolved: dict[str, str] = {}
         items = []
-        for key, value in leaves(table).items():
+        for key, value in leaves(table, keep=("sha256",)).items():
             try:
                 path = resolve_key(key, paths)
             except ConfigError as exc:
@@ -140,7 +150,8 @@ def write_run_config(run: RunConfig, path: str) -> None:
     """Write ``run`` to ``path`` (``.toml`` or ``.json``) atomically: a temporary file, fsynced, renamed."""
     suffix = os.path.splitext(path)[1].lower()
     if suffix == ".toml":
-        text = dumps_toml(run.to_dict(), header=f"{RUN_HEADER}\n{RERUN_LM if run.task is None else RERUN_TASK}")
+        again = RERUN_LM if run.task is None or run.task.name in RECALL_TASKS else RERUN_TASK
+        text = dumps_toml(run.to_dict(), header=f"{RUN_HEADER}\n{again}")
     elif suffix == ".json":
         text = json.dumps(run.to_dict(), indent=2, sort_keys=True) + "\n"
     else:

@@ -10,6 +10,7 @@ The cost is linear in the length: one forward per segment, the softmax only wher
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from torch import Tensor
@@ -17,14 +18,45 @@ from torch import Tensor
 from longseq.config.run import TaskConfig
 from longseq.data.recall import IGNORE, RecallBatch, chance, recall_batch
 from longseq.model.heads import read_segments
+from longseq.progress import Meter
 
 EVAL_STREAM = 7_777_777  # eval batches come from this stream offset of the seed, apart from training's
 
 
+BYTES_PER_TOKEN = 24  # a batch holds three int64 arrays of (rows, length): inputs, labels and distances
+
+
+def available_memory() -> int:
+    """Bytes of RAM a new allocation can take now (Linux's MemAvailable; else the free pages)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_fits(lengths: list[int], n: int, batch_size: int) -> None:
+    """A ``ValueError`` before any work when a batch of the longest sequence would not fit in memory: ``recall
+    --distances 1000000000`` ran for minutes, filling 1.5 TB of host arrays, before it could fail."""
+    rows, longest = min(n, batch_size), max(lengths)
+    need, free = rows * longest * BYTES_PER_TOKEN, available_memory()
+    if need > free:
+        fits = free // (longest * BYTES_PER_TOKEN)
+        raise ValueError(
+            f"a batch of {rows} sequences of {longest:,} tokens needs {need / 2**30:,.1f} GiB of host memory, "
+            f"{free / 2**30:,.1f} GiB are free: "
+            + (f"lower --batch-size to {fits} or less" if fits else "that length does not fit; choose a shorter one")
+        )
+
+
 @torch.no_grad()
-def recall_scores(lm, batch: RecallBatch, segment_len: int) -> tuple[Tensor, Tensor]:
+def recall_scores(lm, batch: RecallBatch, segment_len: int, on_segment=None) -> tuple[Tensor, Tensor]:
     """Whether the argmax at each asked position is right (K,) and its distance (K,), reading ``batch`` in
-    segments of ``segment_len`` with the memory carried (the model's own ``mem_len``)."""
+    segments of ``segment_len`` with the memory carried (the model's own ``mem_len``); ``on_segment()`` is
+    called after each segment (a progress bar)."""
     was_training = lm.training
     lm.eval()
     device = next(lm.parameters()).device
@@ -38,6 +70,8 @@ def recall_scores(lm, batch: RecallBatch, segment_len: int) -> tuple[Tensor, Ten
                 logits = lm.head(hidden[keep.to(device)][None]).logits[0]  # (K, V)
                 correct.append(logits.argmax(-1).cpu() == labels[i][keep])
                 distance.append(distances[i][keep])
+            if on_segment is not None:
+                on_segment()
     finally:
         lm.train(was_training)
     return torch.cat(correct), torch.cat(distance)
@@ -58,16 +92,21 @@ def recall_cell(
     n: int = 64,
     batch_size: int = 64,
     seed: int = 0,
+    progress: bool = False,
 ) -> dict:
     """Accuracy over ``n`` sequences of ``length`` tokens (passkey: the key at ``distance``): ``accuracy``,
-    ``asked`` (the labels scored) and, by powers of two of the distance, ``by_distance``."""
+    ``asked`` (the labels scored) and, by powers of two of the distance, ``by_distance``.  ``progress``: the
+    segments read, on stderr (a bar on a terminal, lines elsewhere)."""
     correct, distance_of = [], []
-    for first in range(0, n, batch_size):
-        rows = min(batch_size, n - first)
-        batch = recall_batch(options, seed + EVAL_STREAM, first // batch_size, rows, length, distance)
-        c, d = recall_scores(lm, batch, segment_len)
-        correct.append(c)
-        distance_of.append(d)
+    segments = -(-length // segment_len)
+    what = f"recall length {length:,}" + ("" if distance is None else f" distance {distance:,}")
+    with Meter(segments * -(-n // batch_size), what, enabled=progress, quiet_start=True) as bar:
+        for first in range(0, n, batch_size):
+            rows = min(batch_size, n - first)
+            batch = recall_batch(options, seed + EVAL_STREAM, first // batch_size, rows, length, distance)
+            c, d = recall_scores(lm, batch, segment_len, on_segment=lambda: bar.update(1))
+            correct.append(c)
+            distance_of.append(d)
     hits, far = torch.cat(correct).float(), torch.cat(distance_of)
     bucket_of, buckets = torch.as_tensor([_bucket(int(x)) for x in far]), {}
     for bucket in bucket_of.unique().tolist():  # ascending
@@ -92,19 +131,22 @@ def recall_grid(
     n: int = 64,
     batch_size: int = 64,
     seed: int = 0,
+    progress: bool = False,
 ) -> dict:
     """Accuracy against distance (passkey: ``distances``, each at the shortest whole number of segments it fits
     in) or against length (``lengths``; every task), with what the model reaches: ``effective_range`` (attention's
-    n_layer x mem_len, as the model reports it) and the task's ``chance``."""
+    n_layer x mem_len, as the model reports it) and the task's ``chance``.  A batch that cannot fit in memory is
+    refused before any work (:func:`check_fits`)."""
     if not distances and not lengths:
         raise ValueError("give distances (passkey) or lengths to evaluate recall at")
     if distances and options.name != "passkey":
         raise ValueError(f"distances are chosen by the passkey task; evaluate {options.name} at lengths")
+    asked = [(passkey_length(options, d, segment_len), d) for d in distances or []]
+    asked += [(length, None) for length in lengths or []]
+    check_fits([length for length, _ in asked], n, batch_size)
     cells = [
-        recall_cell(lm, options, segment_len, passkey_length(options, d, segment_len), d, n, batch_size, seed)
-        for d in distances or []
+        recall_cell(lm, options, segment_len, length, d, n, batch_size, seed, progress=progress) for length, d in asked
     ]
-    cells += [recall_cell(lm, options, segment_len, length, None, n, batch_size, seed) for length in lengths or []]
     c = lm.config
     reach = c.effective_range if "attention" in c.layer_mixers else 0  # mem_len is read by attention layers only
     return {
