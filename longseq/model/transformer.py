@@ -42,7 +42,7 @@ class TransformerXL(LayerStack):
         batch, qlen = input_ids.shape
         step = self.open_step(memory, batch, qlen, input_ids.device, recurrence, doc_ids)
         hidden = self.drop(step.wrap(self.encoding.embed(self.word_emb(input_ids))))  # (B, T', E)
-        hidden, memory, aux = self.run(step, hidden, recurrence, global_mask)
+        hidden, memory, aux = self.run(step, memory, hidden, recurrence, global_mask)
         return self.drop(hidden), memory, aux
 
 
