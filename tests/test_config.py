@@ -345,3 +345,21 @@ def test_the_evaluation_segment_follows_a_changed_training_segment(tmp_path, tex
     run = RunConfig(run.model, run.data.replace(tgt_len=12, eval_tgt_len=64), run.train)
     with pytest.warns(UserWarning, match="tgt_len=12 but eval_tgt_len=64"):  # the Python API: said, not changed
         train(run, str(tmp_path / "api"), corpus=tiny_corpus(), progress=False)
+
+
+def test_one_config_file_serves_every_mixer_and_what_the_architecture_ignores_is_said(tmp_path, text_corpus, capsys):
+    """A file that set n_head=2 was refused for ``--set mixer=ssm`` (which reads no heads) while the same fields at
+    their defaults passed: a sweep over mixers needed one file each.  What the file sets is now accepted and
+    named; what the command line sets for an architecture that ignores it is still refused."""
+    (tmp_path / "tiny.toml").write_text("[model]\nn_layer = 1\nd_model = 16\nn_head = 2\nd_head = 8\nd_inner = 32\n"
+                                        "[data]\ntgt_len = 8\neval_tgt_len = 8\nbatch_size = 2\n"
+                                        "[train]\nmax_steps = 1\neval_interval = 1\neval_max_segments = 1\n")  # fmt: skip
+    base = ["train", "--config", str(tmp_path / "tiny.toml"), "--data", str(text_corpus), "--tokenizer", "char",
+            "--quiet"]  # fmt: skip
+    for mixer in ("attention", "ssm", "conv"):
+        assert main([*base, "--out", str(tmp_path / mixer), "--set", f"mixer={mixer}"]) == 0, mixer
+        err = capsys.readouterr().err
+        assert ("does not read n_head=2, d_head=8, set by the config file: ignored" in err) == (mixer != "attention")
+    assert main([*base, "--out", str(tmp_path / "x"), "--set", "mixer=ssm", "n_head=4"]) == 2
+    assert_names(capsys.readouterr().err, "does not read n_head=4", "no effect")
+    assert not (tmp_path / "x").exists()

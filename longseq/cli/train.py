@@ -139,6 +139,7 @@ def run(args: argparse.Namespace) -> dict:
         progress=not args.quiet,
         log=say,
         base=None if resuming else preset_of(args),
+        file_config=base if args.config and not resuming else None,  # what the file set is said, not refused
     )
     import gc
 

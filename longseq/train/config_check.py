@@ -128,25 +128,29 @@ def follow_changes(run: RunConfig, base: RunConfig | None) -> tuple[RunConfig, l
     return run, said
 
 
-def check_options_apply(run: RunConfig, base: RunConfig | None = None) -> None:
+def check_options_apply(run: RunConfig, base: RunConfig | None = None, file: RunConfig | None = None) -> list[str]:
     """A new run refuses a name no registry has, and model options its architecture does not read
     (:func:`~longseq.model.registry.ignored_options`):
     ``arch=lstm`` with ``cmem_len`` would train a plain LSTM while the run says it has a compressed memory.  Only
     what differs from ``base`` (the preset a command line starts from; default: the configs' defaults) counts: a
-    preset's transformer settings are not the user's when the user asks for ``arch=lstm``."""
+    preset's transformer settings are not the user's when the user asks for ``arch=lstm``.  With ``file`` (the run
+    as a config file gave it, before ``--set``), only what the command line changed from it is refused; what the
+    file set is said and accepted (returned), so that one file serves a sweep over architectures."""
     ignored = ignored_options(run.model, None if base is None else base.model)
-    if ignored:
-        m = run.model
-        what = "arch=lstm" if m.arch == "lstm" else f"this model (mixer={','.join(m.mixer)}, pos={m.positions.pos})"
+    refused = ignored if file is None else ignored_options(run.model, file.model)
+    m = run.model
+    what = "arch=lstm" if m.arch == "lstm" else f"this model (mixer={','.join(m.mixer)}, pos={m.positions.pos})"
+    if refused:
         raise ConfigError(
-            f"{what} does not read {', '.join(ignored)}: each would have no effect. Remove them (or set them back "
+            f"{what} does not read {', '.join(refused)}: each would have no effect. Remove them (or set them back "
             "to their defaults), or choose an architecture that reads them"
         )
+    said = [f"{what} does not read {', '.join(ignored)}, set by the config file: ignored"] if ignored else []
     full = full_in_effect(run)
     if full:
         from longseq.model.attention.patterns import PATTERNS
 
-        m, d = run.model, run.data
+        d = run.data
         read = sorted(
             {key for name in full for key in PATTERNS[name].reads if key in ("window", "block_size", "stride")}
         )
@@ -156,3 +160,4 @@ def check_options_apply(run: RunConfig, base: RunConfig | None = None) -> None:
             f"a memory of {m.memory.mem_len}: it would train exactly full attention. Narrow the pattern (a window "
             f"below {d.tgt_len + m.memory.mem_len}), lengthen the segment or the memory, or use attention=full"
         )
+    return said

@@ -643,6 +643,7 @@ def train(
     log=None,
     after_backward=None,
     base: RunConfig | None = None,
+    file_config: RunConfig | None = None,
 ) -> TrainResult:
     """Train a language model for ``run`` and write checkpoints and metrics under ``out_dir``.
 
@@ -650,15 +651,16 @@ def train(
     ``overwrite`` starts an existing run over.  ``corpus`` replaces reading ``run.data`` (tests).  ``stop_after``
     ends the run early after that many optimizer steps (checkpointing first), which is how an interruption is
     simulated in tests.  A new run refuses model options its architecture does not read, counting those that
-    differ from ``base`` (the preset the command line started from; default: the configs' defaults), and some
+    differ from ``base`` (the preset the command line started from; default: the configs' defaults; with
+    ``file_config``, the run as its config file gave it, only those the command line changed), and some
     settings follow the ones changed from ``base`` (:func:`~longseq.train.config_check.follow_changes`)."""
     from longseq.tasks import task_for
     from longseq.tasks.lm import LanguageModeling
 
     if not (resume and has_checkpoint(out_dir)):  # a new run (a resume continues what was accepted then)
-        check_options_apply(run, base)
+        noted = check_options_apply(run, base, file_config)
         run, said = follow_changes(run, base)
-        for message in said:
+        for message in noted + said:
             log(message) if log is not None else warnings.warn(message, stacklevel=2)
 
     if run.task is None or run.task.name == "lm":
