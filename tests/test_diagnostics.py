@@ -142,6 +142,9 @@ def test_diagnose_command_adds_the_curves_and_the_memory_share_per_head(trained_
 
     averaged = memory_attention_share(net, ids, tgt_len=8, batch_size=2)
     np.testing.assert_allclose(report["memory_attention"]["memory_share"], averaged["memory_share"], atol=1e-9)
+    # what it prints as memory_share is what memory_share.png draws (it printed the one segment's share)
+    assert result["memory_share"] == report["memory_attention"]["memory_share"] != report["memory_share"]
+    assert result["memory_share_of"] == f"{averaged['segments']} segments of 2 streams"
     assert {"memory_share.png", "per_position.png", "context_curve.png"} <= set(result["files"])
     markdown = (out / "report.md").read_text()
     assert "Loss by position inside the segment" in markdown and "per head" in markdown

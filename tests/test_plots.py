@@ -174,3 +174,32 @@ def test_plot_reads_runs_and_rejects_broken_logs(tmp_path):
     (tmp_path / "a" / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n{broken\n')
     with pytest.raises(ValueError, match="metrics.jsonl:2"):
         plot_runs([str(tmp_path / "a")], str(tmp_path / "x.png"))
+
+
+def test_plot_compares_runs_of_different_tokenizers_in_bits_per_byte(tmp_path, capsys):
+    """``longseq plot`` drew bits per token only: a BPE run (about 3 bytes a token) looked twice as bad as a byte run
+    it beats in bits per byte.  ``--bpb`` draws validation bits per byte; per token, the mix is said."""
+    from support import tiny_run
+
+    from longseq.cli import main
+    from longseq.config import DataConfig, RunConfig, write_run_config
+    from longseq.diagnostics.plots import curves
+
+    runs = {"byte": (1.6, 1.0), "bpe": (3.3, 3.0)}  # (valid loss in nats per token, bytes per token)
+    for name, (loss, per_token) in runs.items():
+        run = tmp_path / name
+        run.mkdir()
+        base = tiny_run()
+        write_run_config(RunConfig(base.model, DataConfig(tokenizer=name), base.train), str(run / "run.toml"))
+        lines = [{"step": 1, "loss": loss + 0.5, "elapsed_s": 1.0},
+                 {"step": 1, "valid_loss": loss, "valid_bpb": loss / math.log(2) / per_token, "elapsed_s": 1.5}]  # fmt: skip
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    dirs = [str(tmp_path / name) for name in runs]
+    assert main(["plot", *dirs, "--out", str(tmp_path / "tokens.png")]) == 0
+    assert "different tokenizers (bpe, byte)" in capsys.readouterr().err
+    assert main(["plot", *dirs, "--bpb", "--out", str(tmp_path / "bytes.png"), "--json"]) == 0
+    out = capsys.readouterr()
+    assert "different tokenizers" not in out.err and json.loads(out.out.splitlines()[-1])["unit"] == "bits per byte"
+    drawn = {name: curves([json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()],
+                          bits=False, bpb=True) for name in runs}  # fmt: skip
+    assert drawn["bpe"]["valid"][2][0] < drawn["byte"]["valid"][2][0] and not drawn["bpe"]["train"][0]

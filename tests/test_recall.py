@@ -185,6 +185,11 @@ def test_a_recall_runs_toml_runs_again_and_a_length_that_cannot_fit_is_refused_a
                 for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (out, again)]  # fmt: skip
     assert untimed[0] == untimed[1]  # the same run, loss for loss
     capsys.readouterr()
+    assert main(["recall", str(out), "--distances", "8,20", "--n", "4", "--quiet"]) == 0  # text: a line per cell
+    lines = capsys.readouterr().out.splitlines()
+    cells = [line.split() for line in lines[lines.index(next(x for x in lines if x.strip() == "cells:")) + 1 :][:2]]
+    assert [(c[0], c[1], c[4]) for c in cells] == [("distance", "8", "accuracy"), ("distance", "20", "accuracy")]
+    assert not any("[{" in line for line in lines)  # no Python repr of the list
     assert main(["recall", str(out), "--distances", "1000000000", "--n", "64"]) == 2
     err = capsys.readouterr().err
     assert "1,000,000,0" in err and "GiB" in err and "--batch-size" in err and "Traceback" not in err

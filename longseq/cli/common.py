@@ -21,11 +21,25 @@ def emit(result: dict, as_json: bool) -> None:
         print(json.dumps(_finite(result), sort_keys=True, allow_nan=False))
         return
     for key, value in result.items():
+        if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            print(f"{key:>16}:")  # a table of records (recall's cells): one line each, not one Python repr
+            for item in value:
+                print(" " * 18 + "  ".join(f"{k} {_shown(v)}" for k, v in item.items()))
+            continue
         if isinstance(value, float):
             value = f"{value:.4f}" if math.isfinite(value) else str(value)
         elif value is None:
             value = "n/a"
         print(f"{key:>16}: {value}")
+
+
+def _shown(value) -> str:
+    """One value of a record in text output: floats to 4 places, nested records as JSON."""
+    if isinstance(value, float):
+        return f"{value:.4f}" if math.isfinite(value) else str(value)
+    if isinstance(value, (dict, list)):
+        return json.dumps(_finite(value), sort_keys=True)
+    return "n/a" if value is None else str(value)
 
 
 def refuse_memory_settings(config, given: list[str]) -> None:

@@ -56,6 +56,14 @@ def run(args: argparse.Namespace) -> dict:
     keep = ("layers", "attention_layers", "heads", "tgt_len", "mem_len", "loss", "memory_share", "grad_norms")
     keep += ("warnings", "files")
     result = {"out": args.out, **{k: report[k] for k in keep}, "entropy_bits": report["entropy_bits"]}
+    averaged = report.get("memory_attention")
+    if averaged is not None:  # what memory_share.png draws, under the name it prints (it printed the one segment's)
+        result["memory_share"] = averaged["memory_share"]
+    result["memory_share_of"] = (
+        "the diagnosed segment"
+        if averaged is None
+        else f"{averaged['segments']} segments of {args.batch_size or run.data.eval_batch_size} streams"
+    )
     if "per_position" in report:
         pp, curve = report["per_position"], report["context_curve"]
         result["loss_memory_mean"] = sum(pp["loss_memory"]) / len(pp["loss_memory"])

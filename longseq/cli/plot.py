@@ -1,4 +1,4 @@
-"""``longseq plot``: training curves of runs against step and wall time."""
+"""``longseq plot``: training curves of runs against step and wall time (``--bpb``: validation bits per byte)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
         action="store_true",
         help="draw the loss in bits per token (default: nats per token); the other unit is on the right axis",
     )
+    p.add_argument(
+        "--bpb",
+        action="store_true",
+        help="draw validation bits per UTF-8 byte: runs of different tokenizers (byte, char, word, BPE) compare",
+    )
     return common_flags(p)
 
 
 def run(args: argparse.Namespace) -> dict:
+    from longseq.cli.common import say
     from longseq.diagnostics import plot_runs
 
-    return plot_runs(args.runs, args.out, bits=args.bits)
+    result = plot_runs(args.runs, args.out, bits=args.bits, bpb=args.bpb)
+    if "note" in result:
+        say(f"note: {result['note']}")
+    return result

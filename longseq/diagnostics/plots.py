@@ -22,12 +22,20 @@ def read_metrics(run_dir: str) -> list[dict]:
     return [record for _, record in iter_jsonl(path)]
 
 
-def curves(records: list[dict], bits: bool) -> dict[str, tuple[list[float], list[float], list[float]]]:
+def curves(
+    records: list[dict], bits: bool, bpb: bool = False
+) -> dict[str, tuple[list[float], list[float], list[float]]]:
     """(step, elapsed seconds, value) series for training and validation; loss in nats or, with ``bits``,
-    in bits per token (loss / ln 2)."""
+    in bits per token (loss / ln 2); with ``bpb`` validation's bits per UTF-8 byte only (training logs no bytes)."""
     scale = 1 / math.log(2) if bits else 1.0
     out: dict[str, tuple[list, list, list]] = {"train": ([], [], []), "valid": ([], [], [])}
     for r in records:
+        if bpb:
+            if "valid_bpb" in r:
+                out["valid"][0].append(r["step"])
+                out["valid"][1].append(r.get("elapsed_s", math.nan))
+                out["valid"][2].append(r["valid_bpb"])
+            continue
         key = "loss" if "loss" in r else "valid_loss" if "valid_loss" in r else None
         if key is None:
             continue
@@ -38,17 +46,34 @@ def curves(records: list[dict], bits: bool) -> dict[str, tuple[list[float], list
     return out
 
 
-def plot_runs(run_dirs: list[str], out_path: str, *, bits: bool = False) -> dict:
-    """Plot training and validation loss of every run against step (left) and wall time (right)."""
+def tokenizer_of(run_dir: str) -> str | None:
+    """The tokenizer a run's ``run.toml`` names (None when it cannot be read)."""
+    from longseq.config import ConfigError, load_run_config
+
+    try:
+        return load_run_config(os.path.join(run_dir, "run.toml")).data.tokenizer
+    except (ConfigError, OSError):
+        return None
+
+
+def plot_runs(run_dirs: list[str], out_path: str, *, bits: bool = False, bpb: bool = False) -> dict:
+    """Plot training and validation loss of every run against step (left) and wall time (right); with ``bpb``,
+    validation's bits per UTF-8 byte, which compares runs with different tokenizers (a loss per token does not:
+    a BPE token holds several bytes).  Runs of different tokenizers drawn per token get a ``note`` saying so."""
     if not run_dirs:
         raise ValueError("plot needs at least one run directory")
+    if bits and bpb:
+        raise ValueError("--bits draws bits per token, --bpb bits per byte: give one of them")
     check_figure(out_path)
+    records = {run_dir: read_metrics(run_dir) for run_dir in run_dirs}
+    if bpb and not any("valid_bpb" in r for rs in records.values() for r in rs):
+        raise ValueError("--bpb draws validation bits per byte, and none of these runs logged valid_bpb")
     plt = _pyplot()
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
     summary = {}
     for run_dir in run_dirs:
         name = os.path.basename(os.path.normpath(run_dir))
-        series = curves(read_metrics(run_dir), bits)
+        series = curves(records[run_dir], bits, bpb)
         for kind, style in (("train", "-"), ("valid", "o--")):
             steps, elapsed, values = series[kind]
             if not steps:
@@ -62,10 +87,20 @@ def plot_runs(run_dirs: list[str], out_path: str, *, bits: bool = False) -> dict
     by_step.xaxis.set_major_locator(_integers())
     by_time.set_xlabel("wall time (s)")
     for ax in (by_step, by_time):
-        _loss_axes(ax, bits)
+        if bpb:
+            ax.set_ylabel("validation bits per byte")
+        else:
+            _loss_axes(ax, bits)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    return {"out": _save_figure(plt, fig, out_path), "runs": summary, "unit": _unit(bits)}
+    result = {"out": _save_figure(plt, fig, out_path), "runs": summary, "unit": "bits per byte" if bpb else _unit(bits)}
+    kinds = sorted({kind for kind in map(tokenizer_of, run_dirs) if kind is not None})
+    if len(kinds) > 1 and not bpb:
+        result["note"] = (
+            f"these runs use different tokenizers ({', '.join(kinds)}): their losses per token do not compare; "
+            "--bpb draws validation bits per byte"
+        )
+    return result
 
 
 def _unit(bits: bool) -> str:

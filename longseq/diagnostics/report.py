@@ -470,7 +470,7 @@ def _markdown(report: dict, images: list[str]) -> str:
         "",
         "## Attention entropy (bits) and share of mass in the memory",
         "",
-        "| layer | " + " | ".join(f"head {h}" for h in range(report["heads"])) + " | memory share |",
+        "| layer | " + " | ".join(f"head {h}" for h in range(report["heads"])) + " | memory share (this segment) |",
         "|---" * (report["heads"] + 2) + "|",
     ]
     for i, heads, shares in zip(report["attention_layers"], report["entropy_bits"], report["memory_share"]):
