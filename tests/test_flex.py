@@ -150,3 +150,59 @@ def test_compiled_flex_does_not_compile_again_for_new_lengths(monkeypatch):
         with torch.no_grad():
             flex.flex_relative_attention(q, k, v, rel, u, w, mask, 0.0, False)
     assert 1 <= counters["stats"]["unique_graphs"] <= 2
+
+
+@pytest.fixture
+def flex_compiled_on_cpu(monkeypatch):
+    """The CUDA branch of attn_impl=flex (Flex compiled, lengths marked dynamic) taken on CPU with the eager backend."""
+    import longseq.model.attention.flex as flex
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(flex, "COMPILED_ON", ("cuda", "cpu"))
+    monkeypatch.setattr(flex, "FLEX_BACKEND", "eager")
+    flex._compiled_flex.cache_clear()
+    flex._compiled_block_mask.cache_clear()
+    yield flex
+    flex._compiled_flex.cache_clear()
+    flex._compiled_block_mask.cache_clear()
+    torch._dynamo.reset()
+
+
+def test_a_fullgraph_compiled_model_traces_flex_on_the_cuda_path(flex_compiled_on_cpu):
+    """``torch.compile(model, fullgraph=True)`` with attn_impl=flex crashed on CUDA: compiled_flex_call called
+    ``torch._dynamo.maybe_mark_dynamic`` while dynamo traced it ("Attempt to trace forbidden callable")."""
+    model = pattern_lm(["window", "full"], window=6, attn_impl="flex")
+    ids = torch.randint(0, 40, (2, 24))
+    with torch.no_grad():
+        memory = model(ids[:, :12]).mems
+        want = model(ids[:, 12:], memory).logits  # eager, the compiled Flex of the CUDA path
+        got = torch.compile(model, fullgraph=True, backend="eager")(ids[:, 12:], memory).logits
+        reference = pattern_lm(["window", "full"], window=6, attn_impl="reference")(ids[:, 12:], memory).logits
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got, reference)
+
+
+def test_the_compiled_flex_fails_loudly_at_its_recompile_limit(flex_compiled_on_cpu, monkeypatch):
+    """Past dynamo's recompile limit (8, reached at gpu_check's 13th flex case) flex_attention ran uncompiled, on CUDA
+    building the whole score matrix, with one log line.  The limit is raised where longseq compiles Flex
+    (FLEX_RECOMPILE_LIMIT), and hitting it is an error naming it."""
+    from longseq.model.attention.patterns import AttentionPattern, PatternMask
+
+    flex = flex_compiled_on_cpu
+
+    def call(heads: int, dtype) -> None:
+        q, k, v = (torch.randn(1, heads, 16, 8, dtype=dtype) for _ in range(3))
+        rel, u, w = torch.randn(heads, 17, 8, dtype=dtype), torch.zeros(heads, 8, dtype=dtype), torch.zeros(heads, 8)
+        with torch.no_grad():
+            flex.flex_relative_attention(q, k, v, rel, u, w.to(dtype), PatternMask(AttentionPattern("window"), 16, 0),
+                                         0.0, False)  # fmt: skip
+
+    shapes = [(h, d) for h in (1, 2, 3) for d in (torch.float32, torch.float64)]  # a graph each (dtype, head count)
+    for heads, dtype in shapes:  # within the raised limit (more than dynamo's 8 graphs in gpu_check): all compiled
+        call(heads, dtype)
+    monkeypatch.setattr(flex, "FLEX_RECOMPILE_LIMIT", 2)
+    torch._dynamo.reset()
+    call(1, torch.float32)
+    call(2, torch.float32)
+    with pytest.raises(flex.FlexRecompileLimitError, match="FLEX_RECOMPILE_LIMIT"):
+        call(3, torch.float32)

@@ -89,7 +89,8 @@ def _block_mask(mask: PatternMask | Tensor, batch: int, heads: int, qlen: int, k
     def make():
         per_batch = any(t is not None for t in (mask.key_docs, mask.global_keys, mask.dropped_keys))
         per_head = len(mask.pattern.dilation) > 1
-        create = _compiled_block_mask() if device.type == "cuda" else create_block_mask
+        compiled = device.type in COMPILED_ON and not torch.compiler.is_compiling()  # else the model's graph has it
+        create = _compiled_block_mask() if compiled else create_block_mask
         return create(
             mask.mask_mod(), batch if per_batch else None, heads if per_head else None, qlen, klen, device=device
         )
@@ -97,10 +98,22 @@ def _block_mask(mask: PatternMask | Tensor, batch: int, heads: int, qlen: int, k
     return mask.shared(("flex", batch, heads), make)
 
 
+COMPILED_ON = ("cuda",)  # the devices where Flex runs compiled (elsewhere: the dense unfused path, to verify)
+FLEX_BACKEND = "inductor"  # the backend it is compiled with (the tests run the compiled path with "eager" on CPU)
+FLEX_RECOMPILE_LIMIT = 64  # graphs of the one compiled Flex: every pattern, dtype and head count; dynamo's is 8
+
+
+class FlexRecompileLimitError(RuntimeError):
+    """The compiled FlexAttention reached its recompile limit: past it, torch would run it uncompiled, which on CUDA
+    builds the whole score matrix, and a kernel called flex never falls back in silence."""
+
+
 def _flex(query, key, value, score_mod, block_mask, scale) -> Tensor:
     from torch.nn.attention.flex_attention import flex_attention
 
-    if query.device.type == "cuda":
+    if query.device.type in COMPILED_ON and torch.compiler.is_compiling():  # torch.compile(model): its graph has Flex
+        return flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    if query.device.type in COMPILED_ON:
         return compiled_flex_call(_compiled_flex(), query, key, value, score_mod, block_mask, scale)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
         return _eager_flex_with_grad(query, key, value, score_mod, block_mask, scale)
@@ -109,27 +122,43 @@ def _flex(query, key, value, score_mod, block_mask, scale) -> Tensor:
 
 def compiled_flex_call(compiled, query, key, value, score_mod, block_mask, scale) -> Tensor:
     """Call a compiled ``flex_attention`` with the lengths marked dynamic: T and K, and with them the block mask's
-    block counts (its tensors would otherwise be specialised on their first sizes and compiled again)."""
+    block counts (its tensors would otherwise be specialised on their first sizes and compiled again), under a
+    recompile limit of :data:`FLEX_RECOMPILE_LIMIT` that fails loudly when it is hit
+    (:class:`FlexRecompileLimitError`).  Inside ``torch.compile(model)`` the model's own graph traces Flex (marking
+    sizes dynamic is forbidden while tracing, and ``fullgraph=True`` refused it)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if torch.compiler.is_compiling():
+        return flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale)
     for tensor in (query, key, value):
         torch._dynamo.maybe_mark_dynamic(tensor, 2)
     for tensor in block_mask.as_tuple():
         for dim in range(2, tensor.dim() if isinstance(tensor, Tensor) else 0):
             torch._dynamo.maybe_mark_dynamic(tensor, dim)
-    return compiled(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    try:
+        with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+            return compiled(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    except torch._dynamo.exc.FailOnRecompileLimitHit as exc:
+        raise FlexRecompileLimitError(
+            f"attn_impl=flex: the compiled FlexAttention reached its limit of {FLEX_RECOMPILE_LIMIT} graphs (one per "
+            "pattern, dtype, head count and length kind); past it torch runs Flex uncompiled, building the whole "
+            "score matrix. Use fewer patterns or shapes in one process, or raise longseq.model.attention.flex."
+            "FLEX_RECOMPILE_LIMIT"
+        ) from exc
 
 
 @cache
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=True)
+    return torch.compile(flex_attention, dynamic=True, backend=FLEX_BACKEND)
 
 
 @cache
 def _compiled_block_mask():
     from torch.nn.attention.flex_attention import create_block_mask
 
-    return torch.compile(create_block_mask, dynamic=True)  # never materialises the (T, K) mask
+    return torch.compile(create_block_mask, dynamic=True, backend=FLEX_BACKEND)  # never materialises the (T, K) mask
 
 
 def _flex_hop(*args):
