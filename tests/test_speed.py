@@ -99,3 +99,26 @@ def test_bench_names_a_size_out_of_range_before_measuring_anything(argv, words, 
         monkeypatch.setattr(speed, name, never)
     assert main(["bench", *argv]) == 2
     assert_names(capsys.readouterr().err, *words)
+
+
+@pytest.mark.parametrize("name", ["full", "window", "dilated", "strided", "block_sparse", "global", "bigbird"])
+def test_mfu_counts_the_keys_the_pattern_allows(name):
+    """MFU counted full attention's FLOPs for window and block-sparse runs (gpu_check's train_speed): a window of 256
+    over 32k tokens was credited with 16k keys a query.  keys_per_query is the dense mask's count of allowed pairs
+    over queries, and the attention FLOPs follow it."""
+    from longseq.eval.speed import keys_per_query, mfu
+    from longseq.model.attention.patterns import layer_patterns
+
+    config = ModelConfig(vocab_size=50, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, attention=[name],
+                         mem_len=20, window=6, dilation=[1, 2], stride=5, block_size=8, block_summary=2,
+                         num_random_blocks=1)  # fmt: skip
+    tgt_len, mem_len = 37, 20
+    klen = tgt_len + mem_len
+    query, key = torch.arange(mem_len, klen)[:, None], torch.arange(klen)[None, :]
+    dense = layer_patterns(config)[0].allowed(query, key, klen) & (key <= query)  # (H or 1, T, K)
+    assert keys_per_query(config, tgt_len, mem_len) == pytest.approx(
+        round(float(dense.sum()) / dense.size(0)) / tgt_len
+    )
+    full = ModelConfig(**{**config.to_dict(), "pattern": {**config.to_dict()["pattern"], "attention": ["full"]}})
+    ours, dense_mfu = (mfu(c, 1000.0, tgt_len, mem_len, 1, 1e9, training=True)["mfu"] for c in (config, full))
+    assert (ours < dense_mfu) == (name != "full") and ours <= dense_mfu

@@ -1,31 +1,37 @@
 """One prepared GPU check: everything the CPU sessions could not verify, in one run that writes one JSON file.
 
-    python benchmarks/tools/gpu_check.py                       # on the GPU: under 8 minutes, writes gpu_check.json
+    python benchmarks/tools/gpu_check.py                       # on the GPU: under 8 minutes
     python benchmarks/tools/gpu_check.py --device cpu --quick  # the same sections at toy sizes, to check the script
+
+It writes its JSON to ``--out`` (default: ``$OUT/gpu_check.json`` when the environment names an output folder
+``OUT``, as a machine whose working tree is discarded does; else ``gpu_check.json`` here), and prints the whole JSON
+at the end, so that a log alone keeps the figures.
 
 Self-contained: it needs torch, transformers (for the HF section only) and this repository; it installs nothing and
 uses no network.  Every section runs in try/except and records its error in the JSON instead of stopping, the file
 is rewritten after each section (a killed run keeps what it had), and a time budget (``--budget-s``, default 470 s)
 skips what would not fit.  Sections:
 
-* ``env``: torch, device, FlexAttention, allocator.
+* ``env``: torch, device, FlexAttention, allocator, the float32 matmul precision every section runs at (``highest``:
+  a section that builds a Trainer, which sets ``high``, has it put back after).
 * ``flex_vs_reference``: attn_impl=flex (compiled on CUDA) and the sparse kernels of rel_shift against the dense
   reference in float64 on the same device, every pattern, with and without memory, fp32 and bf16: the largest
   error of the output and of every gradient, relative to the reference's largest value.
-* ``recompiles``: graphs compiled by dynamo for Flex over five (segment, memory) lengths (expected: 2, the first
-  segment without memory and the rest).
+* ``recompiles``: graphs dynamo compiled for ``flex_attention`` itself over five (segment, memory) lengths (its cache
+  entries; expected: 2, the first segment without memory and the rest), ``create_block_mask``'s counted apart.
 * ``train_speed``: the benchmark model (4 layers, d_model 256, 8 heads) at 2k, 8k and 32k tokens (mem_len 256,
   batch 1) for full, window and block_sparse, attn_impl=auto and rel_shift: tokens/s, peak CUDA memory, MFU
-  against a matmul probe of the same run.
+  against a matmul probe of the same run (attention FLOPs of the pairs the pattern allows, not full attention's).
 * ``bf16_vs_fp32``: the same training step in bf16 autocast and fp32: throughput ratio and loss difference.
-* ``hf_ratio``: longseq against Hugging Face TransfoXL, same weights, training at tgt_len/mem_len 512/512, batch 8.
+* ``hf_ratio``: longseq against Hugging Face TransfoXL, same weights, training at tgt_len/mem_len 512/512, batch 8
+  (skipped with transformers 5, which has no TransfoXL: ``benchmarks/speed/vs_hf.py`` installs 4.46.3 itself).
 * ``ddp_smoke``: one-process DDP (NCCL on CUDA, gloo on CPU): the loss and gradients equal the plain model's.
 * ``exact_resume``: a run stopped and resumed on the device gives the uninterrupted run's losses bit for bit.
 * ``host_syncs``: synchronising CUDA calls in a training forward and backward (``torch.cuda.set_sync_debug_mode``),
-  every pattern and mixer kind (expected: 0).
+  every pattern and mixer kind, counted on the second step (the first compiles Flex, which synchronises; expected: 0).
 * ``compiled_speed``: the benchmark model's training step eager and under ``torch.compile`` (inductor, fullgraph).
-* ``torchrun``: DDP and FSDP under torchrun (NCCL, one process per GPU, at most 2; gloo on the CPU): stopped halfway
-  and resumed, bit for bit with dropout (each rank's own RNG).
+* ``torchrun``: DDP and FSDP under torchrun (NCCL, one process per GPU, 2; gloo on the CPU): stopped halfway and
+  resumed, bit for bit with dropout (each rank's own RNG); skipped on one GPU, where no process group forms.
 """
 
 from __future__ import annotations
@@ -73,7 +79,8 @@ def section_env(args, budget) -> dict:
     from longseq.runtime import allocator
 
     info = {"torch": torch.__version__, "device": args.device, "flex_available": flex_available(),
-            "allocator": allocator(), "threads": torch.get_num_threads()}  # fmt: skip
+            "allocator": allocator(), "threads": torch.get_num_threads(),
+            "float32_matmul_precision": torch.get_float32_matmul_precision()}  # fmt: skip
     if args.device.startswith("cuda"):
         info.update(name=torch.cuda.get_device_name(), capability=list(torch.cuda.get_device_capability()))
         info["cuda"] = torch.version.cuda
@@ -165,18 +172,27 @@ def section_flex_vs_reference(args, budget) -> dict:
     return {"qlen": qlen, "tolerance": tolerance, "all_ok": all(r.get("ok") for r in done), "rows": rows}
 
 
+def _graphs_of(function) -> int:
+    """The graphs dynamo holds for ``function``'s code (its cache entries): those of one compiled function only."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(function.__code__))
+
+
 def section_recompiles(args, budget) -> dict:
-    from torch._dynamo.utils import counters
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     lengths = [(64, 0), (64, 64), (96, 64), (128, 32), (160, 96)] if args.quick else [
         (512, 0), (512, 256), (768, 256), (1024, 128), (1280, 384)]  # fmt: skip
-    before = dict(counters["stats"])
-    graphs = []
+    torch._dynamo.reset()  # the earlier sections' Flex graphs (other patterns, dtypes) are not this count's
+    flex_graphs, mask_graphs = [], []
     for qlen, mlen in lengths:
         _attention_case("flex", "window", qlen, mlen, torch.float32, args.device)
-        graphs.append(counters["stats"]["unique_graphs"] - before.get("unique_graphs", 0))
-    return {"lengths": lengths, "unique_graphs_after_each": graphs, "compiled": args.device.startswith("cuda"),
-            "ok": graphs[-1] <= 2 or not args.device.startswith("cuda")}  # fmt: skip
+        flex_graphs.append(_graphs_of(flex_attention))
+        mask_graphs.append(_graphs_of(create_block_mask))
+    compiled = args.device.startswith("cuda")
+    return {"lengths": lengths, "flex_graphs_after_each": flex_graphs, "block_mask_graphs_after_each": mask_graphs,
+            "compiled": compiled, "ok": flex_graphs[-1] <= 2 or not compiled}  # fmt: skip
 
 
 def _train(pattern: str, length: int, impl: str, device, steps: int, autocast=None, batch: int = 1) -> dict:
@@ -206,13 +222,13 @@ def section_train_speed(args, budget) -> dict:
         for pattern in BENCH:
             on_flex = args.device.startswith("cuda") and pattern != "block_sparse"  # what auto chooses
             for impl in ("auto", "rel_shift") if on_flex or args.quick else ("auto",):
-                if budget.left() < (20 if args.quick else 60):
+                if budget.left() < (20 if args.quick else 30):
                     rows.append({"pattern": pattern, "length": length, "impl": impl, "skipped": "time budget"})
                     continue
                 row = {"pattern": pattern, "length": length, "impl": impl}
                 row["kernel"] = "flex" if impl == "auto" and on_flex else "rel_shift"
                 try:
-                    row.update(_train(pattern, length, impl, args.device, steps=2 if args.quick else 3))
+                    row.update(_train(pattern, length, impl, args.device, steps=2))
                 except Exception as exc:  # noqa: BLE001 - out of memory at 32k is an expected answer for full
                     row["error"] = _error(exc)
                 _free(args.device)
@@ -249,7 +265,19 @@ def _hf_train(hf, batch: int, tgt_len: int, steps: int, device) -> float:
     return steps * batch * tgt_len / (time.perf_counter() - start)
 
 
+def _transformers_major() -> int | None:
+    try:
+        import transformers
+    except ImportError:
+        return None
+    return int(transformers.__version__.split(".")[0])
+
+
 def section_hf_ratio(args, budget) -> dict:
+    major = _transformers_major()
+    if major is None or major >= 5:
+        return {"skipped": f"HF TransfoXL needs transformers 4.x (this has {major or 'none'}); "
+                "benchmarks/speed/vs_hf.py installs 4.46.3 itself"}  # fmt: skip
     from peers import hf_twin
 
     from longseq.eval.speed import bench_config, train_throughput
@@ -319,10 +347,13 @@ def section_exact_resume(args, budget) -> dict:
         return RunConfig(model=model, data=data, train=TrainConfig(max_steps=12, lr=3e-3, warmup_steps=3,
                                                                    eval_interval=6, log_interval=1, device=device))  # fmt: skip
 
-    out = tempfile.mkdtemp()
-    whole = train(run_config(), os.path.join(out, "whole"), corpus=corpus, progress=False)
-    first = train(run_config(), os.path.join(out, "split"), corpus=corpus, progress=False, stop_after=5)
-    second = train(run_config(), os.path.join(out, "split"), corpus=corpus, progress=False, resume=True)
+    out, precision = tempfile.mkdtemp(), torch.get_float32_matmul_precision()
+    try:  # the Trainer sets its matmul_precision (high: TF32) for the process: put back for the later sections
+        whole = train(run_config(), os.path.join(out, "whole"), corpus=corpus, progress=False)
+        first = train(run_config(), os.path.join(out, "split"), corpus=corpus, progress=False, stop_after=5)
+        second = train(run_config(), os.path.join(out, "split"), corpus=corpus, progress=False, resume=True)
+    finally:
+        torch.set_float32_matmul_precision(precision)
     resumed = list(first.losses) + list(second.losses)
     diff = max(abs(a - b) for a, b in zip(resumed, whole.losses)) if len(resumed) == len(whole.losses) else math.inf
     return {"steps": len(whole.losses), "bit_identical": resumed == list(whole.losses), "max_loss_difference": diff}
@@ -355,7 +386,7 @@ def section_torchrun(args, budget) -> dict:
     nproc = min(2, torch.cuda.device_count()) if args.device.startswith("cuda") else 2
     out, report = tempfile.mkdtemp(), {"processes": nproc}
     if nproc < 2:  # NCCL takes one GPU a rank: with one, torchrun starts one process and no group forms
-        report["note"] = "one process: the two-rank NCCL check needs two GPUs; this checks torchrun's launch only"
+        return {"skipped": "needs two GPUs: NCCL takes one a rank, and one process forms no process group"}
     for parallel in ("ddp", "fsdp"):
         if budget.left() < 30:
             report[parallel] = {"skipped": "time budget"}
@@ -392,6 +423,8 @@ def section_host_syncs(args, budget) -> dict:
                                             d_inner=512, mem_len=256, **extra)).to(args.device)  # fmt: skip
         ids = torch.randint(0, 256, (2, 513), device=args.device)
         memory = model(ids[:, :256]).mems
+        model(ids[:, 256:512], memory, ids[:, 257:513]).loss.backward()  # the first step compiles (and synchronises)
+        model.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -401,7 +434,7 @@ def section_host_syncs(args, budget) -> dict:
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         counts[name] = sum("synchroniz" in str(w.message) for w in caught)
-    return {"syncs_per_forward_backward": counts}
+    return {"syncs_per_forward_backward": counts, "counted": "the second training step of each model"}
 
 
 def section_compiled_speed(args, budget) -> dict:
@@ -448,23 +481,40 @@ SECTIONS = {
     "torchrun": section_torchrun,
 }
 # On the GPU: at most CAP seconds for a section, and RESERVE seconds kept for each section after it.
-CAP = {"flex_vs_reference": 130, "train_speed": 190}
+CAP = {"flex_vs_reference": 100, "train_speed": 240}
 RESERVE = {"recompiles": 10, "train_speed": 60, "bf16_vs_fp32": 40, "hf_ratio": 35, "ddp_smoke": 10, "exact_resume": 25,
            "host_syncs": 20, "compiled_speed": 60, "torchrun": 120}  # fmt: skip
+
+
+def reserve(name: str, device: str) -> float:
+    """The seconds kept for section ``name``: none for one that will skip at once (hf_ratio with transformers 5,
+    torchrun on one GPU)."""
+    major = _transformers_major()
+    if name == "hf_ratio" and (major is None or major >= 5):
+        return 0.0
+    if name == "torchrun" and device.startswith("cuda") and torch.cuda.device_count() < 2:
+        return 0.0
+    return RESERVE.get(name, 0)
+
+
+def default_out() -> str:
+    """``$OUT/gpu_check.json`` when the environment gives an output folder, else ``gpu_check.json`` here."""
+    folder = os.environ.get("OUT")
+    return os.path.join(folder, "gpu_check.json") if folder and os.path.isdir(folder) else "gpu_check.json"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="toy sizes: checks the script, measures nothing")
-    parser.add_argument("--out", default="gpu_check.json")
+    parser.add_argument("--out", default=default_out(), help="the JSON file (default: %(default)s)")
     parser.add_argument("--budget-s", type=float, default=470.0)
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
     args = parser.parse_args()
     begin = time.perf_counter()
     report = {"command": " ".join(sys.argv), "quick": args.quick, "budget_s": args.budget_s, "sections": {}}
     for name in args.sections:
-        later = sum(RESERVE.get(n, 0) for n in args.sections[args.sections.index(name) + 1 :])
+        later = sum(reserve(n, args.device) for n in args.sections[args.sections.index(name) + 1 :])
         left = args.budget_s - (time.perf_counter() - begin)
         budget = Budget(left if args.quick else min(CAP.get(name, left), left - later))
         start = time.perf_counter()
@@ -481,6 +531,7 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2, default=str)
         print(f"{name}: {'error' if 'error' in result else 'done'} in {result['seconds']:.1f} s", flush=True)
+    print(f"wrote {args.out}:\n{json.dumps(report, indent=1, default=str)}", flush=True)  # a log alone keeps it
 
 
 if __name__ == "__main__":

@@ -168,10 +168,24 @@ def matmul_flops_per_s(device: torch.device | str = "cpu", dtype: torch.dtype = 
     return best
 
 
+def keys_per_query(config: ModelConfig, tgt_len: int, mem_len: int) -> float:
+    """The mean number of keys a query attends to under the config's attention patterns (averaged over its
+    attention layers; global tokens aside): a window of 256 over 32k tokens reads 256 keys, not 16k."""
+    from longseq.model.attention.patterns import layer_patterns
+
+    klen = tgt_len + mem_len
+    used = [p for p, mixer in zip(layer_patterns(config), config.layer_mixers) if mixer == "attention"]
+    if not used:
+        return 0.0
+    return sum(p.allowed_pairs(tgt_len, klen) for p in used) / (len(used) * tgt_len)
+
+
 def mfu(config: ModelConfig, tokens_per_s: float, tgt_len: int, mem_len: int, batch: int, peak: float, training: bool):
     """Model FLOPs utilisation: the model's matrix-multiply FLOPs per token times tokens per second, over ``peak``
-    (the measured :func:`matmul_flops_per_s`); evaluation counts a key/value memory."""
-    flops = model_flops_per_token(config, tgt_len, mem_len, batch, kv_memory=not training)
+    (the measured :func:`matmul_flops_per_s`); evaluation counts a key/value memory.  Attention counts the pairs the
+    patterns allow (:func:`keys_per_query`): a sparse pattern is not credited with full attention's FLOPs."""
+    keys = keys_per_query(config, tgt_len, mem_len)
+    flops = model_flops_per_token(config, tgt_len, mem_len, batch, keys_per_query=keys, kv_memory=not training)
     per_token = flops["train" if training else "forward"]
     return {"model_flops_per_token": per_token, "matmul_flops_per_s": peak, "mfu": per_token * tokens_per_s / peak}
 

@@ -171,6 +171,29 @@ class AttentionPattern:
                 return False
         return True
 
+    def allowed_pairs(self, qlen: int, klen: int, chunk: int = 256) -> int:
+        """How many (query, key) pairs the pattern allows (causal: up to the query) for ``qlen`` queries at the end of
+        a ``klen``-long window, global tokens aside: what the attention's FLOPs scale with (model FLOPs
+        utilisation).  Bands and full attention in closed form, the others counted in blocks of ``chunk`` queries."""
+        mlen = klen - qlen
+        if self.name == "full" or (self.causal and self.window >= klen and self.name in ("window", "global")):
+            return qlen * mlen + qlen * (qlen + 1) // 2 if self.causal else qlen * klen
+        if self.causal and (self.name in ("window", "global") or (self.name == "bigbird" and not self.num_random_blocks)):
+            seen = torch.arange(mlen, klen) + 1  # keys up to each query
+            return int(seen.clamp(max=self.window).sum())
+        if self.causal and self.name == "block_sparse":  # its own block up to it, the summaries of earlier blocks
+            query = torch.arange(mlen, klen)
+            return int((query % self.block_size + 1 + query // self.block_size * self.block_summary).sum())
+        key = torch.arange(klen)[None, :]  # (1, K)
+        dilation = torch.tensor(self.dilation).view(-1, 1, 1)  # (H or 1, 1, 1)
+        random, total = self.random_table(klen), 0.0
+        for start in range(mlen, klen, chunk):
+            query = torch.arange(start, min(start + chunk, klen))[:, None]  # (Tq, 1)
+            ok = self.rule(query, key, dilation, random)  # (H or 1, Tq, K)
+            ok = ok & (key <= query) if self.causal else ok
+            total += float(ok.sum()) / (ok.size(0) if ok.dim() == 3 else 1)  # the mean over heads (a dilation each)
+        return round(total)
+
     def random_picks(self, klen: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
         """The random key blocks of every query block of a ``klen``-long window: (picks, valid), both (n, r) for
         n = ceil(klen / block_size) blocks and r = min(num_random_blocks, n).  Each (query block, key block) pair
