@@ -178,7 +178,9 @@ class AttentionPattern:
         mlen = klen - qlen
         if self.name == "full" or (self.causal and self.window >= klen and self.name in ("window", "global")):
             return qlen * mlen + qlen * (qlen + 1) // 2 if self.causal else qlen * klen
-        if self.causal and (self.name in ("window", "global") or (self.name == "bigbird" and not self.num_random_blocks)):
+        if self.causal and (
+            self.name in ("window", "global") or (self.name == "bigbird" and not self.num_random_blocks)
+        ):
             seen = torch.arange(mlen, klen) + 1  # keys up to each query
             return int(seen.clamp(max=self.window).sum())
         if self.causal and self.name == "block_sparse":  # its own block up to it, the summaries of earlier blocks
