@@ -116,7 +116,7 @@ def test_cli_export_generates_the_cli_tokens(tmp_path, capsys):
     ids = torch.as_tensor(saved.encode("hello world").tolist())[None]
     torch.manual_seed(5)
     assert saved.decode(hf.generate(ids, max_new_tokens=12, top_k=40)[0, ids.size(1) :].tolist()) == expected
-    hf.save_pretrained(str(tmp_path / "saved"))  # no tokenizer file: 256 tokens read as bytes
+    hf.save_pretrained(str(tmp_path / "saved"))  # the tokenizer it was loaded with, written again
     for directory in ("hf", "saved"):  # and back into a longseq checkpoint, bit for bit
         assert (
             main(["convert", "--from-hf", str(tmp_path / directory), "--out", str(tmp_path / f"{directory}-back")]) == 0

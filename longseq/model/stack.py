@@ -93,9 +93,17 @@ class LayerStack(nn.Module):
         given = StepInputs(memory, batch, qlen, recurrence, doc_ids, self.training, device, self.attends)
         return self.memory.begin(given)
 
-    def run(self, step: MemoryStep, hidden: Tensor, recurrence: Recurrence, global_mask: Tensor | None = None):
+    def run(
+        self,
+        step: MemoryStep,
+        hidden: Tensor,
+        recurrence: Recurrence,
+        global_mask: Tensor | None = None,
+        layer_outputs: list | None = None,
+    ):
         """The layers over ``hidden`` (B, T', E) with the memory ``step`` opened for them: returns the output, the
-        new memory and the compressors' auxiliary loss (or None)."""
+        new memory and the compressors' auxiliary loss (or None).  With ``layer_outputs`` (a list), every layer's
+        output (B, T', E) is appended to it (transformers' ``output_hidden_states``)."""
         shape = step.mask_inputs()
         tables = self._tables(step, shape, recurrence.clamp_len, hidden.device)  # one per layer
         masks = self._masks(step, shape, global_mask, hidden.size(0), hidden.device)  # one per layer
@@ -103,6 +111,8 @@ class LayerStack(nn.Module):
             context = step.read(i, hidden)
             hidden, present, mass = self._run_layer(i, hidden, tables[i], masks[i], context)
             step.record(i, present, mass)
+            if layer_outputs is not None:
+                layer_outputs.append(hidden)
         hidden, memory, targets = step.write(hidden)
         aux = torch.stack([self.layers[t.layer].reconstruction_loss(t) for t in targets]).mean() if targets else None
         return hidden, memory, aux
