@@ -14,7 +14,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from longseq.model import Memory, TransformerXLLM
+from longseq.model import HiddenMemory, Memory, RingMemory, TransformerXLLM
 from longseq.model.positions import position_encoding
 
 
@@ -108,7 +108,7 @@ def read_prompt(
     one): what sampling starts from (the prompt's last token is then fed alone).  Ring storage: never projected
     twice, never copied."""
     if mems is None:
-        mems = Memory.empty("hidden" if model.config.memory.compacted else "ring")
+        mems = Memory.empty(HiddenMemory if model.config.memory.compacted else RingMemory)
     for start in range(0, context.size(1), segment_len):
         mems = model.read(context[:, start : start + segment_len], mems, **overrides)
     return mems

@@ -25,6 +25,7 @@ from longseq.data import CharTokenizer, Corpus
 from longseq.model import TransformerXLLM
 from longseq.model.attention import RelativeMultiHeadAttention
 from longseq.model.attention.patterns import AttentionPattern, PatternMask, global_keys
+from longseq.model.memory import HiddenContext
 from longseq.model.positions import RelativePositions, relative_distances, sinusoidal_embedding
 
 # --- errors: the type and the key words that carry the claim, not the sentence ---------------------------------
@@ -351,7 +352,7 @@ def run_layer(layer, p, qlen, mlen, global_mask=None, docs=None, grad=True, drop
     if layer.kernel == "reference":
         mask = mask.forbidden()  # the dense reference: the predicate evaluated on every pair
     with torch.set_grad_enabled(grad):
-        out, _, _ = layer(hidden, rel_key, u, v, mask, memory)
+        out, _, _ = layer(hidden, rel_key, u, v, mask, HiddenContext(memory))
     if not grad:
         return out, []
     weights = torch.randn_like(out)

@@ -9,6 +9,7 @@ import torch
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.model.attention import ATTENTION_KERNELS, RelativeMultiHeadAttention, causal_mask, rel_shift
+from longseq.model.memory import HiddenContext
 from longseq.model.positions import RelativePositions, relative_distances, sinusoidal_embedding
 
 D_MODEL, N_HEAD, D_HEAD = 12, 3, 4
@@ -78,7 +79,7 @@ def test_attention_matches_naive_four_terms(kernel, mlen, same_length, clamp_len
     mask = causal_mask(qlen, mlen, span)
     with torch.set_grad_enabled(mode != "inference"):
         table = layer.relative_keys(RelativePositions(None, pos_emb, pos_emb.dtype))
-        fast, _, _ = layer(hidden, table, u, v, mask, memory)
+        fast, _, _ = layer(hidden, table, u, v, mask, HiddenContext(memory))
     naive = naive_attention(layer, hidden, memory, u, v, clamp_len, span)
     assert torch.allclose(fast, naive, atol=1e-10, rtol=0), (fast - naive).abs().max()
 

@@ -8,6 +8,7 @@ from support import assert_same_run, make_layer, pattern, pattern_lm, run_layer
 
 from longseq.model.attention.flex import flex_available
 from longseq.model.attention.patterns import PATTERNS
+from longseq.model.memory import HiddenContext
 
 pytestmark = pytest.mark.skipif(not flex_available(), reason="this PyTorch has no FlexAttention")
 
@@ -101,7 +102,9 @@ def test_flex_in_bf16_is_the_float64_reference_to_bf16_rounding():
     distances = relative_distances(26, -1)
     rel = RelativePositions(distances, sinusoidal_embedding(distances, 16, torch.float64).bfloat16(), torch.bfloat16)
     with torch.no_grad():
-        out, _, _ = layer(hidden.bfloat16(), rel, u.bfloat16(), v.bfloat16(), PatternMask(p, 17, 9), memory.bfloat16())
+        out, _, _ = layer(
+            hidden.bfloat16(), rel, u.bfloat16(), v.bfloat16(), PatternMask(p, 17, 9), HiddenContext(memory.bfloat16())
+        )
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), slow, rtol=0, atol=0.1)  # post-LN outputs of unit scale
 

@@ -7,7 +7,7 @@ import torch
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.eval import evaluate
-from longseq.model import Memory
+from longseq.model import HiddenMemory, KVMemory, Memory, RingMemory
 
 BASE = dict(vocab_size=40, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.1, mem_len=7)
 
@@ -26,7 +26,7 @@ def test_kv_memory_equals_hidden_state_memory(overrides, dtype, tol):
     torch.manual_seed(0)
     model = TransformerXLLM(ModelConfig(**{**BASE, **overrides})).to(dtype).eval()
     x = torch.randint(0, 40, (2, 40))
-    hidden_mems, kv_mems = None, Memory.empty("kv")
+    hidden_mems, kv_mems = None, Memory.empty(KVMemory)
     position = 0
     for length in (5, 1, 1, 9, 3, 1, 12, 1, 1):  # segments and single-token steps, memory full and not
         inp = x[:, position : position + length]
@@ -50,7 +50,7 @@ def test_kv_memory_projects_only_the_new_positions():
         lambda m, args, out: rows.append(args[0].shape[1])
     )
     x = torch.randint(0, 40, (2, 20))
-    hidden_mems, kv_mems = None, Memory.empty("kv")
+    hidden_mems, kv_mems = None, Memory.empty(KVMemory)
     for start in range(0, 20, 5):
         hidden_mems = model(x[:, start : start + 5], hidden_mems).mems
     assert rows == [5, 10, 12, 12]  # memory + segment, every time
@@ -62,7 +62,7 @@ def test_kv_memory_projects_only_the_new_positions():
 
 def test_kv_memory_with_wrong_batch_is_an_error():
     model = TransformerXLLM(ModelConfig(**BASE)).eval()
-    mems = model(torch.randint(0, 40, (2, 4)), Memory.empty("kv")).mems
+    mems = model(torch.randint(0, 40, (2, 4)), Memory.empty(KVMemory)).mems
     with pytest.raises(ValueError, match="a key/value memory must hold"):
         model(torch.randint(0, 40, (3, 4)), mems)
 
@@ -101,7 +101,7 @@ def test_ring_kv_memory_equals_concatenating_kv_memory(dtype, tol):
     torch.manual_seed(0)
     model = TransformerXLLM(ModelConfig(**{**BASE, "same_length": True})).to(dtype).eval()
     x = torch.randint(0, 40, (2, 40))
-    plain, ring = Memory.empty("kv"), Memory.empty("ring")
+    plain, ring = Memory.empty(KVMemory), Memory.empty(RingMemory)
     position = 0
     for length in (5, 1, 1, 9, 3, 1, 1, 1, 4, 1):
         inp = x[:, position : position + length]
@@ -116,19 +116,19 @@ SMALL = dict(vocab_size=30, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=3
 
 
 def _snapshot(memory: Memory) -> list[torch.Tensor]:
-    return [t.clone() for layer in memory.layers for t in layer.tensors()]
+    return [t.clone() for layer in memory.layers for t in layer.all_tensors()]
 
 
 @pytest.mark.parametrize(
-    "storage,overrides",
-    [("hidden", {}), ("hidden", {"cmem_len": 4, "cmem_rate": 2, "mem_quant": "int8"}), ("hidden", {"mem_tokens": 2}),
-     ("hidden", {"mem_select": "attention"}), ("kv", {})],
+    "kind,overrides",
+    [(HiddenMemory, {}), (HiddenMemory, {"cmem_len": 4, "cmem_rate": 2, "mem_quant": "int8"}),
+     (HiddenMemory, {"mem_tokens": 2}), (HiddenMemory, {"mem_select": "attention"}), (KVMemory, {})],
 )  # fmt: skip
-def test_every_call_returns_a_new_memory_and_leaves_its_input_untouched(storage, overrides):
+def test_every_call_returns_a_new_memory_and_leaves_its_input_untouched(kind, overrides):
     torch.manual_seed(0)
     model = TransformerXLLM(ModelConfig(**SMALL, **overrides)).eval()
     x = torch.randint(0, 30, (2, 20))
-    memory = Memory.empty(storage)
+    memory = Memory.empty(kind)
     for lo in range(0, 20, 5):
         before = _snapshot(memory)
         new = model(x[:, lo : lo + 5], memory).mems
@@ -143,7 +143,96 @@ def test_every_call_returns_a_new_memory_and_leaves_its_input_untouched(storage,
 def test_a_superseded_ring_memory_is_refused_by_name():
     model = TransformerXLLM(ModelConfig(**SMALL)).eval()
     x = torch.randint(0, 30, (1, 4))
-    first = model(x, Memory.empty("ring")).mems
+    first = model(x, Memory.empty(RingMemory)).mems
     model(x, first)  # writes the ring in place: ``first`` is now stale
     with pytest.raises(ValueError, match="superseded"):
         model(x, first)
+
+
+# --- the state kinds: split/join, select and checkpoints --------------------------------------------------------
+
+KINDS = {
+    "xl": {},
+    "int8-compressed": {"cmem_len": 4, "cmem_rate": 2, "mem_quant": "int8"},
+    "tokens": {"mem_tokens": 2},
+    "hybrid-ssm-conv-rnn": {"mixer": ["ssm", "attention", "conv", "rnn"], "n_layer": 4},
+    "hourglass": {"n_layer": 4, "shorten_layers": [1, 3], "shorten_factor": 2},
+}
+
+
+def _flat(memory: Memory) -> list:
+    """Everything a memory holds, in order: each layer's kind, its tensors and (hourglass) its phase and inner
+    memory; then the document ids, the memory tokens and the last document."""
+    out = []
+    for layer in memory.layers:
+        out.append(type(layer).__name__)
+        out += layer.all_tensors()
+        out.append(getattr(layer, "phase", None))
+    return out + [memory.doc_ids, memory.tokens, memory.last_doc, memory.kind]
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(
+        torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b, strict=True)
+    )
+
+
+def _memory_of(name: str, kind=HiddenMemory, docs: bool = False):
+    torch.manual_seed(0)
+    model = TransformerXLLM(ModelConfig(**{**SMALL, **KINDS[name]})).eval()
+    x = torch.randint(0, 30, (4, 15))
+    doc_ids = (torch.arange(15)[None, :] // 6 + torch.arange(4)[:, None]).expand(4, 15) if docs else None
+    memory = Memory.empty(kind)
+    for lo, hi in ((0, 5), (5, 9)):  # the memory (and an hourglass's shortened one) holds something, mid-group
+        memory = model(x[:, lo:hi], memory, doc_ids=None if doc_ids is None else doc_ids[:, lo:hi]).mems
+    return model, memory, x[:, 9:]
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_each_state_kind_round_trips_through_split_join_select_and_a_checkpoint(name, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model, memory, nxt = _memory_of(name, docs=name in ("xl", "hybrid-ssm-conv-rnn", "hourglass"))
+    assert _same(_flat(Memory.join(memory.split(2))), _flat(memory))
+    assert [len(part.layers) for part in memory.split(4)] == [len(memory.layers)] * 4
+
+    # a checkpoint: named tensors through a file, the same kinds and values, and the same continuation
+    save_file(memory.to_tensors(), tmp_path / "memory.safetensors")
+    loaded = Memory.from_tensors(load_file(tmp_path / "memory.safetensors"), tokens_age=memory.tokens_age)
+    assert _same(_flat(loaded), _flat(memory))
+    assert torch.equal(model(nxt, loaded).logits, model(nxt, memory).logits)
+
+    # selecting streams (reordered, repeated) continues each stream as it would have continued
+    rows = torch.tensor([2, 0, 0, 3])
+    whole = model(nxt, memory).logits
+    picked = model(nxt[rows], memory.select(rows)).logits
+    torch.testing.assert_close(picked, whole[rows], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", [KVMemory, RingMemory])
+def test_key_value_kinds_select_streams_and_refuse_what_they_cannot_do(kind):
+    model, memory, nxt = _memory_of("xl", kind)
+    rows = torch.tensor([3, 1])
+    expected = model(nxt, _memory_of("xl", kind)[1]).logits[rows]  # a fresh copy: a ring is written in place
+    torch.testing.assert_close(model(nxt[rows], memory.select(rows)).logits, expected, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="saved in checkpoints"):
+        memory.to_tensors()
+    if kind is KVMemory:
+        assert _same(_flat(Memory.join(memory.split(2))), _flat(memory))
+    else:
+        with pytest.raises(ValueError, match="ring memory is written in place"):
+            memory.split(2)
+
+
+def test_an_hourglass_state_saved_in_the_older_layout_loads_with_its_phase():
+    """Checkpoints written before the state kinds kept an hourglass's phase only inside its state tuple (its
+    third tensor) and wrote no phase key at phase 0: they load as an hourglass state with that phase."""
+    _, memory, _ = _memory_of("hourglass")
+    (index,) = [i for i, layer in enumerate(memory.layers) if type(layer).__name__ == "HourglassState"]
+    tensors = memory.to_tensors()
+    phase = memory.layers[index].phase
+    assert phase == 1 and memory.layers[index].inner.mem_length > 0  # 9 positions at factor 2: mid-group
+    del tensors[f"memory.phase.{index}"]
+    loaded = Memory.from_tensors(tensors)
+    assert type(loaded.layers[index]).__name__ == "HourglassState" and loaded.layers[index].phase == phase
+    assert _same(_flat(loaded), _flat(memory))

@@ -8,7 +8,7 @@ import torch
 from support import assert_resumes_exactly, tiny_run
 
 from longseq import ModelConfig, TransformerXLLM
-from longseq.model import Memory
+from longseq.model import Memory, RingMemory
 from longseq.model.mixers import MIXERS
 from longseq.model.mixers.conv import causal_conv, conv_reference
 from longseq.model.mixers.rnn import lstm_reference
@@ -168,7 +168,7 @@ def test_generation_with_state_equals_a_full_forward():
     x = torch.randint(0, 30, (2, 15))
     with torch.no_grad():
         whole = model(x).logits
-        mems, steps = Memory.empty("ring"), []
+        mems, steps = Memory.empty(RingMemory), []
         for t in range(15):
             scores, mems = model.next_token_scores(x[:, t : t + 1], mems)
             steps.append(scores)
@@ -235,7 +235,7 @@ def test_the_hourglass_keeps_the_xl_memory_at_each_resolution(factor):
             out = model(x[:, lo : lo + 5], mems)
             parts.append(out.logits)
             mems = out.mems
-        ring, steps = Memory.empty("ring"), []
+        ring, steps = Memory.empty(RingMemory), []
         for t in range(23):
             scores, ring = model.next_token_scores(x[:, t : t + 1], ring)
             steps.append(scores)

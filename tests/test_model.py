@@ -10,7 +10,7 @@ from support import SMALL_LM, raises_naming
 
 from longseq import ConfigError, ModelConfig, TransformerXLLM
 from longseq.diagnostics.syncs import HostSyncs
-from longseq.model import Memory, build_model
+from longseq.model import KVMemory, Memory, build_model
 
 SMALL = dict(vocab_size=40, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.1, dropatt=0.1)
 ADAPTIVE = dict(SMALL, vocab_size=60, cutoffs=[10, 30], div_val=2, d_embed=16)
@@ -296,7 +296,7 @@ def syncs_of(settings: dict, kv=False, train=True, docs=False) -> list[str]:
     model = TransformerXLLM(ModelConfig(**{**SYNC_BASE, **settings})).train(train)
     ids = torch.randint(0, 50, (2, 33))
     extra = {"doc_ids": torch.zeros(2, 32, dtype=torch.long)} if docs else {}
-    memory = model(ids[:, :32], Memory.empty("kv") if kv else None, **extra).mems  # a full memory
+    memory = model(ids[:, :32], Memory.empty(KVMemory) if kv else None, **extra).mems  # a full memory
     with HostSyncs() as syncs:
         out = model(ids[:, :32], memory, ids[:, 1:], **extra)
         if train:

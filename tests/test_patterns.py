@@ -17,7 +17,7 @@ from longseq.model.attention.patterns import (
     global_keys,
     layer_patterns,
 )
-from longseq.model.memory import Memory, Recurrence
+from longseq.model.memory import HiddenContext, Memory, Recurrence
 from longseq.model.positions import RelativePositions, relative_distances
 
 
@@ -191,7 +191,7 @@ def test_shaw_position_term_is_the_clipped_learned_table():
     zero = torch.zeros(N_HEAD, D_HEAD, dtype=torch.float64)
     rel_key = layer.relative_keys(RelativePositions(relative_distances(qlen + mlen, -1), None, torch.float64))
     mask = PatternMask(pattern("full"), qlen, mlen)
-    out, (key, value), _ = layer(hidden, rel_key, zero, zero, mask, memory)
+    out, (key, value), _ = layer(hidden, rel_key, zero, zero, mask, HiddenContext(memory))
     query = layer.qkv_net(hidden).split(N_HEAD * D_HEAD, -1)[0].view(1, qlen, N_HEAD, D_HEAD)
     table = layer.rel_table.view(-1, N_HEAD, D_HEAD)
     expected = torch.zeros(1, qlen, N_HEAD, D_HEAD, dtype=torch.float64)

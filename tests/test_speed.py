@@ -13,7 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from longseq import ModelConfig, TransformerXLLM
 from longseq.cli import main
 from longseq.eval.speed import model_flops_per_token
-from longseq.model import Memory
+from longseq.model import KVMemory, Memory
 
 CONFIG = dict(vocab_size=50, n_layer=2, d_model=32, n_head=4, d_head=8, d_inner=64, dropout=0.0, mem_len=6)
 
@@ -40,7 +40,7 @@ def test_evaluation_with_a_key_value_memory_projects_only_the_segment():
     model = TransformerXLLM(config).eval()
     x = torch.randint(0, 50, (3, 10))
     with torch.no_grad():
-        mems = model(x, Memory.empty("kv"), mem_len=6).mems
+        mems = model(x, Memory.empty(KVMemory), mem_len=6).mems
         flops = model_flops_per_token(config, tgt_len=10, mem_len=6, batch=3, keys_per_query=16, kv_memory=True)
         assert counted(model, x, mems, x, mem_len=6) == pytest.approx(flops["forward"] * 3 * 10, rel=1e-12)
 

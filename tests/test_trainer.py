@@ -369,7 +369,7 @@ def test_a_restored_memory_is_on_the_models_device(tmp_path):
     train(run, str(tmp_path / "run"), corpus=corpus, progress=False)
     state = load_training_state(str(tmp_path / "run" / "last"))
     assert state.memory is not None and all(t.device.type == "cpu" for layer in state.memory.layers
-                                            for t in layer.tensors())  # fmt: skip
+                                            for t in layer.all_tensors())  # fmt: skip
     trainer = Trainer(LanguageModeling(run, corpus=corpus), run, str(tmp_path / "run"), resume=True, progress=False)
     trainer.dir.open()
     try:
@@ -378,7 +378,7 @@ def test_a_restored_memory_is_on_the_models_device(tmp_path):
         trainer.restore(state)
     finally:
         trainer.dir.close()
-    tensors = [t for layer in trainer.memory.layers for t in layer.tensors()]
+    tensors = [t for layer in trainer.memory.layers for t in layer.all_tensors()]
     assert tensors and all(t.device.type == "meta" for t in tensors)
     assert isinstance(trainer.memory, Memory)
 

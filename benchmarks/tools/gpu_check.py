@@ -97,6 +97,7 @@ def _layer(kernel: str, chunk: int, d_model: int, heads: int, d_head: int, dtype
 def _attention_case(kernel: str, name: str, qlen: int, mlen: int, dtype, device, heads: int = 4, d_head: int = 16):
     """Output and gradients (inputs, u, v, parameters) of one attention layer on ``device``."""
     from longseq.model.attention.patterns import AttentionPattern, PatternMask, global_keys
+    from longseq.model.memory import HiddenContext
     from longseq.model.positions import RelativePositions, relative_distances, sinusoidal_embedding
 
     d_model = heads * d_head
@@ -114,7 +115,9 @@ def _attention_case(kernel: str, name: str, qlen: int, mlen: int, dtype, device,
     mask = PatternMask(pattern, qlen, mlen, global_keys=flags, device=device)
     if kernel == "reference":
         mask = mask.forbidden()
-    out, _, _ = layer(hidden, RelativePositions(distances, pos_emb, dtype), u, v, mask, memory if mlen else None)
+    out, _, _ = layer(
+        hidden, RelativePositions(distances, pos_emb, dtype), u, v, mask, HiddenContext(memory if mlen else None)
+    )
     weights = torch.randn(out.shape, generator=g).to(device=device, dtype=dtype)
     wrt = [hidden, u, v, *layer.parameters()] + ([memory] if mlen else [])
     return out, torch.autograd.grad((out * weights).sum(), wrt, allow_unused=True)

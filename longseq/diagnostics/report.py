@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from longseq.model import TransformerXLLM
+from longseq.model import HiddenMemory, TransformerXLLM
 
 COLLAPSE_BITS = 0.15  # a head whose mean entropy is below this (about 0.1 nats) attends to (almost) one key
 UNITS = {
@@ -169,13 +169,14 @@ def _memory_stats(mems) -> list[dict]:
     layer's state tensors (ssm, conv, rnn), ``slots`` = 0, the norm taken over each tensor's last axis."""
     stats = []
     for i, layer in enumerate(mems.layers):
-        parts = [mems[i]] if layer.hidden is not None else list(layer.state or ())
+        attends = isinstance(layer, HiddenMemory)
+        parts = [mems[i]] if attends else list(layer.tensors)  # a recurrent layer's own tensors
         rows = [t.double().reshape(-1, t.size(-1)) for t in parts]
         m = torch.cat([r.flatten() for r in rows]) if rows else torch.zeros(0)
         norms = torch.cat([r.norm(dim=-1) for r in rows]) if rows else torch.zeros(0)
         stats.append(
             {
-                "slots": int(layer.hidden.size(1)) if layer.hidden is not None else 0,
+                "slots": layer.length if attends else 0,
                 "mean": float(m.mean()) if m.numel() else 0.0,
                 "std": float(m.std()) if m.numel() > 1 else 0.0,
                 "abs_max": float(m.abs().max()) if m.numel() else 0.0,

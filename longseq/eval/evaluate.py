@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from longseq.data.batching import OrderedStream, Segment
-from longseq.model import Memory, TransformerXLLM
+from longseq.model import KVMemory, Memory, TransformerXLLM
 from longseq.model.positions import position_encoding
 from longseq.progress import Meter
 
@@ -34,7 +34,7 @@ def start_memory(model: TransformerXLLM, kv_memory: bool = True, doc_ids=None) -
     c = model.config
     relative = c.arch == "transformer" and position_encoding(c.positions.pos).relative
     if kv_memory and relative and not c.memory.compacted and doc_ids is None:
-        return Memory.empty("kv")
+        return Memory.empty(KVMemory)
     return None
 
 

@@ -14,7 +14,7 @@ import time
 import torch
 
 from longseq.config import ModelConfig
-from longseq.model import Memory, TransformerXLLM
+from longseq.model import KVMemory, Memory, TransformerXLLM
 
 
 def bench_config(mem_len: int, **overrides) -> ModelConfig:
@@ -184,7 +184,7 @@ def eval_per_token(model: TransformerXLLM, *, batch: int, tgt_len: int, mem_len:
     device = next(model.parameters()).device
     fill = -(-mem_len // tgt_len)
     data = torch.randint(0, model.config.vocab_size, (batch, (fill + segments) * tgt_len + 1), device=device)
-    mems = Memory.empty("kv")
+    mems = Memory.empty(KVMemory)
     start = 0.0
     for s in range(fill + segments):
         if s == fill:

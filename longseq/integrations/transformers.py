@@ -75,7 +75,7 @@ from longseq.interop.hf_longseq import (
 )
 from longseq.model import Memory, TransformerXLLM, build_model
 from longseq.model.lstm import LSTMLM
-from longseq.model.memory.cache import RingKV
+from longseq.model.memory import CacheContext, HiddenMemory, KVMemory, RingContext, RingMemory
 from longseq.model.stack import LayerStack
 from longseq.model.transformer import IGNORE_INDEX
 
@@ -459,9 +459,9 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         cannot follow a ring's host-side indices (inductor fails with ``name 's0' is not defined``), and the
         concatenated memory reaches one shape once full.  Both give the same tokens."""
         if self.model.config.memory.compacted:
-            return Memory.empty("hidden")
+            return Memory.empty(HiddenMemory)
         compiled = getattr(self.forward, "_torchdynamo_orig_callable", None) is not None  # torch.compile's wrapper
-        return Memory.empty("kv" if compiled else "ring")
+        return Memory.empty(KVMemory if compiled else RingMemory)
 
 
 @contextmanager
@@ -475,12 +475,13 @@ def attention_inputs(model: TransformerXLLM, wanted: bool):
     captured: list[tuple[nn.Module, tuple]] = []
 
     def hook(module, args):
-        args = list(args)
-        ring = args[6] if len(args) > 6 else None  # (hidden, rel_key, u, v, mask, memory, cache, with_mass)
-        if isinstance(ring, RingKV):
-            held = (ring.keys.view(ring.length), ring.values.view(ring.length)) if ring.length else ()
-            args[6] = tuple(t.clone() for t in held)
-        captured.append((module, tuple(args[:7])))
+        args = list(args)  # (hidden, rel_key, r_w_bias, r_r_bias, mask, context)
+        context = args[5] if len(args) > 5 else None
+        if isinstance(context, RingContext):
+            ring = context.ring
+            held = (ring.keys.view(ring.length).clone(), ring.values.view(ring.length).clone()) if ring.length else ()
+            args[5] = CacheContext(*held)
+        captured.append((module, tuple(args[:6])))
 
     layers = [layer for layer in model.transformer.layers if layer.attends]
     handles = [layer.dec_attn.register_forward_pre_hook(hook) for layer in layers]
@@ -550,7 +551,7 @@ def from_longseq(
 
 
 # -- LongseqCache as a pytree: the memory's tensors are the leaves, its structure (with a marker where each tensor
-# was) and the recurrence settings the context.  Memory, LayerMemory and Quantized are frozen dataclasses.
+# was) and the recurrence settings the context.  the memory and its layer states are frozen dataclasses.
 class _Leaf:
     """Where a tensor was in the memory's structure."""
 
@@ -565,18 +566,18 @@ def _skeleton(value, leaves: list):
     if isinstance(value, Tensor):
         leaves.append(value)
         return LEAF
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if value is None or isinstance(value, (bool, int, float, str, type)):  # a type: the memory's kind
         return value
     if isinstance(value, (tuple, list)):
         return type(value)(_skeleton(v, leaves) for v in value)
-    if dataclasses.is_dataclass(value):
-        fields = {f.name: _skeleton(getattr(value, f.name), leaves) for f in dataclasses.fields(value) if f.init}
-        return dataclasses.replace(value, **fields)
-    if isinstance(value, RingKV):
+    if isinstance(value, RingMemory):
         raise ValueError(
             "a ring memory (generate's: written in place) cannot be flattened for torch.export; export a step over "
             "a cache that forward returned (hidden-state memory)"
         )
+    if dataclasses.is_dataclass(value):
+        fields = {f.name: _skeleton(getattr(value, f.name), leaves) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **fields)
     raise ValueError(f"a {type(value).__name__} in the cache's memory cannot be flattened")
 
 
@@ -585,7 +586,7 @@ def _fill(value, leaves):
         return next(leaves)
     if isinstance(value, (tuple, list)):
         return type(value)(_fill(v, leaves) for v in value)
-    if dataclasses.is_dataclass(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.replace(
             value, **{f.name: _fill(getattr(value, f.name), leaves) for f in dataclasses.fields(value) if f.init}
         )

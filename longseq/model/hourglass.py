@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig
 from longseq.model.layers import LayerOutput
-from longseq.model.memory import LayerMemory, Memory, Recurrence
+from longseq.model.memory import HourglassState, Memory, Recurrence, StateContext
 
 
 def inner_config(config: ModelConfig) -> ModelConfig:
@@ -51,15 +51,16 @@ class Hourglass(nn.Module):
         self.upsample = nn.Linear(width, k * width)  # one vector per position of the group
         self.inner = inner  # a LayerStack of the shortened layers
 
-    def forward(self, hidden: Tensor, rel_key, r_w_bias, r_r_bias, mask, context):
+    def forward(self, hidden: Tensor, rel_key, r_w_bias, r_r_bias, mask, context: StateContext):
         batch, length, width = hidden.shape
         r = context.recurrence or Recurrence(self.inner.config.memory.mem_len * self.factor)
         self._inner_recurrence = Recurrence(  # the shortened layers count positions in groups
             r.mem_len // self.factor, r.clamp_len // self.factor if r.clamp_len > 0 else -1, r.same_length
         )
         k = self.factor
-        tail, up, up_doc = self._state(context.state, hidden)
-        phase = context.phase
+        held = context.state  # an HourglassState, or None at the start of a stream
+        tail, up, up_doc = self._state(None if held is None else held.tensors, hidden)
+        phase = 0 if held is None else held.phase
         full = torch.cat([tail, hidden], dim=1)  # (B, k - 1 + T, E): position t of the segment at k - 1 + t
         first_end = (-phase) % k  # segment index of the first group end: global positions phase + t, ends at 0 mod k
         ends = torch.arange(first_end, max(first_end, length), k, device=hidden.device)  # (n,), maybe none
@@ -69,7 +70,7 @@ class Hourglass(nn.Module):
             full_docs = torch.cat([docs[1][:, None].expand(batch, k - 1), docs[0]], dim=1)
             same = full_docs.unfold(1, k, 1)[:, ends] == docs[0][:, ends, None]  # (B, n, k)
             windows = windows * same[..., None].to(windows.dtype)
-        inner_memory = context.inner if context.inner is not None else Memory()
+        inner_memory = Memory() if held is None else held.inner
         if len(ends):
             short = self.shorten(windows.flatten(-2)) if self.shorten is not None else windows.mean(dim=2)  # (B, n, E)
             short, inner_memory = self._run_inner(short, inner_memory, docs, ends)
@@ -89,7 +90,7 @@ class Hourglass(nn.Module):
             torch.full((batch,), (phase + length) % k, dtype=torch.long, device=hidden.device),
             up_doc if end_docs is None else end_docs[:, -1],
         )
-        return LayerOutput(hidden + added, LayerMemory(state=new_state, inner=inner_memory, phase=(phase + length) % k))
+        return LayerOutput(hidden + added, HourglassState(new_state, inner_memory, (phase + length) % k))
 
     def _state(self, state, hidden: Tensor):
         batch, k = hidden.size(0), self.factor
@@ -108,5 +109,5 @@ class Hourglass(nn.Module):
         r = self._inner_recurrence
         doc_ids = None if docs is None else docs[0][:, ends]
         step = self.inner.open_step(memory, short.size(0), short.size(1), short.device, r, doc_ids)
-        out, memory, _ = self.inner.run(step, short, r)
+        out, memory, _ = self.inner.run(step, memory, short, r)
         return out, memory

@@ -9,7 +9,8 @@ from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig
 from longseq.model.attention import RelativeMultiHeadAttention
-from longseq.model.memory import LayerContext, LayerMemory, Reconstruction
+from longseq.model.attention.module import AttentionContext
+from longseq.model.memory import LayerState, Reconstruction, StateContext
 from longseq.model.memory.compress import reconstruction_loss
 
 
@@ -36,24 +37,33 @@ class PositionwiseFF(nn.Module):
 
 class LayerOutput(NamedTuple):
     """What a layer of the stack returns: its output, its part of the new memory (an attention layer's keys and
-    values of [memory; segment] (B, H, K, D); a recurrent layer's new :class:`LayerMemory`), and the attention mass
-    of every key (B, K) when its context asked for it, else None."""
+    values of [memory; segment] (B, H, K, D); a recurrent layer's new state, a
+    :class:`~longseq.model.memory.LayerState`), and the attention mass of every key (B, K) when its context asked
+    for it, else None."""
 
     hidden: Tensor
-    present: tuple[Tensor, Tensor] | LayerMemory
+    present: tuple[Tensor, Tensor] | LayerState
     mass: Tensor | None = None
 
 
 class StackLayer(Protocol):
-    """A layer of :class:`~longseq.model.stack.LayerStack`.  ``attends`` says, for its kind, whether it reads its
-    context from [memory; segment] by attention (its ``present`` is keys and values) or continues a recurrent
-    state (its ``present`` is a :class:`LayerMemory`); the memory step serves each accordingly.  Every layer takes
-    the same arguments and ignores what it does not read (a recurrent layer, the relative table and the mask)."""
+    """A layer of :class:`~longseq.model.stack.LayerStack`.  ``attends`` says, for its kind, whether it reads
+    [memory; segment] by attention (its context is an :class:`AttentionContext` from the memory step, its
+    ``present`` keys and values) or continues a recurrent state (its context is a
+    :class:`~longseq.model.memory.StateContext` holding its own state, its ``present`` the new state).  Every layer
+    takes the same arguments and ignores what it does not read (a recurrent layer, the relative table and the
+    mask)."""
 
     attends: ClassVar[bool]
 
     def __call__(
-        self, hidden: Tensor, rel_key, r_w_bias: Tensor, r_r_bias: Tensor, mask, context: LayerContext
+        self,
+        hidden: Tensor,
+        rel_key,
+        r_w_bias: Tensor,
+        r_r_bias: Tensor,
+        mask,
+        context: AttentionContext | StateContext,
     ) -> LayerOutput: ...
 
 
@@ -81,12 +91,10 @@ class DecoderLayer(nn.Module):
         )
         self.pos_ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps)
 
-    def forward(self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: LayerContext) -> LayerOutput:
+    def forward(self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: AttentionContext) -> LayerOutput:
         """The layer over ``context`` (its memory or key/value cache); returns the output, the keys and values of
         [memory; segment], and with ``context.with_mass`` the attention mass of every key."""
-        hidden, present, mass = self.dec_attn(
-            hidden, rel_key, r_w_bias, r_r_bias, mask, context.memory, context.cache, context.with_mass
-        )
+        hidden, present, mass = self.dec_attn(hidden, rel_key, r_w_bias, r_r_bias, mask, context)
         return LayerOutput(self.pos_ff(hidden), present, mass)
 
     def reconstruction_loss(self, target: Reconstruction) -> Tensor:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig
-from longseq.model.memory import LayerMemory, Memory
+from longseq.model.memory import Memory, RecurrentState
 from longseq.model.transformer import IGNORE_INDEX, LMOutput
 
 
@@ -81,7 +81,7 @@ class LSTMLM(nn.Module):
         batch = input_ids.size(0)
         state = None
         if mems is not None and len(mems.layers):  # a Memory: the (h, c) state of every layer, (B, E) each
-            stacked = torch.stack([torch.stack(layer.state, dim=1) for layer in mems.layers], dim=0)  # (L, B, 2, E)
+            stacked = torch.stack([torch.stack(layer.tensors, dim=1) for layer in mems.layers], dim=0)  # (L, B, 2, E)
             if stacked.shape != (self.config.n_layer, batch, 2, self.config.d_model):
                 raise ValueError(
                     f"LSTM state must be {self.config.n_layer} tensors of shape {(batch, 2, self.config.d_model)}"
@@ -89,7 +89,7 @@ class LSTMLM(nn.Module):
             state = (stacked[:, :, 0].contiguous(), stacked[:, :, 1].contiguous())
         hidden = self.drop(self.embedding(input_ids.long()))  # (B, T, E)
         output, (h, c) = self.lstm(hidden, state)
-        return output, Memory(tuple(LayerMemory(state=(h[i].detach(), c[i].detach())) for i in range(len(h))))
+        return output, Memory(tuple(RecurrentState((h[i].detach(), c[i].detach())) for i in range(len(h))))
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -17,7 +17,7 @@ from longseq.model.attention.patterns import (
 )
 from longseq.model.hourglass import Hourglass, inner_config
 from longseq.model.layers import DecoderLayer, PositionwiseFF
-from longseq.model.memory import LayerContext, MaskInputs, Memory, MemoryPolicies, MemoryStep, Recurrence, StepInputs
+from longseq.model.memory import MaskInputs, Memory, MemoryPolicies, MemoryStep, Recurrence, StateContext, StepInputs
 from longseq.model.mixers import MixerLayer
 from longseq.model.positions import RelativePositions, position_encoding, relative_distances
 
@@ -83,7 +83,7 @@ class LayerStack(nn.Module):
     @property
     def memory_tokens(self) -> Tensor | None:
         """The learned initial memory tokens (n, E), or None without memory tokens."""
-        tokens = self.memory.policies["tokens"] if "tokens" in self.memory.policies else None
+        tokens = self.memory.tokens
         return None if tokens is None else tokens.initial
 
     def open_step(
@@ -96,24 +96,31 @@ class LayerStack(nn.Module):
     def run(
         self,
         step: MemoryStep,
+        memory: Memory,
         hidden: Tensor,
         recurrence: Recurrence,
         global_mask: Tensor | None = None,
         layer_outputs: list | None = None,
     ):
-        """The layers over ``hidden`` (B, T', E) with the memory ``step`` opened for them: returns the output, the
-        new memory and the compressors' auxiliary loss (or None).  With ``layer_outputs`` (a list), every layer's
-        output (B, T', E) is appended to it (transformers' ``output_hidden_states``)."""
+        """The layers over ``hidden`` (B, T', E) with the ``step`` opened on ``memory`` for them: returns the output,
+        the new memory and the compressors' auxiliary loss (or None).  An attention layer reads its context from the
+        step; a recurrent layer gets its own state from ``memory``, and its new state goes to the step's write.  With
+        ``layer_outputs`` (a list), every layer's output (B, T', E) is appended to it (``output_hidden_states``)."""
         shape = step.mask_inputs()
         tables = self._tables(step, shape, recurrence.clamp_len, hidden.device)  # one per layer
         masks = self._masks(step, shape, global_mask, hidden.size(0), hidden.device)  # one per layer
-        for i in range(len(self.layers)):
-            context = step.read(i, hidden)
-            hidden, present, mass = self._run_layer(i, hidden, tables[i], masks[i], context)
-            step.record(i, present, mass)
+        docs = state_docs(shape, memory)
+        states = {}
+        for i, layer in enumerate(self.layers):
+            if layer.attends:
+                hidden, present, mass = self._run_layer(i, hidden, tables[i], masks[i], step.read(i, hidden))
+                step.record(i, present, mass)
+            else:
+                held = memory.layers[i] if memory.layers else None
+                hidden, states[i], _ = self._run_layer(i, hidden, None, None, StateContext(held, docs, recurrence))
             if layer_outputs is not None:
                 layer_outputs.append(hidden)
-        hidden, memory, targets = step.write(hidden)
+        hidden, memory, targets = step.write(hidden, states)
         aux = torch.stack([self.layers[t.layer].reconstruction_loss(t) for t in targets]).mean() if targets else None
         return hidden, memory, aux
 
@@ -140,7 +147,7 @@ class LayerStack(nn.Module):
             return self.r_w_bias[layer], self.r_r_bias[layer]
         return self.r_w_bias, self.r_r_bias
 
-    def _run_layer(self, i: int, hidden: Tensor, table, mask: PatternMask | None, context: LayerContext):
+    def _run_layer(self, i: int, hidden: Tensor, table, mask: PatternMask | None, context):
         args = (hidden, table, *self._biases(i), mask, context)
         if self.training and self.activation_checkpointing and i % self.activation_checkpointing == 0:
             return checkpoint(self.layers[i], *args, use_reentrant=False)  # recomputed in backward, same dropout
@@ -190,3 +197,12 @@ class LayerStack(nn.Module):
                     global_rows=rows,
                 )
         return [shared[pattern] for pattern in patterns]
+
+
+def state_docs(shape: MaskInputs, memory: Memory) -> tuple[Tensor, Tensor] | None:
+    """What a recurrent layer reads of the documents: (document of every position (B, T), document of the last
+    position before the segment (B,)), or None when documents are not tracked."""
+    if shape.query_docs is None:
+        return None
+    last = memory.last_doc if memory.last_doc is not None else shape.query_docs[:, 0]  # no ids yet: continue
+    return shape.query_docs, last

@@ -46,7 +46,7 @@ class TransformerXL(LayerStack):
         hidden = self.drop(step.wrap(self.encoding.embed(self.word_emb(input_ids))))  # (B, T', E)
         if layer_outputs is not None:
             layer_outputs.append(hidden)
-        hidden, memory, aux = self.run(step, hidden, recurrence, global_mask, layer_outputs)
+        hidden, memory, aux = self.run(step, memory, hidden, recurrence, global_mask, layer_outputs)
         return self.drop(hidden), memory, aux
 
 

@@ -3,6 +3,8 @@ residual.  See :mod:`longseq.model.attention` for the dimension glossary and the
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import Tensor, nn
 
@@ -16,8 +18,20 @@ from longseq.model.attention.kernels import (
 )
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.reference import attention_probs, dense_mask
-from longseq.model.memory.cache import RingKV
 from longseq.model.positions import RelativePositions, position_encoding
+
+
+class AttentionContext(Protocol):
+    """What an attention layer reads from the memory (:mod:`longseq.model.memory.context` implements it for a
+    hidden-state memory, cached keys and values, and a ring): one call that projects the segment and puts the
+    memory's keys and values before its own."""
+
+    with_mass: bool  # also return the attention mass of every key
+
+    def project(self, project, norm, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries (B, H, T, D) of the segment ``hidden`` (B, T, E); keys and values (B, H, K, D) of
+        [memory; segment].  ``project`` maps (B, L, E) to the three (B, H, L, D); ``norm`` is the pre-LayerNorm
+        (None under post-LN)."""
 
 
 class RelativeMultiHeadAttention(nn.Module):
@@ -62,38 +76,25 @@ class RelativeMultiHeadAttention(nn.Module):
             return positions
         return self.encoding.relative_keys(self, positions)
 
-    def _project(self, hidden: Tensor, memory: Tensor | None, cache) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries (B, H, T, D) of the segment; keys and values (B, H, K, D) of [memory; segment]."""
-        batch, qlen, _ = hidden.shape
+    def heads(self, source: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values (B, H, L, D) of every position of ``source`` (B, L, E)."""
+        batch, length, _ = source.shape
         width = self.n_head * self.d_head
-        if cache is not None:
-            source = self.layer_norm(hidden) if self.pre_lnorm else hidden
-            query, key, value = self.qkv_net(source).split(width, dim=-1)  # (B, T, H*D) each
-            key = key.view(batch, qlen, self.n_head, self.d_head).transpose(1, 2)
-            value = value.view(batch, qlen, self.n_head, self.d_head).transpose(1, 2)
-            if isinstance(cache, RingKV):  # ring storage: append in place, read a view
-                key, value = cache.extend(key, value)  # (B, H, K, D)
-            elif cache and cache[0].size(2):  # () or empty keys: nothing cached yet
-                key = torch.cat([cache[0], key], dim=2)  # (B, H, K, D)
-                value = torch.cat([cache[1], value], dim=2)
-        else:
-            context = (
-                hidden if memory is None or memory.size(1) == 0 else torch.cat([memory, hidden], dim=1)
-            )  # (B, K, E)
-            if self.pre_lnorm:
-                context = self.layer_norm(context)
-            query, key, value = self.qkv_net(context).split(width, dim=-1)  # (B, K, H*D) each
-            query = query[:, -qlen:]
-            key = key.view(batch, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, D)
-            value = value.view(batch, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, D)
-        query = query.reshape(batch, qlen, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, D)
-        return query, key, value
+        query, key, value = self.qkv_net(source).split(width, dim=-1)  # (B, L, H*D) each
+        return tuple(x.view(batch, length, self.n_head, self.d_head).transpose(1, 2) for x in (query, key, value))
+
+    def _project(self, hidden: Tensor, context: AttentionContext | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries (B, H, T, D) of the segment; keys and values (B, H, K, D) of [memory; segment]."""
+        norm = self.layer_norm if self.pre_lnorm else None
+        if context is None:  # no memory: the segment alone
+            return self.heads(hidden if norm is None else norm(hidden))
+        return context.project(self.heads, norm, hidden)
 
     @torch.no_grad()
-    def probs(self, hidden, rel_key, r_w_bias, r_r_bias, mask, memory=None, cache=None, with_mass=False) -> Tensor:
+    def probs(self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: AttentionContext | None = None) -> Tensor:
         """The attention probabilities (B, H, T, K) this layer uses for these inputs (the reference, no dropout;
-        same arguments as :meth:`forward`, for diagnostics).  A ring cache must not be passed: it would grow."""
-        query, key, _ = self._project(hidden, memory, cache)
+        same arguments as :meth:`forward`, for diagnostics).  A ring context must not be passed: it would grow."""
+        query, key, _ = self._project(hidden, context)
         return attention_probs(query, key, self.relative_keys(rel_key), r_w_bias, r_r_bias, dense_mask(mask))
 
     def forward(
@@ -103,20 +104,18 @@ class RelativeMultiHeadAttention(nn.Module):
         r_w_bias: Tensor,  # (H, D)
         r_r_bias: Tensor,  # (H, D)
         mask: PatternMask | Tensor,  # the layer's pattern, or a dense causal (T, K) mask
-        memory: Tensor | None = None,  # (B, M, E) hidden-state memory
-        cache=None,  # (keys, values) (B, H, M, D) of the memory, () before any, or a RingKV
-        with_mass: bool = False,
+        context: AttentionContext | None = None,  # the memory before the segment (None: none)
     ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None]:
         """Returns the layer output (B, T, E), the keys and values of [memory; segment] (B, H, K, D), and with
-        ``with_mass`` the attention mass every key received (B, K), else None.
+        ``context.with_mass`` the attention mass every key received (B, K), else None.
 
-        With ``cache`` the memory's keys and values are reused instead of being projected again
-        (identical results: the projection is per position, LayerNorm included).
+        A cached context reuses the memory's keys and values instead of projecting them again (identical
+        results: the projection is per position, LayerNorm included).
         """
         batch, qlen, _ = hidden.shape
         width = self.n_head * self.d_head
         rel_key = self.relative_keys(rel_key)  # (H, R, D)
-        query, key, value = self._project(hidden, memory, cache)  # (B, H, T, D), (B, H, K, D) x 2
+        query, key, value = self._project(hidden, context)  # (B, H, T, D), (B, H, K, D) x 2
 
         if rel_key is None:  # absolute positions: content scores only
             attn = content_attention(query, key, value, mask, self.dropatt, self.training, self.kernel)
@@ -134,5 +133,6 @@ class RelativeMultiHeadAttention(nn.Module):
         attn = attn.transpose(1, 2).reshape(batch, qlen, width)  # (B, T, H*D)
         out = self.drop(self.o_net(attn))  # (B, T, E)
         out = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
+        with_mass = context is not None and context.with_mass
         mass = key_mass(query, key, rel_key, r_w_bias, r_r_bias, dense_mask(mask)) if with_mass else None
         return out, (key, value), mass

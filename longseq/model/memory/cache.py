@@ -2,9 +2,9 @@
 positions (B, H, M, D), so the memory is never projected again, and the projected relative table W_R R, carried
 between calls so that it is not projected again either.  The outputs equal those of the hidden-state memory.
 
-``storage="ring"`` keeps keys and values in preallocated ring buffers (generation: no copy of the memory per
-token).  A ring is written in place, so only the memory returned by the latest call is valid; an older one is
-refused by name (:meth:`~longseq.model.memory.state.Memory.check`).
+A :class:`~longseq.model.memory.state.RingMemory` keeps keys and values in preallocated ring buffers (generation:
+no copy of the memory per token).  A ring is written in place, so only the memory returned by the latest call is
+valid; an older one is refused by name (:meth:`~longseq.model.memory.state.Memory.check`).
 
 Truncation to ``mem_len`` is the only policy here: compaction, memory tokens and document ids need the
 hidden-state memory, and a bidirectional model cannot cache keys (every segment token sees the later ones).
@@ -12,18 +12,17 @@ hidden-state memory, and a bidirectional model cannot cache keys (every segment 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from torch import Tensor
 
-from longseq.model.memory.policy import LayerContext, MaskInputs, StepInputs, StepOutput
-from longseq.model.memory.state import LayerMemory, Memory
+from longseq.model.memory.context import CacheContext, RingContext
+from longseq.model.memory.policy import MaskInputs, StepInputs, StepOutput
+from longseq.model.memory.state import KVMemory, LayerState, Memory, RingMemory
 
 
 class KeyValueStep:
-    """One forward pass over a key/value memory (the :class:`~longseq.model.memory.policy.MemoryStep` protocol);
-    recurrent layers (ssm, conv, rnn) carry their state as in the hidden-state memory."""
+    """One forward pass over a key/value or ring memory (the :class:`~longseq.model.memory.policy.MemoryStep`
+    protocol)."""
 
     def __init__(self, policies, given: StepInputs) -> None:
         config, memory, recurrence = policies.config, given.memory, given.recurrence
@@ -41,9 +40,8 @@ class KeyValueStep:
             raise ValueError("same_length=True needs mem_len >= 1: it limits every query to the last mem_len keys")
         self.memory, self.recurrence, self.qlen, self.attends = memory, recurrence, given.qlen, given.attends
         self.training, self.mlen = given.training, memory.length
-        self.presents: list = []
-        self.states: dict[int, LayerMemory] = {}
-        self.rings = self._rings() if memory.storage == "ring" else None
+        self.presents: list = [None] * len(given.attends)  # per attention layer, keys and values of [memory; segment]
+        self.rings = self._rings() if memory.kind is RingMemory else None
         self.table = memory.table
 
     @property
@@ -52,7 +50,7 @@ class KeyValueStep:
 
     def _rings(self) -> list:
         mem_len = self.recurrence.mem_len
-        rings = [layer.ring for layer in self.memory.layers]
+        rings = [layer.ring if isinstance(layer, RingMemory) else None for layer in self.memory.layers]
         if not rings:
             rings = [RingKV(mem_len + self.qlen, mem_len) if attends else None for attends in self.attends]
         live = [r for r in rings if r is not None]
@@ -91,38 +89,31 @@ class KeyValueStep:
         rows = next(t for t in table if t is not None).size(1)
         return [None if t is None else t[:, rows - self.klen - 1 :] for t in table]
 
-    def read(self, layer: int, hidden: Tensor) -> LayerContext:
-        if not self.attends[layer]:  # a recurrent layer: its state, whatever the storage
-            stored = self.memory.layers[layer] if self.memory.layers else LayerMemory()
-            return LayerContext(state=stored.state, inner=stored.inner, phase=stored.phase, recurrence=self.recurrence)
+    def read(self, layer: int, hidden: Tensor) -> CacheContext | RingContext:
         if self.rings is not None:
-            return LayerContext(cache=self.rings[layer])
+            return RingContext(self.rings[layer])
         if not self.mlen:
-            return LayerContext(cache=())  # nothing cached yet: the layer's keys are the segment's
+            return CacheContext()  # nothing cached yet: the layer's keys are the segment's
         stored = self.memory.layers[layer]
-        return LayerContext(cache=(stored.keys, stored.values))
+        return CacheContext(stored.keys, stored.values)
 
     def record(self, layer: int, present, mass) -> None:
-        if self.attends[layer]:
-            self.presents.append(present)
-        else:
-            self.states[layer] = replace(present, state=tuple(t.detach() for t in present.state))
-            self.presents.append(None)
+        self.presents[layer] = present
 
-    def write(self, hidden: Tensor) -> StepOutput:
+    def write(self, hidden: Tensor, states: dict[int, LayerState]) -> StepOutput:
         if self.rings is not None:
             layers = tuple(
-                LayerMemory(ring=r, ring_version=r.version) if r is not None else self.states[i]
-                for i, r in enumerate(self.rings)
+                RingMemory(r, r.version) if attends else states[i]
+                for i, (attends, r) in enumerate(zip(self.attends, self.rings))
             )
-            return StepOutput(hidden, Memory(layers, "ring", table=self.table))
+            return StepOutput(hidden, Memory(layers, RingMemory, table=self.table))
         mem_len = self.recurrence.mem_len
         with torch.no_grad():
             layers = tuple(
-                self.states[i] if kv is None else LayerMemory(keys=_last(kv[0], mem_len), values=_last(kv[1], mem_len))
-                for i, kv in enumerate(self.presents)
+                KVMemory(_last(kv[0], mem_len), _last(kv[1], mem_len)) if attends else states[i]
+                for i, (attends, kv) in enumerate(zip(self.attends, self.presents))
             )
-        return StepOutput(hidden, Memory(layers, "kv", table=self.table))
+        return StepOutput(hidden, Memory(layers, KVMemory, table=self.table))
 
 
 def _last(states: Tensor, mem_len: int) -> Tensor:
@@ -192,6 +183,15 @@ class RingKV:
         self.length = min(total, self.mem_len)
         self.version += 1
         return self.keys.view(total), self.values.view(total)
+
+    def selected(self, rows: Tensor) -> tuple[RingKV, int]:
+        """A new ring holding the streams ``rows`` (B',) of this one, and its version (beam search)."""
+        ring = RingKV(self.keys.capacity, self.mem_len)
+        if self.length:
+            ring.keys.append(self.keys.view(self.length).index_select(0, rows))
+            ring.values.append(self.values.view(self.length).index_select(0, rows))
+            ring.length = self.length
+        return ring, ring.version
 
     def grown(self, capacity: int) -> RingKV:
         """A copy with more capacity (only when a longer segment than ever before arrives)."""

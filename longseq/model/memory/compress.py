@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longseq.model.memory.policy import LayerContext, MemoryPolicy, Reconstruction, Update
+from longseq.model.memory.policy import Compressed, Reconstruction, Selection
 
 
-class Compression(MemoryPolicy):
+class Compression(nn.Module):
     """The Compressive Transformer's second memory: evicted states compressed at ``rate`` into ``cmem_len`` slots
     per layer, older than the plain memory.  Layers read [compressed; memory]; learned compressors hand the
     stack their attention-reconstruction targets in training (:class:`~longseq.model.memory.policy.Reconstruction`)."""
@@ -34,31 +34,33 @@ class Compression(MemoryPolicy):
         self.rate, self.cmem_len = rate, cmem_len
         self.compressors = nn.ModuleList(Compressor(kind, rate, d_model) for _ in range(n_layer))
 
-    def read(self, step, layer: int, context: LayerContext) -> LayerContext:
-        compressed = step.layer(layer).compressed
+    def read(self, step, layer: int, plain: Tensor | None) -> Tensor | None:
+        """What layer ``layer`` attends to before the segment: [compressed; plain] (B, C + M, E)."""
+        stored = step.layer(layer)
+        compressed = None if stored is None else stored.compressed
         if compressed is None or compressed.size(1) == 0:
-            return context
-        plain = context.memory
+            return plain
         compressed = compressed.to(plain.dtype if plain is not None else compressed.dtype)
-        context.memory = compressed if plain is None else torch.cat([compressed, plain], dim=1)  # (B, C + M, E)
-        return context
+        return compressed if plain is None else torch.cat([compressed, plain], dim=1)  # (B, C + M, E)
 
-    def write(self, step, update: Update) -> None:
-        out = []
-        for i, (inputs, old) in enumerate(zip(update.inputs, update.plain)):
-            previous = step.layer(i).compressed
+    def compress(self, step, inputs: list[Tensor], plain: list[Tensor | None], selection: Selection) -> Compressed:
+        """The new compressed memory of every layer: the old one, then the evicted states compressed."""
+        out, targets, n_evicted = [], [], selection.n_evicted
+        for i, (new, old) in enumerate(zip(inputs, plain)):
+            stored = step.layer(i)
+            previous = None if stored is None else stored.compressed
             if previous is None:
-                previous = inputs.new_zeros(inputs.size(0), 0, inputs.size(2))
-            if update.n_evicted == 0:
+                previous = new.new_zeros(new.size(0), 0, new.size(2))
+            if n_evicted == 0:
                 out.append(previous)
                 continue
-            joined = inputs if old is None else torch.cat([old, inputs], dim=1)
-            evicted = joined[:, : update.n_evicted].detach()  # (B, n, E), oldest first
+            joined = new if old is None else torch.cat([old, new], dim=1)
+            evicted = joined[:, :n_evicted].detach()  # (B, n, E), oldest first
             squeezed = self.compressors[i](evicted)  # (B, n / rate, E)
             if step.training and self.compressors[i].learned:  # scored with layer i's attention by the stack
-                update.reconstructions.append(Reconstruction(i, inputs, evicted, squeezed))
+                targets.append(Reconstruction(i, new, evicted, squeezed))
             out.append(torch.cat([previous, squeezed.detach()], dim=1)[:, -self.cmem_len :])
-        update.compressed = tuple(out)
+        return Compressed(tuple(out), tuple(targets))
 
 
 COMPRESSION_FUNCTIONS = {"mean": False, "max": False, "conv": True, "linear": True}  # the registry: name -> learned

@@ -7,18 +7,17 @@ not dropped."""
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
-from longseq.model.memory.policy import MemoryPolicy
 
-
-class MemoryDropout(MemoryPolicy):
+class MemoryDropout:
     def __init__(self, rate: float) -> None:
-        super().__init__()
         self.rate = rate
 
-    def begin(self, step) -> None:
+    def draw(self, step) -> Tensor | None:
+        """The keys (B, M + T) hidden this pass (True), memory slots only; None outside training or memory."""
         if not (step.training and step.mlen):
-            return
+            return None
         dropped = torch.rand(step.batch, step.mlen, device=step.device) < self.rate  # (B, M)
         segment = torch.zeros(step.batch, step.qlen, dtype=torch.bool, device=step.device)
-        step.dropped_keys = torch.cat([dropped, segment], dim=1)  # (B, M + T): keys in memory order
+        return torch.cat([dropped, segment], dim=1)  # (B, M + T): keys in memory order

@@ -9,40 +9,39 @@ with a :class:`StepInputs`).  The stack then:
 2. reads :meth:`MemoryStep.mask_inputs` once, for the layers' attention masks (sizes, documents, dropped slots);
 3. asks for the relative tables a key/value memory carries (:meth:`MemoryStep.carried_tables`, else it projects
    them and hands them over with :meth:`MemoryStep.carry_tables`);
-4. for every layer, reads its :class:`LayerContext` (:meth:`MemoryStep.read`), runs the layer and records its
-   output (:meth:`MemoryStep.record`);
-5. gets the new memory back from :meth:`MemoryStep.write` as a :class:`StepOutput`.
+4. for every attention layer, reads its context (:meth:`MemoryStep.read`, an attention context of
+   :mod:`~longseq.model.memory.context`), runs the layer and records its keys and values
+   (:meth:`MemoryStep.record`); a recurrent layer gets its own state from the stack, not from the step;
+5. gets the new memory back from :meth:`MemoryStep.write`, which it hands the recurrent layers' new states.
 
 The step never sees the layers: it knows only which of them attend (``StepInputs.attends``).  Two steps implement
 the protocol: :class:`~longseq.model.memory.step.HiddenStep` (hidden states, every compaction policy) and
 :class:`~longseq.model.memory.cache.KeyValueStep` (projected keys and values, evaluation and generation).
 
-The hidden-state step applies small policies, each in its own file, in this order (hooks: ``begin``, ``wrap``,
-``wrap_flags``, ``read``, ``write``; what each reads and writes of the step and the :class:`Update`):
+The hidden-state step asks its policies, in this order, each for a typed result:
 
-    policy       file          begin writes        read changes        write reads -> writes
-    tokens       tokens.py     step.qlen (+2n)     -                   update.hidden, inputs -> tokens, tokens_age
-    selection    truncate.py   -                   -                   inputs, plain -> kept, n_evicted
-                 prune.py      step.with_mass      -                   inputs, plain, masses -> kept, n_evicted
-    compression  compress.py   -                   context.memory      inputs, plain, n_evicted -> compressed,
-                                                   ([compressed; M])   reconstructions
-    documents    documents.py  step.docs           -                   step.docs, n_evicted -> doc_ids, last_doc
-    dropout      dropout.py    step.dropped_keys   -                   -
+    policy       file          at the start                   at the end
+    tokens       tokens.py     positions: 2n more             strip: the segment's outputs -> WrittenTokens
+    selection    truncate.py   -                              select -> Selection (kept, n_evicted)
+                 prune.py      needs_mass: every layer's
+                               attention mass of its keys
+    compression  compress.py   read: [compressed; memory]     compress(Selection) -> Compressed
+    documents    documents.py  begin: query and key ids       write(Selection, Compressed) -> SlotDocuments
+    dropout      dropout.py    draw: the keys hidden          -
 
-The storage codec (float, or 8 bits: quantize.py) encodes what is kept and decodes what is read.  A new policy is
-a subclass of :class:`MemoryPolicy` in a file of its own, switched on by a config field in
-:func:`longseq.model.memory.compose.build_policies`.
+The storage codec (float, or 8 bits: quantize.py) encodes what is kept and decodes what is read.  A new policy
+takes one of these roles (a new selection rule is a class with ``needs_mass`` and ``select``) in a file of its own,
+switched on by a config field in :func:`longseq.model.memory.compose.build_policies`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from longseq.model.memory.state import Memory, Recurrence
+from longseq.model.memory.state import LayerState, Memory, Recurrence
 
 
 class StepInputs(NamedTuple):
@@ -67,24 +66,6 @@ class MaskInputs(NamedTuple):
     query_docs: Tensor | None  # (B, T') document of every query
     key_docs: Tensor | None  # (B, K) document of every key
     dropped_keys: Tensor | None  # (B, K) keys memory dropout hides this pass
-
-
-@dataclass
-class LayerContext:
-    """What one layer reads from the memory: an attention layer attends to hidden states (B, C + M, E), or to a
-    key/value ``cache`` ((keys, values) of (B, H, M, D), ``()`` for none yet, or a ring), and ``with_mass`` asks it
-    for the attention mass of every key; a recurrent layer (ssm, conv, rnn) continues from its ``state``, with
-    ``docs`` = (document of every position (B, T), document of the last position before the segment (B,)) when
-    documents are tracked."""
-
-    memory: Tensor | None = None
-    cache: object | None = None
-    with_mass: bool = False
-    state: tuple | None = None
-    docs: tuple | None = None
-    inner: Memory | None = None  # an hourglass block's memory of its shortened layers
-    phase: int = 0  # an hourglass block's position in its current group (host: no read of the device)
-    recurrence: Recurrence | None = None  # the call's (an hourglass derives its shortened layers' from it)
 
 
 class Reconstruction(NamedTuple):
@@ -131,54 +112,47 @@ class MemoryStep(Protocol):
         """Keep projected ``tables`` (``table_rows()`` rows each) in the memory written, and return the rows
         this pass reads."""
 
-    def read(self, layer: int, hidden: Tensor) -> LayerContext:
-        """Layer ``layer``'s context; ``hidden`` (B, T', E) is the layer's input, kept for the update."""
+    def read(self, layer: int, hidden: Tensor):
+        """Attention layer ``layer``'s context (:mod:`~longseq.model.memory.context`); ``hidden`` (B, T', E) is
+        the layer's input, kept for the update."""
 
-    def record(self, layer: int, present, mass: Tensor | None) -> None:
-        """What layer ``layer`` returned: keys and values of [memory; segment] (attention) or its new
-        :class:`~longseq.model.memory.state.LayerMemory` (a recurrent layer), and the attention mass asked for."""
+    def record(self, layer: int, present: tuple[Tensor, Tensor], mass: Tensor | None) -> None:
+        """What attention layer ``layer`` returned: keys and values of [memory; segment] (B, H, K, D), and the
+        attention mass of every key when its context asked for it."""
 
-    def write(self, hidden: Tensor) -> StepOutput:
-        """The new memory after the last layer, whose output (B, T', E) is ``hidden``."""
-
-
-@dataclass
-class Update:
-    """The new memory under construction, filled in by the policies' ``write`` in order."""
-
-    inputs: list[Tensor | None]  # per layer, the segment's layer inputs (B, T, E); None for a recurrent layer
-    plain: list[Tensor | None]  # per layer, the dense memory the layer attended to (B, M, E), compressed part aside
-    masses: list[Tensor | None]  # per layer, attention mass of every key (B, K) when asked for
-    hidden: Tensor  # the last layer's output (B, T', E), memory tokens included until the tokens policy strips them
-    kept: tuple[Tensor, ...] = ()  # per layer, the new plain memory (B, M', E)
-    n_evicted: int = 0  # positions of [memory; segment] that left the plain memory
-    compressed: tuple[Tensor, ...] | None = None
-    doc_ids: Tensor | None = None
-    last_doc: Tensor | None = None  # (B,) document of the segment's last position
-    tokens: Tensor | None = None
-    tokens_age: int = 0
-    reconstructions: list[Reconstruction] = field(default_factory=list)
+    def write(self, hidden: Tensor, states: dict[int, LayerState]) -> StepOutput:
+        """The new memory after the last layer, whose output (B, T', E) is ``hidden``; ``states`` holds the new
+        state of every recurrent layer, by index."""
 
 
-class MemoryPolicy(nn.Module):
-    """A part of the memory's behaviour.  Every hook is optional; ``step`` is the forward pass's
-    :class:`~longseq.model.memory.step.HiddenStep`.  A policy is an ``nn.Module`` so that it may own parameters
-    (compressors, tokens)."""
+class WrittenTokens(NamedTuple):
+    """What the memory tokens leave at the end of a pass: the segment's outputs and layer inputs without the
+    tokens, the documents of its positions, and the written tokens with the segments their graph spans."""
 
-    def begin(self, step) -> None:
-        """Called once when a forward pass opens its step, before the embedding."""
+    hidden: Tensor  # (B, T, E)
+    inputs: list[Tensor | None]  # per layer (B, T, E), None for a recurrent layer
+    docs: tuple[Tensor, Tensor] | None
+    tokens: Tensor  # (B, n, E)
+    age: int
 
-    def wrap(self, step, hidden: Tensor) -> Tensor:
-        """The embedded segment (B, T, E) as the layers will see it."""
-        return hidden
 
-    def wrap_flags(self, step, flags: Tensor) -> Tensor:
-        """Per-position flags of the segment (B, T) (global tokens) laid out as :meth:`wrap` lays out tokens."""
-        return flags
+class Selection(NamedTuple):
+    """The new plain memory of every attention layer (B, M', E) (None for a recurrent layer), and how many
+    positions of [memory; segment] left it (the same in every layer)."""
 
-    def read(self, step, layer: int, context: LayerContext) -> LayerContext:
-        """What layer ``layer`` attends to before the segment."""
-        return context
+    kept: tuple[Tensor | None, ...]
+    n_evicted: int
 
-    def write(self, step, update: Update) -> None:
-        """Fill in this policy's part of the new memory."""
+
+class Compressed(NamedTuple):
+    """The new compressed memory of every layer (B, C', E), and the learned compressors' targets."""
+
+    compressed: tuple[Tensor, ...]
+    reconstructions: tuple[Reconstruction, ...] = ()
+
+
+class SlotDocuments(NamedTuple):
+    """The document of every slot of the new memory (B, C' + M'), and of the segment's last position (B,)."""
+
+    doc_ids: Tensor
+    last_doc: Tensor

@@ -9,30 +9,30 @@ from __future__ import annotations
 
 import torch
 
-from longseq.model.memory.policy import MemoryPolicy, Update
+from longseq.model.memory.policy import Selection
 from longseq.model.memory.truncate import keep_recent
 
 
-class AttentionPrune(MemoryPolicy):
+class AttentionPrune:
     """The selection policy that asks every layer for the attention mass of its keys."""
 
-    def begin(self, step) -> None:
+    needs_mass = True
+
+    def check(self, step) -> None:
         if step.doc_ids is not None or step.memory.doc_ids is not None:
             raise ValueError("mem_select=attention does not support document ids or reset_rows")
-        step.with_mass = True
 
-    def write(self, step, update: Update) -> None:
+    def select(self, step, inputs: list, plain: list, masses: list) -> Selection:
         mem_len, cmem = step.recurrence.mem_len, step.memory.cmem_length
         with torch.no_grad():
             kept = []
-            for inputs, old, mass in zip(update.inputs, update.plain, update.masses):
-                room = mem_len - inputs.size(1)
+            for new, old, mass in zip(inputs, plain, masses):
+                room = mem_len - new.size(1)
                 if old is None or room <= 0 or old.size(1) <= room:
-                    kept.append(keep_recent(inputs, old, mem_len))
+                    kept.append(keep_recent(new, old, mem_len))
                     continue
                 old_mass = mass[:, cmem : cmem + old.size(1)]  # (B, M) mass of the old plain slots
                 keep = old_mass.topk(room, dim=1).indices.sort(dim=1).values  # (B, room), chronological
                 picked = old.gather(1, keep[:, :, None].expand(-1, -1, old.size(2)))
-                kept.append(torch.cat([picked, inputs], dim=1).detach())
-        update.kept = tuple(kept)
-        update.n_evicted = step.memory.mem_length + update.inputs[0].size(1) - update.kept[0].size(1)
+                kept.append(torch.cat([picked, new], dim=1).detach())
+        return Selection(tuple(kept), step.memory.mem_length + inputs[0].size(1) - kept[0].size(1))

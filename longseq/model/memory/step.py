@@ -1,60 +1,59 @@
 """The step of one forward pass over a hidden-state memory (the :class:`~longseq.model.memory.policy.MemoryStep`
-protocol; the policies it applies are listed in :mod:`longseq.model.memory.policy`)."""
+protocol; the policies it asks, and in which order, are listed in :mod:`longseq.model.memory.policy`)."""
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import torch
 from torch import Tensor
 
-from longseq.model.memory.policy import LayerContext, MaskInputs, StepInputs, StepOutput, Update
-from longseq.model.memory.state import LayerMemory, Memory
+from longseq.model.memory.context import HiddenContext
+from longseq.model.memory.policy import MaskInputs, StepInputs, StepOutput
+from longseq.model.memory.state import HiddenMemory, LayerState, Memory
 
 
 class HiddenStep:
-    """One forward pass over a hidden-state memory: each attention layer attends to [compressed; memory; segment];
-    each recurrent layer (ssm, conv, rnn) continues from its state.  The policies read and write the attributes
-    set here (the table in :mod:`~longseq.model.memory.policy`)."""
+    """One forward pass over a hidden-state memory: each attention layer attends to [compressed; memory; segment].
+    The policies read the attributes set here (sizes, the call's recurrence, the memory it continues)."""
 
     def __init__(self, policies, given: StepInputs) -> None:
         if given.recurrence.same_length and given.recurrence.mem_len < 1:
             raise ValueError("same_length=True needs mem_len >= 1: it limits every query to the last mem_len keys")
-        self.policies, self.memory, self.recurrence = policies, given.memory, given.recurrence
-        self.batch, self.qlen, self.training, self.device = given.batch, given.qlen, given.training, given.device
-        self.attends = given.attends
+        self.policies, self.config, self.memory = policies, policies.config, given.memory
+        self.recurrence, self.batch, self.qlen = given.recurrence, given.batch, given.qlen
+        self.training, self.device, self.attends = given.training, given.device, given.attends
         self.mlen = given.memory.length
         self.doc_ids = given.doc_ids  # (B, T) of the segment, or None
-        self.docs: tuple[Tensor, Tensor] | None = None  # (B, T') query and (B, K) key document ids
-        self.dropped_keys: Tensor | None = None  # (B, K) keys hidden by memory dropout, drawn once per forward
-        self.with_mass = False
-        self.inputs: list[Tensor | None] = []
-        self.plain: list[Tensor | None] = []
-        self.masses: list[Tensor | None] = []
-        self.states: dict[int, LayerMemory] = {}
-        for policy in policies.active:
-            policy.begin(self)
+        tokens, selection = policies.tokens, policies.selection
+        if tokens is not None:
+            tokens.check(self)
+            self.qlen += 2 * tokens.n  # the layers see [read tokens; segment; write tokens]
+        selection.check(self)
+        self.with_mass = selection.needs_mass
+        self.docs = policies.documents.begin(self)  # (B, T') query and (B, K) key document ids, or None
+        self.dropped_keys = None if policies.dropout is None else policies.dropout.draw(self)  # (B, K), once
+        n = len(given.attends)
+        self.inputs: list[Tensor | None] = [None] * n  # per attention layer, its input (B, T', E)
+        self.plain: list[Tensor | None] = [None] * n  # the dense memory it attended to, compressed part aside
+        self.masses: list[Tensor | None] = [None] * n  # the attention mass of its keys, when asked for
 
     @property
     def klen(self) -> int:
         return self.mlen + self.qlen
 
-    def layer(self, i: int) -> LayerMemory:
-        return self.memory.layers[i] if self.memory.layers else LayerMemory()
+    def layer(self, i: int) -> HiddenMemory | None:
+        return self.memory.layers[i] if self.memory.layers else None
 
     def wrap(self, hidden: Tensor) -> Tensor:
-        for policy in self.policies.active:
-            hidden = policy.wrap(self, hidden)
-        return hidden
+        tokens = self.policies.tokens
+        return hidden if tokens is None else tokens.wrap(self, hidden)
 
     def wrap_flags(self, flags: Tensor) -> Tensor:
-        for policy in self.policies.active:
-            flags = policy.wrap_flags(self, flags)
-        return flags
+        tokens = self.policies.tokens
+        return flags if tokens is None else tokens.wrap_flags(flags)
 
     def mask_inputs(self) -> MaskInputs:
         r = self.recurrence
-        span = r.mem_len + self.policies.config.memory.cmem_len if r.same_length else None
+        span = r.mem_len + self.config.memory.cmem_len if r.same_length else None
         query_docs, key_docs = self.docs if self.docs is not None else (None, None)
         return MaskInputs(self.qlen, self.mlen, span, query_docs, key_docs, self.dropped_keys)
 
@@ -67,61 +66,41 @@ class HiddenStep:
     def carry_tables(self, tables: list, clamp_len: int) -> list:
         return tables
 
-    def read(self, layer: int, hidden: Tensor) -> LayerContext:
-        if not self.attends[layer]:
-            self.inputs.append(None)
-            self.plain.append(None)
-            stored = self.layer(layer)
-            return LayerContext(
-                state=stored.state,
-                docs=self.state_docs(),
-                inner=stored.inner,
-                phase=stored.phase,
-                recurrence=self.recurrence,
-            )
-        self.inputs.append(hidden)
-        stored = self.layer(layer).hidden
-        plain = None if stored is None or stored.size(1) == 0 else self.policies.codec.decode(stored, hidden.dtype)
-        self.plain.append(plain)  # dequantized once, reused by the update
-        context = LayerContext(memory=plain, with_mass=self.with_mass)
-        for policy in self.policies.active:
-            context = policy.read(self, layer, context)
-        return context
+    def read(self, layer: int, hidden: Tensor) -> HiddenContext:
+        self.inputs[layer] = hidden
+        stored = self.layer(layer)
+        plain = (
+            None if stored is None or stored.length == 0 else self.policies.codec.decode(stored.hidden, hidden.dtype)
+        )
+        self.plain[layer] = plain  # dequantized once, reused by the update
+        compression = self.policies.compression
+        memory = plain if compression is None else compression.read(self, layer, plain)
+        return HiddenContext(memory, self.with_mass)
 
     def record(self, layer: int, present, mass: Tensor | None) -> None:
-        self.masses.append(mass)
-        if not self.attends[layer]:
-            self.states[layer] = present
+        self.masses[layer] = mass
 
-    def state_docs(self) -> tuple | None:
-        """(document of every position (B, T), document of the last position before the segment (B,)), or None."""
-        if self.docs is None:
-            return None
-        query = self.docs[0]
-        last = self.memory.last_doc if self.memory.last_doc is not None else query[:, 0]  # no ids: continue
-        return query, last
-
-    def write(self, hidden: Tensor) -> StepOutput:
-        update = Update(self.inputs, self.plain, self.masses, hidden)
-        for policy in self.policies.active:
-            policy.write(self, update)
-        codec, keep_graph = self.policies.codec, self.training and self.policies.config.mixers.state_bptt > 1
-        compressed = update.compressed or (None,) * len(update.kept)
+    def write(self, hidden: Tensor, states: dict[int, LayerState]) -> StepOutput:
+        policies, inputs, docs, written = self.policies, self.inputs, self.docs, None
+        if policies.tokens is not None:
+            written = policies.tokens.strip(self, hidden, inputs, docs)
+            hidden, inputs, docs = written.hidden, written.inputs, written.docs
+        selection = policies.selection.select(self, inputs, self.plain, self.masses)
+        compressed = (
+            None if policies.compression is None else policies.compression.compress(self, inputs, self.plain, selection)
+        )
+        documents = policies.documents.write(self, docs, selection, compressed)
+        older = compressed.compressed if compressed is not None else (None,) * len(selection.kept)
         layers = tuple(
-            LayerMemory(codec.encode(h), c) if h is not None else self._state(i, keep_graph)
-            for i, (h, c) in enumerate(zip(update.kept, compressed))
+            HiddenMemory(policies.codec.encode(kept), c) if attends else states[i]
+            for i, (attends, kept, c) in enumerate(zip(self.attends, selection.kept, older))
         )
         memory = Memory(
             layers,
-            "hidden",
-            doc_ids=update.doc_ids,
-            last_doc=update.last_doc,
-            tokens=update.tokens,
-            tokens_age=update.tokens_age,
+            HiddenMemory,
+            doc_ids=None if documents is None else documents.doc_ids,
+            last_doc=None if documents is None else documents.last_doc,
+            tokens=None if written is None else written.tokens,
+            tokens_age=0 if written is None else written.age,
         )
-        return StepOutput(update.hidden, memory, tuple(update.reconstructions))
-
-    def _state(self, i: int, keep_graph: bool) -> LayerMemory:
-        """A recurrent layer's new state: stop-gradient unless it back-propagates through several segments."""
-        made = self.states[i]
-        return replace(made, state=tuple(t if keep_graph else t.detach() for t in made.state))
+        return StepOutput(hidden, memory, () if compressed is None else compressed.reconstructions)

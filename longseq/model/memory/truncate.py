@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from longseq.model.memory.policy import MemoryPolicy, Update
+from longseq.model.memory.policy import Selection
 
 
 def keep_recent(inputs: Tensor, old: Tensor | None, mem_len: int, keep_graph: bool = False) -> Tensor:
@@ -20,16 +20,20 @@ def keep_recent(inputs: Tensor, old: Tensor | None, mem_len: int, keep_graph: bo
     return joined[:, -mem_len:]
 
 
-class Truncate(MemoryPolicy):
+class Truncate:
     """The selection policy ``mem_select="recent"``: the most recent ``mem_len`` positions stay."""
 
-    def write(self, step, update: Update) -> None:
+    needs_mass = False  # it reads no attention weights
+
+    def check(self, step) -> None:
+        pass
+
+    def select(self, step, inputs: list[Tensor | None], plain: list[Tensor | None], masses: list) -> Selection:
         mem_len = step.recurrence.mem_len
-        keep_graph = step.training and step.policies.config.memory.mem_bptt > 1
-        update.kept = tuple(
-            None if x is None else keep_recent(x, old, mem_len, keep_graph)
-            for x, old in zip(update.inputs, update.plain)
+        keep_graph = step.training and step.config.memory.mem_bptt > 1
+        kept = tuple(
+            None if x is None else keep_recent(x, old, mem_len, keep_graph) for x, old in zip(inputs, plain)
         )  # recurrent layers (None) keep a state instead
-        attending = [(x, kept) for x, kept in zip(update.inputs, update.kept) if x is not None]
-        if attending:
-            update.n_evicted = step.memory.mem_length + attending[0][0].size(1) - attending[0][1].size(1)
+        attending = [(x, k) for x, k in zip(inputs, kept) if x is not None]
+        n_evicted = step.memory.mem_length + attending[0][0].size(1) - attending[0][1].size(1) if attending else 0
+        return Selection(kept, n_evicted)

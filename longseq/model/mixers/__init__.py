@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig
 from longseq.model.layers import LayerOutput
-from longseq.model.memory import LayerMemory
+from longseq.model.memory import RecurrentState, StateContext
 from longseq.model.mixers.conv import GatedConv
 from longseq.model.mixers.rnn import LSTMMixer
 from longseq.model.mixers.ssm import Mamba2
@@ -54,14 +54,17 @@ class MixerLayer(nn.Module):
     def __init__(self, name: str, config: ModelConfig, feed_forward: nn.Module) -> None:
         super().__init__()
         self.name, self.pre_lnorm = name, config.pre_lnorm
+        self.state_bptt = config.mixers.state_bptt  # > 1: the state keeps its graph in training
         self.mixer = MIXERS[name].build(config)
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.drop = nn.Dropout(config.dropout)
         self.pos_ff = feed_forward
 
-    def forward(self, hidden: Tensor, rel_key, r_w_bias, r_r_bias, mask, context):
+    def forward(self, hidden: Tensor, rel_key, r_w_bias, r_r_bias, mask, context: StateContext):
         source = self.layer_norm(hidden) if self.pre_lnorm else hidden
-        out, state = self.mixer(source, context.state, context.docs)
+        out, state = self.mixer(source, None if context.state is None else context.state.tensors, context.docs)
         out = self.drop(out)
         hidden = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
-        return LayerOutput(self.pos_ff(hidden), LayerMemory(state=state))
+        if not (self.training and self.state_bptt > 1):  # stop-gradient, unless it back-propagates further
+            state = tuple(t.detach() for t in state)
+        return LayerOutput(self.pos_ff(hidden), RecurrentState(state))
