@@ -1,7 +1,7 @@
 """What a transformers user reaches for beyond loading and sampling, through transformers' own API, held to
 longseq's own outputs: hidden states and attentions, the deprecated ``past_key_values``, embeddings (resize, untie),
-activation checkpointing through the Trainer, ``torch.export`` of a decode step, a compiled ``generate()``, a
-prompt holding the padding id, and PEFT's LoRA."""
+activation checkpointing through the Trainer, ``torch.export`` of a decode step, a compiled ``generate()``, and
+PEFT's LoRA (padding and beam search: tests/test_hf_padding.py)."""
 
 import tempfile
 import warnings
@@ -305,20 +305,6 @@ def test_compiled_forward_generates_the_same_tokens_from_a_key_value_memory():
 @pytest.mark.slow  # inductor compiles four graphs: 15-20 s on two cores
 def test_default_torch_compile_generates_the_same_tokens():
     compiled_generate(None)
-
-
-def test_a_prompt_holding_the_padding_id_is_refused_precisely():
-    """generate() makes ``attention_mask = input_ids != pad_token_id``: longseq names the token and the way out
-    (an explicit all-ones mask), which draws the unpadded tokens."""
-    hf = hf_of("xl")
-    x = torch.randint(1, 50, (2, 7))
-    x[1, 3] = 0
-    with pytest.raises(ValueError, match=r"pad_token_id \(0\), and input_ids\[1, 3\] is that token"):
-        hf.generate(x, pad_token_id=0, max_new_tokens=2)
-    with pytest.raises(ValueError, match=r"attention_mask has zeros \(padding\), the first at \[0, 2\]"):
-        hf(x, attention_mask=torch.ones_like(x).index_fill(1, torch.tensor([2]), 0))
-    made = hf.generate(x, pad_token_id=0, attention_mask=torch.ones_like(x), max_new_tokens=4, do_sample=False)
-    assert torch.equal(made, hf.generate(x, max_new_tokens=4, do_sample=False))
 
 
 def test_lora_through_peft():

@@ -47,6 +47,7 @@ TEXTS = [  # unicode, newlines (none, one, several, \r\n), unusual whitespace, u
     "東京 café naïve\r\n",
     "ΟΔΟΣ ΣΑ ΟΔΟΣ.",
     "x<eos>y <eos> <unk> <|endoftext|>",
+    "<pad> [PAD]",
     "\x1c\x85odd\u2028sep\u3000wide",
     "emoji 🙂 mixed\n\n\n",
     "mat." * 40,
@@ -75,7 +76,7 @@ KINDS = {
     "bpe": lambda: fit_order(train_bpe(iter_pieces([TRAIN]), 300), [TRAIN]),
     "bpe-gpt2-like": gpt2_like,
 }
-SPECIAL = {  # what each kind names: only the tokens it has
+SPECIAL = {  # what each kind names beside the padding token: only the tokens it has
     "word": {"eos_token": "<eos>", "unk_token": "<unk>"},
     "word-lowercase": {"eos_token": "<eos>", "unk_token": "<unk>"},
     "bpe-gpt2-like": {"eos_token": "<|endoftext|>"},
@@ -83,9 +84,9 @@ SPECIAL = {  # what each kind names: only the tokens it has
 BASE = dict(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=6, dropout=0.0)
 
 
-def exported(tokenizer, directory) -> str:
+def exported(tokenizer, directory, **extra) -> str:
     torch.manual_seed(0)
-    model = build_model(ModelConfig(vocab_size=tokenizer.vocab_size, **BASE)).eval()
+    model = build_model(ModelConfig(vocab_size=tokenizer.vocab_size, **BASE, **extra)).eval()
     export_longseq_hf(model, str(directory), tokenizer, segment_len=4)
     return str(directory)
 
@@ -95,16 +96,19 @@ def test_auto_tokenizer_gives_longseqs_ids_and_text(kind, tmp_path):
     ours = KINDS[kind]()
     directory = exported(ours, tmp_path / "hf")
     theirs = AutoTokenizer.from_pretrained(directory)
-    assert isinstance(theirs, PreTrainedTokenizerFast) and len(theirs) == ours.vocab_size
+    assert isinstance(theirs, PreTrainedTokenizerFast) and theirs.vocab_size == ours.vocab_size
+    assert len(theirs) == ours.vocab_size + 1 and theirs.pad_token_id == ours.vocab_size  # padding after the vocabulary
     named = {k: getattr(theirs, k) for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
     assert named == {
         "bos_token": None,
         "eos_token": None,
         "unk_token": None,
-        "pad_token": None,
+        "pad_token": "<|pad|>",
         **SPECIAL.get(kind, {}),
     }
     texts = [t for t in TEXTS if kind != "char" or set(t) <= set(ours.chars)]
+    if not kind.startswith("bpe"):  # the padding token's own text is text (a BPE tokenizer matches added tokens)
+        texts.append("a<|pad|>b")
     batch = theirs(texts)["input_ids"]  # transformers' default: add_special_tokens=True
     for text, ids in zip(texts, batch):
         expected = ours.encode(text).tolist()
@@ -178,3 +182,20 @@ def test_pipeline_of_a_word_model_keeps_its_line_ends(tmp_path):
         "the cat sat", max_new_tokens=12, do_sample=False, return_full_text=False, skip_special_tokens=False
     )
     assert text[0]["generated_text"] == word.decode(made)
+
+
+@pytest.mark.parametrize("kind", ["byte", "word"])
+def test_a_batched_pipeline_pads_and_gives_every_prompt_its_own_continuation(kind, tmp_path):
+    """``pipeline(..., batch_size=3)`` pads prompts of different lengths on the left with the tokenizer's padding
+    token: every prompt's greedy continuation is the one longseq generates for that prompt alone."""
+    ours = KINDS[kind]()
+    directory = exported(ours, tmp_path / "hf", init_std=0.3)  # predictions that depend on the context
+    generator = pipeline("text-generation", model=directory, batch_size=3)
+    assert generator.tokenizer.padding_side == "left" and generator.tokenizer.pad_token_id == ours.vocab_size
+    texts = ["the cat sat on the mat", "hello", "the hat and", "café"]
+    model = AutoModelForCausalLM.from_pretrained(directory).model
+    batched = generator(texts, max_new_tokens=8, do_sample=False, return_full_text=False, skip_special_tokens=False)
+    for text, out in zip(texts, batched):
+        ids = torch.as_tensor(ours.encode(text))[None]
+        expected = generate(model, ids, 8, temperature=0, mem_len=model.config.memory.mem_len + 4, segment_len=4)
+        assert out[0]["generated_text"] == ours.decode(expected[0].tolist()), text

@@ -1,7 +1,7 @@
 """longseq language models in transformers 5: ``import longseq.hf``, then ``AutoModelForCausalLM.from_pretrained``.
 
 Importing this module registers :class:`LongseqConfig` (``model_type: "longseq"``) with ``AutoConfig`` and
-:class:`LongseqForCausalLM` with ``AutoModelForCausalLM``, and makes :class:`LongseqCache` a pytree (so that
+:class:`LongseqForCausalLM` with ``AutoModelForCausalLM`` (:class:`LongseqCache` is a pytree, so that
 ``torch.export`` takes and returns it); importing plain ``longseq`` never imports transformers.  Every longseq
 language model loads (each attention pattern, mixer, memory policy, hourglass, adaptive softmax): the class holds a
 :class:`~longseq.model.TransformerXLLM` (or the LSTM baseline) under ``.model`` and adds the transformers
@@ -18,9 +18,14 @@ conventions.
   (``RelativeMultiHeadAttention.probs``), whichever kernel ran.
 * ``generate()`` samples as ``longseq generate`` does, with the same tokens for the same seed: the prompt but its
   last token is read in segments of ``config.segment_len`` into a key/value memory of ``config.generate_mem_len``
-  positions (mixers keep their recurrent states in it), then one token at a time.  The cache is that memory.
-  Beam search and assisted decoding are refused (the memory cannot be reordered or rolled back); an
-  ``attention_mask`` with zeros (padding) is refused: a memory has no padding slots, so give unpadded rows.
+  positions (mixers keep their recurrent states in it), then one token at a time.  The cache is that memory
+  (:mod:`longseq.integrations.longseq_cache`); beam search reorders its rows.  Assisted decoding is refused (the
+  memory cannot be rolled back).
+* Padding (``attention_mask`` 0, left padding as transformers pads for generation, or anywhere; or the
+  tokenizer's padding id, which lies outside the vocabulary) is skipped: each row reads only its own tokens, its
+  positions and memory as if it were alone, so a padded batch gives every row its own logits and tokens.  Rows
+  that have read different numbers of tokens keep separate memories and run as separate batches until their
+  memories come to one length.
 * Embeddings: ``get_input_embeddings()`` is the ``nn.Embedding`` of the vocabulary (an ``AdaptiveEmbedding`` only
   with ``div_val`` > 1 and cutoffs); ``resize_token_embeddings`` resizes it and the softmax (no cutoffs);
   ``tie_word_embeddings`` is longseq's ``tie_weight``; ``gradient_checkpointing_enable()`` (and the Trainer's
@@ -38,7 +43,7 @@ import functools
 import os
 import re
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +60,6 @@ if int(transformers.__version__.split(".")[0]) < 5:
 
 from huggingface_hub.dataclasses import strict
 from torch import Tensor, nn
-from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.configuration_utils import PreTrainedConfig
@@ -65,6 +69,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from longseq.config import ModelConfig
 from longseq.data.tokenizers import Tokenizer, load_tokenizer
 from longseq.generation import read_prompt, recurrence_overrides, windowed
+from longseq.integrations.longseq_cache import LongseqCache, RowGroup, merged, row_groups
 from longseq.interop.hf_longseq import (
     GENERATION_DEFAULTS,
     MODEL_TYPE,
@@ -139,35 +144,6 @@ class LongseqConfig(PreTrainedConfig):
         return mem_len + self.segment_len if self.generate_mem_len is None else self.generate_mem_len
 
 
-class LongseqCache:
-    """``generate``'s cache: the recurrence :class:`~longseq.model.Memory` (XL memory, compressed memory, memory
-    tokens, the mixers' recurrent states) and the recurrence settings it was made with.  A ring memory is written in
-    place: continue from a cache once.
-
-    ``seen`` counts the tokens read into it (generate's bookkeeping, on the host).  As a pytree (``torch.export``)
-    the cache is its memory's tensors, with the memory's structure and the settings as context; ``seen`` is not
-    carried (a cache rebuilt from its leaves has ``seen=None``, and generate refuses to continue from it)."""
-
-    is_compileable = False
-    is_croppable = False
-
-    def __init__(self, memory: Memory | None, overrides: dict[str, Any] | None = None, seen: int | None = 0) -> None:
-        self.memory = memory
-        self.overrides = dict(overrides or {})
-        self.seen = seen
-
-    @property
-    def is_linear(self) -> list[bool]:
-        return [True]  # what it holds is not one entry per token: generate must not slice inputs by its length
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.seen or 0
-
-    def after(self, memory: Memory, tokens: int) -> LongseqCache:
-        """The cache holding ``memory``, made by reading ``tokens`` more tokens into this one."""
-        return LongseqCache(memory, self.overrides, None if self.seen is None else self.seen + tokens)
-
-
 class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
     """A longseq language model with the transformers interface (see the module docstring)."""
 
@@ -186,7 +162,8 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         self._tied_weights_keys = {f"model.{t}": f"model.{s}" for t, s in tied_names(self.model).items()}
         self.post_init()
         if self.generation_config is not None:
-            for key, value in GENERATION_DEFAULTS.items():  # longseq generate's defaults, not transformers' top_k=50
+            defaults = {**GENERATION_DEFAULTS, "pad_token_id": config.vocab_size}  # the padding id (see _kept)
+            for key, value in defaults.items():  # longseq generate's defaults, not transformers' top_k=50
                 if getattr(self.generation_config, key, None) is None:
                     setattr(self.generation_config, key, value)
 
@@ -317,6 +294,8 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
             self.model.transformer.word_emb.bounds = self.model.crit.bounds = [(0, new)]
             self.model.crit.vocab_size = self.model.crit.shortlist = new
         self.config.longseq = config.to_dict()
+        if self.generation_config is not None and self.generation_config.pad_token_id == old:
+            self.generation_config.pad_token_id = new  # the padding id is the first after the vocabulary
 
     # -- activation checkpointing ---------------------------------------------------------------------------------
     def _set_gradient_checkpointing(
@@ -342,7 +321,7 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         self,
         input_ids: Tensor,  # (B, T)
         cache: LongseqCache | None = None,
-        attention_mask: Tensor | None = None,  # (B, M + T) all ones
+        attention_mask: Tensor | None = None,  # (B, T) or (B, seen + T): 0 where padding
         labels: Tensor | None = None,  # (B, T), shifted inside
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
@@ -355,31 +334,107 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast | tuple:
         """Logits (B, T, V) (log-probabilities with an adaptive softmax; with ``logits_to_keep`` k > 0 the last k
         positions), the loss of ``labels`` shifted as transformers does (plus the compressors' reconstruction loss
-        in training, as longseq trains), the new cache, and the hidden states and attentions asked for."""
+        in training, as longseq trains), the new cache, and the hidden states and attentions asked for.  Padding
+        (``attention_mask`` 0, or the tokenizer's padding id) is skipped: each row reads its own tokens, and the
+        outputs at padded positions are zeros."""
         _refuse(kwargs, inputs_embeds)
-        check_mask(attention_mask)
         hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        memory, overrides = (cache.memory, cache.overrides) if cache is not None else (None, {})
-        layers = self._recorder(hidden_states, attentions)
-        with attention_inputs(self.model, attentions) as captured:
-            out = self.model(input_ids, memory, **layers, **overrides)  # LMOutput: logits (B, T, V), the new memory
-        loss = None if labels is None else causal_lm_loss(out.logits, labels, num_items_in_batch)
-        if loss is not None and out.aux_loss is not None:
-            loss = loss + out.aux_loss
-        logits = out.logits if logits_to_keep == 0 else out.logits[:, -logits_to_keep:]
+        cache = cache if cache is not None else LongseqCache(None, {})
+        keep = self._kept(input_ids, attention_mask)
+        if keep is None and cache.whole:
+            read = self._read(input_ids, cache.groups[0].memory, cache.overrides, hidden_states, attentions)
+            loss = None if labels is None else causal_lm_loss(read.logits, labels, num_items_in_batch)
+            groups = (RowGroup(None, read.memory),)
+        else:
+            read, scored, groups = self._read_rows(input_ids, keep, cache, labels, hidden_states, attentions)
+            loss = None if labels is None else reduce_loss(*scored, num_items_in_batch)
+        if loss is not None and read.aux_loss is not None:
+            loss = loss + read.aux_loss
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        new_cache = (cache or LongseqCache(None, overrides)).after(out.mems, input_ids.size(1)) if use_cache else None
-        segment = self._segment_rows(input_ids.size(1))
         result = CausalLMOutputWithPast(
             loss=loss,
-            logits=logits,
-            cache=new_cache,
-            hidden_states=None if not layers else tuple(h[:, segment] for h in layers["layer_outputs"]),
-            attentions=None if captured is None else tuple(module.probs(*a)[:, :, segment] for module, a in captured),
+            logits=read.logits if logits_to_keep == 0 else read.logits[:, -logits_to_keep:],
+            cache=cache.after(groups, input_ids.size(1)) if use_cache else None,
+            hidden_states=read.hidden_states,
+            attentions=read.attentions,
         )
         return_dict = self.config.return_dict if return_dict is None else return_dict
         return result if return_dict else result.to_tuple()
+
+    def _read(self, tokens: Tensor, memory, overrides: dict, hidden_states: bool, attentions: bool) -> Read:
+        """The model over ``tokens`` (b, n), every one read, after ``memory``."""
+        layers = self._recorder(hidden_states, attentions)
+        with attention_inputs(self.model, attentions) as captured:
+            out = self.model(tokens, memory, **layers, **overrides)  # LMOutput: logits (b, n, V), the new memory
+        segment = self._segment_rows(tokens.size(1))
+        return Read(
+            out.logits,
+            out.mems,
+            out.aux_loss,
+            None if not layers else tuple(h[:, segment] for h in layers["layer_outputs"]),
+            None if captured is None else tuple(module.probs(*a)[:, :, segment] for module, a in captured),
+        )
+
+    def _read_rows(self, input_ids, keep, cache: LongseqCache, labels, hidden_states: bool, attentions: bool):
+        """The model over each group of rows that share a memory and read as many tokens, each row its kept
+        tokens (``keep`` (B, T); None: all): the outputs spread back to (B, T, ...), zeros where padding; the
+        (scores, targets) pairs of the loss, each row shifted over its own tokens; the new groups."""
+        if attentions:
+            raise ValueError(
+                "output_attentions is not available with padding or with rows of different memory lengths (a padded "
+                "batch): each row attends to its own number of keys; ask for it row by row"
+            )
+        keep = torch.ones_like(input_ids, dtype=torch.bool) if keep is None else keep
+        outputs, groups, scores, targets, aux = [], [], [], [], []
+        for rows, memory, n in row_groups(cache.groups, keep.sum(1).cpu()):
+            if n:
+                where = keep[rows]  # (g, T)
+                tokens = input_ids[rows][where].view(len(rows), n)
+                read = self._read(tokens, memory, cache.overrides, hidden_states, False)
+                outputs.append((rows, where, read))
+                memory = read.memory
+                if labels is not None:
+                    scores.append(read.logits[:, :-1].reshape(-1, read.logits.size(-1)))
+                    targets.append(labels[rows][where].view(len(rows), n)[:, 1:].reshape(-1))
+                if read.aux_loss is not None:
+                    aux.append(read.aux_loss * len(rows))
+            groups.append(RowGroup(tuple(rows.tolist()), memory))
+        read = spread(outputs, keep, self.config.vocab_size, hidden_states)
+        read = dataclasses.replace(read, aux_loss=sum(aux) / keep.size(0) if aux else None)
+        scored = (torch.cat(scores), torch.cat(targets)) if scores else (None, None)
+        return read, scored, merged(groups)
+
+    def _kept(self, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor | None:
+        """Where each row has a token to read (B, T) bool: ``attention_mask`` is 1 and the token is not the
+        padding id, ``vocab_size`` (the first id after the vocabulary: the padding token of an export's
+        tokenizer); None when every position is read.  Other ids outside the vocabulary are refused by name."""
+        batch, length = input_ids.shape
+        keep = None
+        if attention_mask is not None:
+            if attention_mask.dim() != 2 or attention_mask.size(0) != batch or attention_mask.size(1) < length:
+                raise ValueError(
+                    f"attention_mask of shape {tuple(attention_mask.shape)} must be (B, T) or (B, seen + T) for "
+                    f"input_ids of shape {tuple(input_ids.shape)}"
+                )
+            mask = attention_mask[:, -length:]
+            if not bool((mask == 1).all()):
+                keep = mask.to(input_ids.device) == 1
+        if torch.compiler.is_exporting():
+            return keep  # an exported step reads no padding (data-dependent checks cannot be traced)
+        vocab = self.config.vocab_size
+        if bool((input_ids == vocab).any()):
+            keep = (input_ids != vocab) if keep is None else keep & (input_ids != vocab)
+        outside = (input_ids < 0) | (input_ids >= vocab)
+        if keep is not None:
+            outside &= keep
+        if bool(outside.any()):
+            row, position = (int(i) for i in outside.nonzero()[0])
+            raise ValueError(
+                f"input_ids[{row}, {position}] = {int(input_ids[row, position])} is outside the vocabulary of "
+                f"{vocab} tokens (and not masked by attention_mask as padding)"
+            )
+        return keep
 
     def _recorder(self, hidden_states: bool, attentions: bool) -> dict:
         """The model's ``layer_outputs`` list when hidden states are asked for; the LSTM baseline has neither."""
@@ -396,25 +451,18 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
 
     # -- generation -----------------------------------------------------------------------------------------------
     def _prepare_attention_mask_for_generation(self, inputs_tensor, generation_config, model_kwargs) -> Tensor:
-        """transformers' mask (``input_ids != pad_token_id`` when the prompt holds that token), refused by name
-        when it masks anything: longseq reads no padding."""
+        """transformers' mask (``input_ids != pad_token_id`` when the prompt holds that token and it is not the end
+        token), kept where it masks a row's leading run of that token (left padding): the token anywhere else in
+        a prompt is text, as it is without ``pad_token_id``."""
         mask = super()._prepare_attention_mask_for_generation(inputs_tensor, generation_config, model_kwargs)
-        if not bool((mask == 1).all()):
-            row, position = (int(i) for i in (mask != 1).nonzero()[0])
-            pad = generation_config.pad_token_id
-            raise ValueError(
-                f"generate() made attention_mask = input_ids != pad_token_id ({pad}), and input_ids[{row}, "
-                f"{position}] is that token: longseq models read no padding (the recurrence memory has no padding "
-                "slots). If the token is text (pad_token_id = eos_token_id is common), pass "
-                "attention_mask=torch.ones_like(input_ids); if it is padding, generate each row unpadded"
-            )
-        return mask
+        leading = (mask == 0).long().cumprod(dim=1)  # 1 up to a row's first unmasked token
+        return 1 - leading
 
     def prepare_inputs_for_generation(
         self,
         input_ids: Tensor,  # (B, L): the prompt and the tokens drawn so far
         cache: LongseqCache | None = None,
-        attention_mask: Tensor | None = None,
+        attention_mask: Tensor | None = None,  # (B, L): 0 where padding
         inputs_embeds: Tensor | None = None,
         use_cache: bool | None = True,
         logits_to_keep: int | None = None,
@@ -422,19 +470,34 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
     ) -> dict:
         """As ``longseq generate``: the tokens but the last that the cache has not read (all of them without a
         cache) are read in segments of ``segment_len`` into its memory; then the last token is fed alone (its
-        hidden states and attentions are the step's).  A model without a memory (absolute positions) reads its last
-        ``segment_len`` tokens again every step."""
+        hidden states and attentions are the step's).  With padding, each row reads its own tokens so (segments
+        from its first token) and feeds its own last one.  A model without a memory (absolute positions) reads its
+        last ``segment_len`` tokens again every step."""
         if inputs_embeds is not None:
             raise ValueError("LongseqForCausalLM generates from input_ids, not inputs_embeds")
-        check_mask(attention_mask)
         kwargs.pop("next_sequence_length", None)
         kwargs.pop("is_first_iteration", None)
-        inputs = {"use_cache": use_cache, **({"logits_to_keep": logits_to_keep} if logits_to_keep else {})}
+        inputs = {"use_cache": use_cache, **({"logits_to_keep": logits_to_keep} if logits_to_keep else {}), **kwargs}
+        keep = self._kept(input_ids, attention_mask)
         if windowed(self.model):
-            window = input_ids[:, -self.config.segment_len :]
-            return {**inputs, "input_ids": window, "cache": LongseqCache(None, {"mem_len": 0}), **kwargs}
+            window, mask = last_tokens(input_ids, keep, self.config.segment_len)
+            return {**inputs, "input_ids": window, "attention_mask": mask, "cache": LongseqCache(None, {"mem_len": 0})}
         if cache is None:
             cache = LongseqCache(None, recurrence_overrides(self.model, self.config.sampling_mem_len))
+        self._check_continues(cache, input_ids)
+        if keep is None and cache.whole:
+            memory = cache.memory
+            if memory is None or input_ids.size(1) - 1 > cache.seen:  # read what the cache has not (maybe nothing)
+                memory = memory if memory is not None else self._empty_memory()
+                memory = read_prompt(
+                    self.model, input_ids[:, cache.seen : -1], self.config.segment_len, cache.overrides, memory
+                )
+                cache = LongseqCache(memory, cache.overrides, input_ids.size(1) - 1)
+            return {**inputs, "input_ids": input_ids[:, -1:], "cache": cache}
+        fed, mask, cache = self._read_prompt_rows(input_ids, keep, cache)
+        return {**inputs, "input_ids": fed, "attention_mask": mask, "cache": cache}
+
+    def _check_continues(self, cache: LongseqCache, input_ids: Tensor) -> None:
         if cache.seen is None:
             raise ValueError(
                 "this cache was rebuilt from its tensors (torch.export, a pytree) and does not know how many tokens "
@@ -445,23 +508,95 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
                 f"the cache has read {cache.seen} tokens and input_ids has {input_ids.size(1)}: give the tokens it read "
                 "and at least one more (generate feeds the last one and reads the others it has not read)"
             )
-        if cache.memory is None or input_ids.size(1) - 1 > cache.seen:  # read what the cache has not (maybe nothing)
-            unread = input_ids[:, cache.seen : -1]
-            memory = cache.memory if cache.memory is not None else self._empty_memory()
-            memory = read_prompt(self.model, unread, self.config.segment_len, cache.overrides, memory)
-            cache = LongseqCache(memory, cache.overrides, input_ids.size(1) - 1)
-        return {**inputs, "input_ids": input_ids[:, -1:], "cache": cache, **kwargs}
+        held = cache.batch_size
+        if held is not None and held != input_ids.size(0):
+            raise ValueError(f"the cache holds {held} rows and input_ids has {input_ids.size(0)}")
 
-    def _empty_memory(self) -> Memory:
+    def _read_prompt_rows(self, input_ids: Tensor, keep: Tensor | None, cache: LongseqCache):
+        """Each row's unread tokens but its last, read into its memory (rows grouped by memory and count); the
+        last token of every row (B, 1), a mask (B, 1) of the rows that have one (None: all), and the cache."""
+        batch, length = input_ids.shape
+        new = (torch.ones_like(input_ids, dtype=torch.bool) if keep is None else keep)[:, cache.seen :].cpu()
+        has = new.any(dim=1)
+        if cache.seen == 0 and not bool(has.all()):
+            raise ValueError(
+                f"row {int((~has).nonzero()[0])} of input_ids is all padding: there is nothing to continue"
+            )
+        last = new.size(1) - 1 - new.flip(1).int().argmax(dim=1)  # each row's last kept column among the new ones
+        read = new.clone()
+        read[torch.arange(batch)[has], last[has]] = False
+        unread, groups = input_ids[:, cache.seen :], []
+        for rows, memory, n in row_groups(cache.groups, read.sum(1)):
+            memory = memory if memory is not None else self._empty_memory(joinable=True)
+            if n:
+                tokens = unread[rows][read[rows].to(unread.device)].view(len(rows), n)
+                memory = read_prompt(self.model, tokens, self.config.segment_len, cache.overrides, memory)
+            groups.append(RowGroup(tuple(rows.tolist()), memory))
+        fed = unread[torch.arange(batch), last.to(unread.device)].view(batch, 1)
+        mask = None if bool(has.all()) else has.view(batch, 1).long().to(input_ids.device)
+        return fed, mask, LongseqCache(None, cache.overrides, length - 1, merged(groups))
+
+    def _empty_memory(self, joinable: bool = False) -> Memory:
         """The memory generate starts from: ``longseq generate``'s (keys and values in ring buffers, written in
-        place; hidden states for a compacted memory), or, when ``forward`` is compiled (``model.forward =
-        torch.compile(model.forward)``), keys and values concatenated anew each step: torch.compile's dynamic shapes
-        cannot follow a ring's host-side indices (inductor fails with ``name 's0' is not defined``), and the
-        concatenated memory reaches one shape once full.  Both give the same tokens."""
+        place; hidden states for a compacted memory), or keys and values concatenated anew each step when rows
+        must join (a padded batch: rings are never joined) or ``forward`` is compiled (``model.forward =
+        torch.compile(model.forward)``): torch.compile's dynamic shapes cannot follow a ring's host-side indices
+        (inductor fails with ``name 's0' is not defined``), and the concatenated memory reaches one shape once
+        full.  Both give the same tokens."""
         if self.model.config.memory.compacted:
             return Memory.empty(HiddenMemory)
         compiled = getattr(self.forward, "_torchdynamo_orig_callable", None) is not None  # torch.compile's wrapper
-        return Memory.empty(KVMemory if compiled else RingMemory)
+        return Memory.empty(KVMemory if compiled or joinable else RingMemory)
+
+
+@dataclass(frozen=True)
+class Read:
+    """What the model gives for a batch of rows: logits (B, T, V), the new memory, the compressors' loss, and the
+    hidden states and attentions asked for."""
+
+    logits: Tensor
+    memory: Memory | None
+    aux_loss: Tensor | None
+    hidden_states: tuple[Tensor, ...] | None
+    attentions: tuple[Tensor, ...] | None
+
+
+def spread(outputs: list, keep: Tensor, vocab: int, hidden_states: bool) -> Read:
+    """Every group's logits and hidden states (g, n, ...) put back at its rows' kept positions of (B, T, ...),
+    zeros elsewhere; ``outputs`` holds (rows, where (g, T), Read) per group."""
+    batch, length = keep.shape
+    first = outputs[0][2] if outputs else None
+    dtype = torch.float32 if first is None else first.logits.dtype
+    logits = torch.zeros(batch, length, vocab, dtype=dtype, device=keep.device)
+    layers = None
+    if hidden_states and first is not None:
+        layers = [h.new_zeros(batch, length, h.size(-1)) for h in first.hidden_states]
+    for rows, where, read in outputs:
+        logits[rows] = _placed(read.logits, where)
+        for full, h in zip(layers or (), read.hidden_states or ()):
+            full[rows] = _placed(h, where)
+    return Read(logits, None, None, None if layers is None else tuple(layers), None)
+
+
+def _placed(values: Tensor, where: Tensor) -> Tensor:
+    """(g, n, C) values at the n True positions of each row of ``where`` (g, T): (g, T, C), zeros elsewhere."""
+    out = values.new_zeros(*where.shape, values.size(-1))
+    out[where] = values.reshape(-1, values.size(-1))
+    return out
+
+
+def last_tokens(input_ids: Tensor, keep: Tensor | None, window: int) -> tuple[Tensor, Tensor | None]:
+    """Each row's last ``window`` kept tokens, left-padded to one width (B, w), and their mask (None: no
+    padding): what a model without a memory reads every step."""
+    if keep is None:
+        return input_ids[:, -window:], None
+    rows = [ids[kept][-window:] for ids, kept in zip(input_ids, keep)]
+    width = max(len(r) for r in rows)
+    out = input_ids.new_zeros(len(rows), width)
+    mask = torch.zeros_like(out)
+    for i, r in enumerate(rows):
+        out[i, width - len(r) :], mask[i, width - len(r) :] = r, 1
+    return out, mask
 
 
 @contextmanager
@@ -510,22 +645,18 @@ def causal_lm_loss(scores: Tensor, labels: Tensor, num_items_in_batch: int | Ten
     ``scores`` (B, T, V) may be logits or log-probabilities (log_softmax leaves those as they are)."""
     if labels.shape != scores.shape[:2]:
         raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(scores.shape[:2])}")
-    flat = scores[:, :-1].reshape(-1, scores.size(-1)).float()  # (B (T - 1), V)
-    target = labels[:, 1:].reshape(-1).long().to(scores.device)
+    return reduce_loss(scores[:, :-1].reshape(-1, scores.size(-1)), labels[:, 1:].reshape(-1), num_items_in_batch)
+
+
+def reduce_loss(flat: Tensor | None, target: Tensor | None, num_items_in_batch: int | Tensor | None = None) -> Tensor:
+    """The cross-entropy of scores (N, V) on targets (N,) (-100 ignored): their mean, or their sum over
+    ``num_items_in_batch``; None scores (nothing to score) give NaN for the mean, as an empty mean does."""
+    if flat is None:
+        return torch.tensor(float("nan"))
+    flat, target = flat.float(), target.long().to(flat.device)
     if num_items_in_batch is None:
         return F.cross_entropy(flat, target, ignore_index=IGNORE_INDEX)
     return F.cross_entropy(flat, target, ignore_index=IGNORE_INDEX, reduction="sum") / num_items_in_batch
-
-
-def check_mask(attention_mask: Tensor | None) -> None:
-    """Refuse padding: a memory has no empty slots, so rows of different lengths cannot share a batch."""
-    if attention_mask is not None and not bool((attention_mask == 1).all()):
-        row, position = (int(i) for i in (attention_mask != 1).nonzero()[0])
-        raise ValueError(
-            f"attention_mask has zeros (padding), the first at [{row}, {position}]: longseq models read unpadded "
-            "rows only (the recurrence memory has no padding slots); batch prompts of one length, or generate each "
-            "row on its own"
-        )
 
 
 def _refuse(kwargs: dict, inputs_embeds: Tensor | None) -> None:
@@ -544,77 +675,15 @@ def from_longseq(
 ):
     """A :class:`LongseqForCausalLM` holding ``model``'s weights (copied), ready for ``save_pretrained`` (which
     writes ``tokenizer``'s files too, when given)."""
-    config = LongseqConfig(longseq=model.config.to_dict(), segment_len=segment_len, generate_mem_len=generate_mem_len)
+    config = LongseqConfig(
+        longseq=model.config.to_dict(),
+        segment_len=segment_len,
+        generate_mem_len=generate_mem_len,
+    )
     hf = LongseqForCausalLM(config, tokenizer)
     hf.model.load_state_dict(model.state_dict())
     return hf.to(next(model.parameters()).dtype).eval()
 
 
-# -- LongseqCache as a pytree: the memory's tensors are the leaves, its structure (with a marker where each tensor
-# was) and the recurrence settings the context.  the memory and its layer states are frozen dataclasses.
-class _Leaf:
-    """Where a tensor was in the memory's structure."""
-
-    def __repr__(self) -> str:
-        return "<tensor>"
-
-
-LEAF = _Leaf()
-
-
-def _skeleton(value, leaves: list):
-    if isinstance(value, Tensor):
-        leaves.append(value)
-        return LEAF
-    if value is None or isinstance(value, (bool, int, float, str, type)):  # a type: the memory's kind
-        return value
-    if isinstance(value, (tuple, list)):
-        return type(value)(_skeleton(v, leaves) for v in value)
-    if isinstance(value, RingMemory):
-        raise ValueError(
-            "a ring memory (generate's: written in place) cannot be flattened for torch.export; export a step over "
-            "a cache that forward returned (hidden-state memory)"
-        )
-    if dataclasses.is_dataclass(value):
-        fields = {f.name: _skeleton(getattr(value, f.name), leaves) for f in dataclasses.fields(value) if f.init}
-        return dataclasses.replace(value, **fields)
-    raise ValueError(f"a {type(value).__name__} in the cache's memory cannot be flattened")
-
-
-def _fill(value, leaves):
-    if value is LEAF:
-        return next(leaves)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_fill(v, leaves) for v in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.replace(
-            value, **{f.name: _fill(getattr(value, f.name), leaves) for f in dataclasses.fields(value) if f.init}
-        )
-    return value
-
-
-def _flatten_cache(cache: LongseqCache) -> tuple[list[Tensor], tuple]:
-    leaves: list[Tensor] = []
-    skeleton = _skeleton(cache.memory, leaves)
-    return leaves, (skeleton, tuple(sorted(cache.overrides.items())))
-
-
-def _unflatten_cache(leaves, context: tuple) -> LongseqCache:
-    skeleton, overrides = context
-    return LongseqCache(_fill(skeleton, iter(leaves)), dict(overrides), seen=None)
-
-
-def _flatten_cache_with_keys(cache: LongseqCache):
-    leaves, context = _flatten_cache(cache)
-    return [(pytree.SequenceKey(i), leaf) for i, leaf in enumerate(leaves)], context
-
-
-pytree.register_pytree_node(
-    LongseqCache,
-    _flatten_cache,
-    _unflatten_cache,
-    serialized_type_name="longseq.integrations.transformers.LongseqCache",
-    flatten_with_keys_fn=_flatten_cache_with_keys,
-)
 AutoConfig.register(MODEL_TYPE, LongseqConfig)
 AutoModelForCausalLM.register(LongseqConfig, LongseqForCausalLM)

@@ -6,7 +6,9 @@ A directory holds ``config.json`` (the transformers config: ``model_type``, ``ar
 transformers' ``save_pretrained`` writes them), ``generation_config.json`` (sampling as ``longseq generate``: no
 top-k, no nucleus, no end-of-text stop) and, given a tokenizer, ``longseq_tokenizer.json`` (longseq's tokenizer, read
 by :func:`longseq.data.tokenizers.load_tokenizer`) with ``tokenizer.json`` and ``tokenizer_config.json``, the same
-tokenizer as transformers' ``AutoTokenizer`` loads it (:mod:`longseq.interop.hf_tokenizer`).  ``import longseq.hf`` registers the classes that load it with
+tokenizer as transformers' ``AutoTokenizer`` loads it (:mod:`longseq.interop.hf_tokenizer`).  The padding id is
+``vocab_size``, the first id after the vocabulary (``generation_config.json`` names it ``pad_token_id``; the
+tokenizer's padding token has it).  ``import longseq.hf`` registers the classes that load it with
 ``AutoModelForCausalLM.from_pretrained``; :func:`load_longseq_hf` reads one back (``longseq convert --from-hf``).
 See docs/transformers.md.
 """
@@ -79,6 +81,7 @@ def export_longseq_hf(
             f"only a language model exports to transformers; this is a {type(model).__name__} (a fine-tuned model)"
         )
     config = hf_config(model.config, segment_len, generate_mem_len)
+    generation = {**GENERATION_DEFAULTS, "pad_token_id": model.config.vocab_size}  # the padding id
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--out {out} is a file; give a directory")
     os.makedirs(out, exist_ok=True)
@@ -89,7 +92,7 @@ def export_longseq_hf(
         if name not in skip
     }
     save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
-    for name, data in (("config.json", config), ("generation_config.json", GENERATION_DEFAULTS)):
+    for name, data in (("config.json", config), ("generation_config.json", generation)):
         with open(os.path.join(out, name), "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2, sort_keys=True)
     if tokenizer is not None:

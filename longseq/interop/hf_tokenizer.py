@@ -21,7 +21,11 @@ Each gives the ids :meth:`longseq.data.tokenizers.Tokenizer.encode` gives, and d
   added tokens are matched in the text, as longseq's; ``<|endoftext|>`` (GPT-2's) is named ``eos_token``, the
   model's unknown token ``unk_token``.
 
-No tokenizer has a padding token; none adds a beginning-of-text token.
+Every kind gets a padding token, ``<|pad|>``, added after the vocabulary (id = the model's ``vocab_size``, so no
+text token is given up for it): transformers pads batches with it (``padding_side="left"`` for generation), and
+the model reads a position holding it, or masked by ``attention_mask``, as padding (skipped).  Byte, char and
+word tokenizers never match its text (``split_special_tokens``); a BPE tokenizer matches it like its other added
+tokens.  None adds a beginning-of-text token.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import json
 import os
 import sys
 
-from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from longseq.data.tokenizers import (
@@ -48,6 +52,7 @@ TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 MISSING = "<not in the character vocabulary>"  # a char WordLevel's unk_token, absent from its vocabulary: an error
 BPE_EOS = "<|endoftext|>"
+PAD = "<|pad|>"  # the padding token, added after the vocabulary
 # str.lower()'s final sigma, but for a case-ignorable character between the letter and the sigma ("A'Σ")
 FINAL_SIGMA = r"(?<=\p{Cased})Σ(?!\p{Case_Ignorable}*\p{Cased})"
 WHITESPACE = "".join(chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace())  # what str.split() splits on
@@ -104,20 +109,35 @@ def _bpe_tokenizer(tokenizer: BPETokenizer) -> HFTokenizer:
 
 
 def hf_tokenizer(tokenizer: Tokenizer) -> HFTokenizer:
-    """The ``tokenizers`` tokenizer that encodes and decodes as ``tokenizer`` (see the module docstring)."""
+    """The ``tokenizers`` tokenizer that encodes and decodes as ``tokenizer`` (see the module docstring), with the
+    padding token at id ``tokenizer.vocab_size``."""
     if isinstance(tokenizer, ByteTokenizer):
-        return _byte_tokenizer()
-    if isinstance(tokenizer, CharTokenizer):
-        return _char_tokenizer(tokenizer)
-    if isinstance(tokenizer, WordTokenizer):
-        return _word_tokenizer(tokenizer)
-    if isinstance(tokenizer, BPETokenizer):
-        return _bpe_tokenizer(tokenizer)
-    raise ValueError(f"no transformers tokenizer for a {type(tokenizer).__name__}")
+        hf = _byte_tokenizer()
+    elif isinstance(tokenizer, CharTokenizer):
+        hf = _char_tokenizer(tokenizer)
+    elif isinstance(tokenizer, WordTokenizer):
+        hf = _word_tokenizer(tokenizer)
+    elif isinstance(tokenizer, BPETokenizer):
+        hf = _bpe_tokenizer(tokenizer)
+    else:
+        raise ValueError(f"no transformers tokenizer for a {type(tokenizer).__name__}")
+    if hf.token_to_id(PAD) is not None:
+        raise ValueError(f"the tokenizer's vocabulary holds {PAD!r}, the padding token longseq adds after it")
+    hf.add_special_tokens([AddedToken(PAD, special=True, normalized=False)])
+    if hf.token_to_id(PAD) != tokenizer.vocab_size:
+        raise ValueError(
+            f"the padding token got id {hf.token_to_id(PAD)}, not {tokenizer.vocab_size} (after the vocabulary)"
+        )
+    return hf
 
 
 def special_tokens(tokenizer: Tokenizer) -> dict[str, str]:
-    """The special tokens transformers names (``eos_token``, ``unk_token``): those the tokenizer has."""
+    """The special tokens transformers names: ``pad_token``, and ``eos_token`` and ``unk_token`` where the
+    tokenizer has them."""
+    return {"pad_token": PAD, **_own_special_tokens(tokenizer)}
+
+
+def _own_special_tokens(tokenizer: Tokenizer) -> dict[str, str]:
     if isinstance(tokenizer, WordTokenizer):
         return {"eos_token": EOS, "unk_token": UNK}
     if isinstance(tokenizer, BPETokenizer):
@@ -137,7 +157,7 @@ def hf_tokenizer_config(tokenizer: Tokenizer) -> dict:
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "clean_up_tokenization_spaces": False,
-        "split_special_tokens": isinstance(tokenizer, WordTokenizer),
+        "split_special_tokens": not isinstance(tokenizer, BPETokenizer),
         "model_input_names": ["input_ids", "attention_mask"],
         "longseq_kind": tokenizer.kind,
         **special_tokens(tokenizer),
