@@ -144,6 +144,8 @@ def test_padding_is_refused_where_it_cannot_be_read():
         hf(x.index_put((torch.tensor([1]), torch.tensor([2])), torch.tensor(51)))
     with pytest.raises(ValueError, match=r"attention_mask of shape \(2, 3\) must be"):
         hf(x, attention_mask=mask[:, :3])
+    with pytest.raises(ValueError, match="a longseq memory cannot be rolled back"):
+        hf.generate(x[:1], prompt_lookup_num_tokens=2, max_new_tokens=2, do_sample=False)
 
 
 # -- beam search ---------------------------------------------------------------------------------------------------

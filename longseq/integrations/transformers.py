@@ -478,13 +478,13 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         kwargs.pop("next_sequence_length", None)
         kwargs.pop("is_first_iteration", None)
         inputs = {"use_cache": use_cache, **({"logits_to_keep": logits_to_keep} if logits_to_keep else {}), **kwargs}
-        keep = self._kept(input_ids, attention_mask)
         if windowed(self.model):
-            window, mask = last_tokens(input_ids, keep, self.config.segment_len)
+            window, mask = last_tokens(input_ids, self._kept(input_ids, attention_mask), self.config.segment_len)
             return {**inputs, "input_ids": window, "attention_mask": mask, "cache": LongseqCache(None, {"mem_len": 0})}
         if cache is None:
             cache = LongseqCache(None, recurrence_overrides(self.model, self.config.sampling_mem_len))
         self._check_continues(cache, input_ids)
+        keep = self._kept(input_ids[:, cache.seen :], attention_mask)  # of the columns not read yet
         if keep is None and cache.whole:
             memory = cache.memory
             if memory is None or input_ids.size(1) - 1 > cache.seen:  # read what the cache has not (maybe nothing)
@@ -513,10 +513,12 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError(f"the cache holds {held} rows and input_ids has {input_ids.size(0)}")
 
     def _read_prompt_rows(self, input_ids: Tensor, keep: Tensor | None, cache: LongseqCache):
-        """Each row's unread tokens but its last, read into its memory (rows grouped by memory and count); the
-        last token of every row (B, 1), a mask (B, 1) of the rows that have one (None: all), and the cache."""
+        """Each row's unread tokens but its last (``keep``: where the unread columns hold tokens), read into its
+        memory (rows grouped by memory and count); the last token of every row (B, 1), a mask (B, 1) of the rows
+        that have one (None: all), and the cache."""
         batch, length = input_ids.shape
-        new = (torch.ones_like(input_ids, dtype=torch.bool) if keep is None else keep)[:, cache.seen :].cpu()
+        unread = input_ids[:, cache.seen :]
+        new = (torch.ones_like(unread, dtype=torch.bool) if keep is None else keep).cpu()
         has = new.any(dim=1)
         if cache.seen == 0 and not bool(has.all()):
             raise ValueError(
@@ -525,7 +527,7 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         last = new.size(1) - 1 - new.flip(1).int().argmax(dim=1)  # each row's last kept column among the new ones
         read = new.clone()
         read[torch.arange(batch)[has], last[has]] = False
-        unread, groups = input_ids[:, cache.seen :], []
+        groups = []
         for rows, memory, n in row_groups(cache.groups, read.sum(1)):
             memory = memory if memory is not None else self._empty_memory(joinable=True)
             if n:
@@ -535,6 +537,13 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         fed = unread[torch.arange(batch), last.to(unread.device)].view(batch, 1)
         mask = None if bool(has.all()) else has.view(batch, 1).long().to(input_ids.device)
         return fed, mask, LongseqCache(None, cache.overrides, length - 1, merged(groups))
+
+    def _assisted_decoding(self, *args, **kwargs):
+        raise ValueError(
+            "assisted decoding (assistant_model, prompt_lookup_num_tokens) rolls the cache back after rejected draft "
+            "tokens, and a longseq memory cannot be rolled back (it has been truncated and compacted): generate "
+            "without an assistant"
+        )
 
     def _empty_memory(self, joinable: bool = False) -> Memory:
         """The memory generate starts from: ``longseq generate``'s (keys and values in ring buffers, written in
