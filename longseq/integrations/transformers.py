@@ -385,18 +385,22 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
                 "output_attentions is not available with padding or with rows of different memory lengths (a padded "
                 "batch): each row attends to its own number of keys; ask for it row by row"
             )
+        if labels is not None and labels.shape != input_ids.shape:
+            raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
         keep = torch.ones_like(input_ids, dtype=torch.bool) if keep is None else keep
         outputs, groups, scores, targets, aux = [], [], [], [], []
         for rows, memory, n in row_groups(cache.groups, keep.sum(1).cpu()):
             if n:
-                where = keep[rows]  # (g, T)
-                tokens = input_ids[rows][where].view(len(rows), n)
+                at = rows.to(input_ids.device)
+                where = keep[at]  # (g, T)
+                tokens = input_ids[at][where].view(len(rows), n)
                 read = self._read(tokens, memory, cache.overrides, hidden_states, False)
-                outputs.append((rows, where, read))
+                outputs.append((at, where, read))
                 memory = read.memory
                 if labels is not None:
                     scores.append(read.logits[:, :-1].reshape(-1, read.logits.size(-1)))
-                    targets.append(labels[rows][where].view(len(rows), n)[:, 1:].reshape(-1))
+                    own = labels.to(input_ids.device)[at][where].view(len(rows), n)
+                    targets.append(own[:, 1:].reshape(-1))
                 if read.aux_loss is not None:
                     aux.append(read.aux_loss * len(rows))
             groups.append(RowGroup(tuple(rows.tolist()), memory))
@@ -531,10 +535,10 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         for rows, memory, n in row_groups(cache.groups, read.sum(1)):
             memory = memory if memory is not None else self._empty_memory(joinable=True)
             if n:
-                tokens = unread[rows][read[rows].to(unread.device)].view(len(rows), n)
+                tokens = unread[rows.to(unread.device)][read[rows].to(unread.device)].view(len(rows), n)
                 memory = read_prompt(self.model, tokens, self.config.segment_len, cache.overrides, memory)
             groups.append(RowGroup(tuple(rows.tolist()), memory))
-        fed = unread[torch.arange(batch), last.to(unread.device)].view(batch, 1)
+        fed = unread[torch.arange(batch, device=unread.device), last.to(unread.device)].view(batch, 1)
         mask = None if bool(has.all()) else has.view(batch, 1).long().to(input_ids.device)
         return fed, mask, LongseqCache(None, cache.overrides, length - 1, merged(groups))
 
