@@ -124,8 +124,9 @@ def compiled_flex_call(compiled, query, key, value, score_mod, block_mask, scale
     """Call a compiled ``flex_attention`` with the lengths marked dynamic: T and K, and with them the block mask's
     block counts (its tensors would otherwise be specialised on their first sizes and compiled again), under a
     recompile limit of :data:`FLEX_RECOMPILE_LIMIT` that fails loudly when it is hit
-    (:class:`FlexRecompileLimitError`).  Inside ``torch.compile(model)`` the model's own graph traces Flex (marking
-    sizes dynamic is forbidden while tracing, and ``fullgraph=True`` refused it)."""
+    (:class:`FlexRecompileLimitError`).  Inside a ``torch.compile`` of the whole model, dynamo traces
+    ``flex_attention`` itself and refuses marks while tracing: the plain operator is called, and the outer compile
+    decides what is dynamic."""
     from torch.nn.attention.flex_attention import flex_attention
 
     if torch.compiler.is_compiling():
