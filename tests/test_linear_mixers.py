@@ -15,6 +15,7 @@ from longseq.config import ConfigError
 from longseq.model import Memory, RingMemory
 from longseq.model.mixers import MIXERS
 from longseq.model.mixers.delta_rule import delta_chunked, delta_quadratic, delta_recurrent
+from longseq.model.mixers.linear import favor_features, orthogonal_features, rotate
 from longseq.model.mixers.linear_scan import scan_chunked, scan_quadratic, scan_recurrent
 from longseq.model.registry import ignored_options
 from longseq.train import load_checkpoint
@@ -332,3 +333,36 @@ def test_training_a_hybrid_from_the_command_line(tmp_path, capsys):
     args = ["generate", "--checkpoint", f"{out}/best", "--prompt", "ROMEO:", "--max-new-tokens", "6", "--json"]
     assert main([*args, "--seed", "1"]) == 0
     assert len(last_json(capsys)["text"]) == 6
+
+
+def test_favor_features_estimate_the_softmax_kernel_without_bias():
+    """FAVOR+'s promise: phi(x) . phi(y) estimates exp(x . y).  Over 400 pairs the median relative error is under 3%
+    with 65536 features and falls with the number of features as 1 / sqrt(m) (256 features: over 4 times larger).
+    Features from LAPACK's QR without the sign correction were biased: 9.8% at 65536."""
+    torch.manual_seed(0)
+    x, y = torch.randn(2, 1, 20, 1, 8, dtype=torch.float64).mul(0.5).unbind(0)
+    exact = torch.exp(torch.einsum("athd,ashd->ts", x, y))
+    errors = []
+    for m in (256, 65536):
+        w = orthogonal_features(m, 8).double()
+        estimate = torch.einsum("athm,ashm->ts", favor_features(x, w, False), favor_features(y, w, False))
+        errors.append(float(((estimate - exact) / exact).abs().median()))
+    assert errors[1] < 0.03 and errors[0] > 4 * errors[1], errors
+
+
+def test_retentions_rotation_is_relative_at_any_position():
+    """The rotation is multiplication by exp(i position theta) of each pair as a complex number, so q_t . k_s
+    depends on t - s only: the scores at positions 0.. and 10^6.. agree in float32 (the angles are float64)."""
+    torch.manual_seed(1)
+    q, k = torch.randn(2, 1, 9, 2, 8).unbind(0)
+    positions = torch.arange(9)[None]
+    half = 4
+    theta = 10000.0 ** (-torch.arange(half, dtype=torch.float64) / half)
+    complex_q = torch.complex(q[..., :half].double(), q[..., half:].double())
+    turned = complex_q * torch.exp(1j * positions[..., None, None].double() * theta)
+    torch.testing.assert_close(
+        rotate(q, positions).double(), torch.cat([turned.real, turned.imag], -1), atol=1e-6, rtol=0
+    )
+    near = torch.einsum("bthd,bshd->bhts", rotate(q, positions), rotate(k, positions))
+    far = torch.einsum("bthd,bshd->bhts", rotate(q, positions + 10**6), rotate(k, positions + 10**6))
+    torch.testing.assert_close(far, near, rtol=0, atol=1e-5)

@@ -102,10 +102,15 @@ class LinearAttention(MatrixMixer):
 
 
 def orthogonal_features(m: int, d: int) -> Tensor:
-    """(m, d) random features: blocks of d orthogonal rows (QR of a Gaussian matrix), each row given the length of
-    a Gaussian vector (chi with d degrees of freedom), as FAVOR+ draws them.  Uses torch's global generator."""
-    blocks = [torch.linalg.qr(torch.randn(d, d))[0].T for _ in range(math.ceil(m / d))]
-    return torch.cat(blocks)[:m] * torch.randn(m, d).norm(dim=1, keepdim=True)
+    """(m, d) random features: blocks of d orthogonal rows, each row given the length of a Gaussian vector (chi with
+    d degrees of freedom), as FAVOR+ draws them.  Uses torch's global generator.
+
+    Each block is the Q of a Gaussian matrix's QR with R's diagonal made positive: without that correction
+    LAPACK's Q is not a uniformly random rotation (each column's first entry has one sign) and the features are
+    biased."""
+    q, r = torch.linalg.qr(torch.randn(math.ceil(m / d), d, d))  # (n, d, d)
+    rows = (q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))[:, None, :]).transpose(-1, -2).reshape(-1, d)
+    return rows[:m] * torch.randn(m, d).norm(dim=1, keepdim=True)
 
 
 def favor_features(x: Tensor, projection: Tensor, stabilise: bool) -> Tensor:
