@@ -150,3 +150,27 @@ def test_compiled_flex_does_not_compile_again_for_new_lengths(monkeypatch):
         with torch.no_grad():
             flex.flex_relative_attention(q, k, v, rel, u, w, mask, 0.0, False)
     assert 1 <= counters["stats"]["unique_graphs"] <= 2
+
+
+def test_flex_inside_a_compiled_model_traces_and_equals_the_uncompiled_call(monkeypatch):
+    """``torch.compile`` of the whole model (the GPU check's compiled_speed) reaches the compiled Flex call while
+    dynamo traces: marking sizes dynamic there is refused ("forbidden callable maybe_mark_dynamic", seen on an
+    H200), so the call hands the plain operator to the outer trace.  aot_eager on CPU runs the same tracing."""
+    import longseq.model.attention.flex as flex
+    from longseq.model.attention.patterns import AttentionPattern, PatternMask
+
+    torch._dynamo.reset()
+    heads, d_head, qlen, mlen = 2, 16, 64, 32
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, heads, n, d_head) for n in (qlen, qlen + mlen, qlen + mlen))
+    rel, u, w = torch.randn(heads, qlen + mlen + 1, d_head), torch.randn(heads, d_head), torch.randn(heads, d_head)
+    mask = PatternMask(AttentionPattern("window", window=16), qlen, mlen)
+
+    def attend(q, k, v):
+        return flex.flex_relative_attention(q, k, v, rel, u, w, mask, 0.0, False)
+
+    with torch.no_grad():
+        eager = attend(q, k, v)  # the CPU path: Flex uncompiled
+        monkeypatch.setattr(flex, "_flex", lambda *args: flex.compiled_flex_call(flex._compiled_flex(), *args))
+        compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)(q, k, v)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)

@@ -116,7 +116,7 @@ def test_cli_export_generates_the_cli_tokens(tmp_path, capsys):
     ids = torch.as_tensor(saved.encode("hello world").tolist())[None]
     torch.manual_seed(5)
     assert saved.decode(hf.generate(ids, max_new_tokens=12, top_k=40)[0, ids.size(1) :].tolist()) == expected
-    hf.save_pretrained(str(tmp_path / "saved"))  # no tokenizer file: 256 tokens read as bytes
+    hf.save_pretrained(str(tmp_path / "saved"))  # the tokenizer it was loaded with, written again
     for directory in ("hf", "saved"):  # and back into a longseq checkpoint, bit for bit
         assert (
             main(["convert", "--from-hf", str(tmp_path / directory), "--out", str(tmp_path / f"{directory}-back")]) == 0
@@ -129,15 +129,7 @@ def test_cli_export_generates_the_cli_tokens(tmp_path, capsys):
 def test_bad_input_is_refused_clearly(tmp_path):
     hf = longseq.hf.from_longseq(tiny("window-dilated"), segment_len=SEGMENT)
     x = torch.randint(0, 50, (2, 5))
-    padded = torch.ones_like(x)
-    padded[0, 0] = 0
-    with pytest.raises(ValueError, match="attention_mask has zeros"):
-        hf(x, attention_mask=padded)
-    with pytest.raises(ValueError, match="attention_mask has zeros"):
-        hf.generate(x, attention_mask=padded, max_new_tokens=2)
     assert torch.equal(hf(x, attention_mask=torch.ones_like(x)).logits, hf(x).logits)
-    with pytest.raises(ValueError, match="cannot use beam search"):
-        hf.generate(x, num_beams=2, do_sample=False, max_new_tokens=2)
     with pytest.raises(TypeError, match="does not take"):
         hf(x, position_ids=torch.arange(5)[None])
     with pytest.raises(ConfigError, match="n_layers"):

@@ -164,3 +164,73 @@ def test_the_lm_eval_command_scores_a_checkpoint(lm, checkpoint, tmp_path, monke
     expected = -sum(scores) / sum(len(d.encode()) for d in DOCS) / math.log(2)
     bpb = json.loads(written.read_text())["results"]["longseq_local_ppl"]["bits_per_byte,none"]
     assert bpb == pytest.approx(expected, rel=1e-9)
+
+
+PAIRS = [("", "The memory"), ("The memory", " carries"), ("Short", " one."), ("naïve", " café\n")]  # one window
+
+
+def test_the_harness_hf_model_scores_an_export_as_longseq(lm, checkpoint, tmp_path):
+    """The harness's own ``hf`` model over ``longseq convert --to-hf`` of the checkpoint (``import longseq.hf``
+    registers it, as ``python -m longseq.lm_eval`` does): where the text fits one segment, the log-likelihoods and
+    greedy flags are the ``longseq`` model's.  The prefix token is the newline, as longseq's model reads."""
+    pytest.importorskip("transformers", minversion="5")
+    from lm_eval.models.huggingface import HFLM
+
+    import longseq.hf  # noqa: F401
+
+    assert main(["convert", "--to-hf", "--checkpoint", checkpoint, "--out", str(tmp_path / "hf")]) == 0
+    hf = HFLM(pretrained=str(tmp_path / "hf"), device="cpu", batch_size=2, prefix_token_id=10)
+    requests = [request("loglikelihood", context, continuation) for context, continuation in PAIRS]
+    theirs = hf.loglikelihood(requests, disable_tqdm=True)
+    ours = lm.loglikelihood(requests, disable_tqdm=True)
+    assert [g for _, g in theirs] == [g for _, g in ours]
+    assert [s for s, _ in theirs] == pytest.approx([s for s, _ in ours], rel=1e-5)
+
+
+CHOICE_TASK = """task: longseq_local_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: 0
+target_delimiter: ""
+metric_list:
+  - metric: acc
+"""
+
+
+@pytest.mark.slow  # two runs of the harness's command, each indexing every task it ships: 30-100 s here
+def test_the_launcher_loads_an_export_with_the_hf_model(checkpoint, tmp_path):
+    """``python -m longseq.lm_eval --model hf --model_args pretrained=HF_DIR`` (a fresh process: the launcher
+    registers longseq with transformers) logs the log-likelihoods that ``--model longseq`` logs."""
+    import os
+    import subprocess
+    import sys
+
+    assert main(["convert", "--to-hf", "--checkpoint", checkpoint, "--out", str(tmp_path / "hf")]) == 0
+    data = tmp_path / "choices.jsonl"
+    rows = [{"context": c, "choices": [x, " other"]} for c, x in PAIRS[1:]]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "choice.yaml").write_text(CHOICE_TASK.format(data=data))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "c")}
+    logged = {}
+    for name, args in (
+        ("hf", f"pretrained={tmp_path / 'hf'},prefix_token_id=10"),
+        ("longseq", f"checkpoint={checkpoint}"),
+    ):
+        command = [sys.executable, "-m", "longseq.lm_eval", "--model", name, "--model_args", args, "--device", "cpu",
+                   "--tasks", "longseq_local_choice", "--include_path", str(tmp_path / "tasks"), "--log_samples",
+                   "--output_path", str(tmp_path / name)]  # fmt: skip
+        subprocess.run(command, check=True, env=env, cwd=tmp_path, capture_output=True)
+        (samples,) = list((tmp_path / name).rglob("samples_*.jsonl"))
+        logged[name] = [
+            [float(r[0]) for r in json.loads(line)["filtered_resps"]] for line in samples.read_text().splitlines()
+        ]
+    assert len(logged["hf"]) == len(rows)
+    assert logged["hf"] == [pytest.approx(x, rel=1e-5) for x in logged["longseq"]]

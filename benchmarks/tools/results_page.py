@@ -493,13 +493,14 @@ def mfu_section() -> list[str]:
     share = lambda v: "" if v is None else f"{100 * v:.0f}%"  # noqa: E731
     settings = [[r["setting"], num(r["tokens_per_s"]), f"{r['mfu']:.2f}", share(r["matmul_share"]),
                  "" if r["matmul_efficiency"] is None else f"{r['matmul_efficiency']:.2f}"] for r in data["settings"]]  # fmt: skip
-    kinds = [[r["kind"], *(f"{v:.1f}%" for v in r["share"])] for r in data["breakdown"]["rows"]]
+    top = sorted(data["breakdown"]["rows"][1:], key=lambda r: -r["share"][-1])[:2]  # after the matmuls
+    after = ", ".join(f"{r['kind'].split(' (')[0]} {r['share'][-1]:.0f}%" for r in top)
     body = [
         "MFU ↑: the model's matmul FLOPs per token x tokens/s over a 1,024 float32 matmul probe of the same run.",
         "",
         *table(["setting", "tokens/s", "MFU", "matmul share", "matmul efficiency"], settings, "lrrrr"),
         "",
-        *table(["share of the step (profiler)", *data["breakdown"]["columns"]], kinds, "lrr"),
+        f"At 512/512, after the matmuls: {after} of the step (profiler).",
     ]
     return section("Model FLOPs utilisation of a training step", data, body, "speed/mfu.json")
 
@@ -515,7 +516,11 @@ def smaller_section() -> list[str]:
     byte = [r for r in p["startup"] if r["tokenizer"] == "byte"][0]
     bpc = {r["tokenizer"]: r["test_bpc"] for r in t["rows"]}
     rss = lambda d, k: f"{d['results'][-1][k]['peak_rss_mib']:,.0f}"  # noqa: E731
+    ba = {r["figure"]: r["ratio"] for r in load("speed/before-after.json")["rows"]}
     lines = [
+        f"* **The GPU-ready step** (`speed/before-after.json`), after/before: training tokens/s "
+        f"{ba['training tokens/s ↑, eager']:.2f}x eager, {ba['training tokens/s ↑, compiled']:.2f}x compiled; "
+        f"compile time {ba['compile s ↓']:.2f}x.",
         f"* **Activation checkpointing** (`speed/activation-checkpointing.json`): every layer recomputed at "
         f"{num(every['length'])} tokens: {every['time_vs_off']:.2f}x the step time for {every['memory_vs_off']:.2f}x "
         "the step memory.",
@@ -535,13 +540,26 @@ def smaller_section() -> list[str]:
     return ["## Smaller measurements", f"*{MACHINE.split(':')[0]}; commands in each JSON*", "", *lines, ""]
 
 
-def before_after_section() -> list[str]:
-    """The CPU speed before and after the GPU-readiness and interface work, alternating trees."""
-    data = load("speed/before-after.json")
-    fig = lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"  # noqa: E731
-    rows = [[r["figure"], fig(r["before"]), fig(r["after"]), f"**{r['ratio']:.2f}**"] for r in data["rows"]]
-    body = [data["setup"], "", *table(["figure", "before", "after", "after / before"], rows, "lrrr")]
-    return section("Before and after the GPU-ready step", data, body, "speed/before-after.json")
+def gpu_section() -> list[str]:
+    """The first GPU session: training speed beside HF TransfoXL and x-transformers, and what the check saw."""
+    study, hf, check = load("gpu/study.json"), load("gpu/vs-hf.json")["sections"], load("gpu/gpu-check.json")
+    ratio = hf["hf_ratio"]
+    rows = [["HF TransfoXL", "fp32", "512 / 512", num(ratio["longseq_tokens_per_s"]), num(ratio["hf_tokens_per_s"]),
+             f"**{ratio['speedup']:.2f}x**"]]  # fmt: skip
+    names = {"xt_rotary_mem": "x-transformers rotary", "xt_rotary_flash_mem": "x-transformers rotary flash"}
+    for precision in ("fp32", "bf16"):
+        for size in load(f"gpu/vs-x-transformers-{precision}.json")["sizes"]:
+            tps, where = size["tokens_per_s"], f"{size['tgt_len']} / {size['mem_len']}"
+            rows += [[names[n], precision, where, num(tps["longseq"]), num(tps[n]), f"**{size['longseq_over'][n]:.2f}x**"]
+                     for n in names if size["tgt_len"] == 512 or (n, precision) == ("xt_rotary_mem", "fp32")]  # fmt: skip
+    s = check["sections"]
+    syncs = ", ".join(f"{k} {v}" for k, v in s["host_syncs"]["syncs_per_forward_backward"].items())
+    body = ["Training tokens/s, batch 8, medians of 3 alternating rounds (launch-bound; rounds differ by "
+            "up to 15%). Checks and what waits for a GPU: `gpu/README.md`.", "",
+            *table(["peer", "dtype", "tgt / mem", "longseq", "peer", "ratio"], rows, "lllrrr"),
+            "", f"bf16 vs fp32 (window, 8k): {s['bf16_vs_fp32']['speedup']:.2f}x; host syncs per step "
+            f"(expected 0): {syncs}."]  # fmt: skip
+    return section("On an H200", study, body, "gpu/")
 
 
 def render() -> str:
@@ -549,7 +567,7 @@ def render() -> str:
     parts = [headline(), memory_section(), hf_section(), vanilla_section(), patterns_section(), table6_section(),
              compaction_section(), clamp_section(), mixers_section(), mixers_speed_section(), listops_section(),
              recall_section(),
-             preset_section(), mfu_section(), before_after_section(), smaller_section()]  # fmt: skip
+             preset_section(), mfu_section(), gpu_section(), smaller_section()]  # fmt: skip
     return "\n".join(line for part in parts for line in part).rstrip("\n") + "\n"
 
 

@@ -250,14 +250,26 @@ def _prefix_id(tokenizer) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The ``lm_eval`` command with the ``longseq`` model registered (``python -m longseq.lm_eval``)."""
+    """The ``lm_eval`` command with the ``longseq`` model registered, and longseq with transformers
+    (``python -m longseq.lm_eval``)."""
     import sys
 
     from lm_eval.__main__ import cli_evaluate
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
+    register_transformers()
     cli_evaluate()
+
+
+def register_transformers() -> bool:
+    """Register longseq's classes with transformers, so that the harness's own ``hf`` model loads a longseq export
+    (``--model hf --model_args pretrained=HF_DIR``); False where transformers 5 is not installed."""
+    try:
+        import longseq.integrations.transformers  # noqa: F401  (registers with AutoConfig, AutoModelForCausalLM)
+    except ImportError:
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -1,28 +1,49 @@
 """longseq language models in transformers 5: ``import longseq.hf``, then ``AutoModelForCausalLM.from_pretrained``.
 
 Importing this module registers :class:`LongseqConfig` (``model_type: "longseq"``) with ``AutoConfig`` and
-:class:`LongseqForCausalLM` with ``AutoModelForCausalLM``; importing plain ``longseq`` never imports transformers.
-Every longseq language model loads (each attention pattern, mixer, memory policy, hourglass, adaptive softmax): the
-class holds a :class:`~longseq.model.TransformerXLLM` (or the LSTM baseline) under ``.model`` and adds the
-transformers conventions.
+:class:`LongseqForCausalLM` with ``AutoModelForCausalLM`` (:class:`LongseqCache` is a pytree, so that
+``torch.export`` takes and returns it); importing plain ``longseq`` never imports transformers.  Every longseq
+language model loads (each attention pattern, mixer, memory policy, hourglass, adaptive softmax): the class holds a
+:class:`~longseq.model.TransformerXLLM` (or the LSTM baseline) under ``.model`` and adds the transformers
+conventions.
 
 * ``forward(input_ids, cache=None, labels=None)`` reads ``input_ids`` as one segment after the memory in ``cache``
   (a :class:`LongseqCache`; ``None``: no memory), as ``TransformerXLLM.forward`` does.  ``labels`` follow
   transformers: ``labels`` is ``input_ids`` (or a copy with -100 where no loss is wanted) and the model shifts them,
-  so position t is scored on ``labels[t + 1]``; longseq's own ``labels`` are already shifted.
+  so position t is scored on ``labels[t + 1]``; longseq's own ``labels`` are already shifted.  The deprecated
+  ``past_key_values`` is ``cache``, with transformers' deprecation warning.
+* ``output_hidden_states``: the layers' input (the scaled embeddings) and every layer's output, (B, T, E) each (an
+  hourglass's shortened block is one layer); ``output_attentions``: every attention layer's probabilities
+  (B, H, T, K) over [memory; segment], recomputed from the layer's inputs by the readable reference
+  (``RelativeMultiHeadAttention.probs``), whichever kernel ran.
 * ``generate()`` samples as ``longseq generate`` does, with the same tokens for the same seed: the prompt but its
   last token is read in segments of ``config.segment_len`` into a key/value memory of ``config.generate_mem_len``
-  positions (mixers keep their recurrent states in it), then one token at a time.  The cache is that memory.
-  Beam search and assisted decoding are refused (the memory cannot be reordered or rolled back); an
-  ``attention_mask`` with zeros (padding) is refused: a memory has no padding slots, so give unpadded rows.
+  positions (mixers keep their recurrent states in it), then one token at a time.  The cache is that memory
+  (:mod:`longseq.integrations.longseq_cache`); beam search reorders its rows.  Assisted decoding is refused (the
+  memory cannot be rolled back).
+* Padding (``attention_mask`` 0, left padding as transformers pads for generation, or anywhere; or the
+  tokenizer's padding id, which lies outside the vocabulary) is skipped: each row reads only its own tokens, its
+  positions and memory as if it were alone, so a padded batch gives every row its own logits and tokens.  Rows
+  that have read different numbers of tokens keep separate memories and run as separate batches until their
+  memories come to one length.
+* Embeddings: ``get_input_embeddings()`` is the ``nn.Embedding`` of the vocabulary (an ``AdaptiveEmbedding`` only
+  with ``div_val`` > 1 and cutoffs); ``resize_token_embeddings`` resizes it and the softmax (no cutoffs);
+  ``tie_word_embeddings`` is longseq's ``tie_weight``; ``gradient_checkpointing_enable()`` (and the Trainer's
+  ``gradient_checkpointing``) is longseq's ``LayerStack.activation_checkpointing``.
 
 Directories come from ``longseq convert --to-hf`` (:mod:`longseq.interop.hf_longseq` writes them without
-transformers) or from ``save_pretrained``; both hold the same ``config.json`` and ``model.safetensors``.
+transformers) or from ``save_pretrained``; both hold the same ``config.json`` and ``model.safetensors``, and the
+tokenizer (``tokenizer.json``, which ``AutoTokenizer`` loads) when the model knows it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import functools
+import os
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -38,22 +59,38 @@ if int(transformers.__version__.split(".")[0]) < 5:
     )
 
 from huggingface_hub.dataclasses import strict
-from torch import Tensor
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.configuration_utils import PreTrainedConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils.deprecation import deprecate_kwarg
 
 from longseq.config import ModelConfig
+from longseq.data.tokenizers import Tokenizer, load_tokenizer
 from longseq.generation import read_prompt, recurrence_overrides, windowed
-from longseq.interop.hf_longseq import GENERATION_DEFAULTS, MODEL_TYPE, hf_config, tied_names
+from longseq.integrations.longseq_cache import LongseqCache, RowGroup, merged, row_groups
+from longseq.interop.hf_longseq import (
+    GENERATION_DEFAULTS,
+    MODEL_TYPE,
+    TOKENIZER_FILE,
+    hf_config,
+    save_tokenizers,
+    tied_names,
+)
 from longseq.model import Memory, TransformerXLLM, build_model
 from longseq.model.lstm import LSTMLM
+from longseq.model.memory import CacheContext, HiddenMemory, KVMemory, RingContext, RingMemory
 from longseq.model.stack import LayerStack
 from longseq.model.transformer import IGNORE_INDEX
 
 __all__ = ["LongseqCache", "LongseqConfig", "LongseqForCausalLM", "from_longseq"]
 
-MIRRORED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "tie_word_embeddings")
+MIRRORED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+UNTIED_HEADS = {  # a softmax weight a tied checkpoint stores under the embedding's name -> that name
+    re.compile(r"model\.crit\.out_layers\.(\d+)\.weight"): r"model.transformer.word_emb.emb_layers.\1.weight",
+    re.compile(r"model\.decoder\.weight"): "model.embedding.weight",
+}
 
 
 @strict
@@ -61,7 +98,8 @@ class LongseqConfig(PreTrainedConfig):
     """A longseq :class:`~longseq.config.ModelConfig` (``longseq``, a dict; unknown keys are an error) and how
     ``generate`` reads a prompt: in segments of ``segment_len`` tokens (the training ``tgt_len``), with a memory of
     ``generate_mem_len`` positions (None: ``mem_len + segment_len``, as ``longseq generate``).  ``vocab_size``,
-    ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads`` and ``tie_word_embeddings`` mirror it."""
+    ``hidden_size``, ``num_hidden_layers`` and ``num_attention_heads`` mirror it; ``tie_word_embeddings`` is its
+    ``tie_weight`` (given, it sets it)."""
 
     model_type = MODEL_TYPE
     longseq: dict | None = None
@@ -75,7 +113,10 @@ class LongseqConfig(PreTrainedConfig):
     use_cache: bool = True
 
     def __post_init__(self, **kwargs):
-        model = ModelConfig.from_dict(self.longseq or {})  # ConfigError names an unknown or bad key
+        given = dict(self.longseq or {})
+        if self.tie_word_embeddings is not None:
+            given["tie_weight"] = self.tie_word_embeddings
+        model = ModelConfig.from_dict(given)  # ConfigError names an unknown or bad key
         self.longseq = model.to_dict()
         if self.segment_len < 1:
             raise ValueError(f"segment_len must be >= 1, got {self.segment_len}")
@@ -88,37 +129,19 @@ class LongseqConfig(PreTrainedConfig):
             if given is not None and given != value:
                 raise ValueError(f"config {key}={given} disagrees with the longseq model config, which has {value}")
             setattr(self, key, value)
+        self.tie_word_embeddings = model.tie_weight
         super().__post_init__(**kwargs)
 
     def model_config(self) -> ModelConfig:
-        return ModelConfig.from_dict(self.longseq)
+        """The longseq model config, with ``tie_word_embeddings`` as its ``tie_weight`` (``from_pretrained(...,
+        tie_word_embeddings=False)`` sets it after the config is read)."""
+        return ModelConfig.from_dict({**self.longseq, "tie_weight": bool(self.tie_word_embeddings)})
 
     @property
     def sampling_mem_len(self) -> int:
         """The memory ``generate`` keeps: ``generate_mem_len``, else the model's ``mem_len + segment_len``."""
         mem_len = self.longseq["memory"]["mem_len"]
         return mem_len + self.segment_len if self.generate_mem_len is None else self.generate_mem_len
-
-
-class LongseqCache:
-    """``generate``'s cache: the recurrence :class:`~longseq.model.Memory` (XL memory, compressed memory, memory
-    tokens, the mixers' recurrent states) and the recurrence settings it was made with.  A ring memory is written in
-    place: continue from a cache once."""
-
-    is_compileable = False
-    is_croppable = False
-
-    def __init__(self, memory: Memory | None, overrides: dict[str, Any] | None = None, seen: int = 0) -> None:
-        self.memory = memory
-        self.overrides = dict(overrides or {})
-        self.seen = seen  # tokens read into it
-
-    @property
-    def is_linear(self) -> list[bool]:
-        return [True]  # what it holds is not one entry per token: generate must not slice inputs by its length
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.seen
 
 
 class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
@@ -129,35 +152,64 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
     base_model_prefix = "model"
     main_input_name = "input_ids"
     _is_stateful = True  # no assisted decoding: the memory cannot be rolled back
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True
 
-    def __init__(self, config: LongseqConfig) -> None:
+    def __init__(self, config: LongseqConfig, tokenizer: Tokenizer | None = None) -> None:
         super().__init__(config)
         self.model = build_model(config.model_config())  # a TransformerXLLM (or the LSTM baseline), initialised
+        config.longseq = self.model.config.to_dict()
+        self.tokenizer = tokenizer  # longseq's tokenizer, written beside the weights by save_pretrained
         self._tied_weights_keys = {f"model.{t}": f"model.{s}" for t, s in tied_names(self.model).items()}
         self.post_init()
         if self.generation_config is not None:
-            for key, value in GENERATION_DEFAULTS.items():  # longseq generate's defaults, not transformers' top_k=50
+            defaults = {**GENERATION_DEFAULTS, "pad_token_id": config.vocab_size}  # the padding id (see _kept)
+            for key, value in defaults.items():  # longseq generate's defaults, not transformers' top_k=50
                 if getattr(self.generation_config, key, None) is None:
                     setattr(self.generation_config, key, value)
 
+    # -- loading and saving ---------------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         """transformers' ``from_pretrained``, refusing a checkpoint that lacks tensors of the model (transformers
-        would warn and leave them uninitialised: longseq initialises only when it builds a model)."""
+        would warn and leave them uninitialised: longseq initialises only when it builds a model).  A softmax
+        untied with ``tie_word_embeddings=False`` starts as a copy of the embedding a tied checkpoint stores; the
+        directory's ``longseq_tokenizer.json``, if any, becomes ``model.tokenizer``."""
         want_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
-        if info["missing_keys"]:
-            missing = sorted(info["missing_keys"])
+        missing = sorted(set(info["missing_keys"]) - model._untie_from_embeddings(info["missing_keys"]))
+        if missing:
             raise ValueError(f"the checkpoint lacks {len(missing)} tensor(s) of the model: {', '.join(missing[:5])}")
+        path = os.path.join(str(args[0] if args else kwargs.get("pretrained_model_name_or_path")), TOKENIZER_FILE)
+        if os.path.isfile(path):
+            model.tokenizer = load_tokenizer(path, vocab_size=model.config.vocab_size)
         return (model, info) if want_info else model
+
+    def _untie_from_embeddings(self, missing) -> set[str]:
+        """Copy each missing untied softmax weight from the embedding it was tied to; the names copied."""
+        if self.config.tie_word_embeddings:
+            return set()
+        params, done = dict(self.named_parameters()), set()
+        for name in missing:
+            for pattern, source in UNTIED_HEADS.items():
+                if pattern.fullmatch(name) and pattern.sub(source, name) in params:
+                    with torch.no_grad():
+                        params[name].copy_(params[pattern.sub(source, name)])
+                    done.add(name)
+        return done
+
+    def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs):
+        """transformers' ``save_pretrained``, and with ``model.tokenizer`` set, the tokenizer files beside it
+        (``longseq_tokenizer.json``, and ``tokenizer.json`` + ``tokenizer_config.json`` for ``AutoTokenizer``)."""
+        super().save_pretrained(save_directory, *args, is_main_process=is_main_process, **kwargs)
+        if self.tokenizer is not None and is_main_process:
+            save_tokenizers(self.tokenizer, str(save_directory))
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # the cache is a LongseqCache, made in prepare_inputs_for_generation
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
-        """The tensors longseq ties (``tie_weight``, ``tie_projs``), whatever ``tie_word_embeddings`` says."""
+        """The tensors longseq ties (``tie_weight``, ``tie_projs``), as the model was built."""
         return dict(self._tied_weights_keys)
 
     def _init_weights(self, module: torch.nn.Module) -> None:
@@ -169,77 +221,435 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
                 if buffer is not None:
                     module._buffers[name] = torch.zeros_like(buffer)
 
-    def get_input_embeddings(self) -> torch.nn.Module:
-        return self.model.embedding if isinstance(self.model, LSTMLM) else self.model.transformer.word_emb
+    # -- embeddings -----------------------------------------------------------------------------------------------
+    def get_input_embeddings(self) -> nn.Module:
+        """The vocabulary's ``nn.Embedding`` (``model.transformer.word_emb.emb_layers.0``; the LSTM's
+        ``model.embedding``); with cutoffs and ``div_val`` > 1, the ``AdaptiveEmbedding`` of its clusters.  The
+        backbone scales its output by sqrt(d_model) (and projects it with ``d_embed`` != ``d_model``)."""
+        if isinstance(self.model, LSTMLM):
+            return self.model.embedding
+        embedding = self.model.transformer.word_emb
+        return embedding.emb_layers[0] if len(embedding.emb_layers) == 1 else embedding
 
-    def get_output_embeddings(self) -> None:
-        return None  # an adaptive softmax, not one Linear: resize_token_embeddings is not supported
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        if isinstance(self.model, LSTMLM):
+            self.model.embedding = value
+        elif len(self.model.transformer.word_emb.emb_layers) == 1 and isinstance(value, nn.Embedding):
+            self.model.transformer.word_emb.emb_layers[0] = value
+        else:
+            raise ValueError("set_input_embeddings takes an nn.Embedding, for a model without adaptive clusters")
 
+    def get_output_embeddings(self) -> nn.Linear | None:
+        """The softmax's ``nn.Linear`` without cutoffs (``model.crit.out_layers.0``; the LSTM's ``model.decoder``);
+        None for an adaptive softmax."""
+        if isinstance(self.model, LSTMLM):
+            return self.model.decoder
+        crit = self.model.crit
+        return crit.out_layers[0] if not crit.n_clusters else None
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        if isinstance(self.model, LSTMLM):
+            self.model.decoder = value
+        elif not self.model.crit.n_clusters:
+            self.model.crit.out_layers[0] = value
+        else:
+            raise ValueError("an adaptive softmax has no single output embedding")
+
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing: bool = True):
+        """transformers' ``resize_token_embeddings`` over the embedding and the softmax (rows kept, new rows at the
+        old rows' mean, or with ``mean_resizing=False`` as longseq initialises them), the longseq config following.
+        A model with cutoffs (an adaptive embedding and softmax) is refused."""
+        if self.model.config.cutoffs:
+            raise ValueError(
+                f"resize_token_embeddings needs a plain embedding and softmax; this model's vocabulary is cut into "
+                f"adaptive clusters at {self.model.config.cutoffs}"
+            )
+        old = self.config.vocab_size
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if embeddings.num_embeddings != old:
+            self._resized(old, embeddings.num_embeddings, mean_resizing)
+        return embeddings
+
+    def _resized(self, old: int, new: int, mean_resizing: bool) -> None:
+        """After transformers resized the weights (in place, through ``.data``): fresh parameters (a parameter
+        that already ran a backward keeps its old shape in autograd), tied again; the softmax bias (a tied head's
+        weight is resized with the embedding, its bias is not); longseq's initialisation of new rows without mean
+        resizing; and the configs."""
+        embedding, head, std = self.get_input_embeddings(), self.get_output_embeddings(), self.model.config.init_std
+        tied = head.weight is embedding.weight
+        embedding.weight = nn.Parameter(embedding.weight.data, requires_grad=embedding.weight.requires_grad)
+        head.weight = embedding.weight if tied else nn.Parameter(head.weight.data, head.weight.requires_grad)
+        with torch.no_grad():
+            bias = head.bias.new_zeros(new)
+            bias[: min(old, new)] = head.bias[: min(old, new)]
+            head.bias = nn.Parameter(bias, requires_grad=head.bias.requires_grad)
+            if new > old and not mean_resizing:  # transformers left nn.Embedding's N(0, 1) in the new rows
+                for weight in {id(w): w for w in (embedding.weight, head.weight)}.values():
+                    weight[old:].normal_(0.0, std)
+                head.bias[old:] = 0
+        config = dataclasses.replace(self.model.config, vocab_size=new)
+        self.model.config = config
+        if isinstance(self.model, TransformerXLLM):
+            self.model.transformer.config = config
+            self.model.transformer.word_emb.bounds = self.model.crit.bounds = [(0, new)]
+            self.model.crit.vocab_size = self.model.crit.shortlist = new
+        self.config.longseq = config.to_dict()
+        if self.generation_config is not None and self.generation_config.pad_token_id == old:
+            self.generation_config.pad_token_id = new  # the padding id is the first after the vocabulary
+
+    # -- activation checkpointing ---------------------------------------------------------------------------------
+    def _set_gradient_checkpointing(
+        self, enable: bool = True, gradient_checkpointing_func=checkpoint, every_n_layers: int = 1
+    ) -> None:
+        """transformers' switch, set on longseq's own: ``LayerStack.activation_checkpointing`` = ``every_n_layers``
+        (every that many layers recomputed in the backward pass, with ``torch.utils.checkpoint``, not reentrant)."""
+        stacks = [m for m in self.model.modules() if isinstance(m, LayerStack)]
+        if not stacks:
+            raise ValueError(f"the {type(self.model).__name__} baseline has no activation checkpointing")
+        if enable and not _is_plain_checkpoint(gradient_checkpointing_func):
+            raise ValueError(
+                "longseq recomputes layers with torch.utils.checkpoint.checkpoint(use_reentrant=False); other "
+                f"activation checkpointing options (reentrant, offload) are not supported: {gradient_checkpointing_func}"
+            )
+        for stack in stacks:
+            stack.activation_checkpointing = every_n_layers if enable else 0
+        self.gradient_checkpointing = enable  # what is_activation_checkpointing reads
+
+    # -- forward --------------------------------------------------------------------------------------------------
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: Tensor,  # (B, T)
         cache: LongseqCache | None = None,
-        attention_mask: Tensor | None = None,  # (B, M + T) all ones
+        attention_mask: Tensor | None = None,  # (B, T) or (B, seen + T): 0 where padding
         labels: Tensor | None = None,  # (B, T), shifted inside
         use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
         num_items_in_batch: int | Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
         """Logits (B, T, V) (log-probabilities with an adaptive softmax; with ``logits_to_keep`` k > 0 the last k
         positions), the loss of ``labels`` shifted as transformers does (plus the compressors' reconstruction loss
-        in training, as longseq trains), and the new cache."""
-        _refuse(kwargs)
-        check_mask(attention_mask)
-        memory, overrides = (cache.memory, cache.overrides) if cache is not None else (None, {})
-        out = self.model(input_ids, memory, **overrides)  # LMOutput: logits (B, T, V), the new memory
-        loss = None if labels is None else causal_lm_loss(out.logits, labels, num_items_in_batch)
-        if loss is not None and out.aux_loss is not None:
-            loss = loss + out.aux_loss
-        logits = out.logits if logits_to_keep == 0 else out.logits[:, -logits_to_keep:]
+        in training, as longseq trains), the new cache, and the hidden states and attentions asked for.  Padding
+        (``attention_mask`` 0, or the tokenizer's padding id) is skipped: each row reads its own tokens, and the
+        outputs at padded positions are zeros."""
+        _refuse(kwargs, inputs_embeds)
+        hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        cache = cache if cache is not None else LongseqCache(None, {})
+        keep = self._kept(input_ids, attention_mask)
+        if keep is None and cache.whole:
+            read = self._read(input_ids, cache.groups[0].memory, cache.overrides, hidden_states, attentions)
+            loss = None if labels is None else causal_lm_loss(read.logits, labels, num_items_in_batch)
+            groups = (RowGroup(None, read.memory),)
+        else:
+            read, scored, groups = self._read_rows(input_ids, keep, cache, labels, hidden_states, attentions)
+            loss = None if labels is None else reduce_loss(*scored, num_items_in_batch)
+        if loss is not None and read.aux_loss is not None:
+            loss = loss + read.aux_loss
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        seen = (cache.seen if cache is not None else 0) + input_ids.size(1)
-        new_cache = LongseqCache(out.mems, overrides, seen) if use_cache else None
+        result = CausalLMOutputWithPast(
+            loss=loss,
+            logits=read.logits if logits_to_keep == 0 else read.logits[:, -logits_to_keep:],
+            cache=cache.after(groups, input_ids.size(1)) if use_cache else None,
+            hidden_states=read.hidden_states,
+            attentions=read.attentions,
+        )
         return_dict = self.config.return_dict if return_dict is None else return_dict
-        if not return_dict:
-            return tuple(x for x in (loss, logits, new_cache) if x is not None)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=new_cache)
+        return result if return_dict else result.to_tuple()
+
+    def _read(self, tokens: Tensor, memory, overrides: dict, hidden_states: bool, attentions: bool) -> Read:
+        """The model over ``tokens`` (b, n), every one read, after ``memory``."""
+        layers = self._recorder(hidden_states, attentions)
+        with attention_inputs(self.model, attentions) as captured:
+            out = self.model(tokens, memory, **layers, **overrides)  # LMOutput: logits (b, n, V), the new memory
+        segment = self._segment_rows(tokens.size(1))
+        return Read(
+            out.logits,
+            out.mems,
+            out.aux_loss,
+            None if not layers else tuple(h[:, segment] for h in layers["layer_outputs"]),
+            None if captured is None else tuple(module.probs(*a)[:, :, segment] for module, a in captured),
+        )
+
+    def _read_rows(self, input_ids, keep, cache: LongseqCache, labels, hidden_states: bool, attentions: bool):
+        """The model over each group of rows that share a memory and read as many tokens, each row its kept
+        tokens (``keep`` (B, T); None: all): the outputs spread back to (B, T, ...), zeros where padding; the
+        (scores, targets) pairs of the loss, each row shifted over its own tokens; the new groups."""
+        if attentions:
+            raise ValueError(
+                "output_attentions is not available with padding or with rows of different memory lengths (a padded "
+                "batch): each row attends to its own number of keys; ask for it row by row"
+            )
+        if labels is not None and labels.shape != input_ids.shape:
+            raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
+        keep = torch.ones_like(input_ids, dtype=torch.bool) if keep is None else keep
+        outputs, groups, scores, targets, aux = [], [], [], [], []
+        for rows, memory, n in row_groups(cache.groups, keep.sum(1).cpu()):
+            if n:
+                at = rows.to(input_ids.device)
+                where = keep[at]  # (g, T)
+                tokens = input_ids[at][where].view(len(rows), n)
+                read = self._read(tokens, memory, cache.overrides, hidden_states, False)
+                outputs.append((at, where, read))
+                memory = read.memory
+                if labels is not None:
+                    scores.append(read.logits[:, :-1].reshape(-1, read.logits.size(-1)))
+                    own = labels.to(input_ids.device)[at][where].view(len(rows), n)
+                    targets.append(own[:, 1:].reshape(-1))
+                if read.aux_loss is not None:
+                    aux.append(read.aux_loss * len(rows))
+            groups.append(RowGroup(tuple(rows.tolist()), memory))
+        read = spread(outputs, keep, self.config.vocab_size, hidden_states)
+        read = dataclasses.replace(read, aux_loss=sum(aux) / keep.size(0) if aux else None)
+        scored = (torch.cat(scores), torch.cat(targets)) if scores else (None, None)
+        return read, scored, merged(groups)
+
+    def _kept(self, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor | None:
+        """Where each row has a token to read (B, T) bool: ``attention_mask`` is 1 and the token is not the
+        padding id, ``vocab_size`` (the first id after the vocabulary: the padding token of an export's
+        tokenizer); None when every position is read.  Other ids outside the vocabulary are refused by name."""
+        batch, length = input_ids.shape
+        keep = None
+        if attention_mask is not None:
+            if attention_mask.dim() != 2 or attention_mask.size(0) != batch or attention_mask.size(1) < length:
+                raise ValueError(
+                    f"attention_mask of shape {tuple(attention_mask.shape)} must be (B, T) or (B, seen + T) for "
+                    f"input_ids of shape {tuple(input_ids.shape)}"
+                )
+            mask = attention_mask[:, -length:]
+            if not bool((mask == 1).all()):
+                keep = mask.to(input_ids.device) == 1
+        if torch.compiler.is_exporting():
+            return keep  # an exported step reads no padding (data-dependent checks cannot be traced)
+        vocab = self.config.vocab_size
+        if bool((input_ids == vocab).any()):
+            keep = (input_ids != vocab) if keep is None else keep & (input_ids != vocab)
+        outside = (input_ids < 0) | (input_ids >= vocab)
+        if keep is not None:
+            outside &= keep
+        if bool(outside.any()):
+            row, position = (int(i) for i in outside.nonzero()[0])
+            raise ValueError(
+                f"input_ids[{row}, {position}] = {int(input_ids[row, position])} is outside the vocabulary of "
+                f"{vocab} tokens (and not masked by attention_mask as padding)"
+            )
+        return keep
+
+    def _recorder(self, hidden_states: bool, attentions: bool) -> dict:
+        """The model's ``layer_outputs`` list when hidden states are asked for; the LSTM baseline has neither."""
+        if isinstance(self.model, LSTMLM) and (hidden_states or attentions):
+            raise ValueError(
+                "the LSTM baseline returns no hidden states or attentions (torch's nn.LSTM gives its top layer only)"
+            )
+        return {"layer_outputs": []} if hidden_states else {}
+
+    def _segment_rows(self, qlen: int) -> slice:
+        """The segment's positions among those the layers see: memory tokens wrap it, n before and n after."""
+        tokens = self.model.config.memory.mem_tokens
+        return slice(tokens, tokens + qlen)
+
+    # -- generation -----------------------------------------------------------------------------------------------
+    def _prepare_attention_mask_for_generation(self, inputs_tensor, generation_config, model_kwargs) -> Tensor:
+        """transformers' mask (``input_ids != pad_token_id`` when the prompt holds that token and it is not the end
+        token), kept where it masks a row's leading run of that token (left padding): the token anywhere else in
+        a prompt is text, as it is without ``pad_token_id``."""
+        mask = super()._prepare_attention_mask_for_generation(inputs_tensor, generation_config, model_kwargs)
+        leading = (mask == 0).long().cumprod(dim=1)  # 1 up to a row's first unmasked token
+        return 1 - leading
 
     def prepare_inputs_for_generation(
         self,
         input_ids: Tensor,  # (B, L): the prompt and the tokens drawn so far
         cache: LongseqCache | None = None,
-        attention_mask: Tensor | None = None,
+        attention_mask: Tensor | None = None,  # (B, L): 0 where padding
         inputs_embeds: Tensor | None = None,
         use_cache: bool | None = True,
         logits_to_keep: int | None = None,
         **kwargs,
     ) -> dict:
         """As ``longseq generate``: the tokens but the last that the cache has not read (all of them without a
-        cache) are read in segments of ``segment_len`` into its memory; then the last token is fed alone.  A model without a memory (absolute
-        positions) reads its last ``segment_len`` tokens again every step."""
+        cache) are read in segments of ``segment_len`` into its memory; then the last token is fed alone (its
+        hidden states and attentions are the step's).  With padding, each row reads its own tokens so (segments
+        from its first token) and feeds its own last one.  A model without a memory (absolute positions) reads its
+        last ``segment_len`` tokens again every step."""
         if inputs_embeds is not None:
             raise ValueError("LongseqForCausalLM generates from input_ids, not inputs_embeds")
-        check_mask(attention_mask)
         kwargs.pop("next_sequence_length", None)
         kwargs.pop("is_first_iteration", None)
-        inputs = {"use_cache": use_cache, **({"logits_to_keep": logits_to_keep} if logits_to_keep else {})}
+        inputs = {"use_cache": use_cache, **({"logits_to_keep": logits_to_keep} if logits_to_keep else {}), **kwargs}
         if windowed(self.model):
-            window = input_ids[:, -self.config.segment_len :]
-            return {**inputs, "input_ids": window, "cache": LongseqCache(None, {"mem_len": 0}), **kwargs}
+            window, mask = last_tokens(input_ids, self._kept(input_ids, attention_mask), self.config.segment_len)
+            return {**inputs, "input_ids": window, "attention_mask": mask, "cache": LongseqCache(None, {"mem_len": 0})}
         if cache is None:
             cache = LongseqCache(None, recurrence_overrides(self.model, self.config.sampling_mem_len))
+        self._check_continues(cache, input_ids)
+        keep = self._kept(input_ids[:, cache.seen :], attention_mask)  # of the columns not read yet
+        if keep is None and cache.whole:
+            memory = cache.memory
+            if memory is None or input_ids.size(1) - 1 > cache.seen:  # read what the cache has not (maybe nothing)
+                memory = memory if memory is not None else self._empty_memory()
+                memory = read_prompt(
+                    self.model, input_ids[:, cache.seen : -1], self.config.segment_len, cache.overrides, memory
+                )
+                cache = LongseqCache(memory, cache.overrides, input_ids.size(1) - 1)
+            return {**inputs, "input_ids": input_ids[:, -1:], "cache": cache}
+        fed, mask, cache = self._read_prompt_rows(input_ids, keep, cache)
+        return {**inputs, "input_ids": fed, "attention_mask": mask, "cache": cache}
+
+    def _check_continues(self, cache: LongseqCache, input_ids: Tensor) -> None:
+        if cache.seen is None:
+            raise ValueError(
+                "this cache was rebuilt from its tensors (torch.export, a pytree) and does not know how many tokens "
+                "it has read: continue generate() from a cache that forward or generate returned"
+            )
         if input_ids.size(1) <= cache.seen:
             raise ValueError(
                 f"the cache has read {cache.seen} tokens and input_ids has {input_ids.size(1)}: give the tokens it read "
                 "and at least one more (generate feeds the last one and reads the others it has not read)"
             )
-        if cache.memory is None or input_ids.size(1) - 1 > cache.seen:  # read what the cache has not (maybe nothing)
-            unread = input_ids[:, cache.seen : -1]
-            memory = read_prompt(self.model, unread, self.config.segment_len, cache.overrides, cache.memory)
-            cache = LongseqCache(memory, cache.overrides, input_ids.size(1) - 1)
-        return {**inputs, "input_ids": input_ids[:, -1:], "cache": cache, **kwargs}
+        held = cache.batch_size
+        if held is not None and held != input_ids.size(0):
+            raise ValueError(f"the cache holds {held} rows and input_ids has {input_ids.size(0)}")
+
+    def _read_prompt_rows(self, input_ids: Tensor, keep: Tensor | None, cache: LongseqCache):
+        """Each row's unread tokens but its last (``keep``: where the unread columns hold tokens), read into its
+        memory (rows grouped by memory and count); the last token of every row (B, 1), a mask (B, 1) of the rows
+        that have one (None: all), and the cache."""
+        batch, length = input_ids.shape
+        unread = input_ids[:, cache.seen :]
+        new = (torch.ones_like(unread, dtype=torch.bool) if keep is None else keep).cpu()
+        has = new.any(dim=1)
+        if cache.seen == 0 and not bool(has.all()):
+            raise ValueError(
+                f"row {int((~has).nonzero()[0])} of input_ids is all padding: there is nothing to continue"
+            )
+        last = new.size(1) - 1 - new.flip(1).int().argmax(dim=1)  # each row's last kept column among the new ones
+        read = new.clone()
+        read[torch.arange(batch)[has], last[has]] = False
+        groups = []
+        for rows, memory, n in row_groups(cache.groups, read.sum(1)):
+            memory = memory if memory is not None else self._empty_memory(joinable=True)
+            if n:
+                tokens = unread[rows.to(unread.device)][read[rows].to(unread.device)].view(len(rows), n)
+                memory = read_prompt(self.model, tokens, self.config.segment_len, cache.overrides, memory)
+            groups.append(RowGroup(tuple(rows.tolist()), memory))
+        fed = unread[torch.arange(batch, device=unread.device), last.to(unread.device)].view(batch, 1)
+        mask = None if bool(has.all()) else has.view(batch, 1).long().to(input_ids.device)
+        return fed, mask, LongseqCache(None, cache.overrides, length - 1, merged(groups))
+
+    def _assisted_decoding(self, *args, **kwargs):
+        raise ValueError(
+            "assisted decoding (assistant_model, prompt_lookup_num_tokens) rolls the cache back after rejected draft "
+            "tokens, and a longseq memory cannot be rolled back (it has been truncated and compacted): generate "
+            "without an assistant"
+        )
+
+    def _empty_memory(self, joinable: bool = False) -> Memory:
+        """The memory generate starts from: ``longseq generate``'s (keys and values in ring buffers, written in
+        place; hidden states for a compacted memory), or keys and values concatenated anew each step when rows
+        must join (a padded batch: rings are never joined) or ``forward`` is compiled (``model.forward =
+        torch.compile(model.forward)``): torch.compile's dynamic shapes cannot follow a ring's host-side indices
+        (inductor fails with ``name 's0' is not defined``), and the concatenated memory reaches one shape once
+        full.  Both give the same tokens."""
+        if self.model.config.memory.compacted:
+            return Memory.empty(HiddenMemory)
+        compiled = getattr(self.forward, "_torchdynamo_orig_callable", None) is not None  # torch.compile's wrapper
+        return Memory.empty(KVMemory if compiled or joinable else RingMemory)
+
+
+@dataclass(frozen=True)
+class Read:
+    """What the model gives for a batch of rows: logits (B, T, V), the new memory, the compressors' loss, and the
+    hidden states and attentions asked for."""
+
+    logits: Tensor
+    memory: Memory | None
+    aux_loss: Tensor | None
+    hidden_states: tuple[Tensor, ...] | None
+    attentions: tuple[Tensor, ...] | None
+
+
+def spread(outputs: list, keep: Tensor, vocab: int, hidden_states: bool) -> Read:
+    """Every group's logits and hidden states (g, n, ...) put back at its rows' kept positions of (B, T, ...),
+    zeros elsewhere; ``outputs`` holds (rows, where (g, T), Read) per group."""
+    batch, length = keep.shape
+    first = outputs[0][2] if outputs else None
+    dtype = torch.float32 if first is None else first.logits.dtype
+    logits = torch.zeros(batch, length, vocab, dtype=dtype, device=keep.device)
+    layers = None
+    if hidden_states and first is not None:
+        layers = [h.new_zeros(batch, length, h.size(-1)) for h in first.hidden_states]
+    for rows, where, read in outputs:
+        logits[rows] = _placed(read.logits, where)
+        for full, h in zip(layers or (), read.hidden_states or ()):
+            full[rows] = _placed(h, where)
+    return Read(logits, None, None, None if layers is None else tuple(layers), None)
+
+
+def _placed(values: Tensor, where: Tensor) -> Tensor:
+    """(g, n, C) values at the n True positions of each row of ``where`` (g, T): (g, T, C), zeros elsewhere."""
+    out = values.new_zeros(*where.shape, values.size(-1))
+    out[where] = values.reshape(-1, values.size(-1))
+    return out
+
+
+def last_tokens(input_ids: Tensor, keep: Tensor | None, window: int) -> tuple[Tensor, Tensor | None]:
+    """Each row's last ``window`` kept tokens, left-padded to one width (B, w), and their mask (None: no
+    padding): what a model without a memory reads every step."""
+    if keep is None:
+        return input_ids[:, -window:], None
+    rows = [ids[kept][-window:] for ids, kept in zip(input_ids, keep)]
+    width = max(len(r) for r in rows)
+    out = input_ids.new_zeros(len(rows), width)
+    mask = torch.zeros_like(out)
+    for i, r in enumerate(rows):
+        out[i, width - len(r) :], mask[i, width - len(r) :] = r, 1
+    return out, mask
+
+
+@contextmanager
+def attention_inputs(model: TransformerXLLM, wanted: bool):
+    """With ``wanted``, a list that fills, as ``model`` runs, with (attention module, its inputs) for every
+    attention layer, in order: what ``RelativeMultiHeadAttention.probs`` recomputes the probabilities from.  A ring
+    key/value cache (written in place by the layer) is read as the keys and values it held before the layer ran."""
+    if not wanted:
+        yield None
+        return
+    captured: list[tuple[nn.Module, tuple]] = []
+
+    def hook(module, args):
+        args = list(args)  # (hidden, rel_key, r_w_bias, r_r_bias, mask, context)
+        context = args[5] if len(args) > 5 else None
+        if isinstance(context, RingContext):
+            ring = context.ring
+            held = (ring.keys.view(ring.length).clone(), ring.values.view(ring.length).clone()) if ring.length else ()
+            args[5] = CacheContext(*held)
+        captured.append((module, tuple(args[:6])))
+
+    layers = [layer for layer in model.transformer.layers if layer.attends]
+    handles = [layer.dec_attn.register_forward_pre_hook(hook) for layer in layers]
+    try:
+        yield captured
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _is_plain_checkpoint(func) -> bool:
+    """Whether ``func`` is ``torch.utils.checkpoint.checkpoint`` without options but ``use_reentrant=False``."""
+    if func is checkpoint:
+        return True
+    return (
+        isinstance(func, functools.partial)
+        and func.func is checkpoint
+        and not func.args
+        and func.keywords in ({}, {"use_reentrant": False})
+    )
 
 
 def causal_lm_loss(scores: Tensor, labels: Tensor, num_items_in_batch: int | Tensor | None = None) -> Tensor:
@@ -248,32 +658,42 @@ def causal_lm_loss(scores: Tensor, labels: Tensor, num_items_in_batch: int | Ten
     ``scores`` (B, T, V) may be logits or log-probabilities (log_softmax leaves those as they are)."""
     if labels.shape != scores.shape[:2]:
         raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(scores.shape[:2])}")
-    flat = scores[:, :-1].reshape(-1, scores.size(-1)).float()  # (B (T - 1), V)
-    target = labels[:, 1:].reshape(-1).long().to(scores.device)
+    return reduce_loss(scores[:, :-1].reshape(-1, scores.size(-1)), labels[:, 1:].reshape(-1), num_items_in_batch)
+
+
+def reduce_loss(flat: Tensor | None, target: Tensor | None, num_items_in_batch: int | Tensor | None = None) -> Tensor:
+    """The cross-entropy of scores (N, V) on targets (N,) (-100 ignored): their mean, or their sum over
+    ``num_items_in_batch``; None scores (nothing to score) give NaN for the mean, as an empty mean does."""
+    if flat is None:
+        return torch.tensor(float("nan"))
+    flat, target = flat.float(), target.long().to(flat.device)
     if num_items_in_batch is None:
         return F.cross_entropy(flat, target, ignore_index=IGNORE_INDEX)
     return F.cross_entropy(flat, target, ignore_index=IGNORE_INDEX, reduction="sum") / num_items_in_batch
 
 
-def check_mask(attention_mask: Tensor | None) -> None:
-    """Refuse padding: a memory has no empty slots, so rows of different lengths cannot share a batch."""
-    if attention_mask is not None and not bool((attention_mask == 1).all()):
-        raise ValueError(
-            "attention_mask has zeros (padding): longseq models read unpadded rows only (the recurrence memory has "
-            "no padding slots); batch prompts of one length, or generate each row on its own"
-        )
-
-
-def _refuse(kwargs: dict) -> None:
+def _refuse(kwargs: dict, inputs_embeds: Tensor | None) -> None:
+    if inputs_embeds is not None:
+        raise ValueError("LongseqForCausalLM reads input_ids, not inputs_embeds (the embedding is adaptive and scaled)")
     unused = {k: v for k, v in kwargs.items() if v is not None and v is not False}
     if unused:
         raise TypeError(f"LongseqForCausalLM.forward does not take {sorted(unused)}")
 
 
-def from_longseq(model: TransformerXLLM, segment_len: int = 128, generate_mem_len: int | None = None):
-    """A :class:`LongseqForCausalLM` holding ``model``'s weights (copied), ready for ``save_pretrained``."""
-    config = LongseqConfig(longseq=model.config.to_dict(), segment_len=segment_len, generate_mem_len=generate_mem_len)
-    hf = LongseqForCausalLM(config)
+def from_longseq(
+    model: TransformerXLLM,
+    segment_len: int = 128,
+    generate_mem_len: int | None = None,
+    tokenizer: Tokenizer | None = None,
+):
+    """A :class:`LongseqForCausalLM` holding ``model``'s weights (copied), ready for ``save_pretrained`` (which
+    writes ``tokenizer``'s files too, when given)."""
+    config = LongseqConfig(
+        longseq=model.config.to_dict(),
+        segment_len=segment_len,
+        generate_mem_len=generate_mem_len,
+    )
+    hf = LongseqForCausalLM(config, tokenizer)
     hf.model.load_state_dict(model.state_dict())
     return hf.to(next(model.parameters()).dtype).eval()
 

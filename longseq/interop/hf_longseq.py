@@ -4,8 +4,11 @@ A directory holds ``config.json`` (the transformers config: ``model_type``, ``ar
 :class:`~longseq.config.ModelConfig` under ``"longseq"``, and how to sample: ``segment_len``, ``generate_mem_len``),
 ``model.safetensors`` (the language model's tensors under ``model.``, each tied tensor once, under its first name, as
 transformers' ``save_pretrained`` writes them), ``generation_config.json`` (sampling as ``longseq generate``: no
-top-k, no nucleus, no end-of-text stop) and ``longseq_tokenizer.json`` (longseq's tokenizer, read by
-:func:`longseq.data.tokenizers.load_tokenizer`).  ``import longseq.hf`` registers the classes that load it with
+top-k, no nucleus, no end-of-text stop) and, given a tokenizer, ``longseq_tokenizer.json`` (longseq's tokenizer, read
+by :func:`longseq.data.tokenizers.load_tokenizer`) with ``tokenizer.json`` and ``tokenizer_config.json``, the same
+tokenizer as transformers' ``AutoTokenizer`` loads it (:mod:`longseq.interop.hf_tokenizer`).  The padding id is
+``vocab_size``, the first id after the vocabulary (``generation_config.json`` names it ``pad_token_id``; the
+tokenizer's padding token has it).  ``import longseq.hf`` registers the classes that load it with
 ``AutoModelForCausalLM.from_pretrained``; :func:`load_longseq_hf` reads one back (``longseq convert --from-hf``).
 See docs/transformers.md.
 """
@@ -20,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from longseq.config import DataConfig, ModelConfig, RunConfig, TrainConfig
 from longseq.data.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
+from longseq.interop.hf_tokenizer import save_hf_tokenizer
 from longseq.interop.transfo_xl import read_vocab
 from longseq.model import TransformerXLLM, build_model
 from longseq.model.lstm import LSTMLM
@@ -27,6 +31,7 @@ from longseq.model.lstm import LSTMLM
 MODEL_TYPE = "longseq"
 ARCHITECTURE = "LongseqForCausalLM"
 PREFIX = "model."  # the language model's attribute in LongseqForCausalLM
+TOKENIZER_FILE = "longseq_tokenizer.json"
 GENERATION_DEFAULTS = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}  # longseq generate's
 
 
@@ -76,6 +81,7 @@ def export_longseq_hf(
             f"only a language model exports to transformers; this is a {type(model).__name__} (a fine-tuned model)"
         )
     config = hf_config(model.config, segment_len, generate_mem_len)
+    generation = {**GENERATION_DEFAULTS, "pad_token_id": model.config.vocab_size}  # the padding id
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--out {out} is a file; give a directory")
     os.makedirs(out, exist_ok=True)
@@ -86,11 +92,17 @@ def export_longseq_hf(
         if name not in skip
     }
     save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
-    for name, data in (("config.json", config), ("generation_config.json", GENERATION_DEFAULTS)):
+    for name, data in (("config.json", config), ("generation_config.json", generation)):
         with open(os.path.join(out, name), "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2, sort_keys=True)
     if tokenizer is not None:
-        tokenizer.save(os.path.join(out, "longseq_tokenizer.json"))
+        save_tokenizers(tokenizer, out)
+
+
+def save_tokenizers(tokenizer: Tokenizer, out: str) -> None:
+    """``longseq_tokenizer.json`` (longseq's), ``tokenizer.json`` and ``tokenizer_config.json`` (transformers')."""
+    tokenizer.save(os.path.join(out, TOKENIZER_FILE))
+    save_hf_tokenizer(tokenizer, out)
 
 
 def is_longseq_hf(directory: str) -> bool:
@@ -118,7 +130,7 @@ def load_longseq_hf(directory: str) -> tuple[TransformerXLLM | LSTMLM, Tokenizer
     missing = sorted(set(missing) - set(tied_names(model)))
     if missing or unexpected:
         raise ValueError(f"{directory}: the weights do not fit the config: missing {missing}, unexpected {unexpected}")
-    path = os.path.join(directory, "longseq_tokenizer.json")
+    path = os.path.join(directory, TOKENIZER_FILE)
     tokenizer = load_tokenizer(path, vocab_size=model.config.vocab_size) if os.path.isfile(path) else None
     return model.eval(), tokenizer, config
 

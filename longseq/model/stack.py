@@ -100,10 +100,12 @@ class LayerStack(nn.Module):
         hidden: Tensor,
         recurrence: Recurrence,
         global_mask: Tensor | None = None,
+        layer_outputs: list | None = None,
     ):
         """The layers over ``hidden`` (B, T', E) with the ``step`` opened on ``memory`` for them: returns the output,
         the new memory and the compressors' auxiliary loss (or None).  An attention layer reads its context from the
-        step; a recurrent layer gets its own state from ``memory``, and its new state goes to the step's write."""
+        step; a recurrent layer gets its own state from ``memory``, and its new state goes to the step's write.  With
+        ``layer_outputs`` (a list), every layer's output (B, T', E) is appended to it (``output_hidden_states``)."""
         shape = step.mask_inputs()
         tables = self._tables(step, shape, recurrence.clamp_len, hidden.device)  # one per layer
         masks = self._masks(step, shape, global_mask, hidden.size(0), hidden.device)  # one per layer
@@ -116,6 +118,8 @@ class LayerStack(nn.Module):
             else:
                 held = memory.layers[i] if memory.layers else None
                 hidden, states[i], _ = self._run_layer(i, hidden, None, None, StateContext(held, docs, recurrence))
+            if layer_outputs is not None:
+                layer_outputs.append(hidden)
         hidden, memory, targets = step.write(hidden, states)
         aux = torch.stack([self.layers[t.layer].reconstruction_loss(t) for t in targets]).mean() if targets else None
         return hidden, memory, aux

@@ -37,12 +37,16 @@ class TransformerXL(LayerStack):
         recurrence: Recurrence,
         doc_ids: Tensor | None = None,  # (B, T)
         global_mask: Tensor | None = None,  # (B, T) bool: global tokens of the global and bigbird patterns
+        layer_outputs: list | None = None,
     ) -> tuple[Tensor, Memory, Tensor | None]:
-        """Returns hidden states (B, T, E), the new memory and the memory policies' auxiliary loss (or None)."""
+        """Returns hidden states (B, T, E), the new memory and the memory policies' auxiliary loss (or None).  With
+        ``layer_outputs`` (a list), the layers' input and every layer's output (B, T', E) are appended to it."""
         batch, qlen = input_ids.shape
         step = self.open_step(memory, batch, qlen, input_ids.device, recurrence, doc_ids)
         hidden = self.drop(step.wrap(self.encoding.embed(self.word_emb(input_ids))))  # (B, T', E)
-        hidden, memory, aux = self.run(step, memory, hidden, recurrence, global_mask)
+        if layer_outputs is not None:
+            layer_outputs.append(hidden)
+        hidden, memory, aux = self.run(step, memory, hidden, recurrence, global_mask, layer_outputs)
         return self.drop(hidden), memory, aux
 
 
@@ -148,9 +152,10 @@ class TransformerXLLM(nn.Module):
         same_length: bool | None = None,
         doc_ids: Tensor | None = None,  # (B, T)
         global_mask: Tensor | None = None,  # (B, T) bool, for the global and bigbird patterns
+        layer_outputs: list | None = None,  # appended: the layers' input and each layer's output (B, T', E)
     ) -> LMOutput:
         hidden, new_mems, aux = self._recur(
-            input_ids, mems, mem_len, clamp_len, same_length, labels, doc_ids, global_mask
+            input_ids, mems, mem_len, clamp_len, same_length, labels, doc_ids, global_mask, layer_outputs
         )  # hidden: (B, T, E)
         return self.head(hidden, labels, new_mems, aux)
 
@@ -171,7 +176,18 @@ class TransformerXLLM(nn.Module):
         loss = nll.sum() / keep.sum()  # NaN when no token is labelled (as torch's cross_entropy), never 0
         return LMOutput(loss=loss, logits=None, nll=nll.view(batch, qlen), mems=mems, aux_loss=aux)
 
-    def _recur(self, input_ids, mems, mem_len, clamp_len, same_length, labels=None, doc_ids=None, global_mask=None):
+    def _recur(
+        self,
+        input_ids,
+        mems,
+        mem_len,
+        clamp_len,
+        same_length,
+        labels=None,
+        doc_ids=None,
+        global_mask=None,
+        outputs=None,
+    ):
         m, memory = self.config.memory, as_memory(mems)
         self._check_inputs(input_ids, memory, labels)
         if global_mask is not None:
@@ -189,7 +205,7 @@ class TransformerXLLM(nn.Module):
         )
         if recurrence.mem_len < 0:
             raise ValueError(f"mem_len must be >= 0, got {recurrence.mem_len}")
-        return self.transformer(input_ids.long(), memory, recurrence, doc_ids, global_mask)
+        return self.transformer(input_ids.long(), memory, recurrence, doc_ids, global_mask, outputs)
 
     def hidden_states(
         self, input_ids: Tensor, mems: Memory | None = None, *, doc_ids: Tensor | None = None, **overrides

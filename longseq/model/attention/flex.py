@@ -109,7 +109,13 @@ def _flex(query, key, value, score_mod, block_mask, scale) -> Tensor:
 
 def compiled_flex_call(compiled, query, key, value, score_mod, block_mask, scale) -> Tensor:
     """Call a compiled ``flex_attention`` with the lengths marked dynamic: T and K, and with them the block mask's
-    block counts (its tensors would otherwise be specialised on their first sizes and compiled again)."""
+    block counts (its tensors would otherwise be specialised on their first sizes and compiled again).  Inside a
+    ``torch.compile`` of the whole model, dynamo traces ``flex_attention`` itself and refuses marks while tracing:
+    the plain operator is called, and the outer compile decides what is dynamic."""
+    if torch.compiler.is_compiling():
+        from torch.nn.attention.flex_attention import flex_attention
+
+        return flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale)
     for tensor in (query, key, value):
         torch._dynamo.maybe_mark_dynamic(tensor, 2)
     for tensor in block_mask.as_tuple():
