@@ -72,6 +72,20 @@ def test_the_three_forms_of_the_decayed_scan_agree(kind, with_docs):
     assert_same(scan_recurrent(q, k, v, g, state, starts), reference, tensors)
 
 
+def test_decays_per_channel_factor_through_sub_chunks_exactly():
+    """Chunks of 64 hold 4 sub-chunks of 16, between which the per-channel decays are factored: over 100 positions
+    with documents (starts at 20, inside a sub-chunk, and at 64, a chunk's first) and a carried state, the same
+    outputs, final state and gradients as the quadratic form."""
+    torch.manual_seed(6)
+    length = 100
+    q, k, v, state = leaf(B, length, H, K), leaf(B, length, H, K), leaf(B, length, H, V), leaf(B, H, K, V)
+    g = (-torch.rand(B, length, H, K, dtype=torch.float64)).requires_grad_()
+    starts = torch.zeros(B, length, dtype=torch.bool)
+    starts[0, [20, 64]] = True
+    reference = scan_quadratic(q, k, v, g, state, starts)
+    assert_same(scan_chunked(q, k, v, g, 64, state, starts), reference, [q, k, v, g, state])
+
+
 @pytest.mark.parametrize("with_docs", [False, True])
 def test_the_three_forms_of_the_delta_rule_agree(with_docs):
     """The whole sequence as one triangular system (the reference), the chunked WY form (chunks of 4) and the rule

@@ -8,7 +8,8 @@ For every head, with a log-decay g_t <= 0 (one scalar per head, or one per key c
 
 * :func:`scan_quadratic`: the masked (T, T) form, the whole sequence at once: the readable float64 reference.
 * :func:`scan_chunked`: chunks of ``chunk`` positions, for training: inside a chunk the masked form (its decays
-  built pairwise, so no exponent is positive and none overflows), between chunks only the state travels.
+  built pairwise, or factored between sub-chunks, so no exponent is positive and none overflows), between chunks
+  only the state travels.
 * :func:`scan_recurrent`: one position at a time, for generation (a segment of one token costs one update).
 
 A document start (``starts`` (B, T) bool) resets the state: a position of a new document sees nothing from
@@ -76,10 +77,38 @@ def scan_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, sta
     return torch.stack(outs, dim=1), s
 
 
+SUB = 16  # with a decay per key channel, only sub-chunks of this many positions build their (L, S, K) decays
+
+
+def channel_scores(q: Tensor, k: Tensor, G: Tensor) -> Tensor:
+    """q_l . (k_s * exp(G_l - G_s)) for s <= l inside blocks (..., L, K) (0 above the diagonal), with a log-decay
+    G (..., L, K) per key channel that never increases.  Inside sub-chunks of ``SUB`` positions the decays are built
+    pairwise; between sub-chunks j < i the product factors through r, the last position of sub-chunk j, as
+    (q_l * exp(G_l - G_r)) . (k_s * exp(G_r - G_s)): two matrices, both exponents <= 0, so nothing overflows and
+    memory per position is ``SUB`` + L / ``SUB`` decays per channel instead of L."""
+    *lead, length, width = q.shape
+    c = SUB if length % SUB == 0 else length
+    m = length // c
+    qs, ks, Gs = (x.reshape(*lead, m, c, width) for x in (q, k, G))  # (..., m, c, K)
+    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    pairwise = (Gs[..., :, None, :] - Gs[..., None, :, :]).masked_fill(~causal[..., None], float("-inf")).exp()
+    inside = torch.einsum("...ilk,...isk,...ilsk->...ils", qs, ks, pairwise)  # (..., m, c, c)
+    ends = Gs[..., -1, :]  # (..., m, K): G at each sub-chunk's last position
+    block = torch.arange(length, device=q.device) // c  # (L,): each position's sub-chunk
+    earlier = block[:, None] > torch.arange(m, device=q.device)  # (L, m): sub-chunk j ends before position l
+    to_query = (G[..., :, None, :] - ends[..., None, :, :]).masked_fill(~earlier[..., None], float("-inf")).exp()
+    from_key = ks * (ends[..., None, :] - Gs).exp()  # (..., m, c, K)
+    between = torch.einsum("...lk,...ljk,...jsk->...ljs", q, to_query, from_key).reshape(*lead, length, length)
+    same = block[:, None] == block[None, :]  # (L, S)
+    inside = inside[..., :, :, None, :].expand(*lead, m, c, m, c).reshape(*lead, length, length)
+    return torch.where(same, inside, between)  # inside is 0 above the diagonal
+
+
 def scan_chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, chunk: int, state: Tensor | None = None,
                  starts: Tensor | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
     """:func:`scan_quadratic` in chunks: the same outputs and final state.  Memory per position: ``chunk`` scores
-    (``chunk`` x K decays with a decay per key channel) and the state entering its chunk."""
+    (and ``SUB`` + ``chunk`` / ``SUB`` decays per key channel with a decay per channel: :func:`channel_scores`)
+    and the state entering its chunk."""
     batch, length, heads, width = q.shape
     g = _log_decay(g, q)
     pad = (-length) % chunk
@@ -96,9 +125,8 @@ def scan_chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, chunk: int, 
     if G.size(-1) == 1:  # one decay per head: (L, S) decays
         decay = (G - G.transpose(-1, -2)).masked_fill(~allowed, float("-inf")).exp()
         scores = (q @ k.transpose(-1, -2)) * decay  # (B, H, n, L, S)
-    else:  # a decay per key channel: (L, S, K) decays, each exp(G_l - G_s) of a sum of g <= 0
-        decay = (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~allowed[..., None], float("-inf")).exp()
-        scores = torch.einsum("bhnlk,bhnsk,bhnlsk->bhnls", q, k, decay)
+    else:  # a decay per key channel
+        scores = channel_scores(q, k, G).masked_fill(~allowed, 0)
     out = scores @ v  # (B, H, n, L, V): from inside each chunk
     in_last = (seg == seg[..., -1:])[..., None]  # (B, 1, n, L, 1)
     to_end = (G[..., -1:, :] - G).masked_fill(~in_last, float("-inf")).exp()  # (B, H, n, L, K or 1)
