@@ -9,11 +9,23 @@ step (Adam, clipping).  Stacks:
     window    attention x 4, window 256, mem_len 256
     ssm       ssm x 4 (no attention, no memory but the states)
     hybrid    ssm, attention (window 256), ssm, attention (window 256), mem_len 256
+    linear, performer, retention, gla, delta
+              the linear-attention family x 4 (8 heads x 32 as attention's, chunks of 64, 64 performer features;
+              no attention, no memory but the matrix states)
+    gla-hybrid
+              gla, attention (window 256), gla, attention (window 256), mem_len 256
 
 Each (stack, length) trains in its own process, so its peak RSS is its own; step memory is peak RSS minus the
 RSS once the model and optimizer were built.  Generation: a prompt of ``context`` tokens is read, then
 ``--new-tokens`` are generated greedily; XL keeps the whole context (mem_len = context, ring key/value memory),
-the hybrid keeps 256 positions in its attention layers, the ssm stack only its states.
+the hybrids keep 256 positions in their attention layers, the ssm and linear-attention stacks only their states.
+Each row records the carried memory after the prompt (``memory_mb``, and per context token) and the process's
+peak RSS over the base (``peak_mb``): flat in the context for a recurrent stack.
+
+A smoke run (seconds)::
+
+    python benchmarks/speed/mixers.py train --stacks gla delta --lengths 128 --steps 1 --json
+    python benchmarks/speed/mixers.py generate --stacks gla full --contexts 128 --new-tokens 4 --json
 
 Usage::
 
@@ -33,6 +45,7 @@ import time
 import torch
 
 SSM = dict(head_dim=32, d_state=16, expand=2, chunk=64, conv_kernel=4)
+LINEAR = ("linear", "performer", "retention", "gla", "delta")
 STACKS = {
     "full": dict(mem_len=256),
     "window": dict(mem_len=256, attention=["window"], window=256),
@@ -40,7 +53,20 @@ STACKS = {
     "hybrid": dict(
         mem_len=256, mixer=["ssm", "attention", "ssm", "attention"], attention=["window"], window=256, **SSM
     ),
+    **{
+        name: dict(mem_len=0, mixer=[name], chunk=64, **({"features": 64} if name == "performer" else {}))
+        for name in LINEAR
+    },
+    "gla-hybrid": dict(
+        mem_len=256, mixer=["gla", "attention", "gla", "attention"], attention=["window"], window=256, chunk=64
+    ),
 }
+
+
+def peak_rss_mb() -> float:
+    from longseq.eval.speed import peak_rss_mb as peak
+
+    return peak()
 
 
 def rss_mb() -> float:
@@ -71,22 +97,30 @@ def train_worker(stack: str, length: int, steps: int) -> dict:
 
 @torch.no_grad()
 def generate_worker(stack: str, context: int, new_tokens: int) -> dict:
-    from longseq.generation import generate_stream
+    from longseq.generation import read_prompt, recurrence_overrides
 
     model = build(stack, **({"mem_len": context} if stack == "full" else {})).eval()
     prompt = torch.randint(0, 256, (1, context + 1))
-    mem_len = context if stack == "full" else STACKS[stack]["mem_len"]
-    for _ in generate_stream(model, prompt[:, :64], 4, temperature=0, mem_len=mem_len, segment_len=512):
-        pass  # warm-up
+    overrides = recurrence_overrides(model, context if stack == "full" else STACKS[stack]["mem_len"])
+    greedy(model, read_prompt(model, prompt[:, :63], 512, overrides), prompt[:, 63:64], 4, overrides)  # warm-up
+    base = rss_mb()
     start = time.perf_counter()
-    stream = generate_stream(model, prompt, new_tokens + 1, temperature=0, mem_len=mem_len, segment_len=512)
-    next(stream)  # the context is read, and the first token drawn
+    mems = read_prompt(model, prompt[:, :-1], 512, overrides)
     first = time.perf_counter()
-    for _ in stream:
-        pass
+    mems = greedy(model, mems, prompt[:, -1:], new_tokens, overrides)
     end = time.perf_counter()
+    held = sum(t.numel() * t.element_size() for layer in mems.layers for t in layer.all_tensors()) / 2**20
     return {"stack": stack, "context": context, "ms_per_token": (end - first) * 1000 / new_tokens,
-            "read_ms_per_token": (first - start) * 1000 / context}  # fmt: skip
+            "read_ms_per_token": (first - start) * 1000 / context, "memory_mb": held,
+            "memory_kib_per_context_token": held * 1024 / context, "peak_mb": peak_rss_mb() - base}  # fmt: skip
+
+
+def greedy(model, mems, token, steps: int, overrides: dict):
+    """``steps`` greedy tokens from ``token`` (B, 1) after ``mems``, as ``generate_stream`` draws them: the memory."""
+    for _ in range(steps):
+        scores, mems = model.next_token_scores(token, mems, **overrides)
+        token = scores.argmax(dim=-1, keepdim=True)
+    return mems
 
 
 def run_worker(args: list[str], threads: int) -> dict:

@@ -50,6 +50,9 @@ PASSKEY = {  # variant -> model settings over BASE_MODEL
     "ssm": dict(mixer=["ssm"], **RECURRENT),
     "hybrid": dict(mem_len=64, mixer=["ssm", "attention"], **RECURRENT),
     "rnn": dict(mixer=["rnn"], **RECURRENT),
+    "linear": dict(mixer=["linear"], **RECURRENT),
+    "gla": dict(mixer=["gla"], **RECURRENT),
+    "retention": dict(mixer=["retention"], **RECURRENT),
     "hourglass": dict(mem_len=64, n_layer=3, shorten_layers=[1, 2], shorten_factor=2),
 }
 STUDIES = {  # task -> (task options, training settings, rows, the evaluation grid)
@@ -63,7 +66,8 @@ STUDIES = {  # task -> (task options, training settings, rows, the evaluation gr
                 dict(lengths=[256, 1024])),
     "mqar": (dict(seq_len=64, n_pairs=4), dict(max_steps=2000, lr=3e-3),  # 300 steps at 1e-3: 0.4-0.8%
              {"attention": dict(mem_len=0), "ssm": dict(mixer=["ssm"]),
-              "conv": dict(mixer=["conv"])},
+              "conv": dict(mixer=["conv"]), "linear": dict(mixer=["linear"]), "gla": dict(mixer=["gla"]),
+              "retention": dict(mixer=["retention"])},
              dict(lengths=[64, 128, 256])),
 }  # fmt: skip
 TRAIN = dict(lr=1e-3, min_lr=1e-4, warmup_steps=20, clip=0.25, log_interval=50, save_every_s=60.0,

@@ -168,18 +168,22 @@ class MixerConfig(JsonConfig):
     """The layers that are not attention (:mod:`longseq.model.mixers`).  ``ssm``: a selective state-space layer
     (Mamba-2's SSD: ``d_state`` per head of ``head_dim`` channels, ``expand`` x d_model inner width, chunks of
     ``chunk`` positions); ``conv``: a gated causal depthwise convolution of ``conv_kernel`` taps (the SSM's own
-    short convolution has the same width); ``rnn``: an LSTM layer.  Their recurrent states are part of the memory;
-    ``state_bptt`` > 1 back-propagates through that many segments (1: stop-gradient, like the XL memory)."""
+    short convolution has the same width); ``rnn``: an LSTM layer; ``linear``, ``performer``, ``retention``, ``gla``,
+    ``delta``: the linear-attention family, ``n_head`` heads of ``d_head`` as attention's, a matrix state per head,
+    chunks of ``chunk`` positions, ``features`` random features for the performer.  Their recurrent states are part
+    of the memory; ``state_bptt`` > 1 back-propagates through that many segments (1: stop-gradient, like the XL
+    memory)."""
 
     d_state: int = 16
     head_dim: int = 32
     expand: int = 2
     chunk: int = 64
     conv_kernel: int = 4
+    features: int = 64
     state_bptt: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("d_state", "head_dim", "expand", "chunk", "conv_kernel", "state_bptt"):
+        for name in ("d_state", "head_dim", "expand", "chunk", "conv_kernel", "features", "state_bptt"):
             check(getattr(self, name) >= 1, f"mixers.{name} must be >= 1, got {getattr(self, name)}")
 
 
@@ -378,13 +382,19 @@ class ModelConfig(JsonConfig):
                 f"the ssm inner width expand x d_model = {inner} must be a multiple of head_dim={self.mixers.head_dim}",
             )
             check(
+                "retention" not in mixers or self.d_head % 2 == 0,
+                f"retention rotates pairs of channels: d_head must be even, got {self.d_head}",
+            )
+            check(
                 not (mem.cmem_len or mem.mem_select != "recent" or mem.mem_tokens or mem.mem_quant != "none"),
                 "the memory compaction options (cmem_len, mem_select, mem_tokens, mem_quant) apply to attention-only "
-                "stacks; a stack with ssm, conv or rnn layers keeps the plain memory",
+                "stacks; a stack with recurrent layers (ssm, conv, rnn, the linear-attention family) keeps the plain "
+                "memory",
             )
             check(
                 not self.pattern.bidirectional,
-                "ssm, conv and rnn layers are causal: bidirectional=true needs attention layers",
+                "the recurrent layers (ssm, conv, rnn, the linear-attention family) are causal: bidirectional=true "
+                "needs attention layers",
             )
         h = self.hourglass
         if h.shorten_layers:

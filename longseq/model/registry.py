@@ -95,6 +95,7 @@ def unread_options(config: ModelConfig) -> set[str]:
         }
     read = {parameter for name in layers - {"attention"} for parameter in MIXERS[name].reads}
     unread |= {f"mixers.{f}" for f in leaves(config.mixers.to_dict()) if f not in read}
+    unread -= {parameter for name in layers - {"attention"} for parameter in MIXERS[name].shares}
     if not config.hourglass.shorten_layers:
         unread |= {"hourglass.shorten_factor", "hourglass.shorten_fn"}
     return unread

@@ -1,6 +1,7 @@
 """Layers that are not attention, each carrying its recurrent state in the memory: ``ssm`` (Mamba-2's SSD),
-``conv`` (a gated short convolution), ``rnn`` (an LSTM layer).  :class:`MixerLayer` wraps one with the residual,
-the LayerNorm and the position-wise feed-forward of a decoder layer."""
+``conv`` (a gated short convolution), ``rnn`` (an LSTM layer), and the linear-attention family with a matrix state
+per head, ``linear``, ``performer``, ``retention``, ``gla`` and ``delta`` (:mod:`.linear`).  :class:`MixerLayer`
+wraps one with the residual, the LayerNorm and the position-wise feed-forward of a decoder layer."""
 
 from __future__ import annotations
 
@@ -13,15 +14,26 @@ from longseq.config.model import ModelConfig
 from longseq.model.layers import LayerOutput
 from longseq.model.memory import RecurrentState, StateContext
 from longseq.model.mixers.conv import GatedConv
+from longseq.model.mixers.linear import DeltaNet, GatedLinearAttention, LinearAttention, Performer, Retention
 from longseq.model.mixers.rnn import LSTMMixer
 from longseq.model.mixers.ssm import Mamba2
 
 
 class MixerKind(NamedTuple):
-    """A mixer: how to build it from a config, and the :class:`~longseq.config.model.MixerConfig` fields it reads."""
+    """A mixer: how to build it from a config, the :class:`~longseq.config.model.MixerConfig` fields it reads, and
+    the :class:`~longseq.config.model.ModelConfig` fields it shares with attention."""
 
     build: Callable[[ModelConfig], nn.Module]
     reads: tuple[str, ...]
+    shares: tuple[str, ...] = ()
+
+
+HEADS = ("n_head", "d_head")  # the linear-attention mixers' heads are attention's
+
+
+def matrix_mixer(kind: type) -> MixerKind:
+    """A mixer of the linear-attention family: heads as attention's, chunks of ``chunk`` positions."""
+    return MixerKind(lambda c: kind(c.d_model, c.n_head, c.d_head, c.mixers.chunk), ("chunk", "state_bptt"), HEADS)
 
 
 MIXERS: dict[str, MixerKind] = {  # the registry; "attention" (the decoder layer) is the other choice of a layer
@@ -41,6 +53,15 @@ MIXERS: dict[str, MixerKind] = {  # the registry; "attention" (the decoder layer
         lambda c: GatedConv(c.d_model, c.mixers.expand, c.mixers.conv_kernel), ("expand", "conv_kernel", "state_bptt")
     ),
     "rnn": MixerKind(lambda c: LSTMMixer(c.d_model), ("state_bptt",)),
+    "linear": matrix_mixer(LinearAttention),
+    "performer": MixerKind(
+        lambda c: Performer(c.d_model, c.n_head, c.d_head, c.mixers.chunk, c.mixers.features),
+        ("chunk", "features", "state_bptt"),
+        HEADS,
+    ),
+    "retention": matrix_mixer(Retention),
+    "gla": matrix_mixer(GatedLinearAttention),
+    "delta": matrix_mixer(DeltaNet),
 }
 
 

@@ -1,0 +1,216 @@
+"""The linear-attention family: mixers whose state is one matrix per head, (B, H, K, V), carried across segments
+like the XL memory (stop-gradient between segments, reset by documents, saved in checkpoints).
+
+    q, k, v = W_q h, W_k h, W_v h                         ``n_head`` heads of ``d_head`` channels, as attention's
+    S_t = diag(exp(g_t)) S_{t-1} + phi(k_t) v_t^T          o_t = S_t^T phi(q_t)      (:mod:`.linear_scan`)
+    S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T     o_t = S_t^T q_t           (:mod:`.delta_rule`)
+    out = W_o output(o)
+
+* ``linear`` (Katharopoulos et al., 2020): phi = elu + 1, no decay, o_t / (phi(q_t) . sum_s phi(k_s)).
+* ``performer`` (Choromanski et al., 2021): FAVOR+, phi(x) = exp(W x - |x|^2 / 2) / sqrt(m) with x = q / d^(1/4)
+  and m = ``features`` positive orthogonal random features W (drawn when the layer is built, from the run's seed,
+  and kept as a buffer, so a checkpoint holds it), normalised like ``linear``.
+* ``retention`` (RetNet, Sun et al., 2023): q and k rotated by their position (theta_i = 10000^(-2i/d)), q / sqrt(d),
+  a fixed decay gamma_h = 1 - 2^(-5 - h) per head; output swish(W_g h) * RMSNorm(o) per head.
+* ``gla`` (gated linear attention, Yang et al., 2024): q / sqrt(d), a data-dependent decay per key channel,
+  g_t = logsigmoid(W_2 W_1 h_t + b) / 16 (W_1 of rank 16); output swish(W_g h) * RMSNorm(o).
+* ``delta`` (DeltaNet, Schlag et al., 2021; Yang et al., 2024): q and k l2-normalised after silu, q / sqrt(d),
+  beta_t = sigmoid(W_b h_t) per head; output RMSNorm(o).
+
+The normalised mixers carry the normaliser sum_s phi(k_s) as one more value column: their state is
+(B, H, K, V + 1).  Retention also carries its next position (B,) for the rotation (relative, so it need not reset).
+``form`` chooses the scan when the layer is built: ``chunked`` (the default; a segment of at most 4 positions, as in
+generation, runs the recurrence), ``recurrent``, or ``quadratic`` (the readable reference).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from longseq.model.mixers.delta_rule import delta_chunked, delta_quadratic, delta_recurrent
+from longseq.model.mixers.linear_scan import scan_chunked, scan_quadratic, scan_recurrent
+
+FORMS = ("chunked", "recurrent", "quadratic")
+SHORT = 4  # a segment this short (generation) runs the recurrence
+
+
+def document_starts(docs) -> Tensor | None:
+    """(B, T) True where a position begins a document, from the stack's (documents (B, T), last document (B,))."""
+    if docs is None:
+        return None
+    previous = torch.cat([docs[1][:, None], docs[0][:, :-1]], dim=1)
+    return docs[0] != previous
+
+
+class MatrixMixer(nn.Module):
+    """(B, T, E) -> (B, T, E) with a matrix state per head.  A variant overrides :meth:`mix` (feature maps, decay,
+    which scan) and, if it has one, :meth:`output`."""
+
+    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int) -> None:
+        super().__init__()
+        self.heads, self.d_head, self.chunk = heads, d_head, chunk
+        self.qkv = nn.Linear(d_model, 3 * heads * d_head, bias=False)  # W_q, W_k, W_v
+        self.out_proj = nn.Linear(heads * d_head, d_model, bias=False)  # W_o
+        self.form = "chunked"
+
+    def init_own_parameters(self) -> None:
+        """PyTorch's default for every projection and a unit scale for every norm: with the model's
+        normal(0, 0.02) a product of two projections (keys and values, a gate) all but silences the layer."""
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, (nn.Linear, nn.RMSNorm)):
+                    module.reset_parameters()
+
+    def forward(self, hidden: Tensor, state: tuple | None, docs=None) -> tuple[Tensor, tuple]:
+        batch, length, _ = hidden.shape
+        q, k, v = self.qkv(hidden).view(batch, length, 3, self.heads, self.d_head).unbind(2)  # (B, T, H, D) each
+        o, state = self.mix(hidden, q, k, v, state, document_starts(docs))  # (B, T, H, V)
+        return self.out_proj(self.output(hidden, o).reshape(batch, length, -1)), state
+
+    def mix(self, hidden: Tensor, q: Tensor, k: Tensor, v: Tensor, state: tuple | None, starts) -> tuple:
+        """The outputs (B, T, H, V) and the new state tuple."""
+        raise NotImplementedError
+
+    def output(self, hidden: Tensor, o: Tensor) -> Tensor:
+        return o
+
+    def scan(self, q, k, v, g, state, starts):
+        """The decayed outer-product scan in this layer's form."""
+        if self.form == "quadratic":
+            return scan_quadratic(q, k, v, g, state, starts)
+        if self.form == "recurrent" or q.size(1) <= SHORT:
+            return scan_recurrent(q, k, v, g, state, starts)
+        return scan_chunked(q, k, v, g, self.chunk, state, starts)
+
+    def normalised(self, q, k, v, state, starts, eps: float = 1e-6):
+        """Katharopoulos's o_t = sum_s (q_t . k_s) v_s / sum_s q_t . k_s: the denominator from a column of ones."""
+        ones = v.new_ones(*v.shape[:-1], 1)
+        o, s = self.scan(q, k, torch.cat([v, ones], dim=-1), None, state, starts)  # (B, T, H, V + 1)
+        return o[..., :-1] / (o[..., -1:] + eps), s
+
+
+class LinearAttention(MatrixMixer):
+    """``linear``: phi = elu + 1; state (S,) with S (B, H, D, D + 1)."""
+
+    def mix(self, hidden, q, k, v, state, starts):
+        o, s = self.normalised(F.elu(q) + 1, F.elu(k) + 1, v, None if state is None else state[0], starts)
+        return o, (s,)
+
+
+def orthogonal_features(m: int, d: int) -> Tensor:
+    """(m, d) random features: blocks of d orthogonal rows, each row given the length of a Gaussian vector (chi with
+    d degrees of freedom), as FAVOR+ draws them.  Uses torch's global generator.
+
+    Each block is the Q of a Gaussian matrix's QR with R's diagonal made positive: without that correction
+    LAPACK's Q is not a uniformly random rotation (each column's first entry has one sign) and the features are
+    biased."""
+    q, r = torch.linalg.qr(torch.randn(math.ceil(m / d), d, d))  # (n, d, d)
+    rows = (q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))[:, None, :]).transpose(-1, -2).reshape(-1, d)
+    return rows[:m] * torch.randn(m, d).norm(dim=1, keepdim=True)
+
+
+def favor_features(x: Tensor, projection: Tensor, stabilise: bool) -> Tensor:
+    """phi(x) = exp(W x - |x|^2 / 2) / sqrt(m) of x (B, T, H, D) with W (m, D): (B, T, H, m), positive.
+    ``stabilise`` subtracts each position's largest exponent (for queries: it cancels in the normalised output)."""
+    exponent = x @ projection.T - (x * x).sum(-1, keepdim=True) / 2
+    if stabilise:
+        exponent = exponent - exponent.amax(dim=-1, keepdim=True).detach()
+    return exponent.exp() / math.sqrt(projection.size(0))
+
+
+class Performer(MatrixMixer):
+    """``performer``: FAVOR+ (see the module docstring); state (S,) with S (B, H, m, D + 1)."""
+
+    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int, features: int) -> None:
+        super().__init__(d_model, heads, d_head, chunk)
+        self.register_buffer("projection", orthogonal_features(features, d_head))  # (m, D), saved, not trained
+
+    def mix(self, hidden, q, k, v, state, starts):
+        scale = self.d_head**-0.25  # q . k / sqrt(d) = (q / d^(1/4)) . (k / d^(1/4))
+        q = favor_features(q * scale, self.projection, stabilise=True)
+        k = favor_features(k * scale, self.projection, stabilise=False)  # bounded by exp(|w|^2 / 2)
+        o, s = self.normalised(q, k, v, None if state is None else state[0], starts)
+        return o, (s,)
+
+
+def rotate(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
+    """x (B, T, H, D) rotated by angle position * theta_i in each pair (i, i + D/2), theta_i = base^(-2i/D); the
+    angles in float64, so a position in the millions keeps its phase."""
+    half = x.size(-1) // 2
+    theta = base ** (-torch.arange(half, dtype=torch.float64, device=x.device) / half)
+    angle = positions.to(torch.float64)[..., None] * theta  # (B, T, D/2)
+    cos, sin = (f(angle).to(x.dtype)[:, :, None] for f in (torch.cos, torch.sin))  # (B, T, 1, D/2)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class GatedOutput(MatrixMixer):
+    """A mixer whose output is swish(W_g h) * RMSNorm(o), the norm per head (RetNet's and GLA's)."""
+
+    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int) -> None:
+        super().__init__(d_model, heads, d_head, chunk)
+        self.gate = nn.Linear(d_model, heads * d_head, bias=False)
+        self.norm = nn.RMSNorm(d_head, eps=1e-5)
+
+    def output(self, hidden, o):
+        return self.norm(o) * F.silu(self.gate(hidden)).view_as(o)
+
+
+class Retention(GatedOutput):
+    """``retention``: state (S, next position) with S (B, H, D, D), the position (B,) int64."""
+
+    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int) -> None:
+        super().__init__(d_model, heads, d_head, chunk)
+        gammas = 1 - 2.0 ** (-5.0 - torch.arange(heads, dtype=torch.float64))
+        self.register_buffer("log_gamma", gammas.log().float(), persistent=False)  # (H,), fixed
+
+    def mix(self, hidden, q, k, v, state, starts):
+        batch, length = q.shape[:2]
+        start = q.new_zeros(batch, dtype=torch.long) if state is None else state[1]
+        positions = start[:, None] + torch.arange(length, device=q.device)  # (B, T)
+        q, k = rotate(q, positions) * self.d_head**-0.5, rotate(k, positions)
+        g = self.log_gamma.to(q.dtype).expand(batch, length, self.heads)  # (B, T, H)
+        o, s = self.scan(q, k, v, g, None if state is None else state[0], starts)
+        return o, (s, start + length)
+
+
+class GatedLinearAttention(GatedOutput):
+    """``gla``: state (S,) with S (B, H, D, D); the decay per key channel."""
+
+    rank, normaliser = 16, 16.0  # GLA's low-rank gate and its logit normaliser
+
+    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int) -> None:
+        super().__init__(d_model, heads, d_head, chunk)
+        self.decay = nn.Sequential(nn.Linear(d_model, self.rank, bias=False), nn.Linear(self.rank, heads * d_head))
+
+    def mix(self, hidden, q, k, v, state, starts):
+        g = (F.logsigmoid(self.decay(hidden)) / self.normaliser).view_as(k)  # (B, T, H, D), <= 0
+        o, s = self.scan(q * self.d_head**-0.5, k, v, g, None if state is None else state[0], starts)
+        return o, (s,)
+
+
+class DeltaNet(MatrixMixer):
+    """``delta``: state (S,) with S (B, H, D, D), written by the delta rule."""
+
+    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int) -> None:
+        super().__init__(d_model, heads, d_head, chunk)
+        self.beta = nn.Linear(d_model, heads, bias=False)
+        self.norm = nn.RMSNorm(d_head, eps=1e-5)
+
+    def mix(self, hidden, q, k, v, state, starts):
+        q, k = (F.normalize(F.silu(x), dim=-1) for x in (q, k))
+        q, beta, s = q * self.d_head**-0.5, torch.sigmoid(self.beta(hidden)), None if state is None else state[0]
+        if self.form == "quadratic":
+            o, s = delta_quadratic(q, k, v, beta, s, starts)
+        elif self.form == "recurrent" or q.size(1) <= SHORT:
+            o, s = delta_recurrent(q, k, v, beta, s, starts)
+        else:
+            o, s = delta_chunked(q, k, v, beta, self.chunk, s, starts)
+        return o, (s,)
+
+    def output(self, hidden, o):
+        return self.norm(o)
