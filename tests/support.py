@@ -22,7 +22,7 @@ import torch
 from longseq.config import DataConfig, ModelConfig, RunConfig, TrainConfig
 from longseq.config.run import TaskConfig
 from longseq.data import CharTokenizer, Corpus
-from longseq.model import TransformerXLLM
+from longseq.model import Memory, RingMemory, TransformerXLLM
 from longseq.model.attention import RelativeMultiHeadAttention
 from longseq.model.attention.patterns import AttentionPattern, PatternMask, global_keys
 from longseq.model.memory import HiddenContext
@@ -373,3 +373,18 @@ def pattern_lm(attention, **extra) -> TransformerXLLM:
     config = ModelConfig(**{**base, "mem_len": 12, "attention": attention, **extra})
     torch.manual_seed(0)
     return TransformerXLLM(config).double().eval()
+
+
+def segments_and_steps(model, x, size: int):
+    """The scores of ``x`` read in segments of ``size`` with the memory carried, and token by token through a ring
+    memory (generation's path), each (B, T, V), and the memory after the last segment; call under no_grad."""
+    mems, parts = None, []
+    for lo in range(0, x.size(1), size):
+        out = model(x[:, lo : lo + size], mems)
+        parts.append(out.logits)
+        mems = out.mems
+    ring, steps = Memory.empty(RingMemory), []
+    for t in range(x.size(1)):
+        scores, ring = model.next_token_scores(x[:, t : t + 1], ring)
+        steps.append(scores)
+    return torch.cat(parts, dim=1), torch.stack(steps, dim=1), mems

@@ -181,6 +181,12 @@ def naive_beam_search(model, prompt: torch.Tensor, beams: int, steps: int) -> tu
     return hypotheses[0], scores[0]
 
 
+def beam_search(beams: int, new_tokens: int) -> dict:
+    """generate()'s arguments for a beam search with scores and no length penalty (the scores are plain sums)."""
+    return dict(num_beams=beams, do_sample=False, max_new_tokens=new_tokens, length_penalty=0.0,
+                return_dict_in_generate=True, output_scores=True)  # fmt: skip
+
+
 def test_beam_search_with_a_beam_per_prefix_is_exhaustive_search():
     """With ``num_beams`` = V ** (n - 1), beam search keeps every prefix: its answer is the best of all V ** n
     continuations, by longseq's own scores (vocabulary 6, 3 tokens: 216 continuations)."""
@@ -189,15 +195,7 @@ def test_beam_search_with_a_beam_per_prefix_is_exhaustive_search():
     prompt = torch.randint(0, 6, (7,), generator=torch.Generator().manual_seed(2))
     every = torch.tensor(list(itertools.product(range(6), repeat=3)))
     totals = longseq_log_probs(model, prompt, every)
-    out = hf.generate(
-        prompt[None],
-        num_beams=36,
-        do_sample=False,
-        max_new_tokens=3,
-        length_penalty=0.0,
-        return_dict_in_generate=True,
-        output_scores=True,
-    )
+    out = hf.generate(prompt[None], **beam_search(36, 3))
     assert torch.equal(out.sequences[0, 7:], every[totals.argmax()])
     torch.testing.assert_close(out.sequences_scores[0], totals.max(), atol=1e-4, rtol=1e-5)
 
@@ -210,15 +208,7 @@ def test_beam_search_is_a_naive_beam_search_over_longseqs_scores(name):
     hf = hf_of(model)
     prompt = torch.randint(0, 50, (9,), generator=torch.Generator().manual_seed(3))
     best, score = naive_beam_search(model, prompt, beams=3, steps=6)
-    out = hf.generate(
-        prompt[None],
-        num_beams=3,
-        do_sample=False,
-        max_new_tokens=6,
-        length_penalty=0.0,
-        return_dict_in_generate=True,
-        output_scores=True,
-    )
+    out = hf.generate(prompt[None], **beam_search(3, 6))
     assert torch.equal(out.sequences[0, 9:], best)
     torch.testing.assert_close(out.sequences_scores[0], score, atol=1e-4, rtol=1e-5)
 
@@ -228,14 +218,7 @@ def test_beam_search_over_a_padded_batch_gives_each_row_its_own_beams():
     hf = hf_of(model)
     rows = prompts()
     ids, mask = left_padded(rows, pad=50)
-    search = dict(
-        num_beams=3,
-        do_sample=False,
-        max_new_tokens=5,
-        length_penalty=0.0,
-        return_dict_in_generate=True,
-        output_scores=True,
-    )
+    search = beam_search(3, 5)
     out = hf.generate(ids, attention_mask=mask, num_return_sequences=2, **search)
     for i, row in enumerate(rows):
         alone = hf.generate(row[None], num_return_sequences=2, **search)

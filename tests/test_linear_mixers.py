@@ -7,12 +7,11 @@ import math
 import pytest
 import torch
 from safetensors.torch import load_file
-from support import TINY_CLI, assert_resumes_exactly, last_json, raises_naming, tiny_run
+from support import TINY_CLI, assert_resumes_exactly, last_json, raises_naming, segments_and_steps, tiny_run
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.cli import main
 from longseq.config import ConfigError
-from longseq.model import Memory, RingMemory
 from longseq.model.mixers import MIXERS
 from longseq.model.mixers.delta_rule import delta_chunked, delta_quadratic, delta_recurrent
 from longseq.model.mixers.linear import favor_features, orthogonal_features, rotate
@@ -216,17 +215,9 @@ def test_a_hybrid_stack_in_segments_and_token_by_token_equals_the_whole_sequence
     x = torch.randint(0, 30, (2, 23))
     with torch.no_grad():
         whole = model(x).logits
-        mems, parts = None, []
-        for lo in range(0, 23, 5):
-            out = model(x[:, lo : lo + 5], mems)
-            parts.append(out.logits)
-            mems = out.mems
-        ring, steps = Memory.empty(RingMemory), []
-        for t in range(23):
-            scores, ring = model.next_token_scores(x[:, t : t + 1], ring)
-            steps.append(scores)
-    torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=0, atol=1e-10)
-    torch.testing.assert_close(torch.stack(steps, dim=1), whole, rtol=0, atol=1e-10)
+        segmented, stepped, mems = segments_and_steps(model, x, 5)
+    torch.testing.assert_close(segmented, whole, rtol=0, atol=1e-10)
+    torch.testing.assert_close(stepped, whole, rtol=0, atol=1e-10)
     shapes = [tuple(t.shape) for i in (0, 2, 3, 4, 5) for t in mems.layers[i].tensors]
     assert shapes == [(2, 2, 8, 8), (2,), (2, 2, 8, 8), (2, 2, 12, 9), (2, 2, 8, 8), (2, 2, 8, 9)]
     assert int(mems.layers[0].tensors[1][0]) == 23  # retention's next position
@@ -272,17 +263,9 @@ def test_the_family_runs_in_an_hourglass_level():
     x = torch.randint(0, 30, (2, 17))
     with torch.no_grad():
         whole = model(x).logits
-        mems, parts = None, []
-        for lo in range(0, 17, 5):
-            out = model(x[:, lo : lo + 5], mems)
-            parts.append(out.logits)
-            mems = out.mems
-        ring, steps = Memory.empty(RingMemory), []
-        for t in range(17):
-            scores, ring = model.next_token_scores(x[:, t : t + 1], ring)
-            steps.append(scores)
-    torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=0, atol=1e-10)
-    torch.testing.assert_close(torch.stack(steps, dim=1), whole, rtol=0, atol=1e-10)
+        segmented, stepped, _ = segments_and_steps(model, x, 5)
+    torch.testing.assert_close(segmented, whole, rtol=0, atol=1e-10)
+    torch.testing.assert_close(stepped, whole, rtol=0, atol=1e-10)
 
 
 def test_the_performers_projection_comes_from_the_seed_and_is_orthogonal():

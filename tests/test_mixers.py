@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from support import assert_resumes_exactly, tiny_run
+from support import assert_resumes_exactly, segments_and_steps, tiny_run
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.model import Memory, RingMemory
@@ -230,22 +230,14 @@ def test_the_hourglass_keeps_the_xl_memory_at_each_resolution(factor):
     docs = torch.tensor([[0] * 9 + [1] * 14, [0] * 9 + [1] * 14])
     with torch.no_grad():
         whole = model(x).logits
-        mems, parts = None, []
-        for lo in range(0, 23, 5):
-            out = model(x[:, lo : lo + 5], mems)
-            parts.append(out.logits)
-            mems = out.mems
-        ring, steps = Memory.empty(RingMemory), []
-        for t in range(23):
-            scores, ring = model.next_token_scores(x[:, t : t + 1], ring)
-            steps.append(scores)
+        segmented, stepped, _ = segments_and_steps(model, x, 5)
         other = x.clone()
         other[:, :9] = torch.randint(0, 30, (2, 9))
         first = model(x[:, :7], doc_ids=docs[:, :7]).mems
         continued = model(x[:, 7:], first, doc_ids=docs[:, 7:]).logits[:, 2:]
         replaced = model(other, doc_ids=docs).logits[:, 9:]
-    torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=0, atol=1e-10)
-    torch.testing.assert_close(torch.stack(steps, dim=1), whole, rtol=0, atol=1e-10)
+    torch.testing.assert_close(segmented, whole, rtol=0, atol=1e-10)
+    torch.testing.assert_close(stepped, whole, rtol=0, atol=1e-10)
     torch.testing.assert_close(continued, replaced, rtol=0, atol=1e-10)
 
 
