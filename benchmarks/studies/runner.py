@@ -311,7 +311,9 @@ def run_one(name: str, seed: int, corpus, args, log) -> dict | None:
         raise SystemExit(f"{out} holds a run of another config; use another --out or remove it")
     log(f"{name} seed {seed}: {'resuming' if resume else 'training'} ({' '.join(overrides)})")
     began = time.perf_counter()
-    trained = train(run, out, resume=resume, corpus=corpus, progress=False, log=log)
+    # the study's files set the options (base.toml's mem_len serves attention and ssm stacks alike): one a stack
+    # does not read is said in the log, not refused
+    trained = train(run, out, resume=resume, corpus=corpus, progress=False, log=log, file_config=run)
     model, _, saved, _ = load_checkpoint(os.path.join(out, "last"))
     model.to(args.device)
     result = {
