@@ -330,7 +330,7 @@ def make_layer(kernel: str, chunk: int, pos: str = "sinusoidal") -> RelativeMult
         D_MODEL, N_HEAD, D_HEAD, kernel=kernel, chunk=chunk, pos=pos, max_relative_distance=6
     )
     if pos == "shaw":
-        torch.nn.init.normal_(layer.rel_table, 0.0, 0.5)
+        torch.nn.init.normal_(layer.rel.rel_table, 0.0, 0.5)
     return layer.double()
 
 
@@ -344,12 +344,12 @@ def run_layer(layer, p, qlen, mlen, global_mask=None, docs=None, grad=True, drop
     v = torch.randn(N_HEAD, D_HEAD, dtype=torch.float64, requires_grad=True)
     klen = qlen + mlen
     distances = relative_distances(klen, -1, bottom=0 if p.causal else -(qlen - 1))
-    pos_emb = None if hasattr(layer, "rel_table") else sinusoidal_embedding(distances, D_MODEL, torch.float64)
+    pos_emb = None if hasattr(layer.rel, "rel_table") else sinusoidal_embedding(distances, D_MODEL, torch.float64)
     rel_key = layer.relative_keys(RelativePositions(distances, pos_emb, torch.float64))
     flags = global_keys(global_mask, p.num_global, 2, qlen, mlen, None) if p.has_global else None
     query_docs, key_docs = docs if docs is not None else (None, None)
     mask = PatternMask(p, qlen, mlen, None, query_docs, key_docs, flags, dropped_keys=dropped)
-    if layer.kernel == "reference":
+    if layer.kernel_name == "reference":
         mask = mask.forbidden()  # the dense reference: the predicate evaluated on every pair
     with torch.set_grad_enabled(grad):
         out, _, _ = layer(hidden, rel_key, u, v, mask, HiddenContext(memory))

@@ -23,7 +23,7 @@ def naive_attention(layer, hidden, memory, u, v, clamp_len, span):
     klen = context.size(1)
     ctx_in = layer.layer_norm(context) if layer.pre_lnorm else context
     w_q, w_k, w_v = layer.qkv_net.weight.split(N_HEAD * D_HEAD, dim=0)
-    w_r = layer.r_net.weight
+    w_r = layer.rel.r_net.weight
     out = torch.zeros(batch, qlen, N_HEAD * D_HEAD, dtype=hidden.dtype)
     inv_freq = 1.0 / (10000 ** (torch.arange(0.0, D_MODEL, 2.0, dtype=torch.float64) / D_MODEL))
     for b in range(batch):

@@ -114,15 +114,15 @@ def test_auto_is_flex_on_cuda_for_full_and_local_patterns_only():
     (full, window, dilated, global without tokens), the sparse pieces elsewhere; never Flex with attention dropout."""
     from longseq.config import ConfigError, ModelConfig
     from longseq.model.attention.kernels import resolve_kernel
-    from longseq.model.attention.patterns import PatternMask
 
-    masks = {name: PatternMask(pattern(name), 8, 4) for name in PATTERNS}
-    assert {resolve_kernel("auto", "cpu", m, False) for m in masks.values()} == {"rel_shift"}
-    on_cuda = {name: resolve_kernel("auto", "cuda", m, False) for name, m in masks.items()}
+    patterns = {name: pattern(name) for name in PATTERNS}  # decided when the layer is built or moved
+    assert {resolve_kernel("auto", "cpu", p, False) for p in patterns.values()} == {"rel_shift"}
+    on_cuda = {name: resolve_kernel("auto", "cuda", p, False) for name, p in patterns.items()}
     assert on_cuda == {"full": "flex", "window": "flex", "dilated": "flex", "strided": "rel_shift",
                        "block_sparse": "rel_shift", "global": "flex", "bigbird": "rel_shift"}  # fmt: skip
-    assert resolve_kernel("auto", "cuda", masks["full"], True) == "rel_shift"  # attention dropout in training
-    assert resolve_kernel("flex", "cpu", masks["strided"], False) == "flex"  # a named kernel is what it says
+    assert resolve_kernel("auto", "cuda", patterns["full"], True) == "rel_shift"  # a layer with attention dropout
+    assert resolve_kernel("flex", "cpu", patterns["strided"], False) == "flex"  # a named kernel is what it says
+    assert resolve_kernel("auto", "cuda", patterns["full"], False, "content") == "sdpa"  # rope, alibi, t5, nope
     assert ModelConfig().attn_impl == "auto"
     with pytest.raises(ConfigError, match="no attention dropout"):
         ModelConfig(attn_impl="flex", dropatt=0.1)

@@ -193,7 +193,7 @@ def test_shaw_position_term_is_the_clipped_learned_table():
     mask = PatternMask(pattern("full"), qlen, mlen)
     out, (key, value), _ = layer(hidden, rel_key, zero, zero, mask, HiddenContext(memory))
     query = layer.qkv_net(hidden).split(N_HEAD * D_HEAD, -1)[0].view(1, qlen, N_HEAD, D_HEAD)
-    table = layer.rel_table.view(-1, N_HEAD, D_HEAD)
+    table = layer.rel.rel_table.view(-1, N_HEAD, D_HEAD)
     expected = torch.zeros(1, qlen, N_HEAD, D_HEAD, dtype=torch.float64)
     for h in range(N_HEAD):
         for i in range(qlen):

@@ -148,19 +148,32 @@ def check_pattern(window: int, dilation, stride: int, block_size: int, block_sum
 @config
 class PositionConfig(JsonConfig):
     """Position encodings (:mod:`longseq.model.positions`): ``pos`` is ``sinusoidal`` (the paper's R with u and
-    v), ``shaw`` (Shaw et al.'s clipped learned table, ``max_relative_distance`` entries each way, no u, v) or
-    ``absolute`` (the vanilla Transformer: sinusoidal positions added to the input, no memory).  ``clamp_len``
-    > 0 clamps relative distances."""
+    v), ``shaw`` (Shaw et al.'s clipped learned table, ``max_relative_distance`` entries each way, no u, v),
+    ``rope`` (rotary, base ``rope_theta``; ``rope_scaling`` ``linear`` or ``ntk`` by ``rope_factor`` stretches it
+    for longer evaluation memories), ``alibi``, ``t5`` (``t5_buckets`` learned biases per head, log-spaced up to
+    ``max_relative_distance``), ``nope`` (none) or ``absolute`` (the vanilla Transformer: sinusoidal positions added
+    to the input, no memory).  ``clamp_len`` > 0 clamps relative distances (not read by rope and nope)."""
 
     pos: str = "sinusoidal"
     clamp_len: int = -1
     max_relative_distance: int = 64
+    rope_theta: float = 10000.0
+    rope_scaling: str = "none"
+    rope_factor: float = 1.0
+    t5_buckets: int = 32
 
     def __post_init__(self) -> None:
         check(
-            self.pos != "shaw" or self.max_relative_distance >= 1,
-            f"positions.max_relative_distance must be >= 1 with pos=shaw, got {self.max_relative_distance}",
+            self.pos not in ("shaw", "t5") or self.max_relative_distance >= 1,
+            f"positions.max_relative_distance must be >= 1 with pos={self.pos}, got {self.max_relative_distance}",
         )
+        check(self.rope_theta > 0, f"positions.rope_theta must be > 0, got {self.rope_theta}")
+        check(
+            self.rope_scaling in ("none", "linear", "ntk"),
+            f"positions.rope_scaling must be none, linear or ntk, got {self.rope_scaling!r}",
+        )
+        check(self.rope_factor >= 1.0, f"positions.rope_factor must be >= 1 (1: no scaling), got {self.rope_factor}")
+        check(self.t5_buckets >= 2, f"positions.t5_buckets must be >= 2, got {self.t5_buckets}")
 
 
 @config
@@ -233,6 +246,8 @@ class ModelConfig(JsonConfig):
     n_layer: int = 4
     d_model: int = 128
     n_head: int = 4
+    n_kv_head: int = 0
+    qk_norm: bool = False
     d_head: int = 32
     d_inner: int = 512
     dropout: float = 0.1
@@ -309,6 +324,10 @@ class ModelConfig(JsonConfig):
         )
         for name in ("n_layer", "d_model", "n_head", "d_head", "d_inner", "div_val"):
             check(getattr(self, name) >= 1, f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        check(
+            self.n_kv_head >= 0 and (self.n_kv_head == 0 or self.n_head % self.n_kv_head == 0),
+            f"ModelConfig.n_kv_head must divide n_head={self.n_head} (0: as n_head), got {self.n_kv_head}",
+        )
         check(self.attn_chunk >= 0, f"ModelConfig.attn_chunk must be >= 0 (0: no chunking), got {self.attn_chunk}")
         for name in ("dropout", "dropatt"):
             check(0.0 <= getattr(self, name) < 1.0, f"ModelConfig.{name} must be in [0, 1), got {getattr(self, name)}")

@@ -10,7 +10,8 @@ Tensor names (HF -> longseq):
     transformer.word_emb.*                      -> transformer.word_emb.* (same)
     transformer.r_{w,r}_bias (H, D)             -> transformer.r_{w,r}_bias (H, D)          shared u, v
     transformer.layers.i.dec_attn.r_{w,r}_bias  -> transformer.r_{w,r}_bias[i] (L, H, D)   untie_r
-    transformer.layers.i.dec_attn.{qkv_net,r_net,o_net,layer_norm}.* -> same names
+    transformer.layers.i.dec_attn.{qkv_net,o_net,layer_norm}.* -> same names
+    transformer.layers.i.dec_attn.r_net.*       -> transformer.layers.i.dec_attn.rel.r_net.* (the encoding's module)
     transformer.layers.i.pos_ff.CoreNet.{0,3}.* -> transformer.layers.i.pos_ff.core_net.{0,3}.*
     transformer.layers.i.pos_ff.layer_norm.*    -> same
     crit.{cluster_weight,cluster_bias,out_layers.*,out_projs.*} -> same
@@ -166,7 +167,7 @@ def state_dict_from_hf(hf_state: dict[str, torch.Tensor], config: ModelConfig) -
             ):
                 raise ConversionError(f"{name} differs from transformer.{match.group(2)} although untie_r is false")
             continue  # with shared u/v, HF's .bin repeats them under every layer's name
-        ours = name.replace(".pos_ff.CoreNet.", ".pos_ff.core_net.")
+        ours = name.replace(".pos_ff.CoreNet.", ".pos_ff.core_net.").replace(".dec_attn.r_net.", ".dec_attn.rel.r_net.")
         if ours not in target:
             raise ConversionError(f"HF tensor {name} has no counterpart in longseq's TransformerXLLM for this config")
         out[ours] = tensor
@@ -211,7 +212,9 @@ def state_dict_to_hf(model: TransformerXLLM) -> dict[str, torch.Tensor]:
                 out[f"transformer.layers.{i}.dec_attn.{kind}"] = (tensor[i] if config.untie_r else tensor).clone()
             if config.untie_r:
                 continue
-        out[name.replace(".pos_ff.core_net.", ".pos_ff.CoreNet.")] = tensor
+        out[
+            name.replace(".pos_ff.core_net.", ".pos_ff.CoreNet.").replace(".dec_attn.rel.r_net.", ".dec_attn.r_net.")
+        ] = tensor
     out["transformer.pos_emb.inv_freq"] = 1 / (10000 ** (torch.arange(0.0, config.d_model, 2.0) / config.d_model))
     for i, layer in enumerate(model.crit.out_layers):  # state_dict() keeps tied names; make sure all are present
         out.setdefault(f"crit.out_layers.{i}.weight", layer.weight.detach().clone())

@@ -12,6 +12,7 @@ from longseq.model.attention import RelativeMultiHeadAttention
 from longseq.model.attention.module import AttentionContext
 from longseq.model.memory import LayerState, Reconstruction, StateContext
 from longseq.model.memory.compress import reconstruction_loss
+from longseq.model.positions import Shape
 
 
 class PositionwiseFF(nn.Module):
@@ -71,11 +72,33 @@ class DecoderLayer(nn.Module):
     """Relative multi-head attention over [memory; segment], then the position-wise feed-forward."""
 
     attends = True
-    reads = ("n_head", "d_head", "dropatt", "attn_impl", "attn_chunk", "untie_r", "uv_init", "dropout_r")  # only it
+    reads = (  # the options only it reads
+        "n_head",
+        "n_kv_head",
+        "qk_norm",
+        "d_head",
+        "dropatt",
+        "attn_impl",
+        "attn_chunk",
+        "untie_r",
+        "uv_init",
+        "dropout_r",
+    )
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, pattern=None) -> None:
         super().__init__()
-        c = config
+        c, p = config, config.positions
+        shape = Shape(
+            c.d_model,
+            c.n_head,
+            c.d_head,
+            p.max_relative_distance,
+            p.rope_theta,
+            p.rope_scaling,
+            p.rope_factor,
+            p.t5_buckets,
+            c.pattern.bidirectional,
+        )
         self.dec_attn = RelativeMultiHeadAttention(
             d_model=c.d_model,
             n_head=c.n_head,
@@ -86,8 +109,11 @@ class DecoderLayer(nn.Module):
             eps=c.layer_norm_eps,
             kernel=c.attn_impl,
             chunk=c.attn_chunk,
-            pos=c.positions.pos,
-            max_relative_distance=c.positions.max_relative_distance,
+            pos=p.pos,
+            n_kv_head=c.n_kv_head,
+            qk_norm=c.qk_norm,
+            pattern=pattern,
+            positions=shape,
         )
         self.pos_ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps)
 

@@ -24,7 +24,7 @@ from longseq.model.positions import RelativePositions, position_encoding, relati
 
 def build_layers(config: ModelConfig) -> list[nn.Module]:
     """One module per layer of ``config``; an hourglass's shortened layers form one :class:`Hourglass` block."""
-    c, layers = config, []
+    c, layers, patterns = config, [], layer_patterns(config)
     first, end = c.hourglass.shorten_layers or (c.n_layer, c.n_layer)
     for i, name in enumerate(c.layer_mixers):
         if i == first:
@@ -32,7 +32,7 @@ def build_layers(config: ModelConfig) -> list[nn.Module]:
         if first <= i < end:
             continue
         if name == "attention":
-            layers.append(DecoderLayer(c))
+            layers.append(DecoderLayer(c, patterns[i]))
         else:
             layers.append(
                 MixerLayer(name, c, PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps))

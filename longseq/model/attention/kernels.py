@@ -22,9 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from longseq.model.attention.flex import flex_available, flex_reach, flex_relative_attention
+from longseq.model.attention.flex import flex_available, flex_relative_attention
 from longseq.model.attention.patterns import PatternMask
-from longseq.model.attention.reference import dense_mask, reference_attention
+from longseq.model.attention.reference import (
+    dense_mask,
+    distance_bias,
+    reference_attention,
+    reference_content_attention,
+)
 from longseq.model.attention.shift import RelativeProbs, fill_forbidden_, key_bands
 from longseq.model.attention.shift import rel_shift as rel_shift  # re-exported: part of the kernels' interface
 from longseq.model.attention.sparse import sparse_attention
@@ -44,7 +49,10 @@ def rel_shift_attention(
 ) -> Tensor:
     """Fast path: one matmul per term, the position term shifted by a strided view, fused softmax backward.
     Without gradients (evaluation, generation) the shifted position term becomes an additive bias of PyTorch's
-    fused ``scaled_dot_product_attention``, which never writes the probabilities out."""
+    fused ``scaled_dot_product_attention``, which never writes the probabilities out.  A :class:`PatternMask`
+    (the whole problem in one block) is made dense here."""
+    if isinstance(mask, PatternMask):
+        first_forbidden, mask = mask.first_forbidden(0, 0), mask.forbidden()
     scale = 1.0 / math.sqrt(query.size(-1))
     q_position = (query + r_r_bias[:, None]) * scale
     full_precision = query.dtype in (torch.float32, torch.float64)
@@ -165,7 +173,7 @@ def blocked_attention(
                 query[:, :, q0:q1],
                 key[:, :, lo:hi],
                 value[:, :, lo:hi],
-                rel_key[:, first_row : first_row + (hi - lo) + (q1 - q0)],
+                None if rel_key is None else rel_key[:, first_row : first_row + (hi - lo) + (q1 - q0)],
                 r_w_bias,
                 r_r_bias,
                 block_mask,
@@ -177,39 +185,76 @@ def blocked_attention(
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, T, D)
 
 
-def content_attention(query, key, value, mask: PatternMask | Tensor, dropatt: float, training: bool, kernel: str):
-    """Content-only attention (the vanilla Transformer, absolute positions): PyTorch's fused SDPA, causal by flag
-    when the mask is the plain causal one; ``kernel="reference"`` runs the readable reference instead."""
-    if kernel == "reference":
-        zeros = query.new_zeros(query.size(1), query.size(-1))  # no u: (H, D)
-        return reference_attention(query, key, value, None, zeros, zeros, dense_mask(mask), dropatt, training)
-    causal = isinstance(mask, PatternMask) and mask.is_causal_full and mask.mlen == 0 and mask.span is None
-    return F.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=None if causal else ~dense_mask(mask),
-        dropout_p=dropatt if training else 0.0,
-        is_causal=causal,
-    )
+def sdpa_attention(
+    query: Tensor,  # (B, H, T, D)
+    key: Tensor,  # (B, H, K, D)
+    value: Tensor,  # (B, H, K, D)
+    bias: Tensor | None,  # (H, R): the bias of every distance row (alibi, t5), or None (rope, nope, absolute)
+    r_w_bias: Tensor,  # unread: the content family has no u and v
+    r_r_bias: Tensor,
+    mask: PatternMask | Tensor,
+    dropatt: float,
+    training: bool,
+    first_forbidden: int = 0,
+) -> Tensor:
+    """The content family's kernel: softmax(q.k / sqrt(D) + bias) on PyTorch's ``scaled_dot_product_attention``,
+    so FlashAttention or the memory-efficient kernel serves it on a GPU and the fused kernel on a CPU.  The plain
+    causal mask without a bias is a lower-right causal mask (``causal_lower_right``: query i of T over K keys sees
+    keys up to K - T + i), which those kernels take without a (T, K) tensor; anything else is one additive
+    (T, K) mask, -inf where forbidden."""
+    qlen, klen = query.size(2), key.size(2)
+    dropout = dropatt if training else 0.0
+    plain = isinstance(mask, PatternMask) and mask.is_causal_full and mask.span is None and mask.mlen == klen - qlen
+    if bias is None and plain:
+        if qlen == klen:
+            return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout, is_causal=True)
+        from torch.nn.attention.bias import causal_lower_right
+
+        lower_right = causal_lower_right(qlen, klen)
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=lower_right, dropout_p=dropout)
+    forbidden = dense_mask(mask)
+    if bias is None:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=~forbidden, dropout_p=dropout)
+    additive = distance_bias(bias, qlen, klen).to(query.dtype).masked_fill(forbidden, float("-inf"))
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=additive, dropout_p=dropout)
 
 
-ATTENTION_KERNELS: dict[str, AttentionKernel] = {
+ATTENTION_KERNELS: dict[str, AttentionKernel] = {  # the relative family: a (H, R, D) table of keys
     "reference": reference_attention,
     "rel_shift": rel_shift_attention,
     "flex": flex_relative_attention,
 }
+CONTENT_KERNELS: dict[str, AttentionKernel] = {  # the content family: q.k plus an optional (H, R) bias
+    "reference": reference_content_attention,
+    "sdpa": sdpa_attention,
+    "rel_shift": sdpa_attention,  # the name of each family's fast eager path (run configs of absolute positions)
+}
+KERNEL_NAMES = ("auto", *ATTENTION_KERNELS, "sdpa")  # what attn_impl may name
 
 
-def resolve_kernel(name: str, device_type: str, mask: PatternMask | Tensor, dropout: bool) -> str:
-    """The kernel ``attn_impl`` names for these inputs: ``auto`` is ``flex`` on CUDA for full attention and patterns
-    of bounded reach (window, dilated) when this PyTorch has FlexAttention and no attention dropout is trained, and
-    ``rel_shift`` otherwise.  Why not Flex for the sparse patterns: its block mask visits every 128 x 128 block that
+def kernel_for(name: str, family: str) -> AttentionKernel:
+    """The kernel ``attn_impl`` names for an encoding of ``family`` (``relative`` or ``content``), or a
+    ``ValueError`` saying which names that family has."""
+    kernels = ATTENTION_KERNELS if family == "relative" else CONTENT_KERNELS
+    if name not in kernels:
+        raise ValueError(
+            f"attn_impl={name} does not run the {family} position family; it has {', '.join(['auto', *kernels])}"
+        )
+    return kernels[name]
+
+
+def resolve_kernel(name: str, device_type: str, pattern, dropout: bool, family: str = "relative") -> str:
+    """The kernel ``attn_impl`` names for a layer of ``pattern`` (an AttentionPattern; None: full) on a device, when
+    it is built or moved: for the content family ``auto`` is ``sdpa``; for the relative family it is ``flex`` on
+    CUDA for full attention and patterns of bounded reach (window, dilated) when this PyTorch has FlexAttention and
+    the layer has no attention dropout (``dropout``), and ``rel_shift`` otherwise.  Why not Flex for the sparse patterns: its block mask visits every 128 x 128 block that
     holds one allowed pair (stride columns and block summaries reach every block), and their relative term needs a
     (T, K) bias; the sparse pieces of ``rel_shift`` cost what the pattern allows."""
     if name != "auto":
         return name
-    local = isinstance(mask, PatternMask) and (mask.pattern.name == "full" or flex_reach(mask) is not None)
+    if family == "content":
+        return "sdpa"
+    local = pattern is None or pattern.name == "full" or pattern.reach is not None  # global tokens: all rows
     if device_type == "cuda" and local and not dropout and flex_available():
         return "flex"
     return "rel_shift"

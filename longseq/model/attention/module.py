@@ -3,22 +3,23 @@ residual.  See :mod:`longseq.model.attention` for the dimension glossary and the
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
 from longseq.model.attention.kernels import (
-    ATTENTION_KERNELS,
     blocked_attention,
-    content_attention,
     flex_relative_attention,
+    kernel_for,
     key_mass,
     resolve_kernel,
 )
 from longseq.model.attention.patterns import PatternMask
-from longseq.model.attention.reference import attention_probs, dense_mask
-from longseq.model.positions import RelativePositions, position_encoding
+from longseq.model.attention.reference import attention_probs, dense_mask, distance_bias
+from longseq.model.positions import RelativePositions, Shape, position_encoding, upgrade_position_names
 
 
 class AttentionContext(Protocol):
@@ -38,7 +39,12 @@ class RelativeMultiHeadAttention(nn.Module):
     """Multi-head attention over [memory; segment] with relative positions and a residual + LayerNorm.
 
     ``pre_lnorm`` normalises the attention input (memory included); otherwise the residual sum is
-    normalised (post-LN), as in the paper.
+    normalised (post-LN), as in the paper.  The layer's position encoding is a module of its own (``rel``,
+    :mod:`longseq.model.positions`), and its kernel is chosen when it is built and again when it is moved to a
+    device (``auto``: :func:`~longseq.model.attention.kernels.resolve_kernel` for its ``pattern``), never per call.
+    ``n_kv_head`` < ``n_head`` shares each key/value head among ``n_head / n_kv_head`` query heads (grouped-query
+    attention; 1: multi-query); a key/value memory stores the ``n_kv_head`` heads only.  ``qk_norm`` RMS-normalises
+    every query and key head (learned scale per channel) before positions are applied.
     """
 
     def __init__(
@@ -55,84 +61,142 @@ class RelativeMultiHeadAttention(nn.Module):
         chunk: int = 0,
         pos: str = "sinusoidal",
         max_relative_distance: int = 0,
+        n_kv_head: int = 0,
+        qk_norm: bool = False,
+        pattern=None,  # the layer's AttentionPattern (None: full), for ``auto``
+        positions: Shape | None = None,  # the encoding's options beyond the heads (rope, t5)
     ) -> None:
         super().__init__()
         self.chunk = chunk
         self.n_head, self.d_head = n_head, d_head
+        self.n_kv_head = n_kv_head or n_head
+        if n_head % self.n_kv_head:
+            raise ValueError(f"n_kv_head={n_kv_head} must divide n_head={n_head}")
         self.pre_lnorm = pre_lnorm
         self.dropatt = dropatt
-        self.kernel = kernel
-        self.qkv_net = nn.Linear(d_model, 3 * n_head * d_head, bias=False)  # W_q, W_{k,E}, W_v
-        self.encoding = position_encoding(pos)
-        self.encoding.setup(self, d_model, max_relative_distance)  # W_{k,R} (r_net), Shaw's table, or nothing
+        self.kernel_name, self.pattern = kernel, pattern
+        self.qkv_net = nn.Linear(d_model, (n_head + 2 * self.n_kv_head) * d_head, bias=False)  # W_q, W_{k,E}, W_v
+        shape = positions or Shape(d_model, n_head, d_head, max_relative_distance)
+        encoding = position_encoding(pos)
+        self.rel = encoding(replace(shape, d_model=d_model, n_head=n_head, d_head=d_head))  # W_{k,R}, a table, ...
+        self.family = encoding.family
+        self.q_norm = nn.RMSNorm(d_head, eps=eps) if qk_norm else None
+        self.k_norm = nn.RMSNorm(d_head, eps=eps) if qk_norm else None
         self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
         self.layer_norm = nn.LayerNorm(d_model, eps=eps)
         self.drop = nn.Dropout(dropout)
+        self._prepare()
+        self._register_load_state_dict_pre_hook(_upgrade_names, with_module=True)
+
+    def _prepare(self) -> None:
+        """Choose the kernel for the device the weights are on (``auto`` resolved here, once)."""
+        device = self.qkv_net.weight.device.type
+        name = resolve_kernel(self.kernel_name, device, self.pattern, self.dropatt > 0, self.family)
+        self.kernel = kernel_for(name, self.family)
+        self.blocked = self.kernel is not flex_relative_attention and self.chunk > 0
+
+    def _apply(self, fn, recurse: bool = True):
+        super()._apply(fn, recurse)
+        self._prepare()  # ``model.to(device)``: the device is known now
+        return self
 
     def relative_keys(self, positions: RelativePositions | Tensor | None) -> Tensor | None:
-        """This layer's relative table (H, R, D) for ``positions``; a tensor is taken as an already projected
-        table (the evaluation cache), and absolute positions have none."""
+        """This layer's relative table for ``positions`` ((H, R, D) keys, an (H, R) bias, or None); a tensor is
+        taken as an already made table (the evaluation cache)."""
         if not isinstance(positions, RelativePositions):
             return positions
-        return self.encoding.relative_keys(self, positions)
+        return self.rel.table(positions)
 
     def heads(self, source: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values (B, H, L, D) of every position of ``source`` (B, L, E)."""
+        """Queries (B, H, L, D), keys and values (B, H_kv, L, D) of every position of ``source`` (B, L, E)."""
         batch, length, _ = source.shape
-        width = self.n_head * self.d_head
-        query, key, value = self.qkv_net(source).split(width, dim=-1)  # (B, L, H*D) each
-        return tuple(x.view(batch, length, self.n_head, self.d_head).transpose(1, 2) for x in (query, key, value))
+        q_width, kv_width = self.n_head * self.d_head, self.n_kv_head * self.d_head
+        query, key, value = self.qkv_net(source).split((q_width, kv_width, kv_width), dim=-1)
+        query = query.view(batch, length, self.n_head, self.d_head).transpose(1, 2)
+        key, value = (x.view(batch, length, self.n_kv_head, self.d_head).transpose(1, 2) for x in (key, value))
+        if self.q_norm is not None:
+            query, key = self.q_norm(query), self.k_norm(key)
+        return query, key, value
 
     def _project(self, hidden: Tensor, context: AttentionContext | None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries (B, H, T, D) of the segment; keys and values (B, H, K, D) of [memory; segment]."""
+        """Queries (B, H, T, D) of the segment; keys and values (B, H_kv, K, D) of [memory; segment]."""
         norm = self.layer_norm if self.pre_lnorm else None
         if context is None:  # no memory: the segment alone
             return self.heads(hidden if norm is None else norm(hidden))
         return context.project(self.heads, norm, hidden)
 
+    def _scored(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values as the scores see them: rotated (rope), key/value heads shared by groups."""
+        query, key = self.rel.rotate(query, key)
+        if self.n_kv_head != self.n_head:
+            group = self.n_head // self.n_kv_head
+            key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+        return query, key, value
+
     @torch.no_grad()
     def probs(self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: AttentionContext | None = None) -> Tensor:
         """The attention probabilities (B, H, T, K) this layer uses for these inputs (the reference, no dropout;
         same arguments as :meth:`forward`, for diagnostics).  A ring context must not be passed: it would grow."""
-        query, key, _ = self._project(hidden, context)
-        return attention_probs(query, key, self.relative_keys(rel_key), r_w_bias, r_r_bias, dense_mask(mask))
+        query, key, value = self._scored(*self._project(hidden, context))
+        table = self.relative_keys(rel_key)
+        if self.family == "content":
+            return content_probs(query, key, table, dense_mask(mask))
+        return attention_probs(query, key, table, r_w_bias, r_r_bias, dense_mask(mask))
 
     def forward(
         self,
         hidden: Tensor,  # (B, T, E)
-        rel_key: RelativePositions | Tensor | None,  # positions, or the (H, R, D) table W_R R of distances K .. 0
+        rel_key: RelativePositions | Tensor | None,  # positions, or the layer's table already made
         r_w_bias: Tensor,  # (H, D)
         r_r_bias: Tensor,  # (H, D)
         mask: PatternMask | Tensor,  # the layer's pattern, or a dense causal (T, K) mask
         context: AttentionContext | None = None,  # the memory before the segment (None: none)
     ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None]:
-        """Returns the layer output (B, T, E), the keys and values of [memory; segment] (B, H, K, D), and with
-        ``context.with_mass`` the attention mass every key received (B, K), else None.
+        """Returns the layer output (B, T, E), the keys and values of [memory; segment] (B, H_kv, K, D; keys before
+        rotation), and with ``context.with_mass`` the attention mass every key received (B, K), else None.
 
         A cached context reuses the memory's keys and values instead of projecting them again (identical
         results: the projection is per position, LayerNorm included).
         """
         batch, qlen, _ = hidden.shape
-        width = self.n_head * self.d_head
-        rel_key = self.relative_keys(rel_key)  # (H, R, D)
-        query, key, value = self._project(hidden, context)  # (B, H, T, D), (B, H, K, D) x 2
-
-        if rel_key is None:  # absolute positions: content scores only
-            attn = content_attention(query, key, value, mask, self.dropatt, self.training, self.kernel)
-        elif (
-            name := resolve_kernel(self.kernel, query.device.type, mask, self.training and self.dropatt > 0)
-        ) == "flex":
-            attn = flex_relative_attention(
-                query, key, value, rel_key, r_w_bias, r_r_bias, mask, self.dropatt, self.training
-            )
-        else:
-            kernel = ATTENTION_KERNELS[name]
+        table = self.relative_keys(rel_key)  # (H, R, D), (H, R) or None
+        present = self._project(hidden, context)  # (B, H, T, D), (B, H_kv, K, D) x 2
+        query, key, value = self._scored(*present)
+        if self.blocked and (qlen > self.chunk or mask_narrows(mask, qlen, key.size(2))):
             attn = blocked_attention(
-                kernel, self.chunk, query, key, value, rel_key, r_w_bias, r_r_bias, mask, self.dropatt, self.training
-            )  # (B, H, T, D)
-        attn = attn.transpose(1, 2).reshape(batch, qlen, width)  # (B, T, H*D)
+                self.kernel, self.chunk, query, key, value, table, r_w_bias, r_r_bias, mask, self.dropatt, self.training
+            )
+        else:  # one block over every key: the kernel itself
+            attn = self.kernel(query, key, value, table, r_w_bias, r_r_bias, mask, self.dropatt, self.training)
+        attn = attn.transpose(1, 2).reshape(batch, qlen, self.n_head * self.d_head)  # (B, T, H*D)
         out = self.drop(self.o_net(attn))  # (B, T, E)
         out = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
-        with_mass = context is not None and context.with_mass
-        mass = key_mass(query, key, rel_key, r_w_bias, r_r_bias, dense_mask(mask)) if with_mass else None
-        return out, (key, value), mass
+        mass = None
+        if context is not None and context.with_mass:
+            mass = self._mass(query, key, table, r_w_bias, r_r_bias, dense_mask(mask))
+        return out, present[1:], mass
+
+    def _mass(self, query, key, table, r_w_bias, r_r_bias, mask) -> Tensor:
+        if self.family == "content":
+            return content_probs(query, key, table, mask).sum(dim=(1, 2))
+        return key_mass(query, key, table, r_w_bias, r_r_bias, mask)
+
+
+def mask_narrows(mask: PatternMask | Tensor, qlen: int, klen: int) -> bool:
+    """Whether the queries of one block reach fewer than all keys (a local pattern over a long memory): then the
+    blocked path computes only the keys they reach."""
+    return isinstance(mask, PatternMask) and mask.key_range(0, qlen) != (0, klen)
+
+
+def content_probs(query: Tensor, key: Tensor, bias: Tensor | None, mask: Tensor) -> Tensor:
+    """The content family's probabilities (B, H, T, K), from its readable reference."""
+    scores = torch.einsum("bhtd,bhkd->bhtk", query, key) / math.sqrt(query.size(-1))
+    if bias is not None:
+        scores = scores + distance_bias(bias, query.size(2), key.size(2)).to(scores.dtype)
+    return torch.softmax(scores.float().masked_fill(mask, float("-inf")), dim=-1).to(query.dtype)
+
+
+def _upgrade_names(module, state_dict, prefix, *args) -> None:
+    """Load a checkpoint saved before the position encodings were modules (``r_net``, ``rel_table`` on the
+    attention module itself; see :func:`~longseq.model.positions.upgrade_position_names`)."""
+    upgrade_position_names(state_dict, prefix)

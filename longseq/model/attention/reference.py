@@ -50,8 +50,35 @@ def reference_attention(
     first_forbidden: int = 0,  # the kernel contract's hint: the reference masks every column
 ) -> Tensor:
     """Readable reference: gather W_R R_{i-j} for every (i, j) and add the two terms."""
-    probs = F.dropout(attention_probs(query, key, rel_key, r_w_bias, r_r_bias, mask), p=dropatt, training=training)
-    return probs @ value  # (B, H, T, D)
+    probs = attention_probs(query, key, rel_key, r_w_bias, r_r_bias, dense_mask(mask))
+    return F.dropout(probs, p=dropatt, training=training) @ value  # (B, H, T, D)
+
+
+def distance_bias(bias: Tensor, qlen: int, klen: int) -> Tensor:
+    """A bias per distance row (H, R) (row ``T - i + j`` for the pair (i, j), as a relative table) gathered for
+    every pair: (H, T, K).  Rows past the end are read only for forbidden pairs."""
+    rows = qlen - torch.arange(qlen, device=bias.device)[:, None] + torch.arange(klen, device=bias.device)
+    return bias[:, rows.clamp(max=bias.size(1) - 1)]
+
+
+def reference_content_attention(
+    query: Tensor,  # (B, H, T, D)
+    key: Tensor,  # (B, H, K, D)
+    value: Tensor,  # (B, H, K, D)
+    bias: Tensor | None,  # (H, R): a bias per distance row (alibi, t5), or None
+    r_w_bias: Tensor,  # unread: no u and v
+    r_r_bias: Tensor,
+    mask,  # a PatternMask or a bool tensor broadcastable to (B, H, T, K), True where forbidden
+    dropatt: float,
+    training: bool,
+    first_forbidden: int = 0,
+) -> Tensor:
+    """The content family's readable reference: softmax(q.k / sqrt(D) + bias_{i-j}) over the allowed keys."""
+    scores = torch.einsum("bhtd,bhkd->bhtk", query, key) / math.sqrt(query.size(-1))
+    if bias is not None:
+        scores = scores + distance_bias(bias, query.size(2), key.size(2)).to(scores.dtype)
+    probs = _softmax(scores.masked_fill(dense_mask(mask), float("-inf")))
+    return F.dropout(probs, p=dropatt, training=training) @ value
 
 
 def attention_probs(query, key, rel_key, r_w_bias, r_r_bias, mask) -> Tensor:

@@ -86,7 +86,10 @@ class KeyValueStep:
         return self._rows(self.table[0])
 
     def _rows(self, table) -> list:
-        rows = next(t for t in table if t is not None).size(1)
+        live = [t for t in table if t is not None]
+        if not live:  # an encoding without tables (rope, nope)
+            return list(table)
+        rows = live[0].size(1)
         return [None if t is None else t[:, rows - self.klen - 1 :] for t in table]
 
     def read(self, layer: int, hidden: Tensor) -> CacheContext | RingContext:

@@ -1,0 +1,263 @@
+"""Rotary, ALiBi, T5 and NoPE positions with every memory, grouped-query attention and QK-norm.
+
+Each encoding is held to code we did not write or to its paper's formula (rope against the complex-number form of
+RoFormer, ALiBi's slopes against the paper's, T5's buckets against transformers' own function), its SDPA kernel to
+the float64 reference (gradients included, patterns and blocks), and each model to the invariances of the memory:
+chunked with memory equals the whole sequence in one pass, the key/value and ring memories give the hidden-state
+memory's logits."""
+
+import math
+
+import pytest
+import torch
+
+from longseq import ModelConfig, TransformerXLLM
+from longseq.config import ConfigError
+from longseq.model import KVMemory, Memory
+from longseq.model.attention import RelativeMultiHeadAttention
+from longseq.model.attention.kernels import sdpa_attention
+from longseq.model.attention.patterns import PatternMask
+from longseq.model.attention.reference import reference_content_attention
+from longseq.model.memory.context import HiddenContext
+from longseq.model.positions import (
+    RelativePositions,
+    Shape,
+    T5Bias,
+    alibi_slopes,
+    relative_distances,
+    rotary_frequencies,
+    t5_buckets,
+    upgrade_position_names,
+)
+from tests.support import pattern, segments_and_steps
+
+ENCODINGS = ("rope", "alibi", "t5", "nope")
+BASE = dict(vocab_size=30, n_layer=2, d_model=16, n_head=4, d_head=4, d_inner=32, dropout=0.0)
+
+
+def model_for(pos: str, **extra) -> TransformerXLLM:
+    torch.manual_seed(0)
+    model = TransformerXLLM(ModelConfig(**{**BASE, "pos": pos, **extra})).double().eval()
+    for module in model.modules():
+        if isinstance(module, T5Bias):  # zeros at init: give the buckets something to say
+            torch.nn.init.normal_(module.rel_bias, 0.0, 1.0)
+    return model
+
+
+def test_rope_equals_the_complex_rotation_of_roformer():
+    """RoFormer (Su et al., section 3.2): pair k of a head, as the complex number x_k + i x_{k+D/2}, is multiplied
+    by exp(i m theta_k) at position m; the score of two rotated vectors depends only on their distance."""
+    shape = Shape(16, 2, 8, rope_theta=500.0)
+    layer = RelativeMultiHeadAttention(16, 2, 8, pos="rope", positions=shape).double()
+    q, k = torch.randn(2, 1, 2, 3, 8, dtype=torch.float64).unbind(0)  # (B, H, T, D)
+    key = torch.cat([torch.randn(1, 2, 4, 8, dtype=torch.float64), k], dim=2)  # 4 memory slots, then the segment
+    rq, rk = layer.rel.rotate(q, key)
+    freq = rotary_frequencies(shape, None, torch.float64)  # theta^(-2k/D)
+    assert torch.allclose(freq, 500.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8))
+
+    def complex_rotation(x, positions):
+        z = torch.complex(x[..., :4], x[..., 4:]) * torch.polar(
+            torch.ones(4, dtype=torch.float64), positions[:, None] * freq
+        )
+        return torch.cat([z.real, z.imag], dim=-1)
+
+    assert torch.allclose(rk, complex_rotation(key, torch.arange(7.0, dtype=torch.float64)), atol=1e-12)
+    assert torch.allclose(rq, complex_rotation(q, torch.arange(4.0, 7.0, dtype=torch.float64)), atol=1e-12)
+    shifted_q, shifted_k = layer.rel.rotate(q, torch.cat([torch.randn(1, 2, 9, 8, dtype=torch.float64), key], 2))
+    assert torch.allclose(shifted_q @ shifted_k[:, :, 9:].transpose(-1, -2), rq @ rk.transpose(-1, -2), atol=1e-12)
+
+
+def test_rope_scalings_stretch_the_positions_or_the_base():
+    plain = rotary_frequencies(Shape(8, 1, 8), None, torch.float64)
+    linear = rotary_frequencies(Shape(8, 1, 8, rope_scaling="linear", rope_factor=4.0), None, torch.float64)
+    ntk = rotary_frequencies(Shape(8, 1, 8, rope_scaling="ntk", rope_factor=4.0), None, torch.float64)
+    assert torch.allclose(linear, plain / 4)  # position m reads as m / 4
+    assert torch.allclose(ntk, (10000.0 * 4.0 ** (8 / 6)) ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8))
+    assert torch.isclose(ntk[0], plain[0]) and torch.isclose(ntk[-1], plain[-1] / 4)  # highest kept, lowest / 4
+
+
+def test_alibi_slopes_are_the_papers():
+    """Press et al. (2022), section 3: for 8 heads 1/2, 1/4, ..., 1/256; otherwise the slopes of the closest power
+    of 2, then every other one of twice that many (the authors' get_slopes)."""
+    assert torch.allclose(alibi_slopes(8), torch.tensor([2.0**-i for i in range(1, 9)]))
+    eight, sixteen = alibi_slopes(8), alibi_slopes(16)
+    assert torch.allclose(alibi_slopes(12), torch.cat([eight, sixteen[0::2][:4]]))
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_t5_buckets_equal_transformers_function(bidirectional):
+    t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    distances = torch.arange(-300, 301)  # query - key
+    ours = t5_buckets(distances.float(), 32, 128, bidirectional)
+    theirs = t5.T5Attention._relative_position_bucket(-distances, bidirectional, 32, 128)  # key - query
+    mask = slice(None) if bidirectional else distances >= 0
+    assert torch.equal(ours[mask], theirs[mask])
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("name, mlen, qlen", [("full", 5, 7), ("full", 0, 6), ("window", 6, 9), ("strided", 3, 8)])
+def test_sdpa_kernel_equals_the_reference_with_gradients(name, mlen, qlen, with_bias):
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, qlen, 4, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, 3, mlen + qlen, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    bias = torch.randn(3, mlen + qlen + 1, dtype=torch.float64, requires_grad=True) if with_bias else None
+    zeros = torch.zeros(3, 4, dtype=torch.float64)
+    mask = PatternMask(pattern(name), qlen, mlen)
+    inputs = [t for t in (q, k, v, bias) if t is not None]
+    fast = sdpa_attention(q, k, v, bias, zeros, zeros, mask, 0.0, False)
+    slow = reference_content_attention(q, k, v, bias, zeros, zeros, mask.forbidden(), 0.0, False)
+    weights = torch.randn_like(fast)
+    for a, b in zip(
+        torch.autograd.grad((fast * weights).sum(), inputs), torch.autograd.grad((slow * weights).sum(), inputs)
+    ):
+        assert torch.allclose(a, b, atol=1e-10)
+    assert torch.allclose(fast, slow, atol=1e-12)
+
+
+@pytest.mark.parametrize("pos", ENCODINGS)
+@pytest.mark.parametrize("kernel, chunk", [("sdpa", 0), ("sdpa", 4), ("reference", 0)])
+def test_each_kernel_of_a_layer_equals_the_reference_layer(pos, kernel, chunk):
+    """The layer with the SDPA kernel, whole or in blocks of 4 queries, gives the reference kernel's output and
+    gradients over a memory (a window pattern reaches part of it)."""
+
+    def run(kernel, chunk):
+        torch.manual_seed(0)
+        layer = RelativeMultiHeadAttention(16, 4, 4, kernel=kernel, chunk=chunk, pos=pos, n_kv_head=2).double()
+        if pos == "t5":
+            torch.nn.init.normal_(layer.rel.rel_bias)
+        hidden = torch.randn(2, 9, 16, dtype=torch.float64, requires_grad=True)
+        memory = torch.randn(2, 5, 16, dtype=torch.float64)
+        positions = RelativePositions(relative_distances(14, -1), None, torch.float64)
+        zeros = torch.zeros(4, 4, dtype=torch.float64)
+        out, _, _ = layer(hidden, positions, zeros, zeros, PatternMask(pattern("window"), 9, 5), HiddenContext(memory))
+        return out, torch.autograd.grad(out.square().sum(), [hidden, *layer.parameters()])
+
+    (fast, fast_grads), (slow, slow_grads) = run(kernel, chunk), run("reference", 0)
+    assert torch.allclose(fast, slow, atol=1e-12)
+    for a, b in zip(fast_grads, slow_grads):
+        assert torch.allclose(a, b, atol=1e-10)
+
+
+@pytest.mark.parametrize("pos", ENCODINGS)
+@pytest.mark.parametrize("extra", [{}, {"n_kv_head": 1, "qk_norm": True}, {"same_length": True, "pre_lnorm": True}])
+def test_chunked_with_memory_equals_the_whole_sequence_and_every_memory_agrees(pos, extra):
+    """With a memory as long as the text, segments of 4 with the memory carried give the logits of one pass over
+    the whole; a key/value memory (keys stored before rotation) and generation's ring give the same logits."""
+    model = model_for(pos, mem_len=24, **extra)
+    x = torch.randint(0, 30, (2, 24))
+    with torch.no_grad():
+        chunked, stepped, _ = segments_and_steps(model, x, 4)
+        kv, mems = [], Memory.empty(KVMemory)
+        for lo in range(0, 24, 4):
+            out = model(x[:, lo : lo + 4], mems)
+            kv.append(out.logits)
+            mems = out.mems
+        whole = model(x).logits
+    assert torch.allclose(chunked, whole, atol=1e-10)
+    assert torch.allclose(stepped, whole, atol=1e-10)
+    assert torch.allclose(torch.cat(kv, dim=1), chunked, atol=1e-10)
+    if extra.get("n_kv_head"):
+        assert mems.layers[0].keys.size(1) == 1  # the cache holds the shared key/value head only
+
+
+@pytest.mark.parametrize("pos", ENCODINGS)
+def test_a_compressed_memory_and_memory_tokens_stay_causal(pos):
+    """A compressed memory (one position per compressed slot) and memory tokens: a later token changes no earlier
+    logit, in the segment or in the segments after it, and a short memory differs from the whole pass."""
+    model = model_for(pos, mem_len=4, cmem_len=3, cmem_rate=2, mem_tokens=2)
+    x = torch.randint(0, 30, (2, 20))
+    y = x.clone()
+    y[:, 13:] = (y[:, 13:] + 1) % 30
+
+    def read(tokens):
+        mems, parts = None, []
+        for lo in range(0, 20, 4):
+            out = model(tokens[:, lo : lo + 4], mems)
+            parts.append(out.logits)
+            mems = out.mems
+        return torch.cat(parts, dim=1)
+
+    with torch.no_grad():
+        a, b = read(x), read(y)
+    assert torch.equal(a[:, :13], b[:, :13]) and not torch.allclose(a[:, 13:], b[:, 13:])
+
+
+def test_a_grouped_query_model_equals_full_heads_with_repeated_key_value_weights():
+    """n_kv_head=2 of 4 heads is multi-head attention whose heads 2h and 2h+1 share key and value weights."""
+    grouped = model_for("rope", n_kv_head=2, mem_len=8)
+    full = model_for("rope", mem_len=8)
+    state = grouped.state_dict()
+    for i in range(2):
+        w = state[f"transformer.layers.{i}.dec_attn.qkv_net.weight"]
+        q, k, v = w.split((16, 8, 8))
+        k, v = (t.view(2, 4, 16).repeat_interleave(2, dim=0).reshape(16, 16) for t in (k, v))
+        state[f"transformer.layers.{i}.dec_attn.qkv_net.weight"] = torch.cat([q, k, v])
+    full.load_state_dict(state)
+    x = torch.randint(0, 30, (2, 10))
+    with torch.no_grad():
+        a, b = grouped(x[:, :5]), full(x[:, :5])
+        assert torch.allclose(a.logits, b.logits, atol=1e-12)
+        assert torch.allclose(grouped(x[:, 5:], a.mems).logits, full(x[:, 5:], b.mems).logits, atol=1e-12)
+
+
+def test_qk_norm_normalises_every_query_and_key_head():
+    layer = RelativeMultiHeadAttention(16, 4, 4, pos="nope", qk_norm=True).double()
+    torch.nn.init.normal_(layer.q_norm.weight)
+    torch.nn.init.normal_(layer.k_norm.weight)
+    source = torch.randn(2, 5, 16, dtype=torch.float64)
+    query, key, _ = layer.heads(source)
+    raw_q, raw_k, _ = layer.qkv_net(source).view(2, 5, 3, 4, 4).permute(2, 0, 3, 1, 4)
+
+    def rms(x, w):
+        return x / torch.sqrt(x.square().mean(-1, keepdim=True) + 1e-5) * w
+
+    assert torch.allclose(query, rms(raw_q, layer.q_norm.weight), atol=1e-12)
+    assert torch.allclose(key, rms(raw_k, layer.k_norm.weight), atol=1e-12)
+
+
+def test_alibi_scores_fall_by_the_slope_per_position_of_distance():
+    """One head of equal keys: the probabilities over [memory; segment] are softmax(-slope * distance)."""
+    layer = RelativeMultiHeadAttention(4, 1, 4, pos="alibi", kernel="sdpa").double()
+    with torch.no_grad():
+        layer.qkv_net.weight.zero_()
+    probs = layer.probs(
+        torch.randn(1, 3, 4, dtype=torch.float64),
+        RelativePositions(relative_distances(8, -1), None, torch.float64),
+        torch.zeros(1, 4),
+        torch.zeros(1, 4),
+        PatternMask(pattern("full"), 3, 5),
+        HiddenContext(torch.randn(1, 5, 4, dtype=torch.float64)),
+    )
+    slope = alibi_slopes(1)[0].item()
+    last = torch.softmax(-slope * torch.arange(7.0, -1, -1, dtype=torch.float64), dim=0)  # query 2 sees 8 keys
+    assert torch.allclose(probs[0, 0, 2], last, atol=1e-12)
+    assert math.isclose(slope, 2.0**-8)
+
+
+def test_checkpoints_from_before_the_encodings_were_modules_load():
+    model = model_for("sinusoidal", mem_len=4)
+    state = model.state_dict()
+    old = {k.replace(".rel.r_net.", ".r_net."): v for k, v in state.items()}
+    assert any(".dec_attn.r_net." in k for k in old)
+    fresh = TransformerXLLM(ModelConfig(**{**BASE, "mem_len": 4}))
+    fresh.load_state_dict(old)
+    assert all(torch.equal(fresh.state_dict()[k].double(), v) for k, v in state.items())
+    names = {"a.rel_table": 1, "a.r_net.weight": 2}
+    upgrade_position_names(names, "a.")
+    assert names == {"a.rel.rel_table": 1, "a.rel.r_net.weight": 2}
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"pos": "rope", "attn_impl": "rel_shift_x"}, "attn_impl"),
+        ({"pos": "rope", "attn_impl": "flex"}, "attn_impl=flex"),
+        ({"pos": "sinusoidal", "attn_impl": "sdpa"}, "attn_impl=sdpa"),
+        ({"pos": "rope", "rope_scaling": "yarn"}, "rope_scaling"),
+        ({"pos": "rope", "rope_factor": 0.5}, "rope_factor"),
+        ({"n_kv_head": 3}, "n_kv_head"),
+    ],
+)
+def test_bad_position_and_head_options_are_named(overrides, match):
+    with pytest.raises((ConfigError, ValueError), match=match):
+        TransformerXLLM(ModelConfig(**{**BASE, "mem_len": 4, **overrides}))
