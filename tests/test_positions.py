@@ -261,3 +261,23 @@ def test_checkpoints_from_before_the_encodings_were_modules_load():
 def test_bad_position_and_head_options_are_named(overrides, match):
     with pytest.raises((ConfigError, ValueError), match=match):
         TransformerXLLM(ModelConfig(**{**BASE, "mem_len": 4, **overrides}))
+
+
+def test_a_grouped_query_model_trains_a_learned_compressed_memory():
+    """The attention-reconstruction loss reads the layer's key/value heads as grouped-query attention does: with
+    key/value weights repeated per group it equals the full-head model's loss."""
+    grouped = model_for("rope", n_kv_head=2, mem_len=4, cmem_len=2, cmem_rate=2, cmem_fn="conv")
+    full = model_for("rope", mem_len=4, cmem_len=2, cmem_rate=2, cmem_fn="conv")
+    state = grouped.state_dict()
+    for i in range(2):
+        name = f"transformer.layers.{i}.dec_attn.qkv_net.weight"
+        q, k, v = state[name].split((16, 8, 8))
+        state[name] = torch.cat([q, *(t.view(2, 4, 16).repeat_interleave(2, 0).reshape(16, 16) for t in (k, v))])
+    full.load_state_dict(state)
+    grouped.train(), full.train()
+    x = torch.randint(0, 30, (2, 12))
+    mems_g = mems_f = None
+    for lo in range(0, 12, 4):
+        out_g, out_f = grouped(x[:, lo : lo + 4], mems_g), full(x[:, lo : lo + 4], mems_f)
+        mems_g, mems_f = out_g.mems, out_f.mems
+    assert out_g.aux_loss is not None and torch.allclose(out_g.aux_loss, out_f.aux_loss, atol=1e-12)

@@ -98,11 +98,15 @@ class Compressor(nn.Module):
 
 
 def _content_attention(query: Tensor, states: Tensor, w_k: Tensor, w_v: Tensor, n_head: int) -> Tensor:
-    """Content-only multi-head attention of ``query`` (B, T, H*D) over ``states`` (B, n, E)."""
+    """Content-only multi-head attention of ``query`` (B, T, H*D) over ``states`` (B, n, E); with fewer key/value
+    heads than ``n_head`` (grouped-query attention), each serves its group of query heads."""
     batch, qlen, width = query.shape
     d_head = width // n_head
-    key = F.linear(states, w_k).view(batch, -1, n_head, d_head).transpose(1, 2)  # (B, H, n, D)
-    value = F.linear(states, w_v).view(batch, -1, n_head, d_head).transpose(1, 2)
+    group = n_head // (w_k.size(0) // d_head)
+    key, value = (
+        F.linear(states, w).view(batch, -1, w.size(0) // d_head, d_head).transpose(1, 2).repeat_interleave(group, 1)
+        for w in (w_k, w_v)
+    )  # (B, H, n, D)
     q = query.view(batch, qlen, n_head, d_head).transpose(1, 2)  # (B, H, T, D)
     probs = torch.softmax(q @ key.transpose(-1, -2) / math.sqrt(d_head), dim=-1)
     return probs @ value  # (B, H, T, D)
@@ -111,8 +115,8 @@ def _content_attention(query: Tensor, states: Tensor, w_k: Tensor, w_v: Tensor, 
 def reconstruction_loss(attention, hidden: Tensor, old: Tensor, compressed: Tensor) -> Tensor:
     """|| attn(h, old) - attn(h, compressed) ||^2 with the layer's attention weights, all detached but the
     compressed states, so the gradient reaches the compressor only."""
-    width = attention.n_head * attention.d_head
-    w_q, w_k, w_v = attention.qkv_net.weight.detach().split(width, dim=0)
+    width, kv_width = attention.n_head * attention.d_head, attention.n_kv_head * attention.d_head
+    w_q, w_k, w_v = attention.qkv_net.weight.detach().split((width, kv_width, kv_width), dim=0)
     norm = attention.layer_norm
 
     def prepare(x: Tensor) -> Tensor:
