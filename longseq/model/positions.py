@@ -240,13 +240,14 @@ class Rotary(PositionEncoding):
         return rotated_query, rotated_key
 
 
-def alibi_slopes(n_head: int) -> Tensor:
+def alibi_slopes(n_head: int) -> list[float]:
     """The ALiBi paper's slopes: 2^(-8/n), 2^(-16/n), ... for n heads a power of 2; otherwise those of the nearest
-    smaller power of 2, then every other slope of the next one (the authors' code)."""
+    smaller power of 2, then every other slope of the next one (the authors' code).  Plain floats: a model built
+    on the meta device (transformers' ``from_pretrained``) still has them."""
     if n_head & (n_head - 1) == 0:
-        return torch.tensor([2.0 ** (-8.0 * (h + 1) / n_head) for h in range(n_head)])
+        return [2.0 ** (-8.0 * (h + 1) / n_head) for h in range(n_head)]
     lower = 2 ** math.floor(math.log2(n_head))
-    return torch.cat([alibi_slopes(lower), alibi_slopes(2 * lower)[0::2][: n_head - lower]])
+    return alibi_slopes(lower) + alibi_slopes(2 * lower)[0::2][: n_head - lower]
 
 
 class ALiBi(PositionEncoding):
@@ -256,11 +257,14 @@ class ALiBi(PositionEncoding):
 
     def __init__(self, shape: Shape) -> None:
         super().__init__(shape)
-        self.register_buffer("slopes", alibi_slopes(shape.n_head), persistent=False)
+        self.slopes = tuple(alibi_slopes(shape.n_head))  # not a buffer: from_pretrained builds on the meta device
+        # and would leave a buffer that is not saved uninitialised
 
     def table(self, positions: RelativePositions) -> Tensor:
         """(H, R): the bias of every distance row."""
-        return -self.slopes.to(positions.dtype)[:, None] * positions.distances.abs().to(positions.dtype)
+        distances = positions.distances
+        slopes = torch.tensor(self.slopes, dtype=positions.dtype, device=distances.device)
+        return -slopes[:, None] * distances.abs().to(positions.dtype)
 
 
 def t5_buckets(distances: Tensor, n_buckets: int, max_distance: int, bidirectional: bool) -> Tensor:
