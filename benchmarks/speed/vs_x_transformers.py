@@ -11,7 +11,8 @@ runs as ``TransformerWrapper(max_mem_len=M, attn_layers=Decoder(...))`` with rot
 bias, and with rotary positions on its flash path (``attn_flash=True``: ``scaled_dot_product_attention``); and as
 a GPT of the same width without memory at a context of ``tgt_len + mem_len`` (absolute positions).  Each variant
 runs ``--rounds`` times, alternating, and the median is reported with its ratio to longseq's default (the paper's
-sinusoidal relative attention, ``attn_impl=auto``).
+sinusoidal relative attention, ``attn_impl=auto``) and to longseq with rotary positions on SDPA (``pos=rope``, the
+settings of ``xt_rotary_mem``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ VARIANTS = {
     "xt_t5_mem": dict(rel_pos_bias=True),
     "xt_rotary_flash_mem": dict(rotary_pos_emb=True, attn_flash=True),
     "xt_gpt_no_mem": dict(attn_flash=True),
+}
+LONGSEQ = {  # longseq's side: the paper's block (the default), and rotary positions on SDPA (equal to xt_rotary_mem)
+    "longseq": {},
+    "longseq_rope": dict(pos="rope"),
 }
 
 
@@ -93,12 +98,12 @@ def measure(args, tgt_len: int, mem_len: int) -> dict:
 
     device = torch.device(args.device)
     torch.manual_seed(0)
-    models = {"longseq": TransformerXLLM(bench_config(mem_len)).to(device)}
+    models = {name: TransformerXLLM(bench_config(mem_len, **extra)).to(device) for name, extra in LONGSEQ.items()}
     models.update({name: x_transformer(name, tgt_len, mem_len).to(device) for name in VARIANTS})
     runs = {name: [] for name in models}
     for _ in range(args.rounds):
         for name, model in models.items():
-            if name == "longseq":
+            if name in LONGSEQ:
                 tps = train_throughput(model, batch=args.batch, tgt_len=tgt_len, steps=args.steps,
                                        warmup=args.warmup, autocast=args.autocast)["tokens_per_s"]  # fmt: skip
             else:
@@ -108,7 +113,8 @@ def measure(args, tgt_len: int, mem_len: int) -> dict:
     median = {name: statistics.median(v) for name, v in runs.items()}
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
     return {"tgt_len": tgt_len, "mem_len": mem_len, "tokens_per_s": median, "runs": runs, "parameters": params,
-            "longseq_over": {n: median["longseq"] / v for n, v in median.items() if n != "longseq"}}  # fmt: skip
+            "longseq_over": {n: median["longseq"] / v for n, v in median.items() if n not in LONGSEQ},
+            "longseq_rope_over": {n: median["longseq_rope"] / v for n, v in median.items() if n not in LONGSEQ}}  # fmt: skip
 
 
 def main() -> None:
@@ -130,8 +136,10 @@ def main() -> None:
     for size in args.sizes:
         tgt_len, mem_len = (int(n) for n in size.split("/"))
         report["sizes"].append(measure(args, tgt_len, mem_len))
-        ratios = ", ".join(f"{n} {r:.2f}x" for n, r in report["sizes"][-1]["longseq_over"].items())
-        print(f"{size}: longseq {report['sizes'][-1]['tokens_per_s']['longseq']:.0f} tokens/s; {ratios}", flush=True)
+        for ours in LONGSEQ:
+            done = report["sizes"][-1]
+            ratios = ", ".join(f"{n} {r:.2f}x" for n, r in done[f"{ours}_over"].items())
+            print(f"{size}: {ours} {done['tokens_per_s'][ours]:.0f} tokens/s; {ratios}", flush=True)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
