@@ -2,8 +2,8 @@
 choice reads.
 
 Every choice is owned by its implementation: attention patterns (:data:`~longseq.model.attention.patterns.PATTERNS`,
-a predicate and the parameters it reads), kernels (:data:`~longseq.model.attention.kernels.ATTENTION_KERNELS` and ``CONTENT_KERNELS``, and
-``auto``), position encodings (:data:`~longseq.model.positions.POSITION_ENCODINGS`), mixers
+a predicate and the parameters it reads), kernels (:data:`~longseq.model.attention.kernels.ATTENTION_KERNELS` and
+``CONTENT_KERNELS``, and ``auto``), position encodings (:data:`~longseq.model.positions.POSITION_ENCODINGS`), mixers
 (:data:`~longseq.model.mixers.MIXERS`, and ``attention``, the decoder layer), compression functions
 (:data:`~longseq.model.memory.compress.COMPRESSION_FUNCTIONS`) and architectures (:data:`ARCHITECTURES`).
 A new one is registered once, where it is implemented; :func:`check_names` and :func:`ignored_options` read the
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from longseq.config.base import ConfigError, check_choice, leaves
 from longseq.config.model import ModelConfig
-from longseq.model.attention.kernels import CONTENT_KERNELS, KERNEL_NAMES
+from longseq.model.attention.kernels import KERNEL_NAMES, kernel_for
 from longseq.model.attention.patterns import PATTERNS
 from longseq.model.layers import DecoderLayer
 from longseq.model.lstm import LSTMLM
@@ -33,17 +33,11 @@ def check_names(config: ModelConfig) -> None:
         check_choice("pattern.attention", name, tuple(PATTERNS))
     check_choice("attn_impl", config.attn_impl, KERNEL_NAMES)
     check_choice("positions.pos", config.positions.pos, tuple(POSITION_ENCODINGS))
-    family = POSITION_ENCODINGS[config.positions.pos].family
-    if config.attn_impl == "sdpa" and family == "relative":
-        raise ConfigError(
-            f"attn_impl=sdpa runs content scores (pos=rope, alibi, t5, nope, absolute); pos={config.positions.pos} "
-            "has a relative table of keys: use auto, rel_shift, flex or reference"
-        )
-    if family == "content" and config.attn_impl not in ("auto", *CONTENT_KERNELS):
-        raise ConfigError(
-            f"attn_impl={config.attn_impl} runs XL's relative table; pos={config.positions.pos} has content scores: "
-            "use auto, sdpa or reference"
-        )
+    if config.attn_impl != "auto":  # the kernel registries say which names each position family runs
+        try:
+            kernel_for(config.attn_impl, POSITION_ENCODINGS[config.positions.pos].family)
+        except ValueError as error:
+            raise ConfigError(f"{error} (pos={config.positions.pos})") from None
     for name in config.mixer:
         check_choice("mixer", name, LAYERS)
     check_choice("memory.cmem_fn", config.memory.cmem_fn, tuple(COMPRESSION_FUNCTIONS))

@@ -229,7 +229,7 @@ CONTENT_KERNELS: dict[str, AttentionKernel] = {  # the content family: q.k plus 
     "sdpa": sdpa_attention,
     "rel_shift": sdpa_attention,  # the name of each family's fast eager path (run configs of absolute positions)
 }
-KERNEL_NAMES = ("auto", *ATTENTION_KERNELS, "sdpa")  # what attn_impl may name
+KERNEL_NAMES = ("auto", *dict.fromkeys([*ATTENTION_KERNELS, *CONTENT_KERNELS]))  # what attn_impl may name
 
 
 def kernel_for(name: str, family: str) -> AttentionKernel:
@@ -247,9 +247,10 @@ def resolve_kernel(name: str, device_type: str, pattern, dropout: bool, family: 
     """The kernel ``attn_impl`` names for a layer of ``pattern`` (an AttentionPattern; None: full) on a device, when
     it is built or moved: for the content family ``auto`` is ``sdpa``; for the relative family it is ``flex`` on
     CUDA for full attention and patterns of bounded reach (window, dilated) when this PyTorch has FlexAttention and
-    the layer has no attention dropout (``dropout``), and ``rel_shift`` otherwise.  Why not Flex for the sparse patterns: its block mask visits every 128 x 128 block that
-    holds one allowed pair (stride columns and block summaries reach every block), and their relative term needs a
-    (T, K) bias; the sparse pieces of ``rel_shift`` cost what the pattern allows."""
+    the layer has no attention dropout (``dropout``), and ``rel_shift`` otherwise.  Why not Flex for the sparse
+    patterns: its block mask visits every 128 x 128 block that holds one allowed pair (stride columns and block
+    summaries reach every block), and their relative term needs a (T, K) bias; the sparse pieces of ``rel_shift``
+    cost what the pattern allows."""
     if name != "auto":
         return name
     if family == "content":

@@ -3,7 +3,6 @@ residual.  See :mod:`longseq.model.attention` for the dimension glossary and the
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Protocol
 
@@ -18,7 +17,7 @@ from longseq.model.attention.kernels import (
     resolve_kernel,
 )
 from longseq.model.attention.patterns import PatternMask
-from longseq.model.attention.reference import attention_probs, dense_mask, distance_bias
+from longseq.model.attention.reference import attention_probs, content_probs, dense_mask
 from longseq.model.positions import RelativePositions, Shape, position_encoding, upgrade_position_names
 
 
@@ -186,14 +185,6 @@ def mask_narrows(mask: PatternMask | Tensor, qlen: int, klen: int) -> bool:
     """Whether the queries of one block reach fewer than all keys (a local pattern over a long memory): then the
     blocked path computes only the keys they reach."""
     return isinstance(mask, PatternMask) and mask.key_range(0, qlen) != (0, klen)
-
-
-def content_probs(query: Tensor, key: Tensor, bias: Tensor | None, mask: Tensor) -> Tensor:
-    """The content family's probabilities (B, H, T, K), from its readable reference."""
-    scores = torch.einsum("bhtd,bhkd->bhtk", query, key) / math.sqrt(query.size(-1))
-    if bias is not None:
-        scores = scores + distance_bias(bias, query.size(2), key.size(2)).to(scores.dtype)
-    return torch.softmax(scores.float().masked_fill(mask, float("-inf")), dim=-1).to(query.dtype)
 
 
 def _upgrade_names(module, state_dict, prefix, *args) -> None:

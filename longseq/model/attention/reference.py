@@ -74,11 +74,16 @@ def reference_content_attention(
     first_forbidden: int = 0,
 ) -> Tensor:
     """The content family's readable reference: softmax(q.k / sqrt(D) + bias_{i-j}) over the allowed keys."""
+    probs = content_probs(query, key, bias, dense_mask(mask))
+    return F.dropout(probs, p=dropatt, training=training) @ value
+
+
+def content_probs(query: Tensor, key: Tensor, bias: Tensor | None, mask: Tensor) -> Tensor:
+    """The content family's attention probabilities (B, H, T, K) of the reference, without dropout."""
     scores = torch.einsum("bhtd,bhkd->bhtk", query, key) / math.sqrt(query.size(-1))
     if bias is not None:
         scores = scores + distance_bias(bias, query.size(2), key.size(2)).to(scores.dtype)
-    probs = _softmax(scores.masked_fill(dense_mask(mask), float("-inf")))
-    return F.dropout(probs, p=dropatt, training=training) @ value
+    return _softmax(scores.masked_fill(mask, float("-inf")))
 
 
 def attention_probs(query, key, rel_key, r_w_bias, r_r_bias, mask) -> Tensor:
