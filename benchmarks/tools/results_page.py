@@ -120,8 +120,8 @@ def headline() -> list[str]:
         "# Benchmarks",
         "",
         "One table per question with its command, machine and date, generated from `benchmarks/results/` (a",
-        "README.md beside each tells how the study went) by `benchmarks/tools/results_page.py`; `--check` fails when",
-        "they disagree. ↑/↓: higher/lower is better. Corpora: `$LONGSEQ_DATA`.",
+        "README.md per study) by `benchmarks/tools/results_page.py`; `--check` fails when they disagree.",
+        "↑/↓: higher/lower is better. Corpora: `$LONGSEQ_DATA`.",
         "Machine **" + MACHINE + "**.",
         "",
         f"**How fast.** Against Hugging Face TransfoXL with the same weights: training {train[0]['speedup']:.2f}x as"
@@ -517,24 +517,29 @@ def smaller_section() -> list[str]:
     bpc = {r["tokenizer"]: r["test_bpc"] for r in t["rows"]}
     rss = lambda d, k: f"{d['results'][-1][k]['peak_rss_mib']:,.0f}"  # noqa: E731
     ba = {r["figure"]: r["ratio"] for r in load("speed/before-after.json")["rows"]}
+    k = load("speed/kernel-at-build.json")
+    ratio = {
+        r["figure"].split(":")[0].split()[-1]: r["ratio"] for r in k["rows"] if r["figure"].endswith("tokens_per_s")
+    }
+    kb = ratio
     lines = [
-        f"* **The GPU-ready step** (`speed/before-after.json`), after/before: training tokens/s "
-        f"{ba['training tokens/s ↑, eager']:.2f}x eager, {ba['training tokens/s ↑, compiled']:.2f}x compiled; "
-        f"compile time {ba['compile s ↓']:.2f}x.",
+        f"* **Before and after** (tokens/s): the GPU-ready step (`speed/before-after.json`): "
+        f"{ba['training tokens/s ↑, eager']:.2f}x eager, {ba['training tokens/s ↑, compiled']:.2f}x compiled "
+        f"(compile time {ba['compile s ↓']:.2f}x); build-time kernels (`speed/kernel-at-build.json`, AMX): "
+        f"train {kb['train']:.2f}x, eval {kb['eval']:.2f}x, generate {kb['generate']:.2f}x.",
         f"* **Activation checkpointing** (`speed/activation-checkpointing.json`): every layer recomputed at "
-        f"{num(every['length'])} tokens: {every['time_vs_off']:.2f}x the step time for {every['memory_vs_off']:.2f}x "
-        "the step memory.",
-        f"* **FSDP against DDP** (`speed/fsdp-memory.json`, 2 ranks): each rank holds {held['ratio']:.2f}x the "
-        f"parameters, gradients and moments; peak RSS {peak['ratio']:.2f}x.",
+        f"{num(every['length'])} tokens: {every['time_vs_off']:.2f}x time, {every['memory_vs_off']:.2f}x memory.",
+        f"* **FSDP against DDP** (`speed/fsdp-memory.json`, 2 ranks): {held['ratio']:.2f}x the parameters, "
+        f"gradients and moments per rank; peak RSS {peak['ratio']:.2f}x.",
         f"* **FlexAttention on CPU** (`speed/flex-cpu.json`): {window['case']}: eager "
         f"{window['eager_over_rel_shift']}x rel_shift's time, compiled {window['compiled_over_rel_shift']:.2f}x.",
-        f"* **Prepared corpora** (`speed/prepared-corpus.json`, 306 MB): start-up of a byte run "
-        f"{byte['prepared_s']} s prepared against {byte['in_ram_s']} s in RAM, {byte['prepared_rss_gib']:.2f} GiB "
-        f"against {byte['in_ram_rss_gib']:.2f}.",
-        f"* **Tokenizers on WikiText-2** (`speed/tokenizers-wt2.json`, equal tokens): test bits per character byte "
+        f"* **Prepared corpora** (`speed/prepared-corpus.json`, 306 MB): byte-run start-up "
+        f"{byte['prepared_s']} s prepared vs {byte['in_ram_s']} s in RAM, {byte['prepared_rss_gib']:.2f} GiB "
+        f"vs {byte['in_ram_rss_gib']:.2f}.",
+        f"* **Tokenizers on WikiText-2** (`speed/tokenizers-wt2.json`, equal tokens): test bpc: byte "
         f"{bpc['byte']:.3f}, char {bpc['char']:.3f}, BPE {bpc['bpe']:.3f}, word {bpc['word']:.3f}.",
         f"* **Tables through datasets** (`speed/table-corpus-*.json`, {arrow['results'][-1]['mb']} MB"
-        f" of text, peak MiB ↓): plain file {rss(arrow, 'plain')}, arrow {rss(arrow, 'table')}, parquet "
+        f" text, peak MiB ↓): plain {rss(arrow, 'plain')}, arrow {rss(arrow, 'table')}, parquet "
         f"{rss(parquet, 'table')}.",
     ]
     return ["## Smaller measurements", f"*{MACHINE.split(':')[0]}; commands in each JSON*", "", *lines, ""]
