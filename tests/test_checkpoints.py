@@ -124,7 +124,7 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(checkpoint_module, "save_model", broken)
-    torch.nn.init.zeros_(model.transformer.r_w_bias)
+    torch.nn.init.zeros_(model.transformer.stack.r_w_bias)
     with pytest.raises(CheckpointError, match="No space left"):
         save_checkpoint(str(tmp_path / "last"), model, run, tok)
     again, _, _, _ = load_checkpoint(str(tmp_path / "last"))
@@ -261,7 +261,9 @@ def test_a_format_v1_checkpoint_loads_and_scores_the_same_loss(name):
     assert result["loss"] == pytest.approx(expected["loss"], abs=1e-6)
     if name == "v1_compact":  # the renamed tensors arrived: compressors and memory tokens are not the init
         assert run.model.memory.cmem_len == 4 and run.model.memory.mem_tokens == 2
-        assert not torch.equal(model.transformer.memory_tokens, torch.zeros_like(model.transformer.memory_tokens))
+        assert not torch.equal(
+            model.transformer.stack.memory_tokens, torch.zeros_like(model.transformer.stack.memory_tokens)
+        )
 
 
 def test_a_run_records_its_pooling_and_an_old_checkpoint_keeps_last(tmp_path):

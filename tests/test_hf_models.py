@@ -138,9 +138,11 @@ def test_bad_input_is_refused_clearly(tmp_path):
         LongseqConfig(longseq=BASE, vocab_size=7)
     export_longseq_hf(tiny("window-dilated"), str(tmp_path / "hf"))
     weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
-    del weights["model.transformer.layers.1.pos_ff.core_net.0.weight"]
+    del weights["model.transformer.stack.layers.1.pos_ff.core_net.0.weight"]
     save_file(weights, str(tmp_path / "hf" / "model.safetensors"))
-    with pytest.raises(ValueError, match=r"lacks 1 tensor\(s\) of the model: model\.transformer\.layers\.1\.pos_ff"):
+    with pytest.raises(
+        ValueError, match=r"lacks 1 tensor\(s\) of the model: model\.transformer\.stack\.layers\.1\.pos_ff"
+    ):
         AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
     hf.config.save_pretrained(str(tmp_path))
     assert isinstance(AutoConfig.from_pretrained(str(tmp_path)), LongseqConfig)
@@ -182,7 +184,7 @@ def test_nan_weights_are_refused_by_from_pretrained_and_convert(tmp_path, capsys
     and convert --from-hf wrote a checkpoint of them that eval then refused."""
     model = tiny("window-dilated")
     with torch.no_grad():
-        model.transformer.layers[1].pos_ff.core_net[0].weight[0, 0] = float("nan")
+        model.transformer.stack.layers[1].pos_ff.core_net[0].weight[0, 0] = float("nan")
         next(model.crit.parameters())[0, 0] = float("inf")
     export_longseq_hf(model, str(tmp_path / "hf"))
     with pytest.raises(ValueError, match=r"NaN or Inf weights in 2 tensor\(s\)"):
@@ -218,7 +220,7 @@ def test_convert_from_hf_names_a_broken_directory_without_a_traceback(tmp_path, 
 
     def reshaped(d):
         weights = load_file(str(d / weights_path))
-        name = "model.transformer.layers.0.pos_ff.core_net.0.weight"
+        name = "model.transformer.stack.layers.0.pos_ff.core_net.0.weight"
         weights[name] = torch.zeros(weights[name].shape[0] + 1, weights[name].shape[1])
         save_file(weights, str(d / weights_path))
 

@@ -65,7 +65,6 @@ class LayerStack(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = c = config
-        self.drop = nn.Dropout(c.dropout)
         self.drop_r = nn.Dropout(c.dropout if c.dropout_r is None else c.dropout_r)  # on the sinusoidal R
         self.encoding = position_encoding(c.positions.pos)
         self.layers = nn.ModuleList(build_layers(c))
@@ -110,14 +109,21 @@ class LayerStack(nn.Module):
         tables = self._tables(step, shape, recurrence.clamp_len, hidden.device)  # one per layer
         masks = self._masks(step, shape, global_mask, hidden.size(0), hidden.device)  # one per layer
         docs = state_docs(shape, memory)
-        states = {}
+        states, every = {}, self.activation_checkpointing if self.training else 0
         for i, layer in enumerate(self.layers):
+            if layer.attends:  # its memory (or key/value cache) through the step
+                args = (hidden, tables[i], *self._biases(i), masks[i], step.read(i, hidden))
+            else:  # its own state
+                held = memory.layers[i] if memory.layers else None
+                args = (hidden, None, *self._biases(i), None, StateContext(held, docs, recurrence))
+            if every and i % every == 0:  # recomputed in the backward pass, with the same dropout
+                hidden, present, mass = checkpoint(layer, *args, use_reentrant=False)
+            else:
+                hidden, present, mass = layer(*args)
             if layer.attends:
-                hidden, present, mass = self._run_layer(i, hidden, tables[i], masks[i], step.read(i, hidden))
                 step.record(i, present, mass)
             else:
-                held = memory.layers[i] if memory.layers else None
-                hidden, states[i], _ = self._run_layer(i, hidden, None, None, StateContext(held, docs, recurrence))
+                states[i] = present
             if layer_outputs is not None:
                 layer_outputs.append(hidden)
         hidden, memory, targets = step.write(hidden, states)
@@ -146,12 +152,6 @@ class LayerStack(nn.Module):
         if self.config.untie_r:
             return self.r_w_bias[layer], self.r_r_bias[layer]
         return self.r_w_bias, self.r_r_bias
-
-    def _run_layer(self, i: int, hidden: Tensor, table, mask: PatternMask | None, context):
-        args = (hidden, table, *self._biases(i), mask, context)
-        if self.training and self.activation_checkpointing and i % self.activation_checkpointing == 0:
-            return checkpoint(self.layers[i], *args, use_reentrant=False)  # recomputed in backward, same dropout
-        return self.layers[i](*args)
 
     def _positions(self, clamp_len: int, qlen: int, dtype: torch.dtype, device, rows: int) -> RelativePositions:
         """The relative positions of distances ``rows - 1`` .. 0; a bidirectional model continues down to
