@@ -15,11 +15,11 @@ from longseq.config.base import ConfigError, check_choice, leaves
 from longseq.config.model import ModelConfig
 from longseq.model.attention.kernels import KERNEL_NAMES, kernel_for
 from longseq.model.attention.patterns import PATTERNS
-from longseq.model.layers import DecoderLayer
 from longseq.model.lstm import LSTMLM
 from longseq.model.memory.compress import COMPRESSION_FUNCTIONS
 from longseq.model.mixers import MIXERS
 from longseq.model.positions import POSITION_ENCODINGS
+from longseq.model.stack import DecoderLayer
 from longseq.model.transformer import TransformerXLLM
 
 ARCHITECTURES = {"transformer": TransformerXLLM, "lstm": LSTMLM}
