@@ -149,6 +149,33 @@ def test_bad_input_is_refused_clearly(tmp_path):
     assert os.path.isfile(tmp_path / "config.json")
 
 
+@pytest.mark.parametrize("name", ["xl-adaptive-untied", "mixers-shaw", "compressed-tokens-int8"])
+def test_an_export_of_older_weight_names_loads_computes_and_saves_todays(name, tmp_path):
+    """An export written before the backbone held its layer stack (``model.transformer.layers.*``, u and v and the
+    memory policies under ``model.transformer.``) and before the positions were modules (``dec_attn.r_net``,
+    ``dec_attn.rel_table``): ``from_pretrained`` and longseq's own reader load it and compute what the model
+    computes, and ``save_pretrained`` writes today's names."""
+    from longseq.interop.hf_longseq import load_longseq_hf
+
+    model = tiny(name)
+    export_longseq_hf(model, str(tmp_path / "hf"))
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    old = {
+        key.replace("transformer.stack.", "transformer.")
+        .replace(".rel.r_net.", ".r_net.")
+        .replace(".rel.rel_table", ".rel_table"): value
+        for key, value in weights.items()
+    }
+    assert len(old) == len(weights) and not any(".stack." in key for key in old)
+    save_file(old, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    x = torch.randint(0, 50, (2, 5))
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
+    assert torch.equal(hf(x).logits, model(x).logits)
+    assert torch.equal(load_longseq_hf(str(tmp_path / "hf"))[0](x).logits, model(x).logits)
+    hf.save_pretrained(str(tmp_path / "again"))
+    assert set(load_file(str(tmp_path / "again" / "model.safetensors"))) == set(weights)
+
+
 def test_generate_without_cache_or_continuing_one_draws_the_same_tokens():
     model = tiny("mixers-shaw")
     hf = longseq.hf.from_longseq(model, segment_len=SEGMENT, generate_mem_len=9)

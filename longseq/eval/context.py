@@ -45,11 +45,10 @@ def per_position_losses(
     """Mean NLL at each position 0 .. ``tgt_len`` - 1 inside the segment, with the memory and without it.
 
     One ordered pass over ``ids`` (``batch_size`` streams of ``tgt_len`` segments, at most ``max_segments``
-    of them) gives ``loss_memory``: the memory carried across segments, with the model's own recurrence or
-    ``recurrence`` (``mem_len``, ``clamp_len`` and ``same_length``: a shorthand for it, as in
-    :func:`~longseq.eval.evaluate.evaluate`).  A second pass over the same segments gives ``loss_no_memory``:
-    every segment read alone from an empty memory (``mem_len`` 0, causal attention inside the segment, the same
-    ``clamp_len``), the same weights.
+    of them) gives ``loss_memory``: the memory carried across segments, with ``recurrence`` or the model's own
+    (``mem_len``, ``clamp_len`` and ``same_length``: a shorthand, as in :func:`~longseq.eval.evaluate.evaluate`).  A
+    second pass over the same segments gives ``loss_no_memory``: every segment read alone from an empty memory
+    (``mem_len`` 0, causal attention inside the segment, the same ``clamp_len``), the same weights.
 
     The first segments of a pass have an empty or partly filled memory in both passes, so they are read but
     not scored: ``skip_segments`` of them, by default as many as fill the memory (ceil(mem_len / tgt_len),
@@ -64,8 +63,9 @@ def per_position_losses(
     common = dict(batch_size=batch_size, tgt_len=tgt_len, max_segments=max_segments)
     was_training = model.training
     with_memory = segment_losses(model, ids, recurrence=recurrence, progress=progress, **common)
-    no_memory = replace(recurrence, mem_len=0, same_length=False)
-    alone = segment_losses(model, ids, recurrence=no_memory, carry=False, **common)
+    alone = segment_losses(
+        model, ids, recurrence=replace(recurrence, mem_len=0, same_length=False), carry=False, **common
+    )
     sums = {"memory": torch.zeros(tgt_len, dtype=torch.float64), "alone": torch.zeros(tgt_len, dtype=torch.float64)}
     counts = torch.zeros(tgt_len, dtype=torch.float64)
     scored = 0
