@@ -28,6 +28,7 @@ from torch import Tensor
 
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.shift import table_rows
+from longseq.model.block import softcap as capped
 
 
 @cache
@@ -41,11 +42,12 @@ def flex_available() -> bool:
 
 
 def flex_relative_attention(
-    query, key, value, rel_key, r_w_bias, r_r_bias, mask, dropatt, training, first_forbidden: int = 0
+    query, key, value, rel_key, r_w_bias, r_r_bias, mask, dropatt, training, first_forbidden: int = 0, softcap=0.0
 ) -> Tensor:
     """The kernel contract on FlexAttention, for the whole problem at once; ``mask`` a :class:`PatternMask` or a
     dense bool mask broadcastable to (B, H, T, K), True where forbidden (its block mask skips what is allowed
-    everywhere, so ``first_forbidden`` adds nothing)."""
+    everywhere, so ``first_forbidden`` adds nothing).  A ``softcap`` caps each score in the ``score_mod``, before
+    the mask."""
     if training and dropatt > 0:
         raise ValueError("attn_impl=flex has no attention dropout: set dropatt=0 or use attn_impl=rel_shift")
     batch, heads, qlen, d_head = query.shape
@@ -65,7 +67,7 @@ def flex_relative_attention(
 
     def score_mod(score, b, h, q_idx, kv_idx):
         slot = qlen - q_idx + kv_idx if reach is None else reach - (q_idx + mlen - kv_idx)
-        return score + position[b, h, q_idx, slot.clamp(0, last)]
+        return capped(score + position[b, h, q_idx, slot.clamp(0, last)], softcap)
 
     block_mask = _block_mask(mask, batch, heads, qlen, klen, query.device)
     return _flex(query + r_w_bias[:, None], key, value, score_mod, block_mask, scale)
