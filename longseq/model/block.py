@@ -22,10 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from longseq.config.base import check_choice
+
 
 def norm_layer(name: str, width: int, eps: float, bias: bool = True) -> nn.Module:
     """The norm ``name`` (a key of :data:`NORMS`) over the last ``width`` channels; ``bias`` False drops a
     LayerNorm's bias (an RMSNorm has none)."""
+    check_choice("norm", name, tuple(NORMS))
     return NORMS[name](width, eps, bias)
 
 
@@ -71,6 +74,12 @@ FEED_FORWARDS: dict[str, FeedForwardKind] = {
     "swiglu": FeedForwardKind(lambda: GatedActivation(nn.SiLU()), gated=True),
     "geglu": FeedForwardKind(lambda: GatedActivation(nn.GELU()), gated=True),
 }
+
+
+def feed_forward_kind(name: str) -> FeedForwardKind:
+    """The activation ``ff`` names, or a ConfigError naming the close matches."""
+    check_choice("ff", name, tuple(FEED_FORWARDS))
+    return FEED_FORWARDS[name]
 
 
 def softcap(scores: Tensor, cap: float) -> Tensor:

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from longseq.config.model import ModelConfig
 from longseq.model.attention import RelativeMultiHeadAttention
 from longseq.model.attention.module import AttentionContext
-from longseq.model.block import FEED_FORWARDS, norm_layer
+from longseq.model.block import feed_forward_kind, norm_layer
 from longseq.model.memory import LayerState, Reconstruction, StateContext
 from longseq.model.memory.compress import reconstruction_loss
 from longseq.model.positions import Shape
@@ -37,7 +37,7 @@ class PositionwiseFF(nn.Module):
     ) -> None:
         super().__init__()
         self.pre_lnorm = pre_lnorm
-        kind = FEED_FORWARDS[ff]
+        kind = feed_forward_kind(ff)
         self.core_net = nn.Sequential(
             nn.Linear(d_model, 2 * d_inner if kind.gated else d_inner, bias=bias),  # W1 (W1 and W3 when gated)
             kind.activation(),

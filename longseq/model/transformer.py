@@ -46,7 +46,7 @@ class TransformerXL(LayerStack):
     ) -> tuple[Tensor, Memory, Tensor | None]:
         """Returns hidden states (B, T, E) (after the final norm, with ``final_norm``), the new memory and the memory
         policies' auxiliary loss (or None).  With ``layer_outputs`` (a list), the layers' input and every layer's
-        output (B, T', E) are appended to it."""
+        output (B, T', E) are appended to it (the last one after the final norm)."""
         batch, qlen = input_ids.shape
         step = self.open_step(memory, batch, qlen, input_ids.device, recurrence, doc_ids)
         hidden = self.drop(step.wrap(self.encoding.embed(self.word_emb(input_ids))))  # (B, T', E)
@@ -55,6 +55,8 @@ class TransformerXL(LayerStack):
         hidden, memory, aux = self.run(step, memory, hidden, recurrence, global_mask, layer_outputs)
         if self.final_norm is not None:
             hidden = self.final_norm(hidden)
+            if layer_outputs is not None:  # the last output as the head reads it, as transformers' models give it
+                layer_outputs[-1] = self.final_norm(layer_outputs[-1])
         return self.drop(hidden), memory, aux
 
 

@@ -10,7 +10,9 @@ Kernel contract: a kernel gets queries (B, H, T, D), keys and values (B, H, K, D
 ``rel_key`` (H, R, D) whose row ``T - i + j`` holds W_R R for the distance of pair (i, j) (R >= K + 1;
 rows past the end are only read for forbidden pairs), u, v, a bool mask broadcastable to (B, H, T, K), True
 where forbidden, the attention dropout and the training flag, and ``first_forbidden``: a key column before which
-no pair is forbidden (0: no such bound), which a kernel may use to mask less.
+no pair is forbidden (0: no such bound), which a kernel may use to mask less; and the keyword ``softcap``: c > 0
+caps every score at c tanh(score / c) before the mask (a kernel without a hook on the scores, listed in
+:data:`UNCAPPED_KERNELS`, refuses it).
 """
 
 from __future__ import annotations
