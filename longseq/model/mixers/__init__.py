@@ -67,9 +67,9 @@ MIXERS: dict[str, MixerKind] = {  # the registry; "attention" (the decoder layer
 
 
 class MixerLayer(nn.Module):
-    """A mixer, then the position-wise feed-forward, each with a residual and a pre- or post-norm: the
-    decoder layer's shape with the attention replaced.  Called like a decoder layer; its "present" is its part of the new
-    memory."""
+    """A mixer, then the position-wise feed-forward, each with a residual and a pre- or post-norm (``norm``): the
+    decoder layer's shape with the attention replaced.  Called like a decoder layer; its "present" is its part of
+    the new memory."""
 
     attends = False  # its context is its recurrent state
 
