@@ -31,8 +31,9 @@ from longseq.model import KVMemory, Memory, build_model
 from longseq.model.adaptive import AdaptiveLogSoftmax
 from longseq.model.attention import RelativeMultiHeadAttention
 from longseq.model.attention.flex import flex_available
+from longseq.model.attention.kernels import blocked_attention, rel_shift_attention
 from longseq.model.attention.patterns import PatternMask
-from longseq.model.attention.reference import attention_probs, causal_mask, content_probs
+from longseq.model.attention.reference import attention_probs, causal_mask, content_probs, reference_attention
 from longseq.model.layers import PositionwiseFF
 from longseq.model.memory.context import HiddenContext
 from longseq.model.positions import RelativePositions, relative_distances
@@ -171,6 +172,24 @@ def test_every_relative_kernel_caps_the_scores_as_the_reference(kernel, chunk, n
     assert (uncapped[0] - slow[0]).abs().max() > 1e-2  # the cap bites at these scores
     inference = run_layer(make_layer(kernel, chunk, softcap=CAP), p, qlen, mlen, flags, grad=False)
     torch.testing.assert_close(inference[0], slow[0], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name, chunk", [("full", 0), ("strided", 8)])
+def test_half_precision_caps_the_scores_in_float32(name, chunk):
+    """rel_shift's half-precision path (and the sparse pieces, upcast) cap the float32 scores: bf16 inputs give the
+    capped float64 reference within bf16's rounding, and not the uncapped one."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 4, dtype=torch.float64) * 2 for n in (24, 30, 30))
+    rel, u = torch.randn(2, 31, 4, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64)
+    w = torch.zeros(2, 4, dtype=torch.float64)
+    mask = PatternMask(pattern(name), 24, 6)
+    half = (t.bfloat16() for t in (q, k, v, rel, u, w))
+    fast = blocked_attention(rel_shift_attention, chunk, *half, mask, 0.0, False, softcap=CAP)
+    exact = reference_attention(q, k, v, rel, u, w, mask.forbidden(), 0.0, False, softcap=CAP)
+    uncapped = reference_attention(q, k, v, rel, u, w, mask.forbidden(), 0.0, False)
+    assert fast.dtype == torch.bfloat16
+    torch.testing.assert_close(fast.double(), exact, rtol=0, atol=0.05)
+    assert (uncapped - exact).abs().max() > 0.2
 
 
 @pytest.mark.parametrize("pos", ["rope", "alibi", "t5", "nope"])
