@@ -30,15 +30,15 @@ def naive_allowed(p: AttentionPattern, q: int, k: int, head: int) -> bool:
     if p.name == "full":
         return True
     if p.name in ("window", "global"):
-        return a < p.window
+        return a < p.config.window
     if p.name == "dilated":
-        dil = p.dilation[head % len(p.dilation)]
-        return a % dil == 0 and a < p.window * dil
+        dil = p.config.dilation[head % len(p.config.dilation)]
+        return a % dil == 0 and a < p.config.window * dil
     if p.name == "strided":
-        return a < p.window or a % p.stride == 0
+        return a < p.config.window or a % p.config.stride == 0
     if p.name == "block_sparse":
-        s = p.block_size
-        return q // s == k // s or k % s >= s - p.block_summary
+        s = p.config.block_size
+        return q // s == k // s or k % s >= s - p.config.block_summary
     raise AssertionError(p.name)
 
 
@@ -57,7 +57,7 @@ def test_predicate_matches_hand_written_rules(name, causal):
 @pytest.mark.parametrize("causal", [True, False])
 def test_random_blocks_are_seeded_counted_and_causal(causal):
     p = pattern("bigbird", causal, window=1)
-    klen, size = 40, p.block_size
+    klen, size = 40, p.config.block_size
     q = torch.arange(klen)[:, None]
     table = p.allowed(q, torch.arange(klen)[None, :], klen)[0]  # (K, K)
     if causal:
@@ -67,12 +67,12 @@ def test_random_blocks_are_seeded_counted_and_causal(causal):
         eligible = qb + 1 if causal else klen // size
         chosen = set(blocks[qb].nonzero().flatten().tolist())
         assert qb in chosen  # the window of 1 is the diagonal
-        assert len(chosen) in (min(p.num_random_blocks, eligible), min(p.num_random_blocks, eligible) + 1)
+        assert len(chosen) in (min(p.config.num_random_blocks, eligible), min(p.config.num_random_blocks, eligible) + 1)
         if causal:
             assert max(chosen) <= qb
     again = p.allowed(q, torch.arange(klen)[None, :], klen)[0]
     assert torch.equal(again if not causal else again & (q >= torch.arange(klen)[None, :]), table)  # deterministic
-    other = AttentionPattern(**{**p.__dict__, "seed": 4}).allowed(q, torch.arange(klen)[None, :], klen)[0]
+    other = AttentionPattern(p.name, p.config.replace(pattern_seed=4)).allowed(q, torch.arange(klen)[None, :], klen)[0]
     assert not torch.equal(again, other)  # the seed matters
     # a block of queries sees the same random keys whether asked alone or as part of the whole
     part = p.allowed(q[12:20], torch.arange(8, 30)[None, :], klen)[0]
