@@ -230,7 +230,7 @@ class AttentionPattern:
         for start in range(mlen, klen, chunk):
             query = torch.arange(start, min(start + chunk, klen))[:, None]  # (Tq, 1)
             ok = self.rule(query, key, dilation, random)  # (H or 1, Tq, K)
-            ok = ok & (key <= query) if self.causal else ok
+            ok = ok & (key <= query) if self.causal else ok.expand(*ok.shape[:-2], query.size(0), klen)
             total += float(ok.sum()) / (ok.size(0) if ok.dim() == 3 else 1)  # the mean over heads (a dilation each)
         return round(total)
 
