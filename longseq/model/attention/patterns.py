@@ -93,12 +93,13 @@ def _block_sparse(c, query, key, span, dilation, random) -> Tensor:
 
 
 def _window(c: PatternConfig) -> int:
+    """The reach of a window: its ``window`` nearest keys."""
     return c.window - 1
 
 
 PATTERNS: dict[str, PatternKind] = {  # the registry: the only place a pattern's name meets its behaviour
     "full": PatternKind(lambda c, q, k, span, d, r: torch.ones_like(span, dtype=torch.bool), ()),
-    "window": PatternKind(lambda c, q, k, span, d, r: span < c.window, ("window",), _window),
+    "window": PatternKind(lambda c, q, k, span, d, r: span < c.window, ("window",), local_reach=_window),
     "dilated": PatternKind(
         lambda c, q, k, span, d, r: (span % d == 0) & (span < c.window * d),
         ("window", "dilation"),
@@ -108,7 +109,7 @@ PATTERNS: dict[str, PatternKind] = {  # the registry: the only place a pattern's
     "strided": PatternKind(
         lambda c, q, k, span, d, r: (span < c.window) | (span % c.stride == 0),
         ("window", "stride"),
-        _window,
+        local_reach=_window,
         pieces=lambda c: ("stride",),
     ),
     "block_sparse": PatternKind(
@@ -120,12 +121,12 @@ PATTERNS: dict[str, PatternKind] = {  # the registry: the only place a pattern's
         causal_keys=lambda c, q: q % c.block_size + 1 + q // c.block_size * c.block_summary,  # own block, summaries
     ),
     "global": PatternKind(
-        lambda c, q, k, span, d, r: span < c.window, ("window", "num_global"), _window, has_global=True
+        lambda c, q, k, span, d, r: span < c.window, ("window", "num_global"), local_reach=_window, has_global=True
     ),
     "bigbird": PatternKind(
         lambda c, q, k, span, d, r: (span < c.window) | in_random_blocks(c, q, k, r),
         ("window", "block_size", "num_global", "num_random_blocks", "pattern_seed"),
-        _window,
+        local_reach=_window,
         pieces=lambda c: ("random",) if c.num_random_blocks else (),
         has_global=True,
     ),
