@@ -225,9 +225,7 @@ class RandomBlocks:
         size = self.size = m.pattern.config.block_size
         picks, valid = m.pattern.random_picks(m.klen, device)  # (n, r) for every block of the window
         self.mask, self.n_blocks = m, picks.size(0)
-        self.table = torch.zeros(self.n_blocks, self.n_blocks, dtype=torch.bool, device=device).scatter_(
-            1, picks, valid
-        )
+        self.table = m.pattern.random_table(m.klen, device)  # (n, n): for covers
         self.a0 = m.mlen // size
         self.na = (m.klen - 1) // size + 1 - self.a0
         self.front = m.mlen - self.a0 * size
