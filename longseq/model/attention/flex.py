@@ -90,7 +90,7 @@ def _block_mask(mask: PatternMask | Tensor, batch: int, heads: int, qlen: int, k
 
     def make():
         per_batch = any(t is not None for t in (mask.key_docs, mask.global_keys, mask.dropped_keys))
-        per_head = len(mask.pattern.dilation) > 1
+        per_head = len(mask.pattern.config.dilation) > 1
         compiled = device.type in COMPILED_ON and not torch.compiler.is_compiling()  # else the model's graph has it
         create = _compiled_block_mask() if compiled else create_block_mask
         return create(
@@ -172,7 +172,9 @@ def _flex_hop(*args):
 
 def _eager_flex_with_grad(query, key, value, score_mod, block_mask, scale) -> Tensor:
     """What ``flex_attention`` runs uncompiled (the FlexAttention operator through the eager backend), without its
-    refusal of gradients on CPU."""
+    refusal of gradients on CPU.  Traced with static shapes: one trace per shape (the compilation environment lifts
+    the recompile limit), because once dynamo's automatic dynamic shapes set in after a few lengths, tracing the
+    ``score_mod``'s indexing of the position term fails (PendingUnbackedSymbolNotFound in PyTorch 2.13)."""
     try:
         from torch._higher_order_ops.utils import setup_compilation_env
         from torch.nn.attention.flex_attention import _apply_kernel_options
@@ -183,6 +185,6 @@ def _eager_flex_with_grad(query, key, value, score_mod, block_mask, scale) -> Te
         ) from None
     options = _apply_kernel_options(query, key, value, False, None)
     with setup_compilation_env() as backend:
-        run = torch.compile(_flex_hop, backend=backend, fullgraph=True)
+        run = torch.compile(_flex_hop, backend=backend, fullgraph=True, dynamic=False)
         out, *_ = run(query, key, value, score_mod, block_mask.as_tuple(), scale, options)
     return out
