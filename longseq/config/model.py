@@ -239,7 +239,18 @@ class ModelConfig(JsonConfig):
     ``attn_chunk`` processes queries in blocks of that size (0: all at once), which is exact, faster on CPU and
     linear in length for local and sparse patterns.
     ``dropout_r`` is the dropout on the sinusoidal R (unset: ``dropout``, as in the paper's code); ``uv_init`` starts
-    u and v at normal(0, ``init_std``) or at zeros.  ``arch="lstm"`` is the LSTM baseline (``n_layer`` LSTM layers of width ``d_model``).  ``vocab_size=0`` means
+    u and v at normal(0, ``init_std``) or at zeros.
+
+    The block (:mod:`longseq.model.block`): ``norm`` is ``layernorm`` (the paper's) or ``rmsnorm``, in every layer
+    (``pre_lnorm``: before each sub-layer, else after the residual sum), and with ``final_norm`` once more after the
+    last layer (as a pre-norm stack usually ends); ``ff`` is the feed-forward's activation, ``relu`` (the paper's),
+    ``gelu``, or the gated ``swiglu`` and ``geglu`` (Shazeer, 2020; ``d_inner`` stays the hidden width); ``bias`` False
+    drops the biases of the feed-forward's linears and of the norms (attention's projections have none).
+    ``attn_softcap`` > 0 caps every attention logit at c tanh(x / c) before the mask and softmax (Gemma 2; not on the
+    SDPA kernel, which has no hook for the scores), ``logit_softcap`` > 0 the output logits (with an adaptive softmax,
+    each cluster's logits before its own softmax).
+
+    ``arch="lstm"`` is the LSTM baseline (``n_layer`` LSTM layers of width ``d_model``).  ``vocab_size=0`` means
     "from the tokenizer": training sets it (presets use it, so ``cutoffs`` are checked against the real vocabulary).
     """
 
@@ -255,6 +266,12 @@ class ModelConfig(JsonConfig):
     dropatt: float = 0.0
     dropout_r: float | None = None
     pre_lnorm: bool = False
+    norm: str = "layernorm"
+    ff: str = "relu"
+    bias: bool = True
+    final_norm: bool = False
+    attn_softcap: float = 0.0
+    logit_softcap: float = 0.0
     cutoffs: list[int] = field(default_factory=list)
     div_val: int = 1
     d_embed: int | None = None
@@ -330,6 +347,8 @@ class ModelConfig(JsonConfig):
             f"ModelConfig.n_kv_head must divide n_head={self.n_head} (0: as n_head), got {self.n_kv_head}",
         )
         check(self.attn_chunk >= 0, f"ModelConfig.attn_chunk must be >= 0 (0: no chunking), got {self.attn_chunk}")
+        for name in ("attn_softcap", "logit_softcap"):
+            check(getattr(self, name) >= 0, f"ModelConfig.{name} must be >= 0 (0: no cap), got {getattr(self, name)}")
         for name in ("dropout", "dropatt"):
             check(0.0 <= getattr(self, name) < 1.0, f"ModelConfig.{name} must be in [0, 1), got {getattr(self, name)}")
         check(

@@ -34,9 +34,7 @@ def build_layers(config: ModelConfig) -> list[nn.Module]:
         if name == "attention":
             layers.append(DecoderLayer(c, patterns[i]))
         else:
-            layers.append(
-                MixerLayer(name, c, PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps))
-            )
+            layers.append(MixerLayer(name, c, PositionwiseFF.from_config(c)))
     return layers
 
 
