@@ -14,6 +14,7 @@ from support import assert_resumes_exactly, raises_naming, segments_and_steps, t
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.config import ConfigError
+from longseq.diagnostics.chunks import chunk_statistics, read_boundaries
 from longseq.model.boundaries import EntropyCut, ratio_loss, smooth, smooth_reference
 from longseq.model.registry import ignored_options
 
@@ -213,3 +214,19 @@ def test_bad_options_are_refused_by_name():
     assert ignored_options(ModelConfig(**base, boundaries="learned", shorten_fn="mean")) == [
         "hourglass.shorten_fn=mean"
     ]
+
+
+def test_the_boundaries_a_diagnosis_reads_and_their_statistics():
+    """read_boundaries reads a stream in segments and gives the whole pass's boundaries; chunk_statistics counts
+    chunk lengths and where they begin on a hand-cut text."""
+    model = dynamic("learned")
+    x = torch.randint(0, 30, (1, 23))
+    cuts, _ = recorded_cuts(model)
+    with torch.no_grad():
+        model(x)
+    assert torch.equal(read_boundaries(model, x[0], 5), cuts[0].cuts[0])
+    text = b"ab cd\nef"  # chunks "ab", " cd", "\nef": lengths 2, 3, 3
+    stats = chunk_statistics(text, torch.tensor([1, 0, 1, 0, 0, 1, 0, 0]), mem_len=4)
+    assert (stats["chunks"], stats["mean_length"], stats["longest"]) == (3, 8 / 3, 3)
+    assert abs(stats["std_length"] - (2 / 9) ** 0.5) < 1e-12 and stats["memory_bytes"] == 4 * 8 / 3
+    assert (stats["at_space"], stats["at_word_start"], stats["word_starts_in_text"]) == (2 / 3, 0.0, 2 / 8)
