@@ -141,6 +141,19 @@ def test_the_smoothing_scan_equals_its_loop():
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
+def test_the_smoothing_in_bfloat16_stays_finite_where_a_probability_rounds_to_one():
+    """In bfloat16 1 - 1e-4 is 1, whose log(1 - P) is -inf: the smoothing computes in float32 and stays within
+    bfloat16's rounding of the float64 loop."""
+    torch.manual_seed(1)
+    outputs = torch.randn(2, 20, 4, dtype=torch.float64)
+    probs = torch.full((2, 20), 0.99995, dtype=torch.float64)
+    probs[:, ::3] = 0.6
+    carried, starts = torch.randn(2, 4, dtype=torch.float64), torch.zeros(2, 20, dtype=torch.bool)
+    low = smooth(outputs.bfloat16(), probs.bfloat16(), carried.bfloat16(), starts)
+    assert low.dtype == torch.bfloat16 and bool(torch.isfinite(low).all())
+    torch.testing.assert_close(low.double(), smooth_reference(outputs, probs, carried, starts), rtol=0, atol=0.05)
+
+
 def test_the_ratio_loss_is_its_formula_and_the_model_adds_it():
     """H-Net's L = N/(N-1) ((N-1) F G + (1-F)(1-G)) on hand-made values; 1 at F = G = 1/N and more elsewhere; and a
     training pass's aux_loss is ratio_loss x the loss of the boundaries it chose."""

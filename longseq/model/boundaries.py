@@ -51,7 +51,7 @@ class Cut(NamedTuple):
 def ratio_loss(cuts: Tensor, probs: Tensor, target: float) -> Tensor:
     """H-Net's ratio loss N/(N-1) ((N-1) F G + (1-F)(1-G)) with F the fraction of positions cut (no gradient)
     and G the mean boundary probability: 1 when F = G = 1/N, more when the chunks are shorter or longer."""
-    n = float(target)
+    n, probs = float(target), _at_least_float32(probs)
     fraction, mean_prob = cuts.to(probs.dtype).mean(), probs.mean()
     return n / (n - 1) * ((n - 1) * fraction * mean_prob + (1 - fraction) * (1 - mean_prob))
 
@@ -133,13 +133,20 @@ def select_chunks(hidden: Tensor, cuts: Tensor) -> tuple[Tensor, Tensor, Tensor]
 
 def smooth(outputs: Tensor, probs: Tensor, carried: Tensor, starts: Tensor) -> Tensor:
     """The exponential moving average over the chunks' outputs (B, n, E) with their boundary probabilities
-    (B, n), from the carried average (B, E); ``starts`` (B, n) restart it (a forced boundary)."""
+    (B, n), from the carried average (B, E); ``starts`` (B, n) restart it (a forced boundary).  Computed in at
+    least float32 (in bfloat16, 1 - 1e-4 rounds to 1)."""
+    dtype = outputs.dtype
+    outputs, probs, carried = (_at_least_float32(x) for x in (outputs, probs, carried))
     p = probs.clamp(CLAMP, 1 - CLAMP).masked_fill(starts, 1.0)
     decay = torch.log1p(-p.masked_fill(starts, 0.0))  # (B, n): log(1 - P_c), 0 where it restarts
     ones = torch.ones_like(p)[..., None, None]  # (B, n, 1, 1): the query and key width of one
     out, _ = scan_chunked(ones, p[..., None, None], outputs[:, :, None], decay[..., None], SMOOTH_CHUNK,
                           carried[:, None, None], starts)  # fmt: skip
-    return out[:, :, 0]  # (B, n, E)
+    return out[:, :, 0].to(dtype)  # (B, n, E)
+
+
+def _at_least_float32(x: Tensor) -> Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def smooth_reference(outputs: Tensor, probs: Tensor, carried: Tensor, starts: Tensor) -> Tensor:
