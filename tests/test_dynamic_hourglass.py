@@ -196,6 +196,22 @@ def test_the_entropy_threshold_settles_on_the_quantile_of_the_target_length():
     assert 0.22 < fraction < 0.28
 
 
+@pytest.mark.parametrize("name", ["learned", "entropy"])
+def test_activation_checkpointing_recomputes_the_same_chunks(name):
+    """The block recomputed in the backward pass cuts the same chunks: the gradients (the boundary losses'
+    included) equal those of a pass that kept its activations."""
+    x = torch.randint(0, 30, (2, 19))
+    grads = []
+    for every in (0, 1):
+        model = dynamic(name).train()
+        model.transformer.activation_checkpointing = every
+        out = model(x, labels=x)
+        (out.loss + out.aux_loss).backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        assert (a is None and b is None) or torch.allclose(a, b, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("boundaries", ["learned", "entropy"])
 def test_training_resumes_bit_for_bit(boundaries, tmp_path):
     def run():
