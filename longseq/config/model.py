@@ -203,14 +203,29 @@ class MixerConfig(JsonConfig):
 
 @config
 class HourglassConfig(JsonConfig):
-    """Multi-resolution (Nawrot et al., 2021): layers ``shorten_layers[0]`` .. ``shorten_layers[1] - 1`` run on
-    the sequence shortened by ``shorten_factor`` (a causal shift, then ``shorten_fn`` = linear or mean pooling of
-    each group); an upsampling step with a residual link brings back full resolution for the layers after.  Empty
-    ``shorten_layers``: one resolution."""
+    """Multi-resolution: layers ``shorten_layers[0]`` .. ``shorten_layers[1] - 1`` run on a shortened sequence,
+    with their own XL memory; an upsampling step with a residual link brings back full resolution for the layers
+    after.  Empty ``shorten_layers``: one resolution.
+
+    ``boundaries`` chooses where the sequence is cut:
+
+    * ``fixed``: the hourglass of Nawrot et al. (2021): groups of ``shorten_factor`` positions (a causal shift,
+      then ``shorten_fn`` = linear or mean pooling of each group);
+    * ``learned``: H-Net's dynamic chunking (Hwang, Wang and Gu, 2025): a routing module cuts where adjacent states
+      differ, ``ratio_loss`` weighs the loss that holds the mean chunk length near ``shorten_factor``;
+    * ``entropy``: the Byte Latent Transformer's entropy patches (Pagnoni et al., 2024): a cut where the next-byte
+      entropy is high (``entropy_rule=global``) or rises (``relative``), its threshold tracking the quantile that
+      gives chunks of ``shorten_factor`` positions on average.
+
+    With ``learned`` and ``entropy`` the shortened layers are attention layers whose memory holds ``mem_len``
+    chunks (one slot per chunk)."""
 
     shorten_layers: list[int] = field(default_factory=list)
     shorten_factor: int = 2
     shorten_fn: str = "linear"
+    boundaries: str = "fixed"
+    ratio_loss: float = 0.03
+    entropy_rule: str = "global"
 
     def __post_init__(self) -> None:
         check(
@@ -224,6 +239,28 @@ class HourglassConfig(JsonConfig):
             f"shorten_factor must be >= 2, got {self.shorten_factor}",
         )
         check(self.shorten_fn in ("linear", "mean"), f"shorten_fn must be linear or mean, got {self.shorten_fn!r}")
+        check(
+            self.boundaries in BOUNDARIES,
+            f"hourglass.boundaries must be one of {', '.join(BOUNDARIES)}, got {self.boundaries!r}",
+        )
+        check(
+            self.boundaries == "fixed" or bool(self.shorten_layers),
+            f"hourglass.boundaries={self.boundaries} chooses where the shortened layers cut the sequence: set "
+            "shorten_layers=first,end (the layers that run on chunks)",
+        )
+        check(self.ratio_loss >= 0, f"hourglass.ratio_loss must be >= 0, got {self.ratio_loss}")
+        check(
+            self.entropy_rule in ("global", "relative"),
+            f"hourglass.entropy_rule must be global or relative, got {self.entropy_rule!r}",
+        )
+
+    @property
+    def dynamic(self) -> bool:
+        """True when a boundary predictor chooses the chunks (``learned``, ``entropy``)."""
+        return bool(self.shorten_layers) and self.boundaries != "fixed"
+
+
+BOUNDARIES = ("fixed", "learned", "entropy")
 
 
 @config
@@ -446,6 +483,24 @@ class ModelConfig(JsonConfig):
                 h.shorten_layers[1] < self.n_layer,
                 f"shorten_layers={h.shorten_layers}: the last layer must run at full resolution (n_layer={self.n_layer})",
             )
+            self._check_dynamic()
+
+    def _check_dynamic(self) -> None:
+        h = self.hourglass
+        if not h.dynamic:
+            return
+        first, end = h.shorten_layers
+        check(
+            set(self.layer_mixers[first:end]) == {"attention"},
+            f"hourglass.boundaries={h.boundaries}: the layers that run on chunks ({first} .. {end - 1}) must be "
+            f"attention layers (their memory holds a different number of chunks per row), got "
+            f"mixer={self.layer_mixers[first:end]}",
+        )
+        check(
+            not self.memory.same_length,
+            f"hourglass.boundaries={h.boundaries} cannot be combined with same_length (rows hold different numbers "
+            "of chunks)",
+        )
 
     def _check_sections(self) -> None:
         self._check_mixers()

@@ -61,12 +61,14 @@ class PositionwiseFF(nn.Module):
 class LayerOutput(NamedTuple):
     """What a layer of the stack returns: its output, its part of the new memory (an attention layer's keys and
     values of [memory; segment] (B, H, K, D); a recurrent layer's new state, a
-    :class:`~longseq.model.memory.LayerState`), and the attention mass of every key (B, K) when its context asked
-    for it, else None."""
+    :class:`~longseq.model.memory.LayerState`), the attention mass of every key (B, K) when its context asked
+    for it, else None, and a loss of its own to add to the model's in training (a dynamic hourglass's boundary
+    predictor), else None."""
 
     hidden: Tensor
     present: tuple[Tensor, Tensor] | LayerState
     mass: Tensor | None = None
+    aux: Tensor | None = None
 
 
 class StackLayer(Protocol):

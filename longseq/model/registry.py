@@ -94,9 +94,16 @@ def unread_options(config: ModelConfig) -> set[str]:
     read = {parameter for name in layers - {"attention"} for parameter in MIXERS[name].reads}
     unread |= {f"mixers.{f}" for f in leaves(config.mixers.to_dict()) if f not in read}
     unread -= {parameter for name in layers - {"attention"} for parameter in MIXERS[name].shares}
-    if not config.hourglass.shorten_layers:
-        unread |= {"hourglass.shorten_factor", "hourglass.shorten_fn"}
-    return unread
+    return unread | unread_hourglass(config)
+
+
+def unread_hourglass(config: ModelConfig) -> set[str]:
+    """The hourglass options its boundaries do not read (all of them without ``shorten_layers``)."""
+    h = config.hourglass
+    if not h.shorten_layers:
+        return {f"hourglass.{f}" for f in ("shorten_factor", "shorten_fn", "boundaries", "ratio_loss", "entropy_rule")}
+    reads = {"fixed": "shorten_fn", "learned": "ratio_loss", "entropy": "entropy_rule"}
+    return {f"hourglass.{f}" for b, f in reads.items() if b != h.boundaries}
 
 
 def build_model(config: ModelConfig):

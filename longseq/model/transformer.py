@@ -45,15 +45,15 @@ class TransformerXL(LayerStack):
         global_mask: Tensor | None = None,  # (B, T) bool: global tokens of the global and bigbird patterns
         layer_outputs: list | None = None,
     ) -> tuple[Tensor, Memory, Tensor | None]:
-        """Returns hidden states (B, T, E) (after the final norm, with ``final_norm``), the new memory and the memory
-        policies' auxiliary loss (or None).  With ``layer_outputs`` (a list), the layers' input and every layer's
-        output (B, T', E) are appended to it (the last one after the final norm)."""
+        """Returns hidden states (B, T, E) (after the final norm, with ``final_norm``), the new memory and the
+        auxiliary loss (or None: see :class:`LMOutput`).  With ``layer_outputs`` (a list), the layers' input and every
+        layer's output (B, T', E) are appended to it (the last one after the final norm)."""
         batch, qlen = input_ids.shape
         step = self.open_step(memory, batch, qlen, input_ids.device, recurrence, doc_ids)
         hidden = self.drop(step.wrap(self.encoding.embed(self.word_emb(input_ids))))  # (B, T', E)
         if layer_outputs is not None:
             layer_outputs.append(hidden)
-        hidden, memory, aux = self.run(step, memory, hidden, recurrence, global_mask, layer_outputs)
+        hidden, memory, aux = self.run(step, memory, hidden, recurrence, global_mask, layer_outputs, input_ids)
         if self.final_norm is not None:
             hidden = self.final_norm(hidden)
             if layer_outputs is not None:  # the last output as the head reads it, as transformers' models give it
@@ -66,8 +66,9 @@ class LMOutput:
     """``loss``: mean NLL over labelled tokens (or None; NaN when labels were given but none is kept); ``logits``: (B, T, V) logits, or full
     log-probabilities with adaptive softmax (None when labels were given); ``nll``: per-token NLL
     (B, T), 0 where ignored; ``mems``: the new :class:`~longseq.model.memory.Memory` (``mems[i]`` is layer i's
-    (B, M, E) states); ``aux_loss``: the compressors' attention-reconstruction loss in training with a learned
-    compressed memory (add it to the loss), else None."""
+    (B, M, E) states); ``aux_loss``: in training, the compressors' attention-reconstruction loss with a learned
+    compressed memory and a dynamic hourglass's boundary loss (H-Net's ratio loss; the entropy head's and threshold's
+    losses): add it to the loss; else None."""
 
     loss: Tensor | None
     logits: Tensor | None
