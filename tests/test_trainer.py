@@ -415,7 +415,7 @@ def test_a_training_step_reads_the_device_once(tmp_path):
 
 def test_the_path_from_a_step_to_the_score_function_is_short(tmp_path):
     """``benchmarks/tools/call_depth.py``'s count (frames, not time): from ``Trainer.step`` to the score function of
-    the default model's kernel, at most 9 frames of longseq in 6 files (12 in 8 before the language model had one
+    the default model's kernel, at most 9 frames of longseq in 6 files (13 in 8 before the language model had one
     entry point); the chain goes through the one forward, the stack's loop and the layer, no pass-through frame."""
     import importlib.util
     import os

@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from longseq.config import ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
 from longseq.data.tokenizers import EOS, UNK, ByteTokenizer, Tokenizer, WordTokenizer
 from longseq.model import TransformerXLLM
+from longseq.model.attention.patterns import layer_patterns
 from longseq.outputs import EXPORTED_BY, check_output_directory
 
 EXPORT_METADATA = {"format": "pt", "exported_by": EXPORTED_BY}  # model.safetensors of a directory convert wrote
@@ -102,7 +103,8 @@ def hf_config_from_model(config: ModelConfig) -> dict:
     """An HF ``TransfoXLConfig`` dict for a longseq model config."""
     ties = config.proj_ties
     p, pos = config.pattern, config.positions.pos
-    if set(p.attention) != {"full"} or p.bidirectional or pos != "sinusoidal" or config.memory.compacted:
+    full = all(pattern.is_full for pattern in layer_patterns(config))
+    if not full or p.bidirectional or pos != "sinusoidal" or config.memory.compacted:
         raise ConversionError(
             f"HF TransfoXL has causal full attention with sinusoidal positions and a plain memory only; this model "
             f"has attention={p.attention}, bidirectional={p.bidirectional}, pos={pos}, memory={config.memory}"
@@ -111,6 +113,17 @@ def hf_config_from_model(config: ModelConfig) -> dict:
         raise ConversionError(
             f"HF TransfoXL is a stack of attention layers at one resolution; this model has arch={config.arch}, "
             f"mixer={config.mixer}, shorten_layers={config.hourglass.shorten_layers}"
+        )
+    paper_block = dict(
+        norm="layernorm", ff="relu", bias=True, final_norm=False, attn_softcap=0.0, logit_softcap=0.0, qk_norm=False
+    )
+    other = {k: getattr(config, k) for k, v in paper_block.items() if getattr(config, k) != v}
+    if config.n_kv_head not in (0, config.n_head):
+        other["n_kv_head"] = config.n_kv_head
+    if other:
+        raise ConversionError(
+            f"HF TransfoXL has the paper's block only (post- or pre-LayerNorm, a ReLU feed-forward with biases, every "
+            f"head its own keys and values, no caps); this model has {', '.join(f'{k}={v}' for k, v in other.items())}"
         )
     if len(set(ties[1:])) > 1 or ties[0]:
         raise ConversionError(f"tie_projs={ties} has no HF equivalent: HF ties all projections but the first, or none")

@@ -18,6 +18,7 @@ from longseq.model.attention.patterns import (
     global_positions,
     layer_patterns,
 )
+from longseq.model.dynamic import DynamicHourglass
 from longseq.model.hourglass import Hourglass, inner_config
 from longseq.model.layers import LayerOutput, PositionwiseFF
 from longseq.model.memory import (
@@ -50,6 +51,7 @@ class DecoderLayer(nn.Module):
         "untie_r",
         "uv_init",
         "dropout_r",
+        "attn_softcap",
     )
 
     def __init__(self, config: ModelConfig, pattern=None) -> None:
@@ -81,8 +83,11 @@ class DecoderLayer(nn.Module):
             qk_norm=c.qk_norm,
             pattern=pattern,
             positions=shape,
+            norm=c.norm,
+            bias=c.bias,
+            softcap=c.attn_softcap,
         )
-        self.pos_ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps)
+        self.pos_ff = PositionwiseFF.from_config(c)
 
     def forward(self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: AttentionContext) -> LayerOutput:
         """The layer over ``context`` (its memory or key/value cache); returns the output, the keys and values of
@@ -102,15 +107,13 @@ def build_layers(config: ModelConfig) -> list[nn.Module]:
     first, end = c.hourglass.shorten_layers or (c.n_layer, c.n_layer)
     for i, name in enumerate(c.layer_mixers):
         if i == first:
-            layers.append(Hourglass(c, LayerStack(inner_config(c))))
+            layers.append((DynamicHourglass if c.hourglass.dynamic else Hourglass)(c, LayerStack(inner_config(c))))
         if first <= i < end:
             continue
         if name == "attention":
             layers.append(DecoderLayer(c, patterns[i]))
         else:
-            layers.append(
-                MixerLayer(name, c, PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps))
-            )
+            layers.append(MixerLayer(name, c, PositionwiseFF.from_config(c)))
     return layers
 
 
@@ -119,6 +122,13 @@ def outer_patterns(config: ModelConfig) -> list[AttentionPattern | None]:
     patterns = layer_patterns(config)
     first, end = config.hourglass.shorten_layers or (config.n_layer, config.n_layer)
     return patterns[:first] + ([None] if first < config.n_layer else []) + patterns[end:]
+
+
+def mask_slots(patterns: list[AttentionPattern | None], attends: tuple[bool, ...]) -> tuple[int | None, ...]:
+    """For every layer, the first attending layer with an equal pattern, whose mask it shares (itself for the first
+    of its kind); None for a layer that does not attend."""
+    attending = [p if a else None for p, a in zip(patterns, attends)]
+    return tuple(None if p is None else attending.index(p) for p in attending)
 
 
 class LayerStack(nn.Module):
@@ -151,6 +161,7 @@ class LayerStack(nn.Module):
             self.register_buffer("r_r_bias", torch.zeros(bias_shape), persistent=False)
         self.patterns = outer_patterns(c)
         self.attends = tuple(layer.attends for layer in self.layers)  # what the memory step knows of the layers
+        self.mask_slots = mask_slots(self.patterns, self.attends)  # decided here: which layers share a mask
         self.memory = MemoryPolicies(c)
 
     @property
@@ -174,35 +185,42 @@ class LayerStack(nn.Module):
         recurrence: Recurrence,
         global_mask: Tensor | None = None,
         layer_outputs: list | None = None,
+        tokens: Tensor | None = None,
     ):
         """The layers over ``hidden`` (B, T', E) with the ``step`` opened on ``memory`` for them: returns the output,
-        the new memory and the compressors' auxiliary loss (or None).  An attention layer reads its context from the
-        step; a recurrent layer gets its own state from ``memory``, and its new state goes to the step's write.  With
-        ``layer_outputs`` (a list), every layer's output (B, T', E) is appended to it (``output_hidden_states``)."""
+        the new memory and the auxiliary loss (or None): the compressors' reconstruction loss and the layers' own
+        (a dynamic hourglass's boundary predictor).  An attention layer reads its context from the step; a recurrent
+        layer gets its own state from ``memory`` (and the segment's ``tokens`` (B, T), when given), and its new state
+        goes to the step's write.  With ``layer_outputs`` (a list), every layer's output (B, T', E) is appended to
+        it (``output_hidden_states``)."""
         shape = step.mask_inputs()
         tables = self._tables(step, shape, recurrence.clamp_len, hidden.device)  # one per layer
         masks = self._masks(step, shape, global_mask, hidden.size(0), hidden.device)  # one per layer
         docs = state_docs(shape, memory)
-        states, every = {}, self.activation_checkpointing if self.training else 0
+        states, losses, every = {}, [], self.activation_checkpointing if self.training else 0
         for i, layer in enumerate(self.layers):
             if layer.attends:  # its memory (or key/value cache) through the step
                 args = (hidden, tables[i], *self._biases(i), masks[i], step.read(i, hidden))
             else:  # its own state
                 held = memory.layers[i] if memory.layers else None
-                args = (hidden, None, *self._biases(i), None, StateContext(held, docs, recurrence))
+                args = (hidden, None, *self._biases(i), None, StateContext(held, docs, recurrence, tokens))
             if every and i % every == 0:  # recomputed in the backward pass, with the same dropout
-                hidden, present, mass = checkpoint(layer, *args, use_reentrant=False)
+                out = checkpoint(layer, *args, use_reentrant=False)
             else:
-                hidden, present, mass = layer(*args)
+                out = layer(*args)
             if layer.attends:
-                step.record(i, present, mass)
+                step.record(i, out.present, out.mass)
             else:
-                states[i] = present
+                states[i] = out.present
+            hidden = out.hidden
+            if out.aux is not None:
+                losses.append(out.aux)
             if layer_outputs is not None:
                 layer_outputs.append(hidden)
         hidden, memory, targets = step.write(hidden, states)
-        aux = torch.stack([self.layers[t.layer].reconstruction_loss(t) for t in targets]).mean() if targets else None
-        return hidden, memory, aux
+        if targets:
+            losses.append(torch.stack([self.layers[t.layer].reconstruction_loss(t) for t in targets]).mean())
+        return hidden, memory, sum(losses[1:], losses[0]) if losses else None
 
     def _tables(self, step: MemoryStep, shape: MaskInputs, clamp_len: int, device) -> list:
         """What every layer reads of the relative positions: the positions of this pass, shared (each layer projects
@@ -246,19 +264,21 @@ class LayerStack(nn.Module):
     def _masks(
         self, step: MemoryStep, shape: MaskInputs, global_mask: Tensor | None, batch: int, device
     ) -> list[PatternMask | None]:
-        """Each attention layer's :class:`PatternMask` (layers with the same pattern share one); None for the
-        others."""
+        """Each attention layer's :class:`PatternMask` (layers with equal patterns share one, as
+        :attr:`mask_slots` says); None for the others."""
         if global_mask is not None:
             global_mask = step.wrap_flags(global_mask.to(torch.bool))
-        shared: dict = {None: None}
-        patterns = [p if attends else None for p, attends in zip(self.patterns, self.attends)]
-        for pattern in patterns:
-            if pattern not in shared:
-                flags = rows = None
-                if pattern.has_global:
-                    flags = global_keys(global_mask, pattern.num_global, batch, shape.qlen, shape.mlen, device)
-                    rows = global_positions(global_mask, pattern.num_global, batch, shape.qlen, shape.mlen)
-                shared[pattern] = PatternMask(
+        masks: list[PatternMask | None] = []
+        for i, slot in enumerate(self.mask_slots):
+            if slot is None or slot < i:
+                masks.append(None if slot is None else masks[slot])
+                continue
+            pattern, flags, rows = self.patterns[i], None, None
+            if pattern.has_global:
+                flags = global_keys(global_mask, pattern.config.num_global, batch, shape.qlen, shape.mlen, device)
+                rows = global_positions(global_mask, pattern.config.num_global, batch, shape.qlen, shape.mlen)
+            masks.append(
+                PatternMask(
                     pattern=pattern,
                     qlen=shape.qlen,
                     mlen=shape.mlen,
@@ -270,7 +290,8 @@ class LayerStack(nn.Module):
                     dropped_keys=shape.dropped_keys,
                     global_rows=rows,
                 )
-        return [shared[pattern] for pattern in patterns]
+            )
+        return masks
 
 
 def state_docs(shape: MaskInputs, memory: Memory) -> tuple[Tensor, Tensor] | None:

@@ -14,6 +14,8 @@ from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig, Recurrence
 from longseq.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
+from longseq.model.attention.patterns import PATTERNS
+from longseq.model.block import norm_layer
 from longseq.model.layers import PositionwiseFF
 from longseq.model.memory import Memory, MemoryStep, as_memory
 from longseq.model.stack import DecoderLayer, LayerStack
@@ -23,19 +25,24 @@ IGNORE_INDEX = -100
 __all__ = ["DecoderLayer", "IGNORE_INDEX", "LMOutput", "PositionwiseFF", "TransformerXL", "TransformerXLLM"]
 
 
-class TransformerXL(nn.Module):
-    """The backbone: the token embedding and the layer stack over a recurrence memory (``stack``, a
-    :class:`~longseq.model.stack.LayerStack`).  :meth:`TransformerXLLM.forward` runs them.
+NORM_WEIGHTS = ("layer_norm.weight", "final_norm.weight", "q_norm.weight", "k_norm.weight")  # initialised at 1 +- std
 
-    Its weights are ``transformer.word_emb.*`` and ``transformer.stack.*``; a checkpoint saved while the backbone
-    was its layer stack (``transformer.layers.*``, ``transformer.r_w_bias``, ...; before 2026-12-06) loads under
-    today's names (:func:`upgrade_backbone_names`)."""
+
+class TransformerXL(nn.Module):
+    """The backbone: the token embedding, the layer stack over a recurrence memory (``stack``, a
+    :class:`~longseq.model.stack.LayerStack`) and, with ``final_norm``, a norm after it.
+    :meth:`TransformerXLLM.forward` runs them.
+
+    Its weights are ``transformer.word_emb.*``, ``transformer.stack.*`` and ``transformer.final_norm.*``; a
+    checkpoint saved while the backbone was its layer stack (``transformer.layers.*``, ``transformer.r_w_bias``,
+    ...; before 2026-12-06) loads under today's names (:func:`upgrade_backbone_names`)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         c = config
         self.stack = LayerStack(c)  # registered first: the parameters keep the order (the optimizer's state) they had
         self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
+        self.final_norm = norm_layer(c.norm, c.d_model, c.layer_norm_eps, c.bias) if c.final_norm else None
         self.drop = nn.Dropout(c.dropout)
         self._register_load_state_dict_pre_hook(upgrade_backbone_names)
 
@@ -47,12 +54,21 @@ class TransformerXL(nn.Module):
         step = self.stack.open_step(memory, *input_ids.shape, input_ids.device, recurrence, doc_ids)
         return step, self.drop(step.wrap(self.stack.encoding.embed(self.word_emb(input_ids))))
 
+    def end(self, hidden: Tensor, layer_outputs: list | None = None) -> Tensor:
+        """The stack's output (B, T, E) as the head reads it: after the final norm (``final_norm``; then also the
+        last of ``layer_outputs``, as transformers' models give it) and the dropout."""
+        if self.final_norm is not None:
+            hidden = self.final_norm(hidden)
+            if layer_outputs is not None:
+                layer_outputs[-1] = self.final_norm(layer_outputs[-1])
+        return self.drop(hidden)
+
 
 def upgrade_backbone_names(state: dict, prefix: str, *args) -> None:
     """The backbone's weights saved under the names they had while it was its layer stack (``transformer.layers.0.
     ...``, ``transformer.r_w_bias``, ``transformer.memory.policies...``) renamed in place to today's
-    (``transformer.stack.layers.0...``); the embedding's names did not change."""
-    kept = (prefix + "word_emb.", prefix + "stack.")
+    (``transformer.stack.layers.0...``); the embedding's and the final norm's names did not change."""
+    kept = (prefix + "word_emb.", prefix + "final_norm.", prefix + "stack.")
     for name in [k for k in state if k.startswith(prefix) and not k.startswith(kept)]:
         state[prefix + "stack." + name[len(prefix) :]] = state.pop(name)
 
@@ -63,7 +79,8 @@ class LMOutput:
     (B, T, V) logits, or full log-probabilities with adaptive softmax (None when labels were given, or with
     ``return_hidden``); ``nll``: per-token NLL (B, T), 0 where ignored; ``mems``: the new
     :class:`~longseq.model.memory.Memory` (``mems[i]`` is layer i's (B, M, E) states); ``aux_loss``: the
-    compressors' attention-reconstruction loss in training with a learned compressed memory (add it to the loss),
+    in training, the compressors' attention-reconstruction loss with a learned compressed memory and a dynamic
+    hourglass's boundary loss (H-Net's ratio loss; the entropy head's and threshold's losses): add it to the loss;
     else None; ``hidden``: with ``return_hidden``, the last layer's hidden states (B, T, E) that the softmax
     scores (``model.head(hidden)``), else None."""
 
@@ -89,7 +106,7 @@ class TransformerXLLM(nn.Module):
         self.config = config
         c = config
         self.transformer = TransformerXL(c)
-        self.crit = AdaptiveLogSoftmax(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
+        self.crit = AdaptiveLogSoftmax(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val, c.logit_softcap)
         self.init_weights()
         self.tie_weights()
 
@@ -99,7 +116,8 @@ class TransformerXLLM(nn.Module):
         * Linear, embedding and softmax weights, u and v: normal(0, ``init_std`` = 0.02) (u and v 0 with
           ``uv_init="zeros"``); biases 0.
         * Embedding and softmax projections (``emb_projs``, ``out_projs``): normal(0, ``proj_init_std`` = 0.01).
-        * LayerNorm weights normal(1, ``init_std``), biases 0.
+        * Norm weights (LayerNorm or RMSNorm: ``layer_norm``, ``final_norm``, and QK-norm's ``q_norm``, ``k_norm``)
+          normal(1, ``init_std``), biases 0.
         * Cluster weights of the adaptive softmax normal(0, ``init_std``), cluster biases 0.
         * Then every module with parameters of its own kind (the ssm's A, dt, D and norm, the convolution's taps,
           the LSTM mixer) initialises them again with ``init_own_parameters()``.
@@ -108,7 +126,7 @@ class TransformerXLLM(nn.Module):
         for name, param in self.named_parameters():
             if "emb_projs" in name or "out_projs" in name:
                 nn.init.normal_(param, 0.0, proj_std)
-            elif "layer_norm.weight" in name:
+            elif name.endswith(NORM_WEIGHTS):
                 nn.init.normal_(param, 1.0, std)
             elif name.endswith("bias") and "r_w_bias" not in name and "r_r_bias" not in name:
                 nn.init.zeros_(param)
@@ -155,9 +173,8 @@ class TransformerXLLM(nn.Module):
         memory.check_dtype(self.crit.out_layers[0].weight.dtype, torch.is_autocast_enabled(input_ids.device.type))
         if global_mask is not None:
             if not any(p.has_global for p in self.transformer.stack.patterns):
-                raise ValueError(
-                    f"global_mask needs a global or bigbird attention pattern, the model has {c.pattern.attention}"
-                )
+                names = " or ".join(name for name, kind in PATTERNS.items() if kind.has_global)
+                raise ValueError(f"global_mask needs a {names} attention pattern, the model has {c.pattern.attention}")
             if not isinstance(global_mask, Tensor) or global_mask.shape != input_ids.shape:
                 shape = tuple(global_mask.shape) if isinstance(global_mask, Tensor) else type(global_mask).__name__
                 raise ValueError(f"global_mask must have the input's shape {tuple(input_ids.shape)}, got {shape}")
@@ -187,8 +204,10 @@ class TransformerXLLM(nn.Module):
         step, hidden = backbone.begin(input_ids.long(), memory, recurrence, doc_ids)  # (B, T', E)
         if layer_outputs is not None:
             layer_outputs.append(hidden)
-        hidden, memory, aux = backbone.stack.run(step, memory, hidden, recurrence, global_mask, layer_outputs)
-        hidden = backbone.drop(hidden)  # (B, T, E)
+        hidden, memory, aux = backbone.stack.run(
+            step, memory, hidden, recurrence, global_mask, layer_outputs, input_ids
+        )
+        hidden = backbone.end(hidden, layer_outputs)  # (B, T, E)
         if return_hidden and labels is None:
             return LMOutput(loss=None, logits=None, nll=None, mems=memory, aux_loss=aux, hidden=hidden)
         out = self.head(hidden, labels, memory, aux)
