@@ -119,6 +119,8 @@ def test_a_recurrence_is_what_the_keyword_shorthand_means(given):
     assert torch.equal(model.hidden_states(y, recurrence=recurrence)[1][0], mems[0])
     with raises_naming(TypeError, "recurrence", "not both"):
         model(x, recurrence=recurrence, mem_len=3)
+    with raises_naming(TypeError, "Recurrence", "dict"):
+        model(x, recurrence={"mem_len": 3})
     with raises_naming(ValueError, "mem_len", ">= 0", "-1"):
         model(x, mem_len=-1)
 

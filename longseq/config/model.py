@@ -394,6 +394,8 @@ class ModelConfig(JsonConfig):
         values = {"mem_len": mem_len, "clamp_len": clamp_len, "same_length": same_length}
         values = {name: value for name, value in values.items() if value is not None}
         if given is not None:
+            if not isinstance(given, Recurrence):
+                raise TypeError(f"recurrence must be a longseq.config.Recurrence, got {type(given).__name__}")
             if values:
                 raise TypeError(f"give recurrence= or {', '.join(values)}=, not both")
             return given
