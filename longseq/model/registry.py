@@ -18,11 +18,11 @@ from longseq.config.model import ModelConfig
 from longseq.model.attention.kernels import KERNEL_NAMES, kernel_for
 from longseq.model.attention.patterns import PATTERNS
 from longseq.model.block import FEED_FORWARDS, NORMS
-from longseq.model.layers import DecoderLayer
 from longseq.model.lstm import LSTMLM
 from longseq.model.memory.compress import COMPRESSION_FUNCTIONS
 from longseq.model.mixers import MIXERS
 from longseq.model.positions import POSITION_ENCODINGS
+from longseq.model.stack import DecoderLayer
 from longseq.model.transformer import TransformerXLLM
 
 ARCHITECTURES = {"transformer": TransformerXLLM, "lstm": LSTMLM}
