@@ -3,16 +3,39 @@
     pip install ".[peers]"                                                  # x-transformers 2.31
     python benchmarks/speed/vs_x_transformers.py                          # CPU: 128/128 and 512/512, batch 8
     python benchmarks/speed/vs_x_transformers.py --device cuda --autocast bf16 --out xt.json
+    python benchmarks/speed/vs_x_transformers.py --sizes 128/128 --variants longseq_rope xt_rotary_mem
 
 The benchmark model of the performance issue on both sides (4 layers, d_model 256, 8 heads of 32, d_inner 1024,
-bytes, dropout 0.1 on the embedding and the feed-forward), a training step of forward, backward, clipping at 0.25
-and Adam, the memory carried and detached after each step.  x-transformers (a peer: installed for benchmarks only)
-runs as ``TransformerWrapper(max_mem_len=M, attn_layers=Decoder(...))`` with rotary positions, with T5 relative
-bias, and with rotary positions on its flash path (``attn_flash=True``: ``scaled_dot_product_attention``); and as
-a GPT of the same width without memory at a context of ``tgt_len + mem_len`` (absolute positions).  Each variant
-runs ``--rounds`` times, alternating, and the median is reported with its ratio to longseq's default (the paper's
-sinusoidal relative attention, ``attn_impl=auto``) and to longseq with rotary positions on SDPA (``pos=rope``, the
-settings of ``xt_rotary_mem``).
+bytes), a training step of forward, backward, clipping at 0.25 and Adam, the memory carried and detached after each
+step.  x-transformers (a peer: installed for benchmarks only) runs as ``TransformerWrapper(max_mem_len=M,
+attn_layers=Decoder(...))`` with rotary positions, with T5 relative bias, and with rotary positions on its flash
+path (``attn_flash=True``: ``scaled_dot_product_attention`` with a (B, H, T, K) boolean mask); and as a GPT of the
+same width without memory at a context of ``tgt_len + mem_len`` (absolute positions).  Each variant runs
+``--rounds`` times, alternating, and the median is reported with its ratio to longseq's default (the paper's
+sinusoidal relative attention, ``attn_impl=auto``) and to ``longseq_rope``, longseq at x-transformers' settings.
+
+Equal settings (``longseq_rope`` against ``xt_rotary_mem`` and ``xt_rotary_flash_mem``), item by item:
+
+* **block:** pre-norm, a LayerNorm before attention and before the feed-forward and one after the last layer
+  (longseq ``pre_lnorm=True, final_norm=True``; x-transformers' default); longseq's LayerNorm has a bias,
+  x-transformers' has a gain only (a bias-free longseq, ``bias=False``, would also drop the feed-forward's biases);
+* **feed-forward:** 256 -> 1024 -> 256 with biases and the exact (erf) GELU (longseq ``ff=gelu``; x-transformers'
+  default activation); attention projections without bias on both sides (longseq one fused q/k/v matmul,
+  x-transformers three);
+* **rotary positions on all 32 channels of every head** (longseq ``pos=rope`` rotates them all; x-transformers'
+  default ``rotary_emb_dim`` is ``dim_head // 2``, 16 of 32, so it is set to ``dim_head``), keys at their index in
+  [memory; segment], rotated in float32;
+* **dropout 0.1 at the same sites:** the embedding (x-transformers ``emb_dropout``), the attention output
+  (``attn_sublayer_dropout``; longseq's ``dropout`` after W_o), the feed-forward's hidden layer (``ff_dropout``)
+  and its output (``ff_sublayer_dropout``); longseq also drops out the last layer's output before the softmax
+  (one site of 14 that x-transformers has no option for); no attention dropout on either side;
+* **memory:** the previous segment's layer inputs (hidden states, ``mem_len`` of them), normalised with the
+  segment under pre-norm and projected to keys and values again each step, detached; the softmax layer 256 x 256
+  (longseq ties it to the embedding and adds a bias; x-transformers' is untied, bias-free).
+
+``longseq`` (the paper's block: post-norm, ReLU, sinusoidal relative positions with u, v and W_R) is the reference
+row, not an equal-settings comparison: its attention has a second (position) term and its dropout also falls on the
+sinusoidal R.  ``xt_t5_mem`` is x-transformers' T5 bias with the same settings as its rotary runs.
 """
 
 from __future__ import annotations
@@ -30,15 +53,17 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 WIDTH = dict(dim=256, depth=4, heads=8, attn_dim_head=32, ff_mult=4)
+DROPOUT = dict(ff_dropout=0.1, ff_sublayer_dropout=0.1, attn_sublayer_dropout=0.1)  # emb_dropout on the wrapper
 VARIANTS = {
-    "xt_rotary_mem": dict(rotary_pos_emb=True),
+    "xt_rotary_mem": dict(rotary_pos_emb=True, rotary_emb_dim=32),
     "xt_t5_mem": dict(rel_pos_bias=True),
-    "xt_rotary_flash_mem": dict(rotary_pos_emb=True, attn_flash=True),
+    "xt_rotary_flash_mem": dict(rotary_pos_emb=True, rotary_emb_dim=32, attn_flash=True),
     "xt_gpt_no_mem": dict(attn_flash=True),
 }
-LONGSEQ = {  # longseq's side: the paper's block (the default), and rotary positions on SDPA (equal to xt_rotary_mem)
+EQUAL = dict(pos="rope", pre_lnorm=True, final_norm=True, ff="gelu")  # x-transformers' settings (the docstring)
+LONGSEQ = {  # longseq's side: the paper's block (the default), and x-transformers' settings (rotary on SDPA)
     "longseq": {},
-    "longseq_rope": dict(pos="rope"),
+    "longseq_rope": EQUAL,
 }
 
 
@@ -47,7 +72,7 @@ def x_transformer(variant: str, tgt_len: int, mem_len: int):
     from x_transformers import Decoder, TransformerWrapper
 
     gpt = variant == "xt_gpt_no_mem"
-    decoder = Decoder(**WIDTH, ff_dropout=0.1, **VARIANTS[variant])
+    decoder = Decoder(**WIDTH, **DROPOUT, **VARIANTS[variant])
     return TransformerWrapper(
         num_tokens=256,
         max_seq_len=tgt_len + mem_len if gpt else tgt_len,
@@ -98,8 +123,10 @@ def measure(args, tgt_len: int, mem_len: int) -> dict:
 
     device = torch.device(args.device)
     torch.manual_seed(0)
-    models = {name: TransformerXLLM(bench_config(mem_len, **extra)).to(device) for name, extra in LONGSEQ.items()}
-    models.update({name: x_transformer(name, tgt_len, mem_len).to(device) for name in VARIANTS})
+    chosen = args.variants or [*LONGSEQ, *VARIANTS]
+    models = {name: TransformerXLLM(bench_config(mem_len, **LONGSEQ[name])).to(device) for name in chosen
+              if name in LONGSEQ}  # fmt: skip
+    models.update({name: x_transformer(name, tgt_len, mem_len).to(device) for name in chosen if name in VARIANTS})
     runs = {name: [] for name in models}
     for _ in range(args.rounds):
         for name, model in models.items():
@@ -112,9 +139,10 @@ def measure(args, tgt_len: int, mem_len: int) -> dict:
             runs[name].append(tps)
     median = {name: statistics.median(v) for name, v in runs.items()}
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
-    return {"tgt_len": tgt_len, "mem_len": mem_len, "tokens_per_s": median, "runs": runs, "parameters": params,
-            "longseq_over": {n: median["longseq"] / v for n, v in median.items() if n not in LONGSEQ},
-            "longseq_rope_over": {n: median["longseq_rope"] / v for n, v in median.items() if n not in LONGSEQ}}  # fmt: skip
+    result = {"tgt_len": tgt_len, "mem_len": mem_len, "tokens_per_s": median, "runs": runs, "parameters": params}
+    for ours in (name for name in LONGSEQ if name in median):
+        result[f"{ours}_over"] = {n: median[ours] / v for n, v in median.items() if n not in LONGSEQ}
+    return result
 
 
 def main() -> None:
@@ -127,6 +155,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--autocast", choices=["bf16"], default=None)
     parser.add_argument("--out", default=None, help="write the results as JSON here")
+    parser.add_argument("--variants", nargs="+", choices=[*LONGSEQ, *VARIANTS], help="a subset (default: all)")
     args = parser.parse_args()
     import x_transformers
 
@@ -136,8 +165,8 @@ def main() -> None:
     for size in args.sizes:
         tgt_len, mem_len = (int(n) for n in size.split("/"))
         report["sizes"].append(measure(args, tgt_len, mem_len))
-        for ours in LONGSEQ:
-            done = report["sizes"][-1]
+        done = report["sizes"][-1]
+        for ours in (name for name in LONGSEQ if name in done["tokens_per_s"]):
             ratios = ", ".join(f"{n} {r:.2f}x" for n, r in done[f"{ours}_over"].items())
             print(f"{size}: {ours} {done['tokens_per_s'][ours]:.0f} tokens/s; {ratios}", flush=True)
         if args.out:
