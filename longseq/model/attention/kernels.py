@@ -127,6 +127,8 @@ def blocked_attention(
             )
             if out is not None:
                 return out
+    if kernel is rel_shift_attention and step < qlen:  # slices of contiguous keys and values reach the matmuls as
+        key, value = key.contiguous(), value.contiguous()  # views; of the projection's (B, L, H, D) layout, a copy each
     outs = []
     for q0 in range(0, qlen, step):
         q1 = min(qlen, q0 + step)
