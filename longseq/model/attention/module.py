@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longseq.model.attention.kernels import (
@@ -31,8 +32,8 @@ class AttentionContext(Protocol):
 
     def project(self, project, norm, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, H, T, D) of the segment ``hidden`` (B, T, E); keys and values (B, H, K, D) of
-        [memory; segment].  ``project`` maps (B, L, E) to the three (B, H, L, D); ``norm`` is the pre-LayerNorm
-        (None under post-LN)."""
+        [memory; segment].  ``project`` maps (B, L, E) to the three (B, H, L, D) (``project(x, queries=False)``: None
+        and the keys and values); ``norm`` is the pre-LayerNorm (None under post-LN)."""
 
 
 class RelativeMultiHeadAttention(nn.Module):
@@ -113,16 +114,27 @@ class RelativeMultiHeadAttention(nn.Module):
             return positions
         return self.rel.table(positions)
 
-    def heads(self, source: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries (B, H, L, D), keys and values (B, H_kv, L, D) of every position of ``source`` (B, L, E)."""
+    def heads(self, source: Tensor, queries: bool = True) -> tuple[Tensor | None, Tensor, Tensor]:
+        """Queries (B, H, L, D), keys and values (B, H_kv, L, D) of every position of ``source`` (B, L, E); with
+        ``queries`` False, None and the keys and values only (a memory's positions ask no queries).  A plain
+        ``qkv_net`` then multiplies with its key/value rows alone; a wrapped one (PEFT's LoRA, a forward hook) runs
+        whole and its queries are dropped."""
         batch, length, _ = source.shape
         q_width, kv_width = self.n_head * self.d_head, self.n_kv_head * self.d_head
-        query, key, value = self.qkv_net(source).split((q_width, kv_width, kv_width), dim=-1)
-        query = query.view(batch, length, self.n_head, self.d_head).transpose(1, 2)
+        if queries or not self._plain_projection():
+            query, key, value = self.qkv_net(source).split((q_width, kv_width, kv_width), dim=-1)
+            query = query.view(batch, length, self.n_head, self.d_head).transpose(1, 2) if queries else None
+        else:
+            query, (key, value) = None, F.linear(source, self.qkv_net.weight[q_width:]).split(kv_width, dim=-1)
         key, value = (x.view(batch, length, self.n_kv_head, self.d_head).transpose(1, 2) for x in (key, value))
         if self.q_norm is not None:
-            query, key = self.q_norm(query), self.k_norm(key)
+            query = None if query is None else self.q_norm(query)
+            key = self.k_norm(key)
         return query, key, value
+
+    def _plain_projection(self) -> bool:
+        net = self.qkv_net
+        return type(net) is nn.Linear and not (net._forward_hooks or net._forward_pre_hooks)
 
     def _project(self, hidden: Tensor, context: AttentionContext | None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, H, T, D) of the segment; keys and values (B, H_kv, K, D) of [memory; segment]."""
