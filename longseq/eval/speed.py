@@ -114,8 +114,9 @@ def model_flops_per_token(
     """Matrix-multiply FLOPs per token of one forward pass of a Transformer-XL with ``config``, a segment of
     ``tgt_len`` tokens over a memory of ``mem_len`` (2 FLOPs per multiply-add), by part, and their total.
 
-    Counted per segment token: the q/k/v projection of every position of [memory; segment] (the hidden-state memory
-    is projected again each segment), the W_R projection of the K + 1 relative rows (once for the ``batch`` rows of a
+    Counted per segment token: the query projection of the segment and the key/value projection of every position
+    of [memory; segment] (the hidden-state memory is projected again each segment; ``n_kv_head`` heads), the W_R
+    projection of the K + 1 relative rows (once for the ``batch`` rows of a
     segment), per (query, key) pair the
     content score, the position score and the weighted value (3 dot products of d_head), the output projection,
     the feed-forward and the softmax layer.  ``keys_per_query`` is the pattern's average number of allowed keys
@@ -125,11 +126,11 @@ def model_flops_per_token(
     backward computes two products per forward one), as nanoGPT and torchtitan count; layer norms, the softmax,
     masking and the optimizer are not matrix multiplies and are left out."""
     c = config
-    width, klen = c.n_head * c.d_head, tgt_len + mem_len
+    width, kv_width, klen = c.n_head * c.d_head, (c.n_kv_head or c.n_head) * c.d_head, tgt_len + mem_len
     keys = mem_len + (tgt_len + 1) / 2 if keys_per_query is None else keys_per_query
     projected = tgt_len if kv_memory else klen
     per_layer = {
-        "qkv": 2 * c.d_model * 3 * width * projected / tgt_len,
+        "qkv": 2 * c.d_model * (width + 2 * kv_width * projected / tgt_len),
         "r_net": 2 * c.d_model * width * (klen + 1) / (tgt_len * batch)
         if c.positions.pos == "sinusoidal" and not kv_memory
         else 0.0,
