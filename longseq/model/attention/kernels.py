@@ -36,6 +36,7 @@ from longseq.model.attention.reference import (
 from longseq.model.attention.shift import key_bands, rel_shift_attention, relative_probs
 from longseq.model.attention.shift import rel_shift as rel_shift  # re-exported: part of the kernels' interface
 from longseq.model.attention.sparse import sparse_attention
+from longseq.model.block import dropout
 from longseq.model.block import softcap as capped
 
 AttentionKernel = Callable[..., Tensor]
@@ -82,7 +83,7 @@ def banded_attention(
     forbidden = mask.banded(n_blocks, block, before, width)  # (B or 1, H or 1, n, block, W)
     key_band, value_band = (key_bands(x, mlen, n_blocks, block, before, width) for x in (key, value))  # (B, H, n, W, D)
     probs = relative_probs(q_content, key_band, q_position, local_rel, forbidden, cap=softcap)  # (B, H, n, block, W)
-    probs = F.dropout(probs, p=dropatt, training=training)
+    probs = dropout(probs, dropatt, training)
     out = torch.matmul(probs, value_band)  # (B, H, n, block, D)
     return out.view(batch, heads, n_blocks * block, d_head)[:, :, :qlen]
 

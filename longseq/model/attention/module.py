@@ -19,7 +19,7 @@ from longseq.model.attention.kernels import (
 )
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.reference import attention_probs, content_probs, dense_mask
-from longseq.model.block import norm_layer
+from longseq.model.block import Dropout, norm_layer
 from longseq.model.positions import RelativePositions, Shape, position_encoding, upgrade_position_names
 
 
@@ -91,7 +91,7 @@ class RelativeMultiHeadAttention(nn.Module):
         self.k_norm = nn.RMSNorm(d_head, eps=eps) if qk_norm else None
         self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
         self.layer_norm = norm_layer(norm, d_model, eps, bias)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self._prepare()
         self._register_load_state_dict_pre_hook(_upgrade_names, with_module=True)
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from longseq.model.block import masked_softcap
+from longseq.model.block import dropout, masked_softcap
 from longseq.model.block import softcap as capped
 
 
@@ -217,7 +217,7 @@ def rel_shift_attention(
             position = torch.matmul(q_position.float(), rel_key.float().transpose(-1, -2))
             scores = capped(content + rel_shift(position, query.size(2), key.size(2)), softcap)
             probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1).to(value.dtype)
-    probs = F.dropout(probs, p=dropatt, training=training)
+    probs = dropout(probs, dropatt, training)
     return torch.matmul(probs, value)  # (B, H, T, D)
 
 
