@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -130,33 +131,61 @@ def blocked_attention(
                 return out
     if kernel is rel_shift_attention and step < qlen:  # slices of contiguous keys and values reach the matmuls as
         key, value = key.contiguous(), value.contiguous()  # views; of the projection's (B, L, H, D) layout, a copy each
-    outs = []
-    for q0 in range(0, qlen, step):
-        q1 = min(qlen, q0 + step)
-        first = 0  # no column known to be free of forbidden pairs
-        if isinstance(mask, Tensor):
-            lo, hi = 0, (klen - qlen + q1 if step < qlen else klen)  # a dense mask: skip only the future
-            block_mask = mask[..., q0:q1, lo:hi]
-        else:
-            lo, hi = mask.key_range(q0, q1)
-            block_mask, first = mask.forbidden(q0, q1, lo, hi), mask.first_forbidden(q0, lo)
-        first_row = qlen - q1 + lo
-        outs.append(
-            kernel(
-                query[:, :, q0:q1],
-                key[:, :, lo:hi],
-                value[:, :, lo:hi],
-                None if rel_key is None else rel_key[:, first_row : first_row + (hi - lo) + (q1 - q0)],
-                r_w_bias,
-                r_r_bias,
-                block_mask,
-                dropatt,
-                training,
-                first_forbidden=first,
-                softcap=softcap,
-            )
-        )
+    blocks = [_block(mask, q0, min(qlen, q0 + step), step < qlen, qlen, klen) for q0 in range(0, qlen, step)]
+    queries = torch.split(query, step, dim=2)
+    keys, values = (Ranges.apply(x, 2, [(b.lo, b.hi) for b in blocks]) for x in (key, value))
+    tables = [None] * len(blocks)
+    if rel_key is not None:
+        tables = Ranges.apply(rel_key, 1, [(b.first_row, b.first_row + b.hi - b.lo + b.q1 - b.q0) for b in blocks])
+    outs = [
+        kernel(q, k, v, table, r_w_bias, r_r_bias, b.mask, dropatt, training, first_forbidden=b.first, softcap=softcap)
+        for b, q, k, v, table in zip(blocks, queries, keys, values, tables)
+    ]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, T, D)
+
+
+class Block(NamedTuple):
+    """Queries [q0, q1) over keys [lo, hi): their forbidden pairs, a key column before which none is (0: none known),
+    and the first row of the relative table they read."""
+
+    q0: int
+    q1: int
+    lo: int
+    hi: int
+    mask: Tensor
+    first: int
+    first_row: int
+
+
+def _block(mask: PatternMask | Tensor, q0: int, q1: int, several: bool, qlen: int, klen: int) -> Block:
+    if isinstance(mask, Tensor):  # a dense mask: skip only the future
+        lo, hi = 0, (klen - qlen + q1 if several else klen)
+        return Block(q0, q1, lo, hi, mask[..., q0:q1, lo:hi], 0, qlen - q1 + lo)
+    lo, hi = mask.key_range(q0, q1)
+    return Block(q0, q1, lo, hi, mask.forbidden(q0, q1, lo, hi), mask.first_forbidden(q0, lo), qlen - q1 + lo)
+
+
+class Ranges(torch.autograd.Function):
+    """Views ``x[lo:hi]`` along ``dim`` for every (lo, hi) of ``ranges`` (cut at x's end, as slicing is), whose
+    gradients add up in one buffer of x's size (a slice per block would give each block a zero gradient of x's size
+    of its own, added up after)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, dim: int, ranges: list[tuple[int, int]]):
+        ranges = [(lo, min(hi, x.size(dim))) for lo, hi in ranges]
+        ctx.dim, ctx.ranges, ctx.shape = dim, ranges, x.shape
+        ctx.set_materialize_grads(False)
+        return tuple(x.narrow(dim, lo, hi - lo) for lo, hi in ranges)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        present = [(lo, hi, g) for (lo, hi), g in zip(ctx.ranges, grads) if g is not None]
+        if not present:
+            return None, None, None
+        grad = present[0][2].new_zeros(ctx.shape)
+        for lo, hi, g in present:
+            grad.narrow(ctx.dim, lo, hi - lo).add_(g)
+        return grad, None, None
 
 
 def sdpa_attention(
