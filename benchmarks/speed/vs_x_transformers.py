@@ -3,7 +3,7 @@
     pip install ".[peers]"                                                  # x-transformers 2.31
     python benchmarks/speed/vs_x_transformers.py                          # CPU: 128/128 and 512/512, batch 8
     python benchmarks/speed/vs_x_transformers.py --device cuda --autocast bf16 --out xt.json
-    python benchmarks/speed/vs_x_transformers.py --sizes 128/128 --variants longseq_rope xt_rotary_mem
+    python benchmarks/speed/vs_x_transformers.py --sizes 128/128 --variants longseq_rope xt_rotary_mem --threads 1
 
 The benchmark model of the performance issue on both sides (4 layers, d_model 256, 8 heads of 32, d_inner 1024,
 bytes), a training step of forward, backward, clipping at 0.25 and Adam, the memory carried and detached after each
@@ -12,7 +12,9 @@ attn_layers=Decoder(...))`` with rotary positions, with T5 relative bias, and wi
 path (``attn_flash=True``: ``scaled_dot_product_attention`` with a (B, H, T, K) boolean mask); and as a GPT of the
 same width without memory at a context of ``tgt_len + mem_len`` (absolute positions).  Each variant runs
 ``--rounds`` times, alternating, and the median is reported with its ratio to longseq's default (the paper's
-sinusoidal relative attention, ``attn_impl=auto``) and to ``longseq_rope``, longseq at x-transformers' settings.
+sinusoidal relative attention, ``attn_impl=auto``) and to ``longseq_rope``, longseq at x-transformers' settings,
+per second of wall time and per second of the process's CPU time (``tokens_per_cpu_s``, ``*_over_cpu``: steadier
+than wall time on a machine shared with other work, for a one-thread run).
 
 Equal settings (``longseq_rope`` against ``xt_rotary_mem`` and ``xt_rotary_flash_mem``), item by item:
 
@@ -88,18 +90,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def xt_throughput(model, *, batch: int, tgt_len: int, steps: int, warmup: int, autocast: str | None) -> float:
-    """Training tokens/s of an x-transformers model, the loop of longseq's ``train_throughput``."""
+def xt_throughput(model, *, batch: int, tgt_len: int, steps: int, warmup: int, autocast: str | None) -> tuple:
+    """Training tokens per second of an x-transformers model, the loop of longseq's ``train_throughput``: per
+    second of wall time and per second of this process's CPU time."""
     model.train()
     device = next(model.parameters()).device
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     seq = tgt_len * (2 if model.max_mem_len == 0 else 1)  # the GPT reads segment + memory's worth of tokens at once
     data = torch.randint(0, 256, (batch, (steps + warmup) * seq + 1), device=device)
-    mems, start = None, 0.0
+    mems, start, cpu = None, 0.0, 0.0
     for step in range(steps + warmup):
         _sync(device)
         if step == warmup:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
         x, y = data[:, step * seq : (step + 1) * seq], data[:, step * seq + 1 : (step + 1) * seq + 1]
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast == "bf16"):
             if model.max_mem_len:
@@ -113,7 +116,7 @@ def xt_throughput(model, *, batch: int, tgt_len: int, steps: int, warmup: int, a
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
         optimizer.step()
     _sync(device)
-    return steps * batch * seq / (time.perf_counter() - start)
+    return steps * batch * seq / (time.perf_counter() - start), steps * batch * seq / (time.process_time() - cpu)
 
 
 def measure(args, tgt_len: int, mem_len: int) -> dict:
@@ -127,21 +130,26 @@ def measure(args, tgt_len: int, mem_len: int) -> dict:
     models = {name: TransformerXLLM(bench_config(mem_len, **LONGSEQ[name])).to(device) for name in chosen
               if name in LONGSEQ}  # fmt: skip
     models.update({name: x_transformer(name, tgt_len, mem_len).to(device) for name in chosen if name in VARIANTS})
-    runs = {name: [] for name in models}
+    runs, cpu_runs = {name: [] for name in models}, {name: [] for name in models}
     for _ in range(args.rounds):
         for name, model in models.items():
             if name in LONGSEQ:
-                tps = train_throughput(model, batch=args.batch, tgt_len=tgt_len, steps=args.steps,
-                                       warmup=args.warmup, autocast=args.autocast)["tokens_per_s"]  # fmt: skip
+                out = train_throughput(model, batch=args.batch, tgt_len=tgt_len, steps=args.steps,
+                                       warmup=args.warmup, autocast=args.autocast)  # fmt: skip
+                tps, cpu_tps = out["tokens_per_s"], args.batch * tgt_len / out["cpu_s_per_step"]
             else:
-                tps = xt_throughput(model, batch=args.batch, tgt_len=tgt_len, steps=args.steps, warmup=args.warmup,
-                                    autocast=args.autocast)  # fmt: skip
+                tps, cpu_tps = xt_throughput(model, batch=args.batch, tgt_len=tgt_len, steps=args.steps,
+                                             warmup=args.warmup, autocast=args.autocast)  # fmt: skip
             runs[name].append(tps)
+            cpu_runs[name].append(cpu_tps)
     median = {name: statistics.median(v) for name, v in runs.items()}
+    cpu_median = {name: statistics.median(v) for name, v in cpu_runs.items()}
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
-    result = {"tgt_len": tgt_len, "mem_len": mem_len, "tokens_per_s": median, "runs": runs, "parameters": params}
+    result = {"tgt_len": tgt_len, "mem_len": mem_len, "tokens_per_s": median, "runs": runs, "parameters": params,
+              "tokens_per_cpu_s": cpu_median, "cpu_runs": cpu_runs}  # fmt: skip
     for ours in (name for name in LONGSEQ if name in median):
         result[f"{ours}_over"] = {n: median[ours] / v for n, v in median.items() if n not in LONGSEQ}
+        result[f"{ours}_over_cpu"] = {n: cpu_median[ours] / v for n, v in cpu_median.items() if n not in LONGSEQ}
     return result
 
 
@@ -156,19 +164,24 @@ def main() -> None:
     parser.add_argument("--autocast", choices=["bf16"], default=None)
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--variants", nargs="+", choices=[*LONGSEQ, *VARIANTS], help="a subset (default: all)")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     import x_transformers
 
     report = {"command": " ".join(sys.argv), "torch": torch.__version__, "x_transformers": x_transformers.__version__
               if hasattr(x_transformers, "__version__") else _version("x-transformers"), "device": args.device,
-              "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None, "sizes": []}  # fmt: skip
+              "threads": torch.get_num_threads(), "sizes": [],
+              "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None}  # fmt: skip
     for size in args.sizes:
         tgt_len, mem_len = (int(n) for n in size.split("/"))
         report["sizes"].append(measure(args, tgt_len, mem_len))
         done = report["sizes"][-1]
         for ours in (name for name in LONGSEQ if name in done["tokens_per_s"]):
             ratios = ", ".join(f"{n} {r:.2f}x" for n, r in done[f"{ours}_over"].items())
-            print(f"{size}: {ours} {done['tokens_per_s'][ours]:.0f} tokens/s; {ratios}", flush=True)
+            cpu = ", ".join(f"{r:.2f}x" for r in done[f"{ours}_over_cpu"].values())
+            print(f"{size}: {ours} {done['tokens_per_s'][ours]:.0f} tokens/s; {ratios} (per CPU second: {cpu})")
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
