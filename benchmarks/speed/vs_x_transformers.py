@@ -38,6 +38,10 @@ Equal settings (``longseq_rope`` against ``xt_rotary_mem`` and ``xt_rotary_flash
 ``longseq`` (the paper's block: post-norm, ReLU, sinusoidal relative positions with u, v and W_R) is the reference
 row, not an equal-settings comparison: its attention has a second (position) term and its dropout also falls on the
 sinusoidal R.  ``xt_t5_mem`` is x-transformers' T5 bias with the same settings as its rotary runs.
+``longseq_llama`` is the ``llama-xl`` preset's block at this width (rotary, RMSNorm, SwiGLU with ``d_inner`` 683 for
+the default's parameters, 2 key/value heads of 8, QK-norm, no biases) with its memory, and ``longseq_llama_gpt`` the
+same block without memory at a context of ``tgt_len + mem_len`` (tokens per second counted per token of context, as
+``xt_gpt_no_mem``'s): every longseq row also reports its ratio to it.
 """
 
 from __future__ import annotations
@@ -63,10 +67,24 @@ VARIANTS = {
     "xt_gpt_no_mem": dict(attn_flash=True),
 }
 EQUAL = dict(pos="rope", pre_lnorm=True, final_norm=True, ff="gelu")  # x-transformers' settings (the docstring)
-LONGSEQ = {  # longseq's side: the paper's block (the default), and x-transformers' settings (rotary on SDPA)
+LLAMA = dict(  # the llama-xl preset's block at the benchmark's width (d_inner 683: the default's parameters, SwiGLU)
+    pos="rope",
+    pre_lnorm=True,
+    final_norm=True,
+    norm="rmsnorm",
+    ff="swiglu",
+    d_inner=683,
+    bias=False,
+    n_kv_head=2,
+    qk_norm=True,
+)
+LONGSEQ = {  # longseq's side: the paper's block (the default), x-transformers' settings (rotary on SDPA), llama-xl's
     "longseq": {},
     "longseq_rope": EQUAL,
+    "longseq_llama": LLAMA,
+    "longseq_llama_gpt": LLAMA,  # without memory, at a context of tgt_len + mem_len
 }
+GPT = ("longseq_llama_gpt",)
 
 
 def x_transformer(variant: str, tgt_len: int, mem_len: int):
@@ -127,16 +145,17 @@ def measure(args, tgt_len: int, mem_len: int) -> dict:
     device = torch.device(args.device)
     torch.manual_seed(0)
     chosen = args.variants or [*LONGSEQ, *VARIANTS]
-    models = {name: TransformerXLLM(bench_config(mem_len, **LONGSEQ[name])).to(device) for name in chosen
-              if name in LONGSEQ}  # fmt: skip
+    models = {name: TransformerXLLM(bench_config(0 if name in GPT else mem_len, **LONGSEQ[name])).to(device)
+              for name in chosen if name in LONGSEQ}  # fmt: skip
     models.update({name: x_transformer(name, tgt_len, mem_len).to(device) for name in chosen if name in VARIANTS})
     runs, cpu_runs = {name: [] for name in models}, {name: [] for name in models}
     for _ in range(args.rounds):
         for name, model in models.items():
             if name in LONGSEQ:
-                out = train_throughput(model, batch=args.batch, tgt_len=tgt_len, steps=args.steps,
+                length = tgt_len + mem_len if name in GPT else tgt_len  # a GPT reads the memory's tokens as context
+                out = train_throughput(model, batch=args.batch, tgt_len=length, steps=args.steps,
                                        warmup=args.warmup, autocast=args.autocast)  # fmt: skip
-                tps, cpu_tps = out["tokens_per_s"], args.batch * tgt_len / out["cpu_s_per_step"]
+                tps, cpu_tps = out["tokens_per_s"], args.batch * length / out["cpu_s_per_step"]
             else:
                 tps, cpu_tps = xt_throughput(model, batch=args.batch, tgt_len=tgt_len, steps=args.steps,
                                              warmup=args.warmup, autocast=args.autocast)  # fmt: skip
@@ -147,9 +166,10 @@ def measure(args, tgt_len: int, mem_len: int) -> dict:
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
     result = {"tgt_len": tgt_len, "mem_len": mem_len, "tokens_per_s": median, "runs": runs, "parameters": params,
               "tokens_per_cpu_s": cpu_median, "cpu_runs": cpu_runs}  # fmt: skip
-    for ours in (name for name in LONGSEQ if name in median):
-        result[f"{ours}_over"] = {n: median[ours] / v for n, v in median.items() if n not in LONGSEQ}
-        result[f"{ours}_over_cpu"] = {n: cpu_median[ours] / v for n, v in cpu_median.items() if n not in LONGSEQ}
+    for ours in (name for name in LONGSEQ if name in median and name not in GPT):
+        result[f"{ours}_over"] = {n: median[ours] / v for n, v in median.items() if n not in LONGSEQ or n in GPT}
+        result[f"{ours}_over_cpu"] = {n: cpu_median[ours] / v for n, v in cpu_median.items()
+                                      if n not in LONGSEQ or n in GPT}  # fmt: skip
     return result
 
 
@@ -178,7 +198,7 @@ def main() -> None:
         tgt_len, mem_len = (int(n) for n in size.split("/"))
         report["sizes"].append(measure(args, tgt_len, mem_len))
         done = report["sizes"][-1]
-        for ours in (name for name in LONGSEQ if name in done["tokens_per_s"]):
+        for ours in (name for name in LONGSEQ if name in done["tokens_per_s"] and name not in GPT):
             ratios = ", ".join(f"{n} {r:.2f}x" for n, r in done[f"{ours}_over"].items())
             cpu = ", ".join(f"{r:.2f}x" for r in done[f"{ours}_over_cpu"].values())
             print(f"{size}: {ours} {done['tokens_per_s'][ours]:.0f} tokens/s; {ratios} (per CPU second: {cpu})")
