@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -202,7 +203,9 @@ def sdpa_attention(
     softcap: float = 0.0,  # refused: SDPA has no hook for the scores
 ) -> Tensor:
     """The content family's kernel: softmax(q.k / sqrt(D) + bias) on PyTorch's ``scaled_dot_product_attention``,
-    so FlashAttention or the memory-efficient kernel serves it on a GPU and the fused kernel on a CPU.  The plain
+    so FlashAttention or the memory-efficient kernel serves it on a GPU and the fused kernel on a CPU.  Keys and
+    values may have fewer heads than the queries (grouped-query attention): SDPA shares them (``enable_gqa``;
+    before PyTorch 2.5 they are repeated here).  The plain
     causal mask without a bias is a lower-right causal mask (``causal_lower_right``: query i of T over K keys sees
     keys up to K - T + i), which those kernels take without a (T, K) tensor; anything else is one additive
     (T, K) mask, -inf where forbidden.  It cannot cap the scores (``softcap``): the layer chooses another kernel."""
@@ -210,19 +213,26 @@ def sdpa_attention(
         raise ValueError("attn_impl=sdpa cannot cap the attention logits (attn_softcap): it has no hook for the scores")
     qlen, klen = query.size(2), key.size(2)
     dropout = dropatt if training else 0.0
+    sdpa = F.scaled_dot_product_attention
+    if key.size(1) != query.size(1):  # grouped-query attention
+        if SDPA_GROUPS:
+            sdpa = partial(F.scaled_dot_product_attention, enable_gqa=True)
+        else:
+            group = query.size(1) // key.size(1)
+            key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
     plain = isinstance(mask, PatternMask) and mask.is_causal_full and mask.span is None and mask.mlen == klen - qlen
     if bias is None and plain:
         if qlen == klen:
-            return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout, is_causal=True)
+            return sdpa(query, key, value, dropout_p=dropout, is_causal=True)
         from torch.nn.attention.bias import causal_lower_right
 
         lower_right = causal_lower_right(qlen, klen)
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=lower_right, dropout_p=dropout)
+        return sdpa(query, key, value, attn_mask=lower_right, dropout_p=dropout)
     forbidden = dense_mask(mask)
     if bias is None:
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=~forbidden, dropout_p=dropout)
+        return sdpa(query, key, value, attn_mask=~forbidden, dropout_p=dropout)
     additive = distance_bias(bias, qlen, klen).to(query.dtype).masked_fill(forbidden, float("-inf"))
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=additive, dropout_p=dropout)
+    return sdpa(query, key, value, attn_mask=additive, dropout_p=dropout)
 
 
 ATTENTION_KERNELS: dict[str, AttentionKernel] = {  # the relative family: a (H, R, D) table of keys
@@ -239,6 +249,8 @@ KERNEL_NAMES = ("auto", *dict.fromkeys([*ATTENTION_KERNELS, *CONTENT_KERNELS])) 
 
 
 UNCAPPED_KERNELS = (sdpa_attention,)  # kernels that never see the scores: no attn_softcap
+GROUPED_KERNELS = (sdpa_attention,)  # kernels that take n_kv_head key/value heads and share them themselves
+SDPA_GROUPS = torch.__version__ >= (2, 5)  # scaled_dot_product_attention(enable_gqa=True)
 
 
 def kernel_for(name: str, family: str, softcap: bool = False) -> AttentionKernel:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longseq.model.attention.kernels import (
+    GROUPED_KERNELS,
     blocked_attention,
     flex_relative_attention,
     kernel_for,
@@ -143,12 +144,14 @@ class RelativeMultiHeadAttention(nn.Module):
             return self.heads(hidden if norm is None else norm(hidden))
         return context.project(self.heads, norm, hidden)
 
-    def _scored(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values as the scores see them: rotated (rope), key/value heads shared by groups."""
+    def _scored(
+        self, query: Tensor, key: Tensor, value: Tensor, grouped: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values as the scores see them: rotated (rope), key/value heads shared by groups (kept
+        as ``n_kv_head`` heads with ``grouped``, for a kernel that shares them itself)."""
         query, key = self.rel.rotate(query, key)
-        if self.n_kv_head != self.n_head:
-            group = self.n_head // self.n_kv_head
-            key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+        if self.n_kv_head != self.n_head and not grouped:
+            key, value = _shared(key, self.n_head), _shared(value, self.n_head)
         return query, key, value
 
     @torch.no_grad()
@@ -179,7 +182,7 @@ class RelativeMultiHeadAttention(nn.Module):
         batch, qlen, _ = hidden.shape
         table = self.relative_keys(rel_key)  # (H, R, D), (H, R) or None
         present = self._project(hidden, context)  # (B, H, T, D), (B, H_kv, K, D) x 2
-        query, key, value = self._scored(*present)
+        query, key, value = self._scored(*present, grouped=self.kernel in GROUPED_KERNELS)
         if self.blocked and (qlen > self.chunk or mask_narrows(mask, qlen, key.size(2))):
             attn = blocked_attention(
                 self.kernel,
@@ -204,13 +207,19 @@ class RelativeMultiHeadAttention(nn.Module):
         out = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
         mass = None
         if context is not None and context.with_mass:
-            mass = self._mass(query, key, table, r_w_bias, r_r_bias, dense_mask(mask))
+            mass = self._mass(query, _shared(key, self.n_head), table, r_w_bias, r_r_bias, dense_mask(mask))
         return out, present[1:], mass
 
     def _mass(self, query, key, table, r_w_bias, r_r_bias, mask) -> Tensor:
         if self.family == "content":
             return content_probs(query, key, table, mask, self.softcap).sum(dim=(1, 2))
         return key_mass(query, key, table, r_w_bias, r_r_bias, mask, self.softcap)
+
+
+def _shared(heads: Tensor, n_head: int) -> Tensor:
+    """(B, H_kv, L, D) key or value heads as (B, H, L, D): each shared by its group of query heads."""
+    group = n_head // heads.size(1)
+    return heads if group == 1 else heads.repeat_interleave(group, dim=1)
 
 
 def mask_narrows(mask: PatternMask | Tensor, qlen: int, klen: int) -> bool:
