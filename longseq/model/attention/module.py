@@ -17,6 +17,7 @@ from longseq.model.attention.kernels import (
     kernel_for,
     key_mass,
     resolve_kernel,
+    sdpa_attention,
 )
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.reference import attention_probs, content_probs, dense_mask
@@ -97,11 +98,13 @@ class RelativeMultiHeadAttention(nn.Module):
         self._register_load_state_dict_pre_hook(_upgrade_names, with_module=True)
 
     def _prepare(self) -> None:
-        """Choose the kernel for the device the weights are on (``auto`` resolved here, once)."""
+        """Choose the kernel for the device the weights are on (``auto`` resolved here, once), and the query blocks
+        of attention over every key (:func:`plain_chunk`)."""
         device = self.qkv_net.weight.device.type
         name = resolve_kernel(self.kernel_name, device, self.pattern, self.dropatt > 0, self.family, self.softcap > 0)
         self.kernel = kernel_for(name, self.family, self.softcap > 0)
         self.blocked = self.kernel is not flex_relative_attention and self.chunk > 0
+        self.plain_chunk = plain_chunk(self.kernel, self.chunk, device)
 
     def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)
@@ -183,10 +186,12 @@ class RelativeMultiHeadAttention(nn.Module):
         table = self.relative_keys(rel_key)  # (H, R, D), (H, R) or None
         present = self._project(hidden, context)  # (B, H, T, D), (B, H_kv, K, D) x 2
         query, key, value = self._scored(*present, grouped=self.kernel in GROUPED_KERNELS)
-        if self.blocked and (qlen > self.chunk or mask_narrows(mask, qlen, key.size(2))):
+        narrows = mask_narrows(mask, qlen, key.size(2))
+        chunk = self.chunk if narrows else self.plain_chunk
+        if self.blocked and (narrows or 0 < chunk < qlen):
             attn = blocked_attention(
                 self.kernel,
-                self.chunk,
+                chunk,
                 query,
                 key,
                 value,
@@ -220,6 +225,19 @@ def _shared(heads: Tensor, n_head: int) -> Tensor:
     """(B, H_kv, L, D) key or value heads as (B, H, L, D): each shared by its group of query heads."""
     group = n_head // heads.size(1)
     return heads if group == 1 else heads.repeat_interleave(group, dim=1)
+
+
+SDPA_CPU_BLOCK = 128  # the fewest queries of a block on the CPU's fused kernel (measured: 64 was 2-3% slower)
+
+
+def plain_chunk(kernel, chunk: int, device: str) -> int:
+    """The query blocks of ``kernel`` when every block reaches every key before it (full causal attention): the
+    config's ``chunk`` for the relative kernels; for SDPA none on a GPU (the lower-right causal mask reaches
+    FlashAttention whole, which skips the future keys itself) and at least :data:`SDPA_CPU_BLOCK` on a CPU (where
+    the mask is made dense, so blocks skip the future keys' tiles)."""
+    if kernel is not sdpa_attention or not chunk:
+        return chunk
+    return 0 if device == "cuda" else max(chunk, SDPA_CPU_BLOCK)
 
 
 def mask_narrows(mask: PatternMask | Tensor, qlen: int, klen: int) -> bool:
