@@ -183,9 +183,11 @@ class MixerConfig(JsonConfig):
     ``chunk`` positions); ``conv``: a gated causal depthwise convolution of ``conv_kernel`` taps (the SSM's own
     short convolution has the same width); ``rnn``: an LSTM layer; ``linear``, ``performer``, ``retention``, ``gla``,
     ``delta``: the linear-attention family, ``n_head`` heads of ``d_head`` as attention's, a matrix state per head,
-    chunks of ``chunk`` positions, ``features`` random features for the performer.  Their recurrent states are part
-    of the memory; ``state_bptt`` > 1 back-propagates through that many segments (1: stop-gradient, like the XL
-    memory)."""
+    chunks of ``chunk`` positions, ``features`` random features for the performer; the two without decay
+    (``linear``, ``performer``) restart their state every ``reset_every`` positions (0: never; unbounded, their
+    average over the whole stream learns no more than a bigram) and with ``rotary`` rotate their numerator by
+    position (RoFormer).  Their recurrent states are part of the memory; ``state_bptt`` > 1 back-propagates through
+    that many segments (1: stop-gradient, like the XL memory)."""
 
     d_state: int = 16
     head_dim: int = 32
@@ -193,11 +195,14 @@ class MixerConfig(JsonConfig):
     chunk: int = 64
     conv_kernel: int = 4
     features: int = 64
+    reset_every: int = 64
+    rotary: bool = True
     state_bptt: int = 1
 
     def __post_init__(self) -> None:
         for name in ("d_state", "head_dim", "expand", "chunk", "conv_kernel", "features", "state_bptt"):
             check(getattr(self, name) >= 1, f"mixers.{name} must be >= 1, got {getattr(self, name)}")
+        check(self.reset_every >= 0, f"mixers.reset_every must be >= 0 (0: never), got {self.reset_every}")
 
 
 @config
@@ -404,6 +409,12 @@ class ModelConfig(JsonConfig):
                 "retention" not in mixers or self.d_head % 2 == 0,
                 f"retention rotates pairs of channels: d_head must be even, got {self.d_head}",
             )
+            rotated = {"linear": ("d_head", self.d_head), "performer": ("mixers.features", self.mixers.features)}
+            for name, (option, size) in rotated.items():
+                check(
+                    name not in mixers or not self.mixers.rotary or size % 2 == 0,
+                    f"{name} with mixers.rotary=true rotates pairs of its features: {option} must be even, got {size}",
+                )
             check(
                 not (mem.cmem_len or mem.mem_select != "recent" or mem.mem_tokens or mem.mem_quant != "none"),
                 "the memory compaction options (cmem_len, mem_select, mem_tokens, mem_quant) apply to attention-only "
