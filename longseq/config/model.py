@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import field
 
-from longseq.config.base import JsonConfig, check, check_finite, config
+from longseq.config.base import JsonConfig, check, check_choice, check_finite, config
+
+LOWRANK_SHARING = ("none", "headwise", "kv", "layerwise")  # Linformer's sharing of E and F
 
 
 @config
@@ -105,10 +107,19 @@ class PatternConfig(JsonConfig):
     """Attention patterns (:mod:`longseq.model.attention.patterns`): ``attention`` names one pattern for every
     layer or one per layer, with the parameters ``window``, ``dilation`` (one value, or one per head),
     ``stride``, ``block_size``, ``block_summary``, ``num_global``, ``num_random_blocks`` and ``pattern_seed``.
-    ``bidirectional`` makes every pattern two-sided (encoders: masked LM, classification)."""
+    ``bidirectional`` makes every pattern two-sided (encoders: masked LM, classification).
+
+    ``lowrank`` > 0 (Linformer, Wang et al., 2020) projects each attention layer's keys and values along the
+    length to ``lowrank`` rows with learned (``lowrank``, ``lowrank_len``) matrices E and F, ``lowrank_len`` the
+    longest segment they take; ``lowrank_share`` is Linformer's sharing: ``none`` (E and F per head),
+    ``headwise`` (per layer), ``kv`` (E = F, per layer) or ``layerwise`` (one E for every layer).  It serves
+    bidirectional full attention without memory (classify, mlm)."""
 
     attention: list[str] = field(default_factory=lambda: ["full"])
     bidirectional: bool = False
+    lowrank: int = 0
+    lowrank_len: int = 0
+    lowrank_share: str = "none"
     window: int = 256
     dilation: list[int] = field(default_factory=lambda: [1])
     stride: int = 128
@@ -123,6 +134,13 @@ class PatternConfig(JsonConfig):
             self.attention = self.attention.split(",")
         if isinstance(self.dilation, int):
             self.dilation = [self.dilation]
+        check_choice("pattern.lowrank_share", self.lowrank_share, LOWRANK_SHARING)
+        check(self.lowrank >= 0, f"pattern.lowrank must be >= 0 (0: off), got {self.lowrank}")
+        check(
+            not self.lowrank or self.lowrank <= self.lowrank_len,
+            f"pattern.lowrank={self.lowrank} projects keys of segments of up to pattern.lowrank_len positions, which "
+            f"must be at least as many (got lowrank_len={self.lowrank_len}); set it to the segment length",
+        )
         self.attention = [a.strip() for a in self.attention if a.strip()]
         self.dilation = list(self.dilation)
         check(bool(self.attention), "pattern.attention needs at least one pattern name")
@@ -390,6 +408,27 @@ class ModelConfig(JsonConfig):
             f"ModelConfig.tie_projs needs one entry per cluster ({len(self.cutoffs) + 1}), got {self.tie_projs}",
         )
 
+    def _check_lowrank(self) -> None:
+        """Linformer's projection mixes a segment's keys along the length: it serves full attention both ways, over
+        one segment, with positions that survive the mixing (rotated keys, or none, or added to the input)."""
+        pattern, pos = self.pattern, self.positions.pos
+        what = f"pattern.lowrank={pattern.lowrank} (Linformer) projects a segment's keys and values along its length"
+        check(
+            pattern.bidirectional,
+            f"{what}, so every query sees every key: it serves bidirectional models (classify, mlm) and a causal "
+            "language model cannot use it; set bidirectional=true, or lowrank=0",
+        )
+        check(
+            set(pattern.attention) == {"full"},
+            f"{what}: it replaces full attention, not a sparse pattern (got attention={pattern.attention})",
+        )
+        check(self.memory.mem_len == 0, f"{what}, one segment at a time: set mem_len=0 (got {self.memory.mem_len})")
+        check(
+            pos in ("rope", "nope", "absolute"),
+            f"{what}, so a projected key has no distance to a query: positions.pos={pos} scores distances; use "
+            "pos=rope (keys rotated before the projection), nope or absolute",
+        )
+
     def _check_mixers(self) -> None:
         if isinstance(self.mixer, str):
             self.mixer = self.mixer.split(",")
@@ -460,3 +499,5 @@ class ModelConfig(JsonConfig):
             "pattern.bidirectional=true supports the plain hidden-state memory only "
             "(no same_length, compressed memory, memory tokens or attention-based selection)",
         )
+        if pattern.lowrank:
+            self._check_lowrank()

@@ -85,7 +85,7 @@ class DecoderLayer(nn.Module):
         "dropout_r",
     )
 
-    def __init__(self, config: ModelConfig, pattern=None) -> None:
+    def __init__(self, config: ModelConfig, pattern=None, lowrank: nn.Module | None = None) -> None:
         super().__init__()
         c, p = config, config.positions
         shape = Shape(
@@ -114,6 +114,7 @@ class DecoderLayer(nn.Module):
             qk_norm=c.qk_norm,
             pattern=pattern,
             positions=shape,
+            lowrank=lowrank,
         )
         self.pos_ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps)
 

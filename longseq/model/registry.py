@@ -87,6 +87,8 @@ def unread_options(config: ModelConfig) -> set[str]:
         }
         if not config.pattern.num_random_blocks:
             unread.add("pattern.pattern_seed")
+        if not config.pattern.lowrank:
+            unread |= {"pattern.lowrank_len", "pattern.lowrank_share"}
         unread |= set(POSITION_ENCODINGS[config.positions.pos].unread)
         m = config.memory
         unread |= {

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from longseq.config.model import ModelConfig
+from longseq.model.attention.lowrank import LowRankProjection
 from longseq.model.attention.patterns import (
     AttentionPattern,
     PatternMask,
@@ -26,18 +27,25 @@ def build_layers(config: ModelConfig) -> list[nn.Module]:
     """One module per layer of ``config``; an hourglass's shortened layers form one :class:`Hourglass` block."""
     c, layers, patterns = config, [], layer_patterns(config)
     first, end = c.hourglass.shorten_layers or (c.n_layer, c.n_layer)
+    shared = projection(c) if c.pattern.lowrank_share == "layerwise" else None  # one module for every layer
     for i, name in enumerate(c.layer_mixers):
         if i == first:
             layers.append(Hourglass(c, LayerStack(inner_config(c))))
         if first <= i < end:
             continue
         if name == "attention":
-            layers.append(DecoderLayer(c, patterns[i]))
+            layers.append(DecoderLayer(c, patterns[i], projection(c) if shared is None else shared))
         else:
             layers.append(
                 MixerLayer(name, c, PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps))
             )
     return layers
+
+
+def projection(config: ModelConfig) -> LowRankProjection | None:
+    """An attention layer's Linformer projection (``pattern.lowrank``), or None."""
+    p = config.pattern
+    return LowRankProjection(config.n_head, p.lowrank, p.lowrank_len, p.lowrank_share) if p.lowrank else None
 
 
 def outer_patterns(config: ModelConfig) -> list[AttentionPattern | None]:

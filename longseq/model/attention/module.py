@@ -16,6 +16,7 @@ from longseq.model.attention.kernels import (
     key_mass,
     resolve_kernel,
 )
+from longseq.model.attention.lowrank import LowRankProjection
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.reference import attention_probs, content_probs, dense_mask
 from longseq.model.positions import RelativePositions, Shape, position_encoding, upgrade_position_names
@@ -43,7 +44,9 @@ class RelativeMultiHeadAttention(nn.Module):
     device (``auto``: :func:`~longseq.model.attention.kernels.resolve_kernel` for its ``pattern``), never per call.
     ``n_kv_head`` < ``n_head`` shares each key/value head among ``n_head / n_kv_head`` query heads (grouped-query
     attention; 1: multi-query); a key/value memory stores the ``n_kv_head`` heads only.  ``qk_norm`` RMS-normalises
-    every query and key head (learned scale per channel) before positions are applied.
+    every query and key head (learned scale per channel) before positions are applied.  With ``lowrank`` (a
+    :class:`~longseq.model.attention.lowrank.LowRankProjection`) the keys and values are projected along the
+    length (Linformer) and the kernel attends to the projections.
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class RelativeMultiHeadAttention(nn.Module):
         qk_norm: bool = False,
         pattern=None,  # the layer's AttentionPattern (None: full), for ``auto``
         positions: Shape | None = None,  # the encoding's options beyond the heads (rope, t5)
+        lowrank: LowRankProjection | None = None,  # Linformer's E and F (its own, or every layer's)
     ) -> None:
         super().__init__()
         self.chunk = chunk
@@ -81,6 +85,7 @@ class RelativeMultiHeadAttention(nn.Module):
         self.family = encoding.family
         self.q_norm = nn.RMSNorm(d_head, eps=eps) if qk_norm else None
         self.k_norm = nn.RMSNorm(d_head, eps=eps) if qk_norm else None
+        self.lowrank = lowrank  # keys and values projected along the length before the kernel
         self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
         self.layer_norm = nn.LayerNorm(d_model, eps=eps)
         self.drop = nn.Dropout(dropout)
@@ -136,6 +141,8 @@ class RelativeMultiHeadAttention(nn.Module):
     def probs(self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: AttentionContext | None = None) -> Tensor:
         """The attention probabilities (B, H, T, K) this layer uses for these inputs (the reference, no dropout;
         same arguments as :meth:`forward`, for diagnostics).  A ring context must not be passed: it would grow."""
+        if self.lowrank is not None:
+            raise ValueError("a low-rank (Linformer) layer attends to mixtures of the keys: it has no map per key")
         query, key, value = self._scored(*self._project(hidden, context))
         table = self.relative_keys(rel_key)
         if self.family == "content":
@@ -161,7 +168,9 @@ class RelativeMultiHeadAttention(nn.Module):
         table = self.relative_keys(rel_key)  # (H, R, D), (H, R) or None
         present = self._project(hidden, context)  # (B, H, T, D), (B, H_kv, K, D) x 2
         query, key, value = self._scored(*present)
-        if self.blocked and (qlen > self.chunk or mask_narrows(mask, qlen, key.size(2))):
+        if self.lowrank is not None:
+            attn = self.lowrank(self.kernel, query, key, value, mask, self.dropatt, self.training)
+        elif self.blocked and (qlen > self.chunk or mask_narrows(mask, qlen, key.size(2))):
             attn = blocked_attention(
                 self.kernel, self.chunk, query, key, value, table, r_w_bias, r_r_bias, mask, self.dropatt, self.training
             )
