@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from support import assert_names, classify_run, label_first_documents, raises_naming, records, tiny_corpus, tiny_run
 
 from longseq import ModelConfig, TransformerXLLM
@@ -144,6 +145,8 @@ def test_classify_and_mlm_fine_tune_resume_exactly_and_predict(task, tmp_path, m
     model, tokenizer, run, _ = load_checkpoint(str(tmp_path / "whole" / "best"))
     names = [n for n in model.state_dict() if ".lowrank." in n]
     assert len(names) == (4 if task == "classify" else 2)  # E and F of 2 layers; one E seen from 2 layers
+    saved = [n for n in load_file(str(tmp_path / "whole" / "best" / "model.safetensors")) if ".lowrank." in n]
+    assert len(saved) == len(names) // (2 if task == "mlm" else 1)  # the layerwise E is stored once
     if task == "mlm":
         layers = model.lm.transformer.layers
         assert layers[0].dec_attn.lowrank is layers[1].dec_attn.lowrank
