@@ -30,6 +30,7 @@ KINDS = {
     "memory-tokens": dict(mem_tokens=2),
     "hybrid-ssm": dict(mixer=["ssm", "attention"], head_dim=8),
     "hourglass": dict(n_layer=4, shorten_layers=[1, 3]),
+    "learned-chunks": dict(n_layer=4, shorten_layers=[1, 3], boundaries="learned"),
     "pre-ln-projected": dict(pre_lnorm=True, d_embed=8),
 }
 SEGMENT = 4
@@ -44,13 +45,13 @@ def hf_of(name: str = "xl", **extra) -> LongseqForCausalLM:
     return longseq.hf.from_longseq(tiny(name, **extra), segment_len=SEGMENT, generate_mem_len=9)
 
 
-@pytest.mark.parametrize("name", ["xl", "memory-tokens", "hybrid-ssm", "hourglass"])
+@pytest.mark.parametrize("name", ["xl", "memory-tokens", "hybrid-ssm", "hourglass", "learned-chunks"])
 def test_hidden_states_are_the_embeddings_and_every_layers_output(name):
     """``output_hidden_states``: the layers' input, then each layer's output (the segment's positions, memory
     tokens cut away); the last is what the softmax reads.  ``config.output_hidden_states`` asks for them too; in
     generate, every step's states are those of the token it fed."""
     hf = hf_of(name)
-    layers = hf.model.transformer.layers
+    layers = hf.model.transformer.stack.layers
     inputs = []
     handles = [layer.register_forward_pre_hook(lambda m, args: inputs.append(args[0])) for layer in layers]
     x, y = torch.randint(0, 50, (2, 7)), torch.randint(0, 50, (2, 5))
@@ -84,7 +85,7 @@ def test_hidden_states_are_the_embeddings_and_every_layers_output(name):
 
 
 def attention_layers(hf):
-    return [layer.dec_attn for layer in hf.model.transformer.layers if layer.attends]
+    return [layer.dec_attn for layer in hf.model.transformer.stack.layers if layer.attends]
 
 
 def record_attention(hf) -> tuple[list, list]:
@@ -210,9 +211,9 @@ def train_with_trainer(checkpointing: bool, tmp_path) -> tuple[LongseqForCausalL
 
     hf = hf_of("hybrid-ssm", dropout=0.1).train()  # dropout: the recomputation must draw the same masks
     calls, states = [], []
-    hf.model.transformer.layers[1].register_forward_pre_hook(lambda *a: calls.append(1))
-    hf.model.transformer.layers[1].register_forward_pre_hook(
-        lambda *a: states.append(hf.model.transformer.activation_checkpointing)
+    hf.model.transformer.stack.layers[1].register_forward_pre_hook(lambda *a: calls.append(1))
+    hf.model.transformer.stack.layers[1].register_forward_pre_hook(
+        lambda *a: states.append(hf.model.transformer.stack.activation_checkpointing)
     )
     rows = torch.randint(0, 50, (8, 12), generator=torch.Generator().manual_seed(0)).tolist()
     with warnings.catch_warnings():
@@ -244,15 +245,15 @@ def test_trainer_gradient_checkpointing_is_longseqs_activation_checkpointing(tmp
     for (name, a), b in zip(plain.named_parameters(), checked.parameters()):
         assert torch.allclose(a, b, atol=1e-6), name
     checked.activation_checkpointing_disable()
-    assert checked.model.transformer.activation_checkpointing == 0 and not checked.is_activation_checkpointing
+    assert checked.model.transformer.stack.activation_checkpointing == 0 and not checked.is_activation_checkpointing
     with pytest.raises(ValueError, match="use_reentrant=False"):
         checked.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
     checked.activation_checkpointing_enable(every_n_layers=2)
-    assert checked.model.transformer.activation_checkpointing == 2
+    assert checked.model.transformer.stack.activation_checkpointing == 2
     hourglass = hf_of("hourglass")
     hourglass.activation_checkpointing_enable()
-    inner = hourglass.model.transformer.layers[1].inner
-    assert inner.activation_checkpointing == hourglass.model.transformer.activation_checkpointing == 1
+    inner = hourglass.model.transformer.stack.layers[1].inner
+    assert inner.activation_checkpointing == hourglass.model.transformer.stack.activation_checkpointing == 1
     with pytest.raises(ValueError, match="LSTMLM baseline has no activation checkpointing"):
         longseq.hf.from_longseq(build_model(ModelConfig(**BASE, arch="lstm"))).activation_checkpointing_enable()
 
@@ -279,6 +280,18 @@ def test_torch_export_covers_a_decode_step(name):
     ring = hf.generate(x, max_new_tokens=1, return_dict_in_generate=True).cache
     with pytest.raises(ValueError, match="a ring memory .* cannot be flattened"):
         torch.export.export(hf, (x[:, :1],), {"cache": ring})
+
+
+def test_torch_export_refuses_learned_chunks_by_name():
+    """The number of chunks a dynamic hourglass cuts depends on the data: ``torch.export`` is refused, naming the
+    option, where eager reads and generates."""
+    hf = hf_of("learned-chunks")
+    x = torch.randint(0, 50, (2, 9))
+    with torch.no_grad():
+        cache = hf(x).cache
+        with pytest.raises(Exception, match="boundaries=learned or entropy"):
+            torch.export.export(hf, (x[:, :1],), {"cache": cache})
+    assert hf.generate(x, max_new_tokens=3, do_sample=False).shape == (2, 12)
 
 
 def compiled_generate(backend: str | None):

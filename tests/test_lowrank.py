@@ -18,7 +18,7 @@ from longseq.config import ConfigError, DataConfig, RunConfig
 from longseq.config.checks import check_run
 from longseq.model.attention.kernels import reference_content_attention, sdpa_attention
 from longseq.model.attention.lowrank import LowRankProjection
-from longseq.model.registry import ignored_options
+from longseq.model.registry import check_names, ignored_options
 from longseq.tasks import task_for
 from longseq.train import load_checkpoint, train
 from longseq.train.finetune import finetune
@@ -148,7 +148,7 @@ def test_classify_and_mlm_fine_tune_resume_exactly_and_predict(task, tmp_path, m
     saved = [n for n in load_file(str(tmp_path / "whole" / "best" / "model.safetensors")) if ".lowrank." in n]
     assert len(saved) == len(names) // (2 if task == "mlm" else 1)  # the layerwise E is stored once
     if task == "mlm":
-        layers = model.lm.transformer.layers
+        layers = model.lm.transformer.stack.layers
         assert layers[0].dec_attn.lowrank is layers[1].dec_attn.lowrank
     text = "a" + "e" * 12 if task == "classify" else "ad" + "e" * 10
     (prediction,) = task_for(run, tokenizer).predict(model, [{"text": text}])
@@ -169,12 +169,12 @@ def test_a_causal_language_model_and_what_the_projection_cannot_serve_are_refuse
         (dict(mem_len=8), ("mem_len",)),
         (dict(attention=["window"], window=4), ("attention", "window")),
         (dict(pos="sinusoidal"), ("pos=sinusoidal", "rope")),
-        (dict(pos="alibi"), ("pos=alibi",)),
+        (dict(pos="alibi"), ("pos=alibi", "nope", "absolute")),
         (dict(lowrank=20), ("lowrank_len", "20")),
         (dict(lowrank_share="heads"), ("lowrank_share", "headwise")),
     ):
         with raises_naming(ConfigError, *words):
-            ModelConfig(**{**fine, **change})
+            check_names(ModelConfig(**{**fine, **change}))  # the config's own checks, then the registries'
     run = lambda task, **data: RunConfig(  # noqa: E731
         ModelConfig(**fine), DataConfig(**{"tgt_len": 16, **data}), tiny_run().train, task
     )

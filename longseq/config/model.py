@@ -8,7 +8,7 @@ Fields that choose an implementation (``pattern.attention``, ``attn_impl``, ``po
 
 from __future__ import annotations
 
-from dataclasses import field
+from dataclasses import dataclass, field, replace
 
 from longseq.config.base import JsonConfig, check, check_choice, check_finite, config
 
@@ -149,7 +149,8 @@ class PatternConfig(JsonConfig):
 
 
 def check_pattern(window: int, dilation, stride: int, block_size: int, block_summary: int) -> None:
-    """The parameter ranges every pattern relies on (shared by the config and the pattern predicate)."""
+    """The parameter ranges every pattern relies on (the predicates in :mod:`longseq.model.attention.patterns`
+    read them from this config)."""
     check(window >= 1, f"attention window must be >= 1 key, got window={window}")
     check(
         bool(dilation) and all(d >= 1 for d in dilation),
@@ -225,14 +226,29 @@ class MixerConfig(JsonConfig):
 
 @config
 class HourglassConfig(JsonConfig):
-    """Multi-resolution (Nawrot et al., 2021): layers ``shorten_layers[0]`` .. ``shorten_layers[1] - 1`` run on
-    the sequence shortened by ``shorten_factor`` (a causal shift, then ``shorten_fn`` = linear or mean pooling of
-    each group); an upsampling step with a residual link brings back full resolution for the layers after.  Empty
-    ``shorten_layers``: one resolution."""
+    """Multi-resolution: layers ``shorten_layers[0]`` .. ``shorten_layers[1] - 1`` run on a shortened sequence,
+    with their own XL memory; an upsampling step with a residual link brings back full resolution for the layers
+    after.  Empty ``shorten_layers``: one resolution.
+
+    ``boundaries`` chooses where the sequence is cut:
+
+    * ``fixed``: the hourglass of Nawrot et al. (2021): groups of ``shorten_factor`` positions (a causal shift,
+      then ``shorten_fn`` = linear or mean pooling of each group);
+    * ``learned``: H-Net's dynamic chunking (Hwang, Wang and Gu, 2025): a routing module cuts where adjacent states
+      differ, ``ratio_loss`` weighs the loss that holds the mean chunk length near ``shorten_factor``;
+    * ``entropy``: the Byte Latent Transformer's entropy patches (Pagnoni et al., 2024): a cut where the next-byte
+      entropy is high (``entropy_rule=global``) or rises (``relative``), its threshold tracking the quantile that
+      gives chunks of ``shorten_factor`` positions on average.
+
+    With ``learned`` and ``entropy`` the shortened layers are attention layers whose memory holds ``mem_len``
+    chunks (one slot per chunk)."""
 
     shorten_layers: list[int] = field(default_factory=list)
     shorten_factor: int = 2
     shorten_fn: str = "linear"
+    boundaries: str = "fixed"
+    ratio_loss: float = 0.03
+    entropy_rule: str = "global"
 
     def __post_init__(self) -> None:
         check(
@@ -246,6 +262,43 @@ class HourglassConfig(JsonConfig):
             f"shorten_factor must be >= 2, got {self.shorten_factor}",
         )
         check(self.shorten_fn in ("linear", "mean"), f"shorten_fn must be linear or mean, got {self.shorten_fn!r}")
+        check(
+            self.boundaries in BOUNDARIES,
+            f"hourglass.boundaries must be one of {', '.join(BOUNDARIES)}, got {self.boundaries!r}",
+        )
+        check(
+            self.boundaries == "fixed" or bool(self.shorten_layers),
+            f"hourglass.boundaries={self.boundaries} chooses where the shortened layers cut the sequence: set "
+            "shorten_layers=first,end (the layers that run on chunks)",
+        )
+        check(self.ratio_loss >= 0, f"hourglass.ratio_loss must be >= 0, got {self.ratio_loss}")
+        check(
+            self.entropy_rule in ("global", "relative"),
+            f"hourglass.entropy_rule must be global or relative, got {self.entropy_rule!r}",
+        )
+
+    @property
+    def dynamic(self) -> bool:
+        """True when a boundary predictor chooses the chunks (``learned``, ``entropy``)."""
+        return bool(self.shorten_layers) and self.boundaries != "fixed"
+
+
+BOUNDARIES = ("fixed", "learned", "entropy")
+
+
+@dataclass(frozen=True)
+class Recurrence:
+    """How one call reads and writes the memory: ``mem_len`` positions kept, relative distances clamped to
+    ``clamp_len`` (<= 0: no clamp), and with ``same_length`` every query sees exactly the last ``mem_len`` keys.
+    A model's own is :meth:`ModelConfig.recurrence`; evaluation may use another (a longer memory than in training)."""
+
+    mem_len: int
+    clamp_len: int = -1
+    same_length: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mem_len < 0:
+            raise ValueError(f"mem_len must be >= 0, got {self.mem_len}")
 
 
 @config
@@ -261,7 +314,18 @@ class ModelConfig(JsonConfig):
     ``attn_chunk`` processes queries in blocks of that size (0: all at once), which is exact, faster on CPU and
     linear in length for local and sparse patterns.
     ``dropout_r`` is the dropout on the sinusoidal R (unset: ``dropout``, as in the paper's code); ``uv_init`` starts
-    u and v at normal(0, ``init_std``) or at zeros.  ``arch="lstm"`` is the LSTM baseline (``n_layer`` LSTM layers of width ``d_model``).  ``vocab_size=0`` means
+    u and v at normal(0, ``init_std``) or at zeros.
+
+    The block (:mod:`longseq.model.block`): ``norm`` is ``layernorm`` (the paper's) or ``rmsnorm``, in every layer
+    (``pre_lnorm``: before each sub-layer, else after the residual sum), and with ``final_norm`` once more after the
+    last layer (as a pre-norm stack usually ends); ``ff`` is the feed-forward's activation, ``relu`` (the paper's),
+    ``gelu``, or the gated ``swiglu`` and ``geglu`` (Shazeer, 2020; ``d_inner`` stays the hidden width); ``bias`` False
+    drops the biases of the feed-forward's linears and of the norms (attention's projections have none).
+    ``attn_softcap`` > 0 caps every attention logit at c tanh(x / c) before the mask and softmax (Gemma 2; not on the
+    SDPA kernel, which has no hook for the scores), ``logit_softcap`` > 0 the output logits (with an adaptive softmax,
+    each cluster's logits before its own softmax).
+
+    ``arch="lstm"`` is the LSTM baseline (``n_layer`` LSTM layers of width ``d_model``).  ``vocab_size=0`` means
     "from the tokenizer": training sets it (presets use it, so ``cutoffs`` are checked against the real vocabulary).
     """
 
@@ -277,6 +341,12 @@ class ModelConfig(JsonConfig):
     dropatt: float = 0.0
     dropout_r: float | None = None
     pre_lnorm: bool = False
+    norm: str = "layernorm"
+    ff: str = "relu"
+    bias: bool = True
+    final_norm: bool = False
+    attn_softcap: float = 0.0
+    logit_softcap: float = 0.0
     cutoffs: list[int] = field(default_factory=list)
     div_val: int = 1
     d_embed: int | None = None
@@ -333,6 +403,28 @@ class ModelConfig(JsonConfig):
             self.mixers.state_bptt if recurrent else 1,
         )
 
+    def recurrence(
+        self,
+        given: Recurrence | None = None,
+        *,
+        mem_len: int | None = None,
+        clamp_len: int | None = None,
+        same_length: bool | None = None,
+    ) -> Recurrence:
+        """``given``, or this model's own :class:`Recurrence` (``memory.mem_len``, ``positions.clamp_len``,
+        ``memory.same_length``) with each value given in place of its own: what one call of the model reads and
+        writes.  ``given`` with a value beside it is a ``TypeError`` (which of the two would win is a guess)."""
+        values = {"mem_len": mem_len, "clamp_len": clamp_len, "same_length": same_length}
+        values = {name: value for name, value in values.items() if value is not None}
+        if given is not None:
+            if not isinstance(given, Recurrence):
+                raise TypeError(f"recurrence must be a longseq.config.Recurrence, got {type(given).__name__}")
+            if values:
+                raise TypeError(f"give recurrence= or {', '.join(values)}=, not both")
+            return given
+        own = Recurrence(self.memory.mem_len, self.positions.clamp_len, self.memory.same_length)
+        return replace(own, **values) if values else own
+
     @property
     def layer_pattern_names(self) -> list[str]:
         """One pattern name per layer."""
@@ -352,6 +444,8 @@ class ModelConfig(JsonConfig):
             f"ModelConfig.n_kv_head must divide n_head={self.n_head} (0: as n_head), got {self.n_kv_head}",
         )
         check(self.attn_chunk >= 0, f"ModelConfig.attn_chunk must be >= 0 (0: no chunking), got {self.attn_chunk}")
+        for name in ("attn_softcap", "logit_softcap"):
+            check(getattr(self, name) >= 0, f"ModelConfig.{name} must be >= 0 (0: no cap), got {getattr(self, name)}")
         for name in ("dropout", "dropatt"):
             check(0.0 <= getattr(self, name) < 1.0, f"ModelConfig.{name} must be in [0, 1), got {getattr(self, name)}")
         check(
@@ -409,25 +503,16 @@ class ModelConfig(JsonConfig):
         )
 
     def _check_lowrank(self) -> None:
-        """Linformer's projection mixes a segment's keys along the length: it serves full attention both ways, over
-        one segment, with positions that survive the mixing (rotated keys, or none, or added to the input)."""
-        pattern, pos = self.pattern, self.positions.pos
+        """Linformer's projection mixes a segment's keys along the length: it serves attention both ways, over one
+        segment (its patterns and positions are the registries' to check: ``model.registry.check_lowrank``)."""
+        pattern = self.pattern
         what = f"pattern.lowrank={pattern.lowrank} (Linformer) projects a segment's keys and values along its length"
         check(
             pattern.bidirectional,
             f"{what}, so every query sees every key: it serves bidirectional models (classify, mlm) and a causal "
             "language model cannot use it; set bidirectional=true, or lowrank=0",
         )
-        check(
-            set(pattern.attention) == {"full"},
-            f"{what}: it replaces full attention, not a sparse pattern (got attention={pattern.attention})",
-        )
         check(self.memory.mem_len == 0, f"{what}, one segment at a time: set mem_len=0 (got {self.memory.mem_len})")
-        check(
-            pos in ("rope", "nope", "absolute"),
-            f"{what}, so a projected key has no distance to a query: positions.pos={pos} scores distances; use "
-            "pos=rope (keys rotated before the projection), nope or absolute",
-        )
 
     def _check_mixers(self) -> None:
         if isinstance(self.mixer, str):
@@ -476,6 +561,24 @@ class ModelConfig(JsonConfig):
                 h.shorten_layers[1] < self.n_layer,
                 f"shorten_layers={h.shorten_layers}: the last layer must run at full resolution (n_layer={self.n_layer})",
             )
+            self._check_dynamic()
+
+    def _check_dynamic(self) -> None:
+        h = self.hourglass
+        if not h.dynamic:
+            return
+        first, end = h.shorten_layers
+        check(
+            set(self.layer_mixers[first:end]) == {"attention"},
+            f"hourglass.boundaries={h.boundaries}: the layers that run on chunks ({first} .. {end - 1}) must be "
+            f"attention layers (their memory holds a different number of chunks per row), got "
+            f"mixer={self.layer_mixers[first:end]}",
+        )
+        check(
+            not self.memory.same_length,
+            f"hourglass.boundaries={h.boundaries} cannot be combined with same_length (rows hold different numbers "
+            "of chunks)",
+        )
 
     def _check_sections(self) -> None:
         self._check_mixers()

@@ -1,5 +1,6 @@
-"""The two sub-layers of a Transformer-XL decoder layer: relative attention over [memory; segment], then the
-position-wise feed-forward.  See :mod:`longseq.model.attention` for the dimension glossary."""
+"""What every layer of the stack is (:class:`StackLayer`, :class:`LayerOutput`) and the position-wise feed-forward
+that the decoder layer (:class:`~longseq.model.stack.DecoderLayer`) and the mixers' layers end with.  See
+:mod:`longseq.model.attention` for the dimension glossary."""
 
 from __future__ import annotations
 
@@ -8,27 +9,46 @@ from typing import ClassVar, NamedTuple, Protocol
 from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig
-from longseq.model.attention import RelativeMultiHeadAttention
 from longseq.model.attention.module import AttentionContext
-from longseq.model.memory import LayerState, Reconstruction, StateContext
-from longseq.model.memory.compress import reconstruction_loss
-from longseq.model.positions import Shape
+from longseq.model.block import feed_forward_kind, norm_layer
+from longseq.model.memory import LayerState, StateContext
 
 
 class PositionwiseFF(nn.Module):
-    """Linear -> ReLU -> Dropout -> Linear -> Dropout, with residual and pre- or post-LayerNorm."""
+    """Linear -> activation -> Dropout -> Linear -> Dropout, with residual and a pre- or post-norm.
 
-    def __init__(self, d_model: int, d_inner: int, dropout: float, pre_lnorm: bool, eps: float) -> None:
+    ``ff`` names the activation (:data:`~longseq.model.block.FEED_FORWARDS`: ``relu``, the paper's, ``gelu``, or the
+    gated ``swiglu`` and ``geglu``, whose first linear is W1 and W3 side by side); ``bias`` False drops every bias
+    (the linears' and a LayerNorm's); ``norm`` names the norm (``layernorm`` or ``rmsnorm``)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        d_inner: int,
+        dropout: float,
+        pre_lnorm: bool,
+        eps: float,
+        *,
+        ff: str = "relu",
+        bias: bool = True,
+        norm: str = "layernorm",
+    ) -> None:
         super().__init__()
         self.pre_lnorm = pre_lnorm
+        kind = feed_forward_kind(ff)
         self.core_net = nn.Sequential(
-            nn.Linear(d_model, d_inner),
-            nn.ReLU(inplace=True),
+            nn.Linear(d_model, 2 * d_inner if kind.gated else d_inner, bias=bias),  # W1 (W1 and W3 when gated)
+            kind.activation(),
             nn.Dropout(dropout),
-            nn.Linear(d_inner, d_model),
+            nn.Linear(d_inner, d_model, bias=bias),  # W2
             nn.Dropout(dropout),
         )
-        self.layer_norm = nn.LayerNorm(d_model, eps=eps)
+        self.layer_norm = norm_layer(norm, d_model, eps, bias)
+
+    @classmethod
+    def from_config(cls, c: ModelConfig) -> PositionwiseFF:
+        """The feed-forward of every layer of ``c``."""
+        return cls(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps, ff=c.ff, bias=c.bias, norm=c.norm)
 
     def forward(self, hidden: Tensor) -> Tensor:  # (B, T, E) -> (B, T, E)
         if self.pre_lnorm:
@@ -39,12 +59,14 @@ class PositionwiseFF(nn.Module):
 class LayerOutput(NamedTuple):
     """What a layer of the stack returns: its output, its part of the new memory (an attention layer's keys and
     values of [memory; segment] (B, H, K, D); a recurrent layer's new state, a
-    :class:`~longseq.model.memory.LayerState`), and the attention mass of every key (B, K) when its context asked
-    for it, else None."""
+    :class:`~longseq.model.memory.LayerState`), the attention mass of every key (B, K) when its context asked
+    for it, else None, and a loss of its own to add to the model's in training (a dynamic hourglass's boundary
+    predictor), else None."""
 
     hidden: Tensor
     present: tuple[Tensor, Tensor] | LayerState
     mass: Tensor | None = None
+    aux: Tensor | None = None
 
 
 class StackLayer(Protocol):
@@ -66,65 +88,3 @@ class StackLayer(Protocol):
         mask,
         context: AttentionContext | StateContext,
     ) -> LayerOutput: ...
-
-
-class DecoderLayer(nn.Module):
-    """Relative multi-head attention over [memory; segment], then the position-wise feed-forward."""
-
-    attends = True
-    reads = (  # the options only it reads
-        "n_head",
-        "n_kv_head",
-        "qk_norm",
-        "d_head",
-        "dropatt",
-        "attn_impl",
-        "attn_chunk",
-        "untie_r",
-        "uv_init",
-        "dropout_r",
-    )
-
-    def __init__(self, config: ModelConfig, pattern=None, lowrank: nn.Module | None = None) -> None:
-        super().__init__()
-        c, p = config, config.positions
-        shape = Shape(
-            c.d_model,
-            c.n_head,
-            c.d_head,
-            p.max_relative_distance,
-            p.rope_theta,
-            p.rope_scaling,
-            p.rope_factor,
-            p.t5_buckets,
-            c.pattern.bidirectional,
-        )
-        self.dec_attn = RelativeMultiHeadAttention(
-            d_model=c.d_model,
-            n_head=c.n_head,
-            d_head=c.d_head,
-            dropout=c.dropout,
-            dropatt=c.dropatt,
-            pre_lnorm=c.pre_lnorm,
-            eps=c.layer_norm_eps,
-            kernel=c.attn_impl,
-            chunk=c.attn_chunk,
-            pos=p.pos,
-            n_kv_head=c.n_kv_head,
-            qk_norm=c.qk_norm,
-            pattern=pattern,
-            positions=shape,
-            lowrank=lowrank,
-        )
-        self.pos_ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps)
-
-    def forward(self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: AttentionContext) -> LayerOutput:
-        """The layer over ``context`` (its memory or key/value cache); returns the output, the keys and values of
-        [memory; segment], and with ``context.with_mass`` the attention mass of every key."""
-        hidden, present, mass = self.dec_attn(hidden, rel_key, r_w_bias, r_r_bias, mask, context)
-        return LayerOutput(self.pos_ff(hidden), present, mass)
-
-    def reconstruction_loss(self, target: Reconstruction) -> Tensor:
-        """The Compressive Transformer's attention-reconstruction loss of a compressed memory, with this layer's
-        attention weights (detached: only the compressor learns from it)."""
-        return reconstruction_loss(self.dec_attn, target.hidden, target.old, target.compressed)

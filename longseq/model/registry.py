@@ -5,7 +5,9 @@ Every choice is owned by its implementation: attention patterns (:data:`~longseq
 a predicate and the parameters it reads), kernels (:data:`~longseq.model.attention.kernels.ATTENTION_KERNELS` and
 ``CONTENT_KERNELS``, and ``auto``), position encodings (:data:`~longseq.model.positions.POSITION_ENCODINGS`), mixers
 (:data:`~longseq.model.mixers.MIXERS`, and ``attention``, the decoder layer), compression functions
-(:data:`~longseq.model.memory.compress.COMPRESSION_FUNCTIONS`) and architectures (:data:`ARCHITECTURES`).
+(:data:`~longseq.model.memory.compress.COMPRESSION_FUNCTIONS`), the block's norm and feed-forward
+(:data:`~longseq.model.block.NORMS`, :data:`~longseq.model.block.FEED_FORWARDS`) and architectures
+(:data:`ARCHITECTURES`).
 A new one is registered once, where it is implemented; :func:`check_names` and :func:`ignored_options` read the
 registries."""
 
@@ -14,12 +16,13 @@ from __future__ import annotations
 from longseq.config.base import ConfigError, check_choice, leaves
 from longseq.config.model import ModelConfig
 from longseq.model.attention.kernels import KERNEL_NAMES, kernel_for
-from longseq.model.attention.patterns import PATTERNS
-from longseq.model.layers import DecoderLayer
+from longseq.model.attention.patterns import PATTERNS, layer_patterns
+from longseq.model.block import FEED_FORWARDS, NORMS
 from longseq.model.lstm import LSTMLM
 from longseq.model.memory.compress import COMPRESSION_FUNCTIONS
 from longseq.model.mixers import MIXERS
 from longseq.model.positions import POSITION_ENCODINGS
+from longseq.model.stack import DecoderLayer
 from longseq.model.transformer import TransformerXLLM
 
 ARCHITECTURES = {"transformer": TransformerXLLM, "lstm": LSTMLM}
@@ -33,14 +36,36 @@ def check_names(config: ModelConfig) -> None:
         check_choice("pattern.attention", name, tuple(PATTERNS))
     check_choice("attn_impl", config.attn_impl, KERNEL_NAMES)
     check_choice("positions.pos", config.positions.pos, tuple(POSITION_ENCODINGS))
+    check_choice("norm", config.norm, tuple(NORMS))
+    check_choice("ff", config.ff, tuple(FEED_FORWARDS))
     if config.attn_impl != "auto":  # the kernel registries say which names each position family runs
         try:
-            kernel_for(config.attn_impl, POSITION_ENCODINGS[config.positions.pos].family)
+            kernel_for(config.attn_impl, POSITION_ENCODINGS[config.positions.pos].family, config.attn_softcap > 0)
         except ValueError as error:
             raise ConfigError(f"{error} (pos={config.positions.pos})") from None
     for name in config.mixer:
         check_choice("mixer", name, LAYERS)
     check_choice("memory.cmem_fn", config.memory.cmem_fn, tuple(COMPRESSION_FUNCTIONS))
+    if config.pattern.lowrank:
+        check_lowrank(config)
+
+
+def check_lowrank(config: ModelConfig) -> None:
+    """Linformer's projection (``pattern.lowrank``) replaces full attention, and a projected key, a mixture of
+    positions, has no distance to a query: every layer's pattern must allow every pair, and the position encoding
+    must score no distance (rope rotates the keys before the projection; nope and absolute have none)."""
+    what = f"pattern.lowrank={config.pattern.lowrank} (Linformer) projects a segment's keys along its length"
+    if not all(pattern.is_full for pattern in layer_patterns(config)):
+        raise ConfigError(
+            f"{what}: it replaces full attention, not a sparse pattern (attention={config.pattern.attention})"
+        )
+    pos = config.positions.pos
+    if POSITION_ENCODINGS[pos].scores_distances:
+        usable = [name for name, e in POSITION_ENCODINGS.items() if e.family == "content" and not e.scores_distances]
+        raise ConfigError(
+            f"{what}, so a projected key has no distance to a query: positions.pos={pos} scores distances; use "
+            f"pos={', '.join(usable)}"
+        )
 
 
 def ignored_options(config: ModelConfig, base: ModelConfig | None = None) -> list[str]:
@@ -71,20 +96,8 @@ def unread_options(config: ModelConfig) -> set[str]:
     else:
         used = {n for n, m in zip(config.layer_pattern_names, config.layer_mixers) if m == "attention"}
         read = {parameter for name in used for parameter in PATTERNS[name].reads}
-        unread |= {
-            f"pattern.{p}"
-            for p in (
-                "window",
-                "dilation",
-                "stride",
-                "block_size",
-                "block_summary",
-                "num_global",
-                "num_random_blocks",
-                "pattern_seed",
-            )
-            if p not in read
-        }
+        every = {parameter for kind in PATTERNS.values() for parameter in kind.reads}
+        unread |= {f"pattern.{p}" for p in every - read}
         if not config.pattern.num_random_blocks:
             unread.add("pattern.pattern_seed")
         if not config.pattern.lowrank:
@@ -103,9 +116,16 @@ def unread_options(config: ModelConfig) -> set[str]:
     read = {parameter for name in layers - {"attention"} for parameter in MIXERS[name].reads}
     unread |= {f"mixers.{f}" for f in leaves(config.mixers.to_dict()) if f not in read}
     unread -= {parameter for name in layers - {"attention"} for parameter in MIXERS[name].shares}
-    if not config.hourglass.shorten_layers:
-        unread |= {"hourglass.shorten_factor", "hourglass.shorten_fn"}
-    return unread
+    return unread | unread_hourglass(config)
+
+
+def unread_hourglass(config: ModelConfig) -> set[str]:
+    """The hourglass options its boundaries do not read (all of them without ``shorten_layers``)."""
+    h = config.hourglass
+    if not h.shorten_layers:
+        return {f"hourglass.{f}" for f in ("shorten_factor", "shorten_fn", "boundaries", "ratio_loss", "entropy_rule")}
+    reads = {"fixed": "shorten_fn", "learned": "ratio_loss", "entropy": "entropy_rule"}
+    return {f"hourglass.{f}" for b, f in reads.items() if b != h.boundaries}
 
 
 def build_model(config: ModelConfig):

@@ -1,5 +1,6 @@
-"""A stack of layers over a recurrence memory, the body of the Transformer-XL backbone (and of an hourglass's
-shortened middle): for every layer, read its context from the memory step, run it, record what it made."""
+"""The decoder layer and the stack of layers over a recurrence memory, the body of the Transformer-XL backbone (and
+of an hourglass's shortened middle): for every layer, read its context from the memory step, run it, record what it
+made.  See :mod:`longseq.model.attention` for the dimension glossary."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from longseq.config.model import ModelConfig
+from longseq.model.attention import RelativeMultiHeadAttention
 from longseq.model.attention.lowrank import LowRankProjection
+from longseq.model.attention.module import AttentionContext
 from longseq.model.attention.patterns import (
     AttentionPattern,
     PatternMask,
@@ -16,11 +19,88 @@ from longseq.model.attention.patterns import (
     global_positions,
     layer_patterns,
 )
+from longseq.model.dynamic import DynamicHourglass
 from longseq.model.hourglass import Hourglass, inner_config
-from longseq.model.layers import DecoderLayer, PositionwiseFF
-from longseq.model.memory import MaskInputs, Memory, MemoryPolicies, MemoryStep, Recurrence, StateContext, StepInputs
+from longseq.model.layers import LayerOutput, PositionwiseFF
+from longseq.model.memory import (
+    MaskInputs,
+    Memory,
+    MemoryPolicies,
+    MemoryStep,
+    Reconstruction,
+    Recurrence,
+    StateContext,
+    StepInputs,
+)
+from longseq.model.memory.compress import reconstruction_loss
 from longseq.model.mixers import MixerLayer
-from longseq.model.positions import RelativePositions, position_encoding, relative_distances
+from longseq.model.positions import RelativePositions, Shape, position_encoding, relative_distances
+
+
+class DecoderLayer(nn.Module):
+    """Relative multi-head attention over [memory; segment], then the position-wise feed-forward."""
+
+    attends = True
+    reads = (  # the options only it reads
+        "n_head",
+        "n_kv_head",
+        "qk_norm",
+        "d_head",
+        "dropatt",
+        "attn_impl",
+        "attn_chunk",
+        "untie_r",
+        "uv_init",
+        "dropout_r",
+        "attn_softcap",
+    )
+
+    def __init__(self, config: ModelConfig, pattern=None, lowrank: LowRankProjection | None = None) -> None:
+        super().__init__()
+        c, p = config, config.positions
+        shape = Shape(
+            c.d_model,
+            c.n_head,
+            c.d_head,
+            p.max_relative_distance,
+            p.rope_theta,
+            p.rope_scaling,
+            p.rope_factor,
+            p.t5_buckets,
+            c.pattern.bidirectional,
+        )
+        self.dec_attn = RelativeMultiHeadAttention(
+            d_model=c.d_model,
+            n_head=c.n_head,
+            d_head=c.d_head,
+            dropout=c.dropout,
+            dropatt=c.dropatt,
+            pre_lnorm=c.pre_lnorm,
+            eps=c.layer_norm_eps,
+            kernel=c.attn_impl,
+            chunk=c.attn_chunk,
+            pos=p.pos,
+            n_kv_head=c.n_kv_head,
+            qk_norm=c.qk_norm,
+            pattern=pattern,
+            positions=shape,
+            norm=c.norm,
+            bias=c.bias,
+            softcap=c.attn_softcap,
+            lowrank=lowrank,
+        )
+        self.pos_ff = PositionwiseFF.from_config(c)
+
+    def forward(self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: AttentionContext) -> LayerOutput:
+        """The layer over ``context`` (its memory or key/value cache); returns the output, the keys and values of
+        [memory; segment], and with ``context.with_mass`` the attention mass of every key."""
+        hidden, present, mass = self.dec_attn(hidden, rel_key, r_w_bias, r_r_bias, mask, context)
+        return LayerOutput(self.pos_ff(hidden), present, mass)
+
+    def reconstruction_loss(self, target: Reconstruction) -> Tensor:
+        """The Compressive Transformer's attention-reconstruction loss of a compressed memory, with this layer's
+        attention weights (detached: only the compressor learns from it)."""
+        return reconstruction_loss(self.dec_attn, target.hidden, target.old, target.compressed)
 
 
 def build_layers(config: ModelConfig) -> list[nn.Module]:
@@ -30,15 +110,13 @@ def build_layers(config: ModelConfig) -> list[nn.Module]:
     shared = projection(c) if c.pattern.lowrank_share == "layerwise" else None  # one module for every layer
     for i, name in enumerate(c.layer_mixers):
         if i == first:
-            layers.append(Hourglass(c, LayerStack(inner_config(c))))
+            layers.append((DynamicHourglass if c.hourglass.dynamic else Hourglass)(c, LayerStack(inner_config(c))))
         if first <= i < end:
             continue
         if name == "attention":
             layers.append(DecoderLayer(c, patterns[i], projection(c) if shared is None else shared))
         else:
-            layers.append(
-                MixerLayer(name, c, PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps))
-            )
+            layers.append(MixerLayer(name, c, PositionwiseFF.from_config(c)))
     return layers
 
 
@@ -53,6 +131,13 @@ def outer_patterns(config: ModelConfig) -> list[AttentionPattern | None]:
     patterns = layer_patterns(config)
     first, end = config.hourglass.shorten_layers or (config.n_layer, config.n_layer)
     return patterns[:first] + ([None] if first < config.n_layer else []) + patterns[end:]
+
+
+def mask_slots(patterns: list[AttentionPattern | None], attends: tuple[bool, ...]) -> tuple[int | None, ...]:
+    """For every layer, the first attending layer with an equal pattern, whose mask it shares (itself for the first
+    of its kind); None for a layer that does not attend."""
+    attending = [p if a else None for p, a in zip(patterns, attends)]
+    return tuple(None if p is None else attending.index(p) for p in attending)
 
 
 class LayerStack(nn.Module):
@@ -73,7 +158,6 @@ class LayerStack(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = c = config
-        self.drop = nn.Dropout(c.dropout)
         self.drop_r = nn.Dropout(c.dropout if c.dropout_r is None else c.dropout_r)  # on the sinusoidal R
         self.encoding = position_encoding(c.positions.pos)
         self.layers = nn.ModuleList(build_layers(c))
@@ -86,6 +170,7 @@ class LayerStack(nn.Module):
             self.register_buffer("r_r_bias", torch.zeros(bias_shape), persistent=False)
         self.patterns = outer_patterns(c)
         self.attends = tuple(layer.attends for layer in self.layers)  # what the memory step knows of the layers
+        self.mask_slots = mask_slots(self.patterns, self.attends)  # decided here: which layers share a mask
         self.memory = MemoryPolicies(c)
 
     @property
@@ -109,28 +194,42 @@ class LayerStack(nn.Module):
         recurrence: Recurrence,
         global_mask: Tensor | None = None,
         layer_outputs: list | None = None,
+        tokens: Tensor | None = None,
     ):
         """The layers over ``hidden`` (B, T', E) with the ``step`` opened on ``memory`` for them: returns the output,
-        the new memory and the compressors' auxiliary loss (or None).  An attention layer reads its context from the
-        step; a recurrent layer gets its own state from ``memory``, and its new state goes to the step's write.  With
-        ``layer_outputs`` (a list), every layer's output (B, T', E) is appended to it (``output_hidden_states``)."""
+        the new memory and the auxiliary loss (or None): the compressors' reconstruction loss and the layers' own
+        (a dynamic hourglass's boundary predictor).  An attention layer reads its context from the step; a recurrent
+        layer gets its own state from ``memory`` (and the segment's ``tokens`` (B, T), when given), and its new state
+        goes to the step's write.  With ``layer_outputs`` (a list), every layer's output (B, T', E) is appended to
+        it (``output_hidden_states``)."""
         shape = step.mask_inputs()
         tables = self._tables(step, shape, recurrence.clamp_len, hidden.device)  # one per layer
         masks = self._masks(step, shape, global_mask, hidden.size(0), hidden.device)  # one per layer
         docs = state_docs(shape, memory)
-        states = {}
+        states, losses, every = {}, [], self.activation_checkpointing if self.training else 0
         for i, layer in enumerate(self.layers):
-            if layer.attends:
-                hidden, present, mass = self._run_layer(i, hidden, tables[i], masks[i], step.read(i, hidden))
-                step.record(i, present, mass)
-            else:
+            if layer.attends:  # its memory (or key/value cache) through the step
+                args = (hidden, tables[i], *self._biases(i), masks[i], step.read(i, hidden))
+            else:  # its own state
                 held = memory.layers[i] if memory.layers else None
-                hidden, states[i], _ = self._run_layer(i, hidden, None, None, StateContext(held, docs, recurrence))
+                args = (hidden, None, *self._biases(i), None, StateContext(held, docs, recurrence, tokens))
+            if every and i % every == 0:  # recomputed in the backward pass, with the same dropout
+                out = checkpoint(layer, *args, use_reentrant=False)
+            else:
+                out = layer(*args)
+            if layer.attends:
+                step.record(i, out.present, out.mass)
+            else:
+                states[i] = out.present
+            hidden = out.hidden
+            if out.aux is not None:
+                losses.append(out.aux)
             if layer_outputs is not None:
                 layer_outputs.append(hidden)
         hidden, memory, targets = step.write(hidden, states)
-        aux = torch.stack([self.layers[t.layer].reconstruction_loss(t) for t in targets]).mean() if targets else None
-        return hidden, memory, aux
+        if targets:
+            losses.append(torch.stack([self.layers[t.layer].reconstruction_loss(t) for t in targets]).mean())
+        return hidden, memory, sum(losses[1:], losses[0]) if losses else None
 
     def _tables(self, step: MemoryStep, shape: MaskInputs, clamp_len: int, device) -> list:
         """What every layer reads of the relative positions: the positions of this pass, shared (each layer projects
@@ -155,12 +254,6 @@ class LayerStack(nn.Module):
             return self.r_w_bias[layer], self.r_r_bias[layer]
         return self.r_w_bias, self.r_r_bias
 
-    def _run_layer(self, i: int, hidden: Tensor, table, mask: PatternMask | None, context):
-        args = (hidden, table, *self._biases(i), mask, context)
-        if self.training and self.activation_checkpointing and i % self.activation_checkpointing == 0:
-            return checkpoint(self.layers[i], *args, use_reentrant=False)  # recomputed in backward, same dropout
-        return self.layers[i](*args)
-
     def _positions(self, clamp_len: int, qlen: int, dtype: torch.dtype, device, rows: int) -> RelativePositions:
         """The relative positions of distances ``rows - 1`` .. 0; a bidirectional model continues down to
         -(qlen - 1) for the later keys of the segment.  Every layer projects them itself."""
@@ -180,19 +273,21 @@ class LayerStack(nn.Module):
     def _masks(
         self, step: MemoryStep, shape: MaskInputs, global_mask: Tensor | None, batch: int, device
     ) -> list[PatternMask | None]:
-        """Each attention layer's :class:`PatternMask` (layers with the same pattern share one); None for the
-        others."""
+        """Each attention layer's :class:`PatternMask` (layers with equal patterns share one, as
+        :attr:`mask_slots` says); None for the others."""
         if global_mask is not None:
             global_mask = step.wrap_flags(global_mask.to(torch.bool))
-        shared: dict = {None: None}
-        patterns = [p if attends else None for p, attends in zip(self.patterns, self.attends)]
-        for pattern in patterns:
-            if pattern not in shared:
-                flags = rows = None
-                if pattern.has_global:
-                    flags = global_keys(global_mask, pattern.num_global, batch, shape.qlen, shape.mlen, device)
-                    rows = global_positions(global_mask, pattern.num_global, batch, shape.qlen, shape.mlen)
-                shared[pattern] = PatternMask(
+        masks: list[PatternMask | None] = []
+        for i, slot in enumerate(self.mask_slots):
+            if slot is None or slot < i:
+                masks.append(None if slot is None else masks[slot])
+                continue
+            pattern, flags, rows = self.patterns[i], None, None
+            if pattern.has_global:
+                flags = global_keys(global_mask, pattern.config.num_global, batch, shape.qlen, shape.mlen, device)
+                rows = global_positions(global_mask, pattern.config.num_global, batch, shape.qlen, shape.mlen)
+            masks.append(
+                PatternMask(
                     pattern=pattern,
                     qlen=shape.qlen,
                     mlen=shape.mlen,
@@ -204,7 +299,8 @@ class LayerStack(nn.Module):
                     dropped_keys=shape.dropped_keys,
                     global_rows=rows,
                 )
-        return [shared[pattern] for pattern in patterns]
+            )
+        return masks
 
 
 def state_docs(shape: MaskInputs, memory: Memory) -> tuple[Tensor, Tensor] | None:

@@ -131,7 +131,7 @@ def shard_model(model) -> None:
     """Shard ``model`` in place with FSDP2: each decoder layer is one unit, everything else the root unit."""
     from torch.distributed.fsdp import fully_shard
 
-    for layer in model.transformer.layers:
+    for layer in model.transformer.stack.layers:
         fully_shard(layer)
     fully_shard(model)
 

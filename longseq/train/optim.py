@@ -66,7 +66,13 @@ def layer_of(name: str, n_layer: int) -> int:
     name = name.removeprefix("lm.")
     if name.startswith(("transformer.word_emb", "embedding")):
         return 0
-    for prefix in ("transformer.layers.", "lstm.weight_ih_l", "lstm.weight_hh_l", "lstm.bias_ih_l", "lstm.bias_hh_l"):
+    for prefix in (
+        "transformer.stack.layers.",
+        "lstm.weight_ih_l",
+        "lstm.weight_hh_l",
+        "lstm.bias_ih_l",
+        "lstm.bias_hh_l",
+    ):
         if name.startswith(prefix):
             return int(name[len(prefix) :].split(".")[0].split("_")[0]) + 1
     return n_layer + 1

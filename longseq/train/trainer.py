@@ -195,7 +195,7 @@ class Trainer:
         model = self.task.build_model().to(self.device)
         backbone = getattr(getattr(model, "lm", model), "transformer", None)
         if backbone is not None:
-            backbone.activation_checkpointing = self.tc.activation_checkpointing
+            backbone.stack.activation_checkpointing = self.tc.activation_checkpointing
         if not self.resume:
             self.task.initialize(model)
         set_trainable(model, self.task.trainable(model))

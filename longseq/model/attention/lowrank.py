@@ -55,9 +55,10 @@ class LowRankProjection(nn.Module):
             return torch.einsum("mbj,bjg,bhjd->bhgmd", picked[0], groups, x)
         return torch.einsum("hmbj,bjg,bhjd->bhgmd", picked, groups, x)
 
-    def forward(self, kernel, query: Tensor, key: Tensor, value: Tensor, mask, dropatt: float, training: bool):
+    def forward(self, kernel, query: Tensor, key: Tensor, value: Tensor, mask, dropatt: float, training: bool,
+                softcap: float = 0.0):  # fmt: skip
         """Attention of queries (B, H, T, D) over the projections of the keys and values (B, H, T, D) of the same
-        segment, with the layer's content ``kernel``: (B, H, T, D)."""
+        segment, with the layer's content ``kernel`` (``softcap``: its cap on the scores): (B, H, T, D)."""
         length = key.size(2)
         if length > self.length:
             raise ValueError(
@@ -70,7 +71,7 @@ class LowRankProjection(nn.Module):
         keys, values = self.project(key, self.key_proj, columns, groups), self.project(value, values, columns, groups)
         free = torch.zeros(1, 1, query.size(2), self.rows, dtype=torch.bool, device=query.device)  # nothing masked
         none = query.new_zeros(query.size(1), query.size(-1))  # the content family's unread u and v
-        outs = [kernel(query, keys[:, :, g], values[:, :, g], None, none, none, free, dropatt, training)
+        outs = [kernel(query, keys[:, :, g], values[:, :, g], None, none, none, free, dropatt, training, softcap=softcap)
                 for g in range(groups.size(-1))]  # fmt: skip
         if len(outs) == 1:
             return outs[0]

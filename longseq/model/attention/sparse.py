@@ -30,15 +30,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from longseq.model.attention.patterns import PatternMask
+from longseq.model.attention.patterns import PatternError, PatternMask
 from longseq.model.attention.shift import (
     DiagonalScores,
     PositionScores,
-    RelativeProbs,
     RelativeScores,
     key_bands,
+    relative_probs,
     table_rows,
 )
+from longseq.model.block import masked_softcap
 
 
 def relative_scores(q_content: Tensor, key: Tensor, q_position: Tensor, rel_key: Tensor, forbidden: Tensor) -> Tensor:
@@ -130,9 +131,13 @@ class StrideColumns(Periodic):
     """strided: query class r reads key class r, a dense (na x nb) problem per class in layout (B, H, P, na, nb)."""
 
     def __init__(self, mask: PatternMask, earlier: list) -> None:
-        super().__init__(mask, mask.pattern.stride, None, earlier)
+        super().__init__(mask, mask.pattern.config.stride, None, earlier)
         self.forbidden = self.forbidden[..., 0, :, :]  # (B|1, H|1, P, na, nb): one key class per query class
         self.rows = self.rows[0]  # (1, R'): the same distances for every class
+
+    def covers(self, query: Tensor, key: Tensor) -> Tensor:
+        """True where ``key`` is at a multiple of the stride from ``query`` (this piece holds the pair)."""
+        return (query - key) % self.period == 0
 
     def scores(self, q_content: Tensor, q_position: Tensor, key: Tensor, rel_key: Tensor) -> Tensor:
         qc, qp = self._query_classes(q_content), self._query_classes(q_position)  # (B, H, P, na, D)
@@ -149,10 +154,14 @@ class SummaryColumns(Periodic):
     matmuls in query order; only the position term needs the class layout (one table per (r, t))."""
 
     def __init__(self, mask: PatternMask, earlier: list) -> None:
-        size, summary = mask.pattern.block_size, mask.pattern.block_summary
+        size, summary = mask.pattern.config.block_size, mask.pattern.config.block_summary
         super().__init__(mask, size, torch.arange(size - summary, size, device=mask.device), earlier)
         blocks = torch.arange(self.nb, device=mask.device) * size
         self.columns = (self.classes[:, None] + blocks).flatten()  # (S * nb,) column t * nb + b is key b P + t
+
+    def covers(self, query: Tensor, key: Tensor) -> Tensor:
+        """True where ``key`` is a summary column (this piece holds it for every query)."""
+        return key % self.period >= self.period - self.classes.numel()
 
     def scores(self, q_content: Tensor, q_position: Tensor, key: Tensor, rel_key: Tensor) -> Tensor:
         content = torch.matmul(q_content, self._columns(key).transpose(-1, -2))  # (B, H, T, S * nb)
@@ -214,9 +223,10 @@ class RandomBlocks:
 
     def __init__(self, mask: PatternMask, earlier: list) -> None:
         m, device = mask, mask.device
-        size = self.size = m.pattern.block_size
+        size = self.size = m.pattern.config.block_size
         picks, valid = m.pattern.random_picks(m.klen, device)  # (n, r) for every block of the window
         self.mask, self.n_blocks = m, picks.size(0)
+        self.table = m.pattern.random_table(m.klen, device)  # (n, n): for covers
         self.a0 = m.mlen // size
         self.na = (m.klen - 1) // size + 1 - self.a0
         self.front = m.mlen - self.a0 * size
@@ -231,6 +241,11 @@ class RandomBlocks:
         start = m.klen - (blocks[:, None] - self.picks + 1) * size  # (na, r)
         self.rows = start[:, :, None] + torch.arange(2 * size, device=device)  # (na, r, 2s)
         self.width = self.picks.size(1) * size
+
+    def covers(self, query: Tensor, key: Tensor) -> Tensor:
+        """True where ``key`` lies in one of the random blocks of ``query``'s block (this piece holds the pair)."""
+        last = self.n_blocks - 1
+        return self.table[(query // self.size).clamp(0, last), (key // self.size).clamp(0, last)]
 
     def scores(self, q_content: Tensor, q_position: Tensor, key: Tensor, rel_key: Tensor) -> Tensor:
         qc, qp = (self._query_blocks(x)[:, :, :, None] for x in (q_content, q_position))  # (B, H, na, 1, s, D)
@@ -250,50 +265,58 @@ class RandomBlocks:
         return blocks.index_select(2, self.picks.flatten()).unflatten(2, self.picks.shape)  # see table_rows
 
 
+PIECES: dict[str, type] = {  # what a pattern's ``pieces`` name (:class:`~longseq.model.attention.patterns.PatternKind`)
+    "stride": StrideColumns,
+    "summary": SummaryColumns,
+    "random": RandomBlocks,
+}
+
+
 def sparse_pieces(mask: PatternMask, block: int) -> list:
-    """The pieces of ``mask``'s pattern for query blocks of ``block``, built once per forward for every layer that
+    """The pieces of ``mask``'s pattern for query blocks of ``block``: its band, the global tokens' columns when
+    the mask has global tokens, then the pieces the pattern names; built once per forward for every layer that
     shares the mask."""
 
     def make() -> list:
-        pattern = mask.pattern
         pieces: list = [Band(mask, block)]
-        if pattern.name == "strided":
-            pieces.append(StrideColumns(mask, pieces))
-        elif pattern.name == "block_sparse":
-            pieces.append(SummaryColumns(mask, pieces))
-        else:  # global, bigbird
-            if mask.has_global_tokens:
-                pieces.append(GlobalColumns(mask, list(pieces)))
-            if pattern.name == "bigbird" and pattern.num_random_blocks:
-                pieces.append(RandomBlocks(mask, list(pieces)))
+        if mask.has_global_tokens:
+            pieces.append(GlobalColumns(mask, list(pieces)))
+        for name in mask.pattern.pieces:
+            if name not in PIECES:
+                raise PatternError(f"pattern {mask.pattern.name} names the piece {name!r}; pieces: {', '.join(PIECES)}")
+            pieces.append(PIECES[name](mask, list(pieces)))
         return pieces
 
     return mask.shared(("sparse", block), make)
 
 
-def sparse_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask: PatternMask, block, dropatt, training):
+def sparse_attention(
+    query, key, value, rel_key, r_w_bias, r_r_bias, mask: PatternMask, block, dropatt, training, softcap=0.0
+):
     """Attention of a sparse pattern from its pieces (see the module docstring); exact, the kernel contract's
-    arguments plus the query ``block`` of the band.  Half precision runs in float32 (scores and softmax)."""
+    arguments plus the query ``block`` of the band.  Half precision runs in float32 (scores and softmax).  With a
+    ``softcap`` the joined scores are capped before the one softmax."""
     if query.dtype not in (torch.float32, torch.float64):
         with torch.autocast(query.device.type, enabled=False):
             full = (t.float() for t in (query, key, value, rel_key, r_w_bias, r_r_bias))
-            return sparse_attention(*full, mask, block, dropatt, training).to(value.dtype)
+            return sparse_attention(*full, mask, block, dropatt, training, softcap).to(value.dtype)
     scale = 1.0 / math.sqrt(query.size(-1))
     q_content = (query + r_w_bias[:, None]) * scale  # (B, H, T, D)
     q_position = (query + r_r_bias[:, None]) * scale
     pieces = sparse_pieces(mask, block)
     scores = torch.cat([p.scores(q_content, q_position, key, rel_key) for p in pieces], dim=-1)  # (B, H, T, N)
+    scores = masked_softcap(scores, softcap)  # the forbidden pairs stay -inf
     probs = F.dropout(torch.softmax(scores, dim=-1), p=dropatt, training=training)
     out = None
     for piece, share in zip(pieces, probs.split([p.width for p in pieces], dim=-1)):
         part = piece.output(share, value)  # (B, H, T, D)
         out = part if out is None else out + part
     if mask.has_global_tokens:
-        _global_rows_(out, q_content, q_position, key, value, rel_key, mask, dropatt, training)
+        _global_rows_(out, q_content, q_position, key, value, rel_key, mask, dropatt, training, softcap)
     return out
 
 
-def _global_rows_(out, q_content, q_position, key, value, rel_key, mask: PatternMask, dropatt, training) -> None:
+def _global_rows_(out, q_content, q_position, key, value, rel_key, mask: PatternMask, dropatt, training, cap) -> None:
     """Overwrite, in ``out`` (B, H, T, D), the rows of global tokens with their attention over every key they may
     see: each run of consecutive global queries of a batch row is one block of the rel-shift kernel."""
     qlen = q_content.size(2)
@@ -317,6 +340,6 @@ def _global_rows_(out, q_content, q_position, key, value, rel_key, mask: Pattern
             first = qlen - i + lo
             table = rel_key[:, first : first + (hi - lo) + (i - i0)]
             queries = (x[b : b + 1, :, i0:i] for x in (q_content, q_position))
-            probs = RelativeProbs.apply(next(queries), key[b : b + 1, :, lo:hi], next(queries), table, forbidden)
+            probs = relative_probs(next(queries), key[b : b + 1, :, lo:hi], next(queries), table, forbidden, cap=cap)
             probs = F.dropout(probs, p=dropatt, training=training)
             out[b : b + 1, :, i0:i] = torch.matmul(probs, value[b : b + 1, :, lo:hi])
