@@ -604,3 +604,17 @@ class ModelConfig(JsonConfig):
         )
         if pattern.lowrank:
             self._check_lowrank()
+
+
+def upgrade_stored_model(model: dict) -> dict:
+    """A model config as stored before a field that changes behaviour existed, in today's terms (each reader of a
+    stored model config passes it through here: checkpoints, the transformers format): ``linear`` and ``performer``
+    saved without ``mixers.reset_every`` (before 2026-12-06) ran unbounded and unrotated, and still do."""
+    mixers = model.get("mixers") if isinstance(model, dict) else None
+    if not isinstance(mixers, dict) or "reset_every" in mixers:
+        return model
+    names = model.get("mixer", [])
+    names = names.split(",") if isinstance(names, str) else names
+    if not {"linear", "performer"} & {str(n).strip() for n in names}:
+        return model
+    return {**model, "mixers": {**mixers, "reset_every": 0, "rotary": False}}

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from longseq.config.model import upgrade_stored_model
+
 FORMAT_V1 = "longseq-checkpoint-v1"
 OLD_FORMATS = (FORMAT_V1, "longseq-checkpoint-v2")
 V1_WEIGHT_NAMES = {  # format v1 name prefix -> today's
@@ -68,13 +70,7 @@ def upgrade_run(run: dict) -> dict:
 
 def upgrade_unforgetting(run: dict) -> dict:
     """``linear`` and ``performer`` stored without ``mixers.reset_every`` (before 2026-12-06) ran unbounded and
-    unrotated: those settings are written in, so the checkpoint scores and resumes as it did."""
+    unrotated: those settings are written in (:func:`~longseq.config.model.upgrade_stored_model`), so the
+    checkpoint scores and resumes as it did."""
     model = run.get("model")
-    mixers = model.get("mixers") if isinstance(model, dict) else None
-    if not isinstance(mixers, dict) or "reset_every" in mixers:
-        return run
-    names = model.get("mixer", [])
-    names = names.split(",") if isinstance(names, str) else names
-    if not {"linear", "performer"} & {str(n).strip() for n in names}:
-        return run
-    return {**run, "model": {**model, "mixers": {**mixers, "reset_every": 0, "rotary": False}}}
+    return run if not isinstance(model, dict) else {**run, "model": upgrade_stored_model(model)}
