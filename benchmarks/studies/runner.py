@@ -77,6 +77,7 @@ from longseq.eval.speed import generate_speed
 from longseq.train import load_checkpoint, train
 from longseq.train.checkpoint import load_checkpoint_config
 from longseq.train.signals import Interrupted
+from longseq.train.upgrade import upgrade_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASE = os.path.join(HERE, "base.toml")
@@ -271,7 +272,8 @@ def reuse(path: str, name: str, seed: int, corpus, args, log) -> dict:
         result = json.load(f)
     vocab = corpus.tokenizer.vocab_size if corpus is not None else result["run"]["model"]["vocab_size"]
     run = variant_run(args, name, seed, vocab)
-    if RunConfig.from_dict(result["run"]).to_dict() != run.to_dict():  # same run (fields added since: defaults)
+    stored = RunConfig.from_dict(upgrade_run(result["run"]))  # fields added since: defaults, or as the run ran
+    if stored.to_dict() != run.to_dict():
         raise SystemExit(f"{path} was trained with another config; use another --out (--store) or remove it")
     if result.get("scoring", scoring(args)) != scoring(args):  # results from before the key: taken as they are
         raise SystemExit(

@@ -23,6 +23,8 @@ def check_run(run: RunConfig, world_size: int = 1, source: str | None = None) ->
         f"cmem_fn={c.cmem_fn} compresses groups of exactly cmem_rate={c.cmem_rate} evicted states: tgt_len={d.tgt_len} "
         f"and mem_len={c.mem_len} must be multiples of it, and varlen must be off",
     )
+    if m.pattern.lowrank:
+        check_lowrank(run)
     check(
         d.batch_size % (t.grad_accum * world_size) == 0,
         f"batch_size={d.batch_size} must be divisible by grad_accum={t.grad_accum} x {world_size} process(es)",
@@ -53,3 +55,24 @@ def check_cutoffs(cutoffs: list[int], vocab_size: int, source: str | None = None
             f"{f' of {source}' if source else ''}; pass --set cutoffs=... with values below {vocab_size}, or "
             "cutoffs=[] for a plain softmax"
         )
+
+
+LOWRANK_TASKS = ("classify", "mlm")  # the tasks that read a whole document at once
+
+
+def check_lowrank(run: RunConfig) -> None:
+    """Linformer's projection (``pattern.lowrank``) serves the tasks that see a whole document, over segments no
+    longer than the columns of its matrices."""
+    task = run.task.name if run.task is not None else "lm"
+    lowrank = f"pattern.lowrank={run.model.pattern.lowrank} (Linformer)"
+    check(
+        task in LOWRANK_TASKS,
+        f"{lowrank} serves the tasks that read a whole document at once ({', '.join(LOWRANK_TASKS)}), not {task}: "
+        "every query of the projection sees every key, so it cannot predict the next token",
+    )
+    segment = run.task.segment_len or run.data.tgt_len
+    check(
+        segment <= run.model.pattern.lowrank_len,
+        f"{lowrank} takes segments of up to pattern.lowrank_len={run.model.pattern.lowrank_len} positions; the run "
+        f"reads segments of {segment} (task.segment_len, else data.tgt_len)",
+    )

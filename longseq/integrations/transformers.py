@@ -68,6 +68,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils.deprecation import deprecate_kwarg
 
 from longseq.config import ModelConfig, Recurrence
+from longseq.config.model import upgrade_stored_model
 from longseq.data.tokenizers import Tokenizer, load_tokenizer
 from longseq.generation import read_prompt, windowed
 from longseq.integrations.longseq_cache import LongseqCache, RowGroup, merged, row_groups
@@ -120,7 +121,7 @@ class LongseqConfig(PreTrainedConfig):
     use_cache: bool = True
 
     def __post_init__(self, **kwargs):
-        given = dict(self.longseq or {})
+        given = upgrade_stored_model(dict(self.longseq or {}))  # as it was saved, if before a field existed
         if self.tie_word_embeddings is not None:
             given["tie_weight"] = self.tie_word_embeddings
         model = ModelConfig.from_dict(given)  # ConfigError names an unknown or bad key

@@ -16,7 +16,7 @@ from __future__ import annotations
 from longseq.config.base import ConfigError, check_choice, leaves
 from longseq.config.model import ModelConfig
 from longseq.model.attention.kernels import KERNEL_NAMES, kernel_for
-from longseq.model.attention.patterns import PATTERNS
+from longseq.model.attention.patterns import PATTERNS, layer_patterns
 from longseq.model.block import FEED_FORWARDS, NORMS
 from longseq.model.lstm import LSTMLM
 from longseq.model.memory.compress import COMPRESSION_FUNCTIONS
@@ -46,6 +46,26 @@ def check_names(config: ModelConfig) -> None:
     for name in config.mixer:
         check_choice("mixer", name, LAYERS)
     check_choice("memory.cmem_fn", config.memory.cmem_fn, tuple(COMPRESSION_FUNCTIONS))
+    if config.pattern.lowrank:
+        check_lowrank(config)
+
+
+def check_lowrank(config: ModelConfig) -> None:
+    """Linformer's projection (``pattern.lowrank``) replaces full attention, and a projected key, a mixture of
+    positions, has no distance to a query: every layer's pattern must allow every pair, and the position encoding
+    must score no distance (rope rotates the keys before the projection; nope and absolute have none)."""
+    what = f"pattern.lowrank={config.pattern.lowrank} (Linformer) projects a segment's keys along its length"
+    if not all(pattern.is_full for pattern in layer_patterns(config)):
+        raise ConfigError(
+            f"{what}: it replaces full attention, not a sparse pattern (attention={config.pattern.attention})"
+        )
+    pos = config.positions.pos
+    if POSITION_ENCODINGS[pos].scores_distances:
+        usable = [name for name, e in POSITION_ENCODINGS.items() if e.family == "content" and not e.scores_distances]
+        raise ConfigError(
+            f"{what}, so a projected key has no distance to a query: positions.pos={pos} scores distances; use "
+            f"pos={', '.join(usable)}"
+        )
 
 
 def ignored_options(config: ModelConfig, base: ModelConfig | None = None) -> list[str]:
@@ -80,6 +100,8 @@ def unread_options(config: ModelConfig) -> set[str]:
         unread |= {f"pattern.{p}" for p in every - read}
         if not config.pattern.num_random_blocks:
             unread.add("pattern.pattern_seed")
+        if not config.pattern.lowrank:
+            unread |= {"pattern.lowrank_len", "pattern.lowrank_share"}
         unread |= set(POSITION_ENCODINGS[config.positions.pos].unread)
         m = config.memory
         unread |= {

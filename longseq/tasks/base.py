@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from longseq.config.base import ConfigError
 from longseq.config.run import RunConfig, TaskConfig
+from longseq.model.attention.lowrank import LowRankProjection
 from longseq.model.memory import Memory
 
 
@@ -214,6 +215,21 @@ def padded(seqs: list[list[int]], segment_len: int, left: bool = False) -> tuple
         inputs[row, where] = torch.as_tensor(ids)
         padding[row, where] = False
     return inputs, padding
+
+
+def load_base(lm: nn.Module, base: nn.Module) -> None:
+    """The base language model's weights into a task's backbone.  Only the weights a causal language model cannot
+    have may be missing from it: Linformer's projections (``pattern.lowrank``), which start from their
+    initialisation; anything else missing or unexpected is the error ``load_state_dict`` gives."""
+    fresh = {
+        f"{name}.{weight}"
+        for name, module in lm.named_modules(remove_duplicate=False)
+        if isinstance(module, LowRankProjection)
+        for weight, _ in module.named_parameters()
+    }
+    missing, unexpected = lm.load_state_dict(base.state_dict(), strict=False)
+    if unexpected or set(missing) - fresh:
+        lm.load_state_dict(base.state_dict())  # raises, naming them
 
 
 def set_trainable(model: nn.Module, trainable) -> None:

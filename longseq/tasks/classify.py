@@ -22,6 +22,7 @@ from longseq.tasks.base import (
     StepResult,
     Task,
     chunks,
+    load_base,
     padded,
     training_batches,
 )
@@ -132,7 +133,7 @@ class Classify(Task):
 
     def initialize(self, model: DocumentClassifier) -> None:
         if self.base is not None:
-            model.lm.load_state_dict(self.base.state_dict())
+            load_base(model.lm, self.base)
 
     def trainable(self, model: DocumentClassifier) -> list | None:
         return list(model.classifier.parameters()) if self.options.head_only else None

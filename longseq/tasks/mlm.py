@@ -23,6 +23,7 @@ from longseq.tasks.base import (
     StepResult,
     Task,
     chunks,
+    load_base,
     padded,
     training_batches,
 )
@@ -83,7 +84,7 @@ class MaskedLM(Task):
 
     def initialize(self, model: MaskedLMHead) -> None:
         if self.base is not None:
-            model.lm.load_state_dict(self.base.state_dict())
+            load_base(model.lm, self.base)
 
     def trainable(self, model: MaskedLMHead) -> list | None:
         return list(model.lm.crit.parameters()) if self.options.head_only else None

@@ -25,6 +25,7 @@ from longseq.tasks.base import (
     StepResult,
     Task,
     chunks,
+    load_base,
     padded,
     training_batches,
 )
@@ -122,7 +123,7 @@ class Span(Task):
 
     def initialize(self, model: SpanExtractor) -> None:
         if self.base is not None:
-            model.lm.load_state_dict(self.base.state_dict())
+            load_base(model.lm, self.base)
 
     def trainable(self, model: SpanExtractor) -> list | None:
         return list(model.qa.parameters()) if self.options.head_only else None

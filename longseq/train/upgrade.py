@@ -10,12 +10,15 @@ Format v1 (written before the memory and the model config were redesigned, 2026-
 
 Format v2 differs in that last way only.  Today the options are typed fields of
 :class:`~longseq.config.run.TaskConfig`; a classifier that recorded no ``pooling`` was trained with ``last``, the
-default then.  Each reader of a checkpoint passes what it read through the function here for its part; an old
+default then.  In any format, a ``linear`` or ``performer`` model saved before ``mixers.reset_every`` and
+``mixers.rotary`` existed gets both off, as it ran (:func:`upgrade_unforgetting`).  Each reader of a checkpoint passes what it read through the function here for its part; an old
 checkpoint then loads and scores what it scored (``tests/fixtures``, format v1 files)."""
 
 from __future__ import annotations
 
 from torch import Tensor
+
+from longseq.config.model import upgrade_stored_model
 
 FORMAT_V1 = "longseq-checkpoint-v1"
 OLD_FORMATS = (FORMAT_V1, "longseq-checkpoint-v2")
@@ -53,7 +56,9 @@ def upgrade_memory_names(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def upgrade_run(run: dict) -> dict:
-    """A stored run config (a checkpoint's ``"run"``) in today's terms: a task's options dict becomes its fields."""
+    """A stored run config (a checkpoint's ``"run"``) in today's terms: a task's options dict becomes its fields,
+    and a model of the mixers without decay saved before they restarted and rotated keeps its unbounded state."""
+    run = upgrade_unforgetting(run)
     task = run.get("task")
     if not isinstance(task, dict) or "options" not in task:
         return run
@@ -61,3 +66,11 @@ def upgrade_run(run: dict) -> dict:
     if task.get("name") == "classify":
         options.setdefault("pooling", "last")  # the default of the runs that did not record it
     return {**run, "task": {"name": task["name"], **options}}
+
+
+def upgrade_unforgetting(run: dict) -> dict:
+    """``linear`` and ``performer`` stored without ``mixers.reset_every`` (before 2026-12-06) ran unbounded and
+    unrotated: those settings are written in (:func:`~longseq.config.model.upgrade_stored_model`), so the
+    checkpoint scores and resumes as it did."""
+    model = run.get("model")
+    return run if not isinstance(model, dict) else {**run, "model": upgrade_stored_model(model)}
