@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
+from longseq.api import train
 from longseq.config import PRESETS, ConfigError, get_preset, load_run_config, write_run_config
 from longseq.config.files import dumps_toml, preset_names
-from longseq.train import train
 
 if sys.version_info >= (3, 11):
     import tomllib

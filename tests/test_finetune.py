@@ -1,8 +1,8 @@
-"""Fine-tuning a language model checkpoint on a task (``train/finetune.py``, ``longseq finetune``, ``longseq
-predict``): each task learns through the command line, and the defaults learn a label carried by a document's first
-token; a resumed run ends bit for bit where the whole run does, extends with --steps, and refuses by name what a
-resume cannot change; a moved run finds its files by sha256; predictions reproduce the reported metrics, never
-overwrite their input, and name the records they cannot score."""
+"""Fine-tuning a language model checkpoint on a task (``train/finetune.py``, ``api.finetune``, ``longseq finetune``,
+``longseq predict``): each task learns through the command line, and the defaults learn a label carried by a
+document's first token; a resumed run ends bit for bit where the whole run does, extends with --steps, and refuses by
+name what a resume cannot change; a moved run finds its files by sha256; predictions reproduce the reported metrics,
+never overwrite their input, and name the records they cannot score."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ from support import (
     train_tiny_lm,
 )
 
+from longseq.api import train
 from longseq.cli import main
 from longseq.config import ConfigError
 from longseq.data.tasks import read_jsonl
 from longseq.tasks import task_for
-from longseq.train import train
 from longseq.train.trainer import Trainer
 
 
@@ -38,7 +38,7 @@ def varied_lengths_file(tmp_path) -> str:
 
 
 def test_grouped_linear_fine_tuning_resumes_exactly_and_refuses_changes(tmp_path, lm_checkpoint, capsys, monkeypatch):
-    import longseq.train.finetune as finetune_module
+    import longseq.api as finetune_module
 
     lm, data = lm_checkpoint, varied_lengths_file(tmp_path)
     args = ["finetune", "--task", "classify", "--data", data, "--checkpoint", lm, "--segment-len", "8",
@@ -80,7 +80,7 @@ def test_a_moved_run_resumes_exactly_from_its_files_at_their_new_path_and_other_
     gone."""
     import shutil
 
-    import longseq.train.finetune as finetune_module
+    import longseq.api as finetune_module
 
     old = tmp_path / "old"
     old.mkdir()
@@ -281,7 +281,7 @@ def test_a_tiny_classifier_learns_a_first_token_label_with_the_defaults(tmp_path
     checkpoint: the label is the first character of documents of 3-4 segments.  Measured: 1.00 on seeds 0-5, where
     pooling=last reached 0.28-0.29 (chance 0.33); the bound keeps a wide margin."""
 
-    from longseq.train.finetune import finetune
+    from longseq.api import finetune
 
     lm = lm_checkpoint  # segments of 8 tokens, mem_len 8, 2 layers
     train, valid = (

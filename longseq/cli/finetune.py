@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 
 from longseq.cli.common import common_flags, overrides, say
-from longseq.config.run import POOLING
 
 TABLES = ("model", "data", "train", "task")  # the tables a --config file may hold
 
@@ -45,6 +44,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from longseq.model.heads import POOLING
     from longseq.tasks import FINETUNE_TASKS
 
     p.add_argument("--task", choices=sorted(FINETUNE_TASKS), help="the task (not needed with --resume)")
@@ -115,7 +115,7 @@ def settings_of(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from longseq.train.finetune import finetune
+    from longseq.api import finetune
 
     if not args.resume and (args.task is None or args.data is None):
         raise ValueError("a new fine-tuning run needs --task, --data and --checkpoint (or --resume to continue one)")

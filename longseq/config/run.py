@@ -50,7 +50,6 @@ class DataConfig(JsonConfig):
 
 
 SCHEDULES = ("cosine", "linear", "inv_sqrt", "constant")
-POOLING = ("last", "mean", "document")  # a classifier's summary of a document (longseq.model.heads)
 
 
 @config

@@ -23,7 +23,6 @@ import os
 import shutil
 import signal
 import time
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +37,7 @@ from longseq.progress import TrainingProgress, duration
 from longseq.runtime import set_matmul_precision
 from longseq.tasks.base import StepContext, Task, set_trainable
 from longseq.train.checkpoint import TrainingState, load_training_state, load_weights, save_checkpoint
-from longseq.train.config_check import check_options_apply, check_resumable, check_same_data, follow_changes
+from longseq.train.config_check import check_resumable, check_same_data
 from longseq.train.distributed import (
     full_optimizer_state,
     full_state_dict,
@@ -50,7 +49,7 @@ from longseq.train.distributed import (
     shard_optimizer_state,
 )
 from longseq.train.optim import build_optimizer, layer_of, learning_rate
-from longseq.train.rundir import RunDirectory, has_checkpoint
+from longseq.train.rundir import RunDirectory
 from longseq.train.signals import Interrupted, StopSignals
 from longseq.train.tracking import open_trackers, scalars
 
@@ -629,52 +628,3 @@ class Trainer:
             stopped_on_time=self.stopped_on_time,
             elapsed_s=self.elapsed,
         )
-
-
-def train(
-    run: RunConfig,
-    out_dir: str,
-    *,
-    resume: bool = False,
-    overwrite: bool = False,
-    corpus=None,
-    stop_after: int | None = None,
-    progress: bool = True,
-    log=None,
-    after_backward=None,
-    base: RunConfig | None = None,
-    file_config: RunConfig | None = None,
-) -> TrainResult:
-    """Train a language model for ``run`` and write checkpoints and metrics under ``out_dir``.
-
-    ``resume`` continues from ``out_dir/last`` exactly (same batches, dropout masks, memory and optimizer state);
-    ``overwrite`` starts an existing run over.  ``corpus`` replaces reading ``run.data`` (tests).  ``stop_after``
-    ends the run early after that many optimizer steps (checkpointing first), which is how an interruption is
-    simulated in tests.  A new run refuses model options its architecture does not read, counting those that
-    differ from ``base`` (the preset the command line started from; default: the configs' defaults; with
-    ``file_config``, the run as its config file gave it, only those the command line changed), and some
-    settings follow the ones changed from ``base`` (:func:`~longseq.train.config_check.follow_changes`)."""
-    from longseq.tasks import task_for
-    from longseq.tasks.lm import LanguageModeling
-
-    if not (resume and has_checkpoint(out_dir)):  # a new run (a resume continues what was accepted then)
-        noted = check_options_apply(run, base, file_config)
-        run, said = follow_changes(run, base)
-        for message in noted + said:
-            log(message) if log is not None else warnings.warn(message, stacklevel=2)
-
-    if run.task is None or run.task.name == "lm":
-        task = LanguageModeling(run, log=log, corpus=corpus)
-    else:  # a task that makes its own data (the recall tasks)
-        task = task_for(run, log=log)
-    trainer = Trainer(
-        task,
-        run,
-        out_dir,
-        resume=resume,
-        overwrite=overwrite,
-        progress=progress,
-        log=log,
-        after_backward=after_backward,
-    )
-    return trainer.fit(stop_after=stop_after)
