@@ -82,15 +82,17 @@ from longseq.interop.transfo_xl import refuse_non_finite
 from longseq.model import Memory, TransformerXLLM, build_model
 from longseq.model.lstm import LSTMLM
 from longseq.model.memory import CacheContext, HiddenMemory, KVMemory, RingContext, RingMemory
+from longseq.model.registry import MODEL_SPECS
 from longseq.model.stack import LayerStack
 from longseq.model.transformer import IGNORE_INDEX
 
 __all__ = ["LongseqCache", "LongseqConfig", "LongseqForCausalLM", "from_longseq"]
 
 MIRRORED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
-UNTIED_HEADS = {  # a softmax weight a tied checkpoint stores under the embedding's name -> that name
-    re.compile(r"model\.crit\.out_layers\.(\d+)\.weight"): r"model.transformer.word_emb.emb_layers.\1.weight",
-    re.compile(r"model\.decoder\.weight"): "model.embedding.weight",
+UNTIED_HEADS = {  # a softmax weight a tied checkpoint stores under the embedding's name -> that name (ModelSpec's)
+    re.compile(r"model\." + pattern): f"model.{name}"
+    for spec in MODEL_SPECS.values()
+    for pattern, name in spec.tied_heads.items()
 }
 
 

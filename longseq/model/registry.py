@@ -5,7 +5,8 @@ Every choice is owned by its implementation: attention patterns (:data:`~longseq
 a predicate and the parameters it reads), kernels (:data:`~longseq.model.attention.kernels.ATTENTION_KERNELS` and
 ``CONTENT_KERNELS``, and ``auto``), position encodings (:data:`~longseq.model.positions.POSITION_ENCODINGS`), mixers
 (:data:`~longseq.model.mixers.MIXERS`, and ``attention``, the decoder layer), compression functions
-(:data:`~longseq.model.memory.compress.COMPRESSION_FUNCTIONS`) and architectures (:data:`ARCHITECTURES`).
+(:data:`~longseq.model.memory.compress.COMPRESSION_FUNCTIONS`) and architectures (:data:`MODEL_SPECS`: each one's
+class and what the trainer asks of it, :mod:`longseq.model.spec`).
 A new one is registered once, where it is implemented; :func:`check_names` and :func:`ignored_options` read the
 registries."""
 
@@ -20,9 +21,10 @@ from longseq.model.lstm import LSTMLM
 from longseq.model.memory.compress import COMPRESSION_FUNCTIONS
 from longseq.model.mixers import MIXERS
 from longseq.model.positions import POSITION_ENCODINGS
-from longseq.model.transformer import TransformerXLLM
+from longseq.model.spec import LSTM, TRANSFORMER_XL, ModelSpec
 
-ARCHITECTURES = {"transformer": TransformerXLLM, "lstm": LSTMLM}
+MODEL_SPECS: dict[str, ModelSpec] = {"transformer": TRANSFORMER_XL, "lstm": LSTM}
+ARCHITECTURES = {name: spec.build for name, spec in MODEL_SPECS.items()}  # what ``arch`` names: the model class
 LAYERS = ("attention", *MIXERS)  # what ``mixer`` may name for a layer
 
 
@@ -104,6 +106,12 @@ def unread_options(config: ModelConfig) -> set[str]:
     if not config.hourglass.shorten_layers:
         unread |= {"hourglass.shorten_factor", "hourglass.shorten_fn"}
     return unread
+
+
+def model_spec(arch: str) -> ModelSpec:
+    """The spec of architecture ``arch`` (``ModelConfig.arch``); an unknown name is a :class:`ConfigError`."""
+    check_choice("arch", arch, tuple(MODEL_SPECS))
+    return MODEL_SPECS[arch]
 
 
 def build_model(config: ModelConfig):

@@ -118,6 +118,11 @@ class Task:
         """Validation metrics; ``loss`` (lower is better) picks the best checkpoint.  Empty without validation data."""
         return {}
 
+    def unigram_bpc(self) -> float | None:
+        """Bits per character of a unigram model of the training data on the validation data: the baseline a
+        character or byte model must beat (language modeling); None where it means nothing."""
+        return None
+
     def report(self, model: nn.Module) -> dict:
         """The task's final metrics (fine-tuning: train and valid), for the command line."""
         return {}

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from longseq.config import TrainConfig
+from longseq.model.registry import model_spec
 
 
 class Lamb(torch.optim.Optimizer):
@@ -59,31 +60,20 @@ class Lamb(torch.optim.Optimizer):
         torch._foreach_add_(params, update, alpha=-group["lr"])
 
 
-def layer_of(name: str, n_layer: int) -> int:
-    """Depth of a parameter for layer-wise learning-rate decay: 0 for the embedding, i + 1 for decoder layer i,
-    n_layer + 1 for everything above the layers (softmax, shared u and v, compressors, task heads).  A task model's
-    language model under ``lm.`` counts as the language model itself."""
-    name = name.removeprefix("lm.")
-    if name.startswith(("transformer.word_emb", "embedding")):
-        return 0
-    for prefix in ("transformer.layers.", "lstm.weight_ih_l", "lstm.weight_hh_l", "lstm.bias_ih_l", "lstm.bias_hh_l"):
-        if name.startswith(prefix):
-            return int(name[len(prefix) :].split(".")[0].split("_")[0]) + 1
-    return n_layer + 1
-
-
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     """AdamW or LAMB; biases, LayerNorm weights and the u/v vectors are not decayed.  With ``layer_lr_decay``
-    d < 1 a parameter at depth k (:func:`layer_of`) learns at lr * d^(top - k): the top is untouched and the
-    embedding slowest.  Each group's factor is its ``lr_scale``; the loop multiplies the schedule by it."""
-    n_layer = getattr(model.config, "n_layer", 0)
-    top = n_layer + 1
+    d < 1 a parameter at depth k (its architecture's ``ModelSpec.layer_depths``: 0 the embedding, i + 1 layer i,
+    top = n_layer + 1 above the layers) learns at lr * d^(top - k): the top is untouched and the embedding slowest.
+    Each group's factor is its ``lr_scale``; the loop multiplies the schedule by it.  ``model`` is a language
+    model or a task's model (its ``config`` is the language model's)."""
+    top = model.config.n_layer + 1
+    depths = model_spec(model.config.arch).layer_depths(model) if config.layer_lr_decay < 1 else {}
     groups: dict[tuple[bool, int], list] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         skip = param.dim() < 2 or "layer_norm" in name or "r_w_bias" in name or "r_r_bias" in name
-        depth = layer_of(name, n_layer) if config.layer_lr_decay < 1 else top
+        depth = depths.get(name, top)
         groups.setdefault((not skip, depth), []).append(param)
     param_groups = [
         {

@@ -33,6 +33,8 @@ from longseq.config.checks import check_run
 from longseq.config.files import write_run_config
 from longseq.data.sources import CorpusChangedError
 from longseq.data.tokenizers import load_tokenizer
+from longseq.model.registry import model_spec
+from longseq.model.spec import ModelSpec
 from longseq.progress import TrainingProgress, duration
 from longseq.runtime import set_matmul_precision
 from longseq.tasks.base import StepContext, Task, set_trainable
@@ -48,7 +50,7 @@ from longseq.train.distributed import (
     shard_model,
     shard_optimizer_state,
 )
-from longseq.train.optim import build_optimizer, layer_of, learning_rate
+from longseq.train.optim import build_optimizer, learning_rate
 from longseq.train.rundir import RunDirectory
 from longseq.train.signals import Interrupted, StopSignals
 from longseq.train.tracking import open_trackers, scalars
@@ -86,14 +88,14 @@ def set_rng_states(cpu: torch.Tensor, cuda: list | None) -> None:
         torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
 
 
-def layer_grad_norms(model) -> dict[str, float]:
-    """L2 norm of the gradient of every depth (:func:`~longseq.train.optim.layer_of`): embedding, layer0, ..., top."""
-    n_layer = getattr(model.config, "n_layer", 0)
+def layer_grad_norms(model, spec: ModelSpec) -> dict[str, float]:
+    """L2 norm of the gradient of every depth (``spec.layer_depths``): embedding, layer0, ..., top."""
+    n_layer, depths = model.config.n_layer, spec.layer_depths(model)
     squares: dict[str, float] = {}
     for name, param in model.named_parameters():
         if param.grad is None:
             continue
-        depth = layer_of(name, n_layer)
+        depth = depths[name]
         key = "embedding" if depth == 0 else "top" if depth == n_layer + 1 else f"layer{depth - 1}"
         squares[key] = squares.get(key, 0.0) + float(full_tensor(param.grad.double().pow(2).sum()))
     return {key: value**0.5 for key, value in squares.items()}
@@ -192,19 +194,14 @@ class Trainer:
 
     def _build_model(self) -> None:
         model = self.task.build_model().to(self.device)
-        backbone = getattr(getattr(model, "lm", model), "transformer", None)
-        if backbone is not None:
-            backbone.activation_checkpointing = self.tc.activation_checkpointing
+        self.spec = model_spec(self.run.model.arch)  # what the trainer asks of the architecture
+        self.spec.set_activation_checkpointing(model, self.tc.activation_checkpointing)
         if not self.resume:
             self.task.initialize(model)
         set_trainable(model, self.task.trainable(model))
         self.model = self.net = model
         if self.sharded:
-            shard_model(getattr(model, "lm", model))  # in place: every rank built the same init
-            if model is not getattr(model, "lm", model):
-                from torch.distributed.fsdp import fully_shard
-
-                fully_shard(model)
+            shard_model(model, self.spec)  # in place: every rank built the same init
         elif self.world.size > 1:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -256,7 +253,7 @@ class Trainer:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         if tc.grad_norm_interval and (self.step_count + 1) % tc.grad_norm_interval == 0:
-            self.write_metrics({"step": self.step_count + 1, "grad_norms": layer_grad_norms(self.model)})
+            self.write_metrics({"step": self.step_count + 1, "grad_norms": layer_grad_norms(self.model, self.spec)})
         norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip or float("inf")))
         loss, grad_norm = self.world.means(result.loss, norm)  # the step's one read from the device: both at once
         grad_norm = 0.0 if self.scaler is not None and math.isfinite(loss) else grad_norm  # fp16: the scaler's job
@@ -608,7 +605,7 @@ class Trainer:
         """What the run reports.  A session that trained no step (a resume of a finished run) reports the run's own
         last training loss, speed and validation as ``metrics.jsonl`` holds them, not an empty measurement."""
         elapsed = max(self.clock() - self.start_time, 1e-9)
-        unigram = self.task.unigram_bpc() if hasattr(self.task, "unigram_bpc") else None
+        unigram = self.task.unigram_bpc()
         train_loss = self.losses[-1] if self.losses else float("nan")
         speed, valid = (self.tokens_seen - self.start_tokens) / elapsed, self.valid
         if not self.losses and self.world.main:
