@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from longseq.config import DataConfig, ModelConfig, RunConfig, TrainConfig
+from longseq.config.model import PatternConfig
 from longseq.config.run import TaskConfig
 from longseq.data import CharTokenizer, Corpus
 from longseq.model import Memory, RingMemory, TransformerXLLM
@@ -316,12 +317,12 @@ def checkpoint_and_valid_ids(checkpoint: str):
 # --- one attention layer, fast kernel against the dense reference (float64) -------------------------------------
 
 D_MODEL, N_HEAD, D_HEAD = 16, 4, 4
-PARAMS = dict(window=5, stride=4, block_size=4, block_summary=1, num_random_blocks=2, seed=3)
+PARAMS = dict(window=5, stride=4, block_size=4, block_summary=1, num_random_blocks=2, pattern_seed=3)
 
 
 def pattern(name, causal=True, **overrides) -> AttentionPattern:
     params = {**PARAMS, "dilation": (1, 2, 3, 1) if name == "dilated" else (1,), **overrides}
-    return AttentionPattern(name=name, causal=causal, **params)
+    return AttentionPattern(name, PatternConfig(bidirectional=not causal, **params))
 
 
 def make_layer(kernel: str, chunk: int, pos: str = "sinusoidal") -> RelativeMultiHeadAttention:
@@ -346,7 +347,7 @@ def run_layer(layer, p, qlen, mlen, global_mask=None, docs=None, grad=True, drop
     distances = relative_distances(klen, -1, bottom=0 if p.causal else -(qlen - 1))
     pos_emb = None if hasattr(layer.rel, "rel_table") else sinusoidal_embedding(distances, D_MODEL, torch.float64)
     rel_key = layer.relative_keys(RelativePositions(distances, pos_emb, torch.float64))
-    flags = global_keys(global_mask, p.num_global, 2, qlen, mlen, None) if p.has_global else None
+    flags = global_keys(global_mask, p.config.num_global, 2, qlen, mlen, None) if p.has_global else None
     query_docs, key_docs = docs if docs is not None else (None, None)
     mask = PatternMask(p, qlen, mlen, None, query_docs, key_docs, flags, dropped_keys=dropped)
     if layer.kernel_name == "reference":

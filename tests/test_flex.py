@@ -136,6 +136,7 @@ def test_compiled_flex_does_not_compile_again_for_new_lengths(monkeypatch):
     from torch._dynamo.utils import counters
 
     import longseq.model.attention.flex as flex
+    from longseq.config.model import PatternConfig
     from longseq.model.attention.patterns import AttentionPattern, PatternMask
 
     torch._dynamo.reset()
@@ -146,7 +147,7 @@ def test_compiled_flex_does_not_compile_again_for_new_lengths(monkeypatch):
     for qlen, mlen in [(256, 0), (256, 256), (384, 256), (512, 128), (640, 300)]:
         q, k, v = (torch.randn(1, heads, n, d_head) for n in (qlen, qlen + mlen, qlen + mlen))
         rel, u, w = torch.randn(heads, qlen + mlen + 1, d_head), torch.randn(heads, d_head), torch.randn(heads, d_head)
-        mask = PatternMask(AttentionPattern("window", window=16), qlen, mlen)
+        mask = PatternMask(AttentionPattern("window", PatternConfig(window=16)), qlen, mlen)
         with torch.no_grad():
             flex.flex_relative_attention(q, k, v, rel, u, w, mask, 0.0, False)
     assert 1 <= counters["stats"]["unique_graphs"] <= 2
@@ -213,6 +214,7 @@ def test_flex_inside_a_compiled_model_traces_and_equals_the_uncompiled_call(monk
     dynamo traces: marking sizes dynamic there is refused ("forbidden callable maybe_mark_dynamic", seen on an
     H200), so the call hands the plain operator to the outer trace.  aot_eager on CPU runs the same tracing."""
     import longseq.model.attention.flex as flex
+    from longseq.config.model import PatternConfig
     from longseq.model.attention.patterns import AttentionPattern, PatternMask
 
     torch._dynamo.reset()
@@ -220,7 +222,7 @@ def test_flex_inside_a_compiled_model_traces_and_equals_the_uncompiled_call(monk
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, heads, n, d_head) for n in (qlen, qlen + mlen, qlen + mlen))
     rel, u, w = torch.randn(heads, qlen + mlen + 1, d_head), torch.randn(heads, d_head), torch.randn(heads, d_head)
-    mask = PatternMask(AttentionPattern("window", window=16), qlen, mlen)
+    mask = PatternMask(AttentionPattern("window", PatternConfig(window=16)), qlen, mlen)
 
     def attend(q, k, v):
         return flex.flex_relative_attention(q, k, v, rel, u, w, mask, 0.0, False)

@@ -1,7 +1,10 @@
 """Attention patterns: the predicate against hand-written loops, the blocked kernel against the dense
 masked reference (float64, outputs and gradients), limits, global tokens, Shaw positions, bad input."""
 
+import ast
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,12 +12,15 @@ from support import D_HEAD, D_MODEL, N_HEAD, assert_same_run, make_layer, patter
 
 from longseq.config import ConfigError, ModelConfig
 from longseq.model import build_model
+from longseq.model.attention.flex import flex_available
 from longseq.model.attention.patterns import (
     PATTERNS,
     AttentionPattern,
     PatternError,
+    PatternKind,
     PatternMask,
     global_keys,
+    in_random_blocks,
     layer_patterns,
 )
 from longseq.model.memory import HiddenContext, Memory, Recurrence
@@ -30,15 +36,15 @@ def naive_allowed(p: AttentionPattern, q: int, k: int, head: int) -> bool:
     if p.name == "full":
         return True
     if p.name in ("window", "global"):
-        return a < p.window
+        return a < p.config.window
     if p.name == "dilated":
-        dil = p.dilation[head % len(p.dilation)]
-        return a % dil == 0 and a < p.window * dil
+        dil = p.config.dilation[head % len(p.config.dilation)]
+        return a % dil == 0 and a < p.config.window * dil
     if p.name == "strided":
-        return a < p.window or a % p.stride == 0
+        return a < p.config.window or a % p.config.stride == 0
     if p.name == "block_sparse":
-        s = p.block_size
-        return q // s == k // s or k % s >= s - p.block_summary
+        s = p.config.block_size
+        return q // s == k // s or k % s >= s - p.config.block_summary
     raise AssertionError(p.name)
 
 
@@ -57,7 +63,7 @@ def test_predicate_matches_hand_written_rules(name, causal):
 @pytest.mark.parametrize("causal", [True, False])
 def test_random_blocks_are_seeded_counted_and_causal(causal):
     p = pattern("bigbird", causal, window=1)
-    klen, size = 40, p.block_size
+    klen, size = 40, p.config.block_size
     q = torch.arange(klen)[:, None]
     table = p.allowed(q, torch.arange(klen)[None, :], klen)[0]  # (K, K)
     if causal:
@@ -67,12 +73,12 @@ def test_random_blocks_are_seeded_counted_and_causal(causal):
         eligible = qb + 1 if causal else klen // size
         chosen = set(blocks[qb].nonzero().flatten().tolist())
         assert qb in chosen  # the window of 1 is the diagonal
-        assert len(chosen) in (min(p.num_random_blocks, eligible), min(p.num_random_blocks, eligible) + 1)
+        assert len(chosen) in (min(p.config.num_random_blocks, eligible), min(p.config.num_random_blocks, eligible) + 1)
         if causal:
             assert max(chosen) <= qb
     again = p.allowed(q, torch.arange(klen)[None, :], klen)[0]
     assert torch.equal(again if not causal else again & (q >= torch.arange(klen)[None, :]), table)  # deterministic
-    other = AttentionPattern(**{**p.__dict__, "seed": 4}).allowed(q, torch.arange(klen)[None, :], klen)[0]
+    other = AttentionPattern(p.name, p.config.replace(pattern_seed=4)).allowed(q, torch.arange(klen)[None, :], klen)[0]
     assert not torch.equal(again, other)  # the seed matters
     # a block of queries sees the same random keys whether asked alone or as part of the whole
     part = p.allowed(q[12:20], torch.arange(8, 30)[None, :], klen)[0]
@@ -253,3 +259,157 @@ def test_banded_path_runs_and_equals_dense_reference(name, causal, monkeypatch):
     torch.testing.assert_close(fast[0], slow[0], rtol=0, atol=1e-10)
     for a, b in zip(fast[1], slow[1]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+# --- a new pattern is one registry entry ------------------------------------------------------------------------
+
+TOYS = {  # registered by the tests below only: each a predicate plus the data kernels read, nothing else
+    # local, a band with holes: the window without the key just before the query (the banded kernel masks it)
+    "skip_one": PatternKind(
+        lambda c, q, k, span, d, r: (span < c.window) & (span != 1),
+        ("window",),
+        local_reach=lambda c: c.window - 1,
+        fills_band=False,
+    ),
+    # sparse, two pieces at once: a window, every stride-th key and random key blocks (the sparse kernel)
+    "window_stride_random": PatternKind(
+        lambda c, q, k, span, d, r: (span < c.window) | (span % c.stride == 0) | in_random_blocks(c, q, k, r),
+        ("window", "stride", "block_size", "num_random_blocks", "pattern_seed"),
+        local_reach=lambda c: c.window - 1,
+        pieces=lambda c: ("stride", "random") if c.num_random_blocks else ("stride",),
+    ),
+    # no band at all: the even key positions (key blocks over the whole range, masked by the predicate)
+    "even_keys": PatternKind(lambda c, q, k, span, d, r: k % 2 == 0, (), fills_band=False),
+}
+PATHS = {"skip_one": "banded", "window_stride_random": "sparse", "even_keys": "blocks"}
+
+
+@pytest.fixture
+def toys(monkeypatch):
+    """The toy patterns registered in :data:`PATTERNS` for one test, and the kernel paths that ran (banded, sparse
+    pieces)."""
+    import longseq.model.attention.kernels as kernels
+    import longseq.model.attention.sparse as sparse
+
+    for name, kind in TOYS.items():
+        monkeypatch.setitem(PATTERNS, name, kind)
+    ran = []
+    banded, pieces = kernels.banded_attention, sparse.sparse_pieces
+
+    def banded_ran(*args):
+        out = banded(*args)
+        ran.append("banded" if out is not None else "banded too short")
+        return out
+
+    def pieces_ran(mask, block):
+        built = pieces(mask, block)
+        ran.extend(["sparse", *(type(p).__name__ for p in built)])
+        return built
+
+    monkeypatch.setattr(kernels, "banded_attention", banded_ran)
+    monkeypatch.setattr(sparse, "sparse_pieces", pieces_ran)
+    return ran
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("name", list(TOYS))
+def test_a_pattern_registered_in_one_entry_runs_every_kernel_exactly(name, causal, toys):
+    """A pattern that exists only as a registry entry (registered by this test) runs through the dense reference,
+    the rel_shift kernel's path its data chooses (banded band, sparse pieces, or key blocks) and Flex, with a
+    memory, and each equals the reference in float64, outputs and every gradient; its pair count and its reach
+    come from the same data."""
+    p = pattern(name, causal)
+    qlen, mlen = 23, 9
+    slow = run_layer(make_layer("reference", 0), p, qlen, mlen)
+    fast = run_layer(make_layer("rel_shift", 5), p, qlen, mlen)
+    assert_same_run(fast, slow)
+    path = PATHS[name]
+    assert (toys[0] if toys else "blocks") == path, toys
+    if path == "sparse":
+        assert toys == ["sparse", "Band", "StrideColumns", "RandomBlocks"]
+    inference = run_layer(make_layer("rel_shift", 5), p, qlen, mlen, grad=False)
+    torch.testing.assert_close(inference[0], slow[0], rtol=0, atol=1e-10)
+    if flex_available():
+        assert_same_run(run_layer(make_layer("flex", 0), p, qlen, mlen), slow)
+    mask = PatternMask(p, qlen, mlen)
+    allowed = ~mask.forbidden().expand(1, N_HEAD, qlen, qlen + mlen)[0, 0]  # (T, K)
+    assert p.allowed_pairs(qlen, qlen + mlen) == int(allowed.sum())
+    distance = (mlen + torch.arange(qlen)[:, None] - torch.arange(qlen + mlen)[None, :]).abs()
+    assert (p.reach is None) == (name != "skip_one")
+    if p.reach is not None:
+        assert int(distance[allowed].max()) <= p.reach
+
+
+def test_a_registered_pattern_is_a_config_choice_with_its_parameters_checked(toys):
+    """The toy is a name a model config may choose (the registry owns the names), a whole model with it and a
+    memory reads two segments as the reference does, and the options it reads come from its entry alone."""
+    from longseq.model.registry import ignored_options
+
+    settings = dict(window=3, stride=4, block_size=4, num_random_blocks=1, attn_chunk=4)
+    fast = pattern_lm(["window_stride_random", "skip_one"], **settings)
+    slow = pattern_lm(["window_stride_random", "skip_one"], **settings, attn_impl="reference")
+    ids = torch.randint(0, 40, (2, 16))
+    with torch.no_grad():
+        logits = []
+        for model in (fast, slow):
+            first = model(ids[:, :8])
+            logits.append((first.logits, model(ids[:, 8:], first.mems).logits))  # the second segment reads memory
+    for a, b in zip(*logits):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    assert "RandomBlocks" in toys and "banded" in toys  # the fast model took the toys' own paths
+    assert ignored_options(fast.config) == []
+    assert ignored_options(pattern_lm(["skip_one"], **settings).config) == [
+        "pattern.stride=4",
+        "pattern.block_size=4",
+        "pattern.num_random_blocks=1",
+    ]
+
+
+PATTERN_NAMES_OUTSIDE = "longseq/model/attention/patterns.py"
+
+
+def name_tests(source: str, names) -> list[str]:
+    """The places in ``source`` that switch on a pattern's name: a comparison of something called ``name`` or
+    ``attention`` (``pattern.name``, ``config.pattern.attention``) with a registered name, a ``match`` case of one,
+    or a dict literal keyed by two or more (a hand table of patterns)."""
+
+    def literals(node) -> set:
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return {e.value for e in items if isinstance(e, ast.Constant) and isinstance(e.value, str)} & set(names)
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            named = any(re.search(r"\b(\w*name\w*|attention)\b", ast.unparse(s)) for s in sides)
+            if named and any(literals(s) for s in sides):
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.MatchValue) and literals(node.value):
+            found.append(f"line {node.lineno}: case {ast.unparse(node.value)}")
+        elif isinstance(node, ast.Dict) and len(set().union(*(literals(k) for k in node.keys if k is not None))) > 1:
+            found.append(f"line {node.lineno}: a dict keyed by patterns")
+    return found
+
+
+def test_no_module_outside_the_registry_switches_on_a_pattern_name():
+    """Pattern behaviour is data: every name test that used to live in the kernels, the stack, the checks and the
+    interop (these samples) is found by the scan, and no module of longseq but patterns.py has one."""
+    samples = [
+        'if pattern.name == "strided":\n    pass',
+        'local = pattern is None or pattern.name == "full"',
+        'x = self.name in ("window", "global")',
+        'if set(p.attention) != {"full"}:\n    pass',
+        'match pattern.name:\n    case "bigbird":\n        pass',
+        'pieces = {"strided": 1, "block_sparse": 2}[pattern.name]',
+    ]
+    for sample in samples:
+        assert name_tests(sample, PATTERNS), sample
+    assert not name_tests('ok = key in ("window", "block_size", "stride")', PATTERNS)  # parameters, not patterns
+    root = Path(__file__).resolve().parent.parent
+    found = {
+        str(path.relative_to(root)): name_tests(path.read_text(), PATTERNS)
+        for path in sorted((root / "longseq").rglob("*.py"))
+        if path.relative_to(root).as_posix() != PATTERN_NAMES_OUTSIDE
+    }
+    assert {path: lines for path, lines in found.items() if lines} == {}
+    assert name_tests((root / PATTERN_NAMES_OUTSIDE).read_text(), PATTERNS) != []  # the registry itself has them

@@ -8,13 +8,14 @@ import torch
 from support import assert_same_run, make_layer, pattern_lm, run_layer
 
 import longseq.model.attention.sparse as sparse
+from longseq.config.model import PatternConfig
 from longseq.model.attention.patterns import AttentionPattern, PatternMask
 
 SPARSE = {
     "strided": dict(window=3, stride=5),
     "block_sparse": dict(block_size=4, block_summary=2),
     "global": dict(window=3),
-    "bigbird": dict(window=2, block_size=4, num_random_blocks=2, seed=5),
+    "bigbird": dict(window=2, block_size=4, num_random_blocks=2, pattern_seed=5),
 }
 
 
@@ -46,7 +47,7 @@ def pieces_built(monkeypatch):
 @pytest.mark.parametrize("name", list(SPARSE))
 def test_sparse_kernel_equals_dense_reference(name, mlen, causal, pos, pieces_built):
     """40 queries in blocks of 8 over several periods, blocks and random picks; memory not a multiple of any."""
-    p = AttentionPattern(name, causal, **SPARSE[name])
+    p = AttentionPattern(name, PatternConfig(bidirectional=not causal, **SPARSE[name]))
     qlen = 40
     flags = global_tokens(qlen) if p.has_global else None
     fast = run_layer(make_layer("rel_shift", 8, pos), p, qlen, mlen, flags)
@@ -65,7 +66,7 @@ def test_sparse_kernel_equals_dense_reference(name, mlen, causal, pos, pieces_bu
 
 @pytest.mark.parametrize("name", ["strided", "bigbird"])
 def test_sparse_kernel_keeps_documents_apart(name):
-    p = AttentionPattern(name, True, **SPARSE[name])
+    p = AttentionPattern(name, PatternConfig(**SPARSE[name]))
     docs = torch.tensor([[0] * 20 + [1] * 25 + [2] * 7, [3] * 52])  # (B, K): memory 12, segment 40
     args = (p, 40, 12, global_tokens(40) if p.has_global else None, (docs[:, 12:], docs))
     fast = run_layer(make_layer("rel_shift", 8), *args)
@@ -75,7 +76,7 @@ def test_sparse_kernel_keeps_documents_apart(name):
 
 def test_half_precision_sparse_kernel_computes_in_float32():
     """bf16 inputs: scores and softmax in float32, so the result is the float64 reference's to bf16 rounding."""
-    p = AttentionPattern("strided", True, **SPARSE["strided"])
+    p = AttentionPattern("strided", PatternConfig(**SPARSE["strided"]))
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, n, 4, dtype=torch.float64) for n in (40, 52, 52))
     rel, u, w = torch.randn(2, 53, 4, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64), torch.zeros(2, 4)
@@ -118,7 +119,7 @@ def test_sparse_kernel_scores_only_the_pairs_its_pattern_reaches(name, monkeypat
         "global": dict(window=33),
         "bigbird": dict(window=33, block_size=32, num_random_blocks=3),
     }[name]
-    p = AttentionPattern(name, True, **params)
+    p = AttentionPattern(name, PatternConfig(**params))
     klen = qlen + mlen
     flags = torch.zeros(1, klen, dtype=torch.bool)
     flags[0, mlen + 100 : mlen + 104] = True  # 4 global tokens (global and bigbird only)

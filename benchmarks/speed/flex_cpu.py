@@ -28,6 +28,7 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 import longseq.model.attention.flex as flex_module
+from longseq.config.model import PatternConfig
 from longseq.model.attention import blocked_attention, rel_shift_attention
 from longseq.model.attention.flex import flex_relative_attention
 from longseq.model.attention.patterns import AttentionPattern, PatternMask
@@ -61,7 +62,7 @@ def median_ms(fn, repeats: int) -> float:
 
 def case(name: str, qlen: int, mlen: int, window: int | None, repeats: int) -> dict:
     q, k, v, rel, u, w = inputs(qlen, mlen)
-    pattern = AttentionPattern("window" if window else "full", True, window or 256)
+    pattern = AttentionPattern("window" if window else "full", PatternConfig(window=window or 256))
 
     def mask() -> PatternMask:  # a new forward: a new mask (and block mask)
         return PatternMask(pattern, qlen, mlen)

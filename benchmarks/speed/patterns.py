@@ -71,7 +71,7 @@ def pairs_per_token(model, length: int) -> tuple[float, float]:
     from longseq.model.attention.sparse import sparse_pieces
 
     pattern = model.transformer.patterns[0]
-    flags = global_keys(None, pattern.num_global, 1, length, MEM_LEN, None) if pattern.has_global else None
+    flags = global_keys(None, pattern.config.num_global, 1, length, MEM_LEN, None) if pattern.has_global else None
     mask = PatternMask(pattern, length, MEM_LEN, global_keys=flags)
     allowed = 0
     for q0 in range(0, length, 256):
@@ -80,7 +80,9 @@ def pairs_per_token(model, length: int) -> tuple[float, float]:
             allowed += int((~mask.forbidden_at(MEM_LEN + torch.arange(q0, min(length, q0 + 256))[:, None],
                                                torch.arange(k0, min(hi, k0 + 4096))[None, :])).sum())  # fmt: skip
         mask._blocks.clear()
-    allowed /= len(pattern.dilation) if len(pattern.dilation) > 1 else 1  # the predicate counted every head
+    allowed /= (
+        len(pattern.config.dilation) if len(pattern.config.dilation) > 1 else 1
+    )  # the predicate counted every head
     band = mask.band(CHUNK)
     if band is not None:
         scored = sum(band) + CHUNK

@@ -104,15 +104,15 @@ def _layer(kernel: str, chunk: int, d_model: int, heads: int, d_head: int, dtype
 
 def _attention_case(kernel: str, name: str, qlen: int, mlen: int, dtype, device, heads: int = 4, d_head: int = 16):
     """Output and gradients (inputs, u, v, parameters) of one attention layer on ``device``."""
+    from longseq.config.model import PatternConfig
     from longseq.model.attention.patterns import AttentionPattern, PatternMask, global_keys
     from longseq.model.memory import HiddenContext
     from longseq.model.positions import RelativePositions, relative_distances, sinusoidal_embedding
 
     d_model = heads * d_head
     layer = _layer(kernel, 32, d_model, heads, d_head, dtype, device)
-    params = dict(PATTERNS[name])
-    num_global = params.pop("num_global", 0)
-    pattern = AttentionPattern(name, True, **params, num_global=num_global)
+    pattern = AttentionPattern(name, PatternConfig(**PATTERNS[name]))
+    num_global = pattern.config.num_global
     g = torch.Generator(device="cpu").manual_seed(1)
     leaves = [torch.randn(2, n, d_model, generator=g) for n in (qlen, mlen)]
     leaves += [torch.randn(heads, d_head, generator=g) for _ in range(2)]

@@ -131,7 +131,8 @@ class PatternConfig(JsonConfig):
 
 
 def check_pattern(window: int, dilation, stride: int, block_size: int, block_summary: int) -> None:
-    """The parameter ranges every pattern relies on (shared by the config and the pattern predicate)."""
+    """The parameter ranges every pattern relies on (the predicates in :mod:`longseq.model.attention.patterns`
+    read them from this config)."""
     check(window >= 1, f"attention window must be >= 1 key, got window={window}")
     check(
         bool(dilation) and all(d >= 1 for d in dilation),

@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from longseq.config import ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
 from longseq.data.tokenizers import EOS, UNK, ByteTokenizer, Tokenizer, WordTokenizer
 from longseq.model import TransformerXLLM
+from longseq.model.attention.patterns import layer_patterns
 from longseq.outputs import EXPORTED_BY, check_output_directory
 
 EXPORT_METADATA = {"format": "pt", "exported_by": EXPORTED_BY}  # model.safetensors of a directory convert wrote
@@ -102,7 +103,8 @@ def hf_config_from_model(config: ModelConfig) -> dict:
     """An HF ``TransfoXLConfig`` dict for a longseq model config."""
     ties = config.proj_ties
     p, pos = config.pattern, config.positions.pos
-    if set(p.attention) != {"full"} or p.bidirectional or pos != "sinusoidal" or config.memory.compacted:
+    full = all(pattern.is_full for pattern in layer_patterns(config))
+    if not full or p.bidirectional or pos != "sinusoidal" or config.memory.compacted:
         raise ConversionError(
             f"HF TransfoXL has causal full attention with sinusoidal positions and a plain memory only; this model "
             f"has attention={p.attention}, bidirectional={p.bidirectional}, pos={pos}, memory={config.memory}"

@@ -73,20 +73,8 @@ def unread_options(config: ModelConfig) -> set[str]:
     else:
         used = {n for n, m in zip(config.layer_pattern_names, config.layer_mixers) if m == "attention"}
         read = {parameter for name in used for parameter in PATTERNS[name].reads}
-        unread |= {
-            f"pattern.{p}"
-            for p in (
-                "window",
-                "dilation",
-                "stride",
-                "block_size",
-                "block_summary",
-                "num_global",
-                "num_random_blocks",
-                "pattern_seed",
-            )
-            if p not in read
-        }
+        every = {parameter for kind in PATTERNS.values() for parameter in kind.reads}
+        unread |= {f"pattern.{p}" for p in every - read}
         if not config.pattern.num_random_blocks:
             unread.add("pattern.pattern_seed")
         unread |= set(POSITION_ENCODINGS[config.positions.pos].unread)

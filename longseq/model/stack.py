@@ -47,6 +47,13 @@ def outer_patterns(config: ModelConfig) -> list[AttentionPattern | None]:
     return patterns[:first] + ([None] if first < config.n_layer else []) + patterns[end:]
 
 
+def mask_slots(patterns: list[AttentionPattern | None], attends: tuple[bool, ...]) -> tuple[int | None, ...]:
+    """For every layer, the first attending layer with an equal pattern, whose mask it shares (itself for the first
+    of its kind); None for a layer that does not attend."""
+    attending = [p if a else None for p, a in zip(patterns, attends)]
+    return tuple(None if p is None else attending.index(p) for p in attending)
+
+
 class LayerStack(nn.Module):
     """A stack of layers over a recurrence memory: decoder layers (attention), recurrent layers (ssm, conv, rnn)
     and, with an hourglass, one block that runs its own stack at a shorter resolution.
@@ -78,6 +85,7 @@ class LayerStack(nn.Module):
             self.register_buffer("r_r_bias", torch.zeros(bias_shape), persistent=False)
         self.patterns = outer_patterns(c)
         self.attends = tuple(layer.attends for layer in self.layers)  # what the memory step knows of the layers
+        self.mask_slots = mask_slots(self.patterns, self.attends)  # decided here: which layers share a mask
         self.memory = MemoryPolicies(c)
 
     @property
@@ -172,19 +180,21 @@ class LayerStack(nn.Module):
     def _masks(
         self, step: MemoryStep, shape: MaskInputs, global_mask: Tensor | None, batch: int, device
     ) -> list[PatternMask | None]:
-        """Each attention layer's :class:`PatternMask` (layers with the same pattern share one); None for the
-        others."""
+        """Each attention layer's :class:`PatternMask` (layers with equal patterns share one, as
+        :attr:`mask_slots` says); None for the others."""
         if global_mask is not None:
             global_mask = step.wrap_flags(global_mask.to(torch.bool))
-        shared: dict = {None: None}
-        patterns = [p if attends else None for p, attends in zip(self.patterns, self.attends)]
-        for pattern in patterns:
-            if pattern not in shared:
-                flags = rows = None
-                if pattern.has_global:
-                    flags = global_keys(global_mask, pattern.num_global, batch, shape.qlen, shape.mlen, device)
-                    rows = global_positions(global_mask, pattern.num_global, batch, shape.qlen, shape.mlen)
-                shared[pattern] = PatternMask(
+        masks: list[PatternMask | None] = []
+        for i, slot in enumerate(self.mask_slots):
+            if slot is None or slot < i:
+                masks.append(None if slot is None else masks[slot])
+                continue
+            pattern, flags, rows = self.patterns[i], None, None
+            if pattern.has_global:
+                flags = global_keys(global_mask, pattern.config.num_global, batch, shape.qlen, shape.mlen, device)
+                rows = global_positions(global_mask, pattern.config.num_global, batch, shape.qlen, shape.mlen)
+            masks.append(
+                PatternMask(
                     pattern=pattern,
                     qlen=shape.qlen,
                     mlen=shape.mlen,
@@ -196,7 +206,8 @@ class LayerStack(nn.Module):
                     dropped_keys=shape.dropped_keys,
                     global_rows=rows,
                 )
-        return [shared[pattern] for pattern in patterns]
+            )
+        return masks
 
 
 def state_docs(shape: MaskInputs, memory: Memory) -> tuple[Tensor, Tensor] | None:

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig
 from longseq.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
+from longseq.model.attention.patterns import PATTERNS
 from longseq.model.layers import DecoderLayer, PositionwiseFF
 from longseq.model.memory import Memory, Recurrence, as_memory
 from longseq.model.stack import LayerStack
@@ -192,8 +193,9 @@ class TransformerXLLM(nn.Module):
         self._check_inputs(input_ids, memory, labels)
         if global_mask is not None:
             if not any(p.has_global for p in self.transformer.patterns):
+                names = " or ".join(name for name, kind in PATTERNS.items() if kind.has_global)
                 raise ValueError(
-                    f"global_mask needs a global or bigbird attention pattern, the model has {self.config.pattern.attention}"
+                    f"global_mask needs a {names} attention pattern, the model has {self.config.pattern.attention}"
                 )
             if not isinstance(global_mask, Tensor) or global_mask.shape != input_ids.shape:
                 shape = tuple(global_mask.shape) if isinstance(global_mask, Tensor) else type(global_mask).__name__

@@ -86,7 +86,7 @@ def full_in_effect(run: RunConfig) -> list[str]:
     full = {
         pattern.name
         for pattern, mixer in zip(layer_patterns(m), m.layer_mixers)
-        if mixer == "attention" and pattern.name != "full" and pattern.allows_every_pair(qlen, klen)
+        if mixer == "attention" and not pattern.is_full and pattern.allows_every_pair(qlen, klen)
     }
     return sorted(full)
 

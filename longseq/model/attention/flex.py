@@ -88,7 +88,7 @@ def _block_mask(mask: PatternMask | Tensor, batch: int, heads: int, qlen: int, k
 
     def make():
         per_batch = any(t is not None for t in (mask.key_docs, mask.global_keys, mask.dropped_keys))
-        per_head = len(mask.pattern.dilation) > 1
+        per_head = len(mask.pattern.config.dilation) > 1
         compiled = device.type in COMPILED_ON and not torch.compiler.is_compiling()  # else the model's graph has it
         create = _compiled_block_mask() if compiled else create_block_mask
         return create(

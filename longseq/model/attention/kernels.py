@@ -246,7 +246,7 @@ def kernel_for(name: str, family: str) -> AttentionKernel:
 def resolve_kernel(name: str, device_type: str, pattern, dropout: bool, family: str = "relative") -> str:
     """The kernel ``attn_impl`` names for a layer of ``pattern`` (an AttentionPattern; None: full) on a device, when
     it is built or moved: for the content family ``auto`` is ``sdpa``; for the relative family it is ``flex`` on
-    CUDA for full attention and patterns of bounded reach (window, dilated) when this PyTorch has FlexAttention and
+    CUDA for patterns without sparse pieces (full attention, window, dilated) when this PyTorch has FlexAttention and
     the layer has no attention dropout (``dropout``), and ``rel_shift`` otherwise.  Why not Flex for the sparse
     patterns: its block mask visits every 128 x 128 block that holds one allowed pair (stride columns and block
     summaries reach every block), and their relative term needs a (T, K) bias; the sparse pieces of ``rel_shift``
@@ -255,7 +255,7 @@ def resolve_kernel(name: str, device_type: str, pattern, dropout: bool, family: 
         return name
     if family == "content":
         return "sdpa"
-    local = pattern is None or pattern.name == "full" or pattern.reach is not None  # global tokens: all rows
+    local = pattern is None or not pattern.pieces  # full, or a band (global tokens: their rows run everywhere)
     if device_type == "cuda" and local and not dropout and flex_available():
         return "flex"
     return "rel_shift"

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from longseq.config.base import ConfigError, check_choice
-from longseq.config.model import ModelConfig, check_pattern
+from longseq.config.model import ModelConfig, PatternConfig
 
 
 class PatternError(ConfigError):
@@ -50,100 +50,142 @@ class PatternError(ConfigError):
 
 
 class PatternKind(NamedTuple):
-    """A pattern: its predicate ``allows(pattern, query, key, span, dilation, random) -> bool tensor`` over window
-    positions (``span`` is the distance, made absolute for a bidirectional pattern and clamped at 0), and the
-    parameters of :class:`~longseq.config.model.PatternConfig` it reads."""
+    """A pattern, as data: everything a kernel or the stack asks of it, so a new pattern is one entry of
+    :data:`PATTERNS`.  The callables take the model's :class:`~longseq.config.model.PatternConfig` ``c``.
+
+    * ``allows(c, query, key, span, dilation, random) -> bool tensor``: the predicate over window positions
+      (``span`` is the distance, made absolute for a bidirectional pattern and clamped at 0; ``dilation`` the
+      head's dilation; ``random`` the table of random key blocks, None without the ``random`` piece).
+    * ``reads``: the parameters of ``c`` it reads (any other one set by a run is refused as unread).
+    * ``local_reach(c)``: the largest |distance| of its local part, the band a kernel computes densely (masked by
+      the predicate) before it adds the pattern's other keys; None: no band, every key is a candidate.
+    * ``pieces(c)``: the keys it allows beyond the band, as pieces of :mod:`~longseq.model.attention.sparse`
+      (``stride``: every ``stride``-th distance; ``summary``: the last ``block_summary`` columns of every block;
+      ``random``: ``num_random_blocks`` seeded key blocks per query block).  The predicate must allow no pair that
+      the band, the pieces and global tokens leave out.  Without pieces the pattern is local: its reach is the band's.
+    * ``fills_band``: the predicate allows every pair inside the band (a plain band; None reach: every pair), so
+      its pairs have a closed form.
+    * ``has_global``: it has global tokens (``num_global`` and ``global_mask``), read and written by every query.
+    * ``causal_keys(c, query)``: optional closed form of the number of keys a causal query at window positions
+      ``query`` may attend to (else counted from the predicate, for :meth:`AttentionPattern.allowed_pairs`).
+    """
 
     allows: Callable
     reads: tuple[str, ...]
+    local_reach: Callable[[PatternConfig], int] | None = None
+    pieces: Callable[[PatternConfig], tuple[str, ...]] = lambda c: ()
+    fills_band: bool = True
+    has_global: bool = False
+    causal_keys: Callable[[PatternConfig, Tensor], Tensor] | None = None
 
 
-def _bigbird(p, query, key, span, dilation, random) -> Tensor:
-    ok = span < p.window
+def in_random_blocks(c: PatternConfig, query: Tensor, key: Tensor, random: Tensor | None) -> Tensor | bool:
+    """Whether ``key`` lies in one of the random key blocks of ``query``'s block (False without a table)."""
     if random is None:
-        return ok
+        return False
     last = random.size(0) - 1  # padding positions outside the window read the edge blocks (and are masked)
-    return ok | random[(query // p.block_size).clamp(0, last), (key // p.block_size).clamp(0, last)]
+    return random[(query // c.block_size).clamp(0, last), (key // c.block_size).clamp(0, last)]
 
 
-def _block_sparse(p, query, key, span, dilation, random) -> Tensor:
-    size = p.block_size
-    return (query // size == key // size) | (key % size >= size - p.block_summary)
+def _block_sparse(c, query, key, span, dilation, random) -> Tensor:
+    size = c.block_size
+    return (query // size == key // size) | (key % size >= size - c.block_summary)
 
 
-PATTERNS: dict[str, PatternKind] = {  # the registry: a new pattern is a predicate and the parameters it reads
-    "full": PatternKind(lambda p, q, k, span, d, r: torch.ones_like(span, dtype=torch.bool), ()),
-    "window": PatternKind(lambda p, q, k, span, d, r: span < p.window, ("window",)),
-    "dilated": PatternKind(lambda p, q, k, span, d, r: (span % d == 0) & (span < p.window * d), ("window", "dilation")),
-    "strided": PatternKind(
-        lambda p, q, k, span, d, r: (span < p.window) | (span % p.stride == 0), ("window", "stride")
+def _window(c: PatternConfig) -> int:
+    """The reach of a window: its ``window`` nearest keys."""
+    return c.window - 1
+
+
+PATTERNS: dict[str, PatternKind] = {  # the registry: the only place a pattern's name meets its behaviour
+    "full": PatternKind(lambda c, q, k, span, d, r: torch.ones_like(span, dtype=torch.bool), ()),
+    "window": PatternKind(lambda c, q, k, span, d, r: span < c.window, ("window",), local_reach=_window),
+    "dilated": PatternKind(
+        lambda c, q, k, span, d, r: (span % d == 0) & (span < c.window * d),
+        ("window", "dilation"),
+        local_reach=lambda c: (c.window - 1) * max(c.dilation),
+        fills_band=False,
     ),
-    "block_sparse": PatternKind(_block_sparse, ("block_size", "block_summary")),
-    "global": PatternKind(lambda p, q, k, span, d, r: span < p.window, ("window", "num_global")),
-    "bigbird": PatternKind(_bigbird, ("window", "block_size", "num_global", "num_random_blocks", "pattern_seed")),
+    "strided": PatternKind(
+        lambda c, q, k, span, d, r: (span < c.window) | (span % c.stride == 0),
+        ("window", "stride"),
+        local_reach=_window,
+        pieces=lambda c: ("stride",),
+    ),
+    "block_sparse": PatternKind(
+        _block_sparse,
+        ("block_size", "block_summary"),
+        local_reach=lambda c: c.block_size - 1,  # the query's own block
+        pieces=lambda c: ("summary",),
+        fills_band=False,
+        causal_keys=lambda c, q: q % c.block_size + 1 + q // c.block_size * c.block_summary,  # own block, summaries
+    ),
+    "global": PatternKind(
+        lambda c, q, k, span, d, r: span < c.window, ("window", "num_global"), local_reach=_window, has_global=True
+    ),
+    "bigbird": PatternKind(
+        lambda c, q, k, span, d, r: (span < c.window) | in_random_blocks(c, q, k, r),
+        ("window", "block_size", "num_global", "num_random_blocks", "pattern_seed"),
+        local_reach=_window,
+        pieces=lambda c: ("random",) if c.num_random_blocks else (),
+        has_global=True,
+    ),
 }
 
 
 @dataclass(frozen=True)
 class AttentionPattern:
-    """One attention pattern and its parameters (see the module docstring for the shapes)."""
+    """One layer's attention pattern: the :class:`PatternKind` that ``name`` registers, with the model's pattern
+    parameters ``config`` (:class:`~longseq.config.model.PatternConfig`, shared by the layers; its ``attention``
+    list is not read here).  What kernels and the stack ask of the kind is worked out once, when the pattern is
+    made (a layer is built), never per call:
+
+    * ``causal``: not ``config.bidirectional``;
+    * ``local_reach``, ``pieces`` and ``has_global``: the kind's, for these parameters;
+    * ``reach``: the largest |distance| an ordinary (non-global) query attends to; the band's for a pattern without
+      pieces, else None (unbounded);
+    * ``is_band``: it allows exactly the pairs within ``reach`` (None: every pair); ``is_full``: it allows every
+      pair (full attention).
+    """
 
     name: str = "full"
-    causal: bool = True
-    window: int = 256
-    dilation: tuple[int, ...] = (1,)
-    stride: int = 128
-    block_size: int = 64
-    block_summary: int = 1
-    num_global: int = 0
-    num_random_blocks: int = 0
-    seed: int = 0
+    config: PatternConfig = field(default_factory=PatternConfig, hash=False)
+    kind: PatternKind = field(init=False, repr=False, compare=False)
+    causal: bool = field(init=False, repr=False, compare=False)
+    local_reach: int | None = field(init=False, repr=False, compare=False)
+    pieces: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    reach: int | None = field(init=False, repr=False, compare=False)
+    is_band: bool = field(init=False, repr=False, compare=False)
+    is_full: bool = field(init=False, repr=False, compare=False)
+    has_global: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:
             check_choice("pattern.attention", self.name, tuple(PATTERNS))
         except ConfigError as exc:
             raise PatternError(str(exc)) from None
-        try:
-            check_pattern(self.window, self.dilation, self.stride, self.block_size, self.block_summary)
-        except ConfigError as exc:
-            raise PatternError(str(exc)) from None
-        if self.num_global < 0 or self.num_random_blocks < 0:
-            raise PatternError("num_global and num_random_blocks must be >= 0")
-
-    @property
-    def has_global(self) -> bool:
-        return self.name in ("global", "bigbird")
-
-    @property
-    def reach(self) -> int | None:
-        """The largest |distance| an ordinary (non-global) query attends to; None when unbounded."""
-        if self.name in ("window", "global"):
-            return self.window - 1
-        if self.name == "dilated":
-            return (self.window - 1) * max(self.dilation)
-        if self.name == "bigbird" and self.num_random_blocks == 0:
-            return self.window - 1
-        return None
-
-    @property
-    def local_reach(self) -> int | None:
-        """The reach of the pattern's local part: the band a sparse kernel computes densely before it adds the
-        pattern's other keys (stride columns, block summaries, global tokens, random blocks); None for ``full``."""
-        if self.name == "full":
-            return None
-        if self.name == "block_sparse":
-            return self.block_size - 1  # the query's own block
-        if self.name == "dilated":
-            return (self.window - 1) * max(self.dilation)
-        return self.window - 1
+        kind, c = PATTERNS[self.name], self.config
+        local_reach = None if kind.local_reach is None else kind.local_reach(c)
+        pieces = tuple(kind.pieces(c))
+        derived = {
+            "kind": kind,
+            "causal": not c.bidirectional,
+            "local_reach": local_reach,
+            "pieces": pieces,
+            "reach": None if pieces else local_reach,
+            "is_band": kind.fills_band and not pieces,
+            "is_full": kind.fills_band and not pieces and local_reach is None,
+            "has_global": kind.has_global,
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)  # frozen: set once, here
 
     def allowed(self, query: Tensor, key: Tensor, klen: int) -> Tensor:
         """The pattern's own predicate: True where query position ``query`` (..., Tq, 1) may attend to key
         position ``key`` (..., 1, Tk); returns (H or 1, ..., Tq, Tk).  Causality and global tokens are added by
         :class:`PatternMask`; ``klen`` is the window length, for the random blocks."""
         distance = query - key  # (..., Tq, Tk)
-        dilation = torch.tensor(self.dilation, device=query.device).view(-1, *[1] * distance.dim())  # (H or 1, 1...)
+        dilation = torch.tensor(self.config.dilation, device=query.device).view(-1, *[1] * distance.dim())  # (H|1, 1..)
         ok = self.rule(query, key, dilation, self.random_table(klen, query.device))
         return ok if ok.dim() > distance.dim() else ok[None]  # (H or 1, ..., Tq, Tk)
 
@@ -152,17 +194,17 @@ class AttentionPattern:
         one pair at a time): ``dilation`` broadcasts against the pairs, ``random`` is :meth:`random_table`."""
         span = query - key if self.causal else (query - key).abs()
         span = span.clamp(min=0)  # future keys of a causal pattern are removed by the causal mask
-        return PATTERNS[self.name].allows(self, query, key, span, dilation, random)
+        return self.kind.allows(self.config, query, key, span, dilation, random)
 
     def allows_every_pair(self, qlen: int, klen: int, chunk: int = 256) -> bool:
         """Whether the pattern allows every pair that full attention does (causal: every key up to the query) for
         ``qlen`` queries at the end of a ``klen``-long window, so that it computes full attention at those lengths
         (a ``window`` wider than segment plus memory).  Read in blocks of ``chunk`` queries, stopping at the first
         pair it forbids."""
-        if self.name in ("window", "global") or (self.name == "bigbird" and not self.num_random_blocks):
-            return self.window >= klen  # a band: every distance up to klen - 1 lies inside it
+        if self.is_band:  # every distance up to klen - 1 lies inside it
+            return self.reach is None or self.reach >= klen - 1
         key = torch.arange(klen)[None, :]  # (1, K)
-        dilation = torch.tensor(self.dilation).view(-1, 1, 1)  # (H or 1, 1, 1)
+        dilation = torch.tensor(self.config.dilation).view(-1, 1, 1)  # (H or 1, 1, 1)
         random = self.random_table(klen)
         for start in range(klen - qlen, klen, chunk):
             query = torch.arange(start, min(start + chunk, klen))[:, None]  # (Tq, 1)
@@ -174,25 +216,22 @@ class AttentionPattern:
     def allowed_pairs(self, qlen: int, klen: int, chunk: int = 256) -> int:
         """How many (query, key) pairs the pattern allows (causal: up to the query) for ``qlen`` queries at the end of
         a ``klen``-long window, global tokens aside: what the attention's FLOPs scale with (model FLOPs
-        utilisation).  Bands and full attention in closed form, the others counted in blocks of ``chunk`` queries."""
+        utilisation).  Full attention, causal bands and a kind's ``causal_keys`` in closed form, the others counted
+        in blocks of ``chunk`` queries."""
         mlen = klen - qlen
-        if self.name == "full" or (self.causal and self.window >= klen and self.name in ("window", "global")):
+        if self.is_full:
             return qlen * mlen + qlen * (qlen + 1) // 2 if self.causal else qlen * klen
-        if self.causal and (
-            self.name in ("window", "global") or (self.name == "bigbird" and not self.num_random_blocks)
-        ):
-            seen = torch.arange(mlen, klen) + 1  # keys up to each query
-            return int(seen.clamp(max=self.window).sum())
-        if self.causal and self.name == "block_sparse":  # its own block up to it, the summaries of earlier blocks
+        if self.causal and (self.is_band or self.kind.causal_keys is not None):
             query = torch.arange(mlen, klen)
-            return int((query % self.block_size + 1 + query // self.block_size * self.block_summary).sum())
+            keys = (query + 1).clamp(max=self.reach + 1) if self.is_band else self.kind.causal_keys(self.config, query)
+            return int(keys.sum())
         key = torch.arange(klen)[None, :]  # (1, K)
-        dilation = torch.tensor(self.dilation).view(-1, 1, 1)  # (H or 1, 1, 1)
+        dilation = torch.tensor(self.config.dilation).view(-1, 1, 1)  # (H or 1, 1, 1)
         random, total = self.random_table(klen), 0.0
         for start in range(mlen, klen, chunk):
             query = torch.arange(start, min(start + chunk, klen))[:, None]  # (Tq, 1)
             ok = self.rule(query, key, dilation, random)  # (H or 1, Tq, K)
-            ok = ok & (key <= query) if self.causal else ok
+            ok = ok & (key <= query) if self.causal else ok.expand(*ok.shape[:-2], query.size(0), klen)
             total += float(ok.sum()) / (ok.size(0) if ok.dim() == 3 else 1)  # the mean over heads (a dilation each)
         return round(total)
 
@@ -202,18 +241,20 @@ class AttentionPattern:
         gets a hash of (seed, qb, kb) and a query block keeps its highest eligible ones, so a block's choice does
         not depend on which other queries are asked; ``valid`` is False where a causal query block early in the
         window has fewer than r eligible blocks."""
-        n = -(-klen // self.block_size)
+        c = self.config
+        n = -(-klen // c.block_size)
         rows = torch.arange(n, device=device)[:, None]  # (n, 1) query blocks
         cols = torch.arange(n, device=device)[None, :]  # (1, n) key blocks
-        score = _mix(rows * 1_000_003 + cols * 7_919 + self.seed * 104_729)  # (n, n)
+        score = _mix(rows * 1_000_003 + cols * 7_919 + c.pattern_seed * 104_729)  # (n, n)
         if self.causal:
             score = score.masked_fill(cols > rows, -1)
-        top = score.topk(min(self.num_random_blocks, n), dim=1)  # (n, r)
+        top = score.topk(min(c.num_random_blocks, n), dim=1)  # (n, r)
         return top.indices, top.values >= 0
 
     def random_table(self, klen: int, device: torch.device | None = None) -> Tensor | None:
-        """(n, n) bool: the random key blocks of each query block (see :meth:`random_picks`); None without."""
-        if self.name != "bigbird" or self.num_random_blocks == 0:
+        """(n, n) bool: the random key blocks of each query block (see :meth:`random_picks`); None without the
+        ``random`` piece."""
+        if "random" not in self.pieces:
             return None
         picks, valid = self.random_picks(klen, device)
         n = picks.size(0)
@@ -222,22 +263,7 @@ class AttentionPattern:
 
 def layer_patterns(config: ModelConfig) -> list[AttentionPattern]:
     """One :class:`AttentionPattern` per layer of ``config`` (``attention`` holds one name or one per layer)."""
-    p = config.pattern
-    return [
-        AttentionPattern(
-            name=name,
-            causal=not p.bidirectional,
-            window=p.window,
-            dilation=tuple(p.dilation),
-            stride=p.stride,
-            block_size=p.block_size,
-            block_summary=p.block_summary,
-            num_global=p.num_global,
-            num_random_blocks=p.num_random_blocks,
-            seed=p.pattern_seed,
-        )
-        for name in config.layer_pattern_names
-    ]
+    return [AttentionPattern(name, config.pattern) for name in config.layer_pattern_names]
 
 
 def _mix(x: Tensor) -> Tensor:
@@ -292,9 +318,7 @@ class PatternMask:
     @property
     def is_causal_full(self) -> bool:
         """True when the mask is the plain causal (or same_length) mask shared by every batch row and head."""
-        return (
-            self.pattern.name == "full" and self.pattern.causal and self.key_docs is None and self.dropped_keys is None
-        )
+        return self.pattern.is_full and self.pattern.causal and self.key_docs is None and self.dropped_keys is None
 
     def forbidden(self, q0: int = 0, q1: int | None = None, k0: int = 0, k1: int | None = None) -> Tensor:
         """True where attention is forbidden, for queries [q0, q1) and keys [k0, k1): a bool tensor
@@ -368,7 +392,7 @@ class PatternMask:
         rules as :meth:`forbidden_at` (pattern, global tokens, causality, ``span``, documents), with query ``q_idx``
         of the segment at window position M + q_idx: keys are longer than queries, the memory comes first."""
         pattern, mlen, klen, span = self.pattern, self.mlen, self.klen, self.span
-        dilation = torch.tensor(pattern.dilation, device=self.device)
+        dilation = torch.tensor(pattern.config.dilation, device=self.device)
         random = pattern.random_table(klen, self.device)
         flags, query_docs, key_docs, dropped = self.global_keys, self.query_docs, self.key_docs, self.dropped_keys
 

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from longseq.model.attention.patterns import PatternMask
+from longseq.model.attention.patterns import PatternError, PatternMask
 from longseq.model.attention.shift import (
     DiagonalScores,
     PositionScores,
@@ -130,9 +130,13 @@ class StrideColumns(Periodic):
     """strided: query class r reads key class r, a dense (na x nb) problem per class in layout (B, H, P, na, nb)."""
 
     def __init__(self, mask: PatternMask, earlier: list) -> None:
-        super().__init__(mask, mask.pattern.stride, None, earlier)
+        super().__init__(mask, mask.pattern.config.stride, None, earlier)
         self.forbidden = self.forbidden[..., 0, :, :]  # (B|1, H|1, P, na, nb): one key class per query class
         self.rows = self.rows[0]  # (1, R'): the same distances for every class
+
+    def covers(self, query: Tensor, key: Tensor) -> Tensor:
+        """True where ``key`` is at a multiple of the stride from ``query`` (this piece holds the pair)."""
+        return (query - key) % self.period == 0
 
     def scores(self, q_content: Tensor, q_position: Tensor, key: Tensor, rel_key: Tensor) -> Tensor:
         qc, qp = self._query_classes(q_content), self._query_classes(q_position)  # (B, H, P, na, D)
@@ -149,10 +153,14 @@ class SummaryColumns(Periodic):
     matmuls in query order; only the position term needs the class layout (one table per (r, t))."""
 
     def __init__(self, mask: PatternMask, earlier: list) -> None:
-        size, summary = mask.pattern.block_size, mask.pattern.block_summary
+        size, summary = mask.pattern.config.block_size, mask.pattern.config.block_summary
         super().__init__(mask, size, torch.arange(size - summary, size, device=mask.device), earlier)
         blocks = torch.arange(self.nb, device=mask.device) * size
         self.columns = (self.classes[:, None] + blocks).flatten()  # (S * nb,) column t * nb + b is key b P + t
+
+    def covers(self, query: Tensor, key: Tensor) -> Tensor:
+        """True where ``key`` is a summary column (this piece holds it for every query)."""
+        return key % self.period >= self.period - self.classes.numel()
 
     def scores(self, q_content: Tensor, q_position: Tensor, key: Tensor, rel_key: Tensor) -> Tensor:
         content = torch.matmul(q_content, self._columns(key).transpose(-1, -2))  # (B, H, T, S * nb)
@@ -214,9 +222,10 @@ class RandomBlocks:
 
     def __init__(self, mask: PatternMask, earlier: list) -> None:
         m, device = mask, mask.device
-        size = self.size = m.pattern.block_size
+        size = self.size = m.pattern.config.block_size
         picks, valid = m.pattern.random_picks(m.klen, device)  # (n, r) for every block of the window
         self.mask, self.n_blocks = m, picks.size(0)
+        self.table = m.pattern.random_table(m.klen, device)  # (n, n): for covers
         self.a0 = m.mlen // size
         self.na = (m.klen - 1) // size + 1 - self.a0
         self.front = m.mlen - self.a0 * size
@@ -231,6 +240,11 @@ class RandomBlocks:
         start = m.klen - (blocks[:, None] - self.picks + 1) * size  # (na, r)
         self.rows = start[:, :, None] + torch.arange(2 * size, device=device)  # (na, r, 2s)
         self.width = self.picks.size(1) * size
+
+    def covers(self, query: Tensor, key: Tensor) -> Tensor:
+        """True where ``key`` lies in one of the random blocks of ``query``'s block (this piece holds the pair)."""
+        last = self.n_blocks - 1
+        return self.table[(query // self.size).clamp(0, last), (key // self.size).clamp(0, last)]
 
     def scores(self, q_content: Tensor, q_position: Tensor, key: Tensor, rel_key: Tensor) -> Tensor:
         qc, qp = (self._query_blocks(x)[:, :, :, None] for x in (q_content, q_position))  # (B, H, na, 1, s, D)
@@ -250,22 +264,26 @@ class RandomBlocks:
         return blocks.index_select(2, self.picks.flatten()).unflatten(2, self.picks.shape)  # see table_rows
 
 
+PIECES: dict[str, type] = {  # what a pattern's ``pieces`` name (:class:`~longseq.model.attention.patterns.PatternKind`)
+    "stride": StrideColumns,
+    "summary": SummaryColumns,
+    "random": RandomBlocks,
+}
+
+
 def sparse_pieces(mask: PatternMask, block: int) -> list:
-    """The pieces of ``mask``'s pattern for query blocks of ``block``, built once per forward for every layer that
+    """The pieces of ``mask``'s pattern for query blocks of ``block``: its band, the global tokens' columns when
+    the mask has global tokens, then the pieces the pattern names; built once per forward for every layer that
     shares the mask."""
 
     def make() -> list:
-        pattern = mask.pattern
         pieces: list = [Band(mask, block)]
-        if pattern.name == "strided":
-            pieces.append(StrideColumns(mask, pieces))
-        elif pattern.name == "block_sparse":
-            pieces.append(SummaryColumns(mask, pieces))
-        else:  # global, bigbird
-            if mask.has_global_tokens:
-                pieces.append(GlobalColumns(mask, list(pieces)))
-            if pattern.name == "bigbird" and pattern.num_random_blocks:
-                pieces.append(RandomBlocks(mask, list(pieces)))
+        if mask.has_global_tokens:
+            pieces.append(GlobalColumns(mask, list(pieces)))
+        for name in mask.pattern.pieces:
+            if name not in PIECES:
+                raise PatternError(f"pattern {mask.pattern.name} names the piece {name!r}; pieces: {', '.join(PIECES)}")
+            pieces.append(PIECES[name](mask, list(pieces)))
         return pieces
 
     return mask.shared(("sparse", block), make)
