@@ -112,7 +112,7 @@ def data_overrides(args: argparse.Namespace) -> list[str]:
     if args.vocab_size is not None:
         extra.append(f"data.vocab_size={args.vocab_size}")
     if args.tensorboard:
-        extra.append("train.tensorboard=true")
+        extra.append("train.logging.tensorboard=true")
     return extra
 
 

@@ -5,9 +5,11 @@ on the one :class:`~longseq.train.trainer.Trainer`:
 
 The settings are the run config's keys, as ``--set`` takes them (a field's path or a unique tail of it:
 ``pooling``, ``lr``, ``batch_size``, ``task.segment_len``; ``steps`` is ``train.max_steps``), laid over
-fine-tuning's defaults: 200 steps of batch 8, a learning rate of 1e-3 warming up over the first tenth of the steps
-then constant (``schedule``: ``linear`` and ``cosine`` decay to 0 at the last step), gradient clipping at 1.0,
-layer-wise learning-rate decay 0.8 (none with ``head_only``), validation at the end, seed 0.
+fine-tuning's defaults, the one file ``longseq/config/presets/finetune.toml`` (the steps, the batch, the learning
+rate and its schedule, clipping, layer-wise learning-rate decay, the seed), and over the rules that follow what is
+given: the learning rate warms up over the first tenth of the steps, validation runs at the end and the loss is
+logged every tenth of them, the segment is the checkpoint's ``tgt_len``, and ``head_only`` trains the head with no
+layer-wise decay.
 
 The output directory is a run like any other (``last/`` to resume, ``best/``, ``metrics.jsonl``); its checkpoints
 are task checkpoints that :func:`~longseq.train.checkpoint.load_checkpoint` and ``longseq predict`` read.  A resume
@@ -24,6 +26,7 @@ from typing import Any
 
 from longseq.config import ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
 from longseq.config.base import apply_values, leaf_paths, resolve_key
+from longseq.config.files import finetune_defaults
 from longseq.config.run import TaskConfig
 from longseq.data.sources import file_sha256
 from longseq.train.checkpoint import (
@@ -55,12 +58,13 @@ def resolved(settings: dict[str, Any]) -> dict[str, Any]:
 
 def finetune_run(base: RunConfig, base_path: str, task: str, settings: dict[str, Any]) -> RunConfig:
     """The run config of a new fine-tuning run from an LM checkpoint's run config ``base``: ``settings`` (as
-    :func:`resolved` gives them) over fine-tuning's defaults, which follow the steps and segment length given."""
-    steps = int(settings.get("train.max_steps", 200))
+    :func:`resolved` gives them) over fine-tuning's defaults (:func:`~longseq.config.files.finetune_defaults`), and
+    the rules that follow the steps, the batch and the segment given (see the module docstring)."""
+    defaults = finetune_defaults()
+    steps = int(settings.get("train.max_steps", defaults.train.max_steps))
     segment = int(settings.get("task.segment_len") or base.data.tgt_len)
-    batch = int(settings.get("data.batch_size", 8))
-    head_only = bool(settings.get("task.head_only"))
-    data = DataConfig(
+    batch = int(settings.get("data.batch_size", defaults.data.batch_size))
+    data = defaults.data.replace(
         tokenizer=base.data.tokenizer,
         lowercase=base.data.lowercase,
         tgt_len=segment,
@@ -68,17 +72,13 @@ def finetune_run(base: RunConfig, base_path: str, task: str, settings: dict[str,
         batch_size=batch,
         eval_batch_size=batch,
     )
-    train = TrainConfig(
+    head_only = {"layer_lr_decay": 1.0} if settings.get("task.head_only") else {}  # the head alone: no decay
+    train = defaults.train.replace(
         max_steps=steps,
-        lr=1e-3,
-        min_lr=0.0,
         warmup_steps=max(1, steps // 10),
-        schedule="constant",
-        clip=1.0,
-        layer_lr_decay=1.0 if head_only else 0.8,
-        seed=0,
         eval_interval=steps,
         log_interval=max(1, steps // 10),
+        **head_only,
     )
     if "task.train" not in settings:
         raise ConfigError("a new fine-tuning run needs its training file (--data FILE.jsonl)")
@@ -114,9 +114,9 @@ def new_run(base_checkpoint: str | None, task: str | None, given: dict, log):
 
 
 def note_stretched_decay(run: RunConfig, saved: RunConfig, log) -> None:
-    if run.train.schedule != "constant" and run.train.max_steps != saved.train.max_steps:
+    if run.train.optim.schedule != "constant" and run.train.max_steps != saved.train.max_steps:
         log(
-            f"note: the {run.train.schedule} decay now ends at step {run.train.max_steps}, not "
+            f"note: the {run.train.optim.schedule} decay now ends at step {run.train.max_steps}, not "
             f"{saved.train.max_steps}: the learning rate follows the new schedule from here"
         )
 

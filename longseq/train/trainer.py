@@ -154,9 +154,9 @@ class Trainer:
         torch.manual_seed(tc.seed)
         if self.resume and self.task.tokenizer is None:  # read the data with the tokenizer the run was trained with
             self.task.tokenizer = load_tokenizer(os.path.join(self.dir.last, "tokenizer.json"))
-        if tc.sample_interval and not self.task.writes_samples:
+        if tc.sample.sample_interval and not self.task.writes_samples:
             raise ConfigError(
-                f"sample_interval={tc.sample_interval}: samples are written by a language model; the "
+                f"sample_interval={tc.sample.sample_interval}: samples are written by a language model; the "
                 f"{self.task.name} task writes none (set sample_interval=0)"
             )
         self.run = self.task.prepare()
@@ -173,20 +173,20 @@ class Trainer:
                 self.log,
                 saved_path=saved.data.path,
             )
-        self.device = resolve_device(tc.device, world)
-        set_matmul_precision(self.device, tc.matmul_precision)
+        self.device = resolve_device(tc.runtime.device, world)
+        set_matmul_precision(self.device, tc.runtime.matmul_precision)
         if world.size > 1 and self.device.type != world.device.type:
             raise ConfigError(
                 f"device {self.device} under torchrun, but the process group exchanges {world.device.type} tensors "
                 f"(NCCL with a GPU, gloo without): train on {world.device.type}"
             )
-        self.sharded = tc.parallel == "fsdp" and world.size > 1
+        self.sharded = tc.runtime.parallel == "fsdp" and world.size > 1
         self._build_model()
         if world.rank:  # every rank built the same initial model; from here each draws its own dropout masks
             torch.manual_seed(tc.seed + world.rank)
         self.optimizer = build_optimizer(self.model, tc)
-        self.scaler = torch.amp.GradScaler(self.device.type) if tc.precision == "fp16" else None
-        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tc.precision)
+        self.scaler = torch.amp.GradScaler(self.device.type) if tc.runtime.precision == "fp16" else None
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tc.runtime.precision)
         self.batches = self.task.batches(world)
         self.ctx = StepContext(
             self.net, self.device, world.rows(self.run.data.batch_size), tc.grad_accum, self.autocast_dtype, self.scaler
@@ -195,7 +195,7 @@ class Trainer:
     def _build_model(self) -> None:
         model = self.task.build_model().to(self.device)
         self.spec = model_spec(self.run.model.arch)  # what the trainer asks of the architecture
-        self.spec.set_activation_checkpointing(model, self.tc.activation_checkpointing)
+        self.spec.set_activation_checkpointing(model, self.tc.runtime.activation_checkpointing)
         if not self.resume:
             self.task.initialize(model)
         set_trainable(model, self.task.trainable(model))
@@ -206,13 +206,15 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel
 
             self.net = DistributedDataParallel(model)  # averages gradients; parameters start from rank 0's
-        if self.tc.compile != "none":  # the training step's model; validation and saving read self.model, uncompiled
+        if (
+            self.tc.runtime.compile != "none"
+        ):  # the training step's model; validation and saving read self.model, uncompiled
             if self.run.task is not None:
                 raise ConfigError(
-                    f"compile={self.tc.compile} compiles a language model's training step; the "
+                    f"compile={self.tc.runtime.compile} compiles a language model's training step; the "
                     f"{self.run.task.name} task reads documents in Python loops: set compile=none"
                 )
-            self.net = torch.compile(self.net, fullgraph=True, backend=self.tc.compile)
+            self.net = torch.compile(self.net, fullgraph=True, backend=self.tc.runtime.compile)
 
     def restore(self, state: TrainingState) -> None:
         """Everything :meth:`save` stored: weights, optimizer, data position, RNG, loss scale, memory."""
@@ -252,9 +254,9 @@ class Trainer:
             self.after_backward(self.step_count + 1, self.model)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        if tc.grad_norm_interval and (self.step_count + 1) % tc.grad_norm_interval == 0:
+        if tc.logging.grad_norm_interval and (self.step_count + 1) % tc.logging.grad_norm_interval == 0:
             self.write_metrics({"step": self.step_count + 1, "grad_norms": layer_grad_norms(self.model, self.spec)})
-        norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip or float("inf")))
+        norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.optim.clip or float("inf")))
         loss, grad_norm = self.world.means(result.loss, norm)  # the step's one read from the device: both at once
         grad_norm = 0.0 if self.scaler is not None and math.isfinite(loss) else grad_norm  # fp16: the scaler's job
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
@@ -374,7 +376,7 @@ class Trainer:
             world.barrier()  # the others may read it next (NaN rollback)
 
     def _history_slot(self, directory: str) -> str | None:
-        if self.tc.keep_last <= 1 or not os.path.isdir(directory):
+        if self.tc.checkpoint.keep_last <= 1 or not os.path.isdir(directory):
             return None
         previous = load_training_state(directory).step
         os.makedirs(os.path.join(self.dir.path, "history"), exist_ok=True)
@@ -384,7 +386,7 @@ class Trainer:
         if keep is None:
             return
         history = sorted(os.listdir(os.path.dirname(keep)))
-        for stale in history[: max(0, len(history) - (self.tc.keep_last - 1))]:
+        for stale in history[: max(0, len(history) - (self.tc.checkpoint.keep_last - 1))]:
             shutil.rmtree(os.path.join(os.path.dirname(keep), stale), ignore_errors=True)
 
     # --- the loop ---------------------------------------------------------------------------------------------
@@ -422,8 +424,9 @@ class Trainer:
             if (
                 self.world.main
             ):  # run.toml, the resolved configuration: longseq train --config OUT/run.toml runs it again
+                tracked = self.tc.logging
                 self.trackers = open_trackers(
-                    self.dir.path, self.tc.tensorboard, self.tc.wandb, self.tc.wandb_project, self.run.to_dict()
+                    self.dir.path, tracked.tensorboard, tracked.wandb, tracked.wandb_project, self.run.to_dict()
                 )
                 write_run_config(self.run, os.path.join(self.dir.path, "run.toml"))
             if self.checkpoint_state is not None:
@@ -478,7 +481,7 @@ class Trainer:
             step=self.step_count,
             max_steps=tc.max_steps,
             max_time_s=tc.max_time_s,
-            interval_s=tc.progress_interval_s,
+            interval_s=tc.logging.progress_interval_s,
             enabled=self.progress and self.world.main,
             log=self.log,
             clock=self.clock,
@@ -530,8 +533,8 @@ class Trainer:
 
     def _after_step(self, stop: StopSignals, end: int, speed: float) -> None:
         """Log, validate and save as the cadence asks; stop with a saved checkpoint when a signal came."""
-        tc, step = self.tc, self.step_count
-        if step % tc.log_interval == 0 or step == end:
+        tc, saves, step = self.tc, self.tc.checkpoint, self.step_count
+        if step % tc.logging.log_interval == 0 or step == end:
             self.write_metrics(
                 {
                     "step": step,
@@ -541,13 +544,13 @@ class Trainer:
                     "elapsed_s": self.elapsed,
                 }
             )
-        if tc.sample_interval and step % tc.sample_interval == 0 and self.world.main:
+        if tc.sample.sample_interval and step % tc.sample.sample_interval == 0 and self.world.main:
             self._sample()
         if step % tc.eval_interval == 0 or step == tc.max_steps:
             self.validate(stop)
-        elif tc.save_interval and step % tc.save_interval == 0:
+        elif saves.save_interval and step % saves.save_interval == 0:
             self.save(self.dir.last, with_state=True)
-        elif self.world.any(tc.save_every_s > 0 and time.monotonic() - self.last_save >= tc.save_every_s):
+        elif self.world.any(saves.save_every_s > 0 and time.monotonic() - self.last_save >= saves.save_every_s):
             self.save(self.dir.last, with_state=True)
         self._stop_if_signalled(stop)
 
