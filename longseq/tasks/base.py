@@ -64,7 +64,7 @@ class Task:
 
     name = ""
     reads: tuple[str, ...] = ()
-    writes_samples = False  # whether :meth:`sample` is implemented (``TrainConfig.sample_interval``)
+    writes_samples = False  # whether :meth:`sample` is implemented (``TrainConfig.sample.sample_interval``)
     progress = False  # whether :meth:`validate` may show its progress (the Trainer says, for the run's main rank)
 
     def __init__(self, run: RunConfig, tokenizer, log=None, base: nn.Module | None = None) -> None:
