@@ -325,10 +325,10 @@ def pattern(name, causal=True, **overrides) -> AttentionPattern:
     return AttentionPattern(name, PatternConfig(bidirectional=not causal, **params))
 
 
-def make_layer(kernel: str, chunk: int, pos: str = "sinusoidal") -> RelativeMultiHeadAttention:
+def make_layer(kernel: str, chunk: int, pos: str = "sinusoidal", softcap: float = 0.0) -> RelativeMultiHeadAttention:
     torch.manual_seed(0)
     layer = RelativeMultiHeadAttention(
-        D_MODEL, N_HEAD, D_HEAD, kernel=kernel, chunk=chunk, pos=pos, max_relative_distance=6
+        D_MODEL, N_HEAD, D_HEAD, kernel=kernel, chunk=chunk, pos=pos, max_relative_distance=6, softcap=softcap
     )
     if pos == "shaw":
         torch.nn.init.normal_(layer.rel.rel_table, 0.0, 0.5)

@@ -96,7 +96,8 @@ def test_a_run_config_written_and_read_back_is_equal(tmp_path, suffix):
 
 
 def test_presets_are_shipped_files_that_round_trip(tmp_path):
-    assert set(PRESETS) == set(preset_names()) == {"tiny-shakespeare", "enwik8-base", "text8-base", "wt103-base", "ptb"}
+    shipped = {"tiny-shakespeare", "enwik8-base", "text8-base", "wt103-base", "ptb", "llama-xl"}
+    assert set(PRESETS) == set(preset_names()) == shipped
     for name in PRESETS:
         run = PRESETS[name]()
         assert run == get_preset(name) and run is not get_preset(name)

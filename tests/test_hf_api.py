@@ -30,6 +30,7 @@ KINDS = {
     "memory-tokens": dict(mem_tokens=2),
     "hybrid-ssm": dict(mixer=["ssm", "attention"], head_dim=8),
     "hourglass": dict(n_layer=4, shorten_layers=[1, 3]),
+    "learned-chunks": dict(n_layer=4, shorten_layers=[1, 3], boundaries="learned"),
     "pre-ln-projected": dict(pre_lnorm=True, d_embed=8),
 }
 SEGMENT = 4
@@ -44,7 +45,7 @@ def hf_of(name: str = "xl", **extra) -> LongseqForCausalLM:
     return longseq.hf.from_longseq(tiny(name, **extra), segment_len=SEGMENT, generate_mem_len=9)
 
 
-@pytest.mark.parametrize("name", ["xl", "memory-tokens", "hybrid-ssm", "hourglass"])
+@pytest.mark.parametrize("name", ["xl", "memory-tokens", "hybrid-ssm", "hourglass", "learned-chunks"])
 def test_hidden_states_are_the_embeddings_and_every_layers_output(name):
     """``output_hidden_states``: the layers' input, then each layer's output (the segment's positions, memory
     tokens cut away); the last is what the softmax reads.  ``config.output_hidden_states`` asks for them too; in
@@ -279,6 +280,18 @@ def test_torch_export_covers_a_decode_step(name):
     ring = hf.generate(x, max_new_tokens=1, return_dict_in_generate=True).cache
     with pytest.raises(ValueError, match="a ring memory .* cannot be flattened"):
         torch.export.export(hf, (x[:, :1],), {"cache": ring})
+
+
+def test_torch_export_refuses_learned_chunks_by_name():
+    """The number of chunks a dynamic hourglass cuts depends on the data: ``torch.export`` is refused, naming the
+    option, where eager reads and generates."""
+    hf = hf_of("learned-chunks")
+    x = torch.randint(0, 50, (2, 9))
+    with torch.no_grad():
+        cache = hf(x).cache
+        with pytest.raises(Exception, match="boundaries=learned or entropy"):
+            torch.export.export(hf, (x[:, :1],), {"cache": cache})
+    assert hf.generate(x, max_new_tokens=3, do_sample=False).shape == (2, 12)
 
 
 def compiled_generate(backend: str | None):

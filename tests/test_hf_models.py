@@ -33,6 +33,8 @@ CONFIGS = {  # every attention pattern, every mixer, hourglass, the memory polic
     "bigbird-global": dict(attention=["bigbird", "global"], window=2, block_size=2, num_global=1, num_random_blocks=1),
     "mixers-shaw": dict(n_layer=4, mixer=["ssm", "attention", "conv", "rnn"], head_dim=8, pos="shaw"),
     "hourglass": dict(n_layer=4, shorten_layers=[1, 3], cutoffs=[20], div_val=1),
+    "learned-chunks": dict(n_layer=4, shorten_layers=[1, 3], boundaries="learned"),
+    "entropy-chunks": dict(n_layer=4, shorten_layers=[1, 3], boundaries="entropy", entropy_rule="relative"),
     "compressed-tokens-int8": dict(cmem_len=4, cmem_rate=2, cmem_fn="linear", mem_tokens=2, mem_quant="int8"),
     "absolute-no-memory": dict(pos="absolute", mem_len=0),
     "lstm": dict(arch="lstm"),

@@ -26,6 +26,7 @@ KINDS = {  # patterns whose masks depend on the segment (bigbird, global), every
     "bigbird-global": dict(attention=["bigbird", "global"], window=2, block_size=2, num_global=1, num_random_blocks=1),
     "mixers": dict(n_layer=4, mixer=["ssm", "attention", "conv", "rnn"], head_dim=8),
     "hourglass": dict(n_layer=4, shorten_layers=[1, 3]),
+    "learned-chunks": dict(n_layer=4, shorten_layers=[1, 3], boundaries="learned"),
     "compressed-tokens-int8": dict(cmem_len=4, cmem_rate=2, cmem_fn="linear", mem_tokens=2, mem_quant="int8"),
     "absolute-no-memory": dict(pos="absolute", mem_len=0),
     "lstm": dict(arch="lstm"),

@@ -157,6 +157,7 @@ KINDS = {
     "tokens": {"mem_tokens": 2},
     "hybrid-ssm-conv-rnn": {"mixer": ["ssm", "attention", "conv", "rnn"], "n_layer": 4},
     "hourglass": {"n_layer": 4, "shorten_layers": [1, 3], "shorten_factor": 2},
+    "learned-chunks": {"n_layer": 4, "shorten_layers": [1, 3], "shorten_factor": 2, "boundaries": "learned"},
 }
 
 
@@ -192,7 +193,7 @@ def _memory_of(name: str, kind=HiddenMemory, docs: bool = False):
 def test_each_state_kind_round_trips_through_split_join_select_and_a_checkpoint(name, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    model, memory, nxt = _memory_of(name, docs=name in ("xl", "hybrid-ssm-conv-rnn", "hourglass"))
+    model, memory, nxt = _memory_of(name, docs=name in ("xl", "hybrid-ssm-conv-rnn", "hourglass", "learned-chunks"))
     assert _same(_flat(Memory.join(memory.split(2))), _flat(memory))
     assert [len(part.layers) for part in memory.split(4)] == [len(memory.layers)] * 4
 

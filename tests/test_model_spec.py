@@ -1,8 +1,8 @@
 """What the trainer asks of an architecture (``model/spec.py``, one ``ModelSpec`` per architecture): each function
 gives what the trainer computed itself before it asked (the FSDP units, the depth of every parameter for layer-wise
 learning-rate decay, the stack whose layers activation checkpointing recomputes, the tied softmax's name) for the
-Transformer-XL, with an hourglass, a hybrid of mixers and a tied adaptive softmax, for the LSTM baseline, and for
-a task's model that holds either."""
+Transformer-XL, with an hourglass (fixed or learned boundaries), a hybrid of mixers, a llama-style block and a tied
+adaptive softmax, for the LSTM baseline, and for a task's model that holds either."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ XL_VARIANTS = {
     "plain": {},
     "hourglass": dict(n_layer=4, shorten_layers=[1, 3]),
     "hybrid": dict(n_layer=4, mixer=["ssm", "attention", "conv", "rnn"]),
+    "learned boundaries": dict(n_layer=4, shorten_layers=[1, 3], shorten_factor=3, boundaries="learned"),
+    "llama block": dict(norm="rmsnorm", ff="swiglu", final_norm=True, pre_lnorm=True, pos="rope", qk_norm=True),
     "adaptive, tied": dict(
         vocab_size=60, cutoffs=[20, 40], div_val=2, d_embed=16, tie_projs=[False, True, True], untie_r=True
     ),

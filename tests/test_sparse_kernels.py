@@ -93,15 +93,16 @@ def count_scored_pairs(monkeypatch) -> list[int]:
     counted = []
 
     def counting(fn):
-        def wrapped(*args):
-            out = fn(*args)
+        def wrapped(*args, **kwargs):
+            out = fn(*args, **kwargs)
             counted.append(out.numel())
             return out
 
         return wrapped
 
     monkeypatch.setattr(sparse, "relative_scores", counting(sparse.relative_scores))
-    for name in ("DiagonalScores", "RelativeProbs", "PositionScores"):
+    monkeypatch.setattr(sparse, "relative_probs", counting(sparse.relative_probs))
+    for name in ("DiagonalScores", "PositionScores"):
         cls = getattr(sparse, name)
         monkeypatch.setattr(sparse, name, type(name, (), {"apply": staticmethod(counting(cls.apply))}))
     return counted

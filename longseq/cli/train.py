@@ -20,8 +20,9 @@ names (preset = "NAME"), else over --preset when given, else over the configs' d
 override any field of the model, data or train config with --set key=value (dotted, e.g. model.dropout or
 memory.mem_len, when a name is ambiguous); lists as comma lists or JSON, e.g. --set cutoffs=20000,40000,200000.
 keys include: max_steps batch_size tgt_len mem_len n_layer d_model n_head d_head d_inner lr dropout
-dropatt clamp_len same_length pre_lnorm cutoffs div_val untie_r warmup_steps schedule clip grad_accum
-attention window dilation pos optimizer layer_lr_decay precision activation_checkpointing nan_patience keep_last.
+dropatt clamp_len same_length pre_lnorm norm ff bias final_norm cutoffs div_val untie_r warmup_steps schedule clip
+grad_accum attention window dilation pos optimizer layer_lr_decay precision activation_checkpointing nan_patience
+keep_last.
 time budget: --set max_time_s=3600 stops at the first step boundary after an hour of training (whichever of
 max_steps and max_time_s comes first), validates and saves; --resume --set max_time_s=7200 continues it (the
 time counts across resumes).  progress: a bar on a terminal; elsewhere (a log, CI, nohup) a line every

@@ -203,14 +203,29 @@ class MixerConfig(JsonConfig):
 
 @config
 class HourglassConfig(JsonConfig):
-    """Multi-resolution (Nawrot et al., 2021): layers ``shorten_layers[0]`` .. ``shorten_layers[1] - 1`` run on
-    the sequence shortened by ``shorten_factor`` (a causal shift, then ``shorten_fn`` = linear or mean pooling of
-    each group); an upsampling step with a residual link brings back full resolution for the layers after.  Empty
-    ``shorten_layers``: one resolution."""
+    """Multi-resolution: layers ``shorten_layers[0]`` .. ``shorten_layers[1] - 1`` run on a shortened sequence,
+    with their own XL memory; an upsampling step with a residual link brings back full resolution for the layers
+    after.  Empty ``shorten_layers``: one resolution.
+
+    ``boundaries`` chooses where the sequence is cut:
+
+    * ``fixed``: the hourglass of Nawrot et al. (2021): groups of ``shorten_factor`` positions (a causal shift,
+      then ``shorten_fn`` = linear or mean pooling of each group);
+    * ``learned``: H-Net's dynamic chunking (Hwang, Wang and Gu, 2025): a routing module cuts where adjacent states
+      differ, ``ratio_loss`` weighs the loss that holds the mean chunk length near ``shorten_factor``;
+    * ``entropy``: the Byte Latent Transformer's entropy patches (Pagnoni et al., 2024): a cut where the next-byte
+      entropy is high (``entropy_rule=global``) or rises (``relative``), its threshold tracking the quantile that
+      gives chunks of ``shorten_factor`` positions on average.
+
+    With ``learned`` and ``entropy`` the shortened layers are attention layers whose memory holds ``mem_len``
+    chunks (one slot per chunk)."""
 
     shorten_layers: list[int] = field(default_factory=list)
     shorten_factor: int = 2
     shorten_fn: str = "linear"
+    boundaries: str = "fixed"
+    ratio_loss: float = 0.03
+    entropy_rule: str = "global"
 
     def __post_init__(self) -> None:
         check(
@@ -224,6 +239,28 @@ class HourglassConfig(JsonConfig):
             f"shorten_factor must be >= 2, got {self.shorten_factor}",
         )
         check(self.shorten_fn in ("linear", "mean"), f"shorten_fn must be linear or mean, got {self.shorten_fn!r}")
+        check(
+            self.boundaries in BOUNDARIES,
+            f"hourglass.boundaries must be one of {', '.join(BOUNDARIES)}, got {self.boundaries!r}",
+        )
+        check(
+            self.boundaries == "fixed" or bool(self.shorten_layers),
+            f"hourglass.boundaries={self.boundaries} chooses where the shortened layers cut the sequence: set "
+            "shorten_layers=first,end (the layers that run on chunks)",
+        )
+        check(self.ratio_loss >= 0, f"hourglass.ratio_loss must be >= 0, got {self.ratio_loss}")
+        check(
+            self.entropy_rule in ("global", "relative"),
+            f"hourglass.entropy_rule must be global or relative, got {self.entropy_rule!r}",
+        )
+
+    @property
+    def dynamic(self) -> bool:
+        """True when a boundary predictor chooses the chunks (``learned``, ``entropy``)."""
+        return bool(self.shorten_layers) and self.boundaries != "fixed"
+
+
+BOUNDARIES = ("fixed", "learned", "entropy")
 
 
 @config
@@ -239,7 +276,18 @@ class ModelConfig(JsonConfig):
     ``attn_chunk`` processes queries in blocks of that size (0: all at once), which is exact, faster on CPU and
     linear in length for local and sparse patterns.
     ``dropout_r`` is the dropout on the sinusoidal R (unset: ``dropout``, as in the paper's code); ``uv_init`` starts
-    u and v at normal(0, ``init_std``) or at zeros.  ``arch="lstm"`` is the LSTM baseline (``n_layer`` LSTM layers of width ``d_model``).  ``vocab_size=0`` means
+    u and v at normal(0, ``init_std``) or at zeros.
+
+    The block (:mod:`longseq.model.block`): ``norm`` is ``layernorm`` (the paper's) or ``rmsnorm``, in every layer
+    (``pre_lnorm``: before each sub-layer, else after the residual sum), and with ``final_norm`` once more after the
+    last layer (as a pre-norm stack usually ends); ``ff`` is the feed-forward's activation, ``relu`` (the paper's),
+    ``gelu``, or the gated ``swiglu`` and ``geglu`` (Shazeer, 2020; ``d_inner`` stays the hidden width); ``bias`` False
+    drops the biases of the feed-forward's linears and of the norms (attention's projections have none).
+    ``attn_softcap`` > 0 caps every attention logit at c tanh(x / c) before the mask and softmax (Gemma 2; not on the
+    SDPA kernel, which has no hook for the scores), ``logit_softcap`` > 0 the output logits (with an adaptive softmax,
+    each cluster's logits before its own softmax).
+
+    ``arch="lstm"`` is the LSTM baseline (``n_layer`` LSTM layers of width ``d_model``).  ``vocab_size=0`` means
     "from the tokenizer": training sets it (presets use it, so ``cutoffs`` are checked against the real vocabulary).
     """
 
@@ -255,6 +303,12 @@ class ModelConfig(JsonConfig):
     dropatt: float = 0.0
     dropout_r: float | None = None
     pre_lnorm: bool = False
+    norm: str = "layernorm"
+    ff: str = "relu"
+    bias: bool = True
+    final_norm: bool = False
+    attn_softcap: float = 0.0
+    logit_softcap: float = 0.0
     cutoffs: list[int] = field(default_factory=list)
     div_val: int = 1
     d_embed: int | None = None
@@ -330,6 +384,8 @@ class ModelConfig(JsonConfig):
             f"ModelConfig.n_kv_head must divide n_head={self.n_head} (0: as n_head), got {self.n_kv_head}",
         )
         check(self.attn_chunk >= 0, f"ModelConfig.attn_chunk must be >= 0 (0: no chunking), got {self.attn_chunk}")
+        for name in ("attn_softcap", "logit_softcap"):
+            check(getattr(self, name) >= 0, f"ModelConfig.{name} must be >= 0 (0: no cap), got {getattr(self, name)}")
         for name in ("dropout", "dropatt"):
             check(0.0 <= getattr(self, name) < 1.0, f"ModelConfig.{name} must be in [0, 1), got {getattr(self, name)}")
         check(
@@ -427,6 +483,24 @@ class ModelConfig(JsonConfig):
                 h.shorten_layers[1] < self.n_layer,
                 f"shorten_layers={h.shorten_layers}: the last layer must run at full resolution (n_layer={self.n_layer})",
             )
+            self._check_dynamic()
+
+    def _check_dynamic(self) -> None:
+        h = self.hourglass
+        if not h.dynamic:
+            return
+        first, end = h.shorten_layers
+        check(
+            set(self.layer_mixers[first:end]) == {"attention"},
+            f"hourglass.boundaries={h.boundaries}: the layers that run on chunks ({first} .. {end - 1}) must be "
+            f"attention layers (their memory holds a different number of chunks per row), got "
+            f"mixer={self.layer_mixers[first:end]}",
+        )
+        check(
+            not self.memory.same_length,
+            f"hourglass.boundaries={h.boundaries} cannot be combined with same_length (rows hold different numbers "
+            "of chunks)",
+        )
 
     def _check_sections(self) -> None:
         self._check_mixers()

@@ -13,9 +13,9 @@ conventions.
   so position t is scored on ``labels[t + 1]``; longseq's own ``labels`` are already shifted.  The deprecated
   ``past_key_values`` is ``cache``, with transformers' deprecation warning.
 * ``output_hidden_states``: the layers' input (the scaled embeddings) and every layer's output, (B, T, E) each (an
-  hourglass's shortened block is one layer); ``output_attentions``: every attention layer's probabilities
-  (B, H, T, K) over [memory; segment], recomputed from the layer's inputs by the readable reference
-  (``RelativeMultiHeadAttention.probs``), whichever kernel ran.
+  hourglass's shortened block is one layer; with ``final_norm`` the last after the final norm);
+  ``output_attentions``: every attention layer's probabilities (B, H, T, K) over [memory; segment], recomputed from
+  the layer's inputs by the readable reference (``RelativeMultiHeadAttention.probs``), whichever kernel ran.
 * ``generate()`` samples as ``longseq generate`` does, with the same tokens for the same seed: the prompt but its
   last token is read in segments of ``config.segment_len`` into a key/value memory of ``config.generate_mem_len``
   positions (mixers keep their recurrent states in it), then one token at a time.  The cache is that memory

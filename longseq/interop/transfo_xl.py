@@ -114,6 +114,17 @@ def hf_config_from_model(config: ModelConfig) -> dict:
             f"HF TransfoXL is a stack of attention layers at one resolution; this model has arch={config.arch}, "
             f"mixer={config.mixer}, shorten_layers={config.hourglass.shorten_layers}"
         )
+    paper_block = dict(
+        norm="layernorm", ff="relu", bias=True, final_norm=False, attn_softcap=0.0, logit_softcap=0.0, qk_norm=False
+    )
+    other = {k: getattr(config, k) for k, v in paper_block.items() if getattr(config, k) != v}
+    if config.n_kv_head not in (0, config.n_head):
+        other["n_kv_head"] = config.n_kv_head
+    if other:
+        raise ConversionError(
+            f"HF TransfoXL has the paper's block only (post- or pre-LayerNorm, a ReLU feed-forward with biases, every "
+            f"head its own keys and values, no caps); this model has {', '.join(f'{k}={v}' for k, v in other.items())}"
+        )
     if len(set(ties[1:])) > 1 or ties[0]:
         raise ConversionError(f"tie_projs={ties} has no HF equivalent: HF ties all projections but the first, or none")
     return {

@@ -5,6 +5,10 @@ embedding width ``d_embed // div_val**i`` and a projection to ``d_proj`` (the mo
 The softmax head scores the first cluster's tokens plus one logit per tail cluster; a tail
 token's log-probability is ``log p(cluster) + log p(token | cluster)``.  Without cutoffs both
 reduce to a plain embedding and a plain softmax.
+
+A ``softcap`` c > 0 caps every logit at c tanh(logit / c) (Gemma 2) before its softmax: with clusters, each
+cluster's logits (the head's, its cluster logits included, and each tail's) before that cluster's own softmax, so
+p(token) = p(cluster) p(token | cluster) still holds, of capped logits.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from longseq.model.block import softcap
 
 
 def _upcast(x: Tensor) -> Tensor:
@@ -68,12 +74,15 @@ class AdaptiveLogSoftmax(nn.Module):
 
     ``out_projs[i]`` is None where d_proj == d_embed and div_val == 1 (no projection needed).
     Head column ``cutoffs[0] + i - 1`` holds the log-probability of tail cluster i, as in the
-    original TensorFlow code and the Hugging Face port.
+    original TensorFlow code and the Hugging Face port.  ``softcap`` > 0 caps the logits (module docstring);
+    capped half-precision logits are computed in float32.
     """
 
-    def __init__(self, vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int) -> None:
+    def __init__(
+        self, vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int, softcap: float = 0.0
+    ) -> None:
         super().__init__()
-        self.vocab_size = vocab_size
+        self.vocab_size, self.softcap = vocab_size, softcap
         self.div_val = div_val
         self.bounds = _cluster_bounds(vocab_size, cutoffs)
         self.n_clusters = len(cutoffs)
@@ -94,11 +103,11 @@ class AdaptiveLogSoftmax(nn.Module):
                 projs.append(nn.Parameter(torch.empty(d_proj, d_emb_i)))
         self.out_projs = nn.ParameterList(projs)
 
-    @staticmethod
-    def _logits(hidden: Tensor, weight: Tensor, bias: Tensor, proj: Tensor | None) -> Tensor:
+    def _logits(self, hidden: Tensor, weight: Tensor, bias: Tensor, proj: Tensor | None) -> Tensor:
         if proj is not None:
             hidden = F.linear(hidden, proj.t())  # (N, d_emb_i)
-        return F.linear(hidden, weight, bias)
+        logits = F.linear(hidden, weight, bias)
+        return softcap(_upcast(logits), self.softcap) if self.softcap else logits
 
     def _cluster_params(self, i: int) -> tuple[Tensor, Tensor, Tensor | None]:
         if self.div_val == 1:

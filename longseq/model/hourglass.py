@@ -24,9 +24,10 @@ from longseq.model.memory import HourglassState, Memory, Recurrence, StateContex
 
 
 def inner_config(config: ModelConfig) -> ModelConfig:
-    """The config of the shortened layers: their mixers and patterns, the memory counted in groups, no hourglass."""
+    """The config of the shortened layers: their mixers and patterns, the memory counted in groups (fixed: mem_len
+    // k groups; learned and entropy boundaries: mem_len chunks), no hourglass."""
     first, end = config.hourglass.shorten_layers
-    k = config.hourglass.shorten_factor
+    k = 1 if config.hourglass.dynamic else config.hourglass.shorten_factor
     mixers, patterns = config.layer_mixers[first:end], config.layer_pattern_names[first:end]
     memory = {**config.memory.to_dict(), "mem_len": config.memory.mem_len // k}
     return config.replace(
@@ -34,7 +35,7 @@ def inner_config(config: ModelConfig) -> ModelConfig:
         mixer=mixers,
         pattern={**config.pattern.to_dict(), "attention": patterns},
         memory=memory,
-        hourglass={"shorten_layers": []},
+        hourglass={"shorten_layers": [], "boundaries": "fixed"},
     )
 
 

@@ -10,25 +10,47 @@ from torch import Tensor, nn
 from longseq.config.model import ModelConfig
 from longseq.model.attention import RelativeMultiHeadAttention
 from longseq.model.attention.module import AttentionContext
+from longseq.model.block import feed_forward_kind, norm_layer
 from longseq.model.memory import LayerState, Reconstruction, StateContext
 from longseq.model.memory.compress import reconstruction_loss
 from longseq.model.positions import Shape
 
 
 class PositionwiseFF(nn.Module):
-    """Linear -> ReLU -> Dropout -> Linear -> Dropout, with residual and pre- or post-LayerNorm."""
+    """Linear -> activation -> Dropout -> Linear -> Dropout, with residual and a pre- or post-norm.
 
-    def __init__(self, d_model: int, d_inner: int, dropout: float, pre_lnorm: bool, eps: float) -> None:
+    ``ff`` names the activation (:data:`~longseq.model.block.FEED_FORWARDS`: ``relu``, the paper's, ``gelu``, or the
+    gated ``swiglu`` and ``geglu``, whose first linear is W1 and W3 side by side); ``bias`` False drops every bias
+    (the linears' and a LayerNorm's); ``norm`` names the norm (``layernorm`` or ``rmsnorm``)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        d_inner: int,
+        dropout: float,
+        pre_lnorm: bool,
+        eps: float,
+        *,
+        ff: str = "relu",
+        bias: bool = True,
+        norm: str = "layernorm",
+    ) -> None:
         super().__init__()
         self.pre_lnorm = pre_lnorm
+        kind = feed_forward_kind(ff)
         self.core_net = nn.Sequential(
-            nn.Linear(d_model, d_inner),
-            nn.ReLU(inplace=True),
+            nn.Linear(d_model, 2 * d_inner if kind.gated else d_inner, bias=bias),  # W1 (W1 and W3 when gated)
+            kind.activation(),
             nn.Dropout(dropout),
-            nn.Linear(d_inner, d_model),
+            nn.Linear(d_inner, d_model, bias=bias),  # W2
             nn.Dropout(dropout),
         )
-        self.layer_norm = nn.LayerNorm(d_model, eps=eps)
+        self.layer_norm = norm_layer(norm, d_model, eps, bias)
+
+    @classmethod
+    def from_config(cls, c: ModelConfig) -> PositionwiseFF:
+        """The feed-forward of every layer of ``c``."""
+        return cls(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps, ff=c.ff, bias=c.bias, norm=c.norm)
 
     def forward(self, hidden: Tensor) -> Tensor:  # (B, T, E) -> (B, T, E)
         if self.pre_lnorm:
@@ -39,12 +61,14 @@ class PositionwiseFF(nn.Module):
 class LayerOutput(NamedTuple):
     """What a layer of the stack returns: its output, its part of the new memory (an attention layer's keys and
     values of [memory; segment] (B, H, K, D); a recurrent layer's new state, a
-    :class:`~longseq.model.memory.LayerState`), and the attention mass of every key (B, K) when its context asked
-    for it, else None."""
+    :class:`~longseq.model.memory.LayerState`), the attention mass of every key (B, K) when its context asked
+    for it, else None, and a loss of its own to add to the model's in training (a dynamic hourglass's boundary
+    predictor), else None."""
 
     hidden: Tensor
     present: tuple[Tensor, Tensor] | LayerState
     mass: Tensor | None = None
+    aux: Tensor | None = None
 
 
 class StackLayer(Protocol):
@@ -83,6 +107,7 @@ class DecoderLayer(nn.Module):
         "untie_r",
         "uv_init",
         "dropout_r",
+        "attn_softcap",
     )
 
     def __init__(self, config: ModelConfig, pattern=None) -> None:
@@ -114,8 +139,11 @@ class DecoderLayer(nn.Module):
             qk_norm=c.qk_norm,
             pattern=pattern,
             positions=shape,
+            norm=c.norm,
+            bias=c.bias,
+            softcap=c.attn_softcap,
         )
-        self.pos_ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps)
+        self.pos_ff = PositionwiseFF.from_config(c)
 
     def forward(self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: AttentionContext) -> LayerOutput:
         """The layer over ``context`` (its memory or key/value cache); returns the output, the keys and values of

@@ -5,8 +5,9 @@ Every choice is owned by its implementation: attention patterns (:data:`~longseq
 a predicate and the parameters it reads), kernels (:data:`~longseq.model.attention.kernels.ATTENTION_KERNELS` and
 ``CONTENT_KERNELS``, and ``auto``), position encodings (:data:`~longseq.model.positions.POSITION_ENCODINGS`), mixers
 (:data:`~longseq.model.mixers.MIXERS`, and ``attention``, the decoder layer), compression functions
-(:data:`~longseq.model.memory.compress.COMPRESSION_FUNCTIONS`) and architectures (:data:`MODEL_SPECS`: each one's
-class and what the trainer asks of it, :mod:`longseq.model.spec`).
+(:data:`~longseq.model.memory.compress.COMPRESSION_FUNCTIONS`), the block's norm and feed-forward
+(:data:`~longseq.model.block.NORMS`, :data:`~longseq.model.block.FEED_FORWARDS`) and architectures
+(:data:`MODEL_SPECS`: each one's class and what the trainer asks of it, :mod:`longseq.model.spec`).
 A new one is registered once, where it is implemented; :func:`check_names` and :func:`ignored_options` read the
 registries."""
 
@@ -16,6 +17,7 @@ from longseq.config.base import ConfigError, check_choice, leaves
 from longseq.config.model import ModelConfig
 from longseq.model.attention.kernels import KERNEL_NAMES, kernel_for
 from longseq.model.attention.patterns import PATTERNS
+from longseq.model.block import FEED_FORWARDS, NORMS
 from longseq.model.layers import DecoderLayer
 from longseq.model.lstm import LSTMLM
 from longseq.model.memory.compress import COMPRESSION_FUNCTIONS
@@ -35,9 +37,11 @@ def check_names(config: ModelConfig) -> None:
         check_choice("pattern.attention", name, tuple(PATTERNS))
     check_choice("attn_impl", config.attn_impl, KERNEL_NAMES)
     check_choice("positions.pos", config.positions.pos, tuple(POSITION_ENCODINGS))
+    check_choice("norm", config.norm, tuple(NORMS))
+    check_choice("ff", config.ff, tuple(FEED_FORWARDS))
     if config.attn_impl != "auto":  # the kernel registries say which names each position family runs
         try:
-            kernel_for(config.attn_impl, POSITION_ENCODINGS[config.positions.pos].family)
+            kernel_for(config.attn_impl, POSITION_ENCODINGS[config.positions.pos].family, config.attn_softcap > 0)
         except ValueError as error:
             raise ConfigError(f"{error} (pos={config.positions.pos})") from None
     for name in config.mixer:
@@ -91,9 +95,16 @@ def unread_options(config: ModelConfig) -> set[str]:
     read = {parameter for name in layers - {"attention"} for parameter in MIXERS[name].reads}
     unread |= {f"mixers.{f}" for f in leaves(config.mixers.to_dict()) if f not in read}
     unread -= {parameter for name in layers - {"attention"} for parameter in MIXERS[name].shares}
-    if not config.hourglass.shorten_layers:
-        unread |= {"hourglass.shorten_factor", "hourglass.shorten_fn"}
-    return unread
+    return unread | unread_hourglass(config)
+
+
+def unread_hourglass(config: ModelConfig) -> set[str]:
+    """The hourglass options its boundaries do not read (all of them without ``shorten_layers``)."""
+    h = config.hourglass
+    if not h.shorten_layers:
+        return {f"hourglass.{f}" for f in ("shorten_factor", "shorten_fn", "boundaries", "ratio_loss", "entropy_rule")}
+    reads = {"fixed": "shorten_fn", "learned": "ratio_loss", "entropy": "entropy_rule"}
+    return {f"hourglass.{f}" for b, f in reads.items() if b != h.boundaries}
 
 
 def model_spec(arch: str) -> ModelSpec:

@@ -15,6 +15,7 @@ from longseq.model.attention.patterns import (
     global_positions,
     layer_patterns,
 )
+from longseq.model.dynamic import DynamicHourglass
 from longseq.model.hourglass import Hourglass, inner_config
 from longseq.model.layers import DecoderLayer, PositionwiseFF
 from longseq.model.memory import MaskInputs, Memory, MemoryPolicies, MemoryStep, Recurrence, StateContext, StepInputs
@@ -28,15 +29,13 @@ def build_layers(config: ModelConfig) -> list[nn.Module]:
     first, end = c.hourglass.shorten_layers or (c.n_layer, c.n_layer)
     for i, name in enumerate(c.layer_mixers):
         if i == first:
-            layers.append(Hourglass(c, LayerStack(inner_config(c))))
+            layers.append((DynamicHourglass if c.hourglass.dynamic else Hourglass)(c, LayerStack(inner_config(c))))
         if first <= i < end:
             continue
         if name == "attention":
             layers.append(DecoderLayer(c, patterns[i]))
         else:
-            layers.append(
-                MixerLayer(name, c, PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps))
-            )
+            layers.append(MixerLayer(name, c, PositionwiseFF.from_config(c)))
     return layers
 
 
@@ -109,28 +108,36 @@ class LayerStack(nn.Module):
         recurrence: Recurrence,
         global_mask: Tensor | None = None,
         layer_outputs: list | None = None,
+        tokens: Tensor | None = None,
     ):
         """The layers over ``hidden`` (B, T', E) with the ``step`` opened on ``memory`` for them: returns the output,
-        the new memory and the compressors' auxiliary loss (or None).  An attention layer reads its context from the
-        step; a recurrent layer gets its own state from ``memory``, and its new state goes to the step's write.  With
-        ``layer_outputs`` (a list), every layer's output (B, T', E) is appended to it (``output_hidden_states``)."""
+        the new memory and the auxiliary loss (or None): the compressors' reconstruction loss and the layers' own
+        (a dynamic hourglass's boundary predictor).  An attention layer reads its context from the step; a recurrent
+        layer gets its own state from ``memory`` (and the segment's ``tokens`` (B, T), when given), and its new state
+        goes to the step's write.  With ``layer_outputs`` (a list), every layer's output (B, T', E) is appended to
+        it (``output_hidden_states``)."""
         shape = step.mask_inputs()
         tables = self._tables(step, shape, recurrence.clamp_len, hidden.device)  # one per layer
         masks = self._masks(step, shape, global_mask, hidden.size(0), hidden.device)  # one per layer
         docs = state_docs(shape, memory)
-        states = {}
+        states, losses = {}, []
         for i, layer in enumerate(self.layers):
             if layer.attends:
-                hidden, present, mass = self._run_layer(i, hidden, tables[i], masks[i], step.read(i, hidden))
-                step.record(i, present, mass)
+                out = self._run_layer(i, hidden, tables[i], masks[i], step.read(i, hidden))
+                step.record(i, out.present, out.mass)
             else:
                 held = memory.layers[i] if memory.layers else None
-                hidden, states[i], _ = self._run_layer(i, hidden, None, None, StateContext(held, docs, recurrence))
+                out = self._run_layer(i, hidden, None, None, StateContext(held, docs, recurrence, tokens))
+                states[i] = out.present
+            hidden = out.hidden
+            if out.aux is not None:
+                losses.append(out.aux)
             if layer_outputs is not None:
                 layer_outputs.append(hidden)
         hidden, memory, targets = step.write(hidden, states)
-        aux = torch.stack([self.layers[t.layer].reconstruction_loss(t) for t in targets]).mean() if targets else None
-        return hidden, memory, aux
+        if targets:
+            losses.append(torch.stack([self.layers[t.layer].reconstruction_loss(t) for t in targets]).mean())
+        return hidden, memory, sum(losses[1:], losses[0]) if losses else None
 
     def _tables(self, step: MemoryStep, shape: MaskInputs, clamp_len: int, device) -> list:
         """What every layer reads of the relative positions: the positions of this pass, shared (each layer projects

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from longseq.config.model import ModelConfig
 from longseq.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from longseq.model.attention.patterns import PATTERNS
+from longseq.model.block import norm_layer
 from longseq.model.layers import DecoderLayer, PositionwiseFF
 from longseq.model.memory import Memory, Recurrence, as_memory
 from longseq.model.stack import LayerStack
@@ -23,6 +24,9 @@ IGNORE_INDEX = -100
 __all__ = ["DecoderLayer", "IGNORE_INDEX", "LMOutput", "PositionwiseFF", "TransformerXL", "TransformerXLLM"]
 
 
+NORM_WEIGHTS = ("layer_norm.weight", "final_norm.weight", "q_norm.weight", "k_norm.weight")  # initialised at 1 +- std
+
+
 class TransformerXL(LayerStack):
     """The embedding, then the layer stack over a recurrence memory; returns hidden states and the new memory."""
 
@@ -30,6 +34,7 @@ class TransformerXL(LayerStack):
         super().__init__(config)
         c = config
         self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
+        self.final_norm = norm_layer(c.norm, c.d_model, c.layer_norm_eps, c.bias) if c.final_norm else None
 
     def forward(
         self,
@@ -40,14 +45,19 @@ class TransformerXL(LayerStack):
         global_mask: Tensor | None = None,  # (B, T) bool: global tokens of the global and bigbird patterns
         layer_outputs: list | None = None,
     ) -> tuple[Tensor, Memory, Tensor | None]:
-        """Returns hidden states (B, T, E), the new memory and the memory policies' auxiliary loss (or None).  With
-        ``layer_outputs`` (a list), the layers' input and every layer's output (B, T', E) are appended to it."""
+        """Returns hidden states (B, T, E) (after the final norm, with ``final_norm``), the new memory and the
+        auxiliary loss (or None: see :class:`LMOutput`).  With ``layer_outputs`` (a list), the layers' input and every
+        layer's output (B, T', E) are appended to it (the last one after the final norm)."""
         batch, qlen = input_ids.shape
         step = self.open_step(memory, batch, qlen, input_ids.device, recurrence, doc_ids)
         hidden = self.drop(step.wrap(self.encoding.embed(self.word_emb(input_ids))))  # (B, T', E)
         if layer_outputs is not None:
             layer_outputs.append(hidden)
-        hidden, memory, aux = self.run(step, memory, hidden, recurrence, global_mask, layer_outputs)
+        hidden, memory, aux = self.run(step, memory, hidden, recurrence, global_mask, layer_outputs, input_ids)
+        if self.final_norm is not None:
+            hidden = self.final_norm(hidden)
+            if layer_outputs is not None:  # the last output as the head reads it, as transformers' models give it
+                layer_outputs[-1] = self.final_norm(layer_outputs[-1])
         return self.drop(hidden), memory, aux
 
 
@@ -56,8 +66,9 @@ class LMOutput:
     """``loss``: mean NLL over labelled tokens (or None; NaN when labels were given but none is kept); ``logits``: (B, T, V) logits, or full
     log-probabilities with adaptive softmax (None when labels were given); ``nll``: per-token NLL
     (B, T), 0 where ignored; ``mems``: the new :class:`~longseq.model.memory.Memory` (``mems[i]`` is layer i's
-    (B, M, E) states); ``aux_loss``: the compressors' attention-reconstruction loss in training with a learned
-    compressed memory (add it to the loss), else None."""
+    (B, M, E) states); ``aux_loss``: in training, the compressors' attention-reconstruction loss with a learned
+    compressed memory and a dynamic hourglass's boundary loss (H-Net's ratio loss; the entropy head's and threshold's
+    losses): add it to the loss; else None."""
 
     loss: Tensor | None
     logits: Tensor | None
@@ -79,7 +90,7 @@ class TransformerXLLM(nn.Module):
         self.config = config
         c = config
         self.transformer = TransformerXL(c)
-        self.crit = AdaptiveLogSoftmax(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
+        self.crit = AdaptiveLogSoftmax(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val, c.logit_softcap)
         self.init_weights()
         self.tie_weights()
 
@@ -89,7 +100,8 @@ class TransformerXLLM(nn.Module):
         * Linear, embedding and softmax weights, u and v: normal(0, ``init_std`` = 0.02) (u and v 0 with
           ``uv_init="zeros"``); biases 0.
         * Embedding and softmax projections (``emb_projs``, ``out_projs``): normal(0, ``proj_init_std`` = 0.01).
-        * LayerNorm weights normal(1, ``init_std``), biases 0.
+        * Norm weights (LayerNorm or RMSNorm: ``layer_norm``, ``final_norm``, and QK-norm's ``q_norm``, ``k_norm``)
+          normal(1, ``init_std``), biases 0.
         * Cluster weights of the adaptive softmax normal(0, ``init_std``), cluster biases 0.
         * Then every module with parameters of its own kind (the ssm's A, dt, D and norm, the convolution's taps,
           the LSTM mixer) initialises them again with ``init_own_parameters()``.
@@ -98,7 +110,7 @@ class TransformerXLLM(nn.Module):
         for name, param in self.named_parameters():
             if "emb_projs" in name or "out_projs" in name:
                 nn.init.normal_(param, 0.0, proj_std)
-            elif "layer_norm.weight" in name:
+            elif name.endswith(NORM_WEIGHTS):
                 nn.init.normal_(param, 1.0, std)
             elif name.endswith("bias") and "r_w_bias" not in name and "r_r_bias" not in name:
                 nn.init.zeros_(param)

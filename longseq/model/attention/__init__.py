@@ -11,7 +11,8 @@ For query i (absolute position M + i) and key j the score is
 
     A_ij = (q_i + u) . k_j  +  (q_i + v) . W_R R_{M+i-j}          (terms (a)+(c) and (b)+(d))
 
-scaled by 1/sqrt(D).  Paper symbols map to parameters as u -> ``r_w_bias``,
+scaled by 1/sqrt(D) (and with ``attn_softcap`` c capped at c tanh(A / c) before the mask and the softmax).
+Paper symbols map to parameters as u -> ``r_w_bias``,
 v -> ``r_r_bias``, W_R -> ``r_net``; W_q, W_k, W_v are the three blocks of ``qkv_net``.
 
 Kernels are chosen by name from :data:`ATTENTION_KERNELS`: ``reference`` gathers R for every
@@ -20,12 +21,12 @@ term and shifts it with a strided view, the path used in training.
 
 Kernel contract: a kernel gets queries (B, H, T, D), keys and values (B, H, K, D), a relative table
 ``rel_key`` (H, R, D) whose row ``T - i + j`` holds W_R R for the distance of pair (i, j) (R >= K + 1;
-rows past the end are only read for forbidden pairs), u, v and a bool mask broadcastable to
-(B, H, T, K), True where forbidden.  :func:`blocked_attention` cuts a problem into blocks of queries,
-each with only the keys its attention pattern can reach, and hands every block to a kernel as a
-smaller instance of the same contract: that is what makes local patterns linear in length.  Sparse patterns
-(strided, block_sparse, global tokens, random blocks) run as disjoint pieces of their allowed pairs under one
-softmax (:mod:`longseq.model.attention.sparse`), so they cost what they allow.
+rows past the end are only read for forbidden pairs), u, v, a bool mask broadcastable to
+(B, H, T, K), True where forbidden, and the keyword ``softcap`` (0: no cap).  :func:`blocked_attention` cuts a
+problem into blocks of queries, each with only the keys its attention pattern can reach, and hands every block to
+a kernel as a smaller instance of the same contract: that is what makes local patterns linear in length.  Sparse
+patterns (strided, block_sparse, global tokens, random blocks) run as disjoint pieces of their allowed pairs under
+one softmax (:mod:`longseq.model.attention.sparse`), so they cost what they allow.
 """
 
 from longseq.model.attention.kernels import (

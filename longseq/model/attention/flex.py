@@ -28,6 +28,7 @@ from torch import Tensor
 
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.shift import table_rows
+from longseq.model.block import softcap as capped
 
 
 @cache
@@ -41,11 +42,12 @@ def flex_available() -> bool:
 
 
 def flex_relative_attention(
-    query, key, value, rel_key, r_w_bias, r_r_bias, mask, dropatt, training, first_forbidden: int = 0
+    query, key, value, rel_key, r_w_bias, r_r_bias, mask, dropatt, training, first_forbidden: int = 0, softcap=0.0
 ) -> Tensor:
     """The kernel contract on FlexAttention, for the whole problem at once; ``mask`` a :class:`PatternMask` or a
     dense bool mask broadcastable to (B, H, T, K), True where forbidden (its block mask skips what is allowed
-    everywhere, so ``first_forbidden`` adds nothing)."""
+    everywhere, so ``first_forbidden`` adds nothing).  A ``softcap`` caps each score in the ``score_mod``, before
+    the mask."""
     if training and dropatt > 0:
         raise ValueError("attn_impl=flex has no attention dropout: set dropatt=0 or use attn_impl=rel_shift")
     batch, heads, qlen, d_head = query.shape
@@ -65,7 +67,7 @@ def flex_relative_attention(
 
     def score_mod(score, b, h, q_idx, kv_idx):
         slot = qlen - q_idx + kv_idx if reach is None else reach - (q_idx + mlen - kv_idx)
-        return score + position[b, h, q_idx, slot.clamp(0, last)]
+        return capped(score + position[b, h, q_idx, slot.clamp(0, last)], softcap)
 
     block_mask = _block_mask(mask, batch, heads, qlen, klen, query.device)
     return _flex(query + r_w_bias[:, None], key, value, score_mod, block_mask, scale)
@@ -170,7 +172,9 @@ def _flex_hop(*args):
 
 def _eager_flex_with_grad(query, key, value, score_mod, block_mask, scale) -> Tensor:
     """What ``flex_attention`` runs uncompiled (the FlexAttention operator through the eager backend), without its
-    refusal of gradients on CPU."""
+    refusal of gradients on CPU.  Traced with static shapes: one trace per shape (the compilation environment lifts
+    the recompile limit), because once dynamo's automatic dynamic shapes set in after a few lengths, tracing the
+    ``score_mod``'s indexing of the position term fails (PendingUnbackedSymbolNotFound in PyTorch 2.13)."""
     try:
         from torch._higher_order_ops.utils import setup_compilation_env
         from torch.nn.attention.flex_attention import _apply_kernel_options
@@ -181,6 +185,6 @@ def _eager_flex_with_grad(query, key, value, score_mod, block_mask, scale) -> Te
         ) from None
     options = _apply_kernel_options(query, key, value, False, None)
     with setup_compilation_env() as backend:
-        run = torch.compile(_flex_hop, backend=backend, fullgraph=True)
+        run = torch.compile(_flex_hop, backend=backend, fullgraph=True, dynamic=False)
         out, *_ = run(query, key, value, score_mod, block_mask.as_tuple(), scale, options)
     return out

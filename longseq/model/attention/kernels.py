@@ -10,7 +10,9 @@ Kernel contract: a kernel gets queries (B, H, T, D), keys and values (B, H, K, D
 ``rel_key`` (H, R, D) whose row ``T - i + j`` holds W_R R for the distance of pair (i, j) (R >= K + 1;
 rows past the end are only read for forbidden pairs), u, v, a bool mask broadcastable to (B, H, T, K), True
 where forbidden, the attention dropout and the training flag, and ``first_forbidden``: a key column before which
-no pair is forbidden (0: no such bound), which a kernel may use to mask less.
+no pair is forbidden (0: no such bound), which a kernel may use to mask less; and the keyword ``softcap``: c > 0
+caps every score at c tanh(score / c) before the mask (a kernel without a hook on the scores, listed in
+:data:`UNCAPPED_KERNELS`, refuses it).
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from longseq.model.attention.reference import (
     reference_attention,
     reference_content_attention,
 )
-from longseq.model.attention.shift import RelativeProbs, fill_forbidden_, key_bands
+from longseq.model.attention.shift import fill_forbidden_, key_bands, relative_probs
 from longseq.model.attention.shift import rel_shift as rel_shift  # re-exported: part of the kernels' interface
 from longseq.model.attention.sparse import sparse_attention
+from longseq.model.block import softcap as capped
 
 
 def rel_shift_attention(
@@ -46,11 +49,12 @@ def rel_shift_attention(
     dropatt: float,
     training: bool,
     first_forbidden: int = 0,
+    softcap: float = 0.0,
 ) -> Tensor:
     """Fast path: one matmul per term, the position term shifted by a strided view, fused softmax backward.
     Without gradients (evaluation, generation) the shifted position term becomes an additive bias of PyTorch's
-    fused ``scaled_dot_product_attention``, which never writes the probabilities out.  A :class:`PatternMask`
-    (the whole problem in one block) is made dense here."""
+    fused ``scaled_dot_product_attention``, which never writes the probabilities out (not with a ``softcap``: the
+    capped scores are written out).  A :class:`PatternMask` (the whole problem in one block) is made dense here."""
     if isinstance(mask, PatternMask):
         first_forbidden, mask = mask.first_forbidden(0, 0), mask.forbidden()
     scale = 1.0 / math.sqrt(query.size(-1))
@@ -58,19 +62,19 @@ def rel_shift_attention(
     full_precision = query.dtype in (torch.float32, torch.float64)
     needs_grad = any(t.requires_grad for t in (query, key, value, rel_key, r_w_bias, r_r_bias))
     inference = not (torch.is_grad_enabled() and needs_grad)
-    if full_precision and inference and not (training and dropatt > 0):
+    if full_precision and inference and not (training and dropatt > 0) and not softcap:
         position = torch.matmul(q_position, rel_key.transpose(-1, -2))  # (B, H, T, R)
         bias = rel_shift(position, query.size(2), key.size(2))  # (B, H, T, K): its rows do not overlap
         fill_forbidden_(bias, mask, first_forbidden)  # in place, in the buffer of ``position``
         return F.scaled_dot_product_attention(query + r_w_bias[:, None], key, value, attn_mask=bias)
     q_content = (query + r_w_bias[:, None]) * scale  # (B, H, T, D)
     if full_precision:
-        probs = RelativeProbs.apply(q_content, key, q_position, rel_key, mask, first_forbidden)
+        probs = relative_probs(q_content, key, q_position, rel_key, mask, first_forbidden, softcap)
     else:  # half precision: logits and softmax in float32 (autograd tracks the steps), probabilities cast back
         with torch.autocast(query.device.type, enabled=False):
             content = torch.matmul(q_content.float(), key.float().transpose(-1, -2))
             position = torch.matmul(q_position.float(), rel_key.float().transpose(-1, -2))
-            scores = content + rel_shift(position, query.size(2), key.size(2))
+            scores = capped(content + rel_shift(position, query.size(2), key.size(2)), softcap)
             probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1).to(value.dtype)
     probs = F.dropout(probs, p=dropatt, training=training)
     return torch.matmul(probs, value)  # (B, H, T, D)
@@ -80,17 +84,20 @@ AttentionKernel = Callable[..., Tensor]
 
 
 @torch.no_grad()
-def key_mass(query, key, rel_key, r_w_bias, r_r_bias, mask) -> Tensor:
+def key_mass(query, key, rel_key, r_w_bias, r_r_bias, mask, softcap: float = 0.0) -> Tensor:
     """Attention mass each key receives, summed over heads and queries: (B, K).  For memory pruning."""
     scale = 1.0 / math.sqrt(query.size(-1))
     scores = torch.matmul((query + r_w_bias[:, None]) * scale, key.transpose(-1, -2))  # (B, H, T, K)
     position = torch.matmul((query + r_r_bias[:, None]) * scale, rel_key.transpose(-1, -2))
     scores += rel_shift(position, query.size(2), key.size(2))
+    scores = capped(scores, softcap)
     scores.masked_fill_(mask, float("-inf"))
     return torch.softmax(scores, dim=-1).sum(dim=(1, 2))
 
 
-def banded_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask: PatternMask, block, band, dropatt, training):
+def banded_attention(
+    query, key, value, rel_key, r_w_bias, r_r_bias, mask: PatternMask, block, band, dropatt, training, softcap=0.0
+):
     """A local pattern with every block of queries at once: block b's keys are a fixed-width band
     [M + b * block - before, M + (b + 1) * block + after), gathered from ``block``-long slices of the padded
     keys, so one batched matmul serves all blocks and the gradients of the overlapping bands add up through
@@ -116,7 +123,7 @@ def banded_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask: Patte
 
     forbidden = mask.banded(n_blocks, block, before, width)  # (B or 1, H or 1, n, block, W)
     key_band, value_band = (key_bands(x, mlen, n_blocks, block, before, width) for x in (key, value))  # (B, H, n, W, D)
-    probs = RelativeProbs.apply(q_content, key_band, q_position, local_rel, forbidden)  # (B, H, n, block, W)
+    probs = relative_probs(q_content, key_band, q_position, local_rel, forbidden, cap=softcap)  # (B, H, n, block, W)
     probs = F.dropout(probs, p=dropatt, training=training)
     out = torch.matmul(probs, value_band)  # (B, H, n, block, D)
     return out.view(batch, heads, n_blocks * block, d_head)[:, :, :qlen]
@@ -134,6 +141,7 @@ def blocked_attention(
     mask: PatternMask | Tensor,
     dropatt: float,
     training: bool,
+    softcap: float = 0.0,
 ) -> Tensor:
     """Run ``kernel`` on blocks of ``chunk`` queries, each over the keys [lo, hi) its pattern can reach.
 
@@ -145,16 +153,20 @@ def blocked_attention(
     Local patterns run every block at once (:func:`banded_attention`); sparse ones (strided, block_sparse, global
     tokens, random blocks) as pieces of the allowed pairs under one softmax (:func:`sparse_attention`).
     A dense ``mask`` tensor (T, K) or (B, 1|H, T, K) must be causal; blocks then skip only future keys.
-    ``chunk`` = 0 means one block.
+    ``chunk`` = 0 means one block; ``softcap`` is passed on to every kernel and piece.
     """
     qlen, klen = query.size(2), key.size(2)
     step = chunk if 0 < chunk < qlen else qlen
     if kernel is rel_shift_attention and isinstance(mask, PatternMask) and step < qlen:
         band = mask.band(step)
         if band is None and mask.pattern.local_reach is not None:  # a sparse pattern: its pieces at their cost
-            return sparse_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask, step, dropatt, training)
+            return sparse_attention(
+                query, key, value, rel_key, r_w_bias, r_r_bias, mask, step, dropatt, training, softcap
+            )
         if band is not None and query.dtype in (torch.float32, torch.float64):
-            out = banded_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask, step, band, dropatt, training)
+            out = banded_attention(
+                query, key, value, rel_key, r_w_bias, r_r_bias, mask, step, band, dropatt, training, softcap
+            )
             if out is not None:
                 return out
     outs = []
@@ -180,6 +192,7 @@ def blocked_attention(
                 dropatt,
                 training,
                 first_forbidden=first,
+                softcap=softcap,
             )
         )
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, T, D)
@@ -196,12 +209,15 @@ def sdpa_attention(
     dropatt: float,
     training: bool,
     first_forbidden: int = 0,
+    softcap: float = 0.0,  # refused: SDPA has no hook for the scores
 ) -> Tensor:
     """The content family's kernel: softmax(q.k / sqrt(D) + bias) on PyTorch's ``scaled_dot_product_attention``,
     so FlashAttention or the memory-efficient kernel serves it on a GPU and the fused kernel on a CPU.  The plain
     causal mask without a bias is a lower-right causal mask (``causal_lower_right``: query i of T over K keys sees
     keys up to K - T + i), which those kernels take without a (T, K) tensor; anything else is one additive
-    (T, K) mask, -inf where forbidden."""
+    (T, K) mask, -inf where forbidden.  It cannot cap the scores (``softcap``): the layer chooses another kernel."""
+    if softcap:
+        raise ValueError("attn_impl=sdpa cannot cap the attention logits (attn_softcap): it has no hook for the scores")
     qlen, klen = query.size(2), key.size(2)
     dropout = dropatt if training else 0.0
     plain = isinstance(mask, PatternMask) and mask.is_causal_full and mask.span is None and mask.mlen == klen - qlen
@@ -232,20 +248,32 @@ CONTENT_KERNELS: dict[str, AttentionKernel] = {  # the content family: q.k plus 
 KERNEL_NAMES = ("auto", *dict.fromkeys([*ATTENTION_KERNELS, *CONTENT_KERNELS]))  # what attn_impl may name
 
 
-def kernel_for(name: str, family: str) -> AttentionKernel:
+UNCAPPED_KERNELS = (sdpa_attention,)  # kernels that never see the scores: no attn_softcap
+
+
+def kernel_for(name: str, family: str, softcap: bool = False) -> AttentionKernel:
     """The kernel ``attn_impl`` names for an encoding of ``family`` (``relative`` or ``content``), or a
-    ``ValueError`` saying which names that family has."""
+    ``ValueError`` saying which names that family has, or that the kernel cannot cap the scores (``softcap``)."""
     kernels = ATTENTION_KERNELS if family == "relative" else CONTENT_KERNELS
     if name not in kernels:
         raise ValueError(
             f"attn_impl={name} does not run the {family} position family; it has {', '.join(['auto', *kernels])}"
         )
+    if softcap and kernels[name] in UNCAPPED_KERNELS:
+        capped_names = [n for n, k in kernels.items() if k not in UNCAPPED_KERNELS]
+        raise ValueError(
+            f"attn_impl={name} runs {kernels[name].__name__}, which has no hook for the scores, so it cannot apply "
+            f"attn_softcap; the {family} family caps them with {', '.join(['auto', *capped_names])}"
+        )
     return kernels[name]
 
 
-def resolve_kernel(name: str, device_type: str, pattern, dropout: bool, family: str = "relative") -> str:
+def resolve_kernel(
+    name: str, device_type: str, pattern, dropout: bool, family: str = "relative", softcap: bool = False
+) -> str:
     """The kernel ``attn_impl`` names for a layer of ``pattern`` (an AttentionPattern; None: full) on a device, when
-    it is built or moved: for the content family ``auto`` is ``sdpa``; for the relative family it is ``flex`` on
+    it is built or moved: for the content family ``auto`` is ``sdpa``, or ``reference`` when the layer caps its
+    scores (``softcap``: SDPA has no hook for them); for the relative family it is ``flex`` on
     CUDA for patterns without sparse pieces (full attention, window, dilated) when this PyTorch has FlexAttention and
     the layer has no attention dropout (``dropout``), and ``rel_shift`` otherwise.  Why not Flex for the sparse
     patterns: its block mask visits every 128 x 128 block that holds one allowed pair (stride columns and block
@@ -254,7 +282,7 @@ def resolve_kernel(name: str, device_type: str, pattern, dropout: bool, family: 
     if name != "auto":
         return name
     if family == "content":
-        return "sdpa"
+        return "reference" if softcap else "sdpa"
     local = pattern is None or not pattern.pieces  # full, or a band (global tokens: their rows run everywhere)
     if device_type == "cuda" and local and not dropout and flex_available():
         return "flex"

@@ -18,6 +18,7 @@ from longseq.model.attention.kernels import (
 )
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.reference import attention_probs, content_probs, dense_mask
+from longseq.model.block import norm_layer
 from longseq.model.positions import RelativePositions, Shape, position_encoding, upgrade_position_names
 
 
@@ -43,7 +44,10 @@ class RelativeMultiHeadAttention(nn.Module):
     device (``auto``: :func:`~longseq.model.attention.kernels.resolve_kernel` for its ``pattern``), never per call.
     ``n_kv_head`` < ``n_head`` shares each key/value head among ``n_head / n_kv_head`` query heads (grouped-query
     attention; 1: multi-query); a key/value memory stores the ``n_kv_head`` heads only.  ``qk_norm`` RMS-normalises
-    every query and key head (learned scale per channel) before positions are applied.
+    every query and key head (learned scale per channel) before positions are applied.  ``norm`` names the block's
+    norm (``layernorm`` or ``rmsnorm``; ``bias`` False: a LayerNorm without bias); ``softcap`` > 0 caps every logit
+    at softcap * tanh(logit / softcap) before the mask and softmax, in every kernel that runs it (``sdpa`` has no
+    hook for the scores: ``auto`` then chooses ``reference`` for the content family).
     """
 
     def __init__(
@@ -62,6 +66,9 @@ class RelativeMultiHeadAttention(nn.Module):
         max_relative_distance: int = 0,
         n_kv_head: int = 0,
         qk_norm: bool = False,
+        norm: str = "layernorm",
+        bias: bool = True,
+        softcap: float = 0.0,
         pattern=None,  # the layer's AttentionPattern (None: full), for ``auto``
         positions: Shape | None = None,  # the encoding's options beyond the heads (rope, t5)
     ) -> None:
@@ -72,7 +79,7 @@ class RelativeMultiHeadAttention(nn.Module):
         if n_head % self.n_kv_head:
             raise ValueError(f"n_kv_head={n_kv_head} must divide n_head={n_head}")
         self.pre_lnorm = pre_lnorm
-        self.dropatt = dropatt
+        self.dropatt, self.softcap = dropatt, softcap
         self.kernel_name, self.pattern = kernel, pattern
         self.qkv_net = nn.Linear(d_model, (n_head + 2 * self.n_kv_head) * d_head, bias=False)  # W_q, W_{k,E}, W_v
         shape = positions or Shape(d_model, n_head, d_head, max_relative_distance)
@@ -82,7 +89,7 @@ class RelativeMultiHeadAttention(nn.Module):
         self.q_norm = nn.RMSNorm(d_head, eps=eps) if qk_norm else None
         self.k_norm = nn.RMSNorm(d_head, eps=eps) if qk_norm else None
         self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
-        self.layer_norm = nn.LayerNorm(d_model, eps=eps)
+        self.layer_norm = norm_layer(norm, d_model, eps, bias)
         self.drop = nn.Dropout(dropout)
         self._prepare()
         self._register_load_state_dict_pre_hook(_upgrade_names, with_module=True)
@@ -90,8 +97,8 @@ class RelativeMultiHeadAttention(nn.Module):
     def _prepare(self) -> None:
         """Choose the kernel for the device the weights are on (``auto`` resolved here, once)."""
         device = self.qkv_net.weight.device.type
-        name = resolve_kernel(self.kernel_name, device, self.pattern, self.dropatt > 0, self.family)
-        self.kernel = kernel_for(name, self.family)
+        name = resolve_kernel(self.kernel_name, device, self.pattern, self.dropatt > 0, self.family, self.softcap > 0)
+        self.kernel = kernel_for(name, self.family, self.softcap > 0)
         self.blocked = self.kernel is not flex_relative_attention and self.chunk > 0
 
     def _apply(self, fn, recurse: bool = True):
@@ -139,8 +146,8 @@ class RelativeMultiHeadAttention(nn.Module):
         query, key, value = self._scored(*self._project(hidden, context))
         table = self.relative_keys(rel_key)
         if self.family == "content":
-            return content_probs(query, key, table, dense_mask(mask))
-        return attention_probs(query, key, table, r_w_bias, r_r_bias, dense_mask(mask))
+            return content_probs(query, key, table, dense_mask(mask), self.softcap)
+        return attention_probs(query, key, table, r_w_bias, r_r_bias, dense_mask(mask), self.softcap)
 
     def forward(
         self,
@@ -163,10 +170,23 @@ class RelativeMultiHeadAttention(nn.Module):
         query, key, value = self._scored(*present)
         if self.blocked and (qlen > self.chunk or mask_narrows(mask, qlen, key.size(2))):
             attn = blocked_attention(
-                self.kernel, self.chunk, query, key, value, table, r_w_bias, r_r_bias, mask, self.dropatt, self.training
+                self.kernel,
+                self.chunk,
+                query,
+                key,
+                value,
+                table,
+                r_w_bias,
+                r_r_bias,
+                mask,
+                self.dropatt,
+                self.training,
+                softcap=self.softcap,
             )
         else:  # one block over every key: the kernel itself
-            attn = self.kernel(query, key, value, table, r_w_bias, r_r_bias, mask, self.dropatt, self.training)
+            attn = self.kernel(
+                query, key, value, table, r_w_bias, r_r_bias, mask, self.dropatt, self.training, softcap=self.softcap
+            )
         attn = attn.transpose(1, 2).reshape(batch, qlen, self.n_head * self.d_head)  # (B, T, H*D)
         out = self.drop(self.o_net(attn))  # (B, T, E)
         out = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
@@ -177,8 +197,8 @@ class RelativeMultiHeadAttention(nn.Module):
 
     def _mass(self, query, key, table, r_w_bias, r_r_bias, mask) -> Tensor:
         if self.family == "content":
-            return content_probs(query, key, table, mask).sum(dim=(1, 2))
-        return key_mass(query, key, table, r_w_bias, r_r_bias, mask)
+            return content_probs(query, key, table, mask, self.softcap).sum(dim=(1, 2))
+        return key_mass(query, key, table, r_w_bias, r_r_bias, mask, self.softcap)
 
 
 def mask_narrows(mask: PatternMask | Tensor, qlen: int, klen: int) -> bool:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from longseq.model.attention.patterns import PatternMask
+from longseq.model.block import softcap
 
 
 def causal_mask(qlen: int, mlen: int, span: int | None, device: torch.device | None = None) -> Tensor:
@@ -48,9 +49,10 @@ def reference_attention(
     dropatt: float,
     training: bool,
     first_forbidden: int = 0,  # the kernel contract's hint: the reference masks every column
+    softcap: float = 0.0,  # > 0: every score capped at softcap * tanh(score / softcap) before the mask
 ) -> Tensor:
     """Readable reference: gather W_R R_{i-j} for every (i, j) and add the two terms."""
-    probs = attention_probs(query, key, rel_key, r_w_bias, r_r_bias, dense_mask(mask))
+    probs = attention_probs(query, key, rel_key, r_w_bias, r_r_bias, dense_mask(mask), softcap)
     return F.dropout(probs, p=dropatt, training=training) @ value  # (B, H, T, D)
 
 
@@ -72,21 +74,23 @@ def reference_content_attention(
     dropatt: float,
     training: bool,
     first_forbidden: int = 0,
+    softcap: float = 0.0,
 ) -> Tensor:
-    """The content family's readable reference: softmax(q.k / sqrt(D) + bias_{i-j}) over the allowed keys."""
-    probs = content_probs(query, key, bias, dense_mask(mask))
+    """The content family's readable reference: softmax(q.k / sqrt(D) + bias_{i-j}) over the allowed keys (each
+    score capped first with ``softcap`` > 0)."""
+    probs = content_probs(query, key, bias, dense_mask(mask), softcap)
     return F.dropout(probs, p=dropatt, training=training) @ value
 
 
-def content_probs(query: Tensor, key: Tensor, bias: Tensor | None, mask: Tensor) -> Tensor:
+def content_probs(query: Tensor, key: Tensor, bias: Tensor | None, mask: Tensor, cap: float = 0.0) -> Tensor:
     """The content family's attention probabilities (B, H, T, K) of the reference, without dropout."""
     scores = torch.einsum("bhtd,bhkd->bhtk", query, key) / math.sqrt(query.size(-1))
     if bias is not None:
         scores = scores + distance_bias(bias, query.size(2), key.size(2)).to(scores.dtype)
-    return _softmax(scores.masked_fill(mask, float("-inf")))
+    return _softmax(softcap(scores, cap).masked_fill(mask, float("-inf")))
 
 
-def attention_probs(query, key, rel_key, r_w_bias, r_r_bias, mask) -> Tensor:
+def attention_probs(query, key, rel_key, r_w_bias, r_r_bias, mask, cap: float = 0.0) -> Tensor:
     """The attention probabilities (B, H, T, K) of the reference, without dropout (``rel_key`` None: content only)."""
     qlen, klen = query.size(2), key.size(2)
     content = torch.einsum("bhtd,bhkd->bhtk", query + r_w_bias[:, None], key)  # (a) + (c)
@@ -96,7 +100,7 @@ def attention_probs(query, key, rel_key, r_w_bias, r_r_bias, mask) -> Tensor:
         rows = rows.clamp(max=rel_key.size(1) - 1)  # (T, K) row of R for each pair; rows past the end are masked
         rel_pairs = rel_key[:, rows]  # (H, T, K, D)
         scores = content + torch.einsum("bhtd,htkd->bhtk", query + r_r_bias[:, None], rel_pairs)  # (b) + (d)
-    scores = scores / math.sqrt(query.size(-1))
+    scores = softcap(scores / math.sqrt(query.size(-1)), cap)  # cap * tanh(score / cap) with a cap
     return _softmax(scores.masked_fill(mask, float("-inf")))
 
 

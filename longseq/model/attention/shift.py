@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from longseq.model.block import masked_softcap
+
 
 def rel_shift(position_scores: Tensor, qlen: int, klen: int | None = None) -> Tensor:
     """Turn (B, H, T, R) scores indexed by relative row into (B, H, T, K) scores indexed by key.
@@ -91,6 +93,16 @@ class RelativeProbs(torch.autograd.Function):
         *inputs, probs = ctx.saved_tensors
         grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)  # (B, H, T, K)
         return (*_relative_backward(ctx, grad_scores, *inputs), None, None)
+
+
+def relative_probs(q_content, key, q_position, rel_key, mask, first_forbidden: int = 0, cap: float = 0.0) -> Tensor:
+    """:class:`RelativeProbs`, or with a ``cap`` > 0 the scores of :class:`RelativeScores` capped at
+    cap * tanh(score / cap) before one softmax (autograd keeps the capped scores for the backward: one more (T, K)
+    buffer than the uncapped path)."""
+    if not cap:
+        return RelativeProbs.apply(q_content, key, q_position, rel_key, mask, first_forbidden)
+    scores = RelativeScores.apply(q_content, key, q_position, rel_key, mask)  # -inf where forbidden
+    return torch.softmax(masked_softcap(scores, cap), dim=-1)
 
 
 class RelativeScores(torch.autograd.Function):

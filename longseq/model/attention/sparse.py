@@ -34,11 +34,12 @@ from longseq.model.attention.patterns import PatternError, PatternMask
 from longseq.model.attention.shift import (
     DiagonalScores,
     PositionScores,
-    RelativeProbs,
     RelativeScores,
     key_bands,
+    relative_probs,
     table_rows,
 )
+from longseq.model.block import masked_softcap
 
 
 def relative_scores(q_content: Tensor, key: Tensor, q_position: Tensor, rel_key: Tensor, forbidden: Tensor) -> Tensor:
@@ -289,29 +290,33 @@ def sparse_pieces(mask: PatternMask, block: int) -> list:
     return mask.shared(("sparse", block), make)
 
 
-def sparse_attention(query, key, value, rel_key, r_w_bias, r_r_bias, mask: PatternMask, block, dropatt, training):
+def sparse_attention(
+    query, key, value, rel_key, r_w_bias, r_r_bias, mask: PatternMask, block, dropatt, training, softcap=0.0
+):
     """Attention of a sparse pattern from its pieces (see the module docstring); exact, the kernel contract's
-    arguments plus the query ``block`` of the band.  Half precision runs in float32 (scores and softmax)."""
+    arguments plus the query ``block`` of the band.  Half precision runs in float32 (scores and softmax).  With a
+    ``softcap`` the joined scores are capped before the one softmax."""
     if query.dtype not in (torch.float32, torch.float64):
         with torch.autocast(query.device.type, enabled=False):
             full = (t.float() for t in (query, key, value, rel_key, r_w_bias, r_r_bias))
-            return sparse_attention(*full, mask, block, dropatt, training).to(value.dtype)
+            return sparse_attention(*full, mask, block, dropatt, training, softcap).to(value.dtype)
     scale = 1.0 / math.sqrt(query.size(-1))
     q_content = (query + r_w_bias[:, None]) * scale  # (B, H, T, D)
     q_position = (query + r_r_bias[:, None]) * scale
     pieces = sparse_pieces(mask, block)
     scores = torch.cat([p.scores(q_content, q_position, key, rel_key) for p in pieces], dim=-1)  # (B, H, T, N)
+    scores = masked_softcap(scores, softcap)  # the forbidden pairs stay -inf
     probs = F.dropout(torch.softmax(scores, dim=-1), p=dropatt, training=training)
     out = None
     for piece, share in zip(pieces, probs.split([p.width for p in pieces], dim=-1)):
         part = piece.output(share, value)  # (B, H, T, D)
         out = part if out is None else out + part
     if mask.has_global_tokens:
-        _global_rows_(out, q_content, q_position, key, value, rel_key, mask, dropatt, training)
+        _global_rows_(out, q_content, q_position, key, value, rel_key, mask, dropatt, training, softcap)
     return out
 
 
-def _global_rows_(out, q_content, q_position, key, value, rel_key, mask: PatternMask, dropatt, training) -> None:
+def _global_rows_(out, q_content, q_position, key, value, rel_key, mask: PatternMask, dropatt, training, cap) -> None:
     """Overwrite, in ``out`` (B, H, T, D), the rows of global tokens with their attention over every key they may
     see: each run of consecutive global queries of a batch row is one block of the rel-shift kernel."""
     qlen = q_content.size(2)
@@ -335,6 +340,6 @@ def _global_rows_(out, q_content, q_position, key, value, rel_key, mask: Pattern
             first = qlen - i + lo
             table = rel_key[:, first : first + (hi - lo) + (i - i0)]
             queries = (x[b : b + 1, :, i0:i] for x in (q_content, q_position))
-            probs = RelativeProbs.apply(next(queries), key[b : b + 1, :, lo:hi], next(queries), table, forbidden)
+            probs = relative_probs(next(queries), key[b : b + 1, :, lo:hi], next(queries), table, forbidden, cap=cap)
             probs = F.dropout(probs, p=dropatt, training=training)
             out[b : b + 1, :, i0:i] = torch.matmul(probs, value[b : b + 1, :, lo:hi])

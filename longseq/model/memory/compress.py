@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from longseq.model.block import with_detached_parameters
 from longseq.model.memory.policy import Compressed, Reconstruction, Selection
 
 
@@ -117,12 +118,9 @@ def reconstruction_loss(attention, hidden: Tensor, old: Tensor, compressed: Tens
     compressed states, so the gradient reaches the compressor only."""
     width, kv_width = attention.n_head * attention.d_head, attention.n_kv_head * attention.d_head
     w_q, w_k, w_v = attention.qkv_net.weight.detach().split((width, kv_width, kv_width), dim=0)
-    norm = attention.layer_norm
 
     def prepare(x: Tensor) -> Tensor:
-        if attention.pre_lnorm:
-            return F.layer_norm(x, norm.normalized_shape, norm.weight.detach(), norm.bias.detach(), norm.eps)
-        return x
+        return with_detached_parameters(attention.layer_norm, x) if attention.pre_lnorm else x
 
     query = F.linear(prepare(hidden.detach()), w_q)
     target = _content_attention(query, prepare(old.detach()), w_k, w_v, attention.n_head)

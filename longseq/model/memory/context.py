@@ -73,8 +73,10 @@ class RingContext(NamedTuple):
 class StateContext(NamedTuple):
     """A recurrent layer's part of the memory: its own state (None at the start of a stream), and with documents
     tracked ``docs`` = (document of every position (B, T), document of the last position before the segment
-    (B,)); ``recurrence`` is the call's (an hourglass derives its shortened layers' from it)."""
+    (B,)); ``recurrence`` is the call's (an hourglass derives its shortened layers' from it); ``tokens`` the
+    segment's token ids (B, T) when the stack was given them (an entropy boundary predictor learns from them)."""
 
     state: LayerState | None
     docs: tuple[Tensor, Tensor] | None
     recurrence: Recurrence
+    tokens: Tensor | None = None

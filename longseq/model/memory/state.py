@@ -338,8 +338,11 @@ class HourglassState:
 
     @classmethod
     def join(cls, parts: Sequence[HourglassState]) -> HourglassState:
+        """Inverse of :meth:`split`.  Inner memories of different lengths (a dynamic hourglass's parts read
+        different numbers of chunks) are left-padded with empty slots, masked by document id -1."""
         tensors = tuple(torch.cat(list(ts)) for ts in zip(*(p.tensors for p in parts)))
-        return cls(tensors, Memory.join([p.inner for p in parts]), parts[0].phase)
+        longest = max(p.inner.mem_length for p in parts)
+        return cls(tensors, Memory.join([_left_padded(p.inner, longest) for p in parts]), parts[0].phase)
 
     def select(self, rows: Tensor) -> HourglassState:
         return replace(self, tensors=tuple(_rows(t, rows) for t in self.tensors), inner=self.inner.select(rows))
@@ -368,6 +371,26 @@ class HourglassState:
             return None
         phase = int(t[f"memory.phase.{i}"]) if f"memory.phase.{i}" in t else int(held[2][0]) if legacy else 0
         return cls(held, Memory.from_tensors(nested) or Memory(), phase)
+
+
+def _left_padded(memory: Memory, length: int) -> Memory:
+    """A hidden-state memory with document ids, with empty slots (zeros, document -1) before its own up to
+    ``length``."""
+    missing = length - memory.mem_length
+    if missing == 0 or not memory.layers:
+        return memory
+    if memory.doc_ids is None or not all(isinstance(layer, HiddenMemory) for layer in memory.layers):
+        raise ValueError(
+            "only hidden-state memories with document ids can be padded to join memories of different lengths"
+        )
+    layers = tuple(
+        HiddenMemory(
+            torch.cat([layer.hidden.new_zeros(layer.hidden.size(0), missing, layer.hidden.size(2)), layer.hidden], 1)
+        )
+        for layer in memory.layers
+    )
+    docs = torch.cat([memory.doc_ids.new_full((memory.doc_ids.size(0), missing), -1), memory.doc_ids], dim=1)
+    return replace(memory, layers=layers, doc_ids=docs)
 
 
 # Checkpoint readers, in the order they claim a layer's tensors (an hourglass's state before a plain one).

@@ -1,7 +1,7 @@
 """Layers that are not attention, each carrying its recurrent state in the memory: ``ssm`` (Mamba-2's SSD),
 ``conv`` (a gated short convolution), ``rnn`` (an LSTM layer), and the linear-attention family with a matrix state
 per head, ``linear``, ``performer``, ``retention``, ``gla`` and ``delta`` (:mod:`.linear`).  :class:`MixerLayer`
-wraps one with the residual, the LayerNorm and the position-wise feed-forward of a decoder layer."""
+wraps one with the residual, the norm and the position-wise feed-forward of a decoder layer."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import NamedTuple
 from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig
+from longseq.model.block import norm_layer
 from longseq.model.layers import LayerOutput
 from longseq.model.memory import RecurrentState, StateContext
 from longseq.model.mixers.conv import GatedConv
@@ -66,9 +67,9 @@ MIXERS: dict[str, MixerKind] = {  # the registry; "attention" (the decoder layer
 
 
 class MixerLayer(nn.Module):
-    """A mixer, then the position-wise feed-forward, each with a residual and a pre- or post-LayerNorm: the
-    decoder layer's shape with the attention replaced.  Called like a decoder layer; its "present" is its part of the new
-    memory."""
+    """A mixer, then the position-wise feed-forward, each with a residual and a pre- or post-norm (``norm``): the
+    decoder layer's shape with the attention replaced.  Called like a decoder layer; its "present" is its part of
+    the new memory."""
 
     attends = False  # its context is its recurrent state
 
@@ -77,7 +78,7 @@ class MixerLayer(nn.Module):
         self.name, self.pre_lnorm = name, config.pre_lnorm
         self.state_bptt = config.mixers.state_bptt  # > 1: the state keeps its graph in training
         self.mixer = MIXERS[name].build(config)
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.layer_norm = norm_layer(config.norm, config.d_model, config.layer_norm_eps, config.bias)
         self.drop = nn.Dropout(config.dropout)
         self.pos_ff = feed_forward
 

@@ -1,0 +1,61 @@
+"""Where a model with learned or entropy chunks (``boundaries=learned|entropy``) cuts a text: the boundaries read
+segment by segment with the memory carried, and what they look like (mean chunk length and spread, how many fall
+at the start of a word or a line)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from longseq.model import Memory
+from longseq.model.dynamic import DynamicHourglass
+
+
+def read_boundaries(model, ids: Tensor, segment: int) -> Tensor:
+    """The chunk starts (T,) bool of one stream ``ids`` (T,) read in segments of ``segment`` tokens with the memory
+    carried: position t begins a chunk.  ``model`` is a language model with a dynamic hourglass."""
+    blocks = [layer for layer in model.transformer.layers if isinstance(layer, DynamicHourglass)]
+    if not blocks:
+        raise ValueError("this model has no chunk boundaries: set shorten_layers and boundaries=learned or entropy")
+    cuts: list[Tensor] = []
+    hook = blocks[0].boundaries.register_forward_hook(lambda module, args, out: cuts.append(out.cuts[0]))
+    try:
+        mems, was_training = Memory(), model.training
+        model.eval()
+        with torch.no_grad():
+            for lo in range(0, ids.numel(), segment):
+                mems = model.read(ids[None, lo : lo + segment], mems)
+        model.train(was_training)
+    finally:
+        hook.remove()
+    return torch.cat(cuts).cpu()
+
+
+def chunk_statistics(data: bytes, starts: Tensor, mem_len: int) -> dict:
+    """Mean chunk length and its spread over ``data`` (one token per byte) cut at ``starts`` (T,); the share of
+    chunk starts at a word start (after a space or newline), at a space or newline itself and at a line start,
+    against those positions' share of the text; and ``mem_len`` chunk memory slots expressed in bytes."""
+    starts = starts.bool().tolist()
+    begins = [t for t, cut in enumerate(starts) if cut]
+    lengths = [b - a for a, b in zip(begins, begins[1:] + [len(starts)])]
+    mean = sum(lengths) / len(lengths)
+    spread = math.sqrt(sum((n - mean) ** 2 for n in lengths) / len(lengths))
+    word = [t > 0 and data[t - 1 : t] in (b" ", b"\n") for t in range(len(starts))]
+    line = [t > 0 and data[t - 1 : t] == b"\n" for t in range(len(starts))]
+    space = [data[t : t + 1] in (b" ", b"\n") for t in range(len(starts))]
+    return {
+        "chunks": len(lengths),
+        "mean_length": mean,
+        "std_length": spread,
+        "longest": max(lengths),
+        "at_word_start": sum(word[t] for t in begins) / len(begins),
+        "word_starts_in_text": sum(word) / len(word),
+        "word_starts_cut": sum(starts[t] for t in range(len(word)) if word[t]) / max(1, sum(word)),
+        "at_space": sum(space[t] for t in begins) / len(begins),
+        "spaces_in_text": sum(space) / len(space),
+        "at_line_start": sum(line[t] for t in begins) / len(begins),
+        "memory_slots": mem_len,
+        "memory_bytes": mem_len * mean,
+    }

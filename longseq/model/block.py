@@ -1,0 +1,96 @@
+"""The parts every layer of a block shares, chosen by name: the norm (:data:`NORMS`), the position-wise
+feed-forward's activation (:data:`FEED_FORWARDS`), and the soft cap of scores.
+
+* ``norm``: ``layernorm`` (the paper's) or ``rmsnorm`` (Zhang & Sennrich, 2019: x / sqrt(mean(x^2) + eps) * g, no
+  centring, no bias; ``torch.nn.RMSNorm``).  A norm module is always named ``layer_norm`` in its layer, so
+  checkpoints, the initialisation (weights normal(1, ``init_std``)) and the optimizer's no-decay rule read it the same
+  way whichever norm it is.
+* ``ff``: ``relu`` (the paper's) and ``gelu`` are W2 act(W1 x); ``swiglu`` and ``geglu`` are the gated units of
+  Shazeer (2020), W2 (act(W1 x) * W3 x) with act = SiLU or GELU: W1 and W3 are the two halves of one
+  (2 ``d_inner``, ``d_model``) projection, gate first, so ``d_inner`` stays the hidden width (a gated
+  feed-forward has 3 ``d_model`` x ``d_inner`` weights instead of 2).
+* :func:`softcap`: Gemma 2's c tanh(x / c), which bounds scores to (-c, c) smoothly (attention logits with
+  ``attn_softcap``, output logits with ``logit_softcap``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from longseq.config.base import check_choice
+
+
+def norm_layer(name: str, width: int, eps: float, bias: bool = True) -> nn.Module:
+    """The norm ``name`` (a key of :data:`NORMS`) over the last ``width`` channels; ``bias`` False drops a
+    LayerNorm's bias (an RMSNorm has none)."""
+    check_choice("norm", name, tuple(NORMS))
+    return NORMS[name](width, eps, bias)
+
+
+NORMS: dict[str, Callable[[int, float, bool], nn.Module]] = {
+    "layernorm": lambda width, eps, bias: nn.LayerNorm(width, eps=eps, bias=bias),
+    "rmsnorm": lambda width, eps, bias: nn.RMSNorm(width, eps=eps),
+}
+
+
+def with_detached_parameters(norm: nn.LayerNorm | nn.RMSNorm, x: Tensor) -> Tensor:
+    """``norm(x)`` with the norm's parameters detached: the gradient reaches ``x`` only."""
+    weight = None if norm.weight is None else norm.weight.detach()
+    if isinstance(norm, nn.RMSNorm):
+        return F.rms_norm(x, norm.normalized_shape, weight, norm.eps)
+    bias = None if norm.bias is None else norm.bias.detach()
+    return F.layer_norm(x, norm.normalized_shape, weight, bias, norm.eps)
+
+
+class GatedActivation(nn.Module):
+    """act(a) * b for the two halves (a, b) of the last dimension: the gate W1 x and the value W3 x of one
+    projection (B, T, 2 F) -> (B, T, F)."""
+
+    def __init__(self, activation: nn.Module) -> None:
+        super().__init__()
+        self.activation = activation
+
+    def forward(self, projected: Tensor) -> Tensor:
+        gate, value = projected.chunk(2, dim=-1)
+        return self.activation(gate) * value
+
+
+class FeedForwardKind(NamedTuple):
+    """An activation of the feed-forward: the module, and whether it gates (its first projection is twice as
+    wide)."""
+
+    activation: Callable[[], nn.Module]
+    gated: bool = False
+
+
+FEED_FORWARDS: dict[str, FeedForwardKind] = {
+    "relu": FeedForwardKind(lambda: nn.ReLU(inplace=True)),
+    "gelu": FeedForwardKind(nn.GELU),  # the exact (erf) GELU
+    "swiglu": FeedForwardKind(lambda: GatedActivation(nn.SiLU()), gated=True),
+    "geglu": FeedForwardKind(lambda: GatedActivation(nn.GELU()), gated=True),
+}
+
+
+def feed_forward_kind(name: str) -> FeedForwardKind:
+    """The activation ``ff`` names, or a ConfigError naming the close matches."""
+    check_choice("ff", name, tuple(FEED_FORWARDS))
+    return FEED_FORWARDS[name]
+
+
+def softcap(scores: Tensor, cap: float) -> Tensor:
+    """cap * tanh(scores / cap); a cap of 0 leaves the scores as they are."""
+    if not cap:
+        return scores
+    return cap * torch.tanh(scores / cap)
+
+
+def masked_softcap(scores: Tensor, cap: float) -> Tensor:
+    """:func:`softcap` of scores already masked with -inf, which stay -inf (tanh would make them -cap)."""
+    if not cap:
+        return scores
+    return torch.where(scores == float("-inf"), scores, softcap(scores, cap))

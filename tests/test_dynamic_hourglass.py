@@ -1,0 +1,261 @@
+"""Learned segmentation: a dynamic hourglass whose chunks a boundary predictor chooses (``boundaries=learned``,
+H-Net's routing; ``boundaries=entropy``, BLT's entropy patches), with an XL memory of chunks.
+
+Claims: no position's prediction (nor boundary) depends on a later token; segments with both memories carried and
+token-by-token generation equal the whole sequence in one pass (float64); the boundaries are the same read whole
+or in segments; each row of a batch reads as it would alone, with a coarse memory that truncates to ``mem_len``
+chunks; a new document reads nothing of the previous one; the smoothing's scan equals its loop; the ratio loss is
+its formula and the model adds it; the entropy threshold settles on the quantile that gives the target chunk
+length; training resumes bit for bit; bad options are refused by name."""
+
+import pytest
+import torch
+from support import assert_resumes_exactly, raises_naming, segments_and_steps, tiny_run
+
+from longseq import ModelConfig, TransformerXLLM
+from longseq.config import ConfigError
+from longseq.diagnostics.chunks import chunk_statistics, read_boundaries
+from longseq.model.boundaries import EntropyCut, ratio_loss, smooth, smooth_reference
+from longseq.model.registry import ignored_options
+
+SMALL = dict(vocab_size=30, n_layer=4, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0)
+PREDICTORS = {
+    "learned": dict(boundaries="learned"),
+    "entropy": dict(boundaries="entropy"),
+    "entropy-relative": dict(boundaries="entropy", entropy_rule="relative"),
+}
+
+
+def dynamic(name: str, mem_len: int = 48, seed: int = 7, **extra) -> TransformerXLLM:
+    torch.manual_seed(seed)
+    config = ModelConfig(**{**SMALL, "mem_len": mem_len, "shorten_layers": [1, 3], "shorten_factor": 3,
+                            **PREDICTORS[name], **extra})  # fmt: skip
+    model = TransformerXLLM(config).double().eval()
+    if name.startswith("entropy"):  # a head that is sure of some tokens and not of others, so the entropy varies
+        with torch.no_grad():
+            model.transformer.layers[1].boundaries.head.weight.normal_(0, 1.0)
+    return model
+
+
+def recorded_cuts(model: TransformerXLLM) -> tuple[list, object]:
+    """A list that every call of the model's boundary predictor appends its decision (a ``Cut``) to, and the hook."""
+    cuts = []
+    hook = model.transformer.layers[1].boundaries.register_forward_hook(lambda module, args, out: cuts.append(out))
+    return cuts, hook
+
+
+@pytest.mark.parametrize("name", sorted(PREDICTORS))
+def test_no_prediction_and_no_boundary_depends_on_a_later_token(name):
+    model = dynamic(name)
+    x = torch.randint(0, 30, (3, 17))
+    cuts, _ = recorded_cuts(model)
+    with torch.no_grad():
+        base = model(x).logits
+        base_cuts = cuts[-1].cuts
+        for t in range(16):
+            y = x.clone()
+            y[:, t + 1] = (y[:, t + 1] + 1) % 30
+            torch.testing.assert_close(model(y).logits[:, : t + 1], base[:, : t + 1], rtol=0, atol=1e-12)
+            assert torch.equal(cuts[-1].cuts[:, : t + 1], base_cuts[:, : t + 1])
+    counts = base_cuts.sum(1)
+    assert bool((counts > 2).all()) and bool((counts < 15).all())  # the test cuts: neither every position nor none
+
+
+@pytest.mark.parametrize("name", sorted(PREDICTORS))
+def test_segments_and_token_by_token_generation_equal_the_whole_pass(name):
+    """Segments of 5 (chunks span segments) with the byte and chunk memories carried, and one token at a time
+    through a ring memory (generation's path), against one pass over the whole sequence; the boundaries too."""
+    model = dynamic(name)
+    x = torch.randint(0, 30, (3, 23))
+    cuts, _ = recorded_cuts(model)
+    with torch.no_grad():
+        whole = model(x).logits
+        whole_cuts = cuts[-1].cuts
+        cuts.clear()
+        segmented, stepped, _ = segments_and_steps(model, x, 5)
+    read_in_segments = torch.cat([c.cuts for c in cuts[:5]], dim=1)
+    one_at_a_time = torch.cat([c.cuts for c in cuts[5:]], dim=1)
+    assert torch.equal(read_in_segments, whole_cuts) and torch.equal(one_at_a_time, whole_cuts)
+    torch.testing.assert_close(segmented, whole, rtol=0, atol=1e-10)
+    torch.testing.assert_close(stepped, whole, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["learned", "entropy"])
+def test_each_row_reads_as_it_would_alone_with_a_coarse_memory_of_mem_len_chunks(name):
+    """Rows cut different numbers of chunks, so the batch pads them; with a memory of 4 (bytes, and chunks at the
+    coarse level, which truncates) every row's scores are those it gets read alone, and each row's coarse memory
+    holds its last 4 chunks (fewer if it cut fewer, the empty slots masked)."""
+    model = dynamic(name, mem_len=4)
+    x = torch.randint(0, 30, (3, 40))
+
+    def read(rows):
+        mems, parts = None, []
+        for lo in range(0, 40, 7):
+            out = model(rows[:, lo : lo + 7], mems)
+            parts.append(out.logits)
+            mems = out.mems
+        return torch.cat(parts, dim=1), mems
+
+    cuts, _ = recorded_cuts(model)
+    with torch.no_grad():
+        batch, mems = read(x)
+        counts = torch.cat([c.cuts for c in cuts], dim=1).sum(1)
+        alone = torch.cat([read(x[b : b + 1])[0] for b in range(3)])
+    torch.testing.assert_close(batch, alone, rtol=0, atol=1e-10)
+    coarse = mems.layers[1].inner
+    assert len(set(counts.tolist())) > 1 and int(counts.max()) > 4  # ragged rows, the memory truncates
+    assert coarse.mem_length == 4 and torch.equal((coarse.doc_ids >= 0).sum(1), counts.clamp(max=4))
+
+
+def test_a_new_document_reads_nothing_of_the_previous_one():
+    """With documents, changing the first document changes nothing after the second begins, read across
+    segments; the second document's first position begins a chunk."""
+    model = dynamic("learned")
+    x = torch.randint(0, 30, (2, 23))
+    docs = torch.tensor([[0] * 9 + [1] * 14, [0] * 9 + [1] * 14])
+    other = x.clone()
+    other[:, :9] = torch.randint(0, 30, (2, 9))
+    cuts, _ = recorded_cuts(model)
+    with torch.no_grad():
+        first = model(x[:, :7], doc_ids=docs[:, :7]).mems
+        continued = model(x[:, 7:], first, doc_ids=docs[:, 7:]).logits[:, 2:]
+        replaced = model(other, doc_ids=docs).logits[:, 9:]
+    torch.testing.assert_close(continued, replaced, rtol=0, atol=1e-10)
+    assert bool(cuts[1].cuts[:, 2].all()) and bool((cuts[1].probs[:, 2] == 1).all())
+
+
+def test_the_smoothing_scan_equals_its_loop():
+    """The moving average over 37 chunks (blocks of 16 and a rest), restarted at forced boundaries and continuing
+    a carried average, in float64; its gradient too."""
+    torch.manual_seed(0)
+    outputs = torch.randn(3, 37, 5, dtype=torch.float64, requires_grad=True)
+    probs = (0.5 + 0.5 * torch.rand(3, 37, dtype=torch.float64)).requires_grad_()
+    carried = torch.randn(3, 5, dtype=torch.float64)
+    starts = torch.rand(3, 37) < 0.1
+    starts[0, 0] = True
+    fast, slow = smooth(outputs, probs, carried, starts), smooth_reference(outputs, probs, carried, starts)
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
+    weights = torch.randn_like(fast)
+    grads = [torch.autograd.grad((y * weights).sum(), (outputs, probs)) for y in (fast, slow)]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_the_smoothing_in_bfloat16_stays_finite_where_a_probability_rounds_to_one():
+    """In bfloat16 1 - 1e-4 is 1, whose log(1 - P) is -inf: the smoothing computes in float32 and stays within
+    bfloat16's rounding of the float64 loop."""
+    torch.manual_seed(1)
+    outputs = torch.randn(2, 20, 4, dtype=torch.float64)
+    probs = torch.full((2, 20), 0.99995, dtype=torch.float64)
+    probs[:, ::3] = 0.6
+    carried, starts = torch.randn(2, 4, dtype=torch.float64), torch.zeros(2, 20, dtype=torch.bool)
+    low = smooth(outputs.bfloat16(), probs.bfloat16(), carried.bfloat16(), starts)
+    assert low.dtype == torch.bfloat16 and bool(torch.isfinite(low).all())
+    torch.testing.assert_close(low.double(), smooth_reference(outputs, probs, carried, starts), rtol=0, atol=0.05)
+
+
+def test_the_ratio_loss_is_its_formula_and_the_model_adds_it():
+    """H-Net's L = N/(N-1) ((N-1) F G + (1-F)(1-G)) on hand-made values; 1 at F = G = 1/N and more elsewhere; and a
+    training pass's aux_loss is ratio_loss x the loss of the boundaries it chose."""
+    cuts = torch.tensor([[True, False, False, True, False, False, False, True]])
+    probs = torch.tensor([[1.0, 0.2, 0.1, 0.7, 0.3, 0.4, 0.0, 0.9]], dtype=torch.float64)
+    f, g, n = 3 / 8, 3.6 / 8, 3.0
+    assert abs(float(ratio_loss(cuts, probs, 3)) - n / (n - 1) * ((n - 1) * f * g + (1 - f) * (1 - g))) < 1e-15
+    for n in (2, 3, 5):
+        at = torch.full((1, 10 * n), 1 / n, dtype=torch.float64)
+        quarter = torch.zeros(1, 10 * n, dtype=torch.bool)
+        quarter[0, ::n] = True
+        assert abs(float(ratio_loss(quarter, at, n)) - 1) < 1e-12
+        more = torch.ones_like(quarter)
+        assert float(ratio_loss(more, torch.ones_like(at), n)) > 1 + 1e-3
+    model = dynamic("learned", ratio_loss=0.05).train()
+    recorded, _ = recorded_cuts(model)
+    x = torch.randint(0, 30, (2, 12))
+    out = model(x, labels=x)
+    cut = recorded[-1]
+    torch.testing.assert_close(out.aux_loss, 0.05 * ratio_loss(cut.cuts, cut.probs, 3), rtol=0, atol=1e-15)
+    assert model.eval()(x).aux_loss is None
+
+
+def test_the_entropy_threshold_settles_on_the_quantile_of_the_target_length():
+    """Trained alone by its pinball loss on fixed inputs, the threshold cuts 1 position in N (N = 4)."""
+    torch.manual_seed(0)
+    predictor = EntropyCut(8, 16, 4, "global").double()
+    predictor.init_own_parameters()
+    with torch.no_grad():
+        predictor.head.weight.normal_(0, 1.0)
+    hidden = torch.randn(2, 400, 8, dtype=torch.float64)
+    forced = torch.zeros(2, 400, dtype=torch.bool)
+    optimizer = torch.optim.Adam([predictor.level], lr=0.01)
+    for _ in range(300):
+        optimizer.zero_grad()
+        cut = predictor(hidden, hidden[:, 0], hidden[:, 0, 0], forced)
+        cut.aux.backward()
+        optimizer.step()
+    fraction = float(predictor(hidden, hidden[:, 0], hidden[:, 0, 0], forced).cuts.double().mean())
+    assert 0.22 < fraction < 0.28
+
+
+@pytest.mark.parametrize("name", ["learned", "entropy"])
+def test_activation_checkpointing_recomputes_the_same_chunks(name):
+    """The block recomputed in the backward pass cuts the same chunks: the gradients (the boundary losses'
+    included) equal those of a pass that kept its activations."""
+    x = torch.randint(0, 30, (2, 19))
+    grads = []
+    for every in (0, 1):
+        model = dynamic(name).train()
+        model.transformer.activation_checkpointing = every
+        out = model(x, labels=x)
+        (out.loss + out.aux_loss).backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        assert (a is None and b is None) or torch.allclose(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("boundaries", ["learned", "entropy"])
+def test_training_resumes_bit_for_bit(boundaries, tmp_path):
+    def run():
+        config = tiny_run(max_steps=8, eval_interval=4, grad_accum=2)
+        model = config.model.to_dict()
+        model.update(n_layer=3)
+        model["hourglass"].update(shorten_layers=[1, 2], shorten_factor=2, boundaries=boundaries)
+        config.model = ModelConfig.from_dict(model)
+        return config
+
+    assert_resumes_exactly(run, tmp_path, stop_after=3)
+
+
+def test_bad_options_are_refused_by_name():
+    base = dict(SMALL, shorten_layers=[1, 3])
+    with raises_naming(ConfigError, "boundaries=learned", "shorten_layers"):
+        ModelConfig(**SMALL, boundaries="learned")
+    with raises_naming(ConfigError, "boundaries", "learned"):
+        ModelConfig(**base, boundaries="learnt")
+    with raises_naming(ConfigError, "boundaries=entropy", "attention", "ssm"):
+        ModelConfig(**base, boundaries="entropy", mixer=["attention", "ssm", "attention", "attention"])
+    with raises_naming(ConfigError, "same_length"):
+        ModelConfig(**base, boundaries="learned", same_length=True)
+    with raises_naming(ConfigError, "ratio_loss"):
+        ModelConfig(**base, boundaries="learned", ratio_loss=-1.0)
+    with raises_naming(ConfigError, "entropy_rule"):
+        ModelConfig(**base, boundaries="entropy", entropy_rule="spike")
+    assert ignored_options(ModelConfig(**base, boundaries="entropy", ratio_loss=0.1)) == ["hourglass.ratio_loss=0.1"]
+    assert ignored_options(ModelConfig(**base, boundaries="learned", shorten_fn="mean")) == [
+        "hourglass.shorten_fn=mean"
+    ]
+
+
+def test_the_boundaries_a_diagnosis_reads_and_their_statistics():
+    """read_boundaries reads a stream in segments and gives the whole pass's boundaries; chunk_statistics counts
+    chunk lengths and where they begin on a hand-cut text."""
+    model = dynamic("learned")
+    x = torch.randint(0, 30, (1, 23))
+    cuts, _ = recorded_cuts(model)
+    with torch.no_grad():
+        model(x)
+    assert torch.equal(read_boundaries(model, x[0], 5), cuts[0].cuts[0])
+    text = b"ab cd\nef"  # chunks "ab", " cd", "\nef": lengths 2, 3, 3
+    stats = chunk_statistics(text, torch.tensor([1, 0, 1, 0, 0, 1, 0, 0]), mem_len=4)
+    assert (stats["chunks"], stats["mean_length"], stats["longest"]) == (3, 8 / 3, 3)
+    assert abs(stats["std_length"] - (2 / 9) ** 0.5) < 1e-12 and stats["memory_bytes"] == 4 * 8 / 3
+    assert (stats["at_space"], stats["at_word_start"], stats["word_starts_in_text"]) == (2 / 3, 0.0, 2 / 8)
