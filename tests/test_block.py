@@ -57,7 +57,7 @@ def test_rmsnorm_is_the_hand_formula_in_every_norm_of_the_model():
     norm; every norm scale starts at 1 +- init_std (QK-norm's too)."""
     model = double_model(norm="rmsnorm", final_norm=True, pre_lnorm=True, pos="rope", qk_norm=True)
     norms = [model.transformer.final_norm]
-    for layer in model.transformer.layers:
+    for layer in model.transformer.stack.layers:
         norms += [layer.dec_attn.layer_norm, layer.pos_ff.layer_norm, layer.dec_attn.q_norm]
     x = torch.randn(3, 5, 16, dtype=torch.float64) * 3 + 1
     for norm in norms:
@@ -315,8 +315,8 @@ def test_a_pre_rmsnorm_model_trains_a_learned_compressed_memory():
         out = model(x[:, lo : lo + 4], mems)
         mems = out.mems
     out.aux_loss.backward()
-    compressor = model.transformer.memory.compression.compressors[0].conv.weight
-    norm = model.transformer.layers[0].dec_attn.layer_norm
+    compressor = model.transformer.stack.memory.compression.compressors[0].conv.weight
+    norm = model.transformer.stack.layers[0].dec_attn.layer_norm
     assert isinstance(norm, torch.nn.RMSNorm) and norm.weight.grad is None  # the norm is read, not trained by it
     assert compressor.grad is not None and compressor.grad.abs().max() > 0
 
@@ -375,8 +375,8 @@ def test_checkpoints_and_configs_without_the_options_read_as_the_papers_block():
         0.0,
     )
     model = TransformerXLLM(old)
-    assert isinstance(model.transformer.layers[0].pos_ff.core_net[1], torch.nn.ReLU)
-    assert isinstance(model.transformer.layers[0].dec_attn.layer_norm, torch.nn.LayerNorm)
+    assert isinstance(model.transformer.stack.layers[0].pos_ff.core_net[1], torch.nn.ReLU)
+    assert isinstance(model.transformer.stack.layers[0].dec_attn.layer_norm, torch.nn.LayerNorm)
     assert model.transformer.final_norm is None
 
 

@@ -1,8 +1,9 @@
 """Checkpoints: atomic, verified, never half-written.  Corruption, truncation and a manifest that omits files are
 refused; a missing file or key is named; a failed save (a full disk) keeps the previous checkpoint; a kill in the
 middle of a swap is repaired; rotation keeps the last N; RNG states round-trip; NaN weights are reported broken; a
-checkpoint finds its corpus from any directory; a run directory resolves to its best/; format v1 checkpoints load
-and score what they scored, and an old classifier keeps its pooling."""
+checkpoint finds its corpus from any directory; a run directory resolves to its best/; format v1 checkpoints and
+those of the backbone's older weight names load and score what they scored, and an old classifier keeps its
+pooling."""
 
 from __future__ import annotations
 
@@ -125,7 +126,7 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(checkpoint_module, "save_model", broken)
-    torch.nn.init.zeros_(model.transformer.r_w_bias)
+    torch.nn.init.zeros_(model.transformer.stack.r_w_bias)
     with pytest.raises(CheckpointError, match="No space left"):
         save_checkpoint(str(tmp_path / "last"), model, run, tok)
     again, _, _, _ = load_checkpoint(str(tmp_path / "last"))
@@ -246,6 +247,22 @@ def test_a_checkpoint_whose_tokenizer_does_not_fit_the_model_is_an_error_naming_
         load_checkpoint(str(tmp_path / "ckpt"))
 
 
+def test_a_checkpoint_saved_while_the_backbone_was_its_layer_stack_loads_and_scores_the_same(tmp_path, lm_checkpoint):
+    """Before the backbone held its layer stack, the stack's weights were ``transformer.layers.*``,
+    ``transformer.r_w_bias``, ...; today they are ``transformer.stack.*``.  A checkpoint of the old names loads
+    (the backbone's load hook renames them) and gives the same logits."""
+    from safetensors.torch import load_file
+
+    model, tokenizer, run, _ = load_checkpoint(lm_checkpoint)
+    stored = load_file(os.path.join(lm_checkpoint, "model.safetensors"))
+    old = {name.replace("transformer.stack.", "transformer."): tensor for name, tensor in stored.items()}
+    assert any(name.startswith("transformer.layers.") for name in old) and len(old) == len(stored)
+    save_checkpoint(str(tmp_path / "old"), model, run, tokenizer, weights=old)
+    loaded, _, _, _ = load_checkpoint(str(tmp_path / "old"))
+    x = torch.randint(0, run.model.vocab_size, (2, 9))
+    assert torch.equal(loaded(x).logits, model(x).logits)
+
+
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
 
@@ -262,7 +279,9 @@ def test_a_format_v1_checkpoint_loads_and_scores_the_same_loss(name):
     assert result["loss"] == pytest.approx(expected["loss"], abs=1e-6)
     if name == "v1_compact":  # the renamed tensors arrived: compressors and memory tokens are not the init
         assert run.model.memory.cmem_len == 4 and run.model.memory.mem_tokens == 2
-        assert not torch.equal(model.transformer.memory_tokens, torch.zeros_like(model.transformer.memory_tokens))
+        assert not torch.equal(
+            model.transformer.stack.memory_tokens, torch.zeros_like(model.transformer.stack.memory_tokens)
+        )
 
 
 def test_a_run_records_its_pooling_and_an_old_checkpoint_keeps_last(tmp_path):

@@ -33,14 +33,16 @@ def dynamic(name: str, mem_len: int = 48, seed: int = 7, **extra) -> Transformer
     model = TransformerXLLM(config).double().eval()
     if name.startswith("entropy"):  # a head that is sure of some tokens and not of others, so the entropy varies
         with torch.no_grad():
-            model.transformer.layers[1].boundaries.head.weight.normal_(0, 1.0)
+            model.transformer.stack.layers[1].boundaries.head.weight.normal_(0, 1.0)
     return model
 
 
 def recorded_cuts(model: TransformerXLLM) -> tuple[list, object]:
     """A list that every call of the model's boundary predictor appends its decision (a ``Cut``) to, and the hook."""
     cuts = []
-    hook = model.transformer.layers[1].boundaries.register_forward_hook(lambda module, args, out: cuts.append(out))
+    hook = model.transformer.stack.layers[1].boundaries.register_forward_hook(
+        lambda module, args, out: cuts.append(out)
+    )
     return cuts, hook
 
 
@@ -204,7 +206,7 @@ def test_activation_checkpointing_recomputes_the_same_chunks(name):
     grads = []
     for every in (0, 1):
         model = dynamic(name).train()
-        model.transformer.activation_checkpointing = every
+        model.transformer.stack.activation_checkpointing = every
         out = model(x, labels=x)
         (out.loss + out.aux_loss).backward()
         grads.append([p.grad for p in model.parameters()])

@@ -147,11 +147,12 @@ def test_the_memory_steps_and_the_layers_keep_their_declared_interfaces():
     import inspect
 
     from longseq.model.hourglass import Hourglass
-    from longseq.model.layers import DecoderLayer, StackLayer
+    from longseq.model.layers import StackLayer
     from longseq.model.memory.cache import KeyValueStep
     from longseq.model.memory.policy import MemoryStep
     from longseq.model.memory.step import HiddenStep
     from longseq.model.mixers import MixerLayer
+    from longseq.model.stack import DecoderLayer
 
     def parameters(function) -> list[str]:
         return list(inspect.signature(function).parameters)

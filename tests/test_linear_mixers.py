@@ -275,7 +275,7 @@ def test_the_performers_projection_comes_from_the_seed_and_is_orthogonal():
     draws = {}
     for seed in (0, 0, 1):
         torch.manual_seed(seed)
-        draws.setdefault(seed, []).append(TransformerXLLM(config).transformer.layers[0].mixer.projection)
+        draws.setdefault(seed, []).append(TransformerXLLM(config).transformer.stack.layers[0].mixer.projection)
     assert torch.equal(*draws[0]) and not torch.equal(draws[0][0], draws[1][0])
     w = draws[0][0]
     assert w.shape == (20, 8)
@@ -302,7 +302,7 @@ def test_training_with_the_family_resumes_bit_for_bit_and_the_checkpoint_holds_t
     saved = load_file(str(tmp_path / "whole" / "best" / "model.safetensors"))
     torch.manual_seed(123)
     loaded, _, _, _ = load_checkpoint(str(tmp_path / "whole" / "best"))
-    name = "transformer.layers.3.mixer.projection"
+    name = "transformer.stack.layers.3.mixer.projection"
     torch.manual_seed(123)
     fresh = TransformerXLLM(loaded.config).state_dict()[name]
     assert torch.equal(loaded.state_dict()[name], saved[name]) and not torch.equal(fresh, saved[name])

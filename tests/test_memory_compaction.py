@@ -78,10 +78,12 @@ def test_compressive_memory_fills_and_trains_only_the_compressor(kind):
         if out.aux_loss is not None:
             aux_seen = True
             compressor = [
-                p for n, p in model.named_parameters() if n.startswith("transformer.memory.policies.compression.")
+                p for n, p in model.named_parameters() if n.startswith("transformer.stack.memory.policies.compression.")
             ]
             main = [
-                p for n, p in model.named_parameters() if not n.startswith("transformer.memory.policies.compression.")
+                p
+                for n, p in model.named_parameters()
+                if not n.startswith("transformer.stack.memory.policies.compression.")
             ]
             grads = torch.autograd.grad(out.aux_loss, compressor + main, allow_unused=True)
             assert all(g is not None for g in grads[: len(compressor)])
@@ -164,13 +166,15 @@ def test_attention_pruning_keeps_the_segment_and_the_most_attended_old_slots():
     embedded = recent.transformer.word_emb(x[:, 6:11])
     assert torch.equal(layer0[:, 3:], embedded)
     # the 3 old slots are those of layer 0 that received the most attention mass, in their original order
-    attn = recent.transformer.layers[0].dec_attn
+    attn = recent.transformer.stack.layers[0].dec_attn
     context = torch.cat([first[0], embedded], dim=1)
     q, k, _ = attn.qkv_net(context).split(16, dim=-1)
     q = q[:, -5:].reshape(2, 5, 2, 8).transpose(1, 2)
     k = k.reshape(2, 11, 2, 8).transpose(1, 2)
-    rel = recent.transformer.relative_tables(11, -1, torch.float32, x.device)[0]
-    mass = key_mass(q, k, rel, recent.transformer.r_w_bias, recent.transformer.r_r_bias, causal_mask(5, 6, None))[:, :6]
+    rel = recent.transformer.stack.relative_tables(11, -1, torch.float32, x.device)[0]
+    mass = key_mass(
+        q, k, rel, recent.transformer.stack.r_w_bias, recent.transformer.stack.r_r_bias, causal_mask(5, 6, None)
+    )[:, :6]
     chosen = mass.topk(3, dim=1).indices.sort(dim=1).values
     expected = first[0].gather(1, chosen[:, :, None].expand(-1, -1, 16))
     assert torch.allclose(layer0[:, :3], expected, atol=1e-6)
@@ -229,7 +233,7 @@ def test_reset_rows_with_memory_tokens_restarts_those_streams():
     mems = model(first).mems
     with pytest.raises(ValueError, match="initial_tokens"):
         reset_rows(mems, torch.tensor([True, False]))
-    cleared = reset_rows(mems, torch.tensor([True, False]), model.transformer.memory_tokens)
+    cleared = reset_rows(mems, torch.tensor([True, False]), model.transformer.stack.memory_tokens)
     after = model(second, cleared).logits
     assert torch.allclose(after[0], model(second[:1]).logits[0], atol=1e-10)
     assert torch.allclose(after[1], model(second, mems).logits[1], atol=1e-10)

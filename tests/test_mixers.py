@@ -260,7 +260,7 @@ def test_the_model_initialisation_keeps_each_mixer_its_own_and_the_mixers_mix():
     torch.manual_seed(0)
     config = ModelConfig(**{**SMALL, "mixer": ["ssm", "conv", "rnn", "ssm"], "mem_len": 0, "dropout": 0.0})
     model = TransformerXLLM(config).eval().requires_grad_(False)  # the parameters are read as numbers here
-    ssm, conv, rnn = (model.transformer.layers[i].mixer for i in range(3))
+    ssm, conv, rnn = (model.transformer.stack.layers[i].mixer for i in range(3))
     heads = ssm.A_log.numel()
     torch.testing.assert_close(ssm.A_log.exp(), torch.exp(torch.linspace(0, math.log(16), heads)))
     dt = torch.nn.functional.softplus(ssm.dt_bias)

@@ -31,11 +31,18 @@ XL_VARIANTS = {
 
 
 def old_layer_of(name: str, n_layer: int) -> int:
-    """The trainer's rule before the spec (train/optim.py, parsing names), kept here as the reference."""
+    """The trainer's rule before the spec (train/optim.py, parsing names, as it read the backbone's stack at
+    ``transformer.stack``), kept here as the reference."""
     name = name.removeprefix("lm.")
     if name.startswith(("transformer.word_emb", "embedding")):
         return 0
-    for prefix in ("transformer.layers.", "lstm.weight_ih_l", "lstm.weight_hh_l", "lstm.bias_ih_l", "lstm.bias_hh_l"):
+    for prefix in (
+        "transformer.stack.layers.",
+        "lstm.weight_ih_l",
+        "lstm.weight_hh_l",
+        "lstm.bias_ih_l",
+        "lstm.bias_hh_l",
+    ):
         if name.startswith(prefix):
             return int(name[len(prefix) :].split(".")[0].split("_")[0]) + 1
     return n_layer + 1
@@ -64,17 +71,17 @@ def test_layer_depths_are_the_old_name_rule(name, model):
     "name, model", [m for m in models() if "lstm" not in m[0]], ids=lambda v: v if isinstance(v, str) else ""
 )
 def test_fsdp_units_are_the_stacks_layers_then_the_language_model(name, model):
-    """The old shard_model: ``fully_shard`` on each of ``lm.transformer.layers``, then on the language model, then
+    """The old shard_model: ``fully_shard`` on each of ``lm.transformer.stack.layers``, then on the language model, then
     (a task's model) on the whole."""
     lm = getattr(model, "lm", model)
-    assert model_spec("transformer").fsdp_units(model) == [*lm.transformer.layers, lm]
+    assert model_spec("transformer").fsdp_units(model) == [*lm.transformer.stack.layers, lm]
     assert MODEL_SPECS["lstm"].fsdp_units is None
 
 
 @pytest.mark.parametrize("name, model", models(), ids=lambda v: v if isinstance(v, str) else "")
 def test_activation_checkpointing_is_set_on_the_outer_stack_only(name, model):
-    """The old trainer set ``activation_checkpointing`` on ``lm.transformer`` (an hourglass's inner stack kept 0) and
-    skipped the LSTM silently; the LSTM's spec now refuses a k > 0 by name."""
+    """The old trainer set ``activation_checkpointing`` on ``lm.transformer.stack`` (an hourglass's inner stack kept
+    0) and skipped the LSTM silently; the LSTM's spec now refuses a k > 0 by name."""
     spec = model_spec(model.config.arch)
     if model.config.arch == "lstm":
         spec.set_activation_checkpointing(model, 0)
@@ -84,7 +91,7 @@ def test_activation_checkpointing_is_set_on_the_outer_stack_only(name, model):
     stacks = [m for m in model.modules() if isinstance(m, LayerStack)]
     assert all(s.activation_checkpointing == 0 for s in stacks)
     spec.set_activation_checkpointing(model, 2)
-    assert getattr(model, "lm", model).transformer.activation_checkpointing == 2
+    assert stacks[0] is getattr(model, "lm", model).transformer.stack and stacks[0].activation_checkpointing == 2
     assert [s.activation_checkpointing for s in stacks[1:]] == [0] * (len(stacks) - 1)
 
 

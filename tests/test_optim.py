@@ -36,11 +36,11 @@ def test_layer_wise_decay_scales_each_depth():
     scale = {id(p): g["lr_scale"] for g in opt.param_groups for p in g["params"]}
     named = dict(model.named_parameters())
     assert scale[id(named["transformer.word_emb.emb_layers.0.weight"])] == 0.5**4  # embedding: depth 0 of top 4
-    assert scale[id(named["transformer.layers.0.dec_attn.qkv_net.weight"])] == 0.5**3
-    assert scale[id(named["transformer.layers.2.pos_ff.core_net.0.weight"])] == 0.5
-    assert scale[id(named["transformer.r_w_bias"])] == 1.0  # shared u sits on top
+    assert scale[id(named["transformer.stack.layers.0.dec_attn.qkv_net.weight"])] == 0.5**3
+    assert scale[id(named["transformer.stack.layers.2.pos_ff.core_net.0.weight"])] == 0.5
+    assert scale[id(named["transformer.stack.r_w_bias"])] == 1.0  # shared u sits on top
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
-    assert id(named["transformer.layers.0.dec_attn.layer_norm.weight"]) not in decayed
+    assert id(named["transformer.stack.layers.0.dec_attn.layer_norm.weight"]) not in decayed
     assert len({id(p) for g in opt.param_groups for p in g["params"]}) == len(list(model.parameters()))
 
 

@@ -188,10 +188,10 @@ def test_a_grouped_query_model_equals_full_heads_with_repeated_key_value_weights
     full = model_for("rope", mem_len=8)
     state = grouped.state_dict()
     for i in range(2):
-        w = state[f"transformer.layers.{i}.dec_attn.qkv_net.weight"]
+        w = state[f"transformer.stack.layers.{i}.dec_attn.qkv_net.weight"]
         q, k, v = w.split((16, 8, 8))
         k, v = (t.view(2, 4, 16).repeat_interleave(2, dim=0).reshape(16, 16) for t in (k, v))
-        state[f"transformer.layers.{i}.dec_attn.qkv_net.weight"] = torch.cat([q, k, v])
+        state[f"transformer.stack.layers.{i}.dec_attn.qkv_net.weight"] = torch.cat([q, k, v])
     full.load_state_dict(state)
     x = torch.randint(0, 30, (2, 10))
     with torch.no_grad():
@@ -270,7 +270,7 @@ def test_a_grouped_query_model_trains_a_learned_compressed_memory():
     full = model_for("rope", mem_len=4, cmem_len=2, cmem_rate=2, cmem_fn="conv")
     state = grouped.state_dict()
     for i in range(2):
-        name = f"transformer.layers.{i}.dec_attn.qkv_net.weight"
+        name = f"transformer.stack.layers.{i}.dec_attn.qkv_net.weight"
         q, k, v = state[name].split((16, 8, 8))
         state[name] = torch.cat([q, *(t.view(2, 4, 16).repeat_interleave(2, 0).reshape(16, 16) for t in (k, v))])
     full.load_state_dict(state)

@@ -3,7 +3,7 @@ sections, the run's configs, config files (TOML or JSON) and the presets shipped
 
 from longseq.config.base import ConfigError, JsonConfig, apply_overrides, coerce_value
 from longseq.config.files import load_run_config, write_run_config
-from longseq.config.model import MemoryConfig, ModelConfig, PatternConfig, PositionConfig
+from longseq.config.model import MemoryConfig, ModelConfig, PatternConfig, PositionConfig, Recurrence
 from longseq.config.presets import PRESETS, get_preset
 from longseq.config.run import DataConfig, EvalConfig, RunConfig, TaskConfig
 from longseq.config.train import (
@@ -32,6 +32,7 @@ __all__ = [
     "OptimConfig",
     "PatternConfig",
     "PositionConfig",
+    "Recurrence",
     "RunConfig",
     "RuntimeConfig",
     "SampleConfig",

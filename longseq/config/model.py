@@ -8,7 +8,7 @@ Fields that choose an implementation (``pattern.attention``, ``attn_impl``, ``po
 
 from __future__ import annotations
 
-from dataclasses import field
+from dataclasses import dataclass, field, replace
 
 from longseq.config.base import JsonConfig, check, check_finite, config
 
@@ -263,6 +263,21 @@ class HourglassConfig(JsonConfig):
 BOUNDARIES = ("fixed", "learned", "entropy")
 
 
+@dataclass(frozen=True)
+class Recurrence:
+    """How one call reads and writes the memory: ``mem_len`` positions kept, relative distances clamped to
+    ``clamp_len`` (<= 0: no clamp), and with ``same_length`` every query sees exactly the last ``mem_len`` keys.
+    A model's own is :meth:`ModelConfig.recurrence`; evaluation may use another (a longer memory than in training)."""
+
+    mem_len: int
+    clamp_len: int = -1
+    same_length: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mem_len < 0:
+            raise ValueError(f"mem_len must be >= 0, got {self.mem_len}")
+
+
 @config
 class ModelConfig(JsonConfig):
     """Transformer-XL architecture (Dai et al., 2019), with its ``memory``, ``pattern`` and ``positions``.
@@ -364,6 +379,28 @@ class ModelConfig(JsonConfig):
             m.mem_tokens_bptt if m.mem_tokens else 1,
             self.mixers.state_bptt if recurrent else 1,
         )
+
+    def recurrence(
+        self,
+        given: Recurrence | None = None,
+        *,
+        mem_len: int | None = None,
+        clamp_len: int | None = None,
+        same_length: bool | None = None,
+    ) -> Recurrence:
+        """``given``, or this model's own :class:`Recurrence` (``memory.mem_len``, ``positions.clamp_len``,
+        ``memory.same_length``) with each value given in place of its own: what one call of the model reads and
+        writes.  ``given`` with a value beside it is a ``TypeError`` (which of the two would win is a guess)."""
+        values = {"mem_len": mem_len, "clamp_len": clamp_len, "same_length": same_length}
+        values = {name: value for name, value in values.items() if value is not None}
+        if given is not None:
+            if not isinstance(given, Recurrence):
+                raise TypeError(f"recurrence must be a longseq.config.Recurrence, got {type(given).__name__}")
+            if values:
+                raise TypeError(f"give recurrence= or {', '.join(values)}=, not both")
+            return given
+        own = Recurrence(self.memory.mem_len, self.positions.clamp_len, self.memory.same_length)
+        return replace(own, **values) if values else own
 
     @property
     def layer_pattern_names(self) -> list[str]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longseq.config.base import ConfigError, JsonConfig, check, check_finite, config
-from longseq.config.model import ModelConfig
+from longseq.config.model import ModelConfig, Recurrence
 from longseq.config.train import SCHEDULES, TrainConfig
 
 __all__ = [
@@ -67,7 +67,8 @@ class EvalConfig(JsonConfig):
     """Evaluation-time settings; ``None`` keeps the checkpoint's own value.
 
     The paper evaluates with a much longer memory than it trains with, e.g. WikiText-103 with
-    ``tgt_len=64, mem_len=640, clamp_len=400, same_length=True``.
+    ``tgt_len=64, mem_len=640, clamp_len=400, same_length=True``.  ``mem_len``, ``clamp_len`` and ``same_length``
+    are one :class:`~longseq.config.model.Recurrence` for a model: :meth:`recurrence`.
     """
 
     split: str = "valid"
@@ -88,6 +89,10 @@ class EvalConfig(JsonConfig):
             check(value is None or value >= 1, f"EvalConfig.{name} must be >= 1, got {value}")
         check(self.mem_len is None or self.mem_len >= 0, f"EvalConfig.mem_len must be >= 0, got {self.mem_len}")
         check(self.max_segments >= 0, f"EvalConfig.max_segments must be >= 0, got {self.max_segments}")
+
+    def recurrence(self, model: ModelConfig) -> Recurrence:
+        """The recurrence of an evaluation of a ``model``: its own, with the values set here in place of its own."""
+        return model.recurrence(mem_len=self.mem_len, clamp_len=self.clamp_len, same_length=self.same_length)
 
 
 @config

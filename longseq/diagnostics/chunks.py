@@ -16,7 +16,7 @@ from longseq.model.dynamic import DynamicHourglass
 def read_boundaries(model, ids: Tensor, segment: int) -> Tensor:
     """The chunk starts (T,) bool of one stream ``ids`` (T,) read in segments of ``segment`` tokens with the memory
     carried: position t begins a chunk.  ``model`` is a language model with a dynamic hourglass."""
-    blocks = [layer for layer in model.transformer.layers if isinstance(layer, DynamicHourglass)]
+    blocks = [layer for layer in model.transformer.stack.layers if isinstance(layer, DynamicHourglass)]
     if not blocks:
         raise ValueError("this model has no chunk boundaries: set shorten_layers and boundaries=learned or entropy")
     cuts: list[Tensor] = []

@@ -18,12 +18,12 @@ from longseq.config.model import ModelConfig
 from longseq.model.attention.kernels import KERNEL_NAMES, kernel_for
 from longseq.model.attention.patterns import PATTERNS
 from longseq.model.block import FEED_FORWARDS, NORMS
-from longseq.model.layers import DecoderLayer
 from longseq.model.lstm import LSTMLM
 from longseq.model.memory.compress import COMPRESSION_FUNCTIONS
 from longseq.model.mixers import MIXERS
 from longseq.model.positions import POSITION_ENCODINGS
 from longseq.model.spec import LSTM, TRANSFORMER_XL, ModelSpec
+from longseq.model.stack import DecoderLayer
 
 MODEL_SPECS: dict[str, ModelSpec] = {"transformer": TRANSFORMER_XL, "lstm": LSTM}
 ARCHITECTURES = {name: spec.build for name, spec in MODEL_SPECS.items()}  # what ``arch`` names: the model class

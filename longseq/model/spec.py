@@ -66,7 +66,8 @@ def depths_by_parameter(model: nn.Module, lm: nn.Module, parts: dict[int, int]) 
 
 
 def _outer_stack(model: nn.Module) -> LayerStack:
-    """The language model's layer stack (an hourglass's shortened stack lies inside one of its layers)."""
+    """The language model's layer stack (its backbone's ``stack``: the first in module order; an hourglass's
+    shortened stack lies inside one of its layers)."""
     return first_of(first_of(model, TransformerXLLM), LayerStack)
 
 
@@ -97,8 +98,8 @@ TRANSFORMER_XL = ModelSpec(
     set_activation_checkpointing=xl_set_activation_checkpointing,
     tied_heads={r"crit\.out_layers\.(\d+)\.weight": r"transformer.word_emb.emb_layers.\1.weight"},
     v1_weight_names={
-        "transformer.compressors.": "transformer.memory.policies.compression.compressors.",
-        "transformer.memory_tokens": "transformer.memory.policies.tokens.initial",
+        "transformer.compressors.": "transformer.stack.memory.policies.compression.compressors.",
+        "transformer.memory_tokens": "transformer.stack.memory.policies.tokens.initial",
     },
 )
 

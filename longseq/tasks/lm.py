@@ -125,7 +125,9 @@ class LanguageModeling(Task):
         per chunk at the end of its window (through all its segments) and the chunk's memory carried along.  Only
         one chunk's graph is alive at a time, so ``grad_accum`` bounds the peak memory whatever the window."""
         accum, window = ctx.grad_accum, len(segments)
-        mem_len = mem_len_at(ctx.step, self.run.train, self.run.model.memory.mem_len)
+        recurrence = self.run.model.recurrence(
+            mem_len=mem_len_at(ctx.step, self.run.train, self.run.model.memory.mem_len)
+        )
         chunks_memory = memory.split(accum) if memory is not None else [None] * accum
         pieces = [row_chunks(segment, ctx.device, accum) for segment in segments]
         loss_sum = 0.0
@@ -136,7 +138,7 @@ class LanguageModeling(Task):
                     carried = None
                 inp, lab, doc = chunks[c]
                 with ctx.autocast():
-                    out = ctx.net(inp, carried, lab, doc_ids=doc, mem_len=mem_len)
+                    out = ctx.net(inp, carried, lab, recurrence=recurrence, doc_ids=doc)
                 total = out.loss if out.aux_loss is None else out.loss + out.aux_loss
                 pending = total if pending is None else pending + total
                 loss_sum = loss_sum + out.loss.detach().float()  # on the device: the trainer reads it once
