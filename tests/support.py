@@ -114,7 +114,7 @@ def tiny_model(**overrides) -> TransformerXLLM:
 
 def train_tiny_lm(directory) -> str:
     """Two steps of :func:`tiny_run` into ``directory/lm``; the path of its ``best/`` checkpoint."""
-    from longseq.train import train
+    from longseq.api import train
 
     train(tiny_run(max_steps=2, eval_interval=2), str(directory / "lm"), corpus=tiny_corpus(), progress=False)
     return str(directory / "lm" / "best")
@@ -131,7 +131,7 @@ def write_classify_file(directory) -> str:
 def assert_resumes_exactly(run, tmp_path, stop_after: int):
     """Training ``run()`` stopped after ``stop_after`` steps and resumed gives the uninterrupted run's losses, bit
     for bit; returns the uninterrupted run's result."""
-    from longseq.train import train
+    from longseq.api import train
 
     corpus = tiny_corpus()
     whole = train(run(), str(tmp_path / "whole"), corpus=corpus, progress=False)

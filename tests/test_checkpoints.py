@@ -27,6 +27,7 @@ from support import (
 )
 
 from longseq import TrainConfig
+from longseq.api import train
 from longseq.cli import main
 from longseq.data import (
     CharTokenizer,
@@ -35,7 +36,7 @@ from longseq.data.corpus import bundled_corpus_path
 from longseq.eval import evaluate
 from longseq.model import build_model
 from longseq.tasks import task_for
-from longseq.train import CheckpointError, load_checkpoint, save_checkpoint, train
+from longseq.train import CheckpointError, load_checkpoint, save_checkpoint
 from longseq.train import checkpoint as checkpoint_module
 from longseq.train.checkpoint import TrainingState, load_training_state
 

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
+from longseq.api import train
 from longseq.config import PRESETS, ConfigError, get_preset, load_run_config, write_run_config
 from longseq.config.files import dumps_toml, preset_names
-from longseq.train import train
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -123,7 +123,7 @@ def test_keys_are_those_of_set_as_tails_or_paths_in_their_section(tmp_path):
     run = load_run_config(path)
     base = get_preset("tiny-shakespeare")
     assert run.model.memory.mem_len == 32 and run.model.n_layer == 3 and run.model.pattern.attention == ["window"]
-    assert run.train.max_steps == 9 and run.train.lr == 1e-4 and run.data == base.data
+    assert run.train.max_steps == 9 and run.train.optim.lr == 1e-4 and run.data == base.data
     assert load_run_config(write(tmp_path, "[train]\nmax_steps = 9\n", "partial.toml")).model == ModelConfig()
 
 
@@ -202,7 +202,7 @@ def test_configs_round_trip_and_reject_unknown_keys():
         ["cutoffs=10,20", "same_length=true", "model.dropout=0.3", "lr=1e-4", "d_embed=none"],
     )
     assert sections["model"].cutoffs == [10, 20] and sections["model"].memory.same_length is True
-    assert sections["model"].dropout == 0.3 and sections["train"].lr == 1e-4
+    assert sections["model"].dropout == 0.3 and sections["train"].optim.lr == 1e-4
     with pytest.raises(ConfigError, match="must be >= 1"):
         apply_overrides({"model": ModelConfig()}, ["n_layer=0"])
     for bad, words in (("weight_decay=-1", ("weight_decay", ">= 0")), ("beta1=1.5", ("beta1", "[0, 1)")),
@@ -223,6 +223,56 @@ def test_old_flat_override_keys_and_dotted_section_keys_both_work():
     assert flat["model"] == dotted["model"]
     assert flat["model"].memory.mem_len == 12 and flat["model"].pattern.attention == ["window"]
     assert ModelConfig.from_dict(flat["model"].to_dict()) == flat["model"]  # nested JSON round trip
+
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+def flat_fields(train: TrainConfig) -> dict:
+    """Every field of a sectioned train config by its own name, as the flat TrainConfig held them."""
+    out = {}
+    for name, value in train.to_dict().items():
+        out.update(value if isinstance(value, dict) else {name: value})
+    return out
+
+
+def test_a_run_stored_with_a_flat_train_section_loads_into_the_sections_with_the_same_values():
+    """``tests/fixtures/flat_train`` holds a run.toml and a checkpoint's run (``run.json``) written by the code
+    before the sections (``make_flat_train.py``): every one of the 41 fields flat under ``train``, none at its
+    default.  Both load, each field in its section with the value it had; the sectioned run writes and reads back
+    equal; and a config made from today's format flattened (the old layout) is the same config."""
+    with open(os.path.join(FIXTURES, "flat_train", "run.json"), encoding="utf-8") as f:
+        stored = json.load(f)
+    flat = stored["train"]
+    assert len(flat) == 41 and all(not isinstance(v, dict) for v in flat.values())
+    from_json = RunConfig.from_dict(stored)
+    from_toml = load_run_config(os.path.join(FIXTURES, "flat_train", "run.toml"))
+    assert from_json == from_toml
+    assert flat_fields(from_json.train) == flat
+    assert from_json.train.optim.lr == 3e-4 and from_json.train.runtime.parallel == "fsdp"
+    assert from_json.train.checkpoint.keep_last == 3 and from_json.train.curriculum.mem_len_warmup_frac == 0.25
+    assert TrainConfig(**flat) == TrainConfig.from_dict(flat) == from_json.train  # the constructor takes them too
+    assert RunConfig.from_dict(json.loads(json.dumps(from_json.to_dict()))) == from_json
+    sectioned = TrainConfig(lr=5e-4, keep_last=2, device="cpu", sample_interval=10, mem_len_start=0)
+    assert TrainConfig.from_dict(flat_fields(sectioned)) == sectioned
+
+
+def test_a_train_key_is_set_by_its_name_its_section_or_its_full_path(tmp_path, text_corpus):
+    """``--set lr=``, ``optim.lr=``, ``train.lr=`` and ``train.optim.lr=`` set the same field, in the Python API and on
+    the command line (the run.toml a run writes records it); a key of one section is not another's."""
+    run = get_preset("tiny-shakespeare")
+    for key in ("lr", "optim.lr", "train.lr", "train.optim.lr"):
+        assert apply_overrides(run.sections(), [f"{key}=0.0005"])["train"].optim.lr == 0.0005, key
+    for key in ("keep_last", "checkpoint.keep_last", "train.keep_last"):
+        assert apply_overrides(run.sections(), [f"{key}=4"])["train"].checkpoint.keep_last == 4, key
+    with raises_naming(ConfigError, "runtime.lr"):
+        apply_overrides(run.sections(), ["runtime.lr=0.1"])
+    for key, out in (("lr", "flat"), ("optim.lr", "section")):
+        argv = ["train", "--data", str(text_corpus), *TINY_CLI, "--out", str(tmp_path / out), "--set", f"{key}=3e-4",
+                "max_steps=1"]  # fmt: skip
+        assert main(argv) == 0
+        with open(tmp_path / out / "run.toml", "rb") as f:
+            assert tomllib.load(f)["train"]["optim"]["lr"] == 3e-4
 
 
 @pytest.mark.parametrize(

@@ -200,7 +200,7 @@ def test_memory_tokens_carry_state_and_backpropagate_through_the_window():
 def test_memory_tokens_and_compaction_resume_exactly(tmp_path):
     from support import tiny_corpus, tiny_run
 
-    from longseq.train import train
+    from longseq.api import train
 
     corpus = tiny_corpus()
 

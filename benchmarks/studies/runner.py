@@ -64,6 +64,7 @@ import numpy as np
 import torch
 
 from longseq import RunConfig
+from longseq.api import train
 from longseq.config import apply_overrides
 from longseq.config.base import ConfigError, apply_values
 from longseq.config.files import apply_sections, load_run_config, read_config_file
@@ -74,7 +75,7 @@ from longseq.eval.context import context_curve, per_position_losses
 from longseq.eval.recl import group_losses, recl
 from longseq.eval.sliding import evaluate_sliding
 from longseq.eval.speed import generate_speed
-from longseq.train import load_checkpoint, train
+from longseq.train import load_checkpoint
 from longseq.train.checkpoint import load_checkpoint_config
 from longseq.train.signals import Interrupted
 from longseq.train.upgrade import upgrade_run

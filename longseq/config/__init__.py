@@ -5,21 +5,37 @@ from longseq.config.base import ConfigError, JsonConfig, apply_overrides, coerce
 from longseq.config.files import load_run_config, write_run_config
 from longseq.config.model import MemoryConfig, ModelConfig, PatternConfig, PositionConfig, Recurrence
 from longseq.config.presets import PRESETS, get_preset
-from longseq.config.run import SCHEDULES, DataConfig, EvalConfig, RunConfig, TaskConfig, TrainConfig
+from longseq.config.run import DataConfig, EvalConfig, RunConfig, TaskConfig
+from longseq.config.train import (
+    SCHEDULES,
+    CheckpointConfig,
+    CurriculumConfig,
+    LoggingConfig,
+    OptimConfig,
+    RuntimeConfig,
+    SampleConfig,
+    TrainConfig,
+)
 
 __all__ = [
     "PRESETS",
     "SCHEDULES",
+    "CheckpointConfig",
     "ConfigError",
+    "CurriculumConfig",
     "DataConfig",
     "EvalConfig",
     "JsonConfig",
+    "LoggingConfig",
     "MemoryConfig",
     "ModelConfig",
+    "OptimConfig",
     "PatternConfig",
     "PositionConfig",
     "Recurrence",
     "RunConfig",
+    "RuntimeConfig",
+    "SampleConfig",
     "TaskConfig",
     "TrainConfig",
     "apply_overrides",

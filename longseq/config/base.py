@@ -275,8 +275,13 @@ _SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
 
 
 def resolve_key(key: str, paths: list[str]) -> str:
-    """The one path that ``key`` names: the path itself or a dotted tail of it; an error lists the candidates."""
+    """The one path that ``key`` names: the path itself or a dotted tail of it; else a path that ``key`` names with
+    the sections between its first part and a tail left out (``train.lr`` -> ``train.optim.lr``: the flat name
+    under its config, as the constructors take it).  An error lists the candidates."""
     matches = [p for p in paths if p == key or p.endswith("." + key)]
+    if not matches and "." in key:
+        head, rest = key.split(".", 1)
+        matches = [p for p in paths if p.startswith(head + ".") and p.endswith("." + rest)]
     if len(matches) == 1:
         return matches[0]
     if matches:

@@ -29,10 +29,12 @@ def check_run(run: RunConfig, world_size: int = 1, source: str | None = None) ->
         d.batch_size % (t.grad_accum * world_size) == 0,
         f"batch_size={d.batch_size} must be divisible by grad_accum={t.grad_accum} x {world_size} process(es)",
     )
-    if t.parallel == "fsdp" and world_size > 1:
-        check(t.precision != "fp16", "precision=fp16 is not supported with parallel=fsdp yet; use precision=bf16")
+    if t.runtime.parallel == "fsdp" and world_size > 1:
         check(
-            not t.sample_interval,
+            t.runtime.precision != "fp16", "precision=fp16 is not supported with parallel=fsdp yet; use precision=bf16"
+        )
+        check(
+            not t.sample.sample_interval,
             "sample_interval with parallel=fsdp is not supported: rank 0 alone cannot run a sharded model; set "
             "sample_interval=0 or use parallel=ddp",
         )

@@ -45,13 +45,21 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 SECTIONS = ("model", "data", "train")
+FINETUNE_DEFAULTS = "finetune"  # presets/finetune.toml: fine-tuning's defaults, not a preset of longseq train
 TOP_LEVEL = ("preset", *SECTIONS, "task")  # [task]: a recall task's (a run.toml of `train --task` runs again)
 
 
 def preset_names() -> list[str]:
-    """The shipped presets, by file name."""
+    """The shipped presets of ``longseq train``, by file name (fine-tuning's defaults are not one)."""
     folder = resources.files("longseq.config") / "presets"
-    return sorted(p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
+    names = (p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
+    return sorted(name for name in names if name != FINETUNE_DEFAULTS)
+
+
+def finetune_defaults() -> RunConfig:
+    """Fine-tuning's defaults (``presets/finetune.toml``) over the configs' defaults: the data and train sections a
+    new fine-tuning run starts from (:func:`longseq.train.finetune.finetune_run`; its model is the checkpoint's)."""
+    return load_run_config(str(resources.files("longseq.config") / "presets" / f"{FINETUNE_DEFAULTS}.toml"))
 
 
 def preset_path(name: str) -> str:

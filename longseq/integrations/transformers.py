@@ -84,6 +84,7 @@ from longseq.interop.transfo_xl import refuse_non_finite
 from longseq.model import Memory, TransformerXLLM, build_model
 from longseq.model.lstm import LSTMLM
 from longseq.model.memory import CacheContext, HiddenMemory, KVMemory, RingContext, RingMemory
+from longseq.model.registry import MODEL_SPECS
 from longseq.model.stack import LayerStack
 from longseq.model.transformer import IGNORE_INDEX
 
@@ -95,9 +96,10 @@ OLD_EXPORT_NAMES = {  # transformers' key_mapping for an export whose names are 
     r"\.dec_attn\.r_net\.": ".dec_attn.rel.r_net.",  # the positions were not modules (upgrade_position_names)
     r"\.dec_attn\.rel_table$": ".dec_attn.rel.rel_table",
 }
-UNTIED_HEADS = {  # a softmax weight a tied checkpoint stores under the embedding's name -> that name
-    re.compile(r"model\.crit\.out_layers\.(\d+)\.weight"): r"model.transformer.word_emb.emb_layers.\1.weight",
-    re.compile(r"model\.decoder\.weight"): "model.embedding.weight",
+UNTIED_HEADS = {  # a softmax weight a tied checkpoint stores under the embedding's name -> that name (ModelSpec's)
+    re.compile(r"model\." + pattern): f"model.{name}"
+    for spec in MODEL_SPECS.values()
+    for pattern, name in spec.tied_heads.items()
 }
 
 

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longseq.config.model import Recurrence
-from longseq.config.run import POOLING
 from longseq.model.transformer import TransformerXLLM
+
+POOLING = ("last", "mean", "document")  # a classifier's summary of a document: DocumentClassifier
 
 
 def read_segments(

@@ -7,7 +7,7 @@ a predicate and the parameters it reads), kernels (:data:`~longseq.model.attenti
 (:data:`~longseq.model.mixers.MIXERS`, and ``attention``, the decoder layer), compression functions
 (:data:`~longseq.model.memory.compress.COMPRESSION_FUNCTIONS`), the block's norm and feed-forward
 (:data:`~longseq.model.block.NORMS`, :data:`~longseq.model.block.FEED_FORWARDS`) and architectures
-(:data:`ARCHITECTURES`).
+(:data:`MODEL_SPECS`: each one's class and what the trainer asks of it, :mod:`longseq.model.spec`).
 A new one is registered once, where it is implemented; :func:`check_names` and :func:`ignored_options` read the
 registries."""
 
@@ -22,10 +22,11 @@ from longseq.model.lstm import LSTMLM
 from longseq.model.memory.compress import COMPRESSION_FUNCTIONS
 from longseq.model.mixers import MIXERS
 from longseq.model.positions import POSITION_ENCODINGS
+from longseq.model.spec import LSTM, TRANSFORMER_XL, ModelSpec
 from longseq.model.stack import DecoderLayer
-from longseq.model.transformer import TransformerXLLM
 
-ARCHITECTURES = {"transformer": TransformerXLLM, "lstm": LSTMLM}
+MODEL_SPECS: dict[str, ModelSpec] = {"transformer": TRANSFORMER_XL, "lstm": LSTM}
+ARCHITECTURES = {name: spec.build for name, spec in MODEL_SPECS.items()}  # what ``arch`` names: the model class
 LAYERS = ("attention", *MIXERS)  # what ``mixer`` may name for a layer
 
 
@@ -126,6 +127,12 @@ def unread_hourglass(config: ModelConfig) -> set[str]:
         return {f"hourglass.{f}" for f in ("shorten_factor", "shorten_fn", "boundaries", "ratio_loss", "entropy_rule")}
     reads = {"fixed": "shorten_fn", "learned": "ratio_loss", "entropy": "entropy_rule"}
     return {f"hourglass.{f}" for b, f in reads.items() if b != h.boundaries}
+
+
+def model_spec(arch: str) -> ModelSpec:
+    """The spec of architecture ``arch`` (``ModelConfig.arch``); an unknown name is a :class:`ConfigError`."""
+    check_choice("arch", arch, tuple(MODEL_SPECS))
+    return MODEL_SPECS[arch]
 
 
 def build_model(config: ModelConfig):

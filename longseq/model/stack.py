@@ -149,15 +149,15 @@ class LayerStack(nn.Module):
     layers read from the memory and what is kept of them is the memory policies' business
     (:mod:`longseq.model.memory`); the backbone only hands each layer its context.
 
-    ``activation_checkpointing`` (an execution setting, not architecture; the trainer sets it from
-    ``TrainConfig``) = k recomputes every k-th layer in the backward pass instead of storing its activations.
+    ``activation_checkpointing`` (an execution setting, not architecture; the trainer sets it through the
+    architecture's :class:`~longseq.model.spec.ModelSpec`) = k recomputes every k-th layer in the backward pass
+    instead of storing its activations (0: off).
     """
-
-    activation_checkpointing: int = 0
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = c = config
+        self.activation_checkpointing = 0
         self.drop_r = nn.Dropout(c.dropout if c.dropout_r is None else c.dropout_r)  # on the sinusoidal R
         self.encoding = position_encoding(c.positions.pos)
         self.layers = nn.ModuleList(build_layers(c))

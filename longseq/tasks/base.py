@@ -65,7 +65,7 @@ class Task:
 
     name = ""
     reads: tuple[str, ...] = ()
-    writes_samples = False  # whether :meth:`sample` is implemented (``TrainConfig.sample_interval``)
+    writes_samples = False  # whether :meth:`sample` is implemented (``TrainConfig.sample.sample_interval``)
     progress = False  # whether :meth:`validate` may show its progress (the Trainer says, for the run's main rank)
 
     def __init__(self, run: RunConfig, tokenizer, log=None, base: nn.Module | None = None) -> None:
@@ -118,6 +118,11 @@ class Task:
     def validate(self, model: nn.Module, sharded: bool = False) -> dict:
         """Validation metrics; ``loss`` (lower is better) picks the best checkpoint.  Empty without validation data."""
         return {}
+
+    def unigram_bpc(self) -> float | None:
+        """Bits per character of a unigram model of the training data on the validation data: the baseline a
+        character or byte model must beat (language modeling); None where it means nothing."""
+        return None
 
     def report(self, model: nn.Module) -> dict:
         """The task's final metrics (fine-tuning: train and valid), for the command line."""

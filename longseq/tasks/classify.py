@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from longseq.config.base import check_choice
-from longseq.config.run import POOLING, TaskConfig
+from longseq.config.run import TaskConfig
 from longseq.data.tasks import TaskDataError, encode_field, read_jsonl
 from longseq.model import build_model
-from longseq.model.heads import DocumentClassifier
+from longseq.model.heads import POOLING, DocumentClassifier
 from longseq.tasks.base import (
     FINETUNE_OPTIONS,
     TRAIN_SCORED,

@@ -67,8 +67,8 @@ class LanguageModeling(Task):
             f"vocabulary {self.tokenizer.vocab_size:,}"
         )
         self._warn_about_validation(d)
-        if self.run.train.sample_interval:
-            self.prompt = sample_prompt(self.tokenizer, self.run.train.sample_prompt, self.corpus.valid)
+        if self.run.train.sample.sample_interval:
+            self.prompt = sample_prompt(self.tokenizer, self.run.train.sample.sample_prompt, self.corpus.valid)
         return self.run
 
     def _warn_about_validation(self, d) -> None:
@@ -161,27 +161,27 @@ class LanguageModeling(Task):
             kv_memory=not sharded,  # the key/value cache projects W_R R outside the (sharded) layers
             tokenizer=self.tokenizer,
             progress=self.progress,
-            progress_interval_s=self.run.train.progress_interval_s,
+            progress_interval_s=self.run.train.logging.progress_interval_s,
         )
 
     def sample(self, model: nn.Module, step: int) -> tuple[str, str]:
         """``sample_tokens`` tokens after the prompt at ``sample_temperature``, from a generator seeded by the run's
         seed and ``step`` (the global RNG is not read); the header names the settings, the text is prompt and
         continuation decoded together."""
-        t, d = self.run.train, self.run.data
+        s, d = self.run.train.sample, self.run.data
         device = next(model.parameters()).device
-        generator = torch.Generator(device=device).manual_seed(t.seed * 1_000_003 + step)
+        generator = torch.Generator(device=device).manual_seed(self.run.train.seed * 1_000_003 + step)
         tokens = generate(
             model,
             torch.as_tensor(self.prompt)[None],
-            t.sample_tokens,
-            temperature=t.sample_temperature,
+            s.sample_tokens,
+            temperature=s.sample_temperature,
             mem_len=self.run.model.memory.mem_len + d.tgt_len,
             segment_len=d.tgt_len,
             generator=generator,
         )
-        how = "greedy" if t.sample_temperature == 0 else f"temperature {t.sample_temperature:g}"
-        header = f"sample of {t.sample_tokens} tokens ({how}) after {self.tokenizer.decode(self.prompt)!r}:"
+        how = "greedy" if s.sample_temperature == 0 else f"temperature {s.sample_temperature:g}"
+        header = f"sample of {s.sample_tokens} tokens ({how}) after {self.tokenizer.decode(self.prompt)!r}:"
         return header, self.tokenizer.decode([*self.prompt, *tokens[0].tolist()])
 
 
@@ -220,7 +220,7 @@ def row_chunks(segment, device: torch.device, accum: int) -> list:
 def mem_len_at(step: int, train: TrainConfig, final: int) -> int:
     """The memory length the curriculum (``mem_len_start``, ``mem_len_warmup_steps`` or ``mem_len_warmup_frac``)
     allows at optimizer step ``step`` (0-based), growing linearly; ``final`` without a curriculum."""
-    start, warmup = train.mem_len_start, train.mem_len_ramp_steps
+    start, warmup = train.curriculum.mem_len_start, train.mem_len_ramp_steps
     if start < 0 or start >= final or step >= warmup:
         return final
     return start + (final - start) * step // warmup

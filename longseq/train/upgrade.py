@@ -4,7 +4,8 @@ Format v1 (written before the memory and the model config were redesigned, 2026-
 
 * the model config is flat (every field of the memory, pattern, positions, mixers and hourglass sections at the
   top of ``"model"``), which today's :class:`~longseq.config.model.ModelConfig` still reads;
-* two weights had other names: the compressors and the memory tokens (:data:`V1_WEIGHT_NAMES`);
+* two weights had other names: the compressors and the memory tokens (the architecture's ``v1_weight_names``,
+  :class:`~longseq.model.spec.ModelSpec`);
 * a training state's memory tensors were named ``mems.i`` and ``state.i.j``;
 * and, as in format v2, a fine-tuned run kept its task's options in a dict, ``{"name": ..., "options": {...}}``.
 
@@ -22,21 +23,18 @@ from longseq.config.model import upgrade_stored_model
 
 FORMAT_V1 = "longseq-checkpoint-v1"
 OLD_FORMATS = (FORMAT_V1, "longseq-checkpoint-v2")
-V1_WEIGHT_NAMES = {  # format v1 name prefix -> today's
-    "transformer.compressors.": "transformer.memory.policies.compression.compressors.",
-    "transformer.memory_tokens": "transformer.memory.policies.tokens.initial",
-}
 
 
 def is_v1(config: dict) -> bool:
     return config.get("format") == FORMAT_V1
 
 
-def upgrade_weight_names(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A v1 checkpoint's weights under today's names."""
+def upgrade_weight_names(tensors: dict[str, Tensor], v1_names: dict[str, str]) -> dict[str, Tensor]:
+    """A v1 checkpoint's weights under today's names: each name that starts with a prefix of ``v1_names`` (its
+    architecture's ``ModelSpec.v1_weight_names``) starts with that prefix's new form."""
     renamed = {}
     for name, tensor in tensors.items():
-        for old, new in V1_WEIGHT_NAMES.items():
+        for old, new in v1_names.items():
             if name.startswith(old):
                 name = new + name[len(old) :]
         renamed[name] = tensor
