@@ -14,14 +14,14 @@ from safetensors.torch import load_file
 from support import assert_names, classify_run, label_first_documents, raises_naming, records, tiny_corpus, tiny_run
 
 from longseq import ModelConfig, TransformerXLLM
+from longseq.api import finetune, train
 from longseq.config import ConfigError, DataConfig, RunConfig
 from longseq.config.checks import check_run
 from longseq.model.attention.kernels import reference_content_attention, sdpa_attention
 from longseq.model.attention.lowrank import LowRankProjection
 from longseq.model.registry import check_names, ignored_options
 from longseq.tasks import task_for
-from longseq.train import load_checkpoint, train
-from longseq.train.finetune import finetune
+from longseq.train import load_checkpoint
 
 B, H, T, D, K, N = 2, 3, 10, 4, 5, 12  # batch, heads, length, head width, projected rows, the projection's columns
 SHARES = ("none", "headwise", "kv", "layerwise")
@@ -128,7 +128,7 @@ def test_classify_and_mlm_fine_tune_resume_exactly_and_predict(task, tmp_path, m
     """From a causal LM (whose weights all load; E and F start fresh), 4 steps with Linformer's projection; stopped
     after 2 and resumed, the losses are the whole run's bit for bit; the checkpoint holds E (once, for the layerwise
     sharing of mlm) and predicts."""
-    import longseq.train.finetune as finetune_module
+    import longseq.api as finetune_module
 
     lm = encoder_lm(tmp_path)
     data = label_first_documents(tmp_path / "docs.jsonl", 8, seed=3, segments=(1, 2))
