@@ -28,7 +28,14 @@ MACHINERY = (  # the functions that compute or refuse what nothing reads
     "check_task_options",
 )
 DECLARATIONS = ("reads", "unread", "shares")  # a choice's declaration of the options it reads (or not)
-DECLARED_TUPLES = ("FINETUNE_OPTIONS", "RECALL_OPTIONS", "COMMON_UNREAD", "UV", "UNFORGETTING", "HEADS")  # module tuples they are built from
+DECLARED_TUPLES = (
+    "FINETUNE_OPTIONS",
+    "RECALL_OPTIONS",
+    "COMMON_UNREAD",
+    "UV",
+    "UNFORGETTING",
+    "HEADS",
+)  # module tuples they are built from
 
 
 def config_classes() -> dict[str, dict]:
@@ -115,8 +122,10 @@ def main() -> None:
     print(f"machinery functions: {m['function_lines']} lines")
     for name, n in m["declarations"].items():
         print(f"{n:4}  {name}")
-    print(f"declarations: {len(m['declarations'])}, {m['declaration_lines']} lines; registry entries declaring reads: "
-          f"{m['registry_entries_declaring_reads']}")
+    print(
+        f"declarations: {len(m['declarations'])}, {m['declaration_lines']} lines; registry entries declaring reads: "
+        f"{m['registry_entries_declaring_reads']}"
+    )
 
 
 if __name__ == "__main__":

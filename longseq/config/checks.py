@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from longseq.config.base import ConfigError, check
 from longseq.config.run import RunConfig
+from longseq.config.task import TASK_OPTIONS, TaskConfig
 
 
 def check_run(run: RunConfig, world_size: int = 1, source: str | None = None) -> None:
@@ -59,17 +60,15 @@ def check_cutoffs(cutoffs: list[int], vocab_size: int, source: str | None = None
         )
 
 
-LOWRANK_TASKS = ("classify", "mlm")  # the tasks that read a whole document at once
-
-
 def check_lowrank(run: RunConfig) -> None:
-    """Linformer's projection (``pattern.lowrank``) serves the tasks that see a whole document, over segments no
-    longer than the columns of its matrices."""
-    task = run.task.name if run.task is not None else "lm"
+    """Linformer's projection (``pattern.lowrank``) serves the tasks that see a whole document (their options say:
+    ``sees_whole_document``), over segments no longer than the columns of its matrices."""
+    task = run.task if run.task is not None else TaskConfig()
     lowrank = f"pattern.lowrank={run.model.pattern.lowrank} (Linformer)"
+    whole = [name for name, options in TASK_OPTIONS.items() if options.sees_whole_document]
     check(
-        task in LOWRANK_TASKS,
-        f"{lowrank} serves the tasks that read a whole document at once ({', '.join(LOWRANK_TASKS)}), not {task}: "
+        task.sees_whole_document,
+        f"{lowrank} serves the tasks that read a whole document at once ({', '.join(whole)}), not {task.name}: "
         "every query of the projection sees every key, so it cannot predict the next token",
     )
     segment = run.task.segment_len or run.data.tgt_len
