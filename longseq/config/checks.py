@@ -1,5 +1,6 @@
 """The checks that read more than one section of a run: the one place a run is checked as a whole, before it
-builds anything (each section checks its own fields when it is made)."""
+builds anything (each section checks its own fields when it is made).  What a name the model chooses needs of the
+run is its registry's to say (:func:`longseq.model.registry.check_lengths`, called beside :func:`check_run`)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,6 @@ def check_run(run: RunConfig, world_size: int = 1, source: str | None = None) ->
     processes, and what sharded training (``parallel=fsdp`` with ``world_size`` > 1) supports."""
     m, d, t = run.model, run.data, run.train
     check_cutoffs(m.cutoffs, m.vocab_size, source)
-    c = m.memory
-    check(
-        not (
-            c.cmem_len
-            and c.cmem_fn in ("conv", "linear")
-            and (d.tgt_len % c.cmem_rate or c.mem_len % c.cmem_rate or d.varlen)
-        ),
-        f"cmem_fn={c.cmem_fn} compresses groups of exactly cmem_rate={c.cmem_rate} evicted states: tgt_len={d.tgt_len} "
-        f"and mem_len={c.mem_len} must be multiples of it, and varlen must be off",
-    )
     if m.pattern.lowrank:
         check_lowrank(run)
     check(
