@@ -119,7 +119,9 @@ class Variants(JsonConfig):
     :func:`config` dataclass with the tag as its one field and ``VARIANTS`` (each tag's class); each variant
     subclasses it.  ``Base(tag=..., ...)`` and ``Base.from_dict`` build the variant the tag names, and ``replace`` of
     the tag moves to another; the base's leaves are every variant's, so a key of any resolves.  A key the chosen
-    variant has no field for is an unknown key, and the error names the variants that have it (:meth:`elsewhere`)."""
+    variant has no field for is an unknown key, and the error names the variants that have it (:meth:`elsewhere`).
+    A union is a section of a run (``RunConfig.task``), not of another config: :func:`nest_flat_keys` and
+    :func:`get_annotation` read a section's own fields."""
 
     TAG: ClassVar[str] = "name"
     VARIANTS: ClassVar[dict[str, type]]  # set on the base
