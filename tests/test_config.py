@@ -292,12 +292,16 @@ def test_a_run_stored_with_the_flat_task_section_loads_into_its_tasks_options_wi
 
 
 def test_a_flat_task_table_that_set_an_option_its_task_does_not_read_is_refused_by_name():
-    """The flat class refused such a table when the run started; the stored form is refused when it is read."""
+    """The flat class refused such a table when the run started; the stored form is refused when it is read.  Only
+    a table of the flat class's layout (all its keys) has the other tasks' defaults dropped."""
     with open(os.path.join(FIXTURES, "flat_task", "span.json"), encoding="utf-8") as f:
         stored = json.load(f)
     stored["task"]["pooling"] = "mean"
     with raises_naming(ConfigError, "task.pooling", "classify", "not of span"):
         RunConfig.from_dict(stored)
+    partial = {"name": "span", "train": "x.jsonl", "pooling": "document"}  # not the flat class's: no field, refused
+    with raises_naming(ConfigError, "task.pooling", "classify", "not of span"):
+        RunConfig.from_dict({**stored, "task": partial})
 
 
 def test_each_task_owns_its_options_and_nothing_else():

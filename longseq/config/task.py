@@ -172,10 +172,12 @@ FLAT_DEFAULTS = dict(  # the one flat TaskConfig's defaults (the same from its f
 
 def upgrade_flat_task(task: dict) -> dict:
     """A task table the one flat ``TaskConfig`` stored (every task's options; a checkpoint's ``config.json`` or a
-    ``run.toml``) in its task's terms: a field its task has none of is dropped where it holds the flat default.  The
-    flat class refused any other value for an option its task did not read, so nothing a run read is lost; another
-    value stays, and the task's options refuse it by name.  Today's tables pass unchanged."""
-    if not isinstance(task, dict) or task.get("name", "lm") not in TASK_OPTIONS:
+    ``run.toml``, which leaves out the fields that are None) in its task's terms: a field its task has none of is
+    dropped where it holds the flat default.  The flat class refused any other value for an option its task did not
+    read, so nothing a run read is lost; another value stays, and the task's options refuse it by name.  Any other
+    table (today's, or one a person wrote) passes unchanged."""
+    stored = {k for k, v in FLAT_DEFAULTS.items() if v is not None}  # what every table the flat class wrote holds
+    if not isinstance(task, dict) or not stored <= set(task) or task.get("name", "lm") not in TASK_OPTIONS:
         return task
     own = {f.name for f in fields(TASK_OPTIONS[task.get("name", "lm")])}
     return {k: v for k, v in task.items() if k in own or k not in FLAT_DEFAULTS or v != FLAT_DEFAULTS[k]}
