@@ -3,6 +3,7 @@ files (the TOML writer read back by tomllib), presets as shipped files, the regi
 run's settings meet before anything is trained (options no chosen implementation reads, sizes that do not fit the
 vocabulary, non-finite numbers).  A run reproduced from its own run.toml gives identical losses."""
 
+import dataclasses
 import json
 import math
 import os
@@ -255,6 +256,102 @@ def test_a_run_stored_with_a_flat_train_section_loads_into_the_sections_with_the
     assert RunConfig.from_dict(json.loads(json.dumps(from_json.to_dict()))) == from_json
     sectioned = TrainConfig(lr=5e-4, keep_last=2, device="cpu", sample_interval=10, mem_len_start=0)
     assert TrainConfig.from_dict(flat_fields(sectioned)) == sectioned
+
+
+FLAT_TASKS = ("classify", "span", "mlm", "passkey")  # tests/fixtures/flat_task (make_flat_task.py)
+
+
+@pytest.mark.parametrize("name", FLAT_TASKS)
+def test_a_run_stored_with_the_flat_task_section_loads_into_its_tasks_options_with_the_same_values(name):
+    """``tests/fixtures/flat_task`` holds, per task, a run.toml and a checkpoint's run (``NAME.json``) written by the
+    code before each task had its own options class: all 25 fields of the flat ``TaskConfig``, every option the task
+    reads off its default.  Both load as the task's options class with each of its fields as stored; the fields it
+    has none of were at the flat defaults; a checkpoint's path (``upgrade_run``) reads the same; today's form
+    writes and reads back equal."""
+    from longseq.config.files import apply_sections, default_run, read_config_file
+    from longseq.config.task import FLAT_DEFAULTS, TASK_OPTIONS
+    from longseq.train.upgrade import upgrade_run
+
+    with open(os.path.join(FIXTURES, "flat_task", f"{name}.json"), encoding="utf-8") as f:
+        stored = json.load(f)
+    flat = stored["task"]
+    assert len(flat) == 25 and set(flat) - {"name"} == set(FLAT_DEFAULTS)
+    from_json = RunConfig.from_dict(stored)
+    toml = os.path.join(FIXTURES, "flat_task", f"{name}.toml")
+    from_toml = apply_sections(default_run(), read_config_file(toml), toml)
+    assert from_json == from_toml == RunConfig.from_dict(upgrade_run(stored))
+    if name == "passkey":  # a recall run's run.toml runs again with train --config
+        assert load_run_config(toml) == from_json
+    task = from_json.task
+    assert type(task) is TASK_OPTIONS[name]
+    own = task.to_dict()
+    assert {k: flat[k] for k in own} == own
+    assert all(flat[k] == FLAT_DEFAULTS[k] for k in set(flat) - set(own))
+    assert all(own[k] != FLAT_DEFAULTS[k] for k in set(own) - {"name"})  # the fixture set every option it reads
+    assert RunConfig.from_dict(json.loads(json.dumps(from_json.to_dict()))) == from_json
+
+
+def test_a_flat_task_table_that_set_an_option_its_task_does_not_read_is_refused_by_name():
+    """The flat class refused such a table when the run started; the stored form is refused when it is read.  Only
+    a table of the flat class's layout (all its keys) has the other tasks' defaults dropped."""
+    with open(os.path.join(FIXTURES, "flat_task", "span.json"), encoding="utf-8") as f:
+        stored = json.load(f)
+    stored["task"]["pooling"] = "mean"
+    with raises_naming(ConfigError, "task.pooling", "classify", "not of span"):
+        RunConfig.from_dict(stored)
+    partial = {"name": "span", "train": "x.jsonl", "pooling": "document"}  # not the flat class's: no field, refused
+    with raises_naming(ConfigError, "task.pooling", "classify", "not of span"):
+        RunConfig.from_dict({**stored, "task": partial})
+
+
+def test_each_task_owns_its_options_and_nothing_else():
+    """Every task's ``Options`` is the class its name gives; the fine-tuning tasks share the 7 common options and
+    add their own; the recall tasks hold their 9; language modeling none."""
+    from longseq.config.task import TASK_OPTIONS, FinetuneOptions, TaskConfig
+    from longseq.tasks import TASKS
+
+    assert set(TASKS) == set(TASK_OPTIONS) == set(TaskConfig.VARIANTS)
+    assert all(task.Options is TASK_OPTIONS[name] for name, task in TASKS.items())
+    common = ["name", "train", "valid", "segment_len", "base", "head_only", "group_by_length", "sha256"]
+    options = {name: [f.name for f in dataclasses.fields(TASK_OPTIONS[name])] for name in TASKS}
+    assert [f.name for f in dataclasses.fields(FinetuneOptions)] == common
+    assert options["classify"] == [*common, "labels", "pooling", "lm_weight", "text_column", "label_column"]
+    assert options["span"] == [*common, "max_answer_len"]
+    assert options["mlm"] == [*common, "mask_rate", "mask_token", "mask_id", "text_column"]
+    recall = ["name", "segment_len", "seq_len", "min_distance", "max_distance", "key_len", "alphabet", "n_pairs",
+              "n_copy", "valid_size"]  # fmt: skip
+    assert all(options[name] == recall for name in ("passkey", "mqar", "copying", "induction"))
+    assert options["lm"] == ["name"]
+
+
+def test_an_option_the_task_does_not_read_has_no_field_and_each_way_of_setting_it_names_it(tmp_path, capsys):
+    """``pooling`` is classify's: set for span or passkey by the constructor, ``from_dict``, ``replace``, ``--set``
+    (its name, ``task.pooling``), a config file's ``[task]`` table or the command line, it is an unknown key and the
+    error names the option and the task that reads it.  Set for classify each way reaches the same field."""
+    from longseq.config import TaskConfig
+
+    span = TaskConfig(name="span", train="x.jsonl")
+    words = ("task.pooling", "classify", "not of span")
+    with raises_naming(ConfigError, *words):
+        TaskConfig(name="span", train="x.jsonl", pooling="mean")
+    with raises_naming(ConfigError, *words):
+        TaskConfig.from_dict({"name": "span", "train": "x.jsonl", "pooling": "mean"})
+    with raises_naming(ConfigError, *words):
+        span.replace(pooling="mean")
+    run = RunConfig(ModelConfig(), DataConfig(), TrainConfig(), span)
+    for key in ("pooling", "task.pooling"):
+        with raises_naming(ConfigError, *words):
+            apply_overrides(run.sections(), [f"{key}=mean"])
+    classify = run.sections() | {"task": TaskConfig(name="classify", train="x.jsonl")}
+    for key in ("pooling", "task.pooling"):
+        assert apply_overrides(classify, [f"{key}=mean"])["task"].pooling == "mean"
+    (tmp_path / "passkey.toml").write_text('[task]\nname = "passkey"\npooling = "mean"\n')
+    with raises_naming(ConfigError, "passkey.toml", "task.pooling", "not of passkey"):
+        load_run_config(str(tmp_path / "passkey.toml"))
+    argv = ["train", "--task", "passkey", "--out", str(tmp_path / "run"), "--set", "pooling=mean", "max_steps=1"]
+    assert main(argv) == 2
+    assert_names(capsys.readouterr().err, "pooling", "classify", "passkey")
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_train_key_is_set_by_its_name_its_section_or_its_full_path(tmp_path, text_corpus):

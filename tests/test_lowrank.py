@@ -15,7 +15,7 @@ from support import assert_names, classify_run, label_first_documents, raises_na
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.api import finetune, train
-from longseq.config import ConfigError, DataConfig, RunConfig
+from longseq.config import ConfigError, DataConfig, RunConfig, TaskConfig
 from longseq.config.checks import check_run
 from longseq.model.attention.kernels import reference_content_attention, sdpa_attention
 from longseq.model.attention.lowrank import LowRankProjection
@@ -182,7 +182,7 @@ def test_a_causal_language_model_and_what_the_projection_cannot_serve_are_refuse
         check_run(run(None))
     cls = classify_run("x.jsonl").task
     with raises_naming(ConfigError, "not span"):
-        check_run(run(cls.replace(name="span")))
+        check_run(run(TaskConfig(name="span", train="x.jsonl")))
     check_run(run(cls))
     with raises_naming(ConfigError, "lowrank_len=16", "32", "segment_len"):
         check_run(run(cls, tgt_len=32))

@@ -1,10 +1,12 @@
 """The checks that read more than one section of a run: the one place a run is checked as a whole, before it
-builds anything (each section checks its own fields when it is made)."""
+builds anything (each section checks its own fields when it is made).  What a name the model chooses needs of the
+run is its registry's to say (:func:`longseq.model.registry.check_lengths`, called beside :func:`check_run`)."""
 
 from __future__ import annotations
 
 from longseq.config.base import ConfigError, check
 from longseq.config.run import RunConfig
+from longseq.config.task import TASK_OPTIONS, TaskConfig
 
 
 def check_run(run: RunConfig, world_size: int = 1, source: str | None = None) -> None:
@@ -13,16 +15,6 @@ def check_run(run: RunConfig, world_size: int = 1, source: str | None = None) ->
     processes, and what sharded training (``parallel=fsdp`` with ``world_size`` > 1) supports."""
     m, d, t = run.model, run.data, run.train
     check_cutoffs(m.cutoffs, m.vocab_size, source)
-    c = m.memory
-    check(
-        not (
-            c.cmem_len
-            and c.cmem_fn in ("conv", "linear")
-            and (d.tgt_len % c.cmem_rate or c.mem_len % c.cmem_rate or d.varlen)
-        ),
-        f"cmem_fn={c.cmem_fn} compresses groups of exactly cmem_rate={c.cmem_rate} evicted states: tgt_len={d.tgt_len} "
-        f"and mem_len={c.mem_len} must be multiples of it, and varlen must be off",
-    )
     if m.pattern.lowrank:
         check_lowrank(run)
     check(
@@ -59,17 +51,15 @@ def check_cutoffs(cutoffs: list[int], vocab_size: int, source: str | None = None
         )
 
 
-LOWRANK_TASKS = ("classify", "mlm")  # the tasks that read a whole document at once
-
-
 def check_lowrank(run: RunConfig) -> None:
-    """Linformer's projection (``pattern.lowrank``) serves the tasks that see a whole document, over segments no
-    longer than the columns of its matrices."""
-    task = run.task.name if run.task is not None else "lm"
+    """Linformer's projection (``pattern.lowrank``) serves the tasks that see a whole document (their options say:
+    ``sees_whole_document``), over segments no longer than the columns of its matrices."""
+    task = run.task if run.task is not None else TaskConfig()
     lowrank = f"pattern.lowrank={run.model.pattern.lowrank} (Linformer)"
+    whole = [name for name, options in TASK_OPTIONS.items() if options.sees_whole_document]
     check(
-        task in LOWRANK_TASKS,
-        f"{lowrank} serves the tasks that read a whole document at once ({', '.join(LOWRANK_TASKS)}), not {task}: "
+        task.sees_whole_document,
+        f"{lowrank} serves the tasks that read a whole document at once ({', '.join(whole)}), not {task.name}: "
         "every query of the projection sees every key, so it cannot predict the next token",
     )
     segment = run.task.segment_len or run.data.tgt_len

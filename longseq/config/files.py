@@ -35,9 +35,10 @@ import sys
 from importlib import resources
 from typing import Any
 
-from longseq.config.base import ConfigError, apply_values, leaf_paths, leaves, resolve_key
+from longseq.config.base import ConfigError, apply_values, leaf_paths, leaves, resolve_section_key
 from longseq.config.model import ModelConfig
-from longseq.config.run import RECALL_TASKS, DataConfig, RunConfig, TaskConfig, TrainConfig
+from longseq.config.run import DataConfig, RunConfig, TaskConfig, TrainConfig
+from longseq.config.task import RECALL_TASKS, upgrade_flat_task
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -122,10 +123,16 @@ def load_run_config(path: str, base: RunConfig | None = None, _seen: tuple[str, 
 
 def apply_sections(base: RunConfig, data: dict[str, Any], source: str) -> RunConfig:
     """``base`` with the ``model``, ``data`` and ``train`` tables of ``data`` (read from ``source``) laid over it,
-    and its ``task`` table, when it has one."""
+    and its ``task`` table, when it has one (one the flat ``TaskConfig`` wrote is read in its task's terms:
+    :func:`~longseq.config.task.upgrade_flat_task`)."""
     sections = base.sections()
-    if isinstance(data.get("task"), dict) and "task" not in sections:
-        sections["task"] = TaskConfig(name=str(data["task"].get("name", "lm")))
+    if isinstance(data.get("task"), dict):
+        data = {**data, "task": upgrade_flat_task(data["task"])}
+        if "task" not in sections:  # the table chooses the task's options class (and holds what it needs: train)
+            try:
+                sections["task"] = TaskConfig.from_dict(data["task"])
+            except ConfigError as exc:
+                raise ConfigError(f"{source}: [task] {exc}") from None
     for name in (*SECTIONS, "task") if "task" in data else SECTIONS:
         table = data.get(name, {})
         if not isinstance(table, dict):
@@ -135,7 +142,7 @@ def apply_sections(base: RunConfig, data: dict[str, Any], source: str) -> RunCon
         items = []
         for key, value in leaves(table, keep=("sha256",)).items():
             try:
-                path = resolve_key(key, paths)
+                path = resolve_section_key({name: sections[name]}, key, paths)
             except ConfigError as exc:
                 raise ConfigError(f"{source}: [{name}] {exc}") from None
             if path in resolved:

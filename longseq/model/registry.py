@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from longseq.config.base import ConfigError, check_choice, leaves
 from longseq.config.model import ModelConfig
+from longseq.config.run import DataConfig
 from longseq.model.attention.kernels import KERNEL_NAMES, kernel_for
 from longseq.model.attention.patterns import PATTERNS, layer_patterns
 from longseq.model.block import FEED_FORWARDS, NORMS
@@ -49,6 +50,21 @@ def check_names(config: ModelConfig) -> None:
     check_choice("memory.cmem_fn", config.memory.cmem_fn, tuple(COMPRESSION_FUNCTIONS))
     if config.pattern.lowrank:
         check_lowrank(config)
+
+
+def check_lengths(model: ModelConfig, data: DataConfig) -> None:
+    """What the model's choices need of the run's segments, by their registry entries: a compression function that
+    takes whole groups of ``cmem_rate`` evicted states (``needs_whole_groups``) needs segments and a memory of
+    multiples of the rate, and fixed segment lengths (no ``varlen``)."""
+    c, d = model.memory, data
+    if c.cmem_len:
+        check_choice("memory.cmem_fn", c.cmem_fn, tuple(COMPRESSION_FUNCTIONS))
+    if c.cmem_len and COMPRESSION_FUNCTIONS[c.cmem_fn].needs_whole_groups:
+        if d.tgt_len % c.cmem_rate or c.mem_len % c.cmem_rate or d.varlen:
+            raise ConfigError(
+                f"cmem_fn={c.cmem_fn} compresses groups of exactly cmem_rate={c.cmem_rate} evicted states: "
+                f"tgt_len={d.tgt_len} and mem_len={c.mem_len} must be multiples of it, and varlen must be off"
+            )
 
 
 def check_lowrank(config: ModelConfig) -> None:

@@ -19,7 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from longseq.config.base import ConfigError
-from longseq.config.run import RunConfig, TaskConfig
+from longseq.config.run import RunConfig
+from longseq.config.task import FinetuneOptions, LMOptions, TaskConfig
 from longseq.model.attention.lowrank import LowRankProjection
 from longseq.model.memory import Memory
 
@@ -56,15 +57,12 @@ class StepResult:
     tokens: int
 
 
-FINETUNE_OPTIONS = ("train", "valid", "segment_len", "base", "head_only", "group_by_length", "sha256")
-
-
 class Task:
-    """The interface; see the module docstring.  Subclasses set ``name`` and ``reads``: the fields of
-    :class:`~longseq.config.run.TaskConfig` the task has use for (another task's are refused)."""
+    """The interface; see the module docstring.  Subclasses set ``name`` and ``Options``: the class of their options
+    (:mod:`longseq.config.task`), the run's ``task`` section; an option the task does not read has no field there."""
 
     name = ""
-    reads: tuple[str, ...] = ()
+    Options: type[TaskConfig] = LMOptions
     writes_samples = False  # whether :meth:`sample` is implemented (``TrainConfig.sample.sample_interval``)
     progress = False  # whether :meth:`validate` may show its progress (the Trainer says, for the run's main rank)
 
@@ -74,7 +72,7 @@ class Task:
 
     @property
     def options(self) -> TaskConfig:
-        """The run's task section (typed), the options this task reads among them."""
+        """The run's task section: this task's options (an instance of ``Options``)."""
         return self.run.task
 
     @property
@@ -202,7 +200,7 @@ class LengthGroupedBatches(ExampleBatches):
         return picked
 
 
-def training_batches(lengths: list[int], options: TaskConfig, batch_size: int, seed: int) -> ExampleBatches:
+def training_batches(lengths: list[int], options: FinetuneOptions, batch_size: int, seed: int) -> ExampleBatches:
     """The sampler of a fine-tuning run: shuffled batches, or batches grouped by length (``group_by_length``)."""
     if options.group_by_length:
         return LengthGroupedBatches(lengths, batch_size, seed)

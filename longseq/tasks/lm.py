@@ -19,6 +19,7 @@ from longseq.data.tokenizers import TokenizerError
 from longseq.eval.evaluate import bits_unit, evaluate
 from longseq.generation import generate
 from longseq.model import Memory, build_model
+from longseq.model.registry import check_lengths
 from longseq.tasks.base import StepContext, StepResult, Task
 
 
@@ -228,8 +229,10 @@ def mem_len_at(step: int, train: TrainConfig, final: int) -> int:
 
 def prepare_model_config(run: RunConfig, corpus: Corpus):
     """The model config with the vocabulary size of the tokenizer, checked with the rest of the run
-    (:func:`~longseq.config.checks.check_run`: the cutoffs must fit the vocabulary)."""
+    (:func:`~longseq.config.checks.check_run`: the cutoffs must fit the vocabulary; and what its choices need of the
+    segments, :func:`~longseq.model.registry.check_lengths`)."""
     check_cutoffs(run.model.cutoffs, corpus.tokenizer.vocab_size, corpus.source)  # before the config refuses them
     model = run.model.replace(vocab_size=corpus.tokenizer.vocab_size)
     check_run(RunConfig(model, run.data, run.train, run.task), source=corpus.source)
+    check_lengths(model, run.data)
     return model

@@ -13,12 +13,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from longseq.config.task import SpanOptions
 from longseq.data.tasks import TaskDataError, encode_field, read_jsonl
 from longseq.data.tokenizers import TokenizerError
 from longseq.model import build_model
 from longseq.model.heads import SpanExtractor, best_spans
 from longseq.tasks.base import (
-    FINETUNE_OPTIONS,
     TRAIN_SCORED,
     ExampleBatches,
     StepContext,
@@ -110,7 +110,7 @@ def encode_questions(records: list[dict], tokenizer, path: str) -> list[dict]:
 
 class Span(Task):
     name = "span"
-    reads = (*FINETUNE_OPTIONS, "max_answer_len")
+    Options = SpanOptions
 
     def prepare(self):
         o = self.options

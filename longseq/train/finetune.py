@@ -27,7 +27,7 @@ from typing import Any
 from longseq.config import ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
 from longseq.config.base import apply_values, leaf_paths, resolve_key
 from longseq.config.files import finetune_defaults
-from longseq.config.run import TaskConfig
+from longseq.config.task import FinetuneOptions, TaskConfig
 from longseq.data.sources import file_sha256
 from longseq.train.checkpoint import (
     load_checkpoint,
@@ -121,7 +121,7 @@ def note_stretched_decay(run: RunConfig, saved: RunConfig, log) -> None:
         )
 
 
-def fingerprints(task: TaskConfig) -> dict:
+def fingerprints(task: FinetuneOptions) -> dict:
     """The sha256 of a fine-tuning run's training and validation files and of its base checkpoint's weights
     (those that exist), by which a resume recognises them at another path."""
     out = {
@@ -138,7 +138,7 @@ def _same_file(recorded: dict, key: str, path: str) -> bool:
     return key in recorded and os.path.isfile(path) and file_sha256(path) == recorded[key]
 
 
-def _moved_base(task: TaskConfig, given: str) -> str | None:
+def _moved_base(task: FinetuneOptions, given: str) -> str | None:
     """The base checkpoint directory at ``given`` (or the run's own leaf, best or last, under it) when it holds
     the weights the run started from; else None."""
     base, recorded = task.base or "", task.sha256
@@ -148,7 +148,7 @@ def _moved_base(task: TaskConfig, given: str) -> str | None:
     return None
 
 
-def _files_found(task: TaskConfig, given: dict, base_checkpoint: str | None) -> tuple[list, dict]:
+def _files_found(task: FinetuneOptions, given: dict, base_checkpoint: str | None) -> tuple[list, dict]:
     """The run's files given at a new path: those that hold the recorded bytes (``{path: new}``, accepted) and what
     a resume cannot take (a file with other bytes, a gone file, other base weights), named by flag."""
     changed, moved, recorded = [], {}, task.sha256

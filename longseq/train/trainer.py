@@ -33,7 +33,7 @@ from longseq.config.checks import check_run
 from longseq.config.files import write_run_config
 from longseq.data.sources import CorpusChangedError
 from longseq.data.tokenizers import load_tokenizer
-from longseq.model.registry import model_spec
+from longseq.model.registry import check_lengths, model_spec
 from longseq.model.spec import ModelSpec
 from longseq.progress import TrainingProgress, duration
 from longseq.runtime import set_matmul_precision
@@ -161,6 +161,7 @@ class Trainer:
             )
         self.run = self.task.prepare()
         check_run(self.run, world.size)
+        check_lengths(self.run.model, self.run.data)
         self.checkpoint_state = load_training_state(self.dir.last) if self.resume else None
         self.data_sha256 = self.task.data_fingerprint()
         if self.resume:
