@@ -16,6 +16,7 @@ from support import (
     assert_names,
     assert_resumes_exactly,
     assert_same_run,
+    in_segments,
     last_json,
     make_layer,
     pattern,
@@ -274,15 +275,11 @@ def test_chunked_with_memory_equals_the_whole_and_every_memory_agrees(pos, extra
     x = torch.randint(0, 30, (2, 24))
     with torch.no_grad():
         chunked, stepped, _ = segments_and_steps(model, x, 4)
-        kv, mems = [], Memory.empty(KVMemory)
-        for lo in range(0, 24, 4):
-            out = model(x[:, lo : lo + 4], mems)
-            kv.append(out.logits)
-            mems = out.mems
+        kv, _ = in_segments(model, x, 4, Memory.empty(KVMemory))
         whole = model(x).logits
     torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-10)
     torch.testing.assert_close(stepped, whole, rtol=0, atol=1e-10)
-    torch.testing.assert_close(torch.cat(kv, dim=1), whole, rtol=0, atol=1e-10)
+    torch.testing.assert_close(kv, whole, rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("pos", ["sinusoidal", "rope"])
