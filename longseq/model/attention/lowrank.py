@@ -33,7 +33,7 @@ class LowRankProjection(nn.Module):
 
     def __init__(self, heads: int, rows: int, length: int, share: str) -> None:
         super().__init__()
-        self.rows, self.length, self.share = rows, length, share
+        self.rows, self.length = rows, length
         copies = heads if share == "none" else 1
         self.key_proj = nn.Parameter(torch.empty(copies, rows, length))  # E
         shared = share in ("kv", "layerwise")
