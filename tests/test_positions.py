@@ -286,9 +286,5 @@ def test_the_transformers_export_carries_the_encodings(tmp_path, pos, extra):
     with torch.no_grad():
         assert torch.allclose(hf(x).logits, model(x).logits, atol=1e-5)
         tokens = hf.generate(x, max_new_tokens=5, do_sample=False, pad_token_id=0)
-        mems, scores = None, []
-        for t in range(tokens.size(1) - 1):
-            out = model(tokens[:, t : t + 1], mems)
-            scores.append(out.logits[:, -1])
-            mems = out.mems
-    assert torch.equal(torch.stack(scores, 1)[:, 6:].argmax(-1), tokens[:, 7:])
+        scores, _ = in_segments(model, tokens[:, :-1], 1)  # longseq's own, one token at a time
+    assert torch.equal(scores[:, 6:].argmax(-1), tokens[:, 7:])
