@@ -369,6 +369,9 @@ def test_the_counter_sees_what_a_gpu_would_wait_on():
         int(x.max()), x[x > 2], x.nonzero(), x.tolist(), bool((x > 1).any())
     kinds = [w.split(" at ")[0] for w in syncs.where]
     assert kinds == ["_local_scalar_dense", "boolean indexing", "nonzero", "Tensor.tolist", "_local_scalar_dense"]
+    with HostSyncs() as syncs:  # an output whose size is the data's
+        torch.unique(x, return_inverse=True), torch.unique(x, dim=0), torch.unique_consecutive(x)
+    assert syncs.count == 3, syncs.where
 
 
 def test_known_reads_are_the_documented_ones():

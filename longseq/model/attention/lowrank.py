@@ -96,8 +96,8 @@ def _documents(docs: Tensor | None, batch: int, length: int, device) -> tuple[Te
     index = torch.arange(length, device=device)
     if docs is None:
         return torch.ones(batch, length, 1, dtype=torch.bool, device=device), index.expand(batch, length)
-    group = torch.unique(docs, return_inverse=True)[1].expand(batch, length)  # (B, K): 0 .. G - 1
-    count = int(group.max()) + 1  # G: the one read on the host
+    found, group = torch.unique(docs, return_inverse=True)  # the one read on the host: how many documents
+    group, count = group.expand(batch, length), found.numel()  # (B, K): 0 .. G - 1, G
     first = torch.full((batch, count), length, dtype=torch.long, device=device)
     first = first.scatter_reduce(1, group, index.expand(batch, length), reduce="amin")  # (B, G)
     return group[..., None] == torch.arange(count, device=device), index - first.gather(1, group)
