@@ -99,7 +99,7 @@ def finetune(
         resume = False  # the Trainer says it starts afresh
     if resume:
         last = os.path.join(out_dir, "last")
-        run, tokenizer, base = resumed_run(last, base_checkpoint, task, given), None, None
+        run, base = resumed_run(last, base_checkpoint, task, given), None
         tokenizer = load_tokenizer(os.path.join(last, "tokenizer.json"))
         note_stretched_decay(run, load_checkpoint_config(last), log)
     else:

@@ -10,7 +10,7 @@ length; training resumes bit for bit; bad options are refused by name."""
 
 import pytest
 import torch
-from support import assert_resumes_exactly, raises_naming, segments_and_steps, tiny_run
+from support import assert_resumes_exactly, in_segments, raises_naming, segments_and_steps, tiny_run
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.config import ConfigError
@@ -90,19 +90,11 @@ def test_each_row_reads_as_it_would_alone_with_a_coarse_memory_of_mem_len_chunks
     model = dynamic(name, mem_len=4)
     x = torch.randint(0, 30, (3, 40))
 
-    def read(rows):
-        mems, parts = None, []
-        for lo in range(0, 40, 7):
-            out = model(rows[:, lo : lo + 7], mems)
-            parts.append(out.logits)
-            mems = out.mems
-        return torch.cat(parts, dim=1), mems
-
     cuts, _ = recorded_cuts(model)
     with torch.no_grad():
-        batch, mems = read(x)
+        batch, mems = in_segments(model, x, 7)
         counts = torch.cat([c.cuts for c in cuts], dim=1).sum(1)
-        alone = torch.cat([read(x[b : b + 1])[0] for b in range(3)])
+        alone = torch.cat([in_segments(model, x[b : b + 1], 7)[0] for b in range(3)])
     torch.testing.assert_close(batch, alone, rtol=0, atol=1e-10)
     coarse = mems.layers[1].inner
     assert len(set(counts.tolist())) > 1 and int(counts.max()) > 4  # ragged rows, the memory truncates

@@ -1,5 +1,6 @@
 """Typed configuration: a base with strict JSON round trips and ``--set`` overrides, the model's config in
-sections, the run's configs, the tasks' options (one class per task, chosen by name), config files (TOML or JSON) and the presets shipped as such files."""
+sections, the run's configs, the tasks' options (one class per task, chosen by name), config files (TOML or JSON)
+and the presets shipped as such files."""
 
 from longseq.config.base import ConfigError, JsonConfig, apply_overrides, coerce_value
 from longseq.config.files import load_run_config, write_run_config

@@ -67,9 +67,8 @@ class DynamicHourglass(nn.Module):
         memory = Memory() if held is None else held.inner
         smoothed = chunks  # no chunk begins in this segment: (B, 0, E)
         if chunks.size(1):
-            recurrence = context.recurrence or Recurrence(self.inner.config.memory.mem_len)
             docs = torch.zeros_like(positions) if context.docs is None else context.docs[0].gather(1, positions)
-            outputs, memory = self._run_inner(chunks, memory, counts, docs, recurrence)
+            outputs, memory = self._run_inner(chunks, memory, counts, docs, context.recurrence)
             starts = forced.gather(1, positions)
             smoothed = smooth(outputs, cut.probs.gather(1, positions), carried, starts)  # (B, n, E)
         added, carried = upsample(smoothed, carried, cut.cuts)  # (B, T, E), (B, E)

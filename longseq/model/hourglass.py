@@ -54,7 +54,7 @@ class Hourglass(nn.Module):
 
     def forward(self, hidden: Tensor, rel_key, r_w_bias, r_r_bias, mask, context: StateContext):
         batch, length, width = hidden.shape
-        r = context.recurrence or Recurrence(self.inner.config.memory.mem_len * self.factor)
+        r = context.recurrence
         self._inner_recurrence = Recurrence(  # the shortened layers count positions in groups
             r.mem_len // self.factor, r.clamp_len // self.factor if r.clamp_len > 0 else -1, r.same_length
         )

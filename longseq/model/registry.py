@@ -140,7 +140,7 @@ def unread_hourglass(config: ModelConfig) -> set[str]:
     """The hourglass options its boundaries do not read (all of them without ``shorten_layers``)."""
     h = config.hourglass
     if not h.shorten_layers:
-        return {f"hourglass.{f}" for f in ("shorten_factor", "shorten_fn", "boundaries", "ratio_loss", "entropy_rule")}
+        return {f"hourglass.{f}" for f in leaves(h.to_dict()) if f != "shorten_layers"}
     reads = {"fixed": "shorten_fn", "learned": "ratio_loss", "entropy": "entropy_rule"}
     return {f"hourglass.{f}" for b, f in reads.items() if b != h.boundaries}
 

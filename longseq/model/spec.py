@@ -129,7 +129,7 @@ def lstm_set_activation_checkpointing(model: nn.Module, every: int) -> None:
 
 LSTM = ModelSpec(
     build=LSTMLM,
-    fsdp_units=None,  # config.checks.check_run refuses parallel=fsdp for arch=lstm before a run starts
+    fsdp_units=None,  # train.distributed.shard_model refuses parallel=fsdp for arch=lstm by name
     layer_depths=lstm_layer_depths,
     set_activation_checkpointing=lstm_set_activation_checkpointing,
     tied_heads={r"decoder\.weight": "embedding.weight"},

@@ -78,7 +78,7 @@ class LMOutput:
     """``loss``: mean NLL over labelled tokens (or None; NaN when labels were given but none is kept); ``logits``:
     (B, T, V) logits, or full log-probabilities with adaptive softmax (None when labels were given, or with
     ``return_hidden``); ``nll``: per-token NLL (B, T), 0 where ignored; ``mems``: the new
-    :class:`~longseq.model.memory.Memory` (``mems[i]`` is layer i's (B, M, E) states); ``aux_loss``: the
+    :class:`~longseq.model.memory.Memory` (``mems[i]`` is layer i's (B, M, E) states); ``aux_loss``:
     in training, the compressors' attention-reconstruction loss with a learned compressed memory and a dynamic
     hourglass's boundary loss (H-Net's ratio loss; the entropy head's and threshold's losses): add it to the loss;
     else None; ``hidden``: with ``return_hidden``, the last layer's hidden states (B, T, E) that the softmax

@@ -207,9 +207,7 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel
 
             self.net = DistributedDataParallel(model)  # averages gradients; parameters start from rank 0's
-        if (
-            self.tc.runtime.compile != "none"
-        ):  # the training step's model; validation and saving read self.model, uncompiled
+        if self.tc.runtime.compile != "none":  # the training step's model; validation and saving read self.model
             if self.run.task is not None:
                 raise ConfigError(
                     f"compile={self.tc.runtime.compile} compiles a language model's training step; the "

@@ -11,11 +11,13 @@ Format v1 (written before the memory and the model config were redesigned, 2026-
 
 Format v2 differs in that last way only.  Today the options are typed fields of the task's options class
 (:mod:`longseq.config.task`); a classifier that recorded no ``pooling`` was trained with ``last``, the default then.
-Format v3 stored every task's options in one flat class, the other tasks' at their defaults: ``RunConfig.from_dict``
-reads them in the task's terms (:func:`~longseq.config.task.upgrade_flat_task`, in the config package, as a run.toml
-is read there too).  In any format, a ``linear`` or ``performer`` model saved before ``mixers.reset_every`` and
-``mixers.rotary`` existed gets both off, as it ran (:func:`upgrade_unforgetting`).  Each reader of a checkpoint passes what it read through the function here for its part; an old
-checkpoint then loads and scores what it scored (``tests/fixtures``, format v1 files)."""
+A format v3 checkpoint written before each task had its options class (d3a9f4a and earlier) stored every task's
+options in one flat class, the other tasks' at their defaults: ``RunConfig.from_dict`` reads them in the task's
+terms (:func:`~longseq.config.task.upgrade_flat_task`, in the config package, as a run.toml is read there too).  In
+any format, a ``linear`` or ``performer`` model saved before ``mixers.reset_every`` and ``mixers.rotary`` existed
+gets both off, as it ran (:func:`upgrade_unforgetting`).  Each reader of a checkpoint passes what it read through
+the function here for its part; an old checkpoint then loads and scores what it scored (``tests/fixtures``, format
+v1 files)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ projected keys with nothing masked.
 
 Documents (a batch's padding is one: classify and mlm) are projected apart: each document's keys through the
 columns counted from its own start, and a query reads its own document's projection, so a document padded on the
-left or the right reads as it does alone, and no real token reads filler.
+left or the right reads as it does alone, and no real token reads filler.  How many documents a segment holds is
+read on the host (the projection's shape depends on it), once per forward for all the layers that share a mask.
 
 Sharing (Linformer section 4): ``none`` (E and F per head), ``headwise`` (one E and one F per layer, for all its
 heads), ``kv`` (E = F, per layer), ``layerwise`` (one E = F for every layer: the stack hands every layer the same
@@ -32,7 +33,7 @@ class LowRankProjection(nn.Module):
 
     def __init__(self, heads: int, rows: int, length: int, share: str) -> None:
         super().__init__()
-        self.rows, self.length, self.share = rows, length, share
+        self.rows, self.length = rows, length
         copies = heads if share == "none" else 1
         self.key_proj = nn.Parameter(torch.empty(copies, rows, length))  # E
         shared = share in ("kv", "layerwise")
@@ -65,34 +66,38 @@ class LowRankProjection(nn.Module):
                 f"a segment of {length} keys is longer than pattern.lowrank_len={self.length}, the most positions "
                 "the low-rank projection takes: read shorter segments (segment_len, tgt_len) or build it longer"
             )
-        group, columns = documents(mask, query.size(0), length, key.device)  # (B, K) each
-        groups = nn.functional.one_hot(group).to(key.dtype)  # (B, K, G)
+        groups, columns = documents(mask, query.size(0), length, key.device)  # (B, K, G) bool, (B, K)
+        weights = groups.to(key.dtype)
         values = self.value_proj if self.value_proj is not None else self.key_proj
-        keys, values = self.project(key, self.key_proj, columns, groups), self.project(value, values, columns, groups)
+        keys, values = self.project(key, self.key_proj, columns, weights), self.project(value, values, columns, weights)
         free = torch.zeros(1, 1, query.size(2), self.rows, dtype=torch.bool, device=query.device)  # nothing masked
         none = query.new_zeros(query.size(1), query.size(-1))  # the content family's unread u and v
         outs = [kernel(query, keys[:, :, g], values[:, :, g], None, none, none, free, dropatt, training, softcap=softcap)
                 for g in range(groups.size(-1))]  # fmt: skip
         if len(outs) == 1:
             return outs[0]
-        return sum(out * (group == g)[:, None, :, None].to(out.dtype) for g, out in enumerate(outs))  # own document's
+        return sum(out * groups[:, None, :, g, None].to(out.dtype) for g, out in enumerate(outs))  # own document's
 
 
 def documents(mask: PatternMask | Tensor, batch: int, length: int, device) -> tuple[Tensor, Tensor]:
-    """Each key's document as a group index (B, K), 0 .. G - 1, and its column: its position counted from its
-    document's first key in the segment (B, K).  Without documents: one group, columns 0 .. K - 1."""
-    index = torch.arange(length, device=device)
+    """Each key's document (B, K, G), one-hot over the G documents of the segment, and its column: its position
+    counted from its document's first key (B, K).  Without documents: one group, columns 0 .. K - 1.  Worked out
+    once for the layers that share a :class:`PatternMask` (G, read on the host, included)."""
     if isinstance(mask, Tensor):
         if bool(mask.any()):
             raise ValueError("the low-rank projection serves full attention: a dense mask may forbid no pair")
-        docs = None
-    else:
-        if mask.mlen or mask.global_keys is not None or mask.dropped_keys is not None:
-            raise ValueError("the low-rank projection reads one segment: no memory, global tokens or dropped keys")
-        docs = mask.key_docs
+        return _documents(None, batch, length, device)
+    if mask.mlen or mask.global_keys is not None or mask.dropped_keys is not None:
+        raise ValueError("the low-rank projection reads one segment: no memory, global tokens or dropped keys")
+    return mask.shared(("lowrank", length), lambda: _documents(mask.key_docs, batch, length, device))
+
+
+def _documents(docs: Tensor | None, batch: int, length: int, device) -> tuple[Tensor, Tensor]:
+    index = torch.arange(length, device=device)
     if docs is None:
-        return torch.zeros(batch, length, dtype=torch.long, device=device), index.expand(batch, length)
-    group = torch.unique(docs, return_inverse=True)[1].expand(batch, length)  # (B, K)
-    first = torch.full((batch, int(group.max()) + 1), length, dtype=torch.long, device=device)
+        return torch.ones(batch, length, 1, dtype=torch.bool, device=device), index.expand(batch, length)
+    found, group = torch.unique(docs, return_inverse=True)  # the one read on the host: how many documents
+    group, count = group.expand(batch, length), found.numel()  # (B, K): 0 .. G - 1, G
+    first = torch.full((batch, count), length, dtype=torch.long, device=device)
     first = first.scatter_reduce(1, group, index.expand(batch, length), reduce="amin")  # (B, G)
-    return group, index - first.gather(1, group)
+    return group[..., None] == torch.arange(count, device=device), index - first.gather(1, group)
