@@ -43,6 +43,7 @@ class Hourglass(nn.Module):
     """The shortened middle of a stack, called like a recurrent layer (its "present" is its new memory)."""
 
     attends = False  # a recurrent layer to the outer stack: its state and its shortened layers' memory
+    reads = ("shorten_fn",)  # the hourglass options only the fixed groups read (a predictor's: BOUNDARY_PREDICTORS)
 
     def __init__(self, config: ModelConfig, inner: nn.Module) -> None:
         super().__init__()
