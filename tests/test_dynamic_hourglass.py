@@ -247,6 +247,11 @@ def test_the_boundaries_a_diagnosis_reads_and_their_statistics():
     with torch.no_grad():
         model(x)
     assert torch.equal(read_boundaries(model, x[0], 5), cuts[0].cuts[0])
+    hooks = dict(model.transformer.stack.layers[1].boundaries._forward_hooks)
+    model.train()
+    with raises_naming(RuntimeError, "token ids"):  # a token outside the vocabulary: the model is left as it was
+        read_boundaries(model, torch.tensor([1, 99]), 5)
+    assert model.training and model.transformer.stack.layers[1].boundaries._forward_hooks == hooks
     text = b"ab cd\nef"  # chunks "ab", " cd", "\nef": lengths 2, 3, 3
     stats = chunk_statistics(text, torch.tensor([1, 0, 1, 0, 0, 1, 0, 0]), mem_len=4)
     assert (stats["chunks"], stats["mean_length"], stats["longest"]) == (3, 8 / 3, 3)

@@ -495,9 +495,11 @@ class ModelConfig(JsonConfig):
             f"ModelConfig.tie_projs needs one entry per cluster ({len(self.cutoffs) + 1}), got {self.tie_projs}",
         )
 
-    def _check_lowrank(self) -> None:
+    def _check_lowrank_bidirectional_without_memory(self) -> None:
         """Linformer's projection mixes a segment's keys along the length: it serves attention both ways, over one
-        segment (its patterns and positions are the registries' to check: ``model.registry.check_lowrank``)."""
+        segment (its patterns and positions are the registries' to check:
+        ``model.registry.check_lowrank_patterns_and_positions``; the task and segment length the run's,
+        ``config.checks.check_lowrank_task_and_length``)."""
         pattern = self.pattern
         what = f"pattern.lowrank={pattern.lowrank} (Linformer) projects a segment's keys and values along its length"
         check(
@@ -596,7 +598,7 @@ class ModelConfig(JsonConfig):
             "(no same_length, compressed memory, memory tokens or attention-based selection)",
         )
         if pattern.lowrank:
-            self._check_lowrank()
+            self._check_lowrank_bidirectional_without_memory()
 
 
 def upgrade_stored_model(model: dict) -> dict:

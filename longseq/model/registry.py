@@ -54,7 +54,7 @@ def check_names(config: ModelConfig) -> None:
     check_choice("memory.cmem_fn", config.memory.cmem_fn, tuple(COMPRESSION_FUNCTIONS))
     check_choice("hourglass.boundaries", config.hourglass.boundaries, BOUNDARIES)
     if config.pattern.lowrank:
-        check_lowrank(config)
+        check_lowrank_patterns_and_positions(config)
 
 
 def check_lengths(model: ModelConfig, data: DataConfig) -> None:
@@ -72,7 +72,7 @@ def check_lengths(model: ModelConfig, data: DataConfig) -> None:
             )
 
 
-def check_lowrank(config: ModelConfig) -> None:
+def check_lowrank_patterns_and_positions(config: ModelConfig) -> None:
     """Linformer's projection (``pattern.lowrank``) replaces full attention, and a projected key, a mixture of
     positions, has no distance to a query: every layer's pattern must allow every pair, and the position encoding
     must score no distance (rope rotates the keys before the projection; nope and absolute have none)."""

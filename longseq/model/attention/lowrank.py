@@ -6,9 +6,9 @@
 so a layer holds (T, k) scores instead of (T, T): memory and time O(T k).  Each column of E and F belongs to a
 position; a segment shorter than n uses the first T columns.  The projection mixes positions, so it serves full
 attention both ways over one segment (no memory), with positions that survive the mixing: keys rotated before it
-(rope), none, or added to the input (absolute); :meth:`~longseq.config.model.ModelConfig._check_lowrank` refuses
-the rest.  The kernel after it is the layer's content kernel (``sdpa`` or the readable ``reference``), over the k
-projected keys with nothing masked.
+(rope), none, or added to the input (absolute); the rest is refused
+(:func:`~longseq.model.registry.check_lowrank_patterns_and_positions`).  The kernel after it is the layer's content
+kernel (``sdpa`` or the readable ``reference``), over the k projected keys with nothing masked.
 
 Documents (a batch's padding is one: classify and mlm) are projected apart: each document's keys through the
 columns counted from its own start, and a query reads its own document's projection, so a document padded on the
