@@ -219,6 +219,14 @@ def test_the_content_family_caps_on_the_reference_whole_or_in_blocks(pos, chunk)
     assert (run(0, 0.0)[0] - slow).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("name", ["sdpa", "rel_shift"])  # both name sdpa_attention for the content family
+def test_a_layer_that_caps_is_refused_sdpa_when_it_is_built(name):
+    """SDPA does not check the cap on every call: the layer's kernel choice is the one guard, naming the kernel."""
+    with pytest.raises(ValueError, match=f"attn_impl={name} runs sdpa_attention.*attn_softcap"):
+        RelativeMultiHeadAttention(16, 4, 4, pos="rope", kernel=name, softcap=CAP)
+    assert RelativeMultiHeadAttention(16, 4, 4, pos="rope", kernel=name).kernel.__name__ == "sdpa_attention"
+
+
 @pytest.mark.parametrize("cutoffs", [[], [7, 15]])
 def test_logit_softcap_caps_each_clusters_logits_before_its_softmax(cutoffs):
     """Without clusters the logits are cap * tanh(z / cap); with clusters log p(token) is the head's log-softmax of

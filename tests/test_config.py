@@ -31,6 +31,7 @@ from longseq.config import apply_overrides
 from longseq.model import build_model
 from longseq.model.attention.kernels import ATTENTION_KERNELS
 from longseq.model.attention.patterns import PATTERNS
+from longseq.model.boundaries import BOUNDARY_PREDICTORS
 from longseq.model.memory.compress import COMPRESSION_FUNCTIONS
 from longseq.model.mixers import MIXERS
 from longseq.model.positions import POSITION_ENCODINGS
@@ -375,13 +376,15 @@ def test_a_train_key_is_set_by_its_name_its_section_or_its_full_path(tmp_path, t
 @pytest.mark.parametrize(
     "field, registry",
     [("attention", lambda: PATTERNS), ("attn_impl", lambda: ATTENTION_KERNELS), ("pos", lambda: POSITION_ENCODINGS),
-     ("mixer", lambda: MIXERS), ("cmem_fn", lambda: COMPRESSION_FUNCTIONS)],
+     ("mixer", lambda: MIXERS), ("cmem_fn", lambda: COMPRESSION_FUNCTIONS),
+     ("boundaries", lambda: BOUNDARY_PREDICTORS)],
 )  # fmt: skip
 def test_a_config_may_name_what_a_registry_implements_and_nothing_else(field, registry):
     """The registries own the names: every registered name builds a model, an unknown one is refused by name at
     build time with the close matches (no list of names is kept anywhere else)."""
     base = dict(vocab_size=12, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=4)
-    extra = {"cmem_fn": dict(cmem_len=2, cmem_rate=2), "mixer": {}, "attention": dict(window=3)}.get(field, {})
+    extra = {"cmem_fn": dict(cmem_len=2, cmem_rate=2), "attention": dict(window=3),
+             "boundaries": dict(n_layer=3, shorten_layers=[1, 2])}.get(field, {})  # fmt: skip
     for name in registry():
         value = [name] if field in ("attention", "mixer") else name
         if name == "flex":
@@ -390,7 +393,7 @@ def test_a_config_may_name_what_a_registry_implements_and_nothing_else(field, re
         build_model(config)
     wrong = ["windw"] if field in ("attention", "mixer") else "windw"
     with pytest.raises(ConfigError, match=r"unknown value 'windw'"):
-        build_model(ModelConfig(**base, **{field: wrong}))
+        build_model(ModelConfig(**{**base, **extra, field: wrong}))
 
 
 def test_options_the_architecture_does_not_read_are_refused(tmp_path, text_corpus, capsys):

@@ -15,13 +15,12 @@ from support import assert_resumes_exactly, in_segments, raises_naming, segments
 from longseq import ModelConfig, TransformerXLLM
 from longseq.config import ConfigError
 from longseq.diagnostics.chunks import chunk_statistics, read_boundaries
-from longseq.model.boundaries import EntropyCut, ratio_loss, smooth, smooth_reference
-from longseq.model.registry import ignored_options
+from longseq.model.boundaries import BOUNDARY_PREDICTORS, EntropyCut, ratio_loss, smooth, smooth_reference
+from longseq.model.registry import build_model, ignored_options
 
 SMALL = dict(vocab_size=30, n_layer=4, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0)
-PREDICTORS = {
-    "learned": dict(boundaries="learned"),
-    "entropy": dict(boundaries="entropy"),
+PREDICTORS = {  # every registered predictor, and the entropy rule's other score
+    **{name: dict(boundaries=name) for name in BOUNDARY_PREDICTORS},
     "entropy-relative": dict(boundaries="entropy", entropy_rule="relative"),
 }
 
@@ -82,7 +81,7 @@ def test_segments_and_token_by_token_generation_equal_the_whole_pass(name):
     torch.testing.assert_close(stepped, whole, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("name", ["learned", "entropy"])
+@pytest.mark.parametrize("name", sorted(BOUNDARY_PREDICTORS))
 def test_each_row_reads_as_it_would_alone_with_a_coarse_memory_of_mem_len_chunks(name):
     """Rows cut different numbers of chunks, so the batch pads them; with a memory of 4 (bytes, and chunks at the
     coarse level, which truncates) every row's scores are those it gets read alone, and each row's coarse memory
@@ -190,7 +189,7 @@ def test_the_entropy_threshold_settles_on_the_quantile_of_the_target_length():
     assert 0.22 < fraction < 0.28
 
 
-@pytest.mark.parametrize("name", ["learned", "entropy"])
+@pytest.mark.parametrize("name", sorted(BOUNDARY_PREDICTORS))
 def test_activation_checkpointing_recomputes_the_same_chunks(name):
     """The block recomputed in the backward pass cuts the same chunks: the gradients (the boundary losses'
     included) equal those of a pass that kept its activations."""
@@ -206,7 +205,7 @@ def test_activation_checkpointing_recomputes_the_same_chunks(name):
         assert (a is None and b is None) or torch.allclose(a, b, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("boundaries", ["learned", "entropy"])
+@pytest.mark.parametrize("boundaries", sorted(BOUNDARY_PREDICTORS))
 def test_training_resumes_bit_for_bit(boundaries, tmp_path):
     def run():
         config = tiny_run(max_steps=8, eval_interval=4, grad_accum=2)
@@ -223,8 +222,8 @@ def test_bad_options_are_refused_by_name():
     base = dict(SMALL, shorten_layers=[1, 3])
     with raises_naming(ConfigError, "boundaries=learned", "shorten_layers"):
         ModelConfig(**SMALL, boundaries="learned")
-    with raises_naming(ConfigError, "boundaries", "learned"):
-        ModelConfig(**base, boundaries="learnt")
+    with raises_naming(ConfigError, "boundaries", "learned"):  # the registry's name, refused when a model is built
+        build_model(ModelConfig(**base, boundaries="learnt"))
     with raises_naming(ConfigError, "boundaries=entropy", "attention", "ssm"):
         ModelConfig(**base, boundaries="entropy", mixer=["attention", "ssm", "attention", "attention"])
     with raises_naming(ConfigError, "same_length"):
@@ -248,6 +247,11 @@ def test_the_boundaries_a_diagnosis_reads_and_their_statistics():
     with torch.no_grad():
         model(x)
     assert torch.equal(read_boundaries(model, x[0], 5), cuts[0].cuts[0])
+    hooks = dict(model.transformer.stack.layers[1].boundaries._forward_hooks)
+    model.train()
+    with raises_naming(RuntimeError, "token ids"):  # a token outside the vocabulary: the model is left as it was
+        read_boundaries(model, torch.tensor([1, 99]), 5)
+    assert model.training and model.transformer.stack.layers[1].boundaries._forward_hooks == hooks
     text = b"ab cd\nef"  # chunks "ab", " cd", "\nef": lengths 2, 3, 3
     stats = chunk_statistics(text, torch.tensor([1, 0, 1, 0, 0, 1, 0, 0]), mem_len=4)
     assert (stats["chunks"], stats["mean_length"], stats["longest"]) == (3, 8 / 3, 3)

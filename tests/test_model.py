@@ -308,6 +308,28 @@ def test_lstm_baseline_carries_its_state_like_a_memory():
     assert first.mems[0][0].shape == first.mems[0][1].shape == (2, 16)  # (h, c) of layer 0
 
 
+def test_the_lstm_takes_the_transformers_call_options_and_refuses_the_rest_by_name():
+    """The per-call recurrence (and its shorthand) is the transformer's and changes nothing for an LSTM; a keyword
+    only the transformer's layers read, or a misspelt one, is a TypeError naming it (it was swallowed)."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**{**SMALL_LM, "arch": "lstm"})).double().eval()
+    ids = torch.randint(0, 30, (2, 6))
+    plain = model(ids, None, ids)
+    for options in (dict(recurrence=Recurrence(3)), dict(mem_len=0, clamp_len=2, same_length=True)):
+        assert torch.equal(model(ids, None, ids, **options).nll, plain.nll)
+        assert torch.equal(model.read(ids, **options)[0][0], plain.mems[0][0])
+        last = model.next_token_scores(ids, **options)[0]  # the decoder on one position: rounded as a GEMM of one row
+        torch.testing.assert_close(last, model(ids).logits[:, -1], rtol=0, atol=1e-12)
+    for call in (model, model.read, model.next_token_scores):
+        for keyword in ("mem_lenn", "global_mask", "layer_outputs"):
+            with pytest.raises(TypeError, match=f"'{keyword}'"):
+                call(ids, **{keyword: None})
+        with pytest.raises(TypeError, match="recurrence= or mem_len="):
+            call(ids, recurrence=Recurrence(3), mem_len=2)
+        with pytest.raises(ValueError, match="documents apart"):
+            call(ids, doc_ids=torch.zeros_like(ids))
+
+
 SYNC_BASE = dict(vocab_size=50, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, mem_len=16, attn_chunk=8)
 
 

@@ -30,6 +30,7 @@ from longseq.api import train
 from longseq.config import DataConfig, TrainConfig
 from longseq.data.sources import bundled_corpus_path
 from longseq.diagnostics.chunks import chunk_statistics, read_boundaries
+from longseq.model.boundaries import BOUNDARY_PREDICTORS
 from longseq.train import load_checkpoint
 
 SHADES = ("#cfe3f7", "#f7dccf")  # alternate chunks
@@ -84,7 +85,7 @@ def plot(data: bytes, starts: torch.Tensor, stats: dict, path: str, title: str) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="the run's folder (figure and JSON beside it)")
-    parser.add_argument("--boundaries", default="learned", choices=["learned", "entropy"])
+    parser.add_argument("--boundaries", default="learned", choices=sorted(BOUNDARY_PREDICTORS))
     parser.add_argument("--target", type=int, default=4, help="the target mean chunk length (shorten_factor)")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--d-model", type=int, default=64)

@@ -16,7 +16,7 @@ def check_run(run: RunConfig, world_size: int = 1, source: str | None = None) ->
     m, d, t = run.model, run.data, run.train
     check_cutoffs(m.cutoffs, m.vocab_size, source)
     if m.pattern.lowrank:
-        check_lowrank(run)
+        check_lowrank_task_and_length(run)
     check(
         d.batch_size % (t.grad_accum * world_size) == 0,
         f"batch_size={d.batch_size} must be divisible by grad_accum={t.grad_accum} x {world_size} process(es)",
@@ -51,7 +51,7 @@ def check_cutoffs(cutoffs: list[int], vocab_size: int, source: str | None = None
         )
 
 
-def check_lowrank(run: RunConfig) -> None:
+def check_lowrank_task_and_length(run: RunConfig) -> None:
     """Linformer's projection (``pattern.lowrank``) serves the tasks that see a whole document (their options say:
     ``sees_whole_document``), over segments no longer than the columns of its matrices."""
     task = run.task if run.task is not None else TaskConfig()
@@ -62,7 +62,7 @@ def check_lowrank(run: RunConfig) -> None:
         f"{lowrank} serves the tasks that read a whole document at once ({', '.join(whole)}), not {task.name}: "
         "every query of the projection sees every key, so it cannot predict the next token",
     )
-    segment = run.task.segment_len or run.data.tgt_len
+    segment = task.segment_len or run.data.tgt_len
     check(
         segment <= run.model.pattern.lowrank_len,
         f"{lowrank} takes segments of up to pattern.lowrank_len={run.model.pattern.lowrank_len} positions; the run "

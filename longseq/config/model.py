@@ -2,7 +2,7 @@
 mixers and hourglass.  ``ModelConfig(mem_len=64, window=32)`` takes its sections' fields by name.
 
 Fields that choose an implementation (``pattern.attention``, ``attn_impl``, ``positions.pos``, ``mixer``,
-``memory.cmem_fn``, ``arch``) hold names; the registries that implement them own the names
+``memory.cmem_fn``, ``hourglass.boundaries``, ``arch``) hold names; the registries that implement them own the names
 (:mod:`longseq.model.registry` checks a config against them, when a model is built and before a run starts).
 """
 
@@ -263,10 +263,6 @@ class HourglassConfig(JsonConfig):
         )
         check(self.shorten_fn in ("linear", "mean"), f"shorten_fn must be linear or mean, got {self.shorten_fn!r}")
         check(
-            self.boundaries in BOUNDARIES,
-            f"hourglass.boundaries must be one of {', '.join(BOUNDARIES)}, got {self.boundaries!r}",
-        )
-        check(
             self.boundaries == "fixed" or bool(self.shorten_layers),
             f"hourglass.boundaries={self.boundaries} chooses where the shortened layers cut the sequence: set "
             "shorten_layers=first,end (the layers that run on chunks)",
@@ -281,9 +277,6 @@ class HourglassConfig(JsonConfig):
     def dynamic(self) -> bool:
         """True when a boundary predictor chooses the chunks (``learned``, ``entropy``)."""
         return bool(self.shorten_layers) and self.boundaries != "fixed"
-
-
-BOUNDARIES = ("fixed", "learned", "entropy")
 
 
 @dataclass(frozen=True)
@@ -502,9 +495,11 @@ class ModelConfig(JsonConfig):
             f"ModelConfig.tie_projs needs one entry per cluster ({len(self.cutoffs) + 1}), got {self.tie_projs}",
         )
 
-    def _check_lowrank(self) -> None:
+    def _check_lowrank_bidirectional_without_memory(self) -> None:
         """Linformer's projection mixes a segment's keys along the length: it serves attention both ways, over one
-        segment (its patterns and positions are the registries' to check: ``model.registry.check_lowrank``)."""
+        segment (its patterns and positions are the registries' to check:
+        ``model.registry.check_lowrank_patterns_and_positions``; the task and segment length the run's,
+        ``config.checks.check_lowrank_task_and_length``)."""
         pattern = self.pattern
         what = f"pattern.lowrank={pattern.lowrank} (Linformer) projects a segment's keys and values along its length"
         check(
@@ -603,7 +598,7 @@ class ModelConfig(JsonConfig):
             "(no same_length, compressed memory, memory tokens or attention-based selection)",
         )
         if pattern.lowrank:
-            self._check_lowrank()
+            self._check_lowrank_bidirectional_without_memory()
 
 
 def upgrade_stored_model(model: dict) -> dict:

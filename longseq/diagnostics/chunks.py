@@ -22,13 +22,13 @@ def read_boundaries(model, ids: Tensor, segment: int) -> Tensor:
         raise ValueError("this model has no chunk boundaries: set shorten_layers and boundaries=learned or entropy")
     cuts: list[Tensor] = []
     hook = blocks[0].boundaries.register_forward_hook(lambda module, args, out: cuts.append(out.cuts[0]))
+    was_training = model.training
+    model.eval()
     try:
-        was_training = model.training
-        model.eval()
         with torch.no_grad():
             read_prompt(model, ids[None], segment, mems=Memory())
-        model.train(was_training)
     finally:
+        model.train(was_training)
         hook.remove()
     return torch.cat(cuts).cpu()
 

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig
-from longseq.model.boundaries import EntropyCut, Router, confidence, select_chunks, smooth, upsample
+from longseq.model.boundaries import BOUNDARY_PREDICTORS, confidence, select_chunks, smooth, upsample
 from longseq.model.layers import LayerOutput
 from longseq.model.memory import HourglassState, Memory, Recurrence, StateContext
 from longseq.model.memory.ragged import keep_last
@@ -46,11 +46,7 @@ class DynamicHourglass(nn.Module):
 
     def __init__(self, config: ModelConfig, inner: nn.Module) -> None:
         super().__init__()
-        h, width = config.hourglass, config.d_model
-        if h.boundaries == "learned":
-            self.boundaries = Router(width, h.shorten_factor, h.ratio_loss)
-        else:
-            self.boundaries = EntropyCut(width, config.vocab_size, h.shorten_factor, h.entropy_rule)
+        self.boundaries = BOUNDARY_PREDICTORS[config.hourglass.boundaries].build(config)
         self.inner = inner  # a LayerStack of the coarse (attention) layers
 
     def forward(self, hidden: Tensor, rel_key, r_w_bias, r_r_bias, mask, context: StateContext) -> LayerOutput:

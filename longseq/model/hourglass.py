@@ -43,6 +43,7 @@ class Hourglass(nn.Module):
     """The shortened middle of a stack, called like a recurrent layer (its "present" is its new memory)."""
 
     attends = False  # a recurrent layer to the outer stack: its state and its shortened layers' memory
+    reads = ("shorten_fn",)  # the hourglass options only the fixed groups read (a predictor's: BOUNDARY_PREDICTORS)
 
     def __init__(self, config: ModelConfig, inner: nn.Module) -> None:
         super().__init__()
@@ -55,7 +56,7 @@ class Hourglass(nn.Module):
     def forward(self, hidden: Tensor, rel_key, r_w_bias, r_r_bias, mask, context: StateContext):
         batch, length, width = hidden.shape
         r = context.recurrence
-        self._inner_recurrence = Recurrence(  # the shortened layers count positions in groups
+        inner_recurrence = Recurrence(  # the shortened layers count positions in groups
             r.mem_len // self.factor, r.clamp_len // self.factor if r.clamp_len > 0 else -1, r.same_length
         )
         k = self.factor
@@ -74,7 +75,7 @@ class Hourglass(nn.Module):
         inner_memory = Memory() if held is None else held.inner
         if len(ends):
             short = self.shorten(windows.flatten(-2)) if self.shorten is not None else windows.mean(dim=2)  # (B, n, E)
-            short, inner_memory = self._run_inner(short, inner_memory, docs, ends)
+            short, inner_memory = self._run_inner(short, inner_memory, docs, ends, inner_recurrence)
             up = torch.cat([up[:, None], self.upsample(short).view(batch, -1, k, width)], dim=1)  # (B, n + 1, k, E)
             end_docs = None if docs is None else torch.cat([up_doc[:, None], docs[0][:, ends]], dim=1)  # (B, n + 1)
         else:
@@ -105,9 +106,9 @@ class Hourglass(nn.Module):
         tail, up, _, up_doc = state  # its phase tensor is kept for the checkpoint; the host's phase is read
         return tail.to(hidden.dtype), up.to(hidden.dtype), up_doc
 
-    def _run_inner(self, short: Tensor, memory: Memory, docs, ends: Tensor) -> tuple[Tensor, Memory]:
-        """The shortened layers over the new groups (B, n, E), with their own memory."""
-        r = self._inner_recurrence
+    def _run_inner(self, short: Tensor, memory: Memory, docs, ends: Tensor, r: Recurrence) -> tuple[Tensor, Memory]:
+        """The shortened layers over the new groups (B, n, E), with their own memory and recurrence ``r`` (counted
+        in groups)."""
         doc_ids = None if docs is None else docs[0][:, ends]
         step = self.inner.open_step(memory, short.size(0), short.size(1), short.device, r, doc_ids)
         out, memory, _ = self.inner.run(step, memory, short, r)

@@ -5,7 +5,8 @@ Every choice is owned by its implementation: attention patterns (:data:`~longseq
 a predicate and the parameters it reads), kernels (:data:`~longseq.model.attention.kernels.ATTENTION_KERNELS` and
 ``CONTENT_KERNELS``, and ``auto``), position encodings (:data:`~longseq.model.positions.POSITION_ENCODINGS`), mixers
 (:data:`~longseq.model.mixers.MIXERS`, and ``attention``, the decoder layer), compression functions
-(:data:`~longseq.model.memory.compress.COMPRESSION_FUNCTIONS`), the block's norm and feed-forward
+(:data:`~longseq.model.memory.compress.COMPRESSION_FUNCTIONS`), a dynamic hourglass's boundary predictors
+(:data:`~longseq.model.boundaries.BOUNDARY_PREDICTORS`, and ``fixed``, the hourglass's groups), the block's norm and feed-forward
 (:data:`~longseq.model.block.NORMS`, :data:`~longseq.model.block.FEED_FORWARDS`) and architectures
 (:data:`MODEL_SPECS`: each one's class and what the trainer asks of it, :mod:`longseq.model.spec`).
 A new one is registered once, where it is implemented; :func:`check_names` and :func:`ignored_options` read the
@@ -19,6 +20,8 @@ from longseq.config.run import DataConfig
 from longseq.model.attention.kernels import KERNEL_NAMES, kernel_for
 from longseq.model.attention.patterns import PATTERNS, layer_patterns
 from longseq.model.block import FEED_FORWARDS, NORMS
+from longseq.model.boundaries import BOUNDARY_PREDICTORS
+from longseq.model.hourglass import Hourglass
 from longseq.model.lstm import LSTMLM
 from longseq.model.memory.compress import COMPRESSION_FUNCTIONS
 from longseq.model.mixers import MIXERS
@@ -29,6 +32,7 @@ from longseq.model.stack import DecoderLayer
 MODEL_SPECS: dict[str, ModelSpec] = {"transformer": TRANSFORMER_XL, "lstm": LSTM}
 ARCHITECTURES = {name: spec.build for name, spec in MODEL_SPECS.items()}  # what ``arch`` names: the model class
 LAYERS = ("attention", *MIXERS)  # what ``mixer`` may name for a layer
+BOUNDARIES = ("fixed", *BOUNDARY_PREDICTORS)  # what ``hourglass.boundaries`` may name
 
 
 def check_names(config: ModelConfig) -> None:
@@ -48,8 +52,9 @@ def check_names(config: ModelConfig) -> None:
     for name in config.mixer:
         check_choice("mixer", name, LAYERS)
     check_choice("memory.cmem_fn", config.memory.cmem_fn, tuple(COMPRESSION_FUNCTIONS))
+    check_choice("hourglass.boundaries", config.hourglass.boundaries, BOUNDARIES)
     if config.pattern.lowrank:
-        check_lowrank(config)
+        check_lowrank_patterns_and_positions(config)
 
 
 def check_lengths(model: ModelConfig, data: DataConfig) -> None:
@@ -67,7 +72,7 @@ def check_lengths(model: ModelConfig, data: DataConfig) -> None:
             )
 
 
-def check_lowrank(config: ModelConfig) -> None:
+def check_lowrank_patterns_and_positions(config: ModelConfig) -> None:
     """Linformer's projection (``pattern.lowrank``) replaces full attention, and a projected key, a mixture of
     positions, has no distance to a query: every layer's pattern must allow every pair, and the position encoding
     must score no distance (rope rotates the keys before the projection; nope and absolute have none)."""
@@ -137,12 +142,15 @@ def unread_options(config: ModelConfig) -> set[str]:
 
 
 def unread_hourglass(config: ModelConfig) -> set[str]:
-    """The hourglass options its boundaries do not read (all of them without ``shorten_layers``)."""
+    """The hourglass options its boundaries do not read (all of them without ``shorten_layers``): those the fixed
+    groups (``Hourglass.reads``) or a boundary predictor (its registry entry's ``reads``) read and the chosen
+    boundaries do not."""
     h = config.hourglass
     if not h.shorten_layers:
         return {f"hourglass.{f}" for f in leaves(h.to_dict()) if f != "shorten_layers"}
-    reads = {"fixed": "shorten_fn", "learned": "ratio_loss", "entropy": "entropy_rule"}
-    return {f"hourglass.{f}" for b, f in reads.items() if b != h.boundaries}
+    reads = {"fixed": Hourglass.reads, **{name: kind.reads for name, kind in BOUNDARY_PREDICTORS.items()}}
+    every = {field for fields in reads.values() for field in fields}
+    return {f"hourglass.{f}" for f in every - set(reads[h.boundaries])}
 
 
 def model_spec(arch: str) -> ModelSpec:

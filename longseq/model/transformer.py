@@ -16,13 +16,12 @@ from longseq.config.model import ModelConfig, Recurrence
 from longseq.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from longseq.model.attention.patterns import PATTERNS
 from longseq.model.block import norm_layer
-from longseq.model.layers import PositionwiseFF
 from longseq.model.memory import Memory, MemoryStep, as_memory
-from longseq.model.stack import DecoderLayer, LayerStack
+from longseq.model.stack import LayerStack
 
 IGNORE_INDEX = -100
 
-__all__ = ["DecoderLayer", "IGNORE_INDEX", "LMOutput", "PositionwiseFF", "TransformerXL", "TransformerXLLM"]
+__all__ = ["IGNORE_INDEX", "LMOutput", "TransformerXL", "TransformerXLLM"]
 
 
 NORM_WEIGHTS = ("layer_norm.weight", "final_norm.weight", "q_norm.weight", "k_norm.weight")  # initialised at 1 +- std

@@ -6,9 +6,9 @@
 so a layer holds (T, k) scores instead of (T, T): memory and time O(T k).  Each column of E and F belongs to a
 position; a segment shorter than n uses the first T columns.  The projection mixes positions, so it serves full
 attention both ways over one segment (no memory), with positions that survive the mixing: keys rotated before it
-(rope), none, or added to the input (absolute); :meth:`~longseq.config.model.ModelConfig._check_lowrank` refuses
-the rest.  The kernel after it is the layer's content kernel (``sdpa`` or the readable ``reference``), over the k
-projected keys with nothing masked.
+(rope), none, or added to the input (absolute); the rest is refused
+(:func:`~longseq.model.registry.check_lowrank_patterns_and_positions`).  The kernel after it is the layer's content
+kernel (``sdpa`` or the readable ``reference``), over the k projected keys with nothing masked.
 
 Documents (a batch's padding is one: classify and mlm) are projected apart: each document's keys through the
 columns counted from its own start, and a query reads its own document's projection, so a document padded on the
@@ -70,8 +70,7 @@ class LowRankProjection(nn.Module):
         weights = groups.to(key.dtype)
         values = self.value_proj if self.value_proj is not None else self.key_proj
         keys, values = self.project(key, self.key_proj, columns, weights), self.project(value, values, columns, weights)
-        free = torch.zeros(1, 1, query.size(2), self.rows, dtype=torch.bool, device=query.device)  # nothing masked
-        none = query.new_zeros(query.size(1), query.size(-1))  # the content family's unread u and v
+        free, none = unmasked(mask, query, self.rows)
         outs = [kernel(query, keys[:, :, g], values[:, :, g], None, none, none, free, dropatt, training, softcap=softcap)
                 for g in range(groups.size(-1))]  # fmt: skip
         if len(outs) == 1:
@@ -90,6 +89,21 @@ def documents(mask: PatternMask | Tensor, batch: int, length: int, device) -> tu
     if mask.mlen or mask.global_keys is not None or mask.dropped_keys is not None:
         raise ValueError("the low-rank projection reads one segment: no memory, global tokens or dropped keys")
     return mask.shared(("lowrank", length), lambda: _documents(mask.key_docs, batch, length, device))
+
+
+def unmasked(mask: PatternMask | Tensor, query: Tensor, rows: int) -> tuple[Tensor, Tensor]:
+    """What the content kernel takes beside the projected keys: its mask over the ``rows`` projections of queries
+    (B, H, T, D), nothing masked (1, 1, T, k), and the content family's unread u and v (H, D), zeros.  Made once for
+    the layers that share a :class:`PatternMask` (every call with a dense mask)."""
+    heads, length, d_head = query.size(1), query.size(2), query.size(-1)
+
+    def make() -> tuple[Tensor, Tensor]:
+        free = torch.zeros(1, 1, length, rows, dtype=torch.bool, device=query.device)
+        return free, query.new_zeros(heads, d_head)
+
+    if isinstance(mask, Tensor):
+        return make()
+    return mask.shared(("lowrank-unmasked", length, rows, heads, d_head, query.dtype), make)
 
 
 def _documents(docs: Tensor | None, batch: int, length: int, device) -> tuple[Tensor, Tensor]:

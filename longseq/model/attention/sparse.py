@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from longseq.model.attention.patterns import PatternError, PatternMask, in_random_blocks
+from longseq.model.attention.patterns import PatternError, PatternMask, in_random_blocks, picks_table
 from longseq.model.attention.shift import (
     DiagonalScores,
     PositionScores,
@@ -226,7 +226,7 @@ class RandomBlocks:
         size = self.size = m.pattern.config.block_size
         picks, valid = m.pattern.random_picks(m.klen, device)  # (n, r) for every block of the window
         self.mask, self.n_blocks = m, picks.size(0)
-        self.table = m.pattern.random_table(m.klen, device)  # (n, n): for covers
+        self.table = picks_table(picks, valid)  # (n, n): for covers
         self.a0 = m.mlen // size
         self.na = (m.klen - 1) // size + 1 - self.a0
         self.front = m.mlen - self.a0 * size
