@@ -218,7 +218,8 @@ class HourglassConfig(JsonConfig):
       gives chunks of ``shorten_factor`` positions on average.
 
     With ``learned`` and ``entropy`` the shortened layers are attention layers whose memory holds ``mem_len``
-    chunks (one slot per chunk)."""
+    chunks (one slot per chunk), and ``residual_proj`` passes the block's input to its output through a linear map
+    that starts at zero (H-Net's; false: the input itself, as in the configs stored before the option)."""
 
     shorten_layers: list[int] = field(default_factory=list)
     shorten_factor: int = 2
@@ -226,6 +227,7 @@ class HourglassConfig(JsonConfig):
     boundaries: str = "fixed"
     ratio_loss: float = 0.03
     entropy_rule: str = "global"
+    residual_proj: bool = True
 
     def __post_init__(self) -> None:
         check(
@@ -261,6 +263,15 @@ class HourglassConfig(JsonConfig):
 
 
 BOUNDARIES = ("fixed", "learned", "entropy")
+
+
+def upgrade_stored_model(model: dict) -> dict:
+    """A stored model config (a checkpoint's, an export's: complete, as ``to_dict`` wrote it) in today's terms: a
+    dynamic hourglass stored before ``residual_proj`` existed added its input itself (``residual_proj=false``)."""
+    hourglass = model.get("hourglass")
+    if isinstance(hourglass, dict) and hourglass.get("boundaries", "fixed") != "fixed":
+        return {**model, "hourglass": {"residual_proj": False, **hourglass}}
+    return model
 
 
 @config

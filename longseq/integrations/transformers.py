@@ -67,6 +67,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils.deprecation import deprecate_kwarg
 
 from longseq.config import ModelConfig
+from longseq.config.model import upgrade_stored_model
 from longseq.data.tokenizers import Tokenizer, load_tokenizer
 from longseq.generation import read_prompt, recurrence_overrides, windowed
 from longseq.integrations.longseq_cache import LongseqCache, RowGroup, merged, row_groups
@@ -117,7 +118,7 @@ class LongseqConfig(PreTrainedConfig):
         given = dict(self.longseq or {})
         if self.tie_word_embeddings is not None:
             given["tie_weight"] = self.tie_word_embeddings
-        model = ModelConfig.from_dict(given)  # ConfigError names an unknown or bad key
+        model = ModelConfig.from_dict(upgrade_stored_model(given))  # ConfigError names an unknown or bad key
         self.longseq = model.to_dict()
         if self.segment_len < 1:
             raise ValueError(f"segment_len must be >= 1, got {self.segment_len}")

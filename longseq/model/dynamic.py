@@ -10,7 +10,8 @@ For a segment (B, T, E) of the level's input x (the output of the layers below, 
    chunk, so that it reaches about ``mem_len`` x the mean chunk length positions back;
 4. the smoothing averages the chunks' outputs (H-Net's EMA) and up-sampling gives position t the output of the chunk
    it lies in, times the straight-through confidence (1 in the forward pass);
-5. the residual link adds it to x, for the layers above.
+5. the residual link adds it to x, for the layers above: with ``residual_proj`` (the default, as H-Net) through a
+   linear map W_r x + b_r that starts at zero, so that at first the layers above read the coarse path only.
 
 Causality: position t reads the chunk that begins at s_c <= t, whose coarse output has read chunks up to c only
 (each represented by a position <= s_c): nothing after t.  A chunk whose first position lies in an earlier segment
@@ -52,6 +53,12 @@ class DynamicHourglass(nn.Module):
         else:
             self.boundaries = EntropyCut(width, config.vocab_size, h.shorten_factor, h.entropy_rule)
         self.inner = inner  # a LayerStack of the coarse (attention) layers
+        self.residual = nn.Linear(width, width) if h.residual_proj else None  # H-Net's residual_proj
+
+    def init_own_parameters(self) -> None:
+        if self.residual is not None:  # zero, as H-Net's: the residual path opens as it learns
+            nn.init.zeros_(self.residual.weight)
+            nn.init.zeros_(self.residual.bias)
 
     def forward(self, hidden: Tensor, rel_key, r_w_bias, r_r_bias, mask, context: StateContext) -> LayerOutput:
         if torch.compiler.is_exporting():
@@ -74,7 +81,8 @@ class DynamicHourglass(nn.Module):
             smoothed = smooth(outputs, cut.probs.gather(1, positions), carried, starts)  # (B, n, E)
         added, carried = upsample(smoothed, carried, cut.cuts)  # (B, T, E), (B, E)
         state = (hidden[:, -1].detach(), carried.detach(), cut.last_score.detach())
-        return LayerOutput(hidden + added * confidence(cut), HourglassState(state, memory, 0), None, cut.aux)
+        residual = hidden if self.residual is None else self.residual(hidden)
+        return LayerOutput(residual + added * confidence(cut), HourglassState(state, memory, 0), None, cut.aux)
 
     def _state(self, held: HourglassState | None, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The last input before the segment (B, E), the smoothed output of its chunk (B, E), the predictor's

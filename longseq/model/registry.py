@@ -101,9 +101,10 @@ def unread_hourglass(config: ModelConfig) -> set[str]:
     """The hourglass options its boundaries do not read (all of them without ``shorten_layers``)."""
     h = config.hourglass
     if not h.shorten_layers:
-        return {f"hourglass.{f}" for f in ("shorten_factor", "shorten_fn", "boundaries", "ratio_loss", "entropy_rule")}
-    reads = {"fixed": "shorten_fn", "learned": "ratio_loss", "entropy": "entropy_rule"}
-    return {f"hourglass.{f}" for b, f in reads.items() if b != h.boundaries}
+        return {f"hourglass.{f}" for f in leaves(h.to_dict()) if f != "shorten_layers"}
+    reads = {"fixed": {"shorten_fn"}, "learned": {"ratio_loss", "residual_proj"},
+             "entropy": {"entropy_rule", "residual_proj"}}  # fmt: skip
+    return {f"hourglass.{f}" for b, fields in reads.items() if b != h.boundaries for f in fields - reads[h.boundaries]}
 
 
 def build_model(config: ModelConfig):

@@ -8,7 +8,8 @@ Format v1 (written before the memory and the model config were redesigned, 2026-
 * a training state's memory tensors were named ``mems.i`` and ``state.i.j``;
 * and, as in format v2, a fine-tuned run kept its task's options in a dict, ``{"name": ..., "options": {...}}``.
 
-Format v2 differs in that last way only.  Today the options are typed fields of
+Format v2 differs in that last way only.  Within format v3, a model config stored before an option existed reads
+with the behaviour it was trained with (:func:`~longseq.config.model.upgrade_stored_model`).  Today the options are typed fields of
 :class:`~longseq.config.run.TaskConfig`; a classifier that recorded no ``pooling`` was trained with ``last``, the
 default then.  Each reader of a checkpoint passes what it read through the function here for its part; an old
 checkpoint then loads and scores what it scored (``tests/fixtures``, format v1 files)."""
@@ -16,6 +17,8 @@ checkpoint then loads and scores what it scored (``tests/fixtures``, format v1 f
 from __future__ import annotations
 
 from torch import Tensor
+
+from longseq.config.model import upgrade_stored_model
 
 FORMAT_V1 = "longseq-checkpoint-v1"
 OLD_FORMATS = (FORMAT_V1, "longseq-checkpoint-v2")
@@ -53,7 +56,10 @@ def upgrade_memory_names(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def upgrade_run(run: dict) -> dict:
-    """A stored run config (a checkpoint's ``"run"``) in today's terms: a task's options dict becomes its fields."""
+    """A stored run config (a checkpoint's ``"run"``) in today's terms: a task's options dict becomes its fields,
+    and the model config reads as it was trained (:func:`~longseq.config.model.upgrade_stored_model`)."""
+    if isinstance(run.get("model"), dict):
+        run = {**run, "model": upgrade_stored_model(run["model"])}
     task = run.get("task")
     if not isinstance(task, dict) or "options" not in task:
         return run
