@@ -109,6 +109,25 @@ def test_each_row_reads_as_it_would_alone_with_a_coarse_memory_of_mem_len_chunks
     assert coarse.mem_length == 4 and torch.equal((coarse.doc_ids >= 0).sum(1), counts.clamp(max=4))
 
 
+@pytest.mark.parametrize("boundaries", ["fixed", "learned"])
+def test_coarse_mem_len_sets_the_shortened_layers_memory_apart_from_mem_len(boundaries):
+    """coarse_mem_len at its default's value (fixed: mem_len // k groups; learned: mem_len chunks) changes nothing;
+    another value is the number of slots the shortened layers keep, while the full-resolution layers keep mem_len,
+    and an evaluation at half the mem_len halves both."""
+    extra = {"boundaries": "fixed"} if boundaries == "fixed" else {}
+    name = "learned"
+    default = dynamic(name, mem_len=6, **extra)
+    same = dynamic(name, mem_len=6, coarse_mem_len=2 if boundaries == "fixed" else 6, **extra)
+    apart = dynamic(name, mem_len=6, coarse_mem_len=4, **extra)
+    x = torch.randint(0, 30, (2, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(same(x).logits, default(x).logits, rtol=0, atol=0)
+        mems = apart(x).mems
+        half = apart(x, mem_len=3).mems
+    assert mems.mem_length == 6 and mems.layers[1].inner.mem_length == 4
+    assert half.mem_length == 3 and half.layers[1].inner.mem_length == 2
+
+
 def test_a_new_document_reads_nothing_of_the_previous_one():
     """With documents, changing the first document changes nothing after the second begins, read across
     segments; the second document's first position begins a chunk."""
@@ -264,6 +283,11 @@ def test_bad_options_are_refused_by_name():
         ModelConfig(**base, boundaries="learned", ratio_loss=-1.0)
     with raises_naming(ConfigError, "entropy_rule"):
         ModelConfig(**base, boundaries="entropy", entropy_rule="spike")
+    with raises_naming(ConfigError, "coarse_mem_len", "mem_len > 0"):
+        ModelConfig(**base, boundaries="learned", coarse_mem_len=8, mem_len=0)
+    with raises_naming(ConfigError, "coarse_mem_len", ">= 0"):
+        ModelConfig(**base, coarse_mem_len=-1)
+    assert ignored_options(ModelConfig(**SMALL, coarse_mem_len=8)) == ["hourglass.coarse_mem_len=8"]
     assert ignored_options(ModelConfig(**base, boundaries="entropy", ratio_loss=0.1)) == ["hourglass.ratio_loss=0.1"]
     assert ignored_options(ModelConfig(**base, boundaries="learned", shorten_fn="mean")) == [
         "hourglass.shorten_fn=mean"

@@ -219,7 +219,9 @@ class HourglassConfig(JsonConfig):
 
     With ``learned`` and ``entropy`` the shortened layers are attention layers whose memory holds ``mem_len``
     chunks (one slot per chunk), and ``residual_proj`` passes the block's input to its output through a linear map
-    that starts at zero (H-Net's; false: the input itself, as in the configs stored before the option)."""
+    that starts at zero (H-Net's; false: the input itself, as in the configs stored before the option).
+    ``coarse_mem_len`` > 0 sets the shortened layers' memory apart from ``mem_len`` (in groups or chunks; 0: as
+    above): an evaluation at another ``mem_len`` moves it in proportion (:meth:`ModelConfig.coarse_mem`)."""
 
     shorten_layers: list[int] = field(default_factory=list)
     shorten_factor: int = 2
@@ -228,6 +230,7 @@ class HourglassConfig(JsonConfig):
     ratio_loss: float = 0.03
     entropy_rule: str = "global"
     residual_proj: bool = True
+    coarse_mem_len: int = 0
 
     def __post_init__(self) -> None:
         check(
@@ -251,6 +254,7 @@ class HourglassConfig(JsonConfig):
             "shorten_layers=first,end (the layers that run on chunks)",
         )
         check(self.ratio_loss >= 0, f"hourglass.ratio_loss must be >= 0, got {self.ratio_loss}")
+        check(self.coarse_mem_len >= 0, f"hourglass.coarse_mem_len must be >= 0, got {self.coarse_mem_len}")
         check(
             self.entropy_rule in ("global", "relative"),
             f"hourglass.entropy_rule must be global or relative, got {self.entropy_rule!r}",
@@ -345,6 +349,16 @@ class ModelConfig(JsonConfig):
         """Temporal range of the memory: (mem_len + cmem_rate * cmem_len) * n_layer (Rae et al., 2019)."""
         m = self.memory
         return (m.mem_len + m.cmem_rate * m.cmem_len) * self.n_layer
+
+    def coarse_mem(self, mem_len: int | None = None) -> int:
+        """Slots of an hourglass's shortened layers' memory (groups for fixed boundaries, chunks for learned and
+        entropy) when the stack's memory holds ``mem_len`` positions (default: ``memory.mem_len``):
+        ``hourglass.coarse_mem_len`` at the configured mem_len and in proportion at another; without it,
+        mem_len // shorten_factor groups (fixed: the same span as the full-resolution memory) or mem_len chunks."""
+        m, h = self.memory.mem_len if mem_len is None else mem_len, self.hourglass
+        if h.coarse_mem_len:
+            return m * h.coarse_mem_len // self.memory.mem_len
+        return m if h.dynamic else m // h.shorten_factor
 
     @property
     def embed_dim(self) -> int:
@@ -493,6 +507,11 @@ class ModelConfig(JsonConfig):
             check(
                 h.shorten_layers[1] < self.n_layer,
                 f"shorten_layers={h.shorten_layers}: the last layer must run at full resolution (n_layer={self.n_layer})",
+            )
+            check(
+                not h.coarse_mem_len or mem.mem_len > 0,
+                f"hourglass.coarse_mem_len={h.coarse_mem_len} is kept in proportion to mem_len (an evaluation's "
+                "mem_len moves both): set mem_len > 0",
             )
             self._check_dynamic()
 

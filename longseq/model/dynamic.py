@@ -6,8 +6,8 @@ For a segment (B, T, E) of the level's input x (the output of the layers below, 
 1. the predictor decides, from positions <= t, whether position t begins a chunk (b_t, with probability p_t);
 2. down-sampling selects the boundary positions: chunk c is represented by x at its first position s_c, which has
    read every position up to s_c and none after;
-3. the coarse stack (attention layers) runs over the chunks with its own memory of ``mem_len`` chunks, one slot per
-   chunk, so that it reaches about ``mem_len`` x the mean chunk length positions back;
+3. the coarse stack (attention layers) runs over the chunks with its own memory of ``mem_len`` chunks (or
+   ``coarse_mem_len``), one slot per chunk, so that it reaches about that many x the mean chunk length positions back;
 4. the smoothing averages the chunks' outputs (H-Net's EMA) and up-sampling gives position t the output of the chunk
    it lies in, times the straight-through confidence (1 in the forward pass);
 5. the residual link adds it to x, for the layers above: with ``residual_proj`` (the default, as H-Net) through a
@@ -54,6 +54,7 @@ class DynamicHourglass(nn.Module):
             self.boundaries = EntropyCut(width, config.vocab_size, h.shorten_factor, h.entropy_rule)
         self.inner = inner  # a LayerStack of the coarse (attention) layers
         self.residual = nn.Linear(width, width) if h.residual_proj else None  # H-Net's residual_proj
+        self.coarse_mem, self.mem_len = config.coarse_mem, config.memory.mem_len
 
     def init_own_parameters(self) -> None:
         if self.residual is not None:  # zero, as H-Net's: the residual path opens as it learns
@@ -74,7 +75,7 @@ class DynamicHourglass(nn.Module):
         memory = Memory() if held is None else held.inner
         smoothed = chunks  # no chunk begins in this segment: (B, 0, E)
         if chunks.size(1):
-            recurrence = context.recurrence or Recurrence(self.inner.config.memory.mem_len)
+            recurrence = context.recurrence or Recurrence(self.mem_len)
             docs = torch.zeros_like(positions) if context.docs is None else context.docs[0].gather(1, positions)
             outputs, memory = self._run_inner(chunks, memory, counts, docs, recurrence)
             starts = forced.gather(1, positions)
@@ -112,4 +113,4 @@ class DynamicHourglass(nn.Module):
         whole = Recurrence(memory.mem_length + length, recurrence.clamp_len)  # keeps every chunk for keep_last
         step = self.inner.open_step(memory, batch, length, chunks.device, whole, docs)
         out, written, _ = self.inner.run(step, memory, chunks, whole)
-        return out, keep_last(written, counts, length, recurrence.mem_len)
+        return out, keep_last(written, counts, length, self.coarse_mem(recurrence.mem_len))
