@@ -212,14 +212,16 @@ class HourglassConfig(JsonConfig):
     * ``fixed``: the hourglass of Nawrot et al. (2021): groups of ``shorten_factor`` positions (a causal shift,
       then ``shorten_fn`` = linear or mean pooling of each group);
     * ``learned``: H-Net's dynamic chunking (Hwang, Wang and Gu, 2025): a routing module cuts where adjacent states
-      differ, ``ratio_loss`` weighs the loss that holds the mean chunk length near ``shorten_factor``;
+      differ, ``ratio_loss`` weighs the loss that holds the mean chunk length near ``shorten_factor`` (0.3: H-Net's
+      0.03 leaves a small model's chunks 20-40% short of the target after hundreds of steps, docs/mixers.md);
     * ``entropy``: the Byte Latent Transformer's entropy patches (Pagnoni et al., 2024): a cut where the next-byte
-      entropy is high (``entropy_rule=global``) or rises (``relative``), its threshold tracking the quantile that
-      gives chunks of ``shorten_factor`` positions on average.
+      entropy rises (``entropy_rule=relative``, the default) or is high (``global``), its threshold tracking the
+      quantile that gives chunks of ``shorten_factor`` positions on average in training (the global threshold,
+      learned on entropies raised by dropout, cuts less at evaluation).
 
     With ``learned`` and ``entropy`` the shortened layers are attention layers whose memory holds ``mem_len``
-    chunks (one slot per chunk), and ``residual_proj`` passes the block's input to its output through a linear map
-    that starts at zero (H-Net's; false: the input itself, as in the configs stored before the option).
+    chunks (one slot per chunk).  With ``learned``, ``residual_proj`` passes the block's input to its output through
+    a linear map that starts at zero (H-Net's; false: the input itself, as in the configs stored before the option).
     ``coarse_mem_len`` > 0 sets the shortened layers' memory apart from ``mem_len`` (in groups or chunks; 0: as
     above): an evaluation at another ``mem_len`` moves it in proportion (:meth:`ModelConfig.coarse_mem`)."""
 
@@ -227,8 +229,8 @@ class HourglassConfig(JsonConfig):
     shorten_factor: int = 2
     shorten_fn: str = "linear"
     boundaries: str = "fixed"
-    ratio_loss: float = 0.03
-    entropy_rule: str = "global"
+    ratio_loss: float = 0.3
+    entropy_rule: str = "relative"
     residual_proj: bool = True
     coarse_mem_len: int = 0
 
@@ -271,9 +273,9 @@ BOUNDARIES = ("fixed", "learned", "entropy")
 
 def upgrade_stored_model(model: dict) -> dict:
     """A stored model config (a checkpoint's, an export's: complete, as ``to_dict`` wrote it) in today's terms: a
-    dynamic hourglass stored before ``residual_proj`` existed added its input itself (``residual_proj=false``)."""
+    learned-chunk hourglass stored before ``residual_proj`` existed added its input itself (``residual_proj=false``)."""
     hourglass = model.get("hourglass")
-    if isinstance(hourglass, dict) and hourglass.get("boundaries", "fixed") != "fixed":
+    if isinstance(hourglass, dict) and hourglass.get("boundaries") == "learned":
         return {**model, "hourglass": {"residual_proj": False, **hourglass}}
     return model
 

@@ -10,8 +10,11 @@ For a segment (B, T, E) of the level's input x (the output of the layers below, 
    ``coarse_mem_len``), one slot per chunk, so that it reaches about that many x the mean chunk length positions back;
 4. the smoothing averages the chunks' outputs (H-Net's EMA) and up-sampling gives position t the output of the chunk
    it lies in, times the straight-through confidence (1 in the forward pass);
-5. the residual link adds it to x, for the layers above: with ``residual_proj`` (the default, as H-Net) through a
-   linear map W_r x + b_r that starts at zero, so that at first the layers above read the coarse path only.
+5. the residual link adds it to x, for the layers above: for learned chunks with ``residual_proj`` (the default, as
+   H-Net) through a linear map W_r x + b_r that starts at zero, so that at first the layers above read the coarse
+   path only.  Entropy chunks add x itself: their threshold starts where almost nothing is cut, and a residual
+   path that starts closed left the layers above with almost nothing to read (valid bpb 3.60 against 3.15 after
+   600 steps on tiny-shakespeare).
 
 Causality: position t reads the chunk that begins at s_c <= t, whose coarse output has read chunks up to c only
 (each represented by a position <= s_c): nothing after t.  A chunk whose first position lies in an earlier segment
@@ -53,7 +56,8 @@ class DynamicHourglass(nn.Module):
         else:
             self.boundaries = EntropyCut(width, config.vocab_size, h.shorten_factor, h.entropy_rule)
         self.inner = inner  # a LayerStack of the coarse (attention) layers
-        self.residual = nn.Linear(width, width) if h.residual_proj else None  # H-Net's residual_proj
+        learned = h.boundaries == "learned"
+        self.residual = nn.Linear(width, width) if h.residual_proj and learned else None  # H-Net's residual_proj
         self.coarse_mem, self.mem_len = config.coarse_mem, config.memory.mem_len
 
     def init_own_parameters(self) -> None:

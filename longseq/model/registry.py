@@ -103,7 +103,7 @@ def unread_hourglass(config: ModelConfig) -> set[str]:
     if not h.shorten_layers:
         return {f"hourglass.{f}" for f in leaves(h.to_dict()) if f != "shorten_layers"}
     reads = {"fixed": {"shorten_fn"}, "learned": {"ratio_loss", "residual_proj"},
-             "entropy": {"entropy_rule", "residual_proj"}}  # fmt: skip
+             "entropy": {"entropy_rule"}}  # fmt: skip
     return {f"hourglass.{f}" for b, fields in reads.items() if b != h.boundaries for f in fields - reads[h.boundaries]}
 
 
