@@ -43,8 +43,7 @@ COLUMNS = 80
 def run_config(args) -> RunConfig:
     model = ModelConfig(vocab_size=0, n_layer=4, d_model=args.d_model, n_head=4, d_head=args.d_model // 4,
                         d_inner=4 * args.d_model, dropout=0.1, mem_len=args.mem_len, shorten_layers=[1, 3],
-                        shorten_factor=args.target, boundaries=args.boundaries, residual_proj=not args.no_residual_proj,
-                        **own_options(args))  # fmt: skip
+                        shorten_factor=args.target, boundaries=args.boundaries, **own_options(args))  # fmt: skip
     data = DataConfig(tokenizer="byte", tgt_len=args.tgt_len, batch_size=16, eval_tgt_len=args.tgt_len)
     train_config = TrainConfig(max_steps=args.steps, lr=2e-3, warmup_steps=50, eval_interval=args.steps,
                                eval_max_segments=20, log_interval=50, seed=args.seed)  # fmt: skip
@@ -52,8 +51,10 @@ def run_config(args) -> RunConfig:
 
 
 def own_options(args) -> dict:
-    """The option the chosen predictor reads (a run that sets the other's is refused: it would have no effect)."""
-    return {"ratio_loss": args.ratio_loss} if args.boundaries == "learned" else {"entropy_rule": args.entropy_rule}
+    """The options the chosen predictor reads (a run that sets the other's is refused: it would have no effect)."""
+    if args.boundaries == "learned":
+        return {"ratio_loss": args.ratio_loss, "residual_proj": not args.no_residual_proj}
+    return {"entropy_rule": args.entropy_rule}
 
 
 def passage(n: int) -> bytes:
@@ -116,7 +117,7 @@ def main() -> None:
     starts = read_boundaries(model, torch.tensor(list(data)), args.tgt_len)
     stats = chunk_statistics(data[: args.measure], starts[: args.measure], args.mem_len)
     stats.update(boundaries=args.boundaries, target=args.target, steps=args.steps, seed=args.seed,
-                 ratio_loss=args.ratio_loss, entropy_rule=args.entropy_rule, residual_proj=not args.no_residual_proj,
+                 **own_options(args),
                  valid_bpb=result.valid.get("bpb"), last_losses=result.losses[-5:],
                  passage=data[: args.passage].decode("utf-8", "replace"))  # fmt: skip
     plot(
