@@ -14,6 +14,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from longseq.config.model import Recurrence
 from longseq.model import HiddenMemory, Memory, RingMemory, TransformerXLLM
 from longseq.model.positions import position_encoding
 
@@ -56,13 +57,16 @@ def generate_stream(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    recurrence: Recurrence | None = None,
     mem_len: int | None = None,
     segment_len: int = 128,
     clamp_len: int | None = None,
     same_length: bool | None = None,
     generator: torch.Generator | None = None,
 ):
-    """Yield the sampled tokens (B, 1) one step at a time, as they are drawn; ``temperature=0`` is greedy."""
+    """Yield the sampled tokens (B, 1) one step at a time, as they are drawn; ``temperature=0`` is greedy.  Every
+    call of the model reads and writes the memory with ``recurrence`` (None: the model's own; ``mem_len``,
+    ``clamp_len`` and ``same_length`` are a shorthand for it, the model's own with the values given)."""
     if prompt_ids.dim() != 2 or prompt_ids.size(1) == 0:
         raise ValueError(f"prompt_ids must be a non-empty (batch, time) tensor, got shape {tuple(prompt_ids.shape)}")
     check_sampling(max_new_tokens, temperature, top_k, top_p, mem_len)
@@ -74,11 +78,11 @@ def generate_stream(
         if windowed(model):
             yield from _windowed(model, prompt_ids, max_new_tokens, segment_len, draw)
             return
-        overrides = recurrence_overrides(model, mem_len, clamp_len, same_length)
-        mems = read_prompt(model, prompt_ids[:, :-1], segment_len, overrides)
+        recurrence = model.config.recurrence(recurrence, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+        mems = read_prompt(model, prompt_ids[:, :-1], segment_len, recurrence)
         token = prompt_ids[:, -1:]
         for _ in range(max_new_tokens):
-            scores, mems = model.next_token_scores(token, mems, **overrides)  # (B, V)
+            scores, mems = model.next_token_scores(token, mems, recurrence=recurrence)  # (B, V)
             token = draw(scores)
             yield token
     finally:
@@ -90,27 +94,20 @@ def windowed(model: TransformerXLLM) -> bool:
     return model.config.arch == "transformer" and not position_encoding(model.config.positions.pos).relative
 
 
-def recurrence_overrides(
-    model: TransformerXLLM, mem_len: int | None, clamp_len: int | None = None, same_length: bool | None = None
-) -> dict:
-    """The recurrence settings of every sampling call (``mem_len`` None: the model's own)."""
-    return {
-        "mem_len": model.config.memory.mem_len if mem_len is None else mem_len,
-        "clamp_len": clamp_len,
-        "same_length": same_length,
-    }
-
-
 def read_prompt(
-    model: TransformerXLLM, context: Tensor, segment_len: int, overrides: dict, mems: Memory | None = None
+    model: TransformerXLLM,
+    context: Tensor,
+    segment_len: int,
+    recurrence: Recurrence | None = None,
+    mems: Memory | None = None,
 ) -> Memory:
     """The memory after reading ``context`` (B, C) in segments of ``segment_len`` after ``mems`` (None: a new
-    one): what sampling starts from (the prompt's last token is then fed alone).  Ring storage: never projected
-    twice, never copied."""
+    one) with ``recurrence`` (None: the model's own): what sampling starts from (the prompt's last token is then
+    fed alone).  Ring storage: never projected twice, never copied."""
     if mems is None:
         mems = Memory.empty(HiddenMemory if model.config.memory.compacted else RingMemory)
     for start in range(0, context.size(1), segment_len):
-        mems = model.read(context[:, start : start + segment_len], mems, **overrides)
+        mems = model.read(context[:, start : start + segment_len], mems, recurrence=recurrence)
     return mems
 
 

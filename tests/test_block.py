@@ -16,6 +16,7 @@ from support import (
     assert_names,
     assert_resumes_exactly,
     assert_same_run,
+    in_segments,
     last_json,
     make_layer,
     pattern,
@@ -57,7 +58,7 @@ def test_rmsnorm_is_the_hand_formula_in_every_norm_of_the_model():
     norm; every norm scale starts at 1 +- init_std (QK-norm's too)."""
     model = double_model(norm="rmsnorm", final_norm=True, pre_lnorm=True, pos="rope", qk_norm=True)
     norms = [model.transformer.final_norm]
-    for layer in model.transformer.layers:
+    for layer in model.transformer.stack.layers:
         norms += [layer.dec_attn.layer_norm, layer.pos_ff.layer_norm, layer.dec_attn.q_norm]
     x = torch.randn(3, 5, 16, dtype=torch.float64) * 3 + 1
     for norm in norms:
@@ -274,15 +275,11 @@ def test_chunked_with_memory_equals_the_whole_and_every_memory_agrees(pos, extra
     x = torch.randint(0, 30, (2, 24))
     with torch.no_grad():
         chunked, stepped, _ = segments_and_steps(model, x, 4)
-        kv, mems = [], Memory.empty(KVMemory)
-        for lo in range(0, 24, 4):
-            out = model(x[:, lo : lo + 4], mems)
-            kv.append(out.logits)
-            mems = out.mems
+        kv, _ = in_segments(model, x, 4, Memory.empty(KVMemory))
         whole = model(x).logits
     torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-10)
     torch.testing.assert_close(stepped, whole, rtol=0, atol=1e-10)
-    torch.testing.assert_close(torch.cat(kv, dim=1), whole, rtol=0, atol=1e-10)
+    torch.testing.assert_close(kv, whole, rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("pos", ["sinusoidal", "rope"])
@@ -315,8 +312,8 @@ def test_a_pre_rmsnorm_model_trains_a_learned_compressed_memory():
         out = model(x[:, lo : lo + 4], mems)
         mems = out.mems
     out.aux_loss.backward()
-    compressor = model.transformer.memory.compression.compressors[0].conv.weight
-    norm = model.transformer.layers[0].dec_attn.layer_norm
+    compressor = model.transformer.stack.memory.compression.compressors[0].conv.weight
+    norm = model.transformer.stack.layers[0].dec_attn.layer_norm
     assert isinstance(norm, torch.nn.RMSNorm) and norm.weight.grad is None  # the norm is read, not trained by it
     assert compressor.grad is not None and compressor.grad.abs().max() > 0
 
@@ -375,8 +372,8 @@ def test_checkpoints_and_configs_without_the_options_read_as_the_papers_block():
         0.0,
     )
     model = TransformerXLLM(old)
-    assert isinstance(model.transformer.layers[0].pos_ff.core_net[1], torch.nn.ReLU)
-    assert isinstance(model.transformer.layers[0].dec_attn.layer_norm, torch.nn.LayerNorm)
+    assert isinstance(model.transformer.stack.layers[0].pos_ff.core_net[1], torch.nn.ReLU)
+    assert isinstance(model.transformer.stack.layers[0].dec_attn.layer_norm, torch.nn.LayerNorm)
     assert model.transformer.final_norm is None
 
 
@@ -409,12 +406,8 @@ def test_the_transformers_export_carries_the_block(tmp_path, pos, extra):
         last = hf(x, output_hidden_states=True).hidden_states[-1]  # after the final norm, as the head reads it
         torch.testing.assert_close(model.crit.logits(last.reshape(14, 16)).view(2, 7, 30), model(x).logits)
         tokens = hf.generate(x, max_new_tokens=5, do_sample=False, pad_token_id=0)
-        mems, scores = None, []
-        for t in range(tokens.size(1) - 1):
-            out = model(tokens[:, t : t + 1], mems)
-            scores.append(out.logits[:, -1])
-            mems = out.mems
-    assert torch.equal(torch.stack(scores, 1)[:, 6:].argmax(-1), tokens[:, 7:])
+        scores, _ = in_segments(model, tokens[:, :-1], 1)  # longseq's own, one token at a time
+    assert torch.equal(scores[:, 6:].argmax(-1), tokens[:, 7:])
 
 
 # --- the llama-xl preset -------------------------------------------------------------------------------------------

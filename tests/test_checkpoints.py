@@ -1,8 +1,9 @@
 """Checkpoints: atomic, verified, never half-written.  Corruption, truncation and a manifest that omits files are
 refused; a missing file or key is named; a failed save (a full disk) keeps the previous checkpoint; a kill in the
 middle of a swap is repaired; rotation keeps the last N; RNG states round-trip; NaN weights are reported broken; a
-checkpoint finds its corpus from any directory; a run directory resolves to its best/; format v1 checkpoints load
-and score what they scored, and an old classifier keeps its pooling."""
+checkpoint finds its corpus from any directory; a run directory resolves to its best/; format v1 checkpoints and
+those of the backbone's older weight names load and score what they scored, and an old classifier keeps its
+pooling."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from support import (
 )
 
 from longseq import TrainConfig
+from longseq.api import train
 from longseq.cli import main
 from longseq.data import (
     CharTokenizer,
@@ -34,7 +36,7 @@ from longseq.data.corpus import bundled_corpus_path
 from longseq.eval import evaluate
 from longseq.model import build_model
 from longseq.tasks import task_for
-from longseq.train import CheckpointError, load_checkpoint, save_checkpoint, train
+from longseq.train import CheckpointError, load_checkpoint, save_checkpoint
 from longseq.train import checkpoint as checkpoint_module
 from longseq.train.checkpoint import TrainingState, load_training_state
 
@@ -124,7 +126,7 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(checkpoint_module, "save_model", broken)
-    torch.nn.init.zeros_(model.transformer.r_w_bias)
+    torch.nn.init.zeros_(model.transformer.stack.r_w_bias)
     with pytest.raises(CheckpointError, match="No space left"):
         save_checkpoint(str(tmp_path / "last"), model, run, tok)
     again, _, _, _ = load_checkpoint(str(tmp_path / "last"))
@@ -245,6 +247,22 @@ def test_a_checkpoint_whose_tokenizer_does_not_fit_the_model_is_an_error_naming_
         load_checkpoint(str(tmp_path / "ckpt"))
 
 
+def test_a_checkpoint_saved_while_the_backbone_was_its_layer_stack_loads_and_scores_the_same(tmp_path, lm_checkpoint):
+    """Before the backbone held its layer stack, the stack's weights were ``transformer.layers.*``,
+    ``transformer.r_w_bias``, ...; today they are ``transformer.stack.*``.  A checkpoint of the old names loads
+    (the backbone's load hook renames them) and gives the same logits."""
+    from safetensors.torch import load_file
+
+    model, tokenizer, run, _ = load_checkpoint(lm_checkpoint)
+    stored = load_file(os.path.join(lm_checkpoint, "model.safetensors"))
+    old = {name.replace("transformer.stack.", "transformer."): tensor for name, tensor in stored.items()}
+    assert any(name.startswith("transformer.layers.") for name in old) and len(old) == len(stored)
+    save_checkpoint(str(tmp_path / "old"), model, run, tokenizer, weights=old)
+    loaded, _, _, _ = load_checkpoint(str(tmp_path / "old"))
+    x = torch.randint(0, run.model.vocab_size, (2, 9))
+    assert torch.equal(loaded(x).logits, model(x).logits)
+
+
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
 
@@ -261,7 +279,9 @@ def test_a_format_v1_checkpoint_loads_and_scores_the_same_loss(name):
     assert result["loss"] == pytest.approx(expected["loss"], abs=1e-6)
     if name == "v1_compact":  # the renamed tensors arrived: compressors and memory tokens are not the init
         assert run.model.memory.cmem_len == 4 and run.model.memory.mem_tokens == 2
-        assert not torch.equal(model.transformer.memory_tokens, torch.zeros_like(model.transformer.memory_tokens))
+        assert not torch.equal(
+            model.transformer.stack.memory_tokens, torch.zeros_like(model.transformer.stack.memory_tokens)
+        )
 
 
 def test_a_run_records_its_pooling_and_an_old_checkpoint_keeps_last(tmp_path):
@@ -279,3 +299,25 @@ def test_a_run_records_its_pooling_and_an_old_checkpoint_keeps_last(tmp_path):
     rewrite_listed(tmp_path / "old", "config.json", json.dumps(config))
     model, _, run, _ = load_checkpoint(str(tmp_path / "old"))
     assert model.pooling == "last" and run.task.pooling == "last"
+
+
+def test_a_linear_model_saved_before_its_restarts_existed_loads_as_it_ran(tmp_path):
+    """A ``linear`` model whose config was written before ``mixers.reset_every`` and ``mixers.rotary`` (the keys
+    absent) loads with both off, the unbounded, unrotated form it was trained with, and gives the saved model's
+    logits; a model saved today keeps its own settings."""
+    from longseq import DataConfig, ModelConfig, RunConfig
+
+    fields = dict(vocab_size=12, n_layer=2, d_model=8, n_head=2, d_head=4, d_inner=16, dropout=0.0, chunk=8)
+    tokenizer, x = CharTokenizer.build("abcdefghijkl"), torch.randint(0, 12, (2, 40))
+    for name, settings in (("old", dict(reset_every=0, rotary=False)), ("today", dict(reset_every=16))):
+        run = RunConfig(ModelConfig(**fields, mixer=["linear", "gla"], **settings), DataConfig(), TrainConfig())
+        model = build_model(run.model).eval()
+        save_checkpoint(str(tmp_path / name), model, run, tokenizer)
+        if name == "old":  # as it was written before the two options existed
+            config = json.loads((tmp_path / name / "config.json").read_text())
+            del config["run"]["model"]["mixers"]["reset_every"], config["run"]["model"]["mixers"]["rotary"]
+            rewrite_listed(tmp_path / name, "config.json", json.dumps(config))
+        loaded, _, saved, _ = load_checkpoint(str(tmp_path / name))
+        assert saved.model == run.model
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x).logits, model(x).logits, rtol=0, atol=0)

@@ -63,7 +63,7 @@ def test_diagnose_reads_the_attention_layers_of_a_hybrid_stack_by_their_own_inde
         ModelConfig(**{**SMALL_LM, "mem_len": 6, "n_layer": 4, "mixer": "ssm,attention,conv,attention"})
     )
     with torch.no_grad():  # the shared position bias v made huge: both attention layers collapse onto one distance
-        model.transformer.r_r_bias.normal_(0.0, 1e5)
+        model.transformer.stack.r_r_bias.normal_(0.0, 1e5)
     ids = np.random.default_rng(2).integers(0, 30, 400)
     report = diagnose(model, ids, str(tmp_path), tgt_len=8, warmup=2, batch_size=2)
     assert report["layers"] == 4 and report["attention_layers"] == [1, 3]
@@ -90,7 +90,7 @@ def test_diagnostics_flag_collapsed_heads(tmp_path):
     torch.manual_seed(0)
     model = TransformerXLLM(ModelConfig(**{**SMALL_LM, "mem_len": 4, "n_layer": 1}))
     with torch.no_grad():  # a huge position bias v: every query puts all its mass on one distance
-        model.transformer.r_r_bias.normal_(0.0, 1000.0)
+        model.transformer.stack.r_r_bias.normal_(0.0, 1000.0)
     report = diagnose(model, np.arange(100) % 30, str(tmp_path), tgt_len=8, warmup=1)
     assert any("collapsed" in w for w in report["warnings"])
 
@@ -115,9 +115,9 @@ def test_memory_share_of_a_uniform_attention_is_the_uniform_share(same_length, m
     net = large_weight_lm(mem_len=12, same_length=same_length, mixer=mixer)
     with torch.no_grad():
         for i in attention_layers(net):
-            net.transformer.layers[i].dec_attn.qkv_net.weight.zero_()
-        net.transformer.r_w_bias.zero_()
-        net.transformer.r_r_bias.zero_()
+            net.transformer.stack.layers[i].dec_attn.qkv_net.weight.zero_()
+        net.transformer.stack.r_w_bias.zero_()
+        net.transformer.stack.r_r_bias.zero_()
     ids = np.random.default_rng(5).integers(0, 30, 3 * 60)
     share = memory_attention_share(net, ids, tgt_len=SEGMENT, batch_size=3, segments=4)
     assert share["mem_len"] == 12 and share["segments"] == 4

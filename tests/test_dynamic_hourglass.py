@@ -12,7 +12,7 @@ import json
 
 import pytest
 import torch
-from support import assert_resumes_exactly, raises_naming, rewrite_listed, segments_and_steps, tiny_run
+from support import assert_resumes_exactly, in_segments, raises_naming, rewrite_listed, segments_and_steps, tiny_run
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.config import ConfigError
@@ -35,14 +35,16 @@ def dynamic(name: str, mem_len: int = 48, seed: int = 7, **extra) -> Transformer
     model = TransformerXLLM(config).double().eval()
     if name.startswith("entropy"):  # a head that is sure of some tokens and not of others, so the entropy varies
         with torch.no_grad():
-            model.transformer.layers[1].boundaries.head.weight.normal_(0, 1.0)
+            model.transformer.stack.layers[1].boundaries.head.weight.normal_(0, 1.0)
     return model
 
 
 def recorded_cuts(model: TransformerXLLM) -> tuple[list, object]:
     """A list that every call of the model's boundary predictor appends its decision (a ``Cut``) to, and the hook."""
     cuts = []
-    hook = model.transformer.layers[1].boundaries.register_forward_hook(lambda module, args, out: cuts.append(out))
+    hook = model.transformer.stack.layers[1].boundaries.register_forward_hook(
+        lambda module, args, out: cuts.append(out)
+    )
     return cuts, hook
 
 
@@ -90,19 +92,11 @@ def test_each_row_reads_as_it_would_alone_with_a_coarse_memory_of_mem_len_chunks
     model = dynamic(name, mem_len=4)
     x = torch.randint(0, 30, (3, 40))
 
-    def read(rows):
-        mems, parts = None, []
-        for lo in range(0, 40, 7):
-            out = model(rows[:, lo : lo + 7], mems)
-            parts.append(out.logits)
-            mems = out.mems
-        return torch.cat(parts, dim=1), mems
-
     cuts, _ = recorded_cuts(model)
     with torch.no_grad():
-        batch, mems = read(x)
+        batch, mems = in_segments(model, x, 7)
         counts = torch.cat([c.cuts for c in cuts], dim=1).sum(1)
-        alone = torch.cat([read(x[b : b + 1])[0] for b in range(3)])
+        alone = torch.cat([in_segments(model, x[b : b + 1], 7)[0] for b in range(3)])
     torch.testing.assert_close(batch, alone, rtol=0, atol=1e-10)
     coarse = mems.layers[1].inner
     assert len(set(counts.tolist())) > 1 and int(counts.max()) > 4  # ragged rows, the memory truncates
@@ -248,7 +242,7 @@ def test_activation_checkpointing_recomputes_the_same_chunks(name):
     grads = []
     for every in (0, 1):
         model = dynamic(name).train()
-        model.transformer.activation_checkpointing = every
+        model.transformer.stack.activation_checkpointing = every
         out = model(x, labels=x)
         (out.loss + out.aux_loss).backward()
         grads.append([p.grad for p in model.parameters()])
@@ -306,9 +300,9 @@ def test_the_residual_projection_starts_at_zero_and_a_config_stored_without_it_l
     from longseq.train import load_checkpoint, save_checkpoint
 
     name = "learned"
-    assert dynamic("entropy").transformer.layers[1].residual is None  # entropy chunks add the input itself
+    assert dynamic("entropy").transformer.stack.layers[1].residual is None  # entropy chunks add the input itself
     model = dynamic(name)
-    block = model.transformer.layers[1]
+    block = model.transformer.stack.layers[1]
     assert not block.residual.weight.any() and not block.residual.bias.any()
     seen = []
     hook = block.register_forward_hook(lambda module, args, out: seen.append((args[0], out.hidden)))
@@ -329,7 +323,7 @@ def test_the_residual_projection_starts_at_zero_and_a_config_stored_without_it_l
     del stored["run"]["model"]["hourglass"]["residual_proj"]  # as written before the option
     rewrite_listed(tmp_path / "old", "config.json", json.dumps(stored))
     loaded, _, config, _ = load_checkpoint(str(tmp_path / "old"))
-    assert config.model.hourglass.residual_proj is False and loaded.transformer.layers[1].residual is None
+    assert config.model.hourglass.residual_proj is False and loaded.transformer.stack.layers[1].residual is None
     x = torch.randint(0, 256, (2, 12))
     with torch.no_grad():
         torch.testing.assert_close(loaded(x).logits, old(x).logits, rtol=0, atol=0)

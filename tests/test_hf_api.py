@@ -51,7 +51,7 @@ def test_hidden_states_are_the_embeddings_and_every_layers_output(name):
     tokens cut away); the last is what the softmax reads.  ``config.output_hidden_states`` asks for them too; in
     generate, every step's states are those of the token it fed."""
     hf = hf_of(name)
-    layers = hf.model.transformer.layers
+    layers = hf.model.transformer.stack.layers
     inputs = []
     handles = [layer.register_forward_pre_hook(lambda m, args: inputs.append(args[0])) for layer in layers]
     x, y = torch.randint(0, 50, (2, 7)), torch.randint(0, 50, (2, 5))
@@ -85,7 +85,7 @@ def test_hidden_states_are_the_embeddings_and_every_layers_output(name):
 
 
 def attention_layers(hf):
-    return [layer.dec_attn for layer in hf.model.transformer.layers if layer.attends]
+    return [layer.dec_attn for layer in hf.model.transformer.stack.layers if layer.attends]
 
 
 def record_attention(hf) -> tuple[list, list]:
@@ -211,9 +211,9 @@ def train_with_trainer(checkpointing: bool, tmp_path) -> tuple[LongseqForCausalL
 
     hf = hf_of("hybrid-ssm", dropout=0.1).train()  # dropout: the recomputation must draw the same masks
     calls, states = [], []
-    hf.model.transformer.layers[1].register_forward_pre_hook(lambda *a: calls.append(1))
-    hf.model.transformer.layers[1].register_forward_pre_hook(
-        lambda *a: states.append(hf.model.transformer.activation_checkpointing)
+    hf.model.transformer.stack.layers[1].register_forward_pre_hook(lambda *a: calls.append(1))
+    hf.model.transformer.stack.layers[1].register_forward_pre_hook(
+        lambda *a: states.append(hf.model.transformer.stack.activation_checkpointing)
     )
     rows = torch.randint(0, 50, (8, 12), generator=torch.Generator().manual_seed(0)).tolist()
     with warnings.catch_warnings():
@@ -245,15 +245,15 @@ def test_trainer_gradient_checkpointing_is_longseqs_activation_checkpointing(tmp
     for (name, a), b in zip(plain.named_parameters(), checked.parameters()):
         assert torch.allclose(a, b, atol=1e-6), name
     checked.activation_checkpointing_disable()
-    assert checked.model.transformer.activation_checkpointing == 0 and not checked.is_activation_checkpointing
+    assert checked.model.transformer.stack.activation_checkpointing == 0 and not checked.is_activation_checkpointing
     with pytest.raises(ValueError, match="use_reentrant=False"):
         checked.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
     checked.activation_checkpointing_enable(every_n_layers=2)
-    assert checked.model.transformer.activation_checkpointing == 2
+    assert checked.model.transformer.stack.activation_checkpointing == 2
     hourglass = hf_of("hourglass")
     hourglass.activation_checkpointing_enable()
-    inner = hourglass.model.transformer.layers[1].inner
-    assert inner.activation_checkpointing == hourglass.model.transformer.activation_checkpointing == 1
+    inner = hourglass.model.transformer.stack.layers[1].inner
+    assert inner.activation_checkpointing == hourglass.model.transformer.stack.activation_checkpointing == 1
     with pytest.raises(ValueError, match="LSTMLM baseline has no activation checkpointing"):
         longseq.hf.from_longseq(build_model(ModelConfig(**BASE, arch="lstm"))).activation_checkpointing_enable()
 
@@ -351,3 +351,24 @@ def test_lora_through_peft():
     with tempfile.TemporaryDirectory() as directory:
         merged.save_pretrained(directory)
         assert torch.equal(AutoModelForCausalLM.from_pretrained(directory)(x).logits, merged(x).logits)
+
+
+def test_a_linear_model_exported_before_its_restarts_existed_loads_as_it_ran(tmp_path):
+    """An export of ``mixer=linear`` whose longseq section has no ``reset_every`` or ``rotary`` (written before they
+    existed) loads, through longseq and through ``from_pretrained``, unbounded and unrotated: the saved model's
+    logits."""
+    import json
+
+    model = tiny("xl", mixer=["linear", "attention"], reset_every=0, rotary=False)
+    export_longseq_hf(model, str(tmp_path / "hf"), segment_len=SEGMENT)
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    del config["longseq"]["mixers"]["reset_every"], config["longseq"]["mixers"]["rotary"]
+    path.write_text(json.dumps(config))
+    x = torch.randint(0, 50, (2, 7))
+    loaded, _, _ = load_longseq_hf(str(tmp_path / "hf"))
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
+    assert hf.config.longseq["mixers"]["reset_every"] == 0 and loaded.config.mixers.rotary is False
+    with torch.no_grad():
+        for logits in (loaded(x).logits, hf(x).logits):
+            torch.testing.assert_close(logits, model(x).logits, rtol=0, atol=0)

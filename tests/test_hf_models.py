@@ -140,13 +140,42 @@ def test_bad_input_is_refused_clearly(tmp_path):
         LongseqConfig(longseq=BASE, vocab_size=7)
     export_longseq_hf(tiny("window-dilated"), str(tmp_path / "hf"))
     weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
-    del weights["model.transformer.layers.1.pos_ff.core_net.0.weight"]
+    del weights["model.transformer.stack.layers.1.pos_ff.core_net.0.weight"]
     save_file(weights, str(tmp_path / "hf" / "model.safetensors"))
-    with pytest.raises(ValueError, match=r"lacks 1 tensor\(s\) of the model: model\.transformer\.layers\.1\.pos_ff"):
+    with pytest.raises(
+        ValueError, match=r"lacks 1 tensor\(s\) of the model: model\.transformer\.stack\.layers\.1\.pos_ff"
+    ):
         AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
     hf.config.save_pretrained(str(tmp_path))
     assert isinstance(AutoConfig.from_pretrained(str(tmp_path)), LongseqConfig)
     assert os.path.isfile(tmp_path / "config.json")
+
+
+@pytest.mark.parametrize("name", ["xl-adaptive-untied", "mixers-shaw", "compressed-tokens-int8"])
+def test_an_export_of_older_weight_names_loads_computes_and_saves_todays(name, tmp_path):
+    """An export written before the backbone held its layer stack (``model.transformer.layers.*``, u and v and the
+    memory policies under ``model.transformer.``) and before the positions were modules (``dec_attn.r_net``,
+    ``dec_attn.rel_table``): ``from_pretrained`` and longseq's own reader load it and compute what the model
+    computes, and ``save_pretrained`` writes today's names."""
+    from longseq.interop.hf_longseq import load_longseq_hf
+
+    model = tiny(name)
+    export_longseq_hf(model, str(tmp_path / "hf"))
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    old = {
+        key.replace("transformer.stack.", "transformer.")
+        .replace(".rel.r_net.", ".r_net.")
+        .replace(".rel.rel_table", ".rel_table"): value
+        for key, value in weights.items()
+    }
+    assert len(old) == len(weights) and not any(".stack." in key for key in old)
+    save_file(old, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    x = torch.randint(0, 50, (2, 5))
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
+    assert torch.equal(hf(x).logits, model(x).logits)
+    assert torch.equal(load_longseq_hf(str(tmp_path / "hf"))[0](x).logits, model(x).logits)
+    hf.save_pretrained(str(tmp_path / "again"))
+    assert set(load_file(str(tmp_path / "again" / "model.safetensors"))) == set(weights)
 
 
 def test_generate_without_cache_or_continuing_one_draws_the_same_tokens():
@@ -184,7 +213,7 @@ def test_nan_weights_are_refused_by_from_pretrained_and_convert(tmp_path, capsys
     and convert --from-hf wrote a checkpoint of them that eval then refused."""
     model = tiny("window-dilated")
     with torch.no_grad():
-        model.transformer.layers[1].pos_ff.core_net[0].weight[0, 0] = float("nan")
+        model.transformer.stack.layers[1].pos_ff.core_net[0].weight[0, 0] = float("nan")
         next(model.crit.parameters())[0, 0] = float("inf")
     export_longseq_hf(model, str(tmp_path / "hf"))
     with pytest.raises(ValueError, match=r"NaN or Inf weights in 2 tensor\(s\)"):
@@ -220,7 +249,7 @@ def test_convert_from_hf_names_a_broken_directory_without_a_traceback(tmp_path, 
 
     def reshaped(d):
         weights = load_file(str(d / weights_path))
-        name = "model.transformer.layers.0.pos_ff.core_net.0.weight"
+        name = "model.transformer.stack.layers.0.pos_ff.core_net.0.weight"
         weights[name] = torch.zeros(weights[name].shape[0] + 1, weights[name].shape[1])
         save_file(weights, str(d / weights_path))
 

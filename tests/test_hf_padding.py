@@ -16,7 +16,7 @@ if int(transformers.__version__.split(".")[0]) < 5:
 
 import longseq.hf  # noqa: E402, F401  (registers the classes)
 from longseq import ModelConfig  # noqa: E402
-from longseq.generation import generate, read_prompt, recurrence_overrides  # noqa: E402
+from longseq.generation import generate, read_prompt  # noqa: E402
 from longseq.hf import LongseqCache  # noqa: E402
 from longseq.model import build_model  # noqa: E402
 
@@ -156,12 +156,12 @@ def longseq_log_probs(model, prompt: torch.Tensor, continuations: torch.Tensor) 
     """The total log-probability (N,) longseq's own model gives each continuation (N, n) of ``prompt`` (P,), read
     as ``longseq generate`` reads: the prompt but its last token in segments, then one token at a time."""
     ids = prompt.expand(continuations.size(0), -1)
-    overrides = recurrence_overrides(model, MEM)
+    recurrence = model.config.recurrence(mem_len=MEM)
     with torch.no_grad():
-        memory = read_prompt(model, ids[:, :-1], SEGMENT, overrides)
+        memory = read_prompt(model, ids[:, :-1], SEGMENT, recurrence)
         token, total = ids[:, -1:], torch.zeros(continuations.size(0))
         for t in range(continuations.size(1)):
-            scores, memory = model.next_token_scores(token, memory, **overrides)
+            scores, memory = model.next_token_scores(token, memory, recurrence=recurrence)
             token = continuations[:, t : t + 1]
             total = total + F.log_softmax(scores.float(), dim=-1).gather(1, token).squeeze(1)
     return total

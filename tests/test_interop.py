@@ -189,7 +189,7 @@ def test_conversion_errors_are_clear(tmp_path):
         with pytest.raises(ConversionError, match=message):
             load_hf(hf_dir)
     open(config_path, "w").write(json.dumps({**config, "d_inner": 48}))
-    with raises_naming(ConversionError, "transformer.layers.0.pos_ff.core_net.0.", "(32", "(48"):
+    with raises_naming(ConversionError, "transformer.stack.layers.0.pos_ff.core_net.0.", "(32", "(48"):
         load_hf(hf_dir)
 
 

@@ -46,7 +46,7 @@ def test_kv_memory_projects_only_the_new_positions():
     torch.manual_seed(0)
     model = TransformerXLLM(ModelConfig(**BASE)).eval()
     rows = []
-    model.transformer.layers[0].dec_attn.qkv_net.register_forward_hook(
+    model.transformer.stack.layers[0].dec_attn.qkv_net.register_forward_hook(
         lambda m, args, out: rows.append(args[0].shape[1])
     )
     x = torch.randint(0, 40, (2, 20))

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from support import raises_naming
 
 from longseq import ConfigError, ModelConfig, TransformerXLLM
 from longseq.model import Memory, Quantized, build_model, reset_rows
@@ -78,10 +79,12 @@ def test_compressive_memory_fills_and_trains_only_the_compressor(kind):
         if out.aux_loss is not None:
             aux_seen = True
             compressor = [
-                p for n, p in model.named_parameters() if n.startswith("transformer.memory.policies.compression.")
+                p for n, p in model.named_parameters() if n.startswith("transformer.stack.memory.policies.compression.")
             ]
             main = [
-                p for n, p in model.named_parameters() if not n.startswith("transformer.memory.policies.compression.")
+                p
+                for n, p in model.named_parameters()
+                if not n.startswith("transformer.stack.memory.policies.compression.")
             ]
             grads = torch.autograd.grad(out.aux_loss, compressor + main, allow_unused=True)
             assert all(g is not None for g in grads[: len(compressor)])
@@ -114,6 +117,31 @@ def test_compression_functions_and_their_errors():
     run.model = ModelConfig(**{**run.model.to_dict(), "cmem_len": 4, "cmem_rate": 3, "cmem_fn": "linear"})
     with pytest.raises(ConfigError, match="must be multiples of it"):
         prepare_model_config(run, tiny_corpus())
+
+
+def test_whether_a_compressor_needs_whole_groups_is_its_registry_entrys_to_say(monkeypatch):
+    """The run check asks the compression function's entry (``needs_whole_groups``), not a list of names: an entry
+    that needs whole groups is refused a segment that is not a multiple of the rate, by name, and accepted one that
+    is; one that does not is accepted either way."""
+    from longseq.config import DataConfig
+    from longseq.model.memory.compress import COMPRESSION_FUNCTIONS, CompressionKind
+    from longseq.model.registry import check_lengths
+
+    model = lambda fn: ModelConfig(mem_len=6, cmem_len=4, cmem_rate=3, cmem_fn=fn)  # noqa: E731
+    uneven, even = DataConfig(tgt_len=8), DataConfig(tgt_len=9)
+    assert [name for name, kind in COMPRESSION_FUNCTIONS.items() if kind.needs_whole_groups] == ["conv", "linear"]
+    for name, kind in COMPRESSION_FUNCTIONS.items():
+        check_lengths(model(name), even)
+        if kind.needs_whole_groups:
+            with raises_naming(ConfigError, f"cmem_fn={name}", "cmem_rate=3", "tgt_len=8"):
+                check_lengths(model(name), uneven)
+        else:
+            check_lengths(model(name), uneven)
+    monkeypatch.setitem(COMPRESSION_FUNCTIONS, "mean", CompressionKind(learned=False, needs_whole_groups=True))
+    with raises_naming(ConfigError, "cmem_fn=mean", "multiples"):
+        check_lengths(model("mean"), uneven)
+    with raises_naming(ConfigError, "varlen"):
+        check_lengths(model("linear"), DataConfig(tgt_len=9, varlen=True))
 
 
 @pytest.mark.parametrize("mixer", ["attention", "ssm,attention"])
@@ -164,13 +192,15 @@ def test_attention_pruning_keeps_the_segment_and_the_most_attended_old_slots():
     embedded = recent.transformer.word_emb(x[:, 6:11])
     assert torch.equal(layer0[:, 3:], embedded)
     # the 3 old slots are those of layer 0 that received the most attention mass, in their original order
-    attn = recent.transformer.layers[0].dec_attn
+    attn = recent.transformer.stack.layers[0].dec_attn
     context = torch.cat([first[0], embedded], dim=1)
     q, k, _ = attn.qkv_net(context).split(16, dim=-1)
     q = q[:, -5:].reshape(2, 5, 2, 8).transpose(1, 2)
     k = k.reshape(2, 11, 2, 8).transpose(1, 2)
-    rel = recent.transformer.relative_tables(11, -1, torch.float32, x.device)[0]
-    mass = key_mass(q, k, rel, recent.transformer.r_w_bias, recent.transformer.r_r_bias, causal_mask(5, 6, None))[:, :6]
+    rel = recent.transformer.stack.relative_tables(11, -1, torch.float32, x.device)[0]
+    mass = key_mass(
+        q, k, rel, recent.transformer.stack.r_w_bias, recent.transformer.stack.r_r_bias, causal_mask(5, 6, None)
+    )[:, :6]
     chosen = mass.topk(3, dim=1).indices.sort(dim=1).values
     expected = first[0].gather(1, chosen[:, :, None].expand(-1, -1, 16))
     assert torch.allclose(layer0[:, :3], expected, atol=1e-6)
@@ -196,7 +226,7 @@ def test_memory_tokens_carry_state_and_backpropagate_through_the_window():
 def test_memory_tokens_and_compaction_resume_exactly(tmp_path):
     from support import tiny_corpus, tiny_run
 
-    from longseq.train import train
+    from longseq.api import train
 
     corpus = tiny_corpus()
 
@@ -229,7 +259,7 @@ def test_reset_rows_with_memory_tokens_restarts_those_streams():
     mems = model(first).mems
     with pytest.raises(ValueError, match="initial_tokens"):
         reset_rows(mems, torch.tensor([True, False]))
-    cleared = reset_rows(mems, torch.tensor([True, False]), model.transformer.memory_tokens)
+    cleared = reset_rows(mems, torch.tensor([True, False]), model.transformer.stack.memory_tokens)
     after = model(second, cleared).logits
     assert torch.allclose(after[0], model(second[:1]).logits[0], atol=1e-10)
     assert torch.allclose(after[1], model(second, mems).logits[1], atol=1e-10)

@@ -4,11 +4,14 @@ baseline, input checks by name, and no host synchronisation in a forward and bac
 memory option (counted on the CPU with :class:`longseq.diagnostics.syncs.HostSyncs`, which sees the operators a GPU
 would wait on)."""
 
+import dataclasses
+
 import pytest
 import torch
 from support import SMALL_LM, raises_naming
 
 from longseq import ConfigError, ModelConfig, TransformerXLLM
+from longseq.config import Recurrence
 from longseq.diagnostics.syncs import HostSyncs
 from longseq.model import KVMemory, Memory, build_model
 
@@ -94,6 +97,49 @@ def test_eval_mem_len_override_and_zero_memory():
         model(x, mem_len=0, same_length=True)
 
 
+@pytest.mark.parametrize("given", [dict(mem_len=20, same_length=True), dict(clamp_len=3), dict(mem_len=0)])
+def test_a_recurrence_is_what_the_keyword_shorthand_means(given):
+    """``forward(recurrence=Recurrence(...))`` gives what the keywords ``mem_len=``, ``clamp_len=``, ``same_length=``
+    give (the model's own recurrence with those values): the same logits, losses and memory, bit for bit, over two
+    segments; the helpers over ``forward`` (read, next_token_scores, hidden_states) agree with it too."""
+    model = model_for(mem_len=4, clamp_len=6).eval()
+    own = model.config.recurrence()
+    assert own == Recurrence(4, 6, False)
+    recurrence = Recurrence(**{**dataclasses.asdict(own), **given})
+    assert model.config.recurrence(**given) == recurrence
+    x, y = torch.randint(0, 40, (2, 2, 5)).unbind(0)
+    by_keywords = model(x, model(y, **given).mems, y, **given)
+    by_object = model(x, model(y, recurrence=recurrence).mems, y, recurrence=recurrence)
+    assert torch.equal(by_keywords.nll, by_object.nll) and torch.equal(by_keywords.loss, by_object.loss)
+    assert all(torch.equal(by_keywords.mems[i], by_object.mems[i]) for i in range(3))
+    logits = model(y, recurrence=recurrence)
+    scores, mems = model.next_token_scores(y, recurrence=recurrence)
+    assert torch.allclose(scores, logits.logits[:, -1], atol=1e-6, rtol=0)  # one row through the softmax: rounding
+    assert torch.equal(model.read(y, **given)[0], logits.mems[0])
+    assert torch.equal(model.hidden_states(y, recurrence=recurrence)[1][0], mems[0])
+    with raises_naming(TypeError, "recurrence", "not both"):
+        model(x, recurrence=recurrence, mem_len=3)
+    with raises_naming(TypeError, "Recurrence", "dict"):
+        model(x, recurrence={"mem_len": 3})
+    with raises_naming(ValueError, "mem_len", ">= 0", "-1"):
+        model(x, mem_len=-1)
+
+
+def test_return_hidden_gives_the_states_that_the_head_scores():
+    """With ``return_hidden`` the output holds the last layer's hidden states (B, T, E): the softmax over them
+    (``model.head``) is the model's logits and loss, and without labels the softmax is not run at all."""
+    model = model_for(**ADAPTIVE, mem_len=4).eval()
+    x, y = torch.randint(0, 60, (2, 3, 7)).unbind(0)
+    plain, kept = model(x, labels=y), model(x, labels=y, return_hidden=True)
+    assert kept.hidden.shape == (3, 7, 16) and plain.hidden is None
+    assert torch.equal(model.head(kept.hidden, y).nll, plain.nll) and torch.equal(kept.loss, plain.loss)
+    alone = model(x, return_hidden=True)
+    assert alone.logits is None and alone.loss is None and torch.equal(alone.hidden, kept.hidden)
+    assert torch.equal(model.head(alone.hidden).logits, model(x).logits)
+    assert torch.equal(model.hidden_states(x)[0], alone.hidden)
+    assert all(torch.equal(alone.mems[i], plain.mems[i]) for i in range(3))
+
+
 @pytest.mark.parametrize(
     "div_val,cutoffs,d_embed", [(1, [10, 30], 16), (1, [10, 30], 8), (2, [10, 30], 16), (4, [5, 20, 40], 64)]
 )
@@ -132,11 +178,11 @@ def test_initialisation_follows_the_paper():
     model = model_for(
         vocab_size=2000, d_model=64, d_head=16, n_head=4, d_inner=256, d_embed=64, cutoffs=[500], div_val=2
     )
-    weight = model.transformer.layers[0].dec_attn.qkv_net.weight
+    weight = model.transformer.stack.layers[0].dec_attn.qkv_net.weight
     assert abs(weight.std().item() - 0.02) < 0.002
     proj = model.transformer.word_emb.emb_projs[0]
     assert abs(proj.std().item() - 0.01) < 0.001
-    ln = model.transformer.layers[0].pos_ff.layer_norm
+    ln = model.transformer.stack.layers[0].pos_ff.layer_norm
     assert abs(ln.weight.mean().item() - 1.0) < 0.02 and ln.bias.abs().sum() == 0
 
 
@@ -201,7 +247,7 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients():
     mems = model(ids[:, :4]).mems
     results = []
     for every in (0, 1, 2):
-        model.transformer.activation_checkpointing = every
+        model.transformer.stack.activation_checkpointing = every
         model.zero_grad()
         torch.manual_seed(5)  # the same dropout masks
         loss = model(ids[:, 4:], mems, ids[:, 4:]).loss
@@ -229,8 +275,8 @@ def test_dropout_on_r_and_the_uv_initialisation_are_their_own_settings():
     torch.manual_seed(0)
     zeros = TransformerXLLM(ModelConfig(**base, uv_init="zeros"))
     normal = TransformerXLLM(ModelConfig(**base))
-    assert not zeros.transformer.r_w_bias.any() and not zeros.transformer.r_r_bias.any()
-    assert normal.transformer.r_w_bias.abs().sum() > 0
+    assert not zeros.transformer.stack.r_w_bias.any() and not zeros.transformer.stack.r_r_bias.any()
+    assert normal.transformer.stack.r_w_bias.abs().sum() > 0
 
 
 def vanilla(**extra):
@@ -288,7 +334,13 @@ SYNC_CASES = {  # a name: (model settings, call settings); attn_chunk 8 over 32 
     "gradient through the memory": ({"mem_bptt": 2}, {}),
     "documents": ({}, {"docs": True}),
     "key/value memory (evaluation)": ({}, {"kv": True, "train": False}),
-}
+    "llama block, capped": ({"norm": "rmsnorm", "ff": "swiglu", "bias": False, "final_norm": True, "pre_lnorm": True,
+                             "attn_softcap": 5.0, "logit_softcap": 10.0, "n_kv_head": 1, "qk_norm": True}, {}),
+    "capped content scores": ({"pos": "rope", "attn_softcap": 5.0}, {}),
+    "capped sparse pieces": ({"attention": ["strided"], "window": 4, "stride": 4, "attn_softcap": 5.0}, {}),
+    "linear, restarted and rotated": ({"mixer": ["linear"]}, {"docs": True}),
+    "performer": ({"mixer": ["performer"]}, {}),
+}  # fmt: skip
 
 
 def syncs_of(settings: dict, kv=False, train=True, docs=False) -> list[str]:
@@ -317,6 +369,9 @@ def test_the_counter_sees_what_a_gpu_would_wait_on():
         int(x.max()), x[x > 2], x.nonzero(), x.tolist(), bool((x > 1).any())
     kinds = [w.split(" at ")[0] for w in syncs.where]
     assert kinds == ["_local_scalar_dense", "boolean indexing", "nonzero", "Tensor.tolist", "_local_scalar_dense"]
+    with HostSyncs() as syncs:  # an output whose size is the data's
+        torch.unique(x, return_inverse=True), torch.unique(x, dim=0), torch.unique_consecutive(x)
+    assert syncs.count == 3, syncs.where
 
 
 def test_known_reads_are_the_documented_ones():
@@ -332,3 +387,20 @@ def test_known_reads_are_the_documented_ones():
     assert [w.split(" at ")[0] for w in syncs.where] == ["Tensor.tolist"]
     rnn = syncs_of({"mixer": ["rnn"], "n_layer": 1}, docs=True)
     assert len(rnn) == 2 and all("rnn.py" in w for w in rnn)
+
+
+@pytest.mark.parametrize("boundaries", ["learned", "entropy"])
+def test_a_dynamic_hourglass_reads_its_chunk_count_once(boundaries):
+    """The number of chunks of a segment is the coarse stack's shape: one read per forward, in select_chunks."""
+    settings = {"n_layer": 3, "shorten_layers": [1, 2], "mem_len": 8, "boundaries": boundaries}
+    reads = syncs_of(settings, docs=True)
+    assert len(reads) == 1 and "boundaries.py" in reads[0], reads
+
+
+def test_a_low_rank_encoder_reads_the_number_of_documents_once():
+    """Linformer projects each document apart; how many a segment holds is read once per forward, for every
+    layer (two here), and not at all without documents."""
+    settings = {"mem_len": 0, "bidirectional": True, "lowrank": 4, "lowrank_len": 32, "pos": "rope"}
+    reads = syncs_of(settings, docs=True)
+    assert len(reads) == 1 and "lowrank.py" in reads[0], reads
+    assert syncs_of(settings) == []

@@ -36,11 +36,11 @@ def test_layer_wise_decay_scales_each_depth():
     scale = {id(p): g["lr_scale"] for g in opt.param_groups for p in g["params"]}
     named = dict(model.named_parameters())
     assert scale[id(named["transformer.word_emb.emb_layers.0.weight"])] == 0.5**4  # embedding: depth 0 of top 4
-    assert scale[id(named["transformer.layers.0.dec_attn.qkv_net.weight"])] == 0.5**3
-    assert scale[id(named["transformer.layers.2.pos_ff.core_net.0.weight"])] == 0.5
-    assert scale[id(named["transformer.r_w_bias"])] == 1.0  # shared u sits on top
+    assert scale[id(named["transformer.stack.layers.0.dec_attn.qkv_net.weight"])] == 0.5**3
+    assert scale[id(named["transformer.stack.layers.2.pos_ff.core_net.0.weight"])] == 0.5
+    assert scale[id(named["transformer.stack.r_w_bias"])] == 1.0  # shared u sits on top
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
-    assert id(named["transformer.layers.0.dec_attn.layer_norm.weight"]) not in decayed
+    assert id(named["transformer.stack.layers.0.dec_attn.layer_norm.weight"]) not in decayed
     assert len({id(p) for g in opt.param_groups for p in g["params"]}) == len(list(model.parameters()))
 
 
@@ -118,12 +118,12 @@ def test_a_run_shorter_than_its_preset_keeps_the_warm_ups_share_and_says_so(tmp_
     args = ["train", "--data", str(text_corpus), "--tokenizer", "char", *TINY_CLI, "max_steps=24", "log_interval=1"]
     assert main([*args, "--out", str(tmp_path / "short")]) == 0
     assert "warmup_steps scaled from 100 to 2" in capsys.readouterr().err  # 100 * 24 / 1200
-    assert load_run_config(str(tmp_path / "short" / "run.toml")).train.warmup_steps == 2
+    assert load_run_config(str(tmp_path / "short" / "run.toml")).train.optim.warmup_steps == 2
     lrs = [r["lr"] for r in records(tmp_path / "short") if "lr" in r]
     assert len(lrs) == 24 and lrs[0] < lrs[1] == max(lrs)  # two steps up (the last at the peak) ...
     assert all(a > b for a, b in zip(lrs[2:], lrs[3:])) and lrs[-1] < lrs[1] / 2  # ... then the cosine decay
     assert main([*args, "warmup_steps=30", "--out", str(tmp_path / "mine")]) == 0
     assert_names(capsys.readouterr().err, "warmup_steps=30 >= max_steps=24", "never")
-    assert load_run_config(str(tmp_path / "mine" / "run.toml")).train.warmup_steps == 30
+    assert load_run_config(str(tmp_path / "mine" / "run.toml")).train.optim.warmup_steps == 30
     lrs = [r["lr"] for r in records(tmp_path / "mine") if "lr" in r]
     assert all(a < b for a, b in zip(lrs, lrs[1:]))  # the user's choice: warm-up all along

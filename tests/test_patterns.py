@@ -177,11 +177,11 @@ def test_global_tokens_see_everything_and_are_seen_by_everything(causal):
     model = pattern_lm(["global"], window=2, mem_len=0, bidirectional=not causal)
     ids = torch.randint(0, 40, (1, 12))
     emb = model.transformer.word_emb(ids).detach().requires_grad_(True)
-    hidden = model.transformer.layers[0].dec_attn  # one layer is enough to show who reads whom
-    rel = model.transformer.relative_tables(12, -1, torch.float64, None, qlen=12)[0]
-    step = model.transformer.open_step(Memory(), 1, 12, None, Recurrence(0))
-    mask = model.transformer._masks(step, step.mask_inputs(), gmask, 1, None)[0]
-    out, _, _ = hidden(emb, rel, model.transformer.r_w_bias, model.transformer.r_r_bias, mask)
+    hidden = model.transformer.stack.layers[0].dec_attn  # one layer is enough to show who reads whom
+    rel = model.transformer.stack.relative_tables(12, -1, torch.float64, None, qlen=12)[0]
+    step = model.transformer.stack.open_step(Memory(), 1, 12, None, Recurrence(0))
+    mask = model.transformer.stack._masks(step, step.mask_inputs(), gmask, 1, None)[0]
+    out, _, _ = hidden(emb, rel, model.transformer.stack.r_w_bias, model.transformer.stack.r_r_bias, mask)
     far_source = 0
     g_global = torch.autograd.grad(out[0, 5].sum(), emb, retain_graph=True)[0][0, far_source]
     g_plain = torch.autograd.grad(out[0, 11].sum(), emb)[0][0, far_source]

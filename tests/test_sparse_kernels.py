@@ -150,7 +150,7 @@ def test_sparse_kernels_under_activation_checkpointing_give_the_same_gradients(n
     for every in (0, 1):
         params = {("pattern_seed" if k == "seed" else k): v for k, v in SPARSE[name].items()}
         model = pattern_lm([name], attn_chunk=4, mem_len=6, **params).train()
-        model.transformer.activation_checkpointing = every
+        model.transformer.stack.activation_checkpointing = every
         ids = torch.randint(0, 40, (2, 25), generator=torch.Generator().manual_seed(0))
         flags = None
         if name in ("global", "bigbird"):

@@ -67,7 +67,7 @@ def test_an_hourglass_forward_flops_are_counted_exactly(name):
                          **HOURGLASSES[name])  # fmt: skip
     torch.manual_seed(0)
     model = TransformerXLLM(config).eval()
-    block = model.transformer.layers[1]
+    block = model.transformer.stack.layers[1]
     cuts = []
     if config.hourglass.dynamic:
         block.boundaries.register_forward_hook(lambda module, args, out: cuts.append(out.cuts))

@@ -28,7 +28,7 @@ def worker(length: int, every: int, attention: str) -> dict:
     torch.manual_seed(0)
     extra = {"attention": [attention], "window": 256} if attention != "full" else {}
     model = TransformerXLLM(bench_config(256, attn_chunk=64, **extra))
-    model.transformer.activation_checkpointing = every
+    model.transformer.stack.activation_checkpointing = every
     with open("/proc/self/statm") as f:
         base = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     result = train_throughput(model, batch=1, tgt_len=length, steps=2, warmup=1)

@@ -97,17 +97,17 @@ def train_worker(stack: str, length: int, steps: int) -> dict:
 
 @torch.no_grad()
 def generate_worker(stack: str, context: int, new_tokens: int) -> dict:
-    from longseq.generation import read_prompt, recurrence_overrides
+    from longseq.generation import read_prompt
 
     model = build(stack, **({"mem_len": context} if stack == "full" else {})).eval()
     prompt = torch.randint(0, 256, (1, context + 1))
-    overrides = recurrence_overrides(model, context if stack == "full" else STACKS[stack]["mem_len"])
-    greedy(model, read_prompt(model, prompt[:, :63], 512, overrides), prompt[:, 63:64], 4, overrides)  # warm-up
+    recurrence = model.config.recurrence(mem_len=context if stack == "full" else STACKS[stack]["mem_len"])
+    greedy(model, read_prompt(model, prompt[:, :63], 512, recurrence), prompt[:, 63:64], 4, recurrence)  # warm-up
     base = rss_mb()
     start = time.perf_counter()
-    mems = read_prompt(model, prompt[:, :-1], 512, overrides)
+    mems = read_prompt(model, prompt[:, :-1], 512, recurrence)
     first = time.perf_counter()
-    mems = greedy(model, mems, prompt[:, -1:], new_tokens, overrides)
+    mems = greedy(model, mems, prompt[:, -1:], new_tokens, recurrence)
     end = time.perf_counter()
     held = sum(t.numel() * t.element_size() for layer in mems.layers for t in layer.all_tensors()) / 2**20
     return {"stack": stack, "context": context, "ms_per_token": (end - first) * 1000 / new_tokens,
@@ -115,10 +115,10 @@ def generate_worker(stack: str, context: int, new_tokens: int) -> dict:
             "memory_kib_per_context_token": held * 1024 / context, "peak_mb": peak_rss_mb() - base}  # fmt: skip
 
 
-def greedy(model, mems, token, steps: int, overrides: dict):
+def greedy(model, mems, token, steps: int, recurrence):
     """``steps`` greedy tokens from ``token`` (B, 1) after ``mems``, as ``generate_stream`` draws them: the memory."""
     for _ in range(steps):
-        scores, mems = model.next_token_scores(token, mems, **overrides)
+        scores, mems = model.next_token_scores(token, mems, recurrence=recurrence)
         token = scores.argmax(dim=-1, keepdim=True)
     return mems
 

@@ -70,7 +70,7 @@ def pairs_per_token(model, length: int) -> tuple[float, float]:
     from longseq.model.attention.patterns import PatternMask, global_keys
     from longseq.model.attention.sparse import sparse_pieces
 
-    pattern = model.transformer.patterns[0]
+    pattern = model.transformer.stack.patterns[0]
     flags = global_keys(None, pattern.config.num_global, 1, length, MEM_LEN, None) if pattern.has_global else None
     mask = PatternMask(pattern, length, MEM_LEN, global_keys=flags)
     allowed = 0

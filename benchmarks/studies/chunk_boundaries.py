@@ -30,11 +30,12 @@ import os
 import torch
 
 from longseq import ModelConfig, RunConfig
+from longseq.api import train
 from longseq.config import DataConfig, TrainConfig
 from longseq.config.model import HourglassConfig
 from longseq.data.sources import bundled_corpus_path
 from longseq.diagnostics.chunks import chunk_statistics, read_boundaries
-from longseq.train import load_checkpoint, train
+from longseq.train import load_checkpoint
 
 SHADES = ("#cfe3f7", "#f7dccf")  # alternate chunks
 COLUMNS = 80

@@ -104,9 +104,9 @@ def task_config(study: str) -> TaskConfig:
 
 def run_row(task: str, variant: str, seed: int, work: str, steps: int | None, n_eval: int) -> dict:
     """Train (or continue) one row's seed and evaluate its best checkpoint on the task's grid."""
+    from longseq.api import train
     from longseq.train.checkpoint import load_checkpoint
     from longseq.train.rundir import has_checkpoint
-    from longseq.train.trainer import train
 
     out = os.path.join(work, task, variant, f"seed{seed}")
     run = run_config(task, variant, seed, steps)

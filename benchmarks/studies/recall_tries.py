@@ -35,7 +35,7 @@ from longseq.config.base import apply_values  # noqa: E402
 
 def longseq_try(args, settings: list) -> list[dict]:
     """The study's row with ``settings`` applied, through the Trainer; the validation curve from metrics.jsonl."""
-    from longseq.train.trainer import train
+    from longseq.api import train
 
     run = study.run_config(args.task, args.variant, args.seed, args.steps)
     sections = {"model": run.model, "data": run.data, "train": run.train, "task": run.task}

@@ -73,6 +73,7 @@ import numpy as np
 import torch
 
 from longseq import RunConfig
+from longseq.api import train
 from longseq.config import apply_overrides
 from longseq.config.base import ConfigError, apply_values
 from longseq.config.files import apply_sections, load_run_config, read_config_file
@@ -84,9 +85,10 @@ from longseq.eval.context import context_curve, per_position_losses
 from longseq.eval.recl import group_losses, recl
 from longseq.eval.sliding import evaluate_sliding
 from longseq.eval.speed import generate_speed, model_flops_per_token
-from longseq.train import load_checkpoint, train
+from longseq.train import load_checkpoint
 from longseq.train.checkpoint import load_checkpoint_config
 from longseq.train.signals import Interrupted
+from longseq.train.upgrade import upgrade_run
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from texts import NEEDS_NO_DATA as TEXTS_NEED_NO_DATA  # noqa: E402
@@ -355,7 +357,8 @@ def reuse(path: str, name: str, seed: int, corpus, args, log) -> dict:
         run = variant_setup(args, name, seed, corpus)[0]
     else:
         run = variant_run(args, name, seed, result["run"]["model"]["vocab_size"])
-    if RunConfig.from_dict(result["run"]).to_dict() != run.to_dict():  # same run (fields added since: defaults)
+    stored = RunConfig.from_dict(upgrade_run(result["run"]))  # fields added since: defaults, or as the run ran
+    if stored.to_dict() != run.to_dict():
         raise SystemExit(f"{path} was trained with another config; use another --out (--store) or remove it")
     if result.get("scoring", scoring(args)) != scoring(args):  # results from before the key: taken as they are
         raise SystemExit(

@@ -61,23 +61,29 @@ def capture(out_dir: str) -> list[tuple[str, str]]:
     return stack
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--out", default="/tmp/longseq-call-depth")
-    args = parser.parse_args()
+def measure(out_dir: str) -> dict:
+    """The frames of longseq (``chain``, "function (file)"), their count, the distinct files and torch's frames
+    between ``Trainer.step`` and the first call of the score function."""
     import shutil
 
-    shutil.rmtree(args.out, ignore_errors=True)
-    chain = capture(args.out)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    chain = capture(out_dir)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__import__("longseq").__file__)))
     ours = [(name, os.path.relpath(path, root)) for name, path in chain if "/torch/" not in path]
-    result = {
+    return {
         "frames": len(ours),
         "files": len({path for _, path in ours}),
         "torch_frames": len(chain) - len(ours),
         "chain": [f"{name} ({path})" for name, path in ours],
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out", default="/tmp/longseq-call-depth")
+    args = parser.parse_args()
+    result = measure(args.out)
     if args.json:
         print(json.dumps(result))
     else:

@@ -164,9 +164,7 @@ def run(args: argparse.Namespace) -> dict:
         ids,
         batch_size=batch_size,
         tgt_len=settings.tgt_len or run_config.data.eval_tgt_len,
-        mem_len=settings.mem_len,
-        clamp_len=settings.clamp_len,
-        same_length=settings.same_length,
+        recurrence=settings.recurrence(model.config),
         max_segments=settings.max_segments,
         bits_unit=unit,
         progress=not args.quiet,
@@ -183,22 +181,10 @@ def run_evidence(args, model, settings, run_config, ids, batch_size) -> dict:
     from longseq.eval.context import context_curve, per_position_losses
 
     tgt_len = settings.tgt_len or run_config.data.eval_tgt_len
-    common = dict(
-        tgt_len=tgt_len,
-        batch_size=batch_size,
-        clamp_len=settings.clamp_len,
-        max_segments=settings.max_segments,
-        progress=not args.quiet,
-    )
+    common = dict(tgt_len=tgt_len, batch_size=batch_size, max_segments=settings.max_segments, progress=not args.quiet)
     if args.per_position:
-        result = per_position_losses(
-            model,
-            ids,
-            mem_len=settings.mem_len,
-            same_length=settings.same_length,
-            skip_segments=args.skip_segments,
-            **common,
-        )
+        recurrence = settings.recurrence(model.config)
+        result = per_position_losses(model, ids, recurrence=recurrence, skip_segments=args.skip_segments, **common)
         summary = {
             "loss_memory_mean": sum(result["loss_memory"]) / len(result["loss_memory"]),
             "loss_no_memory_mean": sum(result["loss_no_memory"]) / len(result["loss_no_memory"]),
@@ -206,8 +192,15 @@ def run_evidence(args, model, settings, run_config, ids, batch_size) -> dict:
         plot = plot_per_position
     else:
         same_length = True if settings.same_length is None else settings.same_length
+        skip = args.skip_segments or 0
         result = context_curve(
-            model, ids, args.context_curve, same_length=same_length, skip_segments=args.skip_segments or 0, **common
+            model,
+            ids,
+            args.context_curve,
+            same_length=same_length,
+            clamp_len=settings.clamp_len,
+            skip_segments=skip,
+            **common,
         )
         summary = {"train_mem_len": model.config.memory.mem_len}
         plot = partial(plot_context_curve, train_mem_len=model.config.memory.mem_len)

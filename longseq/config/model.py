@@ -8,9 +8,11 @@ Fields that choose an implementation (``pattern.attention``, ``attn_impl``, ``po
 
 from __future__ import annotations
 
-from dataclasses import field
+from dataclasses import dataclass, field, replace
 
-from longseq.config.base import JsonConfig, check, check_finite, config
+from longseq.config.base import JsonConfig, check, check_choice, check_finite, config
+
+LOWRANK_SHARING = ("none", "headwise", "kv", "layerwise")  # Linformer's sharing of E and F
 
 
 @config
@@ -105,10 +107,19 @@ class PatternConfig(JsonConfig):
     """Attention patterns (:mod:`longseq.model.attention.patterns`): ``attention`` names one pattern for every
     layer or one per layer, with the parameters ``window``, ``dilation`` (one value, or one per head),
     ``stride``, ``block_size``, ``block_summary``, ``num_global``, ``num_random_blocks`` and ``pattern_seed``.
-    ``bidirectional`` makes every pattern two-sided (encoders: masked LM, classification)."""
+    ``bidirectional`` makes every pattern two-sided (encoders: masked LM, classification).
+
+    ``lowrank`` > 0 (Linformer, Wang et al., 2020) projects each attention layer's keys and values along the
+    length to ``lowrank`` rows with learned (``lowrank``, ``lowrank_len``) matrices E and F, ``lowrank_len`` the
+    longest segment they take; ``lowrank_share`` is Linformer's sharing: ``none`` (E and F per head),
+    ``headwise`` (per layer), ``kv`` (E = F, per layer) or ``layerwise`` (one E for every layer).  It serves
+    bidirectional full attention without memory (classify, mlm)."""
 
     attention: list[str] = field(default_factory=lambda: ["full"])
     bidirectional: bool = False
+    lowrank: int = 0
+    lowrank_len: int = 0
+    lowrank_share: str = "none"
     window: int = 256
     dilation: list[int] = field(default_factory=lambda: [1])
     stride: int = 128
@@ -123,6 +134,13 @@ class PatternConfig(JsonConfig):
             self.attention = self.attention.split(",")
         if isinstance(self.dilation, int):
             self.dilation = [self.dilation]
+        check_choice("pattern.lowrank_share", self.lowrank_share, LOWRANK_SHARING)
+        check(self.lowrank >= 0, f"pattern.lowrank must be >= 0 (0: off), got {self.lowrank}")
+        check(
+            not self.lowrank or self.lowrank <= self.lowrank_len,
+            f"pattern.lowrank={self.lowrank} projects keys of segments of up to pattern.lowrank_len positions, which "
+            f"must be at least as many (got lowrank_len={self.lowrank_len}); set it to the segment length",
+        )
         self.attention = [a.strip() for a in self.attention if a.strip()]
         self.dilation = list(self.dilation)
         check(bool(self.attention), "pattern.attention needs at least one pattern name")
@@ -184,9 +202,11 @@ class MixerConfig(JsonConfig):
     ``chunk`` positions); ``conv``: a gated causal depthwise convolution of ``conv_kernel`` taps (the SSM's own
     short convolution has the same width); ``rnn``: an LSTM layer; ``linear``, ``performer``, ``retention``, ``gla``,
     ``delta``: the linear-attention family, ``n_head`` heads of ``d_head`` as attention's, a matrix state per head,
-    chunks of ``chunk`` positions, ``features`` random features for the performer.  Their recurrent states are part
-    of the memory; ``state_bptt`` > 1 back-propagates through that many segments (1: stop-gradient, like the XL
-    memory)."""
+    chunks of ``chunk`` positions, ``features`` random features for the performer; the two without decay
+    (``linear``, ``performer``) restart their state every ``reset_every`` positions (0: never; unbounded, their
+    average over the whole stream learns no more than a bigram) and with ``rotary`` rotate their numerator by
+    position (RoFormer).  Their recurrent states are part of the memory; ``state_bptt`` > 1 back-propagates through
+    that many segments (1: stop-gradient, like the XL memory)."""
 
     d_state: int = 16
     head_dim: int = 32
@@ -194,11 +214,14 @@ class MixerConfig(JsonConfig):
     chunk: int = 64
     conv_kernel: int = 4
     features: int = 64
+    reset_every: int = 64
+    rotary: bool = True
     state_bptt: int = 1
 
     def __post_init__(self) -> None:
         for name in ("d_state", "head_dim", "expand", "chunk", "conv_kernel", "features", "state_bptt"):
             check(getattr(self, name) >= 1, f"mixers.{name} must be >= 1, got {getattr(self, name)}")
+        check(self.reset_every >= 0, f"mixers.reset_every must be >= 0 (0: never), got {self.reset_every}")
 
 
 @config
@@ -271,13 +294,19 @@ class HourglassConfig(JsonConfig):
 BOUNDARIES = ("fixed", "learned", "entropy")
 
 
-def upgrade_stored_model(model: dict) -> dict:
-    """A stored model config (a checkpoint's, an export's: complete, as ``to_dict`` wrote it) in today's terms: a
-    learned-chunk hourglass stored before ``residual_proj`` existed added its input itself (``residual_proj=false``)."""
-    hourglass = model.get("hourglass")
-    if isinstance(hourglass, dict) and hourglass.get("boundaries") == "learned":
-        return {**model, "hourglass": {"residual_proj": False, **hourglass}}
-    return model
+@dataclass(frozen=True)
+class Recurrence:
+    """How one call reads and writes the memory: ``mem_len`` positions kept, relative distances clamped to
+    ``clamp_len`` (<= 0: no clamp), and with ``same_length`` every query sees exactly the last ``mem_len`` keys.
+    A model's own is :meth:`ModelConfig.recurrence`; evaluation may use another (a longer memory than in training)."""
+
+    mem_len: int
+    clamp_len: int = -1
+    same_length: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mem_len < 0:
+            raise ValueError(f"mem_len must be >= 0, got {self.mem_len}")
 
 
 @config
@@ -392,6 +421,28 @@ class ModelConfig(JsonConfig):
             self.mixers.state_bptt if recurrent else 1,
         )
 
+    def recurrence(
+        self,
+        given: Recurrence | None = None,
+        *,
+        mem_len: int | None = None,
+        clamp_len: int | None = None,
+        same_length: bool | None = None,
+    ) -> Recurrence:
+        """``given``, or this model's own :class:`Recurrence` (``memory.mem_len``, ``positions.clamp_len``,
+        ``memory.same_length``) with each value given in place of its own: what one call of the model reads and
+        writes.  ``given`` with a value beside it is a ``TypeError`` (which of the two would win is a guess)."""
+        values = {"mem_len": mem_len, "clamp_len": clamp_len, "same_length": same_length}
+        values = {name: value for name, value in values.items() if value is not None}
+        if given is not None:
+            if not isinstance(given, Recurrence):
+                raise TypeError(f"recurrence must be a longseq.config.Recurrence, got {type(given).__name__}")
+            if values:
+                raise TypeError(f"give recurrence= or {', '.join(values)}=, not both")
+            return given
+        own = Recurrence(self.memory.mem_len, self.positions.clamp_len, self.memory.same_length)
+        return replace(own, **values) if values else own
+
     @property
     def layer_pattern_names(self) -> list[str]:
         """One pattern name per layer."""
@@ -469,6 +520,18 @@ class ModelConfig(JsonConfig):
             f"ModelConfig.tie_projs needs one entry per cluster ({len(self.cutoffs) + 1}), got {self.tie_projs}",
         )
 
+    def _check_lowrank(self) -> None:
+        """Linformer's projection mixes a segment's keys along the length: it serves attention both ways, over one
+        segment (its patterns and positions are the registries' to check: ``model.registry.check_lowrank``)."""
+        pattern = self.pattern
+        what = f"pattern.lowrank={pattern.lowrank} (Linformer) projects a segment's keys and values along its length"
+        check(
+            pattern.bidirectional,
+            f"{what}, so every query sees every key: it serves bidirectional models (classify, mlm) and a causal "
+            "language model cannot use it; set bidirectional=true, or lowrank=0",
+        )
+        check(self.memory.mem_len == 0, f"{what}, one segment at a time: set mem_len=0 (got {self.memory.mem_len})")
+
     def _check_mixers(self) -> None:
         if isinstance(self.mixer, str):
             self.mixer = self.mixer.split(",")
@@ -488,6 +551,12 @@ class ModelConfig(JsonConfig):
                 "retention" not in mixers or self.d_head % 2 == 0,
                 f"retention rotates pairs of channels: d_head must be even, got {self.d_head}",
             )
+            rotated = {"linear": ("d_head", self.d_head), "performer": ("mixers.features", self.mixers.features)}
+            for name, (option, size) in rotated.items():
+                check(
+                    name not in mixers or not self.mixers.rotary or size % 2 == 0,
+                    f"{name} with mixers.rotary=true rotates pairs of its features: {option} must be even, got {size}",
+                )
             check(
                 not (mem.cmem_len or mem.mem_select != "recent" or mem.mem_tokens or mem.mem_quant != "none"),
                 "the memory compaction options (cmem_len, mem_select, mem_tokens, mem_quant) apply to attention-only "
@@ -556,3 +625,25 @@ class ModelConfig(JsonConfig):
             "pattern.bidirectional=true supports the plain hidden-state memory only "
             "(no same_length, compressed memory, memory tokens or attention-based selection)",
         )
+        if pattern.lowrank:
+            self._check_lowrank()
+
+
+def upgrade_stored_model(model: dict) -> dict:
+    """A model config as stored before a field that changes behaviour existed, in today's terms (each reader of a
+    stored model config passes it through here: checkpoints, the transformers format): ``linear`` and ``performer``
+    saved without ``mixers.reset_every`` (before 2026-12-06) ran unbounded and unrotated, and still do; a
+    learned-chunk hourglass saved without ``hourglass.residual_proj`` added its input itself, and still does."""
+    if not isinstance(model, dict):
+        return model
+    hourglass = model.get("hourglass")
+    if isinstance(hourglass, dict) and hourglass.get("boundaries") == "learned" and "residual_proj" not in hourglass:
+        model = {**model, "hourglass": {**hourglass, "residual_proj": False}}
+    mixers = model.get("mixers")
+    if not isinstance(mixers, dict) or "reset_every" in mixers:
+        return model
+    names = model.get("mixer", [])
+    names = names.split(",") if isinstance(names, str) else names
+    if not {"linear", "performer"} & {str(n).strip() for n in names}:
+        return model
+    return {**model, "mixers": {**mixers, "reset_every": 0, "rotary": False}}

@@ -9,6 +9,7 @@ import math
 import torch
 from torch import Tensor
 
+from longseq.generation import read_prompt
 from longseq.model import Memory
 from longseq.model.dynamic import DynamicHourglass
 
@@ -16,17 +17,16 @@ from longseq.model.dynamic import DynamicHourglass
 def read_boundaries(model, ids: Tensor, segment: int) -> Tensor:
     """The chunk starts (T,) bool of one stream ``ids`` (T,) read in segments of ``segment`` tokens with the memory
     carried: position t begins a chunk.  ``model`` is a language model with a dynamic hourglass."""
-    blocks = [layer for layer in model.transformer.layers if isinstance(layer, DynamicHourglass)]
+    blocks = [layer for layer in model.transformer.stack.layers if isinstance(layer, DynamicHourglass)]
     if not blocks:
         raise ValueError("this model has no chunk boundaries: set shorten_layers and boundaries=learned or entropy")
     cuts: list[Tensor] = []
     hook = blocks[0].boundaries.register_forward_hook(lambda module, args, out: cuts.append(out.cuts[0]))
     try:
-        mems, was_training = Memory(), model.training
+        was_training = model.training
         model.eval()
         with torch.no_grad():
-            for lo in range(0, ids.numel(), segment):
-                mems = model.read(ids[None, lo : lo + segment], mems)
+            read_prompt(model, ids[None], segment, mems=Memory())
         model.train(was_training)
     finally:
         hook.remove()

@@ -48,9 +48,9 @@ UNITS = {
 
 
 def attention_layers(model: TransformerXLLM) -> list[int]:
-    """Indices into ``model.transformer.layers`` of the layers that attend: a hybrid stack's ssm, conv and rnn
+    """Indices into ``model.transformer.stack.layers`` of the layers that attend: a hybrid stack's ssm, conv and rnn
     layers have no attention map, and an hourglass block counts as one layer whose shortened layers are not read."""
-    return [i for i, layer in enumerate(model.transformer.layers) if layer.attends]
+    return [i for i, layer in enumerate(model.transformer.stack.layers) if layer.attends]
 
 
 @torch.no_grad()
@@ -62,7 +62,7 @@ def attention_maps(model: TransformerXLLM, input_ids: Tensor, mems=None) -> tupl
     def hook(module, args, kwargs):
         captured.append((module, args, kwargs))
 
-    layers = model.transformer.layers
+    layers = model.transformer.stack.layers
     handles = [layers[i].dec_attn.register_forward_pre_hook(hook, with_kwargs=True) for i in attention_layers(model)]
     was_training = model.training
     model.eval()
@@ -158,7 +158,7 @@ def _grad_norms(model: TransformerXLLM, input_ids: Tensor, labels: Tensor, mems)
     finally:
         model.train(was_training)
     norms = []
-    for layer in model.transformer.layers:
+    for layer in model.transformer.stack.layers:
         grads = [p.grad.double().norm() ** 2 for p in layer.parameters() if p.grad is not None]
         norms.append(float(torch.stack(grads).sum().sqrt()) if grads else 0.0)
     model.zero_grad(set_to_none=True)
@@ -290,7 +290,7 @@ def diagnose(
     attending = attention_layers(model)
     warnings = _warnings(attending, summary["entropy_bits"], loss, grad_norms, memory)
     report = {
-        "layers": len(model.transformer.layers),
+        "layers": len(model.transformer.stack.layers),
         "attention_layers": attending,  # the rows of entropy, memory_share and mass_by_distance
         "heads": maps[0].size(1),
         "tgt_len": tgt_len,

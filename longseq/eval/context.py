@@ -13,17 +13,18 @@ Losses are in nats per token.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import torch
 
+from longseq.config.model import Recurrence
 from longseq.eval.evaluate import evaluate, segment_losses
 
 
-def _full_memory_segments(model, tgt_len: int, mem_len: int | None) -> int:
+def _full_memory_segments(tgt_len: int, mem_len: int) -> int:
     """Segments an ordered pass reads before the memory holds ``mem_len`` positions (at least 1)."""
-    length = model.config.memory.mem_len if mem_len is None else mem_len
-    return max(1, math.ceil(length / tgt_len))
+    return max(1, math.ceil(mem_len / tgt_len))
 
 
 @torch.no_grad()
@@ -33,6 +34,7 @@ def per_position_losses(
     *,
     tgt_len: int,
     batch_size: int,
+    recurrence: Recurrence | None = None,
     mem_len: int | None = None,
     clamp_len: int | None = None,
     same_length: bool | None = None,
@@ -43,24 +45,27 @@ def per_position_losses(
     """Mean NLL at each position 0 .. ``tgt_len`` - 1 inside the segment, with the memory and without it.
 
     One ordered pass over ``ids`` (``batch_size`` streams of ``tgt_len`` segments, at most ``max_segments``
-    of them) gives ``loss_memory``: the memory carried across segments, with the model's ``mem_len``,
-    ``clamp_len`` and ``same_length`` or the overrides given.  A second pass over the same segments gives
-    ``loss_no_memory``: every segment read alone from an empty memory (``mem_len`` 0, causal attention inside
-    the segment), the same weights.
+    of them) gives ``loss_memory``: the memory carried across segments, with ``recurrence`` or the model's own
+    (``mem_len``, ``clamp_len`` and ``same_length``: a shorthand, as in :func:`~longseq.eval.evaluate.evaluate`).  A
+    second pass over the same segments gives ``loss_no_memory``: every segment read alone from an empty memory
+    (``mem_len`` 0, causal attention inside the segment, the same ``clamp_len``), the same weights.
 
     The first segments of a pass have an empty or partly filled memory in both passes, so they are read but
     not scored: ``skip_segments`` of them, by default as many as fill the memory (ceil(mem_len / tgt_len),
     at least 1).  Both curves average the same tokens.  A last segment shorter than ``tgt_len`` counts at the
     positions it has; ``tokens`` gives the count per position.
     """
+    recurrence = model.config.recurrence(recurrence, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
     if skip_segments is None:
-        skip_segments = _full_memory_segments(model, tgt_len, mem_len)
+        skip_segments = _full_memory_segments(tgt_len, recurrence.mem_len)
     if skip_segments < 0:
         raise ValueError(f"skip_segments must be >= 0, got {skip_segments}")
-    common = dict(batch_size=batch_size, tgt_len=tgt_len, clamp_len=clamp_len, max_segments=max_segments)
+    common = dict(batch_size=batch_size, tgt_len=tgt_len, max_segments=max_segments)
     was_training = model.training
-    with_memory = segment_losses(model, ids, mem_len=mem_len, same_length=same_length, progress=progress, **common)
-    alone = segment_losses(model, ids, mem_len=0, same_length=False, carry=False, **common)
+    with_memory = segment_losses(model, ids, recurrence=recurrence, progress=progress, **common)
+    alone = segment_losses(
+        model, ids, recurrence=replace(recurrence, mem_len=0, same_length=False), carry=False, **common
+    )
     sums = {"memory": torch.zeros(tgt_len, dtype=torch.float64), "alone": torch.zeros(tgt_len, dtype=torch.float64)}
     counts = torch.zeros(tgt_len, dtype=torch.float64)
     scored = 0
@@ -135,9 +140,7 @@ def context_curve(
             ids,
             batch_size=batch_size,
             tgt_len=tgt_len,
-            mem_len=c,
-            clamp_len=clamp_len,
-            same_length=same_length and c > 0,
+            recurrence=model.config.recurrence(mem_len=c, clamp_len=clamp_len, same_length=same_length and c > 0),
             max_segments=max_segments,
             skip_segments=skip_segments,
             progress=progress,

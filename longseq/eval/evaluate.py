@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from longseq.config.model import Recurrence
 from longseq.data.batching import OrderedStream, Segment
 from longseq.model import KVMemory, Memory, TransformerXLLM
 from longseq.model.positions import position_encoding
@@ -45,9 +46,7 @@ def scored_segments(
     *,
     batch_size: int,
     tgt_len: int,
-    mem_len: int | None = None,
-    clamp_len: int | None = None,
-    same_length: bool | None = None,
+    recurrence: Recurrence | None = None,
     max_segments: int = 0,
     carry: bool = True,
     progress: bool = False,
@@ -57,8 +56,9 @@ def scored_segments(
 ) -> Iterator[tuple[Segment, Tensor]]:
     """Every segment of one ordered pass (``batch_size`` streams), in order, with its per-token NLL (B, T).
 
-    The settings are those of :func:`evaluate`.  With ``carry=False`` every segment starts from an empty memory
-    (the model reads each segment alone).  The model is in eval mode while the generator runs.
+    The settings are those of :func:`evaluate` (``recurrence`` None: the model's own).  With ``carry=False`` every
+    segment starts from an empty memory (the model reads each segment alone).  The model is in eval mode while the
+    generator runs.
     """
     was_training = model.training
     model.eval()
@@ -77,9 +77,7 @@ def scored_segments(
                     segment.input_ids.to(device),
                     mems if carry else start,
                     segment.labels.to(device),
-                    mem_len=mem_len,
-                    clamp_len=clamp_len,
-                    same_length=same_length,
+                    recurrence=recurrence,
                     doc_ids=None if segment.doc_ids is None else segment.doc_ids.to(device),
                 )
                 mems = out.mems
@@ -105,6 +103,7 @@ def evaluate(
     *,
     batch_size: int,
     tgt_len: int,
+    recurrence: Recurrence | None = None,
     mem_len: int | None = None,
     clamp_len: int | None = None,
     same_length: bool | None = None,
@@ -119,15 +118,18 @@ def evaluate(
 ) -> dict:
     """One pass over ``ids`` in ``batch_size`` streams of ``tgt_len`` segments, memory carried across.
 
-    ``mem_len``, ``clamp_len`` and ``same_length`` override the model's own settings (``None`` keeps
-    them).  ``max_segments`` > 0 stops early.  ``skip_segments`` > 0 reads that many segments first without
-    scoring them (to fill the memory).  ``bits_unit`` (``"bpc"``) adds loss / ln 2.  ``kv_memory`` carries
-    projected keys and values instead of hidden states (same results, less work per segment).
+    ``recurrence`` (a :class:`~longseq.config.model.Recurrence`) replaces the model's own
+    (``model.config.recurrence()``); ``mem_len``, ``clamp_len`` and ``same_length`` are a shorthand for it, the
+    model's own with the values given (``None`` keeps them).  ``max_segments`` > 0 stops early.  ``skip_segments``
+    > 0 reads that many segments first without scoring them (to fill the memory).  ``bits_unit`` (``"bpc"``) adds
+    loss / ln 2.  ``kv_memory`` carries projected keys and values instead of hidden states (same results, less work
+    per segment).
     ``doc_ids`` (one per token) keeps documents apart.  ``tokenizer`` (the one ``ids`` were made by) adds ``bpb``
     and ``bytes``, the bytes of the scored tokens (see the module docstring).
     """
     if skip_segments < 0:
         raise ValueError(f"skip_segments must be >= 0, got {skip_segments}")
+    recurrence = model.config.recurrence(recurrence, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
     nll_sum, n_tokens, n_bytes = None, 0, 0  # the sum stays on the model's device: read once, at the end
     start = time.perf_counter()
     passes = scored_segments(
@@ -135,9 +137,7 @@ def evaluate(
         ids,
         batch_size=batch_size,
         tgt_len=tgt_len,
-        mem_len=mem_len,
-        clamp_len=clamp_len,
-        same_length=same_length,
+        recurrence=recurrence,
         max_segments=max_segments,
         progress=progress,
         progress_interval_s=progress_interval_s,

@@ -62,11 +62,12 @@ def recurrent_losses(model, ids: np.ndarray, *, context: int, tgt_len: int, max_
     model.eval()
     device = next(model.parameters()).device
     mems, losses = None, []
+    recurrence = model.config.recurrence(mem_len=context, same_length=True)
     for start in range(0, n_targets, tgt_len):
         stop = min(n_targets, start + tgt_len)
         x = data[None, start:stop].to(device)
         y = data[None, start + 1 : stop + 1].to(device)
-        out = model(x, mems, y, mem_len=context, same_length=True)
+        out = model(x, mems, y, recurrence=recurrence)
         mems = out.mems
         losses.append(out.nll[0].double().cpu())
     model.train(was_training)

@@ -168,7 +168,7 @@ def hourglass_flops_per_token(config: ModelConfig, tgt_len: int, chunk_length: f
     """An hourglass's own matrix multiplies per token, besides its shortened layers: ``pool_upsample`` (fixed:
     the linear pooling of k positions, with ``shorten_fn=linear``, and the upsampling to k vectors), or ``router``
     (learned: W_q and W_k on every position; entropy: the head's logits at the T + 1 positions it reads),
-    ``residual_proj`` and ``smoothing`` (the scan of :func:`~longseq.model.boundaries.smooth` in blocks of 16
+    ``residual_proj`` (learned) and ``smoothing`` (the scan of :func:`~longseq.model.boundaries.smooth` in blocks of 16
     chunks, one key channel: the intra-block scores times the values, the blocks' states and what they carry; the
     padding of a segment's last block left out)."""
     from longseq.model.boundaries import SMOOTH_CHUNK
@@ -182,7 +182,8 @@ def hourglass_flops_per_token(config: ModelConfig, tgt_len: int, chunk_length: f
         router = 2 * d * config.vocab_size * (tgt_len + 1) / tgt_len
     block = SMOOTH_CHUNK  # per chunk: q k^T (1 channel) and scores v inside the block, a state written and read
     smoothing = 2 * (block + block * d + 2 * d) / chunk_length
-    return {"router": router, "residual_proj": 2 * d * d if h.residual_proj else 0.0, "smoothing": smoothing}
+    residual = 2 * d * d if h.residual_proj and h.boundaries == "learned" else 0.0  # learned chunks only
+    return {"router": router, "residual_proj": residual, "smoothing": smoothing}
 
 
 def matmul_flops_per_s(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seconds: float = 1.0):

@@ -104,11 +104,9 @@ class LongseqLM(TemplateLM):
             raise ValueError(f"{path} is fine-tuned for {run.task.name}: the harness scores language models")
         self.checkpoint = path
         self.tgt_len = settings["tgt_len"] or run.data.eval_tgt_len
-        self.overrides = {
-            "mem_len": settings["mem_len"],
-            "clamp_len": settings["clamp_len"],
-            "same_length": _flag(same_length),
-        }
+        self.recurrence = self.model.config.recurrence(
+            mem_len=settings["mem_len"], clamp_len=settings["clamp_len"], same_length=_flag(same_length)
+        )
         self._prefix = _prefix_id(self.tokenizer)
 
     # -- tokens ---------------------------------------------------------------------------------------------------
@@ -152,7 +150,7 @@ class LongseqLM(TemplateLM):
 
         total = torch.zeros((), dtype=torch.float64)
         passes = scored_segments(
-            self.model, np.asarray(ids, dtype=np.int64), batch_size=1, tgt_len=self.tgt_len, **self.overrides
+            self.model, np.asarray(ids, dtype=np.int64), batch_size=1, tgt_len=self.tgt_len, recurrence=self.recurrence
         )
         for _, nll in passes:
             total = total + nll.double().sum().cpu()
@@ -194,9 +192,9 @@ class LongseqLM(TemplateLM):
             for start in range(0, inputs.size(1), self.tgt_len):
                 segment = inputs[:, start : start + self.tgt_len]  # (1, T)
                 if start + segment.size(1) <= first:
-                    mems = self.model.read(segment, mems, **self.overrides)
+                    mems = self.model.read(segment, mems, recurrence=self.recurrence)
                     continue
-                out = self.model(segment, mems, **self.overrides)
+                out = self.model(segment, mems, recurrence=self.recurrence)
                 mems, skip = out.mems, max(first - start, 0)
                 scores = out.logits[0, skip:].float().log_softmax(-1)  # (T', V)
                 wanted = targets[start + skip : start + segment.size(1)]
@@ -227,7 +225,7 @@ class LongseqLM(TemplateLM):
         prompt_ids = torch.tensor([prompt], dtype=torch.long)
         made: list[int] = []
         stream = generate_stream(
-            self.model, prompt_ids, max_new, segment_len=self.tgt_len, **sampling, **self.overrides
+            self.model, prompt_ids, max_new, segment_len=self.tgt_len, recurrence=self.recurrence, **sampling
         )
         try:
             for token in stream:

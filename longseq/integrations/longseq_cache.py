@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
+from longseq.config.model import Recurrence
 from longseq.model import Memory, RingMemory
 
 __all__ = ["LongseqCache", "RowGroup", "merged", "row_groups", "selected"]
@@ -40,8 +41,9 @@ class RowGroup:
 
 
 class LongseqCache:
-    """``generate``'s cache (see the module docstring): the rows' memories and the recurrence settings they were
-    made with.  A ring memory is written in place: continue from a cache once.
+    """``generate``'s cache (see the module docstring): the rows' memories and the
+    :class:`~longseq.config.model.Recurrence` they were made with (None: the model's own).  A ring memory is
+    written in place: continue from a cache once.
 
     ``seen`` counts the columns of ``input_ids`` read into it, padding included (generate's bookkeeping, on the
     host)."""
@@ -52,12 +54,12 @@ class LongseqCache:
     def __init__(
         self,
         memory: Memory | None = None,
-        overrides: dict[str, Any] | None = None,
+        recurrence: Recurrence | None = None,
         seen: int | None = 0,
         groups: Sequence[RowGroup] | None = None,
     ) -> None:
         self.groups: tuple[RowGroup, ...] = tuple(groups) if groups is not None else (RowGroup(None, memory),)
-        self.overrides = dict(overrides or {})
+        self.recurrence = recurrence
         self.seen = seen
 
     @property
@@ -84,7 +86,7 @@ class LongseqCache:
 
     def after(self, groups: Sequence[RowGroup], tokens: int) -> LongseqCache:
         """The cache holding ``groups``, made by reading ``tokens`` more columns into this one."""
-        return LongseqCache(None, self.overrides, None if self.seen is None else self.seen + tokens, groups)
+        return LongseqCache(None, self.recurrence, None if self.seen is None else self.seen + tokens, groups)
 
     # -- transformers' row operations (in place, as transformers' caches do them) --------------------------------
     def reorder_cache(self, beam_idx: Tensor) -> None:
@@ -235,14 +237,14 @@ def _fill(value, leaves):
 def _flatten_cache(cache: LongseqCache) -> tuple[list[Tensor], tuple]:
     leaves: list[Tensor] = []
     skeleton = tuple((g.rows, _skeleton(g.memory, leaves)) for g in cache.groups)
-    return leaves, (skeleton, tuple(sorted(cache.overrides.items())))
+    return leaves, (skeleton, cache.recurrence)
 
 
 def _unflatten_cache(leaves, context: tuple) -> LongseqCache:
-    skeleton, overrides = context
+    skeleton, recurrence = context
     leaves = iter(leaves)
     groups = [RowGroup(rows, _fill(memory, leaves)) for rows, memory in skeleton]
-    return LongseqCache(None, dict(overrides), seen=None, groups=groups)
+    return LongseqCache(None, recurrence, seen=None, groups=groups)
 
 
 def _flatten_cache_with_keys(cache: LongseqCache):

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 
 try:
     import transformers
@@ -66,10 +67,10 @@ from transformers.configuration_utils import PreTrainedConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils.deprecation import deprecate_kwarg
 
-from longseq.config import ModelConfig
+from longseq.config import ModelConfig, Recurrence
 from longseq.config.model import upgrade_stored_model
 from longseq.data.tokenizers import Tokenizer, load_tokenizer
-from longseq.generation import read_prompt, recurrence_overrides, windowed
+from longseq.generation import read_prompt, windowed
 from longseq.integrations.longseq_cache import LongseqCache, RowGroup, merged, row_groups
 from longseq.interop.hf_longseq import (
     GENERATION_DEFAULTS,
@@ -83,15 +84,22 @@ from longseq.interop.transfo_xl import refuse_non_finite
 from longseq.model import Memory, TransformerXLLM, build_model
 from longseq.model.lstm import LSTMLM
 from longseq.model.memory import CacheContext, HiddenMemory, KVMemory, RingContext, RingMemory
+from longseq.model.registry import MODEL_SPECS
 from longseq.model.stack import LayerStack
 from longseq.model.transformer import IGNORE_INDEX
 
 __all__ = ["LongseqCache", "LongseqConfig", "LongseqForCausalLM", "from_longseq"]
 
 MIRRORED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
-UNTIED_HEADS = {  # a softmax weight a tied checkpoint stores under the embedding's name -> that name
-    re.compile(r"model\.crit\.out_layers\.(\d+)\.weight"): r"model.transformer.word_emb.emb_layers.\1.weight",
-    re.compile(r"model\.decoder\.weight"): "model.embedding.weight",
+OLD_EXPORT_NAMES = {  # transformers' key_mapping for an export whose names are older than the model's
+    r"^model\.transformer\.(?!word_emb\.|stack\.)": "model.transformer.stack.",  # the backbone held no stack
+    r"\.dec_attn\.r_net\.": ".dec_attn.rel.r_net.",  # the positions were not modules (upgrade_position_names)
+    r"\.dec_attn\.rel_table$": ".dec_attn.rel.rel_table",
+}
+UNTIED_HEADS = {  # a softmax weight a tied checkpoint stores under the embedding's name -> that name (ModelSpec's)
+    re.compile(r"model\." + pattern): f"model.{name}"
+    for spec in MODEL_SPECS.values()
+    for pattern, name in spec.tied_heads.items()
 }
 
 
@@ -115,10 +123,10 @@ class LongseqConfig(PreTrainedConfig):
     use_cache: bool = True
 
     def __post_init__(self, **kwargs):
-        given = dict(self.longseq or {})
+        given = upgrade_stored_model(dict(self.longseq or {}))  # as it was saved, if before a field existed
         if self.tie_word_embeddings is not None:
             given["tie_weight"] = self.tie_word_embeddings
-        model = ModelConfig.from_dict(upgrade_stored_model(given))  # ConfigError names an unknown or bad key
+        model = ModelConfig.from_dict(given)  # ConfigError names an unknown or bad key
         self.longseq = model.to_dict()
         if self.segment_len < 1:
             raise ValueError(f"segment_len must be >= 1, got {self.segment_len}")
@@ -175,15 +183,22 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         """transformers' ``from_pretrained``, refusing a checkpoint that lacks tensors of the model (transformers
         would warn and leave them uninitialised: longseq initialises only when it builds a model) or whose weights
         hold NaN or Inf (the model would score NaN and generate token 0 forever; longseq's own loader refuses them
-        too).  A softmax untied with ``tie_word_embeddings=False`` starts as a copy of the embedding a tied
+        too).  A local export written before a rename of longseq's weights (:data:`OLD_EXPORT_NAMES`) loads under
+        today's names.  A softmax untied with ``tie_word_embeddings=False`` starts as a copy of the embedding a tied
         checkpoint stores; the directory's ``longseq_tokenizer.json``, if any, becomes ``model.tokenizer``."""
         want_info = kwargs.pop("output_loading_info", False)
+        directory = str(args[0] if args else kwargs.get("pretrained_model_name_or_path"))
+        renamed = "key_mapping" not in kwargs and _has_old_names(directory)
+        if renamed:
+            kwargs["key_mapping"] = OLD_EXPORT_NAMES
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        if renamed:
+            model._weight_conversions = None  # transformers' record of the renaming: save_pretrained writes today's
         missing = sorted(set(info["missing_keys"]) - model._untie_from_embeddings(info["missing_keys"]))
         if missing:
             raise ValueError(f"the checkpoint lacks {len(missing)} tensor(s) of the model: {', '.join(missing[:5])}")
         refuse_non_finite(model.model, str(args[0]) if args else "the checkpoint")
-        path = os.path.join(str(args[0] if args else kwargs.get("pretrained_model_name_or_path")), TOKENIZER_FILE)
+        path = os.path.join(directory, TOKENIZER_FILE)
         if os.path.isfile(path):
             model.tokenizer = load_tokenizer(path, vocab_size=model.config.vocab_size)
         return (model, info) if want_info else model
@@ -294,7 +309,7 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         config = dataclasses.replace(self.model.config, vocab_size=new)
         self.model.config = config
         if isinstance(self.model, TransformerXLLM):
-            self.model.transformer.config = config
+            self.model.transformer.stack.config = config
             self.model.transformer.word_emb.bounds = self.model.crit.bounds = [(0, new)]
             self.model.crit.vocab_size = self.model.crit.shortlist = new
         self.config.longseq = config.to_dict()
@@ -344,10 +359,10 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         _refuse(kwargs, inputs_embeds)
         hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        cache = cache if cache is not None else LongseqCache(None, {})
+        cache = cache if cache is not None else LongseqCache()
         keep = self._kept(input_ids, attention_mask)
         if keep is None and cache.whole:
-            read = self._read(input_ids, cache.groups[0].memory, cache.overrides, hidden_states, attentions)
+            read = self._read(input_ids, cache.groups[0].memory, cache.recurrence, hidden_states, attentions)
             loss = None if labels is None else causal_lm_loss(read.logits, labels, num_items_in_batch)
             groups = (RowGroup(None, read.memory),)
         else:
@@ -366,11 +381,13 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         return_dict = self.config.return_dict if return_dict is None else return_dict
         return result if return_dict else result.to_tuple()
 
-    def _read(self, tokens: Tensor, memory, overrides: dict, hidden_states: bool, attentions: bool) -> Read:
+    def _read(
+        self, tokens: Tensor, memory, recurrence: Recurrence | None, hidden_states: bool, attentions: bool
+    ) -> Read:
         """The model over ``tokens`` (b, n), every one read, after ``memory``."""
         layers = self._recorder(hidden_states, attentions)
         with attention_inputs(self.model, attentions) as captured:
-            out = self.model(tokens, memory, **layers, **overrides)  # LMOutput: logits (b, n, V), the new memory
+            out = self.model(tokens, memory, recurrence=recurrence, **layers)  # LMOutput: logits (b, n, V), new memory
         segment = self._segment_rows(tokens.size(1))
         return Read(
             out.logits,
@@ -398,7 +415,7 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
                 at = rows.to(input_ids.device)
                 where = keep[at]  # (g, T)
                 tokens = input_ids[at][where].view(len(rows), n)
-                read = self._read(tokens, memory, cache.overrides, hidden_states, False)
+                read = self._read(tokens, memory, cache.recurrence, hidden_states, False)
                 outputs.append((at, where, read))
                 memory = read.memory
                 if labels is not None:
@@ -488,9 +505,10 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         inputs = {"use_cache": use_cache, **({"logits_to_keep": logits_to_keep} if logits_to_keep else {}), **kwargs}
         if windowed(self.model):
             window, mask = last_tokens(input_ids, self._kept(input_ids, attention_mask), self.config.segment_len)
-            return {**inputs, "input_ids": window, "attention_mask": mask, "cache": LongseqCache(None, {"mem_len": 0})}
+            cache = LongseqCache(None, self.model.config.recurrence(mem_len=0))
+            return {**inputs, "input_ids": window, "attention_mask": mask, "cache": cache}
         if cache is None:
-            cache = LongseqCache(None, recurrence_overrides(self.model, self.config.sampling_mem_len))
+            cache = LongseqCache(None, self.model.config.recurrence(mem_len=self.config.sampling_mem_len))
         self._check_continues(cache, input_ids)
         keep = self._kept(input_ids[:, cache.seen :], attention_mask)  # of the columns not read yet
         if keep is None and cache.whole:
@@ -498,9 +516,9 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
             if memory is None or input_ids.size(1) - 1 > cache.seen:  # read what the cache has not (maybe nothing)
                 memory = memory if memory is not None else self._empty_memory()
                 memory = read_prompt(
-                    self.model, input_ids[:, cache.seen : -1], self.config.segment_len, cache.overrides, memory
+                    self.model, input_ids[:, cache.seen : -1], self.config.segment_len, cache.recurrence, memory
                 )
-                cache = LongseqCache(memory, cache.overrides, input_ids.size(1) - 1)
+                cache = LongseqCache(memory, cache.recurrence, input_ids.size(1) - 1)
             return {**inputs, "input_ids": input_ids[:, -1:], "cache": cache}
         fed, mask, cache = self._read_prompt_rows(input_ids, keep, cache)
         return {**inputs, "input_ids": fed, "attention_mask": mask, "cache": cache}
@@ -540,11 +558,11 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
             memory = memory if memory is not None else self._empty_memory(joinable=True)
             if n:
                 tokens = unread[rows.to(unread.device)][read[rows].to(unread.device)].view(len(rows), n)
-                memory = read_prompt(self.model, tokens, self.config.segment_len, cache.overrides, memory)
+                memory = read_prompt(self.model, tokens, self.config.segment_len, cache.recurrence, memory)
             groups.append(RowGroup(tuple(rows.tolist()), memory))
         fed = unread[torch.arange(batch, device=unread.device), last.to(unread.device)].view(batch, 1)
         mask = None if bool(has.all()) else has.view(batch, 1).long().to(input_ids.device)
-        return fed, mask, LongseqCache(None, cache.overrides, length - 1, merged(groups))
+        return fed, mask, LongseqCache(None, cache.recurrence, length - 1, merged(groups))
 
     def _assisted_decoding(self, *args, **kwargs):
         raise ValueError(
@@ -635,13 +653,24 @@ def attention_inputs(model: TransformerXLLM, wanted: bool):
             args[5] = CacheContext(*held)
         captured.append((module, tuple(args[:6])))
 
-    layers = [layer for layer in model.transformer.layers if layer.attends]
+    layers = [layer for layer in model.transformer.stack.layers if layer.attends]
     handles = [layer.dec_attn.register_forward_pre_hook(hook) for layer in layers]
     try:
         yield captured
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _has_old_names(directory) -> bool:
+    """Whether the local export ``directory`` names its tensors as longseq did before (:data:`OLD_EXPORT_NAMES`);
+    only the header of its ``model.safetensors`` is read."""
+    path = os.path.join(str(directory), "model.safetensors")
+    if not os.path.isfile(path):
+        return False
+    with safe_open(path, "pt") as f:
+        names = list(f.keys())
+    return any(re.search(pattern, name) for pattern in OLD_EXPORT_NAMES for name in names)
 
 
 def _is_plain_checkpoint(func) -> bool:

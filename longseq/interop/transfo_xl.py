@@ -5,15 +5,15 @@ An HF TransfoXL directory holds ``config.json`` and ``model.safetensors`` or ``p
 vocabulary (``vocab.pkl``) is never opened.  Give the vocabulary as plain text instead, one token
 per line in id order; see ``docs`` in the README for producing it from your own environment.
 
-Tensor names (HF -> longseq):
+Tensor names (HF -> longseq; the backbone's layers and u, v sit in its layer stack, ``transformer.stack``):
 
     transformer.word_emb.*                      -> transformer.word_emb.* (same)
-    transformer.r_{w,r}_bias (H, D)             -> transformer.r_{w,r}_bias (H, D)          shared u, v
-    transformer.layers.i.dec_attn.r_{w,r}_bias  -> transformer.r_{w,r}_bias[i] (L, H, D)   untie_r
-    transformer.layers.i.dec_attn.{qkv_net,o_net,layer_norm}.* -> same names
-    transformer.layers.i.dec_attn.r_net.*       -> transformer.layers.i.dec_attn.rel.r_net.* (the encoding's module)
-    transformer.layers.i.pos_ff.CoreNet.{0,3}.* -> transformer.layers.i.pos_ff.core_net.{0,3}.*
-    transformer.layers.i.pos_ff.layer_norm.*    -> same
+    transformer.r_{w,r}_bias (H, D)             -> transformer.stack.r_{w,r}_bias (H, D)          shared u, v
+    transformer.layers.i.dec_attn.r_{w,r}_bias  -> transformer.stack.r_{w,r}_bias[i] (L, H, D)   untie_r
+    transformer.layers.i.dec_attn.{qkv_net,o_net,layer_norm}.* -> transformer.stack.layers.i.dec_attn.(same)
+    transformer.layers.i.dec_attn.r_net.*       -> transformer.stack.layers.i.dec_attn.rel.r_net.* (the encoding's)
+    transformer.layers.i.pos_ff.CoreNet.{0,3}.* -> transformer.stack.layers.i.pos_ff.core_net.{0,3}.*
+    transformer.layers.i.pos_ff.layer_norm.*    -> transformer.stack.layers.i.pos_ff.layer_norm.*
     crit.{cluster_weight,cluster_bias,out_layers.*,out_projs.*} -> same
     transformer.pos_emb.inv_freq                -> (computed, not stored)
 """
@@ -180,7 +180,7 @@ def state_dict_from_hf(hf_state: dict[str, torch.Tensor], config: ModelConfig) -
             ):
                 raise ConversionError(f"{name} differs from transformer.{match.group(2)} although untie_r is false")
             continue  # with shared u/v, HF's .bin repeats them under every layer's name
-        ours = name.replace(".pos_ff.CoreNet.", ".pos_ff.core_net.").replace(".dec_attn.r_net.", ".dec_attn.rel.r_net.")
+        ours = _longseq_name(name)
         if ours not in target:
             raise ConversionError(f"HF tensor {name} has no counterpart in longseq's TransformerXLLM for this config")
         out[ours] = tensor
@@ -190,7 +190,7 @@ def state_dict_from_hf(hf_state: dict[str, torch.Tensor], config: ModelConfig) -
                 raise ConversionError(
                     f"per-layer {kind} found for layers {sorted(per_layer)}, expected 0..{config.n_layer - 1}"
                 )
-            out[f"transformer.{kind}"] = torch.stack([per_layer[i] for i in range(config.n_layer)])
+            out[f"transformer.stack.{kind}"] = torch.stack([per_layer[i] for i in range(config.n_layer)])
     for name, tensor in out.items():
         if tuple(tensor.shape) != tuple(target[name].shape):
             raise ConversionError(
@@ -201,6 +201,20 @@ def state_dict_from_hf(hf_state: dict[str, torch.Tensor], config: ModelConfig) -
     if missing:
         raise ConversionError(f"the HF checkpoint lacks {missing}")
     return out
+
+
+def _longseq_name(hf_name: str) -> str:
+    """longseq's name of an HF TransfoXL tensor (the table in the module docstring)."""
+    name = hf_name.replace(".pos_ff.CoreNet.", ".pos_ff.core_net.").replace(".dec_attn.r_net.", ".dec_attn.rel.r_net.")
+    if name.startswith("transformer.") and not name.startswith("transformer.word_emb."):
+        return "transformer.stack." + name.removeprefix("transformer.")
+    return name
+
+
+def _hf_name(name: str) -> str:
+    """HF's name of a longseq tensor (the inverse of :func:`_longseq_name`)."""
+    name = name.replace(".pos_ff.core_net.", ".pos_ff.CoreNet.").replace(".dec_attn.rel.r_net.", ".dec_attn.r_net.")
+    return name.replace("transformer.stack.", "transformer.", 1)
 
 
 def _tied_names(config: ModelConfig) -> set[str]:
@@ -219,15 +233,13 @@ def state_dict_to_hf(model: TransformerXLLM) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for name, tensor in model.state_dict(keep_vars=False).items():
         tensor = tensor.detach().clone().contiguous()
-        if name in ("transformer.r_w_bias", "transformer.r_r_bias"):
+        if name in ("transformer.stack.r_w_bias", "transformer.stack.r_r_bias"):
             kind = name.split(".")[-1]
             for i in range(config.n_layer):  # HF names u/v under every layer, shared (untie_r=False) or not
                 out[f"transformer.layers.{i}.dec_attn.{kind}"] = (tensor[i] if config.untie_r else tensor).clone()
             if config.untie_r:
                 continue
-        out[
-            name.replace(".pos_ff.core_net.", ".pos_ff.CoreNet.").replace(".dec_attn.rel.r_net.", ".dec_attn.r_net.")
-        ] = tensor
+        out[_hf_name(name)] = tensor
     out["transformer.pos_emb.inv_freq"] = 1 / (10000 ** (torch.arange(0.0, config.d_model, 2.0) / config.d_model))
     for i, layer in enumerate(model.crit.out_layers):  # state_dict() keeps tied names; make sure all are present
         out.setdefault(f"crit.out_layers.{i}.weight", layer.weight.detach().clone())

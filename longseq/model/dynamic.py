@@ -58,7 +58,7 @@ class DynamicHourglass(nn.Module):
         self.inner = inner  # a LayerStack of the coarse (attention) layers
         learned = h.boundaries == "learned"
         self.residual = nn.Linear(width, width) if h.residual_proj and learned else None  # H-Net's residual_proj
-        self.coarse_mem, self.mem_len = config.coarse_mem, config.memory.mem_len
+        self.coarse_mem = config.coarse_mem  # slots of the shortened layers' memory, given the stack's mem_len
 
     def init_own_parameters(self) -> None:
         if self.residual is not None:  # zero, as H-Net's: the residual path opens as it learns
@@ -79,9 +79,8 @@ class DynamicHourglass(nn.Module):
         memory = Memory() if held is None else held.inner
         smoothed = chunks  # no chunk begins in this segment: (B, 0, E)
         if chunks.size(1):
-            recurrence = context.recurrence or Recurrence(self.mem_len)
             docs = torch.zeros_like(positions) if context.docs is None else context.docs[0].gather(1, positions)
-            outputs, memory = self._run_inner(chunks, memory, counts, docs, recurrence)
+            outputs, memory = self._run_inner(chunks, memory, counts, docs, context.recurrence)
             starts = forced.gather(1, positions)
             smoothed = smooth(outputs, cut.probs.gather(1, positions), carried, starts)  # (B, n, E)
         added, carried = upsample(smoothed, carried, cut.cuts)  # (B, T, E), (B, E)

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longseq.config.run import POOLING
 from longseq.model.transformer import TransformerXLLM
+
+POOLING = ("last", "mean", "document")  # a classifier's summary of a document: DocumentClassifier
 
 
 def read_segments(lm: TransformerXLLM, input_ids: Tensor, segment_len: int, padding: Tensor | None = None, track=None):

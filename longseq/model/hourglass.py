@@ -50,11 +50,11 @@ class Hourglass(nn.Module):
         self.shorten = nn.Linear(k * width, width) if config.hourglass.shorten_fn == "linear" else None
         self.upsample = nn.Linear(width, k * width)  # one vector per position of the group
         self.inner = inner  # a LayerStack of the shortened layers
-        self.coarse_mem, self.mem_len = config.coarse_mem, config.memory.mem_len
+        self.coarse_mem = config.coarse_mem  # slots of the shortened layers' memory, given the stack's mem_len
 
     def forward(self, hidden: Tensor, rel_key, r_w_bias, r_r_bias, mask, context: StateContext):
         batch, length, width = hidden.shape
-        r = context.recurrence or Recurrence(self.mem_len)
+        r = context.recurrence
         self._inner_recurrence = Recurrence(  # the shortened layers count positions in groups
             self.coarse_mem(r.mem_len), r.clamp_len // self.factor if r.clamp_len > 0 else -1, r.same_length
         )

@@ -1,5 +1,6 @@
-"""The two sub-layers of a Transformer-XL decoder layer: relative attention over [memory; segment], then the
-position-wise feed-forward.  See :mod:`longseq.model.attention` for the dimension glossary."""
+"""What every layer of the stack is (:class:`StackLayer`, :class:`LayerOutput`) and the position-wise feed-forward
+that the decoder layer (:class:`~longseq.model.stack.DecoderLayer`) and the mixers' layers end with.  See
+:mod:`longseq.model.attention` for the dimension glossary."""
 
 from __future__ import annotations
 
@@ -8,12 +9,9 @@ from typing import ClassVar, NamedTuple, Protocol
 from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig
-from longseq.model.attention import RelativeMultiHeadAttention
 from longseq.model.attention.module import AttentionContext
 from longseq.model.block import feed_forward_kind, norm_layer
-from longseq.model.memory import LayerState, Reconstruction, StateContext
-from longseq.model.memory.compress import reconstruction_loss
-from longseq.model.positions import Shape
+from longseq.model.memory import LayerState, StateContext
 
 
 class PositionwiseFF(nn.Module):
@@ -90,68 +88,3 @@ class StackLayer(Protocol):
         mask,
         context: AttentionContext | StateContext,
     ) -> LayerOutput: ...
-
-
-class DecoderLayer(nn.Module):
-    """Relative multi-head attention over [memory; segment], then the position-wise feed-forward."""
-
-    attends = True
-    reads = (  # the options only it reads
-        "n_head",
-        "n_kv_head",
-        "qk_norm",
-        "d_head",
-        "dropatt",
-        "attn_impl",
-        "attn_chunk",
-        "untie_r",
-        "uv_init",
-        "dropout_r",
-        "attn_softcap",
-    )
-
-    def __init__(self, config: ModelConfig, pattern=None) -> None:
-        super().__init__()
-        c, p = config, config.positions
-        shape = Shape(
-            c.d_model,
-            c.n_head,
-            c.d_head,
-            p.max_relative_distance,
-            p.rope_theta,
-            p.rope_scaling,
-            p.rope_factor,
-            p.t5_buckets,
-            c.pattern.bidirectional,
-        )
-        self.dec_attn = RelativeMultiHeadAttention(
-            d_model=c.d_model,
-            n_head=c.n_head,
-            d_head=c.d_head,
-            dropout=c.dropout,
-            dropatt=c.dropatt,
-            pre_lnorm=c.pre_lnorm,
-            eps=c.layer_norm_eps,
-            kernel=c.attn_impl,
-            chunk=c.attn_chunk,
-            pos=p.pos,
-            n_kv_head=c.n_kv_head,
-            qk_norm=c.qk_norm,
-            pattern=pattern,
-            positions=shape,
-            norm=c.norm,
-            bias=c.bias,
-            softcap=c.attn_softcap,
-        )
-        self.pos_ff = PositionwiseFF.from_config(c)
-
-    def forward(self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: AttentionContext) -> LayerOutput:
-        """The layer over ``context`` (its memory or key/value cache); returns the output, the keys and values of
-        [memory; segment], and with ``context.with_mass`` the attention mass of every key."""
-        hidden, present, mass = self.dec_attn(hidden, rel_key, r_w_bias, r_r_bias, mask, context)
-        return LayerOutput(self.pos_ff(hidden), present, mass)
-
-    def reconstruction_loss(self, target: Reconstruction) -> Tensor:
-        """The Compressive Transformer's attention-reconstruction loss of a compressed memory, with this layer's
-        attention weights (detached: only the compressor learns from it)."""
-        return reconstruction_loss(self.dec_attn, target.hidden, target.old, target.compressed)

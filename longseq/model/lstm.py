@@ -19,8 +19,8 @@ from longseq.model.transformer import IGNORE_INDEX, LMOutput
 class LSTMLM(nn.Module):
     """``model(input_ids, mems=None, labels=None) -> LMOutput``, the interface of the Transformer-XL LM.
 
-    The transformer's per-call overrides (``mem_len``, ``clamp_len``, ``same_length``) are accepted and have no
-    effect: an LSTM's context is its whole past."""
+    The transformer's per-call ``recurrence`` (and its shorthand ``mem_len``, ``clamp_len``, ``same_length``) is
+    accepted and has no effect: an LSTM's context is its whole past."""
 
     reads = ("n_layer", "d_model", "dropout", "tie_weight", "init_std")  # the model options an LSTM has use for
 
@@ -52,18 +52,29 @@ class LSTMLM(nn.Module):
                     param[width : 2 * width].fill_(0.5)  # b_ih + b_hh: forget-gate bias 1 in total
 
     def forward(
-        self, input_ids: Tensor, mems=None, labels: Tensor | None = None, *, doc_ids=None, **_overrides
+        self,
+        input_ids: Tensor,
+        mems=None,
+        labels: Tensor | None = None,
+        *,
+        doc_ids=None,
+        return_hidden: bool = False,
+        **_recurrence,
     ) -> LMOutput:  # (B, T) -> LMOutput
         if doc_ids is not None:
             raise ValueError("the LSTM baseline does not keep documents apart (doc_reset); use a transformer")
         output, new_mems = self._recur(input_ids, mems)
-        logits = self.decoder(self.drop(output))  # (B, T, V)
+        hidden = self.drop(output)  # (B, T, E)
+        if return_hidden and labels is None:
+            return LMOutput(loss=None, logits=None, nll=None, mems=new_mems, hidden=hidden)
+        logits = self.decoder(hidden)  # (B, T, V)
+        kept = hidden if return_hidden else None
         if labels is None:
             return LMOutput(loss=None, logits=logits, nll=None, mems=new_mems)
         flat = labels.reshape(-1).long()
         nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), flat, ignore_index=IGNORE_INDEX, reduction="none")
         count = (flat != IGNORE_INDEX).sum().clamp(min=1)
-        return LMOutput(loss=nll.sum() / count, logits=None, nll=nll.view_as(labels), mems=new_mems)
+        return LMOutput(loss=nll.sum() / count, logits=None, nll=nll.view_as(labels), mems=new_mems, hidden=kept)
 
     def read(self, input_ids: Tensor, mems: Memory | None = None, **_overrides) -> Memory:
         """Run a segment through the LSTM only and return the new state (no softmax), as the transformer's."""

@@ -7,7 +7,7 @@ a predicate and the parameters it reads), kernels (:data:`~longseq.model.attenti
 (:data:`~longseq.model.mixers.MIXERS`, and ``attention``, the decoder layer), compression functions
 (:data:`~longseq.model.memory.compress.COMPRESSION_FUNCTIONS`), the block's norm and feed-forward
 (:data:`~longseq.model.block.NORMS`, :data:`~longseq.model.block.FEED_FORWARDS`) and architectures
-(:data:`ARCHITECTURES`).
+(:data:`MODEL_SPECS`: each one's class and what the trainer asks of it, :mod:`longseq.model.spec`).
 A new one is registered once, where it is implemented; :func:`check_names` and :func:`ignored_options` read the
 registries."""
 
@@ -15,17 +15,19 @@ from __future__ import annotations
 
 from longseq.config.base import ConfigError, check_choice, leaves
 from longseq.config.model import ModelConfig
+from longseq.config.run import DataConfig
 from longseq.model.attention.kernels import KERNEL_NAMES, kernel_for
-from longseq.model.attention.patterns import PATTERNS
+from longseq.model.attention.patterns import PATTERNS, layer_patterns
 from longseq.model.block import FEED_FORWARDS, NORMS
-from longseq.model.layers import DecoderLayer
 from longseq.model.lstm import LSTMLM
 from longseq.model.memory.compress import COMPRESSION_FUNCTIONS
 from longseq.model.mixers import MIXERS
 from longseq.model.positions import POSITION_ENCODINGS
-from longseq.model.transformer import TransformerXLLM
+from longseq.model.spec import LSTM, TRANSFORMER_XL, ModelSpec
+from longseq.model.stack import DecoderLayer
 
-ARCHITECTURES = {"transformer": TransformerXLLM, "lstm": LSTMLM}
+MODEL_SPECS: dict[str, ModelSpec] = {"transformer": TRANSFORMER_XL, "lstm": LSTM}
+ARCHITECTURES = {name: spec.build for name, spec in MODEL_SPECS.items()}  # what ``arch`` names: the model class
 LAYERS = ("attention", *MIXERS)  # what ``mixer`` may name for a layer
 
 
@@ -46,6 +48,41 @@ def check_names(config: ModelConfig) -> None:
     for name in config.mixer:
         check_choice("mixer", name, LAYERS)
     check_choice("memory.cmem_fn", config.memory.cmem_fn, tuple(COMPRESSION_FUNCTIONS))
+    if config.pattern.lowrank:
+        check_lowrank(config)
+
+
+def check_lengths(model: ModelConfig, data: DataConfig) -> None:
+    """What the model's choices need of the run's segments, by their registry entries: a compression function that
+    takes whole groups of ``cmem_rate`` evicted states (``needs_whole_groups``) needs segments and a memory of
+    multiples of the rate, and fixed segment lengths (no ``varlen``)."""
+    c, d = model.memory, data
+    if c.cmem_len:
+        check_choice("memory.cmem_fn", c.cmem_fn, tuple(COMPRESSION_FUNCTIONS))
+    if c.cmem_len and COMPRESSION_FUNCTIONS[c.cmem_fn].needs_whole_groups:
+        if d.tgt_len % c.cmem_rate or c.mem_len % c.cmem_rate or d.varlen:
+            raise ConfigError(
+                f"cmem_fn={c.cmem_fn} compresses groups of exactly cmem_rate={c.cmem_rate} evicted states: "
+                f"tgt_len={d.tgt_len} and mem_len={c.mem_len} must be multiples of it, and varlen must be off"
+            )
+
+
+def check_lowrank(config: ModelConfig) -> None:
+    """Linformer's projection (``pattern.lowrank``) replaces full attention, and a projected key, a mixture of
+    positions, has no distance to a query: every layer's pattern must allow every pair, and the position encoding
+    must score no distance (rope rotates the keys before the projection; nope and absolute have none)."""
+    what = f"pattern.lowrank={config.pattern.lowrank} (Linformer) projects a segment's keys along its length"
+    if not all(pattern.is_full for pattern in layer_patterns(config)):
+        raise ConfigError(
+            f"{what}: it replaces full attention, not a sparse pattern (attention={config.pattern.attention})"
+        )
+    pos = config.positions.pos
+    if POSITION_ENCODINGS[pos].scores_distances:
+        usable = [name for name, e in POSITION_ENCODINGS.items() if e.family == "content" and not e.scores_distances]
+        raise ConfigError(
+            f"{what}, so a projected key has no distance to a query: positions.pos={pos} scores distances; use "
+            f"pos={', '.join(usable)}"
+        )
 
 
 def ignored_options(config: ModelConfig, base: ModelConfig | None = None) -> list[str]:
@@ -80,6 +117,8 @@ def unread_options(config: ModelConfig) -> set[str]:
         unread |= {f"pattern.{p}" for p in every - read}
         if not config.pattern.num_random_blocks:
             unread.add("pattern.pattern_seed")
+        if not config.pattern.lowrank:
+            unread |= {"pattern.lowrank_len", "pattern.lowrank_share"}
         unread |= set(POSITION_ENCODINGS[config.positions.pos].unread)
         m = config.memory
         unread |= {
@@ -105,6 +144,12 @@ def unread_hourglass(config: ModelConfig) -> set[str]:
     reads = {"fixed": {"shorten_fn"}, "learned": {"ratio_loss", "residual_proj"},
              "entropy": {"entropy_rule"}}  # fmt: skip
     return {f"hourglass.{f}" for b, fields in reads.items() if b != h.boundaries for f in fields - reads[h.boundaries]}
+
+
+def model_spec(arch: str) -> ModelSpec:
+    """The spec of architecture ``arch`` (``ModelConfig.arch``); an unknown name is a :class:`ConfigError`."""
+    check_choice("arch", arch, tuple(MODEL_SPECS))
+    return MODEL_SPECS[arch]
 
 
 def build_model(config: ModelConfig):

@@ -1,5 +1,6 @@
-"""A stack of layers over a recurrence memory, the body of the Transformer-XL backbone (and of an hourglass's
-shortened middle): for every layer, read its context from the memory step, run it, record what it made."""
+"""The decoder layer and the stack of layers over a recurrence memory, the body of the Transformer-XL backbone (and
+of an hourglass's shortened middle): for every layer, read its context from the memory step, run it, record what it
+made.  See :mod:`longseq.model.attention` for the dimension glossary."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from longseq.config.model import ModelConfig
+from longseq.model.attention import RelativeMultiHeadAttention
+from longseq.model.attention.lowrank import LowRankProjection
+from longseq.model.attention.module import AttentionContext
 from longseq.model.attention.patterns import (
     AttentionPattern,
     PatternMask,
@@ -17,26 +21,109 @@ from longseq.model.attention.patterns import (
 )
 from longseq.model.dynamic import DynamicHourglass
 from longseq.model.hourglass import Hourglass, inner_config
-from longseq.model.layers import DecoderLayer, PositionwiseFF
-from longseq.model.memory import MaskInputs, Memory, MemoryPolicies, MemoryStep, Recurrence, StateContext, StepInputs
+from longseq.model.layers import LayerOutput, PositionwiseFF
+from longseq.model.memory import (
+    MaskInputs,
+    Memory,
+    MemoryPolicies,
+    MemoryStep,
+    Reconstruction,
+    Recurrence,
+    StateContext,
+    StepInputs,
+)
+from longseq.model.memory.compress import reconstruction_loss
 from longseq.model.mixers import MixerLayer
-from longseq.model.positions import RelativePositions, position_encoding, relative_distances
+from longseq.model.positions import RelativePositions, Shape, position_encoding, relative_distances
+
+
+class DecoderLayer(nn.Module):
+    """Relative multi-head attention over [memory; segment], then the position-wise feed-forward."""
+
+    attends = True
+    reads = (  # the options only it reads
+        "n_head",
+        "n_kv_head",
+        "qk_norm",
+        "d_head",
+        "dropatt",
+        "attn_impl",
+        "attn_chunk",
+        "untie_r",
+        "uv_init",
+        "dropout_r",
+        "attn_softcap",
+    )
+
+    def __init__(self, config: ModelConfig, pattern=None, lowrank: LowRankProjection | None = None) -> None:
+        super().__init__()
+        c, p = config, config.positions
+        shape = Shape(
+            c.d_model,
+            c.n_head,
+            c.d_head,
+            p.max_relative_distance,
+            p.rope_theta,
+            p.rope_scaling,
+            p.rope_factor,
+            p.t5_buckets,
+            c.pattern.bidirectional,
+        )
+        self.dec_attn = RelativeMultiHeadAttention(
+            d_model=c.d_model,
+            n_head=c.n_head,
+            d_head=c.d_head,
+            dropout=c.dropout,
+            dropatt=c.dropatt,
+            pre_lnorm=c.pre_lnorm,
+            eps=c.layer_norm_eps,
+            kernel=c.attn_impl,
+            chunk=c.attn_chunk,
+            pos=p.pos,
+            n_kv_head=c.n_kv_head,
+            qk_norm=c.qk_norm,
+            pattern=pattern,
+            positions=shape,
+            norm=c.norm,
+            bias=c.bias,
+            softcap=c.attn_softcap,
+            lowrank=lowrank,
+        )
+        self.pos_ff = PositionwiseFF.from_config(c)
+
+    def forward(self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: AttentionContext) -> LayerOutput:
+        """The layer over ``context`` (its memory or key/value cache); returns the output, the keys and values of
+        [memory; segment], and with ``context.with_mass`` the attention mass of every key."""
+        hidden, present, mass = self.dec_attn(hidden, rel_key, r_w_bias, r_r_bias, mask, context)
+        return LayerOutput(self.pos_ff(hidden), present, mass)
+
+    def reconstruction_loss(self, target: Reconstruction) -> Tensor:
+        """The Compressive Transformer's attention-reconstruction loss of a compressed memory, with this layer's
+        attention weights (detached: only the compressor learns from it)."""
+        return reconstruction_loss(self.dec_attn, target.hidden, target.old, target.compressed)
 
 
 def build_layers(config: ModelConfig) -> list[nn.Module]:
     """One module per layer of ``config``; an hourglass's shortened layers form one :class:`Hourglass` block."""
     c, layers, patterns = config, [], layer_patterns(config)
     first, end = c.hourglass.shorten_layers or (c.n_layer, c.n_layer)
+    shared = projection(c) if c.pattern.lowrank_share == "layerwise" else None  # one module for every layer
     for i, name in enumerate(c.layer_mixers):
         if i == first:
             layers.append((DynamicHourglass if c.hourglass.dynamic else Hourglass)(c, LayerStack(inner_config(c))))
         if first <= i < end:
             continue
         if name == "attention":
-            layers.append(DecoderLayer(c, patterns[i]))
+            layers.append(DecoderLayer(c, patterns[i], projection(c) if shared is None else shared))
         else:
             layers.append(MixerLayer(name, c, PositionwiseFF.from_config(c)))
     return layers
+
+
+def projection(config: ModelConfig) -> LowRankProjection | None:
+    """An attention layer's Linformer projection (``pattern.lowrank``), or None."""
+    p = config.pattern
+    return LowRankProjection(config.n_head, p.lowrank, p.lowrank_len, p.lowrank_share) if p.lowrank else None
 
 
 def outer_patterns(config: ModelConfig) -> list[AttentionPattern | None]:
@@ -62,16 +149,15 @@ class LayerStack(nn.Module):
     layers read from the memory and what is kept of them is the memory policies' business
     (:mod:`longseq.model.memory`); the backbone only hands each layer its context.
 
-    ``activation_checkpointing`` (an execution setting, not architecture; the trainer sets it from
-    ``TrainConfig``) = k recomputes every k-th layer in the backward pass instead of storing its activations.
+    ``activation_checkpointing`` (an execution setting, not architecture; the trainer sets it through the
+    architecture's :class:`~longseq.model.spec.ModelSpec`) = k recomputes every k-th layer in the backward pass
+    instead of storing its activations (0: off).
     """
-
-    activation_checkpointing: int = 0
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = c = config
-        self.drop = nn.Dropout(c.dropout)
+        self.activation_checkpointing = 0
         self.drop_r = nn.Dropout(c.dropout if c.dropout_r is None else c.dropout_r)  # on the sinusoidal R
         self.encoding = position_encoding(c.positions.pos)
         self.layers = nn.ModuleList(build_layers(c))
@@ -120,14 +206,20 @@ class LayerStack(nn.Module):
         tables = self._tables(step, shape, recurrence.clamp_len, hidden.device)  # one per layer
         masks = self._masks(step, shape, global_mask, hidden.size(0), hidden.device)  # one per layer
         docs = state_docs(shape, memory)
-        states, losses = {}, []
+        states, losses, every = {}, [], self.activation_checkpointing if self.training else 0
         for i, layer in enumerate(self.layers):
+            if layer.attends:  # its memory (or key/value cache) through the step
+                args = (hidden, tables[i], *self._biases(i), masks[i], step.read(i, hidden))
+            else:  # its own state
+                held = memory.layers[i] if memory.layers else None
+                args = (hidden, None, *self._biases(i), None, StateContext(held, docs, recurrence, tokens))
+            if every and i % every == 0:  # recomputed in the backward pass, with the same dropout
+                out = checkpoint(layer, *args, use_reentrant=False)
+            else:
+                out = layer(*args)
             if layer.attends:
-                out = self._run_layer(i, hidden, tables[i], masks[i], step.read(i, hidden))
                 step.record(i, out.present, out.mass)
             else:
-                held = memory.layers[i] if memory.layers else None
-                out = self._run_layer(i, hidden, None, None, StateContext(held, docs, recurrence, tokens))
                 states[i] = out.present
             hidden = out.hidden
             if out.aux is not None:
@@ -161,12 +253,6 @@ class LayerStack(nn.Module):
         if self.config.untie_r:
             return self.r_w_bias[layer], self.r_r_bias[layer]
         return self.r_w_bias, self.r_r_bias
-
-    def _run_layer(self, i: int, hidden: Tensor, table, mask: PatternMask | None, context):
-        args = (hidden, table, *self._biases(i), mask, context)
-        if self.training and self.activation_checkpointing and i % self.activation_checkpointing == 0:
-            return checkpoint(self.layers[i], *args, use_reentrant=False)  # recomputed in backward, same dropout
-        return self.layers[i](*args)
 
     def _positions(self, clamp_len: int, qlen: int, dtype: torch.dtype, device, rows: int) -> RelativePositions:
         """The relative positions of distances ``rows - 1`` .. 0; a bidirectional model continues down to

@@ -1,23 +1,24 @@
 """The Transformer-XL backbone and language model (Dai et al., 2019).
 
-Reads top to bottom: backbone (the embedding and the layer stack of :mod:`longseq.model.stack`), language model.
-Tensors are batch-first; see :mod:`longseq.model.attention` for the dimension glossary.
+Reads top to bottom: the backbone (the embedding and a :class:`~longseq.model.stack.LayerStack`), then the language
+model, whose ``forward`` is the one entry point: it embeds, runs the stack and scores.  Tensors are batch-first;
+see :mod:`longseq.model.attention` for the dimension glossary.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
 
-from longseq.config.model import ModelConfig
+from longseq.config.model import ModelConfig, Recurrence
 from longseq.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from longseq.model.attention.patterns import PATTERNS
 from longseq.model.block import norm_layer
-from longseq.model.layers import DecoderLayer, PositionwiseFF
-from longseq.model.memory import Memory, Recurrence, as_memory
-from longseq.model.stack import LayerStack
+from longseq.model.layers import PositionwiseFF
+from longseq.model.memory import Memory, MemoryStep, as_memory
+from longseq.model.stack import DecoderLayer, LayerStack
 
 IGNORE_INDEX = -100
 
@@ -27,62 +28,77 @@ __all__ = ["DecoderLayer", "IGNORE_INDEX", "LMOutput", "PositionwiseFF", "Transf
 NORM_WEIGHTS = ("layer_norm.weight", "final_norm.weight", "q_norm.weight", "k_norm.weight")  # initialised at 1 +- std
 
 
-class TransformerXL(LayerStack):
-    """The embedding, then the layer stack over a recurrence memory; returns hidden states and the new memory."""
+class TransformerXL(nn.Module):
+    """The backbone: the token embedding, the layer stack over a recurrence memory (``stack``, a
+    :class:`~longseq.model.stack.LayerStack`) and, with ``final_norm``, a norm after it.
+    :meth:`TransformerXLLM.forward` runs them.
+
+    Its weights are ``transformer.word_emb.*``, ``transformer.stack.*`` and ``transformer.final_norm.*``; a
+    checkpoint saved while the backbone was its layer stack (``transformer.layers.*``, ``transformer.r_w_bias``,
+    ...; before 2026-12-06) loads under today's names (:func:`upgrade_backbone_names`)."""
 
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__(config)
+        super().__init__()
         c = config
+        self.stack = LayerStack(c)  # registered first: the parameters keep the order (the optimizer's state) they had
         self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
         self.final_norm = norm_layer(c.norm, c.d_model, c.layer_norm_eps, c.bias) if c.final_norm else None
+        self.drop = nn.Dropout(c.dropout)
+        self._register_load_state_dict_pre_hook(upgrade_backbone_names)
 
-    def forward(
-        self,
-        input_ids: Tensor,  # (B, T)
-        memory: Memory,
-        recurrence: Recurrence,
-        doc_ids: Tensor | None = None,  # (B, T)
-        global_mask: Tensor | None = None,  # (B, T) bool: global tokens of the global and bigbird patterns
-        layer_outputs: list | None = None,
-    ) -> tuple[Tensor, Memory, Tensor | None]:
-        """Returns hidden states (B, T, E) (after the final norm, with ``final_norm``), the new memory and the
-        auxiliary loss (or None: see :class:`LMOutput`).  With ``layer_outputs`` (a list), the layers' input and every
-        layer's output (B, T', E) are appended to it (the last one after the final norm)."""
-        batch, qlen = input_ids.shape
-        step = self.open_step(memory, batch, qlen, input_ids.device, recurrence, doc_ids)
-        hidden = self.drop(step.wrap(self.encoding.embed(self.word_emb(input_ids))))  # (B, T', E)
-        if layer_outputs is not None:
-            layer_outputs.append(hidden)
-        hidden, memory, aux = self.run(step, memory, hidden, recurrence, global_mask, layer_outputs, input_ids)
+    def begin(
+        self, input_ids: Tensor, memory: Memory, recurrence: Recurrence, doc_ids: Tensor | None = None
+    ) -> tuple[MemoryStep, Tensor]:
+        """The memory step of one pass over ``input_ids`` (B, T) and the embedded segment (B, T', E) as the step
+        wraps it (with memory tokens around it, T' > T)."""
+        step = self.stack.open_step(memory, *input_ids.shape, input_ids.device, recurrence, doc_ids)
+        return step, self.drop(step.wrap(self.stack.encoding.embed(self.word_emb(input_ids))))
+
+    def end(self, hidden: Tensor, layer_outputs: list | None = None) -> Tensor:
+        """The stack's output (B, T, E) as the head reads it: after the final norm (``final_norm``; then also the
+        last of ``layer_outputs``, as transformers' models give it) and the dropout."""
         if self.final_norm is not None:
             hidden = self.final_norm(hidden)
-            if layer_outputs is not None:  # the last output as the head reads it, as transformers' models give it
+            if layer_outputs is not None:
                 layer_outputs[-1] = self.final_norm(layer_outputs[-1])
-        return self.drop(hidden), memory, aux
+        return self.drop(hidden)
+
+
+def upgrade_backbone_names(state: dict, prefix: str, *args) -> None:
+    """The backbone's weights saved under the names they had while it was its layer stack (``transformer.layers.0.
+    ...``, ``transformer.r_w_bias``, ``transformer.memory.policies...``) renamed in place to today's
+    (``transformer.stack.layers.0...``); the embedding's and the final norm's names did not change."""
+    kept = (prefix + "word_emb.", prefix + "final_norm.", prefix + "stack.")
+    for name in [k for k in state if k.startswith(prefix) and not k.startswith(kept)]:
+        state[prefix + "stack." + name[len(prefix) :]] = state.pop(name)
 
 
 @dataclass
 class LMOutput:
-    """``loss``: mean NLL over labelled tokens (or None; NaN when labels were given but none is kept); ``logits``: (B, T, V) logits, or full
-    log-probabilities with adaptive softmax (None when labels were given); ``nll``: per-token NLL
-    (B, T), 0 where ignored; ``mems``: the new :class:`~longseq.model.memory.Memory` (``mems[i]`` is layer i's
-    (B, M, E) states); ``aux_loss``: in training, the compressors' attention-reconstruction loss with a learned
-    compressed memory and a dynamic hourglass's boundary loss (H-Net's ratio loss; the entropy head's and threshold's
-    losses): add it to the loss; else None."""
+    """``loss``: mean NLL over labelled tokens (or None; NaN when labels were given but none is kept); ``logits``:
+    (B, T, V) logits, or full log-probabilities with adaptive softmax (None when labels were given, or with
+    ``return_hidden``); ``nll``: per-token NLL (B, T), 0 where ignored; ``mems``: the new
+    :class:`~longseq.model.memory.Memory` (``mems[i]`` is layer i's (B, M, E) states); ``aux_loss``:
+    in training, the compressors' attention-reconstruction loss with a learned compressed memory and a dynamic
+    hourglass's boundary loss (H-Net's ratio loss; the entropy head's and threshold's losses): add it to the loss;
+    else None; ``hidden``: with ``return_hidden``, the last layer's hidden states (B, T, E) that the softmax
+    scores (``model.head(hidden)``), else None."""
 
     loss: Tensor | None
     logits: Tensor | None
     nll: Tensor | None
     mems: Memory
     aux_loss: Tensor | None = None
+    hidden: Tensor | None = None
 
 
 class TransformerXLLM(nn.Module):
     """Transformer-XL language model: ``model(input_ids, mems=None, labels=None) -> LMOutput``.
 
     ``labels[b, t]`` is the target of position t (the next token of the stream); -100 is ignored.
-    ``mem_len``, ``clamp_len`` and ``same_length`` may be overridden per call, e.g. for evaluation
-    with a longer memory than in training.
+    ``recurrence`` (a :class:`~longseq.config.model.Recurrence`: ``mem_len``, ``clamp_len``, ``same_length``)
+    may differ per call from the model's own (``config.recurrence()``), e.g. for evaluation with a longer memory
+    than in training; ``mem_len=``, ``clamp_len=`` and ``same_length=`` are a shorthand for it.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -136,7 +152,7 @@ class TransformerXLLM(nn.Module):
             elif c.div_val != 1:
                 crit.out_projs[i] = emb.emb_projs[i]
 
-    def _check_inputs(self, input_ids: Tensor, memory: Memory, labels: Tensor | None) -> None:
+    def _check_inputs(self, input_ids: Tensor, memory: Memory, labels: Tensor | None, global_mask) -> None:
         c = self.config
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
             shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
@@ -151,8 +167,17 @@ class TransformerXLLM(nn.Module):
             raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
         if labels is not None and (labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool):
             raise ValueError(f"labels must be integer token ids (-100: ignored), got {labels.dtype}")
-        memory.check(len(self.transformer.layers), input_ids.size(0), c.d_model, c.n_kv_head or c.n_head, c.d_head)
+        memory.check(
+            len(self.transformer.stack.layers), input_ids.size(0), c.d_model, c.n_kv_head or c.n_head, c.d_head
+        )
         memory.check_dtype(self.crit.out_layers[0].weight.dtype, torch.is_autocast_enabled(input_ids.device.type))
+        if global_mask is not None:
+            if not any(p.has_global for p in self.transformer.stack.patterns):
+                names = " or ".join(name for name, kind in PATTERNS.items() if kind.has_global)
+                raise ValueError(f"global_mask needs a {names} attention pattern, the model has {c.pattern.attention}")
+            if not isinstance(global_mask, Tensor) or global_mask.shape != input_ids.shape:
+                shape = tuple(global_mask.shape) if isinstance(global_mask, Tensor) else type(global_mask).__name__
+                raise ValueError(f"global_mask must have the input's shape {tuple(input_ids.shape)}, got {shape}")
 
     def forward(
         self,
@@ -160,17 +185,33 @@ class TransformerXLLM(nn.Module):
         mems: Memory | None = None,
         labels: Tensor | None = None,  # (B, T)
         *,
-        mem_len: int | None = None,
-        clamp_len: int | None = None,
-        same_length: bool | None = None,
+        recurrence: Recurrence | None = None,  # None: the model's own, or the shorthand below
         doc_ids: Tensor | None = None,  # (B, T)
         global_mask: Tensor | None = None,  # (B, T) bool, for the global and bigbird patterns
+        return_hidden: bool = False,
         layer_outputs: list | None = None,  # appended: the layers' input and each layer's output (B, T', E)
+        mem_len: int | None = None,  # shorthand: the model's own recurrence with these values in place
+        clamp_len: int | None = None,
+        same_length: bool | None = None,
     ) -> LMOutput:
-        hidden, new_mems, aux = self._recur(
-            input_ids, mems, mem_len, clamp_len, same_length, labels, doc_ids, global_mask, layer_outputs
-        )  # hidden: (B, T, E)
-        return self.head(hidden, labels, new_mems, aux)
+        """The segment ``input_ids`` after the memory ``mems``: embedded, through the layer stack, scored.  With
+        ``return_hidden`` the output holds the hidden states (B, T, E) the softmax scores, and without ``labels``
+        the softmax is not run (``self.head(out.hidden)`` scores them)."""
+        recurrence = self.config.recurrence(recurrence, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+        memory = as_memory(mems)
+        self._check_inputs(input_ids, memory, labels, global_mask)
+        backbone = self.transformer
+        step, hidden = backbone.begin(input_ids.long(), memory, recurrence, doc_ids)  # (B, T', E)
+        if layer_outputs is not None:
+            layer_outputs.append(hidden)
+        hidden, memory, aux = backbone.stack.run(
+            step, memory, hidden, recurrence, global_mask, layer_outputs, input_ids
+        )
+        hidden = backbone.end(hidden, layer_outputs)  # (B, T, E)
+        if return_hidden and labels is None:
+            return LMOutput(loss=None, logits=None, nll=None, mems=memory, aux_loss=aux, hidden=hidden)
+        out = self.head(hidden, labels, memory, aux)
+        return replace(out, hidden=hidden) if return_hidden else out
 
     def head(self, hidden: Tensor, labels: Tensor | None = None, mems: Memory | None = None, aux=None) -> LMOutput:
         """The softmax over hidden states (B, T, E): logits (log-probabilities with adaptive softmax), or with
@@ -189,63 +230,23 @@ class TransformerXLLM(nn.Module):
         loss = nll.sum() / keep.sum()  # NaN when no token is labelled (as torch's cross_entropy), never 0
         return LMOutput(loss=loss, logits=None, nll=nll.view(batch, qlen), mems=mems, aux_loss=aux)
 
-    def _recur(
-        self,
-        input_ids,
-        mems,
-        mem_len,
-        clamp_len,
-        same_length,
-        labels=None,
-        doc_ids=None,
-        global_mask=None,
-        outputs=None,
-    ):
-        m, memory = self.config.memory, as_memory(mems)
-        self._check_inputs(input_ids, memory, labels)
-        if global_mask is not None:
-            if not any(p.has_global for p in self.transformer.patterns):
-                names = " or ".join(name for name, kind in PATTERNS.items() if kind.has_global)
-                raise ValueError(
-                    f"global_mask needs a {names} attention pattern, the model has {self.config.pattern.attention}"
-                )
-            if not isinstance(global_mask, Tensor) or global_mask.shape != input_ids.shape:
-                shape = tuple(global_mask.shape) if isinstance(global_mask, Tensor) else type(global_mask).__name__
-                raise ValueError(f"global_mask must have the input's shape {tuple(input_ids.shape)}, got {shape}")
-        recurrence = Recurrence(
-            m.mem_len if mem_len is None else mem_len,
-            self.config.positions.clamp_len if clamp_len is None else clamp_len,
-            m.same_length if same_length is None else same_length,
-        )
-        if recurrence.mem_len < 0:
-            raise ValueError(f"mem_len must be >= 0, got {recurrence.mem_len}")
-        return self.transformer(input_ids.long(), memory, recurrence, doc_ids, global_mask, outputs)
-
     def hidden_states(
-        self, input_ids: Tensor, mems: Memory | None = None, *, doc_ids: Tensor | None = None, **overrides
+        self, input_ids: Tensor, mems: Memory | None = None, **options
     ) -> tuple[Tensor, Memory, Tensor | None]:
-        """The backbone alone: last-layer hidden states (B, T, E), the new memory and the memory's auxiliary loss
-        (or None).  Task heads read documents segment by segment through it."""
-        return self._recur(input_ids, mems, **_overrides(overrides), doc_ids=doc_ids)
+        """The backbone alone (``forward``'s keyword options): last-layer hidden states (B, T, E), the new memory
+        and the memory's auxiliary loss (or None).  Task heads read documents segment by segment through it."""
+        out = self.forward(input_ids, mems, return_hidden=True, **options)
+        return out.hidden, out.mems, out.aux_loss
 
-    def read(self, input_ids: Tensor, mems: Memory | None = None, **overrides) -> Memory:
+    def read(self, input_ids: Tensor, mems: Memory | None = None, **options) -> Memory:
         """Run a segment through the backbone only and return the new memory (no softmax)."""
-        return self._recur(input_ids, mems, **_overrides(overrides))[1]
+        return self.forward(input_ids, mems, return_hidden=True, **options).mems
 
-    def next_token_scores(self, input_ids: Tensor, mems: Memory | None = None, **overrides) -> tuple[Tensor, Memory]:
+    def next_token_scores(self, input_ids: Tensor, mems: Memory | None = None, **options) -> tuple[Tensor, Memory]:
         """Scores (B, V) for the token after the last position (logits, or log-probs with adaptive softmax)."""
-        hidden, new_mems, _ = self._recur(input_ids, mems, **_overrides(overrides))
-        last = hidden[:, -1]  # (B, E)
-        scores = self.crit.log_prob(last) if self.crit.n_clusters else self.crit.logits(last)
-        return scores, new_mems
+        out = self.forward(input_ids, mems, return_hidden=True, **options)
+        return self.head(out.hidden[:, -1:]).logits[:, -1], out.mems
 
     def num_parameters(self) -> int:
         """Number of distinct parameters (tied tensors counted once)."""
         return sum(p.numel() for p in self.parameters())
-
-
-def _overrides(overrides: dict) -> dict:
-    unknown = set(overrides) - {"mem_len", "clamp_len", "same_length"}
-    if unknown:
-        raise TypeError(f"unknown recurrence override(s) {sorted(unknown)}; use mem_len, clamp_len or same_length")
-    return {k: overrides.get(k) for k in ("mem_len", "clamp_len", "same_length")}

@@ -1,7 +1,8 @@
 """Fast attention kernels, chosen by name from :data:`ATTENTION_KERNELS`, beside the readable reference.
 
-``rel_shift`` computes one (T, R) matrix for the position term and shifts it with a strided view (the training
-path; without gradients it runs inside PyTorch's fused SDPA).  :func:`blocked_attention` cuts a problem into
+``rel_shift`` (:func:`~longseq.model.attention.shift.rel_shift_attention`, beside the pieces it is made of) computes
+one (T, R) matrix for the position term and shifts it with a strided view (the training path; without gradients it
+runs inside PyTorch's fused SDPA).  :func:`blocked_attention` cuts a problem into
 blocks of queries, each with only the keys its pattern can reach, and :func:`banded_attention` runs every block
 of a local pattern in one batched matmul: what makes local patterns linear in length.  ``content_attention`` is
 the vanilla Transformer's (no relative term).
@@ -32,53 +33,10 @@ from longseq.model.attention.reference import (
     reference_attention,
     reference_content_attention,
 )
-from longseq.model.attention.shift import fill_forbidden_, key_bands, relative_probs
+from longseq.model.attention.shift import key_bands, rel_shift_attention, relative_probs
 from longseq.model.attention.shift import rel_shift as rel_shift  # re-exported: part of the kernels' interface
 from longseq.model.attention.sparse import sparse_attention
 from longseq.model.block import softcap as capped
-
-
-def rel_shift_attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    rel_key: Tensor,
-    r_w_bias: Tensor,
-    r_r_bias: Tensor,
-    mask: Tensor,
-    dropatt: float,
-    training: bool,
-    first_forbidden: int = 0,
-    softcap: float = 0.0,
-) -> Tensor:
-    """Fast path: one matmul per term, the position term shifted by a strided view, fused softmax backward.
-    Without gradients (evaluation, generation) the shifted position term becomes an additive bias of PyTorch's
-    fused ``scaled_dot_product_attention``, which never writes the probabilities out (not with a ``softcap``: the
-    capped scores are written out).  A :class:`PatternMask` (the whole problem in one block) is made dense here."""
-    if isinstance(mask, PatternMask):
-        first_forbidden, mask = mask.first_forbidden(0, 0), mask.forbidden()
-    scale = 1.0 / math.sqrt(query.size(-1))
-    q_position = (query + r_r_bias[:, None]) * scale
-    full_precision = query.dtype in (torch.float32, torch.float64)
-    needs_grad = any(t.requires_grad for t in (query, key, value, rel_key, r_w_bias, r_r_bias))
-    inference = not (torch.is_grad_enabled() and needs_grad)
-    if full_precision and inference and not (training and dropatt > 0) and not softcap:
-        position = torch.matmul(q_position, rel_key.transpose(-1, -2))  # (B, H, T, R)
-        bias = rel_shift(position, query.size(2), key.size(2))  # (B, H, T, K): its rows do not overlap
-        fill_forbidden_(bias, mask, first_forbidden)  # in place, in the buffer of ``position``
-        return F.scaled_dot_product_attention(query + r_w_bias[:, None], key, value, attn_mask=bias)
-    q_content = (query + r_w_bias[:, None]) * scale  # (B, H, T, D)
-    if full_precision:
-        probs = relative_probs(q_content, key, q_position, rel_key, mask, first_forbidden, softcap)
-    else:  # half precision: logits and softmax in float32 (autograd tracks the steps), probabilities cast back
-        with torch.autocast(query.device.type, enabled=False):
-            content = torch.matmul(q_content.float(), key.float().transpose(-1, -2))
-            position = torch.matmul(q_position.float(), rel_key.float().transpose(-1, -2))
-            scores = capped(content + rel_shift(position, query.size(2), key.size(2)), softcap)
-            probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1).to(value.dtype)
-    probs = F.dropout(probs, p=dropatt, training=training)
-    return torch.matmul(probs, value)  # (B, H, T, D)
-
 
 AttentionKernel = Callable[..., Tensor]
 

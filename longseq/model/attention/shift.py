@@ -1,5 +1,6 @@
-"""The building blocks every relative-attention kernel shares: the rel-shift view, in-place masking, the fused
-probabilities and scores of the two relative terms, bands of keys and rows of the relative table.
+"""The ``rel_shift`` kernel (:func:`rel_shift_attention`, the default relative kernel) and the building blocks every
+relative-attention kernel shares: the rel-shift view, in-place masking, the fused probabilities and scores of the two
+relative terms, bands of keys and rows of the relative table.
 
 See :mod:`longseq.model.attention` for the dimension glossary and the kernel contract (row ``T - i + j`` of the
 relative table holds W_R R for the distance of pair (i, j)).
@@ -7,11 +8,14 @@ relative table holds W_R R for the distance of pair (i, j)).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from longseq.model.block import masked_softcap
+from longseq.model.block import softcap as capped
 
 
 def rel_shift(position_scores: Tensor, qlen: int, klen: int | None = None) -> Tensor:
@@ -120,6 +124,50 @@ class RelativeScores(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_scores):
         return (*_relative_backward(ctx, grad_scores, *ctx.saved_tensors), None)
+
+
+def rel_shift_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    rel_key: Tensor,
+    r_w_bias: Tensor,
+    r_r_bias: Tensor,
+    mask: Tensor,
+    dropatt: float,
+    training: bool,
+    first_forbidden: int = 0,
+    softcap: float = 0.0,
+) -> Tensor:
+    """Fast path: one matmul per term, the position term shifted by a strided view, fused softmax backward.
+    Without gradients (evaluation, generation) the shifted position term becomes an additive bias of PyTorch's
+    fused ``scaled_dot_product_attention``, which never writes the probabilities out (not with a ``softcap``: the
+    capped scores are written out).  ``mask`` may be a :class:`~longseq.model.attention.patterns.PatternMask` (the
+    whole problem in one block): it is made dense here."""
+    if not isinstance(mask, Tensor):  # a PatternMask
+        first_forbidden, mask = mask.first_forbidden(0, 0), mask.forbidden()
+    scale = 1.0 / math.sqrt(query.size(-1))
+    q_position = (query + r_r_bias[:, None]) * scale
+    full_precision = query.dtype in (torch.float32, torch.float64)
+    needs_grad = any(t.requires_grad for t in (query, key, value, rel_key, r_w_bias, r_r_bias))
+    inference = not (torch.is_grad_enabled() and needs_grad)
+    if full_precision and inference and not (training and dropatt > 0) and not softcap:
+        position = torch.matmul(q_position, rel_key.transpose(-1, -2))  # (B, H, T, R)
+        bias = rel_shift(position, query.size(2), key.size(2))  # (B, H, T, K): its rows do not overlap
+        fill_forbidden_(bias, mask, first_forbidden)  # in place, in the buffer of ``position``
+        return F.scaled_dot_product_attention(query + r_w_bias[:, None], key, value, attn_mask=bias)
+    q_content = (query + r_w_bias[:, None]) * scale  # (B, H, T, D)
+    if full_precision:  # fused scores and softmax (capped: through the scores, relative_probs)
+        fused = (q_content, key, q_position, rel_key, mask, first_forbidden)
+        probs = relative_probs(*fused, softcap) if softcap else RelativeProbs.apply(*fused)
+    else:  # half precision: logits and softmax in float32 (autograd tracks the steps), probabilities cast back
+        with torch.autocast(query.device.type, enabled=False):
+            content = torch.matmul(q_content.float(), key.float().transpose(-1, -2))
+            position = torch.matmul(q_position.float(), rel_key.float().transpose(-1, -2))
+            scores = capped(content + rel_shift(position, query.size(2), key.size(2)), softcap)
+            probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1).to(value.dtype)
+    probs = F.dropout(probs, p=dropatt, training=training)
+    return torch.matmul(probs, value)  # (B, H, T, D)
 
 
 class PositionScores(torch.autograd.Function):

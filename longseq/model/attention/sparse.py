@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from longseq.model.attention.patterns import PatternError, PatternMask
+from longseq.model.attention.patterns import PatternError, PatternMask, in_random_blocks
 from longseq.model.attention.shift import (
     DiagonalScores,
     PositionScores,
@@ -244,8 +244,7 @@ class RandomBlocks:
 
     def covers(self, query: Tensor, key: Tensor) -> Tensor:
         """True where ``key`` lies in one of the random blocks of ``query``'s block (this piece holds the pair)."""
-        last = self.n_blocks - 1
-        return self.table[(query // self.size).clamp(0, last), (key // self.size).clamp(0, last)]
+        return in_random_blocks(self.mask.pattern.config, query, key, self.table)
 
     def scores(self, q_content: Tensor, q_position: Tensor, key: Tensor, rel_key: Tensor) -> Tensor:
         qc, qp = (self._query_blocks(x)[:, :, :, None] for x in (q_content, q_position))  # (B, H, na, 1, s, D)

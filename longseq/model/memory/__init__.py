@@ -3,6 +3,7 @@
 written by small policies (truncation, pruning, compression, 8-bit storage, memory tokens, documents, dropout) or
 kept as projected keys and values (:mod:`~longseq.model.memory.cache`).  See :mod:`~longseq.model.memory.policy`."""
 
+from longseq.config.model import Recurrence
 from longseq.model.memory.cache import RingBuffer, RingKV
 from longseq.model.memory.compose import MemoryPolicies
 from longseq.model.memory.context import CacheContext, HiddenContext, RingContext, StateContext
@@ -25,7 +26,6 @@ from longseq.model.memory.state import (
     KVMemory,
     LayerState,
     Memory,
-    Recurrence,
     RecurrentState,
     RingMemory,
     as_memory,

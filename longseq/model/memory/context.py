@@ -20,7 +20,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from longseq.model.memory.state import LayerState, Recurrence
+from longseq.config.model import Recurrence
+from longseq.model.memory.state import LayerState
 
 Project = Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]  # (B, L, E) -> q, k, v, each (B, H, L, D)
 Norm = Callable[[Tensor], Tensor] | None  # the pre-LayerNorm, applied to the attention input; None for post-LN

@@ -54,7 +54,7 @@ class Documents:
 def reset_rows(memory: Memory | None, rows: Tensor, initial_tokens: Tensor | None = None) -> Memory | None:
     """Clear the memory of the stream rows where ``rows`` (B,) is True: their slots get document id -1 and are
     masked from then on, so nothing of the previous document reaches the next one.  With memory tokens, pass the
-    model's initial tokens (``model.transformer.memory_tokens``) as ``initial_tokens``: those rows restart from
+    model's initial tokens (``model.transformer.stack.memory_tokens``) as ``initial_tokens``: those rows restart from
     them.  Returns a new memory."""
     if memory is None or not bool(rows.any()):
         return memory

@@ -41,7 +41,8 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from longseq.model.memory.state import LayerState, Memory, Recurrence
+from longseq.config.model import Recurrence
+from longseq.model.memory.state import LayerState, Memory
 
 
 class StepInputs(NamedTuple):

@@ -34,16 +34,6 @@ from torch import Tensor
 from longseq.model.memory.quantize import Quantized, dense, join_rows, split_rows
 
 
-@dataclass(frozen=True)
-class Recurrence:
-    """How one call reads and writes the memory: ``mem_len`` positions kept, relative distances clamped to
-    ``clamp_len`` (<= 0: no clamp), and with ``same_length`` every query sees exactly the last ``mem_len`` keys."""
-
-    mem_len: int
-    clamp_len: int = -1
-    same_length: bool = False
-
-
 class LayerState(Protocol):
     """What every kind of layer state offers :class:`Memory` (each returns a new object)."""
 
@@ -574,7 +564,7 @@ class Memory:
         if tokens is not None:
             if initial_tokens is None:
                 raise ValueError(
-                    "this memory carries memory tokens: pass initial_tokens=model.transformer.memory_tokens"
+                    "this memory carries memory tokens: pass initial_tokens=model.transformer.stack.memory_tokens"
                 )
             tokens = torch.where(rows[:, None, None], initial_tokens.to(tokens.dtype).expand_as(tokens), tokens)
         last = None if self.last_doc is None else self.last_doc.masked_fill(rows, -1)
