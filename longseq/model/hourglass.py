@@ -9,8 +9,9 @@ the block's input (the residual link).  Position t therefore reads the shortened
 
 Groups are aligned with the stream, not with segments: the block carries as its state the last k - 1 inputs, the
 upsampled vectors of the last group, the position in the current group (phase) and that group's document, and
-the shortened layers carry their own memory (``mem_len // k`` positions, distances counted in groups).  A segment
-that completes no group (generation, one token at a time) leaves the shortened layers' memory as it was.
+the shortened layers carry their own memory (``mem_len // k`` groups, or ``coarse_mem_len``; distances counted in
+groups).  A segment that completes no group (generation, one token at a time) leaves the shortened layers' memory
+as it was.
 """
 
 from __future__ import annotations
