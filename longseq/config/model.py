@@ -235,20 +235,27 @@ class HourglassConfig(JsonConfig):
     * ``fixed``: the hourglass of Nawrot et al. (2021): groups of ``shorten_factor`` positions (a causal shift,
       then ``shorten_fn`` = linear or mean pooling of each group);
     * ``learned``: H-Net's dynamic chunking (Hwang, Wang and Gu, 2025): a routing module cuts where adjacent states
-      differ, ``ratio_loss`` weighs the loss that holds the mean chunk length near ``shorten_factor``;
+      differ, ``ratio_loss`` weighs the loss that holds the mean chunk length near ``shorten_factor`` (0.3: H-Net's
+      0.03 leaves a small model's chunks 20-40% short of the target after hundreds of steps, docs/mixers.md);
     * ``entropy``: the Byte Latent Transformer's entropy patches (Pagnoni et al., 2024): a cut where the next-byte
-      entropy is high (``entropy_rule=global``) or rises (``relative``), its threshold tracking the quantile that
-      gives chunks of ``shorten_factor`` positions on average.
+      entropy rises (``entropy_rule=relative``, the default) or is high (``global``), its threshold tracking the
+      quantile that gives chunks of ``shorten_factor`` positions on average in training (the global threshold,
+      learned on entropies raised by dropout, cuts less at evaluation).
 
     With ``learned`` and ``entropy`` the shortened layers are attention layers whose memory holds ``mem_len``
-    chunks (one slot per chunk)."""
+    chunks (one slot per chunk).  With ``learned``, ``residual_proj`` passes the block's input to its output through
+    a linear map that starts at zero (H-Net's; false: the input itself, as in the configs stored before the option).
+    ``coarse_mem_len`` > 0 sets the shortened layers' memory apart from ``mem_len`` (in groups or chunks; 0: as
+    above): an evaluation at another ``mem_len`` moves it in proportion (:meth:`ModelConfig.coarse_mem`)."""
 
     shorten_layers: list[int] = field(default_factory=list)
     shorten_factor: int = 2
     shorten_fn: str = "linear"
     boundaries: str = "fixed"
-    ratio_loss: float = 0.03
-    entropy_rule: str = "global"
+    ratio_loss: float = 0.3
+    entropy_rule: str = "relative"
+    residual_proj: bool = True
+    coarse_mem_len: int = 0
 
     def __post_init__(self) -> None:
         check(
@@ -268,6 +275,7 @@ class HourglassConfig(JsonConfig):
             "shorten_layers=first,end (the layers that run on chunks)",
         )
         check(self.ratio_loss >= 0, f"hourglass.ratio_loss must be >= 0, got {self.ratio_loss}")
+        check(self.coarse_mem_len >= 0, f"hourglass.coarse_mem_len must be >= 0, got {self.coarse_mem_len}")
         check(
             self.entropy_rule in ("global", "relative"),
             f"hourglass.entropy_rule must be global or relative, got {self.entropy_rule!r}",
@@ -365,6 +373,16 @@ class ModelConfig(JsonConfig):
         """Temporal range of the memory: (mem_len + cmem_rate * cmem_len) * n_layer (Rae et al., 2019)."""
         m = self.memory
         return (m.mem_len + m.cmem_rate * m.cmem_len) * self.n_layer
+
+    def coarse_mem(self, mem_len: int | None = None) -> int:
+        """Slots of an hourglass's shortened layers' memory (groups for fixed boundaries, chunks for learned and
+        entropy) when the stack's memory holds ``mem_len`` positions (default: ``memory.mem_len``):
+        ``hourglass.coarse_mem_len`` at the configured mem_len and in proportion at another; without it,
+        mem_len // shorten_factor groups (fixed: the same span as the full-resolution memory) or mem_len chunks."""
+        m, h = self.memory.mem_len if mem_len is None else mem_len, self.hourglass
+        if h.coarse_mem_len:
+            return m * h.coarse_mem_len // self.memory.mem_len
+        return m if h.dynamic else m // h.shorten_factor
 
     @property
     def embed_dim(self) -> int:
@@ -556,6 +574,11 @@ class ModelConfig(JsonConfig):
                 h.shorten_layers[1] < self.n_layer,
                 f"shorten_layers={h.shorten_layers}: the last layer must run at full resolution (n_layer={self.n_layer})",
             )
+            check(
+                not h.coarse_mem_len or mem.mem_len > 0,
+                f"hourglass.coarse_mem_len={h.coarse_mem_len} is kept in proportion to mem_len (an evaluation's "
+                "mem_len moves both): set mem_len > 0",
+            )
             self._check_dynamic()
 
     def _check_dynamic(self) -> None:
@@ -604,8 +627,14 @@ class ModelConfig(JsonConfig):
 def upgrade_stored_model(model: dict) -> dict:
     """A model config as stored before a field that changes behaviour existed, in today's terms (each reader of a
     stored model config passes it through here: checkpoints, the transformers format): ``linear`` and ``performer``
-    saved without ``mixers.reset_every`` (before 2026-12-06) ran unbounded and unrotated, and still do."""
-    mixers = model.get("mixers") if isinstance(model, dict) else None
+    saved without ``mixers.reset_every`` (before 2026-12-06) ran unbounded and unrotated, and still do; a
+    learned-chunk hourglass saved without ``hourglass.residual_proj`` added its input itself, and still does."""
+    if not isinstance(model, dict):
+        return model
+    hourglass = model.get("hourglass")
+    if isinstance(hourglass, dict) and hourglass.get("boundaries") == "learned" and "residual_proj" not in hourglass:
+        model = {**model, "hourglass": {**hourglass, "residual_proj": False}}
+    mixers = model.get("mixers")
     if not isinstance(mixers, dict) or "reset_every" in mixers:
         return model
     names = model.get("mixer", [])

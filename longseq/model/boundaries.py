@@ -137,7 +137,8 @@ class BoundaryKind(NamedTuple):
 
 BOUNDARY_PREDICTORS: dict[str, BoundaryKind] = {  # the registry; "fixed" (Hourglass's groups of k) is the other choice
     "learned": BoundaryKind(
-        lambda c: Router(c.d_model, c.hourglass.shorten_factor, c.hourglass.ratio_loss), ("ratio_loss",)
+        lambda c: Router(c.d_model, c.hourglass.shorten_factor, c.hourglass.ratio_loss),
+        ("ratio_loss", "residual_proj"),  # H-Net's zero-start residual projection (it held the entropy rule back)
     ),
     "entropy": BoundaryKind(
         lambda c: EntropyCut(c.d_model, c.vocab_size, c.hourglass.shorten_factor, c.hourglass.entropy_rule),
