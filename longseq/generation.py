@@ -34,8 +34,9 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     return logits
 
 
-def check_sampling(max_new_tokens: int, temperature: float, top_k: int, top_p: float, mem_len: int | None) -> None:
-    """Each sampling argument in its range, or a ``ValueError`` naming the one that is not."""
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int, top_p: float) -> None:
+    """Each sampling argument in its range, or a ``ValueError`` naming the one that is not (the memory's are the
+    :class:`~longseq.config.Recurrence`'s to check)."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     if not math.isfinite(temperature) or temperature < 0:
@@ -44,8 +45,6 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int, top_p: f
         raise ValueError(f"top_k must be >= 0 (0: off), got {top_k}")
     if not (math.isfinite(top_p) and 0.0 < top_p <= 1.0):
         raise ValueError(f"top_p must be in (0, 1] (1: off), got {top_p}")
-    if mem_len is not None and mem_len < 0:
-        raise ValueError(f"mem_len must be >= 0, got {mem_len}")
 
 
 @torch.no_grad()
@@ -69,7 +68,8 @@ def generate_stream(
     ``clamp_len`` and ``same_length`` are a shorthand for it, the model's own with the values given)."""
     if prompt_ids.dim() != 2 or prompt_ids.size(1) == 0:
         raise ValueError(f"prompt_ids must be a non-empty (batch, time) tensor, got shape {tuple(prompt_ids.shape)}")
-    check_sampling(max_new_tokens, temperature, top_k, top_p, mem_len)
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    recurrence = model.config.recurrence(recurrence, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
     was_training = model.training
     model.eval()
     draw = partial(_draw, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
@@ -78,7 +78,6 @@ def generate_stream(
         if windowed(model):
             yield from _windowed(model, prompt_ids, max_new_tokens, segment_len, draw)
             return
-        recurrence = model.config.recurrence(recurrence, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
         mems = read_prompt(model, prompt_ids[:, :-1], segment_len, recurrence)
         token = prompt_ids[:, -1:]
         for _ in range(max_new_tokens):

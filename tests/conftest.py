@@ -47,7 +47,7 @@ def classify_file(tmp_path) -> str:
 def trained_checkpoint(tmp_path_factory) -> str:
     """A tiny trained character model (mem_len 8, segments of 8) whose config names its corpus file: the path of
     its ``last/`` (trained once per session; tests read it, never write it)."""
-    from longseq.train import train
+    from longseq.api import train
 
     tmp = tmp_path_factory.mktemp("ckpt")
     run = tiny_run(max_steps=4, eval_interval=4)

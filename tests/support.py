@@ -114,7 +114,7 @@ def tiny_model(**overrides) -> TransformerXLLM:
 
 def train_tiny_lm(directory) -> str:
     """Two steps of :func:`tiny_run` into ``directory/lm``; the path of its ``best/`` checkpoint."""
-    from longseq.train import train
+    from longseq.api import train
 
     train(tiny_run(max_steps=2, eval_interval=2), str(directory / "lm"), corpus=tiny_corpus(), progress=False)
     return str(directory / "lm" / "best")
@@ -131,7 +131,7 @@ def write_classify_file(directory) -> str:
 def assert_resumes_exactly(run, tmp_path, stop_after: int):
     """Training ``run()`` stopped after ``stop_after`` steps and resumed gives the uninterrupted run's losses, bit
     for bit; returns the uninterrupted run's result."""
-    from longseq.train import train
+    from longseq.api import train
 
     corpus = tiny_corpus()
     whole = train(run(), str(tmp_path / "whole"), corpus=corpus, progress=False)
@@ -376,16 +376,23 @@ def pattern_lm(attention, **extra) -> TransformerXLLM:
     return TransformerXLLM(config).double().eval()
 
 
-def segments_and_steps(model, x, size: int):
-    """The scores of ``x`` read in segments of ``size`` with the memory carried, and token by token through a ring
-    memory (generation's path), each (B, T, V), and the memory after the last segment; call under no_grad."""
-    mems, parts = None, []
+def in_segments(model, x, size: int, mems=None):
+    """The scores (B, T, V) of ``x`` read in segments of ``size`` with the memory carried from ``mems`` (None: a new
+    one, of the model's kind), and the memory after the last segment."""
+    parts = []
     for lo in range(0, x.size(1), size):
         out = model(x[:, lo : lo + size], mems)
         parts.append(out.logits)
         mems = out.mems
+    return torch.cat(parts, dim=1), mems
+
+
+def segments_and_steps(model, x, size: int):
+    """The scores of ``x`` read in segments of ``size`` with the memory carried, and token by token through a ring
+    memory (generation's path), each (B, T, V), and the memory after the last segment; call under no_grad."""
+    segmented, mems = in_segments(model, x, size)
     ring, steps = Memory.empty(RingMemory), []
     for t in range(x.size(1)):
         scores, ring = model.next_token_scores(x[:, t : t + 1], ring)
         steps.append(scores)
-    return torch.cat(parts, dim=1), torch.stack(steps, dim=1), mems
+    return segmented, torch.stack(steps, dim=1), mems

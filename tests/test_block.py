@@ -16,6 +16,7 @@ from support import (
     assert_names,
     assert_resumes_exactly,
     assert_same_run,
+    in_segments,
     last_json,
     make_layer,
     pattern,
@@ -218,6 +219,14 @@ def test_the_content_family_caps_on_the_reference_whole_or_in_blocks(pos, chunk)
     assert (run(0, 0.0)[0] - slow).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("name", ["sdpa", "rel_shift"])  # both name sdpa_attention for the content family
+def test_a_layer_that_caps_is_refused_sdpa_when_it_is_built(name):
+    """SDPA does not check the cap on every call: the layer's kernel choice is the one guard, naming the kernel."""
+    with pytest.raises(ValueError, match=f"attn_impl={name} runs sdpa_attention.*attn_softcap"):
+        RelativeMultiHeadAttention(16, 4, 4, pos="rope", kernel=name, softcap=CAP)
+    assert RelativeMultiHeadAttention(16, 4, 4, pos="rope", kernel=name).kernel.__name__ == "sdpa_attention"
+
+
 @pytest.mark.parametrize("cutoffs", [[], [7, 15]])
 def test_logit_softcap_caps_each_clusters_logits_before_its_softmax(cutoffs):
     """Without clusters the logits are cap * tanh(z / cap); with clusters log p(token) is the head's log-softmax of
@@ -274,15 +283,11 @@ def test_chunked_with_memory_equals_the_whole_and_every_memory_agrees(pos, extra
     x = torch.randint(0, 30, (2, 24))
     with torch.no_grad():
         chunked, stepped, _ = segments_and_steps(model, x, 4)
-        kv, mems = [], Memory.empty(KVMemory)
-        for lo in range(0, 24, 4):
-            out = model(x[:, lo : lo + 4], mems)
-            kv.append(out.logits)
-            mems = out.mems
+        kv, _ = in_segments(model, x, 4, Memory.empty(KVMemory))
         whole = model(x).logits
     torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-10)
     torch.testing.assert_close(stepped, whole, rtol=0, atol=1e-10)
-    torch.testing.assert_close(torch.cat(kv, dim=1), whole, rtol=0, atol=1e-10)
+    torch.testing.assert_close(kv, whole, rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("pos", ["sinusoidal", "rope"])
@@ -409,12 +414,8 @@ def test_the_transformers_export_carries_the_block(tmp_path, pos, extra):
         last = hf(x, output_hidden_states=True).hidden_states[-1]  # after the final norm, as the head reads it
         torch.testing.assert_close(model.crit.logits(last.reshape(14, 16)).view(2, 7, 30), model(x).logits)
         tokens = hf.generate(x, max_new_tokens=5, do_sample=False, pad_token_id=0)
-        mems, scores = None, []
-        for t in range(tokens.size(1) - 1):
-            out = model(tokens[:, t : t + 1], mems)
-            scores.append(out.logits[:, -1])
-            mems = out.mems
-    assert torch.equal(torch.stack(scores, 1)[:, 6:].argmax(-1), tokens[:, 7:])
+        scores, _ = in_segments(model, tokens[:, :-1], 1)  # longseq's own, one token at a time
+    assert torch.equal(scores[:, 6:].argmax(-1), tokens[:, 7:])
 
 
 # --- the llama-xl preset -------------------------------------------------------------------------------------------

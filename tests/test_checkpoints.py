@@ -27,6 +27,7 @@ from support import (
 )
 
 from longseq import TrainConfig
+from longseq.api import train
 from longseq.cli import main
 from longseq.data import (
     CharTokenizer,
@@ -35,7 +36,7 @@ from longseq.data.corpus import bundled_corpus_path
 from longseq.eval import evaluate
 from longseq.model import build_model
 from longseq.tasks import task_for
-from longseq.train import CheckpointError, load_checkpoint, save_checkpoint, train
+from longseq.train import CheckpointError, load_checkpoint, save_checkpoint
 from longseq.train import checkpoint as checkpoint_module
 from longseq.train.checkpoint import TrainingState, load_training_state
 
@@ -298,3 +299,25 @@ def test_a_run_records_its_pooling_and_an_old_checkpoint_keeps_last(tmp_path):
     rewrite_listed(tmp_path / "old", "config.json", json.dumps(config))
     model, _, run, _ = load_checkpoint(str(tmp_path / "old"))
     assert model.pooling == "last" and run.task.pooling == "last"
+
+
+def test_a_linear_model_saved_before_its_restarts_existed_loads_as_it_ran(tmp_path):
+    """A ``linear`` model whose config was written before ``mixers.reset_every`` and ``mixers.rotary`` (the keys
+    absent) loads with both off, the unbounded, unrotated form it was trained with, and gives the saved model's
+    logits; a model saved today keeps its own settings."""
+    from longseq import DataConfig, ModelConfig, RunConfig
+
+    fields = dict(vocab_size=12, n_layer=2, d_model=8, n_head=2, d_head=4, d_inner=16, dropout=0.0, chunk=8)
+    tokenizer, x = CharTokenizer.build("abcdefghijkl"), torch.randint(0, 12, (2, 40))
+    for name, settings in (("old", dict(reset_every=0, rotary=False)), ("today", dict(reset_every=16))):
+        run = RunConfig(ModelConfig(**fields, mixer=["linear", "gla"], **settings), DataConfig(), TrainConfig())
+        model = build_model(run.model).eval()
+        save_checkpoint(str(tmp_path / name), model, run, tokenizer)
+        if name == "old":  # as it was written before the two options existed
+            config = json.loads((tmp_path / name / "config.json").read_text())
+            del config["run"]["model"]["mixers"]["reset_every"], config["run"]["model"]["mixers"]["rotary"]
+            rewrite_listed(tmp_path / name, "config.json", json.dumps(config))
+        loaded, _, saved, _ = load_checkpoint(str(tmp_path / name))
+        assert saved.model == run.model
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x).logits, model(x).logits, rtol=0, atol=0)

@@ -9,9 +9,9 @@ import os
 import pytest
 from support import TINY_CLI, assert_names, last_json, tiny_corpus, tiny_lstm_config, tiny_run
 
+from longseq.api import train
 from longseq.cli import main
 from longseq.config import RunConfig
-from longseq.train import train
 
 
 def test_cli_train_eval_generate(tmp_path, capsys):

@@ -75,9 +75,9 @@ def test_a_growing_then_full_memory_compiles_only_while_it_first_fills(name):
 
 
 def test_the_trainer_compiles_a_language_model_step_with_eagers_losses(tmp_path):
+    from longseq.api import train
     from longseq.config import DataConfig, RunConfig, TrainConfig
     from longseq.data import CharTokenizer, Corpus
-    from longseq.train import train
 
     torch._dynamo.reset()
     text = "abcab cabba bacca " * 100

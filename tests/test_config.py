@@ -3,6 +3,7 @@ files (the TOML writer read back by tomllib), presets as shipped files, the regi
 run's settings meet before anything is trained (options no chosen implementation reads, sizes that do not fit the
 vocabulary, non-finite numbers).  A run reproduced from its own run.toml gives identical losses."""
 
+import dataclasses
 import json
 import math
 import os
@@ -13,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
+from longseq.api import train
 from longseq.config import PRESETS, ConfigError, get_preset, load_run_config, write_run_config
 from longseq.config.files import dumps_toml, preset_names
-from longseq.train import train
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,6 +31,7 @@ from longseq.config import apply_overrides
 from longseq.model import build_model
 from longseq.model.attention.kernels import ATTENTION_KERNELS
 from longseq.model.attention.patterns import PATTERNS
+from longseq.model.boundaries import BOUNDARY_PREDICTORS
 from longseq.model.memory.compress import COMPRESSION_FUNCTIONS
 from longseq.model.mixers import MIXERS
 from longseq.model.positions import POSITION_ENCODINGS
@@ -123,7 +125,7 @@ def test_keys_are_those_of_set_as_tails_or_paths_in_their_section(tmp_path):
     run = load_run_config(path)
     base = get_preset("tiny-shakespeare")
     assert run.model.memory.mem_len == 32 and run.model.n_layer == 3 and run.model.pattern.attention == ["window"]
-    assert run.train.max_steps == 9 and run.train.lr == 1e-4 and run.data == base.data
+    assert run.train.max_steps == 9 and run.train.optim.lr == 1e-4 and run.data == base.data
     assert load_run_config(write(tmp_path, "[train]\nmax_steps = 9\n", "partial.toml")).model == ModelConfig()
 
 
@@ -202,7 +204,7 @@ def test_configs_round_trip_and_reject_unknown_keys():
         ["cutoffs=10,20", "same_length=true", "model.dropout=0.3", "lr=1e-4", "d_embed=none"],
     )
     assert sections["model"].cutoffs == [10, 20] and sections["model"].memory.same_length is True
-    assert sections["model"].dropout == 0.3 and sections["train"].lr == 1e-4
+    assert sections["model"].dropout == 0.3 and sections["train"].optim.lr == 1e-4
     with pytest.raises(ConfigError, match="must be >= 1"):
         apply_overrides({"model": ModelConfig()}, ["n_layer=0"])
     for bad, words in (("weight_decay=-1", ("weight_decay", ">= 0")), ("beta1=1.5", ("beta1", "[0, 1)")),
@@ -225,16 +227,164 @@ def test_old_flat_override_keys_and_dotted_section_keys_both_work():
     assert ModelConfig.from_dict(flat["model"].to_dict()) == flat["model"]  # nested JSON round trip
 
 
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+def flat_fields(train: TrainConfig) -> dict:
+    """Every field of a sectioned train config by its own name, as the flat TrainConfig held them."""
+    out = {}
+    for name, value in train.to_dict().items():
+        out.update(value if isinstance(value, dict) else {name: value})
+    return out
+
+
+def test_a_run_stored_with_a_flat_train_section_loads_into_the_sections_with_the_same_values():
+    """``tests/fixtures/flat_train`` holds a run.toml and a checkpoint's run (``run.json``) written by the code
+    before the sections (``make_flat_train.py``): every one of the 41 fields flat under ``train``, none at its
+    default.  Both load, each field in its section with the value it had; the sectioned run writes and reads back
+    equal; and a config made from today's format flattened (the old layout) is the same config."""
+    with open(os.path.join(FIXTURES, "flat_train", "run.json"), encoding="utf-8") as f:
+        stored = json.load(f)
+    flat = stored["train"]
+    assert len(flat) == 41 and all(not isinstance(v, dict) for v in flat.values())
+    from_json = RunConfig.from_dict(stored)
+    from_toml = load_run_config(os.path.join(FIXTURES, "flat_train", "run.toml"))
+    assert from_json == from_toml
+    assert flat_fields(from_json.train) == flat
+    assert from_json.train.optim.lr == 3e-4 and from_json.train.runtime.parallel == "fsdp"
+    assert from_json.train.checkpoint.keep_last == 3 and from_json.train.curriculum.mem_len_warmup_frac == 0.25
+    assert TrainConfig(**flat) == TrainConfig.from_dict(flat) == from_json.train  # the constructor takes them too
+    assert RunConfig.from_dict(json.loads(json.dumps(from_json.to_dict()))) == from_json
+    sectioned = TrainConfig(lr=5e-4, keep_last=2, device="cpu", sample_interval=10, mem_len_start=0)
+    assert TrainConfig.from_dict(flat_fields(sectioned)) == sectioned
+
+
+FLAT_TASKS = ("classify", "span", "mlm", "passkey")  # tests/fixtures/flat_task (make_flat_task.py)
+
+
+@pytest.mark.parametrize("name", FLAT_TASKS)
+def test_a_run_stored_with_the_flat_task_section_loads_into_its_tasks_options_with_the_same_values(name):
+    """``tests/fixtures/flat_task`` holds, per task, a run.toml and a checkpoint's run (``NAME.json``) written by the
+    code before each task had its own options class: all 25 fields of the flat ``TaskConfig``, every option the task
+    reads off its default.  Both load as the task's options class with each of its fields as stored; the fields it
+    has none of were at the flat defaults; a checkpoint's path (``upgrade_run``) reads the same; today's form
+    writes and reads back equal."""
+    from longseq.config.files import apply_sections, default_run, read_config_file
+    from longseq.config.task import FLAT_DEFAULTS, TASK_OPTIONS
+    from longseq.train.upgrade import upgrade_run
+
+    with open(os.path.join(FIXTURES, "flat_task", f"{name}.json"), encoding="utf-8") as f:
+        stored = json.load(f)
+    flat = stored["task"]
+    assert len(flat) == 25 and set(flat) - {"name"} == set(FLAT_DEFAULTS)
+    from_json = RunConfig.from_dict(stored)
+    toml = os.path.join(FIXTURES, "flat_task", f"{name}.toml")
+    from_toml = apply_sections(default_run(), read_config_file(toml), toml)
+    assert from_json == from_toml == RunConfig.from_dict(upgrade_run(stored))
+    if name == "passkey":  # a recall run's run.toml runs again with train --config
+        assert load_run_config(toml) == from_json
+    task = from_json.task
+    assert type(task) is TASK_OPTIONS[name]
+    own = task.to_dict()
+    assert {k: flat[k] for k in own} == own
+    assert all(flat[k] == FLAT_DEFAULTS[k] for k in set(flat) - set(own))
+    assert all(own[k] != FLAT_DEFAULTS[k] for k in set(own) - {"name"})  # the fixture set every option it reads
+    assert RunConfig.from_dict(json.loads(json.dumps(from_json.to_dict()))) == from_json
+
+
+def test_a_flat_task_table_that_set_an_option_its_task_does_not_read_is_refused_by_name():
+    """The flat class refused such a table when the run started; the stored form is refused when it is read.  Only
+    a table of the flat class's layout (all its keys) has the other tasks' defaults dropped."""
+    with open(os.path.join(FIXTURES, "flat_task", "span.json"), encoding="utf-8") as f:
+        stored = json.load(f)
+    stored["task"]["pooling"] = "mean"
+    with raises_naming(ConfigError, "task.pooling", "classify", "not of span"):
+        RunConfig.from_dict(stored)
+    partial = {"name": "span", "train": "x.jsonl", "pooling": "document"}  # not the flat class's: no field, refused
+    with raises_naming(ConfigError, "task.pooling", "classify", "not of span"):
+        RunConfig.from_dict({**stored, "task": partial})
+
+
+def test_each_task_owns_its_options_and_nothing_else():
+    """Every task's ``Options`` is the class its name gives; the fine-tuning tasks share the 7 common options and
+    add their own; the recall tasks hold their 9; language modeling none."""
+    from longseq.config.task import TASK_OPTIONS, FinetuneOptions, TaskConfig
+    from longseq.tasks import TASKS
+
+    assert set(TASKS) == set(TASK_OPTIONS) == set(TaskConfig.VARIANTS)
+    assert all(task.Options is TASK_OPTIONS[name] for name, task in TASKS.items())
+    common = ["name", "train", "valid", "segment_len", "base", "head_only", "group_by_length", "sha256"]
+    options = {name: [f.name for f in dataclasses.fields(TASK_OPTIONS[name])] for name in TASKS}
+    assert [f.name for f in dataclasses.fields(FinetuneOptions)] == common
+    assert options["classify"] == [*common, "labels", "pooling", "lm_weight", "text_column", "label_column"]
+    assert options["span"] == [*common, "max_answer_len"]
+    assert options["mlm"] == [*common, "mask_rate", "mask_token", "mask_id", "text_column"]
+    recall = ["name", "segment_len", "seq_len", "min_distance", "max_distance", "key_len", "alphabet", "n_pairs",
+              "n_copy", "valid_size"]  # fmt: skip
+    assert all(options[name] == recall for name in ("passkey", "mqar", "copying", "induction"))
+    assert options["lm"] == ["name"]
+
+
+def test_an_option_the_task_does_not_read_has_no_field_and_each_way_of_setting_it_names_it(tmp_path, capsys):
+    """``pooling`` is classify's: set for span or passkey by the constructor, ``from_dict``, ``replace``, ``--set``
+    (its name, ``task.pooling``), a config file's ``[task]`` table or the command line, it is an unknown key and the
+    error names the option and the task that reads it.  Set for classify each way reaches the same field."""
+    from longseq.config import TaskConfig
+
+    span = TaskConfig(name="span", train="x.jsonl")
+    words = ("task.pooling", "classify", "not of span")
+    with raises_naming(ConfigError, *words):
+        TaskConfig(name="span", train="x.jsonl", pooling="mean")
+    with raises_naming(ConfigError, *words):
+        TaskConfig.from_dict({"name": "span", "train": "x.jsonl", "pooling": "mean"})
+    with raises_naming(ConfigError, *words):
+        span.replace(pooling="mean")
+    run = RunConfig(ModelConfig(), DataConfig(), TrainConfig(), span)
+    for key in ("pooling", "task.pooling"):
+        with raises_naming(ConfigError, *words):
+            apply_overrides(run.sections(), [f"{key}=mean"])
+    classify = run.sections() | {"task": TaskConfig(name="classify", train="x.jsonl")}
+    for key in ("pooling", "task.pooling"):
+        assert apply_overrides(classify, [f"{key}=mean"])["task"].pooling == "mean"
+    (tmp_path / "passkey.toml").write_text('[task]\nname = "passkey"\npooling = "mean"\n')
+    with raises_naming(ConfigError, "passkey.toml", "task.pooling", "not of passkey"):
+        load_run_config(str(tmp_path / "passkey.toml"))
+    argv = ["train", "--task", "passkey", "--out", str(tmp_path / "run"), "--set", "pooling=mean", "max_steps=1"]
+    assert main(argv) == 2
+    assert_names(capsys.readouterr().err, "pooling", "classify", "passkey")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_train_key_is_set_by_its_name_its_section_or_its_full_path(tmp_path, text_corpus):
+    """``--set lr=``, ``optim.lr=``, ``train.lr=`` and ``train.optim.lr=`` set the same field, in the Python API and on
+    the command line (the run.toml a run writes records it); a key of one section is not another's."""
+    run = get_preset("tiny-shakespeare")
+    for key in ("lr", "optim.lr", "train.lr", "train.optim.lr"):
+        assert apply_overrides(run.sections(), [f"{key}=0.0005"])["train"].optim.lr == 0.0005, key
+    for key in ("keep_last", "checkpoint.keep_last", "train.keep_last"):
+        assert apply_overrides(run.sections(), [f"{key}=4"])["train"].checkpoint.keep_last == 4, key
+    with raises_naming(ConfigError, "runtime.lr"):
+        apply_overrides(run.sections(), ["runtime.lr=0.1"])
+    for key, out in (("lr", "flat"), ("optim.lr", "section")):
+        argv = ["train", "--data", str(text_corpus), *TINY_CLI, "--out", str(tmp_path / out), "--set", f"{key}=3e-4",
+                "max_steps=1"]  # fmt: skip
+        assert main(argv) == 0
+        with open(tmp_path / out / "run.toml", "rb") as f:
+            assert tomllib.load(f)["train"]["optim"]["lr"] == 3e-4
+
+
 @pytest.mark.parametrize(
     "field, registry",
     [("attention", lambda: PATTERNS), ("attn_impl", lambda: ATTENTION_KERNELS), ("pos", lambda: POSITION_ENCODINGS),
-     ("mixer", lambda: MIXERS), ("cmem_fn", lambda: COMPRESSION_FUNCTIONS)],
+     ("mixer", lambda: MIXERS), ("cmem_fn", lambda: COMPRESSION_FUNCTIONS),
+     ("boundaries", lambda: BOUNDARY_PREDICTORS)],
 )  # fmt: skip
 def test_a_config_may_name_what_a_registry_implements_and_nothing_else(field, registry):
     """The registries own the names: every registered name builds a model, an unknown one is refused by name at
     build time with the close matches (no list of names is kept anywhere else)."""
     base = dict(vocab_size=12, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=4)
-    extra = {"cmem_fn": dict(cmem_len=2, cmem_rate=2), "mixer": {}, "attention": dict(window=3)}.get(field, {})
+    extra = {"cmem_fn": dict(cmem_len=2, cmem_rate=2), "attention": dict(window=3),
+             "boundaries": dict(n_layer=3, shorten_layers=[1, 2])}.get(field, {})  # fmt: skip
     for name in registry():
         value = [name] if field in ("attention", "mixer") else name
         if name == "flex":
@@ -243,7 +393,7 @@ def test_a_config_may_name_what_a_registry_implements_and_nothing_else(field, re
         build_model(config)
     wrong = ["windw"] if field in ("attention", "mixer") else "windw"
     with pytest.raises(ConfigError, match=r"unknown value 'windw'"):
-        build_model(ModelConfig(**base, **{field: wrong}))
+        build_model(ModelConfig(**{**base, **extra, field: wrong}))
 
 
 def test_options_the_architecture_does_not_read_are_refused(tmp_path, text_corpus, capsys):

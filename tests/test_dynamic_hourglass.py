@@ -8,21 +8,22 @@ chunks; a new document reads nothing of the previous one; the smoothing's scan e
 its formula and the model adds it; the entropy threshold settles on the quantile that gives the target chunk
 length; training resumes bit for bit; bad options are refused by name."""
 
+import json
+
 import pytest
 import torch
-from support import assert_resumes_exactly, raises_naming, segments_and_steps, tiny_run
+from support import assert_resumes_exactly, in_segments, raises_naming, rewrite_listed, segments_and_steps, tiny_run
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.config import ConfigError
 from longseq.diagnostics.chunks import chunk_statistics, read_boundaries
-from longseq.model.boundaries import EntropyCut, ratio_loss, smooth, smooth_reference
-from longseq.model.registry import ignored_options
+from longseq.model.boundaries import BOUNDARY_PREDICTORS, EntropyCut, ratio_loss, smooth, smooth_reference
+from longseq.model.registry import build_model, ignored_options
 
 SMALL = dict(vocab_size=30, n_layer=4, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0)
-PREDICTORS = {
-    "learned": dict(boundaries="learned"),
-    "entropy": dict(boundaries="entropy"),
-    "entropy-relative": dict(boundaries="entropy", entropy_rule="relative"),
+PREDICTORS = {  # every registered predictor (entropy: the relative rule, its default), and the global rule
+    **{name: dict(boundaries=name) for name in BOUNDARY_PREDICTORS},
+    "entropy-global": dict(boundaries="entropy", entropy_rule="global"),
 }
 
 
@@ -82,7 +83,7 @@ def test_segments_and_token_by_token_generation_equal_the_whole_pass(name):
     torch.testing.assert_close(stepped, whole, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("name", ["learned", "entropy"])
+@pytest.mark.parametrize("name", sorted(BOUNDARY_PREDICTORS))
 def test_each_row_reads_as_it_would_alone_with_a_coarse_memory_of_mem_len_chunks(name):
     """Rows cut different numbers of chunks, so the batch pads them; with a memory of 4 (bytes, and chunks at the
     coarse level, which truncates) every row's scores are those it gets read alone, and each row's coarse memory
@@ -90,23 +91,34 @@ def test_each_row_reads_as_it_would_alone_with_a_coarse_memory_of_mem_len_chunks
     model = dynamic(name, mem_len=4)
     x = torch.randint(0, 30, (3, 40))
 
-    def read(rows):
-        mems, parts = None, []
-        for lo in range(0, 40, 7):
-            out = model(rows[:, lo : lo + 7], mems)
-            parts.append(out.logits)
-            mems = out.mems
-        return torch.cat(parts, dim=1), mems
-
     cuts, _ = recorded_cuts(model)
     with torch.no_grad():
-        batch, mems = read(x)
+        batch, mems = in_segments(model, x, 7)
         counts = torch.cat([c.cuts for c in cuts], dim=1).sum(1)
-        alone = torch.cat([read(x[b : b + 1])[0] for b in range(3)])
+        alone = torch.cat([in_segments(model, x[b : b + 1], 7)[0] for b in range(3)])
     torch.testing.assert_close(batch, alone, rtol=0, atol=1e-10)
     coarse = mems.layers[1].inner
     assert len(set(counts.tolist())) > 1 and int(counts.max()) > 4  # ragged rows, the memory truncates
     assert coarse.mem_length == 4 and torch.equal((coarse.doc_ids >= 0).sum(1), counts.clamp(max=4))
+
+
+@pytest.mark.parametrize("boundaries", ["fixed", "learned"])
+def test_coarse_mem_len_sets_the_shortened_layers_memory_apart_from_mem_len(boundaries):
+    """coarse_mem_len at its default's value (fixed: mem_len // k groups; learned: mem_len chunks) changes nothing;
+    another value is the number of slots the shortened layers keep, while the full-resolution layers keep mem_len,
+    and an evaluation at half the mem_len halves both."""
+    extra = {"boundaries": "fixed"} if boundaries == "fixed" else {}
+    name = "learned"
+    default = dynamic(name, mem_len=6, **extra)
+    same = dynamic(name, mem_len=6, coarse_mem_len=2 if boundaries == "fixed" else 6, **extra)
+    apart = dynamic(name, mem_len=6, coarse_mem_len=4, **extra)
+    x = torch.randint(0, 30, (2, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(same(x).logits, default(x).logits, rtol=0, atol=0)
+        mems = apart(x).mems
+        half = apart(x, mem_len=3).mems
+    assert mems.mem_length == 6 and mems.layers[1].inner.mem_length == 4
+    assert half.mem_length == 3 and half.layers[1].inner.mem_length == 2
 
 
 def test_a_new_document_reads_nothing_of_the_previous_one():
@@ -179,6 +191,29 @@ def test_the_ratio_loss_is_its_formula_and_the_model_adds_it():
     assert model.eval()(x).aux_loss is None
 
 
+def test_the_ratio_loss_gradient_moves_the_cut_fraction_to_one_in_n():
+    """With F held (the cuts carry no gradient), dL/dp_t = N/(N-1) (N F - 1) / (B T) at every position: the sign
+    of F - 1/N.  Descending the ratio loss alone, boundary probabilities that begin with too many cuts (F = 0.6) or
+    too few (F = 0.05) end with 1 position in N cut (N = 4)."""
+    n, generator = 4, torch.Generator().manual_seed(0)
+    for start in (0.6, 0.05):
+        cut_first = torch.rand(8, 64, generator=generator, dtype=torch.float64) < start
+        logits = torch.where(cut_first, 1.0, -1.0) + 0.3 * torch.randn(8, 64, generator=generator, dtype=torch.float64)
+        logits.requires_grad_(True)
+        probs = torch.sigmoid(logits)
+        cuts = probs >= 0.5
+        f = float(cuts.double().mean())
+        (grad,) = torch.autograd.grad(ratio_loss(cuts, probs, n), probs)
+        torch.testing.assert_close(grad, torch.full_like(grad, n / (n - 1) * (n * f - 1) / grad.numel()))
+        optimizer = torch.optim.SGD([logits], lr=100.0)
+        for _ in range(200):
+            optimizer.zero_grad()
+            probs = torch.sigmoid(logits)
+            ratio_loss(probs >= 0.5, probs, n).backward()
+            optimizer.step()
+        assert abs(float((torch.sigmoid(logits) >= 0.5).double().mean()) - 1 / n) < 0.02, start
+
+
 def test_the_entropy_threshold_settles_on_the_quantile_of_the_target_length():
     """Trained alone by its pinball loss on fixed inputs, the threshold cuts 1 position in N (N = 4)."""
     torch.manual_seed(0)
@@ -198,7 +233,7 @@ def test_the_entropy_threshold_settles_on_the_quantile_of_the_target_length():
     assert 0.22 < fraction < 0.28
 
 
-@pytest.mark.parametrize("name", ["learned", "entropy"])
+@pytest.mark.parametrize("name", sorted(BOUNDARY_PREDICTORS))
 def test_activation_checkpointing_recomputes_the_same_chunks(name):
     """The block recomputed in the backward pass cuts the same chunks: the gradients (the boundary losses'
     included) equal those of a pass that kept its activations."""
@@ -214,7 +249,7 @@ def test_activation_checkpointing_recomputes_the_same_chunks(name):
         assert (a is None and b is None) or torch.allclose(a, b, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("boundaries", ["learned", "entropy"])
+@pytest.mark.parametrize("boundaries", sorted(BOUNDARY_PREDICTORS))
 def test_training_resumes_bit_for_bit(boundaries, tmp_path):
     def run():
         config = tiny_run(max_steps=8, eval_interval=4, grad_accum=2)
@@ -231,8 +266,8 @@ def test_bad_options_are_refused_by_name():
     base = dict(SMALL, shorten_layers=[1, 3])
     with raises_naming(ConfigError, "boundaries=learned", "shorten_layers"):
         ModelConfig(**SMALL, boundaries="learned")
-    with raises_naming(ConfigError, "boundaries", "learned"):
-        ModelConfig(**base, boundaries="learnt")
+    with raises_naming(ConfigError, "boundaries", "learned"):  # the registry's name, refused when a model is built
+        build_model(ModelConfig(**base, boundaries="learnt"))
     with raises_naming(ConfigError, "boundaries=entropy", "attention", "ssm"):
         ModelConfig(**base, boundaries="entropy", mixer=["attention", "ssm", "attention", "attention"])
     with raises_naming(ConfigError, "same_length"):
@@ -241,10 +276,56 @@ def test_bad_options_are_refused_by_name():
         ModelConfig(**base, boundaries="learned", ratio_loss=-1.0)
     with raises_naming(ConfigError, "entropy_rule"):
         ModelConfig(**base, boundaries="entropy", entropy_rule="spike")
+    with raises_naming(ConfigError, "coarse_mem_len", "mem_len > 0"):
+        ModelConfig(**base, boundaries="learned", coarse_mem_len=8, mem_len=0)
+    with raises_naming(ConfigError, "coarse_mem_len", ">= 0"):
+        ModelConfig(**base, coarse_mem_len=-1)
+    assert ignored_options(ModelConfig(**SMALL, coarse_mem_len=8)) == ["hourglass.coarse_mem_len=8"]
     assert ignored_options(ModelConfig(**base, boundaries="entropy", ratio_loss=0.1)) == ["hourglass.ratio_loss=0.1"]
     assert ignored_options(ModelConfig(**base, boundaries="learned", shorten_fn="mean")) == [
         "hourglass.shorten_fn=mean"
     ]
+    assert ignored_options(ModelConfig(**base, residual_proj=False)) == ["hourglass.residual_proj=False"]
+    assert ignored_options(ModelConfig(**base, boundaries="entropy", residual_proj=False)) == [
+        "hourglass.residual_proj=False"
+    ]
+
+
+def test_the_residual_projection_starts_at_zero_and_a_config_stored_without_it_loads_as_trained(tmp_path):
+    """H-Net's residual_proj starts at zero, so that a new block's output is its coarse path alone; a checkpoint
+    whose stored config predates the option (no ``residual_proj`` key) was trained with the input itself added,
+    and loads so, with the same scores."""
+    from longseq.data.tokenizers import ByteTokenizer
+    from longseq.train import load_checkpoint, save_checkpoint
+
+    name = "learned"
+    assert dynamic("entropy").transformer.stack.layers[1].residual is None  # entropy chunks add the input itself
+    model = dynamic(name)
+    block = model.transformer.stack.layers[1]
+    assert not block.residual.weight.any() and not block.residual.bias.any()
+    seen = []
+    hook = block.register_forward_hook(lambda module, args, out: seen.append((args[0], out.hidden)))
+    x = torch.randint(0, 30, (2, 12))
+    with torch.no_grad():
+        model(x)
+        block.residual = None  # the input itself: the output moves by exactly the input
+        model(x)
+    hook.remove()
+    torch.testing.assert_close(seen[1][1] - seen[0][1], seen[0][0], rtol=0, atol=1e-12)
+
+    run = tiny_run()
+    run.model = ModelConfig(**{**SMALL, "vocab_size": 256, "shorten_layers": [1, 3], "shorten_factor": 3,
+                               **PREDICTORS[name], "residual_proj": False})  # fmt: skip
+    old = TransformerXLLM(run.model).eval()
+    save_checkpoint(str(tmp_path / "old"), old, run, ByteTokenizer())
+    stored = json.loads((tmp_path / "old" / "config.json").read_text())
+    del stored["run"]["model"]["hourglass"]["residual_proj"]  # as written before the option
+    rewrite_listed(tmp_path / "old", "config.json", json.dumps(stored))
+    loaded, _, config, _ = load_checkpoint(str(tmp_path / "old"))
+    assert config.model.hourglass.residual_proj is False and loaded.transformer.stack.layers[1].residual is None
+    x = torch.randint(0, 256, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x).logits, old(x).logits, rtol=0, atol=0)
 
 
 def test_the_boundaries_a_diagnosis_reads_and_their_statistics():
@@ -256,6 +337,11 @@ def test_the_boundaries_a_diagnosis_reads_and_their_statistics():
     with torch.no_grad():
         model(x)
     assert torch.equal(read_boundaries(model, x[0], 5), cuts[0].cuts[0])
+    hooks = dict(model.transformer.stack.layers[1].boundaries._forward_hooks)
+    model.train()
+    with raises_naming(RuntimeError, "token ids"):  # a token outside the vocabulary: the model is left as it was
+        read_boundaries(model, torch.tensor([1, 99]), 5)
+    assert model.training and model.transformer.stack.layers[1].boundaries._forward_hooks == hooks
     text = b"ab cd\nef"  # chunks "ab", " cd", "\nef": lengths 2, 3, 3
     stats = chunk_statistics(text, torch.tensor([1, 0, 1, 0, 0, 1, 0, 0]), mem_len=4)
     assert (stats["chunks"], stats["mean_length"], stats["longest"]) == (3, 8 / 3, 3)

@@ -29,6 +29,7 @@ from support import (
 )
 
 from longseq import ModelConfig, TransformerXLLM
+from longseq.api import train
 from longseq.cli import main
 from longseq.config import RunConfig
 from longseq.data import (
@@ -42,7 +43,7 @@ from longseq.eval.evaluate import evaluate, segment_losses
 from longseq.eval.recl import recl, relative_gain
 from longseq.eval.sliding import evaluate_sliding, recurrent_losses, sliding_window_losses
 from longseq.model import build_model
-from longseq.train import load_checkpoint, save_checkpoint, train
+from longseq.train import load_checkpoint, save_checkpoint
 
 T, B, STEPS = 8, 2, 41  # segments of 8, 2 streams of 41 tokens: 40 targets, 5 segments per stream
 
@@ -288,8 +289,8 @@ def test_recurrent_losses_give_every_token_exactly_its_context():
 def test_eval_command_uses_sliding_windows_for_the_vanilla_model(tmp_path, text_corpus, capsys):
     from support import tiny_run
 
+    from longseq.api import train
     from longseq.cli import main
-    from longseq.train import train
 
     data = text_corpus
     run = tiny_run(max_steps=2, eval_interval=2)

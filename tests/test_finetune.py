@@ -1,8 +1,8 @@
-"""Fine-tuning a language model checkpoint on a task (``train/finetune.py``, ``longseq finetune``, ``longseq
-predict``): each task learns through the command line, and the defaults learn a label carried by a document's first
-token; a resumed run ends bit for bit where the whole run does, extends with --steps, and refuses by name what a
-resume cannot change; a moved run finds its files by sha256; predictions reproduce the reported metrics, never
-overwrite their input, and name the records they cannot score."""
+"""Fine-tuning a language model checkpoint on a task (``train/finetune.py``, ``api.finetune``, ``longseq finetune``,
+``longseq predict``): each task learns through the command line, and the defaults learn a label carried by a
+document's first token; a resumed run ends bit for bit where the whole run does, extends with --steps, and refuses by
+name what a resume cannot change; a moved run finds its files by sha256; predictions reproduce the reported metrics,
+never overwrite their input, and name the records they cannot score."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ from support import (
     train_tiny_lm,
 )
 
+from longseq.api import train
 from longseq.cli import main
 from longseq.config import ConfigError
 from longseq.data.tasks import read_jsonl
 from longseq.tasks import task_for
-from longseq.train import train
 from longseq.train.trainer import Trainer
 
 
@@ -38,7 +38,7 @@ def varied_lengths_file(tmp_path) -> str:
 
 
 def test_grouped_linear_fine_tuning_resumes_exactly_and_refuses_changes(tmp_path, lm_checkpoint, capsys, monkeypatch):
-    import longseq.train.finetune as finetune_module
+    import longseq.api as finetune_module
 
     lm, data = lm_checkpoint, varied_lengths_file(tmp_path)
     args = ["finetune", "--task", "classify", "--data", data, "--checkpoint", lm, "--segment-len", "8",
@@ -50,7 +50,7 @@ def test_grouped_linear_fine_tuning_resumes_exactly_and_refuses_changes(tmp_path
     assert main([*args, "--out", str(tmp_path / "part")]) == 0  # interrupted after 3 of its 6 steps
     monkeypatch.setattr(finetune_module.Trainer, "fit", fit)
     config = json.loads((tmp_path / "whole" / "last" / "config.json").read_text())
-    assert config["run"]["train"]["schedule"] == "linear" and config["run"]["task"]["group_by_length"]
+    assert config["run"]["train"]["optim"]["schedule"] == "linear" and config["run"]["task"]["group_by_length"]
     capsys.readouterr()
     resume = ["finetune", "--resume", "--out", str(tmp_path / "part"), "--quiet", "--json"]
     assert main([*resume, "--batch-size", "2"]) == 2  # a resume keeps the data layout (as a language model's)
@@ -80,7 +80,7 @@ def test_a_moved_run_resumes_exactly_from_its_files_at_their_new_path_and_other_
     gone."""
     import shutil
 
-    import longseq.train.finetune as finetune_module
+    import longseq.api as finetune_module
 
     old = tmp_path / "old"
     old.mkdir()
@@ -281,7 +281,7 @@ def test_a_tiny_classifier_learns_a_first_token_label_with_the_defaults(tmp_path
     checkpoint: the label is the first character of documents of 3-4 segments.  Measured: 1.00 on seeds 0-5, where
     pooling=last reached 0.28-0.29 (chance 0.33); the bound keeps a wide margin."""
 
-    from longseq.train.finetune import finetune
+    from longseq.api import finetune
 
     lm = lm_checkpoint  # segments of 8 tokens, mem_len 8, 2 layers
     train, valid = (
@@ -472,3 +472,48 @@ def test_fine_tuning_an_lstm_baseline_is_refused_by_name(tmp_path, classify_file
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "arch=lstm" in err and "transformer" in err and "Traceback" not in err and not out.exists()
+
+
+def test_fine_tuning_defaults_are_one_file_read_by_the_run_and_the_help(tmp_path, monkeypatch, capsys):
+    """``config/presets/finetune.toml`` is the one place of fine-tuning's defaults: finetune_run builds, from it, the
+    run the code before it wrote out by hand (the steps, batch, warm-up, schedule, clipping, decay, seed, cadence
+    as TrainConfig and DataConfig arguments), ``longseq finetune --help`` prints its values, and changing the file's
+    values changes both.  It is not a preset of ``longseq train``."""
+    from longseq.cli import finetune as finetune_cli
+    from longseq.config import PRESETS, DataConfig, ModelConfig, RunConfig, TrainConfig
+    from longseq.config.files import finetune_defaults
+    from longseq.train import finetune as finetune_module
+    from longseq.train.finetune import finetune_run
+
+    base = RunConfig(ModelConfig(), DataConfig(tokenizer="byte", tgt_len=24, lowercase=True), TrainConfig())
+    data = str(tmp_path / "train.jsonl")
+    for given, head_only in (({}, False), ({"train.max_steps": 50, "data.batch_size": 4}, False), ({}, True)):
+        steps, batch = given.get("train.max_steps", 200), given.get("data.batch_size", 8)
+        old_train = TrainConfig(
+            max_steps=steps, lr=1e-3, min_lr=0.0, warmup_steps=max(1, steps // 10), schedule="constant", clip=1.0,
+            layer_lr_decay=1.0 if head_only else 0.8, seed=0, eval_interval=steps, log_interval=max(1, steps // 10),
+        )  # fmt: skip
+        old_data = DataConfig(tokenizer="byte", lowercase=True, tgt_len=24, eval_tgt_len=24, batch_size=batch,
+                              eval_batch_size=batch)  # fmt: skip
+        settings = {"task.train": data, **given, **({"task.head_only": True} if head_only else {})}
+        run = finetune_run(base, str(tmp_path), "classify", settings)
+        assert (run.train, run.data) == (old_train, old_data)
+    assert "finetune" not in PRESETS
+
+    def help_text() -> str:
+        with pytest.raises(SystemExit):
+            main(["finetune", "--help"])
+        return " ".join(capsys.readouterr().out.split())
+
+    shown = help_text()
+    assert all(
+        words in shown for words in ("default 200;", "BATCH_SIZE default 8", "LR default 0.001", "SEED default 0")
+    )
+    other = finetune_defaults()
+    other = RunConfig(other.model, other.data.replace(batch_size=3), other.train.replace(max_steps=70, lr=0.02, seed=9))
+    monkeypatch.setattr(finetune_cli, "finetune_defaults", lambda: other)
+    monkeypatch.setattr(finetune_module, "finetune_defaults", lambda: other)
+    shown = help_text()
+    assert all(words in shown for words in ("default 70;", "BATCH_SIZE default 3", "LR default 0.02", "SEED default 9"))
+    run = finetune_run(base, str(tmp_path), "classify", {"task.train": data})
+    assert (run.train.max_steps, run.data.batch_size, run.train.optim.lr, run.train.seed) == (70, 3, 0.02, 9)

@@ -351,3 +351,24 @@ def test_lora_through_peft():
     with tempfile.TemporaryDirectory() as directory:
         merged.save_pretrained(directory)
         assert torch.equal(AutoModelForCausalLM.from_pretrained(directory)(x).logits, merged(x).logits)
+
+
+def test_a_linear_model_exported_before_its_restarts_existed_loads_as_it_ran(tmp_path):
+    """An export of ``mixer=linear`` whose longseq section has no ``reset_every`` or ``rotary`` (written before they
+    existed) loads, through longseq and through ``from_pretrained``, unbounded and unrotated: the saved model's
+    logits."""
+    import json
+
+    model = tiny("xl", mixer=["linear", "attention"], reset_every=0, rotary=False)
+    export_longseq_hf(model, str(tmp_path / "hf"), segment_len=SEGMENT)
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    del config["longseq"]["mixers"]["reset_every"], config["longseq"]["mixers"]["rotary"]
+    path.write_text(json.dumps(config))
+    x = torch.randint(0, 50, (2, 7))
+    loaded, _, _ = load_longseq_hf(str(tmp_path / "hf"))
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
+    assert hf.config.longseq["mixers"]["reset_every"] == 0 and loaded.config.mixers.rotary is False
+    with torch.no_grad():
+        for logits in (loaded(x).logits, hf(x).logits):
+            torch.testing.assert_close(logits, model(x).logits, rtol=0, atol=0)

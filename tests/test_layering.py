@@ -48,6 +48,20 @@ def package_of(path: Path) -> tuple[str, ...]:
     return ("longseq", *path.relative_to(PACKAGE).parts[:-1])
 
 
+def imported_modules(path: Path) -> set[str]:
+    """Every ``longseq`` module ``path`` imports, by its dotted name (``from longseq.tasks.base import Task`` ->
+    ``longseq.tasks.base``; ``from longseq.tasks import task_for`` -> ``longseq.tasks``, the registry)."""
+    package = package_of(path)
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = list(package[: len(package) - node.level + 1]) if node.level else []
+            found.add(".".join([*base, *([node.module] if node.module else [])]))
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return {m for m in found if m.split(".")[0] == "longseq"}
+
+
 def test_every_package_is_on_the_map():
     entries = {top_level(p) for p in PACKAGE.rglob("*.py")} - {"__init__", "__main__"}
     missing = entries - set(map_order())
@@ -67,6 +81,19 @@ def test_no_package_imports_one_listed_above_it():
     assert not upward, "imports against the map's order: " + "; ".join(sorted(upward))
 
 
+def test_the_trainer_knows_tasks_by_their_interface_only():
+    """``train/`` imports no task (``tasks/lm.py``, ``classify.py`` ...), only their interface (``tasks/base.py``):
+    choosing the task a run names and giving it to the Trainer is the entry points' (``longseq/api.py``).  The one
+    module that reads the registry is ``checkpoint.py``, whose ``load_checkpoint`` builds the model a saved run
+    config names (a language model or a task's)."""
+    tasks = {}
+    for path in (PACKAGE / "train").rglob("*.py"):
+        for module in imported_modules(path):
+            if module.startswith("longseq.tasks") and module != "longseq.tasks.base":
+                tasks.setdefault(module, set()).add(path.name)
+    assert tasks == {"longseq.tasks": {"checkpoint.py"}}
+
+
 def test_the_check_sees_an_upward_import(tmp_path):
     """The scan itself: an import of ``longseq.cli`` is found where it is written, absolute or relative."""
     module = tmp_path / "m.py"
@@ -83,7 +110,7 @@ def test_the_optional_integrations_are_imported_only_when_asked_for():
     import sys
 
     code = (
-        "import sys, longseq, longseq.cli, longseq.train.trainer, longseq.data.corpus, longseq.data.tables, "
+        "import sys, longseq, longseq.cli, longseq.api, longseq.train.trainer, longseq.data.corpus, longseq.data.tables, "
         "longseq.cli.predict, longseq.integrations\n"
         "longseq.cli.build_parser()\n"
         "print(sorted(m for m in ('lm_eval', 'datasets', 'wandb') if m in sys.modules))"

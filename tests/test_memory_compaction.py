@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from support import raises_naming
 
 from longseq import ConfigError, ModelConfig, TransformerXLLM
 from longseq.model import Memory, Quantized, build_model, reset_rows
@@ -118,6 +119,31 @@ def test_compression_functions_and_their_errors():
         prepare_model_config(run, tiny_corpus())
 
 
+def test_whether_a_compressor_needs_whole_groups_is_its_registry_entrys_to_say(monkeypatch):
+    """The run check asks the compression function's entry (``needs_whole_groups``), not a list of names: an entry
+    that needs whole groups is refused a segment that is not a multiple of the rate, by name, and accepted one that
+    is; one that does not is accepted either way."""
+    from longseq.config import DataConfig
+    from longseq.model.memory.compress import COMPRESSION_FUNCTIONS, CompressionKind
+    from longseq.model.registry import check_lengths
+
+    model = lambda fn: ModelConfig(mem_len=6, cmem_len=4, cmem_rate=3, cmem_fn=fn)  # noqa: E731
+    uneven, even = DataConfig(tgt_len=8), DataConfig(tgt_len=9)
+    assert [name for name, kind in COMPRESSION_FUNCTIONS.items() if kind.needs_whole_groups] == ["conv", "linear"]
+    for name, kind in COMPRESSION_FUNCTIONS.items():
+        check_lengths(model(name), even)
+        if kind.needs_whole_groups:
+            with raises_naming(ConfigError, f"cmem_fn={name}", "cmem_rate=3", "tgt_len=8"):
+                check_lengths(model(name), uneven)
+        else:
+            check_lengths(model(name), uneven)
+    monkeypatch.setitem(COMPRESSION_FUNCTIONS, "mean", CompressionKind(learned=False, needs_whole_groups=True))
+    with raises_naming(ConfigError, "cmem_fn=mean", "multiples"):
+        check_lengths(model("mean"), uneven)
+    with raises_naming(ConfigError, "varlen"):
+        check_lengths(model("linear"), DataConfig(tgt_len=9, varlen=True))
+
+
 @pytest.mark.parametrize("mixer", ["attention", "ssm,attention"])
 def test_memory_dropout_masks_slots_as_a_cleared_document_would(mixer):
     """In training, a dropped slot is out of the softmax (not a zero key that stays in) and the kept slots keep their
@@ -200,7 +226,7 @@ def test_memory_tokens_carry_state_and_backpropagate_through_the_window():
 def test_memory_tokens_and_compaction_resume_exactly(tmp_path):
     from support import tiny_corpus, tiny_run
 
-    from longseq.train import train
+    from longseq.api import train
 
     corpus = tiny_corpus()
 

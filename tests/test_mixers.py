@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from support import assert_resumes_exactly, segments_and_steps, tiny_run
+from support import assert_resumes_exactly, in_segments, segments_and_steps, tiny_run
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.model import Memory, RingMemory
@@ -121,12 +121,8 @@ def test_a_hybrid_stack_read_in_segments_with_memory_equals_the_whole_sequence()
     x = torch.randint(0, 30, (2, 24))
     with torch.no_grad():
         whole = model(x).logits
-        mems, parts = None, []
-        for lo in range(0, 24, 5):  # 5, 5, 5, 5, 4: segments that cut through the ssm's chunks
-            out = model(x[:, lo : lo + 5], mems)
-            parts.append(out.logits)
-            mems = out.mems
-    torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=0, atol=1e-5)
+        segmented, mems = in_segments(model, x, 5)  # 5, 5, 5, 5, 4: segments that cut through the ssm's chunks
+    torch.testing.assert_close(segmented, whole, rtol=0, atol=1e-5)
     assert len(mems[0]) == 2 and len(mems[2]) == 1 and len(mems[3]) == 2  # ssm, conv and rnn states
     assert mems[1].shape == (2, 24, 16)  # the attention layer's memory
 

@@ -308,6 +308,28 @@ def test_lstm_baseline_carries_its_state_like_a_memory():
     assert first.mems[0][0].shape == first.mems[0][1].shape == (2, 16)  # (h, c) of layer 0
 
 
+def test_the_lstm_takes_the_transformers_call_options_and_refuses_the_rest_by_name():
+    """The per-call recurrence (and its shorthand) is the transformer's and changes nothing for an LSTM; a keyword
+    only the transformer's layers read, or a misspelt one, is a TypeError naming it (it was swallowed)."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**{**SMALL_LM, "arch": "lstm"})).double().eval()
+    ids = torch.randint(0, 30, (2, 6))
+    plain = model(ids, None, ids)
+    for options in (dict(recurrence=Recurrence(3)), dict(mem_len=0, clamp_len=2, same_length=True)):
+        assert torch.equal(model(ids, None, ids, **options).nll, plain.nll)
+        assert torch.equal(model.read(ids, **options)[0][0], plain.mems[0][0])
+        last = model.next_token_scores(ids, **options)[0]  # the decoder on one position: rounded as a GEMM of one row
+        torch.testing.assert_close(last, model(ids).logits[:, -1], rtol=0, atol=1e-12)
+    for call in (model, model.read, model.next_token_scores):
+        for keyword in ("mem_lenn", "global_mask", "layer_outputs"):
+            with pytest.raises(TypeError, match=f"'{keyword}'"):
+                call(ids, **{keyword: None})
+        with pytest.raises(TypeError, match="recurrence= or mem_len="):
+            call(ids, recurrence=Recurrence(3), mem_len=2)
+        with pytest.raises(ValueError, match="documents apart"):
+            call(ids, doc_ids=torch.zeros_like(ids))
+
+
 SYNC_BASE = dict(vocab_size=50, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, mem_len=16, attn_chunk=8)
 
 
@@ -334,7 +356,13 @@ SYNC_CASES = {  # a name: (model settings, call settings); attn_chunk 8 over 32 
     "gradient through the memory": ({"mem_bptt": 2}, {}),
     "documents": ({}, {"docs": True}),
     "key/value memory (evaluation)": ({}, {"kv": True, "train": False}),
-}
+    "llama block, capped": ({"norm": "rmsnorm", "ff": "swiglu", "bias": False, "final_norm": True, "pre_lnorm": True,
+                             "attn_softcap": 5.0, "logit_softcap": 10.0, "n_kv_head": 1, "qk_norm": True}, {}),
+    "capped content scores": ({"pos": "rope", "attn_softcap": 5.0}, {}),
+    "capped sparse pieces": ({"attention": ["strided"], "window": 4, "stride": 4, "attn_softcap": 5.0}, {}),
+    "linear, restarted and rotated": ({"mixer": ["linear"]}, {"docs": True}),
+    "performer": ({"mixer": ["performer"]}, {}),
+}  # fmt: skip
 
 
 def syncs_of(settings: dict, kv=False, train=True, docs=False) -> list[str]:
@@ -363,6 +391,9 @@ def test_the_counter_sees_what_a_gpu_would_wait_on():
         int(x.max()), x[x > 2], x.nonzero(), x.tolist(), bool((x > 1).any())
     kinds = [w.split(" at ")[0] for w in syncs.where]
     assert kinds == ["_local_scalar_dense", "boolean indexing", "nonzero", "Tensor.tolist", "_local_scalar_dense"]
+    with HostSyncs() as syncs:  # an output whose size is the data's
+        torch.unique(x, return_inverse=True), torch.unique(x, dim=0), torch.unique_consecutive(x)
+    assert syncs.count == 3, syncs.where
 
 
 def test_known_reads_are_the_documented_ones():
@@ -378,3 +409,20 @@ def test_known_reads_are_the_documented_ones():
     assert [w.split(" at ")[0] for w in syncs.where] == ["Tensor.tolist"]
     rnn = syncs_of({"mixer": ["rnn"], "n_layer": 1}, docs=True)
     assert len(rnn) == 2 and all("rnn.py" in w for w in rnn)
+
+
+@pytest.mark.parametrize("boundaries", ["learned", "entropy"])
+def test_a_dynamic_hourglass_reads_its_chunk_count_once(boundaries):
+    """The number of chunks of a segment is the coarse stack's shape: one read per forward, in select_chunks."""
+    settings = {"n_layer": 3, "shorten_layers": [1, 2], "mem_len": 8, "boundaries": boundaries}
+    reads = syncs_of(settings, docs=True)
+    assert len(reads) == 1 and "boundaries.py" in reads[0], reads
+
+
+def test_a_low_rank_encoder_reads_the_number_of_documents_once():
+    """Linformer projects each document apart; how many a segment holds is read once per forward, for every
+    layer (two here), and not at all without documents."""
+    settings = {"mem_len": 0, "bidirectional": True, "lowrank": 4, "lowrank_len": 32, "pos": "rope"}
+    reads = syncs_of(settings, docs=True)
+    assert len(reads) == 1 and "lowrank.py" in reads[0], reads
+    assert syncs_of(settings) == []

@@ -118,12 +118,12 @@ def test_a_run_shorter_than_its_preset_keeps_the_warm_ups_share_and_says_so(tmp_
     args = ["train", "--data", str(text_corpus), "--tokenizer", "char", *TINY_CLI, "max_steps=24", "log_interval=1"]
     assert main([*args, "--out", str(tmp_path / "short")]) == 0
     assert "warmup_steps scaled from 100 to 2" in capsys.readouterr().err  # 100 * 24 / 1200
-    assert load_run_config(str(tmp_path / "short" / "run.toml")).train.warmup_steps == 2
+    assert load_run_config(str(tmp_path / "short" / "run.toml")).train.optim.warmup_steps == 2
     lrs = [r["lr"] for r in records(tmp_path / "short") if "lr" in r]
     assert len(lrs) == 24 and lrs[0] < lrs[1] == max(lrs)  # two steps up (the last at the peak) ...
     assert all(a > b for a, b in zip(lrs[2:], lrs[3:])) and lrs[-1] < lrs[1] / 2  # ... then the cosine decay
     assert main([*args, "warmup_steps=30", "--out", str(tmp_path / "mine")]) == 0
     assert_names(capsys.readouterr().err, "warmup_steps=30 >= max_steps=24", "never")
-    assert load_run_config(str(tmp_path / "mine" / "run.toml")).train.warmup_steps == 30
+    assert load_run_config(str(tmp_path / "mine" / "run.toml")).train.optim.warmup_steps == 30
     lrs = [r["lr"] for r in records(tmp_path / "mine") if "lr" in r]
     assert all(a < b for a, b in zip(lrs, lrs[1:]))  # the user's choice: warm-up all along

@@ -31,7 +31,7 @@ from longseq.model.positions import (
     t5_buckets,
     upgrade_position_names,
 )
-from tests.support import pattern, segments_and_steps
+from tests.support import in_segments, pattern, segments_and_steps
 
 ENCODINGS = ("rope", "alibi", "t5", "nope")
 BASE = dict(vocab_size=30, n_layer=2, d_model=16, n_head=4, d_head=4, d_inner=32, dropout=0.0)
@@ -176,15 +176,11 @@ def test_chunked_with_memory_equals_the_whole_sequence_and_every_memory_agrees(p
     x = torch.randint(0, 30, (2, 24))
     with torch.no_grad():
         chunked, stepped, _ = segments_and_steps(model, x, 4)
-        kv, mems = [], Memory.empty(KVMemory)
-        for lo in range(0, 24, 4):
-            out = model(x[:, lo : lo + 4], mems)
-            kv.append(out.logits)
-            mems = out.mems
+        kv, mems = in_segments(model, x, 4, Memory.empty(KVMemory))
         whole = model(x).logits
     assert torch.allclose(chunked, whole, atol=1e-10)
     assert torch.allclose(stepped, whole, atol=1e-10)
-    assert torch.allclose(torch.cat(kv, dim=1), chunked, atol=1e-10)
+    assert torch.allclose(kv, chunked, atol=1e-10)
     if extra.get("n_kv_head"):
         assert mems.layers[0].keys.size(1) == 1  # the cache holds the shared key/value head only
 
@@ -198,16 +194,8 @@ def test_a_compressed_memory_and_memory_tokens_stay_causal(pos):
     y = x.clone()
     y[:, 13:] = (y[:, 13:] + 1) % 30
 
-    def read(tokens):
-        mems, parts = None, []
-        for lo in range(0, 20, 4):
-            out = model(tokens[:, lo : lo + 4], mems)
-            parts.append(out.logits)
-            mems = out.mems
-        return torch.cat(parts, dim=1)
-
     with torch.no_grad():
-        a, b = read(x), read(y)
+        (a, _), (b, _) = in_segments(model, x, 4), in_segments(model, y, 4)
     assert torch.equal(a[:, :13], b[:, :13]) and not torch.allclose(a[:, 13:], b[:, 13:])
 
 
@@ -327,9 +315,5 @@ def test_the_transformers_export_carries_the_encodings(tmp_path, pos, extra):
     with torch.no_grad():
         assert torch.allclose(hf(x).logits, model(x).logits, atol=1e-5)
         tokens = hf.generate(x, max_new_tokens=5, do_sample=False, pad_token_id=0)
-        mems, scores = None, []
-        for t in range(tokens.size(1) - 1):
-            out = model(tokens[:, t : t + 1], mems)
-            scores.append(out.logits[:, -1])
-            mems = out.mems
-    assert torch.equal(torch.stack(scores, 1)[:, 6:].argmax(-1), tokens[:, 7:])
+        scores, _ = in_segments(model, tokens[:, :-1], 1)  # longseq's own, one token at a time
+    assert torch.equal(scores[:, 6:].argmax(-1), tokens[:, 7:])

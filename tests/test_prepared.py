@@ -11,9 +11,9 @@ import pytest
 from support import raises_naming
 
 from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
+from longseq.api import train
 from longseq.data import CorpusError, DocumentIds, OrderedStream, load_corpus, prepare_corpus, unigram_bits_per_token
 from longseq.data import prepared as prepared_module
-from longseq.train import train
 
 SPECS = ["byte", "char", "word", "bpe"]
 SHAKESPEARE = os.path.join(os.path.dirname(__file__), "..", "longseq", "data", "corpora", "tinyshakespeare.txt")

@@ -45,7 +45,7 @@ def test_tensorfloat32_is_set_on_cuda_only_and_the_trainer_passes_its_setting(tm
 
     import longseq.runtime
     import longseq.train.trainer
-    from longseq.train import train
+    from longseq.api import train
 
     calls = []
     monkeypatch.setattr(torch, "set_float32_matmul_precision", calls.append)

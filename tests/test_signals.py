@@ -36,8 +36,8 @@ from support import (
     tiny_text,
 )
 
+from longseq.api import train
 from longseq.train import checkpoint as checkpoint_module
-from longseq.train import train
 from longseq.train.checkpoint import load_training_state
 
 DRIVER = os.path.join(os.path.dirname(__file__), "fault_driver.py")

@@ -1,6 +1,7 @@
 """Speed measurements (``eval/speed.py``, ``longseq bench``).  The model FLOPs behind MFU: the count of
 model_flops_per_token equals PyTorch's FLOP counter on a forward pass of the readable reference kernel (which scores
-every (query, key) pair), by part, in training and with a key/value memory.  The bench commands report each task,
+every (query, key) pair), by part, in training and with a key/value memory, and of an hourglass's coarse layers
+and its own maps (fixed groups; learned and entropy chunks at the rate they were cut).  The bench commands report each task,
 the medians of their rounds, and name a size out of range before measuring anything."""
 
 import json
@@ -43,6 +44,52 @@ def test_evaluation_with_a_key_value_memory_projects_only_the_segment():
         mems = model(x, Memory.empty(KVMemory), mem_len=6).mems
         flops = model_flops_per_token(config, tgt_len=10, mem_len=6, batch=3, keys_per_query=16, kv_memory=True)
         assert counted(model, x, mems, x, mem_len=6) == pytest.approx(flops["forward"] * 3 * 10, rel=1e-12)
+
+
+HOURGLASSES = {
+    "fixed": dict(shorten_factor=2),
+    "fixed-mean": dict(shorten_factor=3, shorten_fn="mean"),
+    "fixed-coarse-memory": dict(shorten_factor=2, coarse_mem_len=4),
+    "learned": dict(shorten_factor=3, boundaries="learned"),
+    "entropy": dict(shorten_factor=3, boundaries="entropy", entropy_rule="global", coarse_mem_len=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOURGLASSES))
+def test_an_hourglass_forward_flops_are_counted_exactly(name):
+    """Layers 1 and 2 of 4 at the coarse level (a full memory at both levels): fixed groups, and chunks of the
+    length the predictor cut (one row, so no padding of rows), with the smoothing scan's padded last block."""
+    import math
+
+    from longseq.model.boundaries import SMOOTH_CHUNK
+
+    config = ModelConfig(**{**CONFIG, "n_layer": 4}, attn_impl="reference", attn_chunk=0, shorten_layers=[1, 3],
+                         **HOURGLASSES[name])  # fmt: skip
+    torch.manual_seed(0)
+    model = TransformerXLLM(config).eval()
+    block = model.transformer.stack.layers[1]
+    cuts = []
+    if config.hourglass.dynamic:
+        block.boundaries.register_forward_hook(lambda module, args, out: cuts.append(out.cuts))
+    if name == "entropy":  # a head sure of some tokens and not of others, so that it cuts
+        with torch.no_grad():
+            block.boundaries.head.weight.normal_(0, 1.0)
+    batch, length = (3, 12) if not config.hourglass.dynamic else (1, 30)
+    x = torch.randint(0, 50, (batch, 40))
+    y = torch.randint(0, 50, (batch, length))
+    with torch.no_grad():
+        mems = model(x).mems
+        got = counted(model, y, mems, y)
+    coarse_mem = config.coarse_mem()
+    assert mems.layers[1].inner.mem_length == coarse_mem  # full: the steady state the count describes
+    chunks, padding = length / config.hourglass.shorten_factor, 0.0
+    if cuts:
+        chunks = int(cuts[-1].sum())
+        per_block_slot = 2 * (SMOOTH_CHUNK + (SMOOTH_CHUNK + 2) * config.d_model)
+        padding = (math.ceil(chunks / SMOOTH_CHUNK) * SMOOTH_CHUNK - chunks) * per_block_slot
+    flops = model_flops_per_token(config, tgt_len=length, mem_len=6, batch=batch, keys_per_query=6 + length,
+                                  chunk_length=length / chunks, coarse_keys_per_query=coarse_mem + chunks)  # fmt: skip
+    assert got == pytest.approx(flops["forward"] * batch * length + padding, rel=1e-12)
 
 
 def test_default_keys_per_query_is_full_causal_attention():

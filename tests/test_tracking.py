@@ -13,7 +13,7 @@ wandb = pytest.importorskip("wandb")
 
 from support import tiny_corpus, tiny_run  # noqa: E402
 
-from longseq.train import train  # noqa: E402
+from longseq.api import train  # noqa: E402
 from longseq.train.tracking import scalars  # noqa: E402
 
 

@@ -14,11 +14,12 @@ import torch
 from support import TINY_CLI, assert_names, assert_said, fit_tiny, raises_naming, records, tiny_corpus, tiny_run
 
 from longseq import ConfigError, ModelConfig
+from longseq.api import train
 from longseq.cli import main
 from longseq.config import RunConfig
 from longseq.model import Memory
 from longseq.tasks.lm import LanguageModeling
-from longseq.train import TrainingError, load_checkpoint, train
+from longseq.train import TrainingError, load_checkpoint
 from longseq.train.checkpoint import load_training_state
 from longseq.train.trainer import Trainer
 
@@ -352,11 +353,11 @@ def test_sample_settings_are_checked(tmp_path):
 def test_a_restored_memory_is_on_the_models_device(tmp_path):
     """Resume and the NaN rollback both go through Trainer.restore: the memory read from the checkpoint lands on
     the trainer's device (here ``meta``), every tensor of it."""
+    from longseq.api import train
     from longseq.config import DataConfig, TrainConfig
     from longseq.data import CharTokenizer, Corpus
     from longseq.tasks.lm import LanguageModeling
     from longseq.train.checkpoint import load_training_state
-    from longseq.train.trainer import train
 
     text = "abcab cabba bacca " * 100
     tok = CharTokenizer.build(text)

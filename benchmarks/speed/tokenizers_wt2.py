@@ -27,9 +27,10 @@ import time
 import numpy as np
 
 from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
+from longseq.api import train
 from longseq.data import load_corpus
 from longseq.eval import evaluate
-from longseq.train import load_checkpoint, train
+from longseq.train import load_checkpoint
 
 DATA_ENV = "LONGSEQ_DATA"
 

@@ -4,9 +4,10 @@ segment by segment, and writes:
 
 * ``boundaries.png``: the passage with each chunk on its own shade, so word and line boundaries can be compared
   with the chunks' (a chunk begins at its first byte);
-* ``chunks.json``: the training run's last losses, the mean chunk length and its spread over the passage, how many
-  chunk starts fall at a word start (after a space or newline) or a line start against those positions' share of
-  the text, and how many bytes the coarse memory's ``mem_len`` chunk slots cover.
+* ``chunks.json``: the training run's last losses and validation bpb, the mean chunk length and its spread over
+  the first ``--measure`` bytes of the validation text (8,000), how many chunk starts fall at a word start (after a
+  space or newline) or a line start against those positions' share of the text, and how many bytes the coarse
+  memory's ``mem_len`` chunk slots cover.
 
 A sketch of the evidence, not the study (that compares bits per byte at equal FLOPs over seeds).  On 2 CPU cores
 the default run takes a few minutes.
@@ -15,6 +16,9 @@ Usage::
 
     python benchmarks/studies/chunk_boundaries.py --out runs/chunks --steps 600
     python benchmarks/studies/chunk_boundaries.py --out runs/chunks-entropy --boundaries entropy
+    # the settings before issue 43's tuning (H-Net's ratio loss weight, the global entropy rule, no projection)
+    python benchmarks/studies/chunk_boundaries.py --out runs/before --ratio-loss 0.03 --entropy-rule global \
+        --no-residual-proj
 """
 
 from __future__ import annotations
@@ -26,10 +30,13 @@ import os
 import torch
 
 from longseq import ModelConfig, RunConfig
+from longseq.api import train
 from longseq.config import DataConfig, TrainConfig
+from longseq.config.model import HourglassConfig
 from longseq.data.sources import bundled_corpus_path
 from longseq.diagnostics.chunks import chunk_statistics, read_boundaries
-from longseq.train import load_checkpoint, train
+from longseq.model.boundaries import BOUNDARY_PREDICTORS
+from longseq.train import load_checkpoint
 
 SHADES = ("#cfe3f7", "#f7dccf")  # alternate chunks
 COLUMNS = 80
@@ -38,11 +45,18 @@ COLUMNS = 80
 def run_config(args) -> RunConfig:
     model = ModelConfig(vocab_size=0, n_layer=4, d_model=args.d_model, n_head=4, d_head=args.d_model // 4,
                         d_inner=4 * args.d_model, dropout=0.1, mem_len=args.mem_len, shorten_layers=[1, 3],
-                        shorten_factor=args.target, boundaries=args.boundaries)  # fmt: skip
+                        shorten_factor=args.target, boundaries=args.boundaries, **own_options(args))  # fmt: skip
     data = DataConfig(tokenizer="byte", tgt_len=args.tgt_len, batch_size=16, eval_tgt_len=args.tgt_len)
     train_config = TrainConfig(max_steps=args.steps, lr=2e-3, warmup_steps=50, eval_interval=args.steps,
                                eval_max_segments=20, log_interval=50, seed=args.seed)  # fmt: skip
     return RunConfig(model=model, data=data, train=train_config)
+
+
+def own_options(args) -> dict:
+    """The options the chosen predictor reads (a run that sets the other's is refused: it would have no effect)."""
+    if args.boundaries == "learned":
+        return {"ratio_loss": args.ratio_loss, "residual_proj": not args.no_residual_proj}
+    return {"entropy_rule": args.entropy_rule}
 
 
 def passage(n: int) -> bytes:
@@ -83,23 +97,38 @@ def plot(data: bytes, starts: torch.Tensor, stats: dict, path: str, title: str) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="the run's folder (figure and JSON beside it)")
-    parser.add_argument("--boundaries", default="learned", choices=["learned", "entropy"])
+    parser.add_argument("--boundaries", default="learned", choices=sorted(BOUNDARY_PREDICTORS))
     parser.add_argument("--target", type=int, default=4, help="the target mean chunk length (shorten_factor)")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--mem-len", type=int, default=64)
     parser.add_argument("--tgt-len", type=int, default=128)
-    parser.add_argument("--passage", type=int, default=800, help="bytes of validation text to cut")
+    parser.add_argument("--passage", type=int, default=800, help="bytes of validation text drawn")
+    parser.add_argument("--measure", type=int, default=8000, help="bytes of validation text the statistics count")
     parser.add_argument("--seed", type=int, default=1)
+    defaults = HourglassConfig()
+    parser.add_argument("--ratio-loss", type=float, default=defaults.ratio_loss, help="learned: the ratio loss weight")
+    parser.add_argument("--entropy-rule", default=defaults.entropy_rule, choices=["global", "relative"])
+    parser.add_argument(
+        "--no-residual-proj", action="store_true", help="add the block's input itself, as before the option"
+    )
     args = parser.parse_args()
     result = train(run_config(args), os.path.join(args.out, "run"), overwrite=True, progress=False)
     model, _, run, _ = load_checkpoint(os.path.join(args.out, "run", "last"))
-    data = passage(args.passage)
+    data = passage(max(args.passage, args.measure))
     starts = read_boundaries(model, torch.tensor(list(data)), args.tgt_len)
-    stats = chunk_statistics(data, starts, args.mem_len)
-    stats.update(boundaries=args.boundaries, target=args.target, steps=args.steps,
-                 last_losses=result.losses[-5:], passage=data.decode("utf-8", "replace"))  # fmt: skip
-    plot(data, starts, stats, os.path.join(args.out, "boundaries.png"), f"boundaries={args.boundaries}")
+    stats = chunk_statistics(data[: args.measure], starts[: args.measure], args.mem_len)
+    stats.update(boundaries=args.boundaries, target=args.target, steps=args.steps, seed=args.seed,
+                 **own_options(args),
+                 valid_bpb=result.valid.get("bpb"), last_losses=result.losses[-5:],
+                 passage=data[: args.passage].decode("utf-8", "replace"))  # fmt: skip
+    plot(
+        data[: args.passage],
+        starts[: args.passage],
+        stats,
+        os.path.join(args.out, "boundaries.png"),
+        f"boundaries={args.boundaries}",
+    )
     with open(os.path.join(args.out, "chunks.json"), "w") as f:
         json.dump(stats, f, indent=1)
     print(json.dumps({k: v for k, v in stats.items() if k != "passage"}, indent=1))

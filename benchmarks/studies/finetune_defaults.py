@@ -27,13 +27,14 @@ import time
 
 import numpy as np
 
+from longseq.api import train
 from longseq.config import DataConfig, ModelConfig, RunConfig, TrainConfig
 from longseq.data.corpus import Corpus
 from longseq.data.tokenizers import CharTokenizer
 from longseq.tasks import task_for
 from longseq.train.checkpoint import load_checkpoint
 from longseq.train.finetune import finetune_run
-from longseq.train.trainer import Trainer, train
+from longseq.train.trainer import Trainer
 
 LABELS = ("red", "green", "blue")
 NOISE = ("mox", "vik", "tuz", "pwq", "jol", "hyk", "sux", "zap", "ki", "lo")

@@ -12,6 +12,8 @@ Usage::
     nice -n 10 python benchmarks/studies/recall.py --work runs/recall --store benchmarks/results/recall
     python benchmarks/studies/recall.py --work /tmp/recall-pilot --store /tmp/recall-pilot/store --pilot
     python benchmarks/studies/recall.py --store benchmarks/results/recall --plot   # heat maps of what is stored
+    # issue 43: passkey reach in bytes of learned chunks against XL and the fixed hourglass at the same mem_len
+    python benchmarks/studies/recall.py --work runs/recall --store benchmarks/results/recall --tasks passkey-chunks
 
 Recurrent layers (ssm, rnn, the hybrid) and memory tokens back-propagate through the whole training sequence
 (``state_bptt``, ``mem_tokens_bptt`` = its segments); attention's memory is the paper's stop-gradient one.
@@ -55,9 +57,20 @@ PASSKEY = {  # variant -> model settings over BASE_MODEL
     "retention": dict(mixer=["retention"], **RECURRENT),
     "hourglass": dict(mem_len=64, n_layer=3, shorten_layers=[1, 2], shorten_factor=2),
 }
+LONG = 16  # issue 43's passkey: 16 segments of 64, distances 1 .. 1,022, past 4 x XL's reach at mem_len 64
+CHUNKED = dict(n_layer=3, mem_len=64, shorten_layers=[1, 2], shorten_factor=4)  # the middle layer on chunks of 4
+PASSKEY_CHUNKS = {  # at the same mem_len (64 slots in every attention layer): reach in bytes
+    "xl-3": dict(n_layer=3, mem_len=64),
+    "fixed-4": dict(**CHUNKED, coarse_mem_len=64),  # 64 groups of 4: the learned model's slots, its span
+    "learned-4": dict(**CHUNKED, boundaries="learned"),
+    "entropy-4": dict(**CHUNKED, boundaries="entropy"),
+}
+TASKS = {"passkey-chunks": "passkey"}  # a study of another task's format: the task it trains
 STUDIES = {  # task -> (task options, training settings, rows, the evaluation grid)
     "passkey": (dict(seq_len=64 * SEGMENTS, key_len=1), dict(max_steps=300), PASSKEY,
                 dict(distances=[16, 32, 64, 96, 128, 192, 256, 384, 512, 1024, 4096])),
+    "passkey-chunks": (dict(seq_len=64 * LONG, key_len=1), dict(max_steps=300), PASSKEY_CHUNKS,
+                       dict(distances=[16, 64, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096])),
     "induction": (dict(seq_len=256, alphabet=16), dict(max_steps=1500),  # 300 steps: ssm at chance
                   {"ssm": dict(mixer=["ssm"], state_bptt=4), "xl-mem256": dict(mem_len=256)},
                   dict(lengths=[256, 1024, 4096, 16384, 65536])),
@@ -80,15 +93,20 @@ def run_config(task: str, variant: str, seed: int, steps: int | None) -> RunConf
     train = {**TRAIN, **training, "seed": seed, **({"max_steps": steps} if steps else {})}
     train["eval_interval"] = train["max_steps"]
     sections = {"model": ModelConfig(vocab_size=256), "data": DataConfig(tokenizer="byte", tgt_len=64, batch_size=16,
-                eval_batch_size=64), "train": TrainConfig(**train), "task": TaskConfig(name=task, **options)}  # fmt: skip
+                eval_batch_size=64), "train": TrainConfig(**train), "task": task_config(task)}  # fmt: skip
     return RunConfig(**apply_values(sections, list({**BASE_MODEL, **rows[variant]}.items())))
+
+
+def task_config(study: str) -> TaskConfig:
+    """The task a study trains, with its options (``passkey-chunks`` trains ``passkey``)."""
+    return TaskConfig(name=TASKS.get(study, study), **STUDIES[study][0])
 
 
 def run_row(task: str, variant: str, seed: int, work: str, steps: int | None, n_eval: int) -> dict:
     """Train (or continue) one row's seed and evaluate its best checkpoint on the task's grid."""
+    from longseq.api import train
     from longseq.train.checkpoint import load_checkpoint
     from longseq.train.rundir import has_checkpoint
-    from longseq.train.trainer import train
 
     out = os.path.join(work, task, variant, f"seed{seed}")
     run = run_config(task, variant, seed, steps)
@@ -102,7 +120,25 @@ def run_row(task: str, variant: str, seed: int, work: str, steps: int | None, n_
             "task_options": STUDIES[task][0], "steps": result.step, "valid": result.valid,
             "parameters": sum(p.numel() for p in model.lm.parameters()), "train_s": round(result.elapsed_s, 1),
             "session_s": round(trained_s, 1), "eval_s": round(time.perf_counter() - start - trained_s, 1),
-            **grid}  # fmt: skip
+            "chunks": chunk_lengths(model.lm, saved), **grid}  # fmt: skip
+
+
+def chunk_lengths(lm, run) -> dict | None:
+    """Learned or entropy chunks: their mean length and spread over 8 validation sequences (stream 99), read in
+    the training segments; with the coarse memory's reach in tokens (its slots x the mean length)."""
+    from longseq.data.recall import recall_batch
+    from longseq.diagnostics.chunks import read_boundaries
+
+    if not run.model.hourglass.dynamic:
+        return None
+    inputs = recall_batch(run.task, 99, 0, 8, run.task.seq_len).inputs
+    lengths = []
+    for row in inputs:
+        starts = read_boundaries(lm, row, run.data.tgt_len).nonzero().flatten().tolist()
+        lengths += [b - a for a, b in zip(starts, starts[1:] + [len(row)])]
+    mean = sum(lengths) / len(lengths)
+    spread = (sum((n - mean) ** 2 for n in lengths) / len(lengths)) ** 0.5
+    return {"mean_length": mean, "std_length": spread, "coarse_reach": mean * run.model.coarse_mem()}
 
 
 def evaluate(lm, options, segment_len: int, n_eval: int, cells: dict) -> dict:
@@ -124,7 +160,13 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", default="runs/recall", help="run directories (checkpoints; not committed)")
     p.add_argument("--store", default=os.path.join(ROOT, "benchmarks", "results", "recall"))
-    p.add_argument("--tasks", nargs="+", default=list(STUDIES), choices=list(STUDIES))
+    p.add_argument(
+        "--tasks",
+        nargs="+",
+        default=[t for t in STUDIES if t not in TASKS],
+        choices=list(STUDIES),
+        help="default: every task in its own format (passkey-chunks only when named)",
+    )
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--variants", nargs="+", help="only these rows")
     p.add_argument("--pilot", action="store_true", help="4 steps a row, 4 sequences a cell: checks the plumbing")

@@ -35,7 +35,7 @@ from longseq.config.base import apply_values  # noqa: E402
 
 def longseq_try(args, settings: list) -> list[dict]:
     """The study's row with ``settings`` applied, through the Trainer; the validation curve from metrics.jsonl."""
-    from longseq.train.trainer import train
+    from longseq.api import train
 
     run = study.run_config(args.task, args.variant, args.seed, args.steps)
     sections = {"model": run.model, "data": run.data, "train": run.train, "task": run.task}
@@ -54,7 +54,6 @@ def control_try(args) -> list[dict]:
     import torch.nn.functional as F
     from torch import nn
 
-    from longseq.config.run import TaskConfig
     from longseq.data.recall import recall_batch
 
     class Block(nn.Module):
@@ -69,8 +68,8 @@ def control_try(args) -> list[dict]:
             x = x + self.att(y, y, y, attn_mask=mask, need_weights=False)[0]
             return x + self.ff(self.n2(x))
 
-    options, _, _, _ = study.STUDIES[args.task]
-    task, n = TaskConfig(name=args.task, **options), options["seq_len"]
+    task = study.task_config(args.task)
+    n = task.seq_len
     torch.manual_seed(args.seed)
     emb, pos, blocks = nn.Embedding(256, 64), nn.Embedding(n, 64), nn.ModuleList(Block(64, 2) for _ in range(2))
     head = nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 256))

@@ -24,7 +24,11 @@ refused without it).  ``--store DIR`` (a folder under ``benchmarks/results``) ke
 result.json as ``DIR/VARIANT/seedS/result.json`` and reuses what it finds there, so that a table that takes
 several sessions survives a fresh clone (the checkpoints under ``--out`` do not travel, and are not committed);
 ``--summarize`` trains nothing, reads no corpus and summarizes the finished runs it finds, each variant over the
-seeds it has.  The corpora are read from ``--data-root`` (default: the environment variable ``LONGSEQ_DATA``),
+seeds it has.  ``--flops F`` trains every variant for the steps that spend F training FLOPs
+(:func:`longseq.eval.speed.model_flops_per_token`), in place of ``--steps``: equal compute, not equal steps.  The
+byte corpora (``ptb-bytes``, ``wt2-bytes``, ``shakespeare-bytes``: :mod:`texts`) give every tokenizer the same
+bytes, so that a variant may read them with another (``[NAME.data] tokenizer = "bpe"``); their table compares
+bits per byte over the whole test split, and RECL is measured among the variants of the corpus's own tokens.  The corpora are read from ``--data-root`` (default: the environment variable ``LONGSEQ_DATA``),
 a folder holding ``ptb/`` and ``wikitext-2/``; the bundled tiny-shakespeare needs neither.
 
 Usage::
@@ -40,6 +44,10 @@ Usage::
     python benchmarks/studies/runner.py --out /tmp/compaction --store benchmarks/results/compaction-ptb-char-3000 \\
         --steps 3000 --seeds 1 2 3 --baseline xl --set keep_last=12 --summarize \\
         --variants xl compress-max compress-mean xl-pruned xl-int8 mem-tokens compress-conv compress-linear
+    # issue 43: learned chunks against the fixed hourglass, byte XL and BPE XL at equal training FLOPs, in bits per
+    # byte (benchmarks/results/learned-chunks-flops/README.md)
+    python benchmarks/studies/runner.py --data-root ../shared/data --corpus ptb-bytes --out runs/chunks-ptb-bytes \
+        --flops 2.4e13 --baseline bytes-xl --variants bytes-xl bytes-fixed bytes-learned bpe-xl --resume
     # pilot (about a minute on 2 CPU cores)
     python benchmarks/studies/runner.py --out /tmp/curves-pilot --steps 60 --eval-interval 20 --seeds 1 \\
         --test-segments 20 --set n_layer=2
@@ -58,25 +66,33 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 import torch
 
 from longseq import RunConfig
+from longseq.api import train
 from longseq.config import apply_overrides
 from longseq.config.base import ConfigError, apply_values
 from longseq.config.files import apply_sections, load_run_config, read_config_file
 from longseq.data.corpus import load_corpus, load_ptb_char
 from longseq.diagnostics import attention_layers, memory_attention_share
+from longseq.diagnostics.chunks import chunk_statistics, read_boundaries
 from longseq.eval import evaluate
 from longseq.eval.context import context_curve, per_position_losses
 from longseq.eval.recl import group_losses, recl
 from longseq.eval.sliding import evaluate_sliding
-from longseq.eval.speed import generate_speed
-from longseq.train import load_checkpoint, train
+from longseq.eval.speed import generate_speed, model_flops_per_token
+from longseq.train import load_checkpoint
 from longseq.train.checkpoint import load_checkpoint_config
 from longseq.train.signals import Interrupted
+from longseq.train.upgrade import upgrade_run
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from texts import NEEDS_NO_DATA as TEXTS_NEED_NO_DATA  # noqa: E402
+from texts import TEXTS, text_folder  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASE = os.path.join(HERE, "base.toml")
@@ -89,8 +105,10 @@ CORPORA = {  # name -> (loader of the data root, tokenizer kind, overrides every
     # the bundled corpus of the default preset (90/5/5): with --steps 1200 --set mem_len=64 warmup_steps=100 the
     # base model is the tiny-shakespeare preset, where a recipe must hold before it becomes the preset's default
     "shakespeare": (lambda root: load_corpus(None, "char"), "char", []),
+    # the same bytes for every tokenizer (texts.py): byte models and a BPE model scored alike, in bits per byte
+    **{name: (None, "byte", []) for name in TEXTS},
 }
-NEEDS_NO_DATA = ("shakespeare",)
+NEEDS_NO_DATA = ("shakespeare", *TEXTS_NEED_NO_DATA)
 BASELINE = "no-memory"
 
 
@@ -105,9 +123,39 @@ def data_root(given: str | None) -> str:
     return root
 
 
-def load_named_corpus(name: str, root: str | None):
-    """Corpus ``name`` read from ``root`` (see :func:`data_root`); the bundled one needs no root."""
-    return CORPORA[name][0](None if name in NEEDS_NO_DATA else data_root(root))
+def load_named_corpus(name: str, root: str | None, work: str | None = None, tokenizer: str | None = None,
+                      vocab_size: int | None = None):  # fmt: skip
+    """Corpus ``name`` read from ``root`` (see :func:`data_root`); the bundled one needs no root.  A byte corpus
+    (:mod:`texts`) is derived under ``work`` (default: the temporary folder) and read with ``tokenizer`` (default:
+    bytes) and ``vocab_size`` (a BPE's)."""
+    root = None if name in NEEDS_NO_DATA else data_root(root)
+    if name in TEXTS:
+        folder = text_folder(name, root, work or os.path.join(tempfile.gettempdir(), "longseq-study-texts"))
+        return load_corpus(folder, tokenizer or "byte", vocab_size=vocab_size)
+    return CORPORA[name][0](root)
+
+
+def variant_corpus(args, run: RunConfig, corpus):
+    """The corpus a variant reads: the study's, or, for a variant with another tokenizer on a byte corpus (a BPE
+    model), the same text read with its tokenizer (loaded once)."""
+    if corpus is None or run.data.tokenizer == CORPORA[args.corpus][1]:
+        return corpus
+    if args.corpus not in TEXTS:
+        raise SystemExit(f"a variant with tokenizer={run.data.tokenizer} needs a corpus every tokenizer reads alike: "
+                         f"--corpus {' or '.join(TEXTS)}")  # fmt: skip
+    key = (run.data.tokenizer, run.data.vocab_size)
+    if key not in args.corpora:
+        args.corpora[key] = load_named_corpus(args.corpus, args.data_root, args.out, *key)
+    return args.corpora[key]
+
+
+def variant_setup(args, name: str, seed: int, corpus) -> tuple[RunConfig, object]:
+    """The run of variant ``name`` at ``seed`` and the corpus it reads (``corpus`` None: summarizing)."""
+    if corpus is None:
+        return None, None
+    run = variant_run(args, name, seed, corpus.tokenizer.vocab_size)
+    own = variant_corpus(args, run, corpus)
+    return (run if own is corpus else variant_run(args, name, seed, own.tokenizer.vocab_size)), own
 
 
 def load_variants(folder: str = os.path.join(HERE, "variants")) -> dict[str, dict]:
@@ -161,9 +209,21 @@ def variant_run(args, name: str, seed: int, vocab: int) -> RunConfig:
         raise SystemExit(f"variant {name}: {exc}") from None
     sets_steps = any(o.startswith(("max_steps=", "train.max_steps=")) for o in [*args.set, *variant["overrides"]])
     window = run.model.segments_per_step
-    if window > 1 and not sets_steps:
+    if args.flops:  # equal training FLOPs: the steps that spend the budget
+        run.train.max_steps = max(1, round(args.flops / train_flops_per_step(run)))
+    elif window > 1 and not sets_steps:
         run.train.max_steps = args.steps // window  # a step reads `window` segments: equal tokens, fewer steps
     return run
+
+
+def train_flops_per_step(run: RunConfig, chunk_length: float | None = None) -> float:
+    """Training FLOPs of one optimizer step (:func:`longseq.eval.speed.model_flops_per_token`, at the target chunk
+    length unless ``chunk_length`` is given): attention stacks and hourglasses are counted, other mixers refused."""
+    m, d = run.model, run.data
+    if set(m.layer_mixers) != {"attention"}:
+        raise SystemExit(f"--flops counts attention stacks (and hourglasses) only, not mixer={m.layer_mixers}")
+    per_token = model_flops_per_token(m, d.tgt_len, m.memory.mem_len, d.batch_size, chunk_length=chunk_length)
+    return per_token["train"] * d.batch_size * d.tgt_len * m.segments_per_step
 
 
 def write_json(path: str, data) -> None:
@@ -176,11 +236,12 @@ def write_json(path: str, data) -> None:
     os.replace(tmp, path)
 
 
-def read_curve(run_dir: str) -> list[tuple[int, float, float]]:
-    """(step, elapsed seconds, validation loss) of every validation record of a run."""
-    return [
-        (r["step"], r.get("elapsed_s", math.nan), r["valid_loss"]) for r in read_metrics(run_dir) if "valid_loss" in r
-    ]
+def read_curve(run_dir: str, per_byte: bool = False) -> list[tuple[int, float, float]]:
+    """(step, elapsed seconds, validation loss) of every validation record of a run; ``per_byte``: the loss in
+    nats per byte (a byte corpus, where models of different tokenizers compare)."""
+    key = "valid_bpb" if per_byte else "valid_loss"
+    scale = math.log(2) if per_byte else 1.0
+    return [(r["step"], r.get("elapsed_s", math.nan), r[key] * scale) for r in read_metrics(run_dir) if key in r]
 
 
 def read_metrics(run_dir: str) -> list[dict]:
@@ -206,7 +267,9 @@ def score(model, run: RunConfig, corpus, args) -> dict:
     varies the attention memory only: a compressed memory, memory tokens or a hybrid's recurrent states are kept at
     every point (its ``kept``), so for those variants "memory 0" is not the segment alone."""
     common = dict(tgt_len=run.data.eval_tgt_len, batch_size=run.data.eval_batch_size, max_segments=args.test_segments)
-    test = evaluate(model, corpus.test, **common, bits_unit="bpc")
+    # on a byte corpus, bits per byte over the whole test split: the same bytes for every tokenizer
+    whole = {"max_segments": 0, "tokenizer": corpus.tokenizer} if args.corpus in TEXTS else {}
+    test = evaluate(model, corpus.test, **{**common, **whole}, bits_unit="bpc")
     positions = per_position_losses(model, corpus.test, **common, skip_segments=args.skip_segments)
     if run.model.positions.pos == "absolute":
         segments = test
@@ -230,6 +293,27 @@ def score(model, run: RunConfig, corpus, args) -> dict:
     }
     return {"test": test, "per_position": positions, "context_curve": curve, "memory_share": share(model, run, corpus),
             "speed": speed}  # fmt: skip
+
+
+def spent(model, run: RunConfig, corpus, args) -> dict:
+    """With ``--flops``: the training FLOPs of a step and of the run, and for learned or entropy chunks, where the
+    model cuts the first ``CHUNK_TOKENS`` test tokens (:func:`longseq.diagnostics.chunks.chunk_statistics`) and the
+    run's FLOPs at the mean chunk length measured there (the budget assumed the target)."""
+    if not args.flops:
+        return {}
+    per_step = train_flops_per_step(run)
+    out = {"train_flops_per_step": per_step, "train_flops": per_step * run.train.max_steps, "chunks": None}
+    if run.model.hourglass.dynamic:
+        ids = corpus.test[:CHUNK_TOKENS]
+        starts = read_boundaries(model, torch.as_tensor(np.asarray(ids, dtype=np.int64)), run.data.eval_tgt_len)
+        text = np.asarray(ids, dtype=np.uint8).tobytes() if corpus.tokenizer.kind == "byte" else bytes(len(ids))
+        chunks = chunk_statistics(text, starts, run.model.coarse_mem())  # where words begin: bytes only
+        out["chunks"] = chunks
+        out["train_flops_measured"] = train_flops_per_step(run, chunks["mean_length"]) * run.train.max_steps
+    return out
+
+
+CHUNK_TOKENS = 16384
 
 
 def reads_memory_length(run: RunConfig) -> bool:
@@ -269,9 +353,12 @@ def reuse(path: str, name: str, seed: int, corpus, args, log) -> dict:
     otherwise.  Without a corpus (``--summarize``) the vocabulary size is the stored run's: the rest is checked."""
     with open(path, encoding="utf-8") as f:
         result = json.load(f)
-    vocab = corpus.tokenizer.vocab_size if corpus is not None else result["run"]["model"]["vocab_size"]
-    run = variant_run(args, name, seed, vocab)
-    if RunConfig.from_dict(result["run"]).to_dict() != run.to_dict():  # same run (fields added since: defaults)
+    if corpus is not None:
+        run = variant_setup(args, name, seed, corpus)[0]
+    else:
+        run = variant_run(args, name, seed, result["run"]["model"]["vocab_size"])
+    stored = RunConfig.from_dict(upgrade_run(result["run"]))  # fields added since: defaults, or as the run ran
+    if stored.to_dict() != run.to_dict():
         raise SystemExit(f"{path} was trained with another config; use another --out (--store) or remove it")
     if result.get("scoring", scoring(args)) != scoring(args):  # results from before the key: taken as they are
         raise SystemExit(
@@ -301,7 +388,7 @@ def run_one(name: str, seed: int, corpus, args, log) -> dict | None:
     if args.summarize:
         log(f"{name} seed {seed}: not finished, left out of the summary")
         return None
-    run = variant_run(args, name, seed, corpus.tokenizer.vocab_size)
+    run, corpus = variant_setup(args, name, seed, corpus)
     overrides = args.variant_overrides[name]["overrides"]
     config = run.to_dict()
     resume = os.path.isdir(os.path.join(out, "last"))
@@ -310,25 +397,29 @@ def run_one(name: str, seed: int, corpus, args, log) -> dict | None:
     if resume and load_checkpoint_config(os.path.join(out, "last")).to_dict() != config:
         raise SystemExit(f"{out} holds a run of another config; use another --out or remove it")
     log(f"{name} seed {seed}: {'resuming' if resume else 'training'} ({' '.join(overrides)})")
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     # the study's files set the options (base.toml's mem_len serves attention and ssm stacks alike): one a stack
     # does not read is said in the log, not refused
     trained = train(run, out, resume=resume, corpus=corpus, progress=False, log=log, file_config=run)
+    train_cpu = time.process_time() - cpu  # CPU seconds: what a run costs on one thread, whatever else ran
     model, _, saved, _ = load_checkpoint(os.path.join(out, "last"))
     model.to(args.device)
     result = {
         "variant": name, "seed": seed, "overrides": overrides, "run": config, "scoring": scoring(args),
         "params": model.num_parameters(), "step": trained.step, "session_train_s": time.perf_counter() - began,
-        "train_tokens_per_s": training_speed(trained, out), "curve": read_curve(out), **score(model, saved, corpus, args),
-        "share_history": share_history(out, corpus, args.device),
+        "session_train_cpu_s": train_cpu,
+        "train_tokens_per_s": training_speed(trained, out), "curve": read_curve(out, args.corpus in TEXTS), **score(model, saved, corpus, args),
+        "share_history": share_history(out, corpus, args.device), **spent(model, saved, corpus, args),
     }  # fmt: skip
+    result["session_cpu_s"] = time.process_time() - cpu  # training and scoring
     if result["memory_share"] is not None and result["share_history"]:  # the last checkpoint closes the series
         result["share_history"].append((trained.step, float(np.mean(result["memory_share"]["memory_share"]))))
     write_json(result_path, result)
     if stored:
         keep(stored, result)
+    bpb = f", bpb {result['test']['bpb']:.4f}" if "bpb" in result["test"] else ""
     log(
-        f"{name} seed {seed}: test {bits_name(args.corpus)} {result['test']['bpc']:.4f}, ppl {result['test']['ppl']:.2f}"
+        f"{name} seed {seed}: test {bits_name(args.corpus)} {result['test']['bpc']:.4f}, ppl {result['test']['ppl']:.2f}{bpb}"
     )
     return result
 
@@ -367,7 +458,7 @@ def position_bands(loss: list[float]) -> dict:
 
 def bits_name(corpus: str) -> str:
     """What the results' ``bpc`` key (loss / ln 2 per token) is for this corpus."""
-    return "bpc" if CORPORA[corpus][1] == "char" else "bits per word"
+    return "bpc" if CORPORA[corpus][1] in ("char", "byte") else "bits per word"
 
 
 def summarize_variant(results: list[dict]) -> dict:
@@ -392,7 +483,23 @@ def summarize_variant(results: list[dict]) -> dict:
         "train_tokens_per_s": stats([r["train_tokens_per_s"] for r in results]),
         **{key: stats([r["speed"][key] for r in results]) for key in SPEED if all("speed" in r for r in results)},
         "memory_share_by_layer": layer_shares(results),
+        **(
+            {"test_bpb": stats([r["test"]["bpb"] for r in results])} if all("bpb" in r["test"] for r in results) else {}
+        ),
+        **spent_summary(results),
     }
+
+
+def spent_summary(results: list[dict]) -> dict:
+    """With ``--flops``: steps, training FLOPs and, for learned or entropy chunks, the mean chunk length measured
+    on the test text and the FLOPs at it, over the seeds."""
+    if not all("train_flops" in r for r in results):
+        return {}
+    out = {"steps": stats([r["step"] for r in results]), "train_flops": stats([r["train_flops"] for r in results])}
+    if all(r.get("chunks") for r in results):
+        out["mean_chunk_length"] = stats([r["chunks"]["mean_length"] for r in results])
+        out["train_flops_measured"] = stats([r["train_flops_measured"] for r in results])
+    return out
 
 
 def layer_shares(results: list[dict]) -> dict | None:
@@ -408,7 +515,10 @@ def layer_shares(results: list[dict]) -> dict | None:
 
 def token_steps(result: dict) -> list[tuple[int, float, float]]:
     """A run's validation curve with its steps counted in one-segment steps, so that curves compare at equal
-    tokens: a step of the mem-tokens variant reads 2 segments, so its step 750 stands at 1,500."""
+    tokens: a step of the mem-tokens variant reads 2 segments, so its step 750 stands at 1,500.  A run of a
+    ``--flops`` study counts training FLOPs instead."""
+    if "train_flops_per_step" in result:
+        return [(step * result["train_flops_per_step"], elapsed, loss) for step, elapsed, loss in result["curve"]]
     window = RunConfig.from_dict(result["run"]).model.segments_per_step
     return [(step * window, elapsed, loss) for step, elapsed, loss in result["curve"]]
 
@@ -476,7 +586,8 @@ def plot_curves(by_variant: dict[str, list[dict]], path: str, unit: str = "bpc")
         for ax, x in ((axes[0], full), (axes[1], clock)):
             line = ax.plot(x, mean, "o-", markersize=3, label=f"{name} ({len(results)} seeds)")[0]
             ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
-    axes[0].set_xlabel("step (one segment a step: equal tokens)")
+    flops = all("train_flops_per_step" in r for results in by_variant.values() for r in results)
+    axes[0].set_xlabel("training FLOPs" if flops else "step (one segment a step: equal tokens)")
     axes[1].set_xlabel("wall time (s, mean over seeds; validation included)")
     axes[0].set_ylabel(f"validation {unit}")
     for ax in axes:
@@ -543,7 +654,8 @@ def _plot_share_history(plt, by_variant: dict[str, list[dict]], out_dir: str) ->
 def markdown(summary: dict) -> str:
     """summary.md: test bpc, position bands, context curve, memory share, where the curves separate; speed."""
     fmt = lambda s: f"{s['mean']:.4f} ± {s['std']:.4f} [{s['min']:.4f}, {s['max']:.4f}]"  # noqa: E731
-    unit = bits_name(summary["meta"]["corpus"])
+    key = f"test_{summary.get('metric', 'bpc')}"  # bpb on a byte corpus: models of different tokenizers compare
+    unit = "bits per byte" if key == "test_bpb" else bits_name(summary["meta"]["corpus"])
     words = unit == "bits per word"  # and the perplexity that the word-level papers quote
     ppl_head = " test ppl mean ± std |" if words else ""
     lines = [f"| variant | overrides | seeds | test {unit} mean ± std [min, max] |{ppl_head} gap to baseline | ranges apart |",
@@ -553,12 +665,11 @@ def markdown(summary: dict) -> str:
     for name, v in variants.items():
         gap, sep = "", ""
         if base is not None and name != summary["baseline"]:
-            gap = f"{100 * (base['test_bpc']['mean'] - v['test_bpc']['mean']) / base['test_bpc']['mean']:+.2f}%"
-            sep = "yes" if apart(v["test_bpc"], base["test_bpc"]) else "no"
+            gap = f"{100 * (base[key]['mean'] - v[key]['mean']) / base[key]['mean']:+.2f}%"
+            sep = "yes" if apart(v[key], base[key]) else "no"
         ppl = f" {v['test_ppl']['mean']:.2f} ± {v['test_ppl']['std']:.2f} |" if words else ""
-        lines.append(
-            f"| {name} | {' '.join(v['overrides'])} | {v['test_bpc']['n']} | {fmt(v['test_bpc'])} |{ppl} {gap} | {sep} |"
-        )
+        lines.append(f"| {name} | {' '.join(v['overrides'])} | {v[key]['n']} | {fmt(v[key])} |{ppl} {gap} | {sep} |")
+    lines += flops_lines(variants)
     lines += [
         "",
         "| variant | curve | position 0 | first eighth | middle half | all positions |",
@@ -586,20 +697,38 @@ def markdown(summary: dict) -> str:
         if v["memory_share_by_layer"]:
             per_layer = " / ".join(f"{x:.3f}" for x in v["memory_share_by_layer"]["mean_over_heads"])
             lines.append(f"| {name} | {per_layer} | {v['memory_share_by_layer']['uniform_share']:.3f} |")
-    lines += [
-        "",
-        "| variant | first step from which the ranges stay apart | gap there | gap at the last step |",
-        "|---|---:|---:|---:|",
-    ]
+    lines += gap_lines(summary) + speed_lines(variants) + recl_lines(summary)
+    return "\n".join(lines) + "\n"
+
+
+def gap_lines(summary: dict) -> list[str]:
+    """Where the validation curves separate from the baseline's (none with ``--flops``: steps differ)."""
+    if not summary["curve_gaps"]:
+        return []
+    lines = ["", "| variant | first step from which the ranges stay apart | gap there | gap at the last step |",
+             "|---|---:|---:|---:|"]  # fmt: skip
     for name, rows in summary["curve_gaps"].items():
         first = next((i for i in range(len(rows)) if all(r["apart"] for r in rows[i:])), None)
         at = f"{rows[first]['step']}" if first is not None else "never"
         gap = f"{rows[first]['gap_pct']:+.2f}%" if first is not None else ""
         last = f"{rows[-1]['gap_pct']:+.2f}%" if rows else ""
         lines.append(f"| {name} | {at} | {gap} | {last} |")
-    lines += speed_lines(variants)
-    lines += recl_lines(summary)
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def flops_lines(variants: dict) -> list[str]:
+    """With ``--flops``: each variant's steps and training FLOPs, and for learned or entropy chunks the mean chunk
+    length on the test text with the FLOPs the run spent at it (the steps were set at the target length)."""
+    if not all("train_flops" in v for v in variants.values()):
+        return []
+    lines = ["", "| variant | steps | training FLOPs | mean chunk length (test) | FLOPs at that length |",
+             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for name, v in variants.items():
+        chunks = v.get("mean_chunk_length")
+        length = f"{chunks['mean']:.2f} ± {chunks['std']:.2f}" if chunks else ""
+        measured = f"{v['train_flops_measured']['mean']:.3g}" if chunks else ""
+        lines.append(f"| {name} | {v['steps']['mean']:.0f} | {v['train_flops']['mean']:.3g} | {length} | {measured} |")
+    return lines
 
 
 def speed_lines(variants: dict) -> list[str]:
@@ -623,13 +752,17 @@ def recl_lines(summary: dict) -> list[str]:
     if not summary.get("recl"):
         return []
     variants, base = summary["variants"], summary["variants"].get(summary["baseline"])
+    key = f"test_{summary.get('metric', 'bpc')}"
     separated = {
-        name: base is not None and name != summary["baseline"] and apart(v["test_bpc"], base["test_bpc"])
+        name: base is not None and name != summary["baseline"] and apart(v[key], base[key])
         for name, v in variants.items()
     }
     separated[summary["baseline"]] = any(separated.values())  # the baseline is shown beside any separated variant
     lines = ["", "| variant | RECL r=0.1 / 0.5 / 1.0, per seed |", "|---|---|"]
     for name, by_r in summary["recl"]["by_variant"].items():
+        if not by_r:  # another tokenizer: another token stream, outside the group
+            lines.append(f"| {name} | not measured: its tokens are not the group's |")
+            continue
         shown = separated.get(name, False)
         cells = " / ".join(str(by_r[k]) for k in ("r0.1", "r0.5", "r1"))
         lines.append(f"| {name} | {cells if shown else 'not reported: within the seed spread of the baseline'} |")
@@ -645,6 +778,9 @@ def group_recl(args, corpus, log) -> dict:
         models = {}
         for name in args.variant_overrides:
             model, _, run, _ = load_checkpoint(os.path.join(args.out, name, f"seed{seed}", "last"), device=args.device)
+            if run.data.tokenizer != CORPORA[args.corpus][1]:  # RECL compares losses token by token
+                log(f"RECL: {name} reads another tokenizer's tokens ({run.data.tokenizer}), left out of the group")
+                continue
             models[name] = (model, run)
         log(f"RECL of the group at seed {seed}")
         losses = group_losses(models, corpus.test, contexts, max_targets=args.recl_tokens)
@@ -692,6 +828,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--contexts", type=int, nargs="+", default=[0, 64, 128, 256, 512])
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override for every variant")
     parser.add_argument("--recl-tokens", type=int, default=0, help="RECL of the group on this many test targets")
+    parser.add_argument("--flops", type=float, default=0.0, help="equal training FLOPs: every variant trains the "
+                        "steps that spend this many (model_flops_per_token; --steps is then not read)")  # fmt: skip
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="for scoring")
     parser.add_argument("--resume", action="store_true", help="continue unfinished runs from their checkpoints")
     parser.add_argument("--summarize", action="store_true", help="train nothing: summarize the finished runs found "
@@ -708,6 +846,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name, *overrides in args.variant:
         variants[name] = {"overrides": overrides}
     args.variant_overrides = variants
+    args.corpora = {}  # a byte corpus read with a variant's other tokenizer, loaded once (variant_corpus)
     return args
 
 
@@ -716,7 +855,7 @@ def main(argv=None) -> None:
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     os.makedirs(args.out, exist_ok=True)
     needs_corpus = not args.summarize or args.recl_tokens  # a summary reads the stored results only
-    corpus = load_named_corpus(args.corpus, args.data_root) if needs_corpus else None
+    corpus = load_named_corpus(args.corpus, args.data_root, args.out) if needs_corpus else None
     by_variant = {name: [] for name in args.variant_overrides}
     try:
         for seed in args.seeds:  # every variant at one seed before the next seed: a partial run is already a comparison
@@ -736,10 +875,12 @@ def main(argv=None) -> None:
             "seeds": args.seeds,
             "base_overrides": args.set,
             "test_segments": args.test_segments,
+            "flops": args.flops,
         },  # fmt: skip
         "baseline": args.baseline,
+        "metric": "bpb" if args.corpus in TEXTS else "bpc",
         "variants": {name: summarize_variant(results) for name, results in by_variant.items()},
-        "curve_gaps": curve_gaps(by_variant, args.baseline),
+        "curve_gaps": {} if args.flops else curve_gaps(by_variant, args.baseline),  # equal steps: not with --flops
         "recl": group_recl(args, corpus, log) if args.recl_tokens else None,
     }
     write_json(os.path.join(args.out, "summary.json"), summary)

@@ -63,14 +63,22 @@ def score(path: Path) -> float:
     return float(evaluate(model, corpus().valid, tgt_len=8, batch_size=2)["loss"])
 
 
-def resume(out: Path, name: str) -> list[float]:
-    from longseq.train import train
+def _train():
+    """``train`` of the tree on PYTHONPATH: ``longseq.api`` today, ``longseq.train`` before issue 41 (move 3)."""
+    try:
+        from longseq.api import train
+    except ImportError:
+        from longseq.train import train
+    return train
 
+
+def resume(out: Path, name: str) -> list[float]:
+    train = _train()
     return [float(x) for x in train(run_config(name, 7), str(out), corpus=corpus(), resume=True, progress=False).losses]
 
 
 def save(root: Path) -> None:
-    from longseq.train import train
+    train = _train()
 
     record = {}
     for name in MODELS:

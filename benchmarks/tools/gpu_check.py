@@ -330,10 +330,10 @@ def section_ddp_smoke(args, budget) -> dict:
 
 
 def section_exact_resume(args, budget) -> dict:
+    from longseq.api import train
     from longseq.config import DataConfig, ModelConfig, RunConfig, TrainConfig
     from longseq.data.corpus import Corpus
     from longseq.data.tokenizers import CharTokenizer
-    from longseq.train import train
 
     words = ["abc", "defg", "hh", "gfe", "cab\n"]
     g = torch.Generator().manual_seed(0)

@@ -22,6 +22,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
+BITS = 1 / math.log(2)  # nats to bits
 PAGE = os.path.join(ROOT, "BENCHMARKS.md")
 MACHINE = "dev-cpu: 2 cores (AMD EPYC, x86_64), 24 GiB, no GPU; Python 3.11.7, torch 2.13.0+cpu, 2 threads"
 
@@ -271,7 +272,10 @@ TABLE6 = {"xl": "Transformer-XL", "no-memory": "without recurrence", "shaw": "Sh
 
 def versus(name: str, base_name: str, base: dict, s: dict) -> str:
     """The relative gain over the baseline and whether the seeds' ranges are apart (empty for the baseline)."""
-    return "" if name == base_name else f"{gain(base, s)} ({'apart' if apart(base, s) == 'yes' else 'overlap'})"
+    if name == base_name:
+        return ""
+    verdict = apart(base, s)
+    return f"{gain(base, s)} {verdict if verdict.startswith('(') else '(apart)' if verdict == 'yes' else '(overlap)'}"
 
 
 def table6_section() -> list[str]:
@@ -295,6 +299,44 @@ def table6_section() -> list[str]:
     study = load("table6-ptb-char-3000/study.json")
     study = {**study, "commands": [*study["commands"], load("wt2-word-3000/study.json")["commands"][1]]}
     return section("The paper's ablation (Table 6 form)", study, body, "table6-ptb-char-3000/, wt2-word-3000/")
+
+
+BLOCK = {  # (store, variant): label; XL is the compaction study's (same base, steps and seeds)
+    ("compaction-ptb-char-3000", "xl"): "XL: sinusoidal relative, u and v",
+    ("positions-ptb-char-3000", "rope"): "rope (all channels, theta 10,000)",
+    ("positions-ptb-char-3000", "alibi"): "ALiBi",
+    ("positions-ptb-char-3000", "t5"): "T5 bucketed bias",
+    ("block-ptb-char-3000", "llama-xl"): "llama-xl block (rope, RMSNorm, SwiGLU, GQA 2/4, QK-norm)",
+    ("block-ptb-char-3000", "gpt"): "llama-xl block, no memory, context 192",
+}  # fmt: skip
+
+
+def memory_curve(runs: list[dict], context: int) -> str:
+    """Mean test bpc over seeds at an evaluation memory (the runner's context curve, same_length)."""
+    values = [r["context_curve"]["loss"][r["context_curve"]["contexts"].index(context)] * BITS for r in runs]
+    return f"{sum(values) / len(values):.3f}"
+
+
+def block_section() -> list[str]:
+    xl = test_stats("compaction-ptb-char-3000", "xl")
+    rows = []
+    for (store, name), label in BLOCK.items():
+        if not glob.glob(os.path.join(RESULTS, store, name, "seed*", "result.json")):
+            continue
+        runs, s = seeds(store, name), test_stats(store, name)
+        curve = [memory_curve(runs, m) for m in (128, 256, 512)]
+        rows.append([label, num(runs[0]["params"]), spread(s, ranges=False), versus(name, "xl", xl, s), *curve])
+    header = ["model", "params", "char PTB bpc ↓", "vs XL", "eval mem 128", "256", "512"]
+    body = [
+        "Each with base.toml's memory of 128 (trained), 3,000 steps of 16 x 64; the GPT 1,000 steps of 16 x 192 (equal"
+        " tokens). Test bpc; then bpc with evaluation memories of 1x, 2x and 4x the training memory (same_length).",
+        "",
+        *table(header, rows, "lrllrrr"),
+    ]
+    study = load("positions-ptb-char-3000/study.json")
+    return section(
+        "Positions and today's block (Table 6 form)", study, body, "positions-ptb-char-3000/, block-ptb-char-3000/"
+    )
 
 
 COMPACTION = {"xl": "XL: 128 slots", "compress-max": "compressive, max: 64 + 32 (c = 2)",
@@ -570,7 +612,7 @@ def gpu_section() -> list[str]:
 def render() -> str:
     """The whole page."""
     parts = [headline(), memory_section(), hf_section(), vanilla_section(), patterns_section(), table6_section(),
-             compaction_section(), clamp_section(), mixers_section(), mixers_speed_section(), listops_section(),
+             block_section(), compaction_section(), clamp_section(), mixers_section(), mixers_speed_section(), listops_section(),
              recall_section(),
              preset_section(), mfu_section(), gpu_section(), smaller_section()]  # fmt: skip
     return "\n".join(line for part in parts for line in part).rstrip("\n") + "\n"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from longseq.cli.common import common_flags, overrides, say
-from longseq.config.run import POOLING
+from longseq.config.files import finetune_defaults
 
 TABLES = ("model", "data", "train", "task")  # the tables a --config file may hold
 
@@ -21,11 +21,11 @@ FLAG_KEYS = {  # a flag (its dest) -> the run config key it sets
     "steps": "train.max_steps",
     "batch_size": "data.batch_size",
     "segment_len": "task.segment_len",
-    "lr": "train.lr",
-    "layer_lr_decay": "train.layer_lr_decay",
-    "schedule": "train.schedule",
+    "lr": "train.optim.lr",
+    "layer_lr_decay": "train.optim.layer_lr_decay",
+    "schedule": "train.optim.schedule",
     "eval_interval": "train.eval_interval",
-    "save_interval": "train.save_interval",
+    "save_interval": "train.checkpoint.save_interval",
     "head_only": "task.head_only",
     "group_by_length": "task.group_by_length",
     "pooling": "task.pooling",
@@ -34,7 +34,7 @@ FLAG_KEYS = {  # a flag (its dest) -> the run config key it sets
     "mask_rate": "task.mask_rate",
     "mask_token": "task.mask_token",
     "seed": "train.seed",
-    "device": "train.device",
+    "device": "train.runtime.device",
 }
 
 
@@ -45,6 +45,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from longseq.model.heads import POOLING
     from longseq.tasks import FINETUNE_TASKS
 
     p.add_argument("--task", choices=sorted(FINETUNE_TASKS), help="the task (not needed with --resume)")
@@ -56,17 +57,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="start over an existing run in OUT")
     p.add_argument("--config", metavar="FILE", help="settings in a TOML or JSON file: [task], [train], [data] tables")
     p.add_argument("--set", nargs="+", action="append", metavar="KEY=VALUE", help="any key of the run config")
-    p.add_argument("--steps", type=int, help="optimizer steps (default 200; with --resume: extend the run to N)")
-    p.add_argument("--batch-size", type=int, help="default 8")
-    p.add_argument("--segment-len", type=int, help="segment length (default: the checkpoint's tgt_len)")
-    p.add_argument("--lr", type=float, help="default 1e-3")
-    p.add_argument("--layer-lr-decay", type=float, help="default 0.8")
-    p.add_argument(
-        "--schedule",
-        choices=["constant", "linear", "cosine"],
-        help="after the warmup (a tenth of the steps): constant (the default), or a decay to 0",
-    )
-    p.add_argument("--eval-interval", type=int, help="validate every N steps (default: at the end)")
+    training_flags(p)
     p.add_argument("--save-interval", type=int, help="also save last/ every N steps (default 0: off)")
     p.add_argument("--head-only", action="store_true", default=None, help="train the task head only")
     p.add_argument(
@@ -85,9 +76,29 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-answer-len", type=int, help="span: longest answer in tokens (default 64)")
     p.add_argument("--mask-rate", type=float, help="mlm: fraction of tokens chosen for masking (default 0.15)")
     p.add_argument("--mask-token", help="mlm: the token standing for [MASK] (default: <unk>, or byte 0)")
-    p.add_argument("--seed", type=int, help="default 0")
+    p.add_argument("--seed", type=int, help=f"default {finetune_defaults().train.seed}")
     p.add_argument("--device", help="auto (CUDA when available, the default), cpu or cuda[:N]")
     return common_flags(p)
+
+
+def training_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of the steps, the batch and the learning rate, their defaults as fine-tuning's defaults file
+    (``longseq/config/presets/finetune.toml``) gives them."""
+    d = finetune_defaults()
+    schedules = [d.train.optim.schedule, *(s for s in ("constant", "linear", "cosine") if s != d.train.optim.schedule)]
+    p.add_argument(
+        "--steps", type=int, help=f"optimizer steps (default {d.train.max_steps}; with --resume: extend the run to N)"
+    )
+    p.add_argument("--batch-size", type=int, help=f"default {d.data.batch_size}")
+    p.add_argument("--segment-len", type=int, help="segment length (default: the checkpoint's tgt_len)")
+    p.add_argument("--lr", type=float, help=f"default {d.train.optim.lr:g}")
+    p.add_argument("--layer-lr-decay", type=float, help=f"default {d.train.optim.layer_lr_decay:g}")
+    p.add_argument(
+        "--schedule",
+        choices=schedules,
+        help=f"after the warmup (a tenth of the steps): {schedules[0]} (the default), or a decay to 0",
+    )
+    p.add_argument("--eval-interval", type=int, help="validate every N steps (default: at the end)")
 
 
 def settings_of(args: argparse.Namespace) -> dict:
@@ -115,7 +126,7 @@ def settings_of(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from longseq.train.finetune import finetune
+    from longseq.api import finetune
 
     if not args.resume and (args.task is None or args.data is None):
         raise ValueError("a new fine-tuning run needs --task, --data and --checkpoint (or --resume to continue one)")

@@ -78,9 +78,12 @@ class StreamText:
 def run(args: argparse.Namespace) -> dict:
     import torch
 
+    from longseq.config import Recurrence
     from longseq.generation import check_sampling, generate_stream
 
-    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.mem_len)
+    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    if args.mem_len is not None:
+        Recurrence(args.mem_len)  # checks it (>= 0) before the checkpoint loads and the prompt is printed
     _, model, tokenizer, run_config = load_model(args.checkpoint, args.device)
     if run_config.task is not None:
         raise ValueError(f"{args.checkpoint} is fine-tuned for {run_config.task.name}; use longseq predict")

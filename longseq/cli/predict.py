@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def task_columns(options) -> dict[str, str]:
     """The file's names of the task's fields (``task.text_column``, ``task.label_column``), where they differ."""
-    names = {"text": options.text_column, "label": options.label_column}
+    names = {"text": getattr(options, "text_column", "text"), "label": getattr(options, "label_column", "label")}
     return {field: column for field, column in names.items() if field != column}
 
 

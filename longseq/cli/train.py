@@ -100,12 +100,11 @@ def preset_of(args: argparse.Namespace) -> RunConfig | None:
 def data_overrides(args: argparse.Namespace) -> list[str]:
     """The overrides of the command line, in order: what a prepared ``--data`` directory was made with (so that
     ``--data DIR`` alone matches it), then ``--set``, then the flags."""
-    from longseq.data.prepared import prepared_data_settings
-    from longseq.data.sources import is_prepared
+    from longseq.data.prepared import data_settings
 
     extra = []
-    if args.data is not None and args.tokenizer is None and is_prepared(args.data):
-        extra += [f"data.{key}={value}" for key, value in prepared_data_settings(args.data).items()]
+    if args.tokenizer is None:
+        extra += [f"data.{key}={value}" for key, value in data_settings(args.data).items()]
     extra += overrides(args.set)
     if args.data is not None:
         extra.append(f"data.path={args.data}")
@@ -114,14 +113,14 @@ def data_overrides(args: argparse.Namespace) -> list[str]:
     if args.vocab_size is not None:
         extra.append(f"data.vocab_size={args.vocab_size}")
     if args.tensorboard:
-        extra.append("train.tensorboard=true")
+        extra.append("train.logging.tensorboard=true")
     return extra
 
 
 def run(args: argparse.Namespace) -> dict:
+    from longseq.api import train
     from longseq.train.checkpoint import load_checkpoint_config
     from longseq.train.rundir import has_checkpoint
-    from longseq.train.trainer import train
 
     out = args.out or os.path.join("runs", run_name(args))
     if args.resume and args.config:

@@ -6,6 +6,9 @@ object.  Unknown keys are an error that names the close matches.
 
 Overrides address a field by its path (``model.memory.mem_len``) or by any dotted tail of it that names one
 field only (``memory.mem_len``, ``mem_len``).
+
+A config may be one of several, chosen by a field (:class:`Variants`: the task's options, tagged by ``name``): a key
+the chosen one has no field for is unknown, and the error names the variants that have it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 import math
 import types
 import typing
-from typing import Any
+from typing import Any, ClassVar
 
 
 class ConfigError(ValueError):
@@ -70,6 +73,11 @@ def field_types(cls: type) -> dict[str, Any]:
 CONFIG_CLASSES: list[type] = []  # every config dataclass, to say where a misplaced key belongs
 
 
+def config_classes() -> list[type]:
+    """The config dataclasses (a mixin such as :class:`Variants` registers too, and is left out)."""
+    return [c for c in CONFIG_CLASSES if dataclasses.is_dataclass(c)]
+
+
 class JsonConfig:
     """Mixin: strict ``from_dict`` (nested sections included) and plain ``to_dict``.  Declare configs with
     :func:`config`: their constructor then takes the fields of their sections by name too (``ModelConfig(mem_len=
@@ -97,6 +105,93 @@ class JsonConfig:
     def replace(self, **changes):
         """A validated copy with ``changes`` (field names of this config or of its sections, or sections as dicts)."""
         return type(self).from_dict(merge(self.to_dict(), nest_flat_keys(type(self), changes)))
+
+    @classmethod
+    def unknown_keys(cls, unknown: list[str], values: dict[str, Any]) -> str:
+        """The error for the keys of ``values`` that ``cls`` has no field for: each with where it belongs or the close
+        matches."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        return f"unknown {cls.__name__} key(s): {'; '.join(_placed(cls, key, names) for key in unknown)}"
+
+
+class Variants(JsonConfig):
+    """The base of configs of which a run holds one, chosen by a field (``TAG``): a tagged union.  The base is a
+    :func:`config` dataclass with the tag as its one field and ``VARIANTS`` (each tag's class); each variant
+    subclasses it.  ``Base(tag=..., ...)`` and ``Base.from_dict`` build the variant the tag names, and ``replace`` of
+    the tag moves to another; the base's leaves are every variant's, so a key of any resolves.  A key the chosen
+    variant has no field for is an unknown key, and the error names the variants that have it (:meth:`elsewhere`).
+    A union is a section of a run (``RunConfig.task``), not of another config: :func:`nest_flat_keys` and
+    :func:`get_annotation` read a section's own fields."""
+
+    TAG: ClassVar[str] = "name"
+    VARIANTS: ClassVar[dict[str, type]]  # set on the base
+
+    def __new__(cls, *args, **values):
+        if is_union(cls):
+            cls = cls.variant(values.get(cls.TAG, cls.default_tag()))
+        return super().__new__(cls)
+
+    def __post_init__(self) -> None:
+        tag = getattr(self, self.TAG)
+        check(
+            self.union().VARIANTS.get(tag) is type(self),
+            f"{type(self).__name__} is not the config of {self.TAG}={tag!r}",
+        )
+
+    @classmethod
+    def union(cls) -> type:
+        return next(c for c in cls.__mro__ if is_union(c))
+
+    @classmethod
+    def default_tag(cls) -> str:
+        return cls.__dataclass_fields__[cls.TAG].default
+
+    @classmethod
+    def variant(cls, tag: str) -> type:
+        """The class of tag ``tag``; an unknown one is an error with the close matches."""
+        variants = cls.union().VARIANTS
+        check_choice(cls.union().__name__ + "." + cls.TAG, tag, tuple(variants))
+        return variants[tag]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        if not isinstance(data, dict):
+            raise ConfigError(f"{cls.__name__} expects a JSON object, got {type(data).__name__}")
+        return JsonConfig.from_dict.__func__(cls.variant(data.get(cls.TAG, cls.default_tag())), data)
+
+    @classmethod
+    def unknown_keys(cls, unknown: list[str], values: dict[str, Any]) -> str:
+        tag = values.get(cls.TAG, cls.default_tag())
+        owned = [key for key in unknown if cls.owners(key)]
+        said = [cls.elsewhere(key, cls.owners(key), tag) for key in owned]
+        rest = [key for key in unknown if key not in owned]
+        return "; ".join(said + ([JsonConfig.unknown_keys.__func__(cls, rest, values)] if rest else []))
+
+    @classmethod
+    def owners(cls, key: str) -> list[str]:
+        """The tags whose config has a field ``key``."""
+        return [tag for tag, v in cls.union().VARIANTS.items() if key in {f.name for f in dataclasses.fields(v)}]
+
+    @classmethod
+    def elsewhere(cls, key: str, owners: list[str], tag: str) -> str:
+        """The error for ``key``, a field of the variants ``owners``, set for ``tag``'s (a union words its own)."""
+        return f"{key!r} is a key of {cls.TAG}={', '.join(owners)}, not of {cls.TAG}={tag}"
+
+    @classmethod
+    def refuse_elsewhere(cls, section: str, key: str, tag: str) -> None:
+        """Raise :meth:`elsewhere`'s error when ``key`` (a ``--set`` key) names another variant's field."""
+        try:
+            path = resolve_key(key, [f"{section}.{p}" for p in leaf_paths(cls.union())])
+        except ConfigError:
+            return
+        field = path.split(".")[1]
+        if tag not in cls.owners(field):  # (a key of the chosen variant fails for another reason: ambiguous)
+            raise ConfigError(cls.elsewhere(field, cls.owners(field), tag))
+
+
+def is_union(cls: type) -> bool:
+    """Whether ``cls`` is the base of a tagged union (:class:`Variants`), not one of its variants."""
+    return isinstance(cls, type) and issubclass(cls, Variants) and "VARIANTS" in cls.__dict__
 
 
 def config(cls: type) -> type:
@@ -152,18 +247,18 @@ def check_known_keys(cls: type, values: dict[str, Any]) -> None:
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(values) - set(names))
     if unknown:
-        raise ConfigError(f"unknown {cls.__name__} key(s): {'; '.join(_placed(cls, key, names) for key in unknown)}")
+        raise ConfigError(cls.unknown_keys(unknown, values))
 
 
 def _placed(cls: type, key: str, names: list[str]) -> str:
     """``'key'`` with where it belongs (a key of another config: ``ModelConfig.pattern.window``) or the close
     matches among ``cls``'s keys, its sections' included (``memory.mem_len`` for ``mem_lne``)."""
-    nested = {t for c in CONFIG_CLASSES for t in _sections(c).values()}  # configs that are sections of another
+    nested = {t for c in config_classes() for t in _sections(c).values()}  # configs that are sections of another
     homes = sorted(
         {
             f"{other.__name__}.{path}"
-            for other in CONFIG_CLASSES
-            if other not in nested and other is not cls
+            for other in config_classes()
+            if other not in nested and other is not cls and not is_union(other)
             for path in leaf_paths(other)
             if path.split(".")[-1] == key
         }
@@ -176,7 +271,10 @@ def _placed(cls: type, key: str, names: list[str]) -> str:
 
 
 def leaf_paths(cls: type, prefix: str = "") -> list[str]:
-    """Every field of ``cls`` that is not a section, as a dotted path ("memory.mem_len")."""
+    """Every field of ``cls`` that is not a section, as a dotted path ("memory.mem_len"); a union's are every
+    variant's."""
+    if is_union(cls):
+        return list(dict.fromkeys(p for v in cls.VARIANTS.values() for p in leaf_paths(v, prefix)))
     paths = []
     for name, annotation in field_types(cls).items():
         if name not in {f.name for f in dataclasses.fields(cls)}:
@@ -275,8 +373,13 @@ _SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
 
 
 def resolve_key(key: str, paths: list[str]) -> str:
-    """The one path that ``key`` names: the path itself or a dotted tail of it; an error lists the candidates."""
+    """The one path that ``key`` names: the path itself or a dotted tail of it; else a path that ``key`` names with
+    the sections between its first part and a tail left out (``train.lr`` -> ``train.optim.lr``: the flat name
+    under its config, as the constructors take it).  An error lists the candidates."""
     matches = [p for p in paths if p == key or p.endswith("." + key)]
+    if not matches and "." in key:
+        head, rest = key.split(".", 1)
+        matches = [p for p in paths if p.startswith(head + ".") and p.endswith("." + rest)]
     if len(matches) == 1:
         return matches[0]
     if matches:
@@ -286,6 +389,18 @@ def resolve_key(key: str, paths: list[str]) -> str:
     sections = sorted({p.split(".")[0] for p in paths})
     hint = f"; did you mean {', '.join(close)}?" if close else f"; sections: {', '.join(sections)}"
     raise ConfigError(f"unknown config key {key!r}{hint}")
+
+
+def resolve_section_key(sections: dict[str, JsonConfig], key: str, paths: list[str]) -> str:
+    """:func:`resolve_key` over the ``paths`` of ``sections``; a key that names a field of another variant of a
+    section that is one of several (:class:`Variants`: ``pooling`` for a span task) is an error naming them."""
+    try:
+        return resolve_key(key, paths)
+    except ConfigError:
+        for name, cfg in sections.items():
+            if isinstance(cfg, Variants):
+                cfg.refuse_elsewhere(name, key, getattr(cfg, cfg.TAG))
+        raise
 
 
 def _tails(path: str) -> list[str]:
@@ -327,7 +442,7 @@ def apply_values(sections: dict[str, JsonConfig], items: list[tuple[str, Any]]) 
     paths = [f"{name}.{p}" for name, cfg in sections.items() for p in leaf_paths(type(cfg))]
     changes: dict[str, dict] = {name: {} for name in sections}
     for key, raw in items:
-        path = resolve_key(key, paths)
+        path = resolve_section_key(sections, key, paths)
         section, rest = path.split(".", 1)
         value = coerce_value(key, raw, get_annotation(type(sections[section]), rest))
         set_path(changes[section], rest, value)

@@ -35,9 +35,10 @@ import sys
 from importlib import resources
 from typing import Any
 
-from longseq.config.base import ConfigError, apply_values, leaf_paths, leaves, resolve_key
+from longseq.config.base import ConfigError, apply_values, leaf_paths, leaves, resolve_section_key
 from longseq.config.model import ModelConfig
-from longseq.config.run import RECALL_TASKS, DataConfig, RunConfig, TaskConfig, TrainConfig
+from longseq.config.run import DataConfig, RunConfig, TaskConfig, TrainConfig
+from longseq.config.task import RECALL_TASKS, upgrade_flat_task
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -45,13 +46,21 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 SECTIONS = ("model", "data", "train")
+FINETUNE_DEFAULTS = "finetune"  # presets/finetune.toml: fine-tuning's defaults, not a preset of longseq train
 TOP_LEVEL = ("preset", *SECTIONS, "task")  # [task]: a recall task's (a run.toml of `train --task` runs again)
 
 
 def preset_names() -> list[str]:
-    """The shipped presets, by file name."""
+    """The shipped presets of ``longseq train``, by file name (fine-tuning's defaults are not one)."""
     folder = resources.files("longseq.config") / "presets"
-    return sorted(p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
+    names = (p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
+    return sorted(name for name in names if name != FINETUNE_DEFAULTS)
+
+
+def finetune_defaults() -> RunConfig:
+    """Fine-tuning's defaults (``presets/finetune.toml``) over the configs' defaults: the data and train sections a
+    new fine-tuning run starts from (:func:`longseq.train.finetune.finetune_run`; its model is the checkpoint's)."""
+    return load_run_config(str(resources.files("longseq.config") / "presets" / f"{FINETUNE_DEFAULTS}.toml"))
 
 
 def preset_path(name: str) -> str:
@@ -114,10 +123,16 @@ def load_run_config(path: str, base: RunConfig | None = None, _seen: tuple[str, 
 
 def apply_sections(base: RunConfig, data: dict[str, Any], source: str) -> RunConfig:
     """``base`` with the ``model``, ``data`` and ``train`` tables of ``data`` (read from ``source``) laid over it,
-    and its ``task`` table, when it has one."""
+    and its ``task`` table, when it has one (one the flat ``TaskConfig`` wrote is read in its task's terms:
+    :func:`~longseq.config.task.upgrade_flat_task`)."""
     sections = base.sections()
-    if isinstance(data.get("task"), dict) and "task" not in sections:
-        sections["task"] = TaskConfig(name=str(data["task"].get("name", "lm")))
+    if isinstance(data.get("task"), dict):
+        data = {**data, "task": upgrade_flat_task(data["task"])}
+        if "task" not in sections:  # the table chooses the task's options class (and holds what it needs: train)
+            try:
+                sections["task"] = TaskConfig.from_dict(data["task"])
+            except ConfigError as exc:
+                raise ConfigError(f"{source}: [task] {exc}") from None
     for name in (*SECTIONS, "task") if "task" in data else SECTIONS:
         table = data.get(name, {})
         if not isinstance(table, dict):
@@ -127,7 +142,7 @@ def apply_sections(base: RunConfig, data: dict[str, Any], source: str) -> RunCon
         items = []
         for key, value in leaves(table, keep=("sha256",)).items():
             try:
-                path = resolve_key(key, paths)
+                path = resolve_section_key({name: sections[name]}, key, paths)
             except ConfigError as exc:
                 raise ConfigError(f"{source}: [{name}] {exc}") from None
             if path in resolved:

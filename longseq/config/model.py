@@ -2,7 +2,7 @@
 mixers and hourglass.  ``ModelConfig(mem_len=64, window=32)`` takes its sections' fields by name.
 
 Fields that choose an implementation (``pattern.attention``, ``attn_impl``, ``positions.pos``, ``mixer``,
-``memory.cmem_fn``, ``arch``) hold names; the registries that implement them own the names
+``memory.cmem_fn``, ``hourglass.boundaries``, ``arch``) hold names; the registries that implement them own the names
 (:mod:`longseq.model.registry` checks a config against them, when a model is built and before a run starts).
 """
 
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from longseq.config.base import JsonConfig, check, check_finite, config
+from longseq.config.base import JsonConfig, check, check_choice, check_finite, config
+
+LOWRANK_SHARING = ("none", "headwise", "kv", "layerwise")  # Linformer's sharing of E and F
 
 
 @config
@@ -105,10 +107,19 @@ class PatternConfig(JsonConfig):
     """Attention patterns (:mod:`longseq.model.attention.patterns`): ``attention`` names one pattern for every
     layer or one per layer, with the parameters ``window``, ``dilation`` (one value, or one per head),
     ``stride``, ``block_size``, ``block_summary``, ``num_global``, ``num_random_blocks`` and ``pattern_seed``.
-    ``bidirectional`` makes every pattern two-sided (encoders: masked LM, classification)."""
+    ``bidirectional`` makes every pattern two-sided (encoders: masked LM, classification).
+
+    ``lowrank`` > 0 (Linformer, Wang et al., 2020) projects each attention layer's keys and values along the
+    length to ``lowrank`` rows with learned (``lowrank``, ``lowrank_len``) matrices E and F, ``lowrank_len`` the
+    longest segment they take; ``lowrank_share`` is Linformer's sharing: ``none`` (E and F per head),
+    ``headwise`` (per layer), ``kv`` (E = F, per layer) or ``layerwise`` (one E for every layer).  It serves
+    bidirectional full attention without memory (classify, mlm)."""
 
     attention: list[str] = field(default_factory=lambda: ["full"])
     bidirectional: bool = False
+    lowrank: int = 0
+    lowrank_len: int = 0
+    lowrank_share: str = "none"
     window: int = 256
     dilation: list[int] = field(default_factory=lambda: [1])
     stride: int = 128
@@ -123,6 +134,13 @@ class PatternConfig(JsonConfig):
             self.attention = self.attention.split(",")
         if isinstance(self.dilation, int):
             self.dilation = [self.dilation]
+        check_choice("pattern.lowrank_share", self.lowrank_share, LOWRANK_SHARING)
+        check(self.lowrank >= 0, f"pattern.lowrank must be >= 0 (0: off), got {self.lowrank}")
+        check(
+            not self.lowrank or self.lowrank <= self.lowrank_len,
+            f"pattern.lowrank={self.lowrank} projects keys of segments of up to pattern.lowrank_len positions, which "
+            f"must be at least as many (got lowrank_len={self.lowrank_len}); set it to the segment length",
+        )
         self.attention = [a.strip() for a in self.attention if a.strip()]
         self.dilation = list(self.dilation)
         check(bool(self.attention), "pattern.attention needs at least one pattern name")
@@ -184,9 +202,11 @@ class MixerConfig(JsonConfig):
     ``chunk`` positions); ``conv``: a gated causal depthwise convolution of ``conv_kernel`` taps (the SSM's own
     short convolution has the same width); ``rnn``: an LSTM layer; ``linear``, ``performer``, ``retention``, ``gla``,
     ``delta``: the linear-attention family, ``n_head`` heads of ``d_head`` as attention's, a matrix state per head,
-    chunks of ``chunk`` positions, ``features`` random features for the performer.  Their recurrent states are part
-    of the memory; ``state_bptt`` > 1 back-propagates through that many segments (1: stop-gradient, like the XL
-    memory)."""
+    chunks of ``chunk`` positions, ``features`` random features for the performer; the two without decay
+    (``linear``, ``performer``) restart their state every ``reset_every`` positions (0: never; unbounded, their
+    average over the whole stream learns no more than a bigram) and with ``rotary`` rotate their numerator by
+    position (RoFormer).  Their recurrent states are part of the memory; ``state_bptt`` > 1 back-propagates through
+    that many segments (1: stop-gradient, like the XL memory)."""
 
     d_state: int = 16
     head_dim: int = 32
@@ -194,11 +214,14 @@ class MixerConfig(JsonConfig):
     chunk: int = 64
     conv_kernel: int = 4
     features: int = 64
+    reset_every: int = 64
+    rotary: bool = True
     state_bptt: int = 1
 
     def __post_init__(self) -> None:
         for name in ("d_state", "head_dim", "expand", "chunk", "conv_kernel", "features", "state_bptt"):
             check(getattr(self, name) >= 1, f"mixers.{name} must be >= 1, got {getattr(self, name)}")
+        check(self.reset_every >= 0, f"mixers.reset_every must be >= 0 (0: never), got {self.reset_every}")
 
 
 @config
@@ -212,20 +235,27 @@ class HourglassConfig(JsonConfig):
     * ``fixed``: the hourglass of Nawrot et al. (2021): groups of ``shorten_factor`` positions (a causal shift,
       then ``shorten_fn`` = linear or mean pooling of each group);
     * ``learned``: H-Net's dynamic chunking (Hwang, Wang and Gu, 2025): a routing module cuts where adjacent states
-      differ, ``ratio_loss`` weighs the loss that holds the mean chunk length near ``shorten_factor``;
+      differ, ``ratio_loss`` weighs the loss that holds the mean chunk length near ``shorten_factor`` (0.3: H-Net's
+      0.03 leaves a small model's chunks 20-40% short of the target after hundreds of steps, docs/mixers.md);
     * ``entropy``: the Byte Latent Transformer's entropy patches (Pagnoni et al., 2024): a cut where the next-byte
-      entropy is high (``entropy_rule=global``) or rises (``relative``), its threshold tracking the quantile that
-      gives chunks of ``shorten_factor`` positions on average.
+      entropy rises (``entropy_rule=relative``, the default) or is high (``global``), its threshold tracking the
+      quantile that gives chunks of ``shorten_factor`` positions on average in training (the global threshold,
+      learned on entropies raised by dropout, cuts less at evaluation).
 
     With ``learned`` and ``entropy`` the shortened layers are attention layers whose memory holds ``mem_len``
-    chunks (one slot per chunk)."""
+    chunks (one slot per chunk).  With ``learned``, ``residual_proj`` passes the block's input to its output through
+    a linear map that starts at zero (H-Net's; false: the input itself, as in the configs stored before the option).
+    ``coarse_mem_len`` > 0 sets the shortened layers' memory apart from ``mem_len`` (in groups or chunks; 0: as
+    above): an evaluation at another ``mem_len`` moves it in proportion (:meth:`ModelConfig.coarse_mem`)."""
 
     shorten_layers: list[int] = field(default_factory=list)
     shorten_factor: int = 2
     shorten_fn: str = "linear"
     boundaries: str = "fixed"
-    ratio_loss: float = 0.03
-    entropy_rule: str = "global"
+    ratio_loss: float = 0.3
+    entropy_rule: str = "relative"
+    residual_proj: bool = True
+    coarse_mem_len: int = 0
 
     def __post_init__(self) -> None:
         check(
@@ -240,15 +270,12 @@ class HourglassConfig(JsonConfig):
         )
         check(self.shorten_fn in ("linear", "mean"), f"shorten_fn must be linear or mean, got {self.shorten_fn!r}")
         check(
-            self.boundaries in BOUNDARIES,
-            f"hourglass.boundaries must be one of {', '.join(BOUNDARIES)}, got {self.boundaries!r}",
-        )
-        check(
             self.boundaries == "fixed" or bool(self.shorten_layers),
             f"hourglass.boundaries={self.boundaries} chooses where the shortened layers cut the sequence: set "
             "shorten_layers=first,end (the layers that run on chunks)",
         )
         check(self.ratio_loss >= 0, f"hourglass.ratio_loss must be >= 0, got {self.ratio_loss}")
+        check(self.coarse_mem_len >= 0, f"hourglass.coarse_mem_len must be >= 0, got {self.coarse_mem_len}")
         check(
             self.entropy_rule in ("global", "relative"),
             f"hourglass.entropy_rule must be global or relative, got {self.entropy_rule!r}",
@@ -258,9 +285,6 @@ class HourglassConfig(JsonConfig):
     def dynamic(self) -> bool:
         """True when a boundary predictor chooses the chunks (``learned``, ``entropy``)."""
         return bool(self.shorten_layers) and self.boundaries != "fixed"
-
-
-BOUNDARIES = ("fixed", "learned", "entropy")
 
 
 @dataclass(frozen=True)
@@ -349,6 +373,16 @@ class ModelConfig(JsonConfig):
         """Temporal range of the memory: (mem_len + cmem_rate * cmem_len) * n_layer (Rae et al., 2019)."""
         m = self.memory
         return (m.mem_len + m.cmem_rate * m.cmem_len) * self.n_layer
+
+    def coarse_mem(self, mem_len: int | None = None) -> int:
+        """Slots of an hourglass's shortened layers' memory (groups for fixed boundaries, chunks for learned and
+        entropy) when the stack's memory holds ``mem_len`` positions (default: ``memory.mem_len``):
+        ``hourglass.coarse_mem_len`` at the configured mem_len and in proportion at another; without it,
+        mem_len // shorten_factor groups (fixed: the same span as the full-resolution memory) or mem_len chunks."""
+        m, h = self.memory.mem_len if mem_len is None else mem_len, self.hourglass
+        if h.coarse_mem_len:
+            return m * h.coarse_mem_len // self.memory.mem_len
+        return m if h.dynamic else m // h.shorten_factor
 
     @property
     def embed_dim(self) -> int:
@@ -479,6 +513,20 @@ class ModelConfig(JsonConfig):
             f"ModelConfig.tie_projs needs one entry per cluster ({len(self.cutoffs) + 1}), got {self.tie_projs}",
         )
 
+    def _check_lowrank_bidirectional_without_memory(self) -> None:
+        """Linformer's projection mixes a segment's keys along the length: it serves attention both ways, over one
+        segment (its patterns and positions are the registries' to check:
+        ``model.registry.check_lowrank_patterns_and_positions``; the task and segment length the run's,
+        ``config.checks.check_lowrank_task_and_length``)."""
+        pattern = self.pattern
+        what = f"pattern.lowrank={pattern.lowrank} (Linformer) projects a segment's keys and values along its length"
+        check(
+            pattern.bidirectional,
+            f"{what}, so every query sees every key: it serves bidirectional models (classify, mlm) and a causal "
+            "language model cannot use it; set bidirectional=true, or lowrank=0",
+        )
+        check(self.memory.mem_len == 0, f"{what}, one segment at a time: set mem_len=0 (got {self.memory.mem_len})")
+
     def _check_mixers(self) -> None:
         if isinstance(self.mixer, str):
             self.mixer = self.mixer.split(",")
@@ -498,6 +546,12 @@ class ModelConfig(JsonConfig):
                 "retention" not in mixers or self.d_head % 2 == 0,
                 f"retention rotates pairs of channels: d_head must be even, got {self.d_head}",
             )
+            rotated = {"linear": ("d_head", self.d_head), "performer": ("mixers.features", self.mixers.features)}
+            for name, (option, size) in rotated.items():
+                check(
+                    name not in mixers or not self.mixers.rotary or size % 2 == 0,
+                    f"{name} with mixers.rotary=true rotates pairs of its features: {option} must be even, got {size}",
+                )
             check(
                 not (mem.cmem_len or mem.mem_select != "recent" or mem.mem_tokens or mem.mem_quant != "none"),
                 "the memory compaction options (cmem_len, mem_select, mem_tokens, mem_quant) apply to attention-only "
@@ -519,6 +573,11 @@ class ModelConfig(JsonConfig):
             check(
                 h.shorten_layers[1] < self.n_layer,
                 f"shorten_layers={h.shorten_layers}: the last layer must run at full resolution (n_layer={self.n_layer})",
+            )
+            check(
+                not h.coarse_mem_len or mem.mem_len > 0,
+                f"hourglass.coarse_mem_len={h.coarse_mem_len} is kept in proportion to mem_len (an evaluation's "
+                "mem_len moves both): set mem_len > 0",
             )
             self._check_dynamic()
 
@@ -561,3 +620,25 @@ class ModelConfig(JsonConfig):
             "pattern.bidirectional=true supports the plain hidden-state memory only "
             "(no same_length, compressed memory, memory tokens or attention-based selection)",
         )
+        if pattern.lowrank:
+            self._check_lowrank_bidirectional_without_memory()
+
+
+def upgrade_stored_model(model: dict) -> dict:
+    """A model config as stored before a field that changes behaviour existed, in today's terms (each reader of a
+    stored model config passes it through here: checkpoints, the transformers format): ``linear`` and ``performer``
+    saved without ``mixers.reset_every`` (before 2026-12-06) ran unbounded and unrotated, and still do; a
+    learned-chunk hourglass saved without ``hourglass.residual_proj`` added its input itself, and still does."""
+    if not isinstance(model, dict):
+        return model
+    hourglass = model.get("hourglass")
+    if isinstance(hourglass, dict) and hourglass.get("boundaries") == "learned" and "residual_proj" not in hourglass:
+        model = {**model, "hourglass": {**hourglass, "residual_proj": False}}
+    mixers = model.get("mixers")
+    if not isinstance(mixers, dict) or "reset_every" in mixers:
+        return model
+    names = model.get("mixer", [])
+    names = names.split(",") if isinstance(names, str) else names
+    if not {"linear", "performer"} & {str(n).strip() for n in names}:
+        return model
+    return {**model, "mixers": {**mixers, "reset_every": 0, "rotary": False}}

@@ -576,9 +576,13 @@ def _check_spec(directory: str, entry: dict, prepared: Tokenizer, spec: str, low
         )
 
 
-def prepared_data_settings(directory: str) -> dict:
-    """The data-config values a prepared corpus was made with (tokenizer, vocab_size, lowercase), for a command
-    line that fills them in."""
-    entry = _read_index(os.path.abspath(os.path.expanduser(directory)))["tokenizer"]
+def data_settings(path: str | None) -> dict:
+    """The data-config values that reading ``path`` fixes: a directory from ``longseq data prepare`` is read with
+    the tokenizer it was made with (``tokenizer``, ``lowercase`` and a BPE's ``vocab_size``, as written in its
+    index); any other path fixes none ({}).  ``longseq train --data DIR`` lays them under its own settings, so a
+    prepared corpus alone gives the run its tokenizer."""
+    if not is_prepared(path):
+        return {}
+    entry = _read_index(os.path.abspath(os.path.expanduser(path)))["tokenizer"]
     settings = {"tokenizer": entry["spec"], "lowercase": entry["lowercase"]}
     return settings if entry["bpe_vocab_size"] is None else {**settings, "vocab_size": entry["bpe_vocab_size"]}

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from longseq.config.run import RECALL_TASKS, TaskConfig
+from longseq.config.task import RECALL_TASKS, RecallOptions
 
 IGNORE = -100
 KEY, QUERY, FILLER = 10, 11, 12  # passkey: digits are ids 0-9
@@ -45,7 +45,7 @@ class RecallBatch:
         return RecallBatch(self.inputs[rows], self.labels[rows], self.distance[rows])
 
 
-def chance(options: TaskConfig) -> float:
+def chance(options: RecallOptions) -> float:
     """The accuracy of guessing a label uniformly among the tokens the task asks for."""
     name = options.name  # only the named task's formula is evaluated: another's may not apply to these options
     if name == "passkey":
@@ -55,7 +55,7 @@ def chance(options: TaskConfig) -> float:
     return 1 / (options.alphabet - 2) if name == "copying" else 1 / (options.alphabet - 1)
 
 
-def shortest(options: TaskConfig) -> int:
+def shortest(options: RecallOptions) -> int:
     """The shortest sequence the task's format fits in."""
     return {
         "passkey": 2 * options.key_len + 2,
@@ -66,7 +66,7 @@ def shortest(options: TaskConfig) -> int:
 
 
 def recall_batch(
-    options: TaskConfig, seed: int, index: int, batch: int, length: int, distance: int | None = None
+    options: RecallOptions, seed: int, index: int, batch: int, length: int, distance: int | None = None
 ) -> RecallBatch:
     """Batch ``index`` of the stream ``seed``: ``batch`` sequences of ``length`` tokens of the task
     ``options.name``.  ``distance`` fixes the passkey's distance (default: drawn within the options' bounds)."""
@@ -87,7 +87,7 @@ def recall_batch(
     return RecallBatch(torch.from_numpy(inputs), torch.from_numpy(labels), torch.from_numpy(dist))
 
 
-def passkey_distances(options: TaskConfig, length: int) -> tuple[int, int]:
+def passkey_distances(options: RecallOptions, length: int) -> tuple[int, int]:
     """The passkey distances a sequence of ``length`` tokens allows within the options' bounds."""
     low, high = max(options.key_len, options.min_distance), length - options.key_len - 1
     if options.max_distance:
@@ -102,7 +102,7 @@ def log_uniform(rng, low: int, high: int) -> int:
     return min(high, int(np.exp(rng.uniform(np.log(low), np.log(high + 1)))))
 
 
-def _passkey(rng, o: TaskConfig, inputs, labels, dist, distance) -> None:
+def _passkey(rng, o: RecallOptions, inputs, labels, dist, distance) -> None:
     n, k = len(inputs), o.key_len
     low, high = passkey_distances(o, n)
     d = log_uniform(rng, low, high) if distance is None else distance
@@ -116,7 +116,7 @@ def _passkey(rng, o: TaskConfig, inputs, labels, dist, distance) -> None:
     labels[q:], dist[q:] = key, d
 
 
-def _mqar(rng, o: TaskConfig, inputs, labels, dist, distance) -> None:
+def _mqar(rng, o: RecallOptions, inputs, labels, dist, distance) -> None:
     pairs, n = o.n_pairs, len(inputs)
     keys = rng.choice(np.arange(1, MQAR_VALUES), pairs, replace=False)
     values = rng.integers(MQAR_VALUES, 256, pairs)
@@ -127,7 +127,7 @@ def _mqar(rng, o: TaskConfig, inputs, labels, dist, distance) -> None:
     dist[where] = where - (2 * order + 1)
 
 
-def _copying(rng, o: TaskConfig, inputs, labels, dist, distance) -> None:
+def _copying(rng, o: RecallOptions, inputs, labels, dist, distance) -> None:
     n, c = len(inputs), o.n_copy
     sep = n - c  # the separator's position; the tokens asked at sep .. n - 1
     where = np.sort(rng.choice(sep, c, replace=False))
@@ -136,7 +136,7 @@ def _copying(rng, o: TaskConfig, inputs, labels, dist, distance) -> None:
     labels[sep:], dist[sep:] = tokens, np.arange(sep, n) - where
 
 
-def _induction(rng, o: TaskConfig, inputs, labels, dist, distance) -> None:
+def _induction(rng, o: RecallOptions, inputs, labels, dist, distance) -> None:
     n = len(inputs)
     inputs[:] = rng.integers(1, o.alphabet, n)
     first = int(rng.integers(0, n - 2))  # the special token; the token to recall follows it
@@ -150,7 +150,7 @@ GENERATORS = {"passkey": _passkey, "mqar": _mqar, "copying": _copying, "inductio
 class RecallBatches:
     """The training stream: batch ``index`` of stream ``seed`` at each ``next()``; the state is the counter."""
 
-    def __init__(self, options: TaskConfig, seed: int, batch: int) -> None:
+    def __init__(self, options: RecallOptions, seed: int, batch: int) -> None:
         self.options, self.seed, self.batch, self.index = options, seed, batch, 0
 
     def next(self) -> RecallBatch:

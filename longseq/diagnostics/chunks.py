@@ -9,6 +9,7 @@ import math
 import torch
 from torch import Tensor
 
+from longseq.generation import read_prompt
 from longseq.model import Memory
 from longseq.model.dynamic import DynamicHourglass
 
@@ -21,14 +22,13 @@ def read_boundaries(model, ids: Tensor, segment: int) -> Tensor:
         raise ValueError("this model has no chunk boundaries: set shorten_layers and boundaries=learned or entropy")
     cuts: list[Tensor] = []
     hook = blocks[0].boundaries.register_forward_hook(lambda module, args, out: cuts.append(out.cuts[0]))
+    was_training = model.training
+    model.eval()
     try:
-        mems, was_training = Memory(), model.training
-        model.eval()
         with torch.no_grad():
-            for lo in range(0, ids.numel(), segment):
-                mems = model.read(ids[None, lo : lo + segment], mems)
-        model.train(was_training)
+            read_prompt(model, ids[None], segment, mems=Memory())
     finally:
+        model.train(was_training)
         hook.remove()
     return torch.cat(cuts).cpu()
 

@@ -20,7 +20,10 @@ import traceback
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-SYNCING = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "is_nonzero", "equal")
+SYNCING = (  # torch.unique dispatches to _unique2 (unique_dim with dim=)
+    "_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_dim",
+    "unique_consecutive", "is_nonzero", "equal",
+)  # fmt: skip
 HOST_METHODS = ("tolist", "numpy", "cpu")
 
 

@@ -120,9 +120,10 @@ def evaluate(
 
     ``recurrence`` (a :class:`~longseq.config.model.Recurrence`) replaces the model's own
     (``model.config.recurrence()``); ``mem_len``, ``clamp_len`` and ``same_length`` are a shorthand for it, the
-    model's own with the values given (``None`` keeps them).  ``max_segments`` > 0 stops early.  ``skip_segments`` > 0 reads that many segments first without
-    scoring them (to fill the memory).  ``bits_unit`` (``"bpc"``) adds loss / ln 2.  ``kv_memory`` carries
-    projected keys and values instead of hidden states (same results, less work per segment).
+    model's own with the values given (``None`` keeps them).  ``max_segments`` > 0 stops early.  ``skip_segments``
+    > 0 reads that many segments first without scoring them (to fill the memory).  ``bits_unit`` (``"bpc"``) adds
+    loss / ln 2.  ``kv_memory`` carries projected keys and values instead of hidden states (same results, less work
+    per segment).
     ``doc_ids`` (one per token) keeps documents apart.  ``tokenizer`` (the one ``ids`` were made by) adds ``bpb``
     and ``bytes``, the bytes of the scored tokens (see the module docstring).
     """

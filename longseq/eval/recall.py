@@ -15,7 +15,7 @@ import os
 import torch
 from torch import Tensor
 
-from longseq.config.run import TaskConfig
+from longseq.config.task import RecallOptions
 from longseq.data.recall import IGNORE, RecallBatch, chance, recall_batch
 from longseq.model.heads import read_segments
 from longseq.progress import Meter
@@ -77,7 +77,7 @@ def recall_scores(lm, batch: RecallBatch, segment_len: int, on_segment=None) -> 
     return torch.cat(correct), torch.cat(distance)
 
 
-def passkey_length(options: TaskConfig, distance: int, segment_len: int) -> int:
+def passkey_length(options: RecallOptions, distance: int, segment_len: int) -> int:
     """The length a passkey eval at ``distance`` uses: the shortest whole number of segments it fits in."""
     need = distance + options.key_len + 1
     return -(-need // segment_len) * segment_len
@@ -85,7 +85,7 @@ def passkey_length(options: TaskConfig, distance: int, segment_len: int) -> int:
 
 def recall_cell(
     lm,
-    options: TaskConfig,
+    options: RecallOptions,
     segment_len: int,
     length: int,
     distance: int | None = None,
@@ -123,7 +123,7 @@ def _bucket(distance: int) -> int:
 
 def recall_grid(
     lm,
-    options: TaskConfig,
+    options: RecallOptions,
     segment_len: int,
     *,
     distances: list[int] | None = None,

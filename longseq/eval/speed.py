@@ -110,6 +110,8 @@ def model_flops_per_token(
     batch: int = 1,
     keys_per_query: float | None = None,
     kv_memory: bool = False,
+    chunk_length: float | None = None,
+    coarse_keys_per_query: float | None = None,
 ) -> dict:
     """Matrix-multiply FLOPs per token of one forward pass of a Transformer-XL with ``config``, a segment of
     ``tgt_len`` tokens over a memory of ``mem_len`` (2 FLOPs per multiply-add), by part, and their total.
@@ -124,12 +126,35 @@ def model_flops_per_token(
     keys and values and the W_R R table are kept from earlier segments, so only the segment is projected.  Training
     is taken as 3x the forward (the
     backward computes two products per forward one), as nanoGPT and torchtitan count; layer norms, the softmax,
-    masking and the optimizer are not matrix multiplies and are left out."""
+    masking and the optimizer are not matrix multiplies and are left out.
+
+    An hourglass's shortened layers count as attention layers over ``tgt_len / chunk_length`` positions a segment
+    with a memory of :meth:`~longseq.config.model.ModelConfig.coarse_mem` slots (``coarse_keys_per_query``: as
+    ``keys_per_query`` there), divided by ``chunk_length`` per token: ``shorten_factor`` for fixed boundaries, and
+    for learned or entropy ones the mean chunk length (default: the target ``shorten_factor``).  Beside them: the
+    fixed hourglass's pooling and upsampling maps (2 d_model^2 each a position), and the dynamic one's boundary
+    predictor (the router's W_q and W_k, or the entropy head over the T + 1 positions it reads), its residual
+    projection and the smoothing scan (:func:`hourglass_flops_per_token`)."""
     c = config
+    first, end = c.hourglass.shorten_layers or (c.n_layer, c.n_layer)
+    per_layer = _attention_layer_flops(c, tgt_len, mem_len, batch, keys_per_query, kv_memory)
+    parts = {name: (c.n_layer - (end - first)) * flops for name, flops in per_layer.items()}
+    if end > first:
+        k = chunk_length or c.hourglass.shorten_factor
+        coarse = _attention_layer_flops(c, tgt_len / k, c.coarse_mem(mem_len), batch, coarse_keys_per_query, kv_memory)
+        for name, flops in coarse.items():
+            parts[name] += (end - first) * flops / k
+        parts.update(hourglass_flops_per_token(c, tgt_len, k))
+    parts["softmax_layer"] = 2 * c.d_model * c.vocab_size
+    return {"forward": sum(parts.values()), "train": 3 * sum(parts.values()), "parts": parts}
+
+
+def _attention_layer_flops(c: ModelConfig, tgt_len: float, mem_len: int, batch: int, keys, kv_memory: bool) -> dict:
+    """One attention layer's forward FLOPs per query position (see :func:`model_flops_per_token`)."""
     width, kv_width, klen = c.n_head * c.d_head, (c.n_kv_head or c.n_head) * c.d_head, tgt_len + mem_len
-    keys = mem_len + (tgt_len + 1) / 2 if keys_per_query is None else keys_per_query
+    keys = mem_len + (tgt_len + 1) / 2 if keys is None else keys
     projected = tgt_len if kv_memory else klen
-    per_layer = {
+    return {
         "qkv": 2 * c.d_model * (width + 2 * kv_width * projected / tgt_len),
         "r_net": 2 * c.d_model * width * (klen + 1) / (tgt_len * batch)
         if c.positions.pos == "sinusoidal" and not kv_memory
@@ -138,9 +163,28 @@ def model_flops_per_token(
         "o_net": 2 * width * c.d_model,
         "feed_forward": 2 * 2 * c.d_model * c.d_inner,
     }
-    parts = {name: c.n_layer * flops for name, flops in per_layer.items()}
-    parts["softmax_layer"] = 2 * c.d_model * c.vocab_size
-    return {"forward": sum(parts.values()), "train": 3 * sum(parts.values()), "parts": parts}
+
+
+def hourglass_flops_per_token(config: ModelConfig, tgt_len: int, chunk_length: float) -> dict:
+    """An hourglass's own matrix multiplies per token, besides its shortened layers: ``pool_upsample`` (fixed:
+    the linear pooling of k positions, with ``shorten_fn=linear``, and the upsampling to k vectors), or ``router``
+    (learned: W_q and W_k on every position; entropy: the head's logits at the T + 1 positions it reads),
+    ``residual_proj`` (learned) and ``smoothing`` (the scan of :func:`~longseq.model.boundaries.smooth` in blocks of 16
+    chunks, one key channel: the intra-block scores times the values, the blocks' states and what they carry; the
+    padding of a segment's last block left out)."""
+    from longseq.model.boundaries import SMOOTH_CHUNK
+
+    h, d = config.hourglass, config.d_model
+    if not h.dynamic:
+        return {"pool_upsample": 2 * d * d * (2 if h.shorten_fn == "linear" else 1)}
+    if h.boundaries == "learned":
+        router = 2 * 2 * d * d
+    else:
+        router = 2 * d * config.vocab_size * (tgt_len + 1) / tgt_len
+    block = SMOOTH_CHUNK  # per chunk: q k^T (1 channel) and scores v inside the block, a state written and read
+    smoothing = 2 * (block + block * d + 2 * d) / chunk_length
+    residual = 2 * d * d if h.residual_proj and h.boundaries == "learned" else 0.0  # learned chunks only
+    return {"router": router, "residual_proj": residual, "smoothing": smoothing}
 
 
 def matmul_flops_per_s(

@@ -220,7 +220,7 @@ class LongseqLM(TemplateLM):
         until = [until] if isinstance(until, str) else list(until)
         max_new = _model_arg("max_gen_toks", gen_kwargs.pop("max_gen_toks", None), 1) or self.max_gen_toks
         sampling = _sampling(gen_kwargs)
-        check_sampling(max_new, sampling["temperature"], sampling["top_k"], sampling["top_p"], None)
+        check_sampling(max_new, sampling["temperature"], sampling["top_k"], sampling["top_p"])
         prompt = self.tok_encode(context) or [self.eot_token_id]
         prompt_ids = torch.tensor([prompt], dtype=torch.long)
         made: list[int] = []

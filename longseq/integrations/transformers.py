@@ -68,6 +68,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils.deprecation import deprecate_kwarg
 
 from longseq.config import ModelConfig, Recurrence
+from longseq.config.model import upgrade_stored_model
 from longseq.data.tokenizers import Tokenizer, load_tokenizer
 from longseq.generation import read_prompt, windowed
 from longseq.integrations.longseq_cache import LongseqCache, RowGroup, merged, row_groups
@@ -83,6 +84,7 @@ from longseq.interop.transfo_xl import refuse_non_finite
 from longseq.model import Memory, TransformerXLLM, build_model
 from longseq.model.lstm import LSTMLM
 from longseq.model.memory import CacheContext, HiddenMemory, KVMemory, RingContext, RingMemory
+from longseq.model.registry import MODEL_SPECS
 from longseq.model.stack import LayerStack
 from longseq.model.transformer import IGNORE_INDEX
 
@@ -94,9 +96,10 @@ OLD_EXPORT_NAMES = {  # transformers' key_mapping for an export whose names are 
     r"\.dec_attn\.r_net\.": ".dec_attn.rel.r_net.",  # the positions were not modules (upgrade_position_names)
     r"\.dec_attn\.rel_table$": ".dec_attn.rel.rel_table",
 }
-UNTIED_HEADS = {  # a softmax weight a tied checkpoint stores under the embedding's name -> that name
-    re.compile(r"model\.crit\.out_layers\.(\d+)\.weight"): r"model.transformer.word_emb.emb_layers.\1.weight",
-    re.compile(r"model\.decoder\.weight"): "model.embedding.weight",
+UNTIED_HEADS = {  # a softmax weight a tied checkpoint stores under the embedding's name -> that name (ModelSpec's)
+    re.compile(r"model\." + pattern): f"model.{name}"
+    for spec in MODEL_SPECS.values()
+    for pattern, name in spec.tied_heads.items()
 }
 
 
@@ -120,7 +123,7 @@ class LongseqConfig(PreTrainedConfig):
     use_cache: bool = True
 
     def __post_init__(self, **kwargs):
-        given = dict(self.longseq or {})
+        given = upgrade_stored_model(dict(self.longseq or {}))  # as it was saved, if before a field existed
         if self.tie_word_embeddings is not None:
             given["tie_weight"] = self.tie_word_embeddings
         model = ModelConfig.from_dict(given)  # ConfigError names an unknown or bad key

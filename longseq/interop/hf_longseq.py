@@ -23,6 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from longseq.config import ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
+from longseq.config.model import upgrade_stored_model
 from longseq.data.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
 from longseq.interop.hf_tokenizer import save_hf_tokenizer
 from longseq.interop.transfo_xl import (
@@ -148,7 +149,7 @@ def load_longseq_hf(directory: str) -> tuple[TransformerXLLM | LSTMLM, Tokenizer
             "write): the architecture is unknown"
         )
     try:
-        model = build_model(ModelConfig.from_dict(config["longseq"]))
+        model = build_model(ModelConfig.from_dict(upgrade_stored_model(config["longseq"])))
     except ConfigError as exc:
         raise ConversionError(f"{path}: its longseq section is not a valid model config: {exc}") from None
     weights_path = os.path.join(directory, "model.safetensors")

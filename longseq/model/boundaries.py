@@ -22,17 +22,22 @@ the start of a stream and the first position of every document.
 :func:`smooth` is the upsampler's exponential moving average over the chunks, z_c = P_c zhat_c + (1 - P_c) z_{c-1}
 (P_c the boundary probability of chunk c, clamped to [1e-4, 1 - 1e-4] as in H-Net; a forced boundary restarts it),
 computed by the decayed scan of :mod:`longseq.model.mixers.linear_scan`; :func:`smooth_reference` is its loop.
+
+:data:`BOUNDARY_PREDICTORS` is the registry of predictors, by the name ``hourglass.boundaries`` gives: each one's
+builder and the options it reads.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from longseq.config.model import ModelConfig
 from longseq.model.mixers.linear_scan import scan_chunked
 
 CLAMP = 1e-4  # the smoothing's boundary probabilities lie in [CLAMP, 1 - CLAMP] (H-Net's DeChunkLayer)
@@ -119,6 +124,27 @@ class EntropyCut(nn.Module):
             nll = -log_probs.gather(-1, tokens[..., None].long()).squeeze(-1)  # (B, T)
             loss = loss + (nll * kept).sum() / count
         return loss
+
+
+class BoundaryKind(NamedTuple):
+    """A boundary predictor: how to build it from a model config (the level's width is ``d_model``), and the
+    :class:`~longseq.config.model.HourglassConfig` fields it reads beyond those every hourglass reads
+    (``shorten_layers``, ``shorten_factor``: the mean chunk length it aims at, ``boundaries``)."""
+
+    build: Callable[[ModelConfig], nn.Module]
+    reads: tuple[str, ...]
+
+
+BOUNDARY_PREDICTORS: dict[str, BoundaryKind] = {  # the registry; "fixed" (Hourglass's groups of k) is the other choice
+    "learned": BoundaryKind(
+        lambda c: Router(c.d_model, c.hourglass.shorten_factor, c.hourglass.ratio_loss),
+        ("ratio_loss", "residual_proj"),  # H-Net's zero-start residual projection (it held the entropy rule back)
+    ),
+    "entropy": BoundaryKind(
+        lambda c: EntropyCut(c.d_model, c.vocab_size, c.hourglass.shorten_factor, c.hourglass.entropy_rule),
+        ("entropy_rule",),
+    ),
+}
 
 
 def select_chunks(hidden: Tensor, cuts: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -6,11 +6,15 @@ For a segment (B, T, E) of the level's input x (the output of the layers below, 
 1. the predictor decides, from positions <= t, whether position t begins a chunk (b_t, with probability p_t);
 2. down-sampling selects the boundary positions: chunk c is represented by x at its first position s_c, which has
    read every position up to s_c and none after;
-3. the coarse stack (attention layers) runs over the chunks with its own memory of ``mem_len`` chunks, one slot per
-   chunk, so that it reaches about ``mem_len`` x the mean chunk length positions back;
+3. the coarse stack (attention layers) runs over the chunks with its own memory of ``mem_len`` chunks (or
+   ``coarse_mem_len``), one slot per chunk, so that it reaches about that many x the mean chunk length positions back;
 4. the smoothing averages the chunks' outputs (H-Net's EMA) and up-sampling gives position t the output of the chunk
    it lies in, times the straight-through confidence (1 in the forward pass);
-5. the residual link adds it to x, for the layers above.
+5. the residual link adds it to x, for the layers above: for learned chunks with ``residual_proj`` (the default, as
+   H-Net) through a linear map W_r x + b_r that starts at zero, so that at first the layers above read the coarse
+   path only.  Entropy chunks add x itself: their threshold starts where almost nothing is cut, and a residual
+   path that starts closed left the layers above with almost nothing to read (valid bpb 3.60 against 3.15 after
+   600 steps on tiny-shakespeare).
 
 Causality: position t reads the chunk that begins at s_c <= t, whose coarse output has read chunks up to c only
 (each represented by a position <= s_c): nothing after t.  A chunk whose first position lies in an earlier segment
@@ -32,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig
-from longseq.model.boundaries import EntropyCut, Router, confidence, select_chunks, smooth, upsample
+from longseq.model.boundaries import BOUNDARY_PREDICTORS, confidence, select_chunks, smooth, upsample
 from longseq.model.layers import LayerOutput
 from longseq.model.memory import HourglassState, Memory, Recurrence, StateContext
 from longseq.model.memory.ragged import keep_last
@@ -47,11 +51,17 @@ class DynamicHourglass(nn.Module):
     def __init__(self, config: ModelConfig, inner: nn.Module) -> None:
         super().__init__()
         h, width = config.hourglass, config.d_model
-        if h.boundaries == "learned":
-            self.boundaries = Router(width, h.shorten_factor, h.ratio_loss)
-        else:
-            self.boundaries = EntropyCut(width, config.vocab_size, h.shorten_factor, h.entropy_rule)
+        kind = BOUNDARY_PREDICTORS[h.boundaries]
+        self.boundaries = kind.build(config)
         self.inner = inner  # a LayerStack of the coarse (attention) layers
+        projected = h.residual_proj and "residual_proj" in kind.reads
+        self.residual = nn.Linear(width, width) if projected else None  # H-Net's residual_proj
+        self.coarse_mem = config.coarse_mem  # slots of the shortened layers' memory, given the stack's mem_len
+
+    def init_own_parameters(self) -> None:
+        if self.residual is not None:  # zero, as H-Net's: the residual path opens as it learns
+            nn.init.zeros_(self.residual.weight)
+            nn.init.zeros_(self.residual.bias)
 
     def forward(self, hidden: Tensor, rel_key, r_w_bias, r_r_bias, mask, context: StateContext) -> LayerOutput:
         if torch.compiler.is_exporting():
@@ -67,14 +77,14 @@ class DynamicHourglass(nn.Module):
         memory = Memory() if held is None else held.inner
         smoothed = chunks  # no chunk begins in this segment: (B, 0, E)
         if chunks.size(1):
-            recurrence = context.recurrence or Recurrence(self.inner.config.memory.mem_len)
             docs = torch.zeros_like(positions) if context.docs is None else context.docs[0].gather(1, positions)
-            outputs, memory = self._run_inner(chunks, memory, counts, docs, recurrence)
+            outputs, memory = self._run_inner(chunks, memory, counts, docs, context.recurrence)
             starts = forced.gather(1, positions)
             smoothed = smooth(outputs, cut.probs.gather(1, positions), carried, starts)  # (B, n, E)
         added, carried = upsample(smoothed, carried, cut.cuts)  # (B, T, E), (B, E)
         state = (hidden[:, -1].detach(), carried.detach(), cut.last_score.detach())
-        return LayerOutput(hidden + added * confidence(cut), HourglassState(state, memory, 0), None, cut.aux)
+        residual = hidden if self.residual is None else self.residual(hidden)
+        return LayerOutput(residual + added * confidence(cut), HourglassState(state, memory, 0), None, cut.aux)
 
     def _state(self, held: HourglassState | None, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The last input before the segment (B, E), the smoothed output of its chunk (B, E), the predictor's
@@ -104,4 +114,4 @@ class DynamicHourglass(nn.Module):
         whole = Recurrence(memory.mem_length + length, recurrence.clamp_len)  # keeps every chunk for keep_last
         step = self.inner.open_step(memory, batch, length, chunks.device, whole, docs)
         out, written, _ = self.inner.run(step, memory, chunks, whole)
-        return out, keep_last(written, counts, length, recurrence.mem_len)
+        return out, keep_last(written, counts, length, self.coarse_mem(recurrence.mem_len))

@@ -14,22 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longseq.config.model import Recurrence
-from longseq.config.run import POOLING
 from longseq.model.transformer import TransformerXLLM
 
+POOLING = ("last", "mean", "document")  # a classifier's summary of a document: DocumentClassifier
 
-def read_segments(
-    lm: TransformerXLLM,
-    input_ids: Tensor,
-    segment_len: int,
-    padding: Tensor | None = None,
-    track=None,
-    recurrence: Recurrence | None = None,
-):
+
+def read_segments(lm: TransformerXLLM, input_ids: Tensor, segment_len: int, padding: Tensor | None = None, track=None):
     """Read a (B, N) document segment by segment with the memory carried, as in language modeling: yields
-    ``(index, segment ids (B, T), filler mask (B, T) or None, hidden states (B, T, E))`` for every segment, each
-    read with ``recurrence`` (None: the model's own).
+    ``(index, segment ids (B, T), filler mask (B, T) or None, hidden states (B, T, E))`` for every segment.
 
     The one reader of every task head.  ``padding`` (B, N) marks filler: it is a document of its own, so no real
     token attends to it.  ``track(index, count)`` says whether a segment's computation keeps its graph (default:
@@ -45,8 +37,7 @@ def read_segments(
         if mems is not None and (len(segments) - i) % block == 0:
             mems = mems.detach()  # a new block: no gradient into the previous one
         with torch.set_grad_enabled(torch.is_grad_enabled() and keep_graph):
-            doc_ids = None if pad is None else pad.long()
-            hidden, mems, _ = lm.hidden_states(segment, mems, recurrence=recurrence, doc_ids=doc_ids)
+            hidden, mems, _ = lm.hidden_states(segment, mems, doc_ids=None if pad is None else pad.long())
         yield i, segment, pad, hidden
 
 

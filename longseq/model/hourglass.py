@@ -9,8 +9,9 @@ the block's input (the residual link).  Position t therefore reads the shortened
 
 Groups are aligned with the stream, not with segments: the block carries as its state the last k - 1 inputs, the
 upsampled vectors of the last group, the position in the current group (phase) and that group's document, and
-the shortened layers carry their own memory (``mem_len // k`` positions, distances counted in groups).  A segment
-that completes no group (generation, one token at a time) leaves the shortened layers' memory as it was.
+the shortened layers carry their own memory (``mem_len // k`` groups, or ``coarse_mem_len``; distances counted in
+groups).  A segment that completes no group (generation, one token at a time) leaves the shortened layers' memory
+as it was.
 """
 
 from __future__ import annotations
@@ -24,12 +25,11 @@ from longseq.model.memory import HourglassState, Memory, Recurrence, StateContex
 
 
 def inner_config(config: ModelConfig) -> ModelConfig:
-    """The config of the shortened layers: their mixers and patterns, the memory counted in groups (fixed: mem_len
-    // k groups; learned and entropy boundaries: mem_len chunks), no hourglass."""
+    """The config of the shortened layers: their mixers and patterns, the memory counted in groups or chunks
+    (:meth:`~longseq.config.model.ModelConfig.coarse_mem`), no hourglass."""
     first, end = config.hourglass.shorten_layers
-    k = 1 if config.hourglass.dynamic else config.hourglass.shorten_factor
     mixers, patterns = config.layer_mixers[first:end], config.layer_pattern_names[first:end]
-    memory = {**config.memory.to_dict(), "mem_len": config.memory.mem_len // k}
+    memory = {**config.memory.to_dict(), "mem_len": config.coarse_mem()}
     return config.replace(
         n_layer=end - first,
         mixer=mixers,
@@ -43,6 +43,7 @@ class Hourglass(nn.Module):
     """The shortened middle of a stack, called like a recurrent layer (its "present" is its new memory)."""
 
     attends = False  # a recurrent layer to the outer stack: its state and its shortened layers' memory
+    reads = ("shorten_fn",)  # the hourglass options only the fixed groups read (a predictor's: BOUNDARY_PREDICTORS)
 
     def __init__(self, config: ModelConfig, inner: nn.Module) -> None:
         super().__init__()
@@ -51,12 +52,13 @@ class Hourglass(nn.Module):
         self.shorten = nn.Linear(k * width, width) if config.hourglass.shorten_fn == "linear" else None
         self.upsample = nn.Linear(width, k * width)  # one vector per position of the group
         self.inner = inner  # a LayerStack of the shortened layers
+        self.coarse_mem = config.coarse_mem  # slots of the shortened layers' memory, given the stack's mem_len
 
     def forward(self, hidden: Tensor, rel_key, r_w_bias, r_r_bias, mask, context: StateContext):
         batch, length, width = hidden.shape
-        r = context.recurrence or Recurrence(self.inner.config.memory.mem_len * self.factor)
-        self._inner_recurrence = Recurrence(  # the shortened layers count positions in groups
-            r.mem_len // self.factor, r.clamp_len // self.factor if r.clamp_len > 0 else -1, r.same_length
+        r = context.recurrence
+        inner_recurrence = Recurrence(  # the shortened layers count positions in groups
+            self.coarse_mem(r.mem_len), r.clamp_len // self.factor if r.clamp_len > 0 else -1, r.same_length
         )
         k = self.factor
         held = context.state  # an HourglassState, or None at the start of a stream
@@ -74,7 +76,7 @@ class Hourglass(nn.Module):
         inner_memory = Memory() if held is None else held.inner
         if len(ends):
             short = self.shorten(windows.flatten(-2)) if self.shorten is not None else windows.mean(dim=2)  # (B, n, E)
-            short, inner_memory = self._run_inner(short, inner_memory, docs, ends)
+            short, inner_memory = self._run_inner(short, inner_memory, docs, ends, inner_recurrence)
             up = torch.cat([up[:, None], self.upsample(short).view(batch, -1, k, width)], dim=1)  # (B, n + 1, k, E)
             end_docs = None if docs is None else torch.cat([up_doc[:, None], docs[0][:, ends]], dim=1)  # (B, n + 1)
         else:
@@ -105,9 +107,9 @@ class Hourglass(nn.Module):
         tail, up, _, up_doc = state  # its phase tensor is kept for the checkpoint; the host's phase is read
         return tail.to(hidden.dtype), up.to(hidden.dtype), up_doc
 
-    def _run_inner(self, short: Tensor, memory: Memory, docs, ends: Tensor) -> tuple[Tensor, Memory]:
-        """The shortened layers over the new groups (B, n, E), with their own memory."""
-        r = self._inner_recurrence
+    def _run_inner(self, short: Tensor, memory: Memory, docs, ends: Tensor, r: Recurrence) -> tuple[Tensor, Memory]:
+        """The shortened layers over the new groups (B, n, E), with their own memory and recurrence ``r`` (counted
+        in groups)."""
         doc_ids = None if docs is None else docs[0][:, ends]
         step = self.inner.open_step(memory, short.size(0), short.size(1), short.device, r, doc_ids)
         out, memory, _ = self.inner.run(step, memory, short, r)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longseq.config.model import ModelConfig
+from longseq.config.model import ModelConfig, Recurrence
 from longseq.model.memory import Memory, RecurrentState
 from longseq.model.transformer import IGNORE_INDEX, LMOutput
 
@@ -20,7 +20,9 @@ class LSTMLM(nn.Module):
     """``model(input_ids, mems=None, labels=None) -> LMOutput``, the interface of the Transformer-XL LM.
 
     The transformer's per-call ``recurrence`` (and its shorthand ``mem_len``, ``clamp_len``, ``same_length``) is
-    accepted and has no effect: an LSTM's context is its whole past."""
+    accepted, checked as the transformer checks it, and has no effect: an LSTM's context is its whole past.
+    ``doc_ids`` is accepted and refused unless None (it keeps no documents apart); what the transformer's layers
+    alone read (``global_mask``, ``layer_outputs``) and any other keyword is a ``TypeError`` naming it."""
 
     reads = ("n_layer", "d_model", "dropout", "tie_weight", "init_std")  # the model options an LSTM has use for
 
@@ -57,12 +59,14 @@ class LSTMLM(nn.Module):
         mems=None,
         labels: Tensor | None = None,
         *,
-        doc_ids=None,
+        recurrence: Recurrence | None = None,  # accepted and checked; no effect (as the shorthand below)
+        doc_ids: Tensor | None = None,  # None only
         return_hidden: bool = False,
-        **_recurrence,
+        mem_len: int | None = None,
+        clamp_len: int | None = None,
+        same_length: bool | None = None,
     ) -> LMOutput:  # (B, T) -> LMOutput
-        if doc_ids is not None:
-            raise ValueError("the LSTM baseline does not keep documents apart (doc_reset); use a transformer")
+        self._check_options(recurrence, doc_ids, mem_len, clamp_len, same_length)
         output, new_mems = self._recur(input_ids, mems)
         hidden = self.drop(output)  # (B, T, E)
         if return_hidden and labels is None:
@@ -76,14 +80,31 @@ class LSTMLM(nn.Module):
         count = (flat != IGNORE_INDEX).sum().clamp(min=1)
         return LMOutput(loss=nll.sum() / count, logits=None, nll=nll.view_as(labels), mems=new_mems, hidden=kept)
 
-    def read(self, input_ids: Tensor, mems: Memory | None = None, **_overrides) -> Memory:
-        """Run a segment through the LSTM only and return the new state (no softmax), as the transformer's."""
+    def read(
+        self, input_ids: Tensor, mems: Memory | None = None, *, recurrence=None, doc_ids=None, mem_len=None,
+        clamp_len=None, same_length=None,
+    ) -> Memory:  # fmt: skip
+        """Run a segment through the LSTM only and return the new state (no softmax), as the transformer's; the
+        keywords are :meth:`forward`'s."""
+        self._check_options(recurrence, doc_ids, mem_len, clamp_len, same_length)
         return self._recur(input_ids, mems)[1]
 
-    def next_token_scores(self, input_ids: Tensor, mems: Memory | None = None, **_overrides) -> tuple[Tensor, Memory]:
-        """Logits (B, V) for the token after the last position, and the new state (for generation)."""
+    def next_token_scores(
+        self, input_ids: Tensor, mems: Memory | None = None, *, recurrence=None, doc_ids=None, mem_len=None,
+        clamp_len=None, same_length=None,
+    ) -> tuple[Tensor, Memory]:  # fmt: skip
+        """Logits (B, V) for the token after the last position, and the new state (for generation); the keywords
+        are :meth:`forward`'s."""
+        self._check_options(recurrence, doc_ids, mem_len, clamp_len, same_length)
         output, new_mems = self._recur(input_ids, mems)
         return self.decoder(self.drop(output[:, -1])), new_mems
+
+    def _check_options(self, recurrence, doc_ids, mem_len, clamp_len, same_length) -> None:
+        """The transformer's per-call options: a recurrence is checked as the transformer checks it (a
+        ``Recurrence``, not given beside its shorthand) and has no effect; documents are refused."""
+        self.config.recurrence(recurrence, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+        if doc_ids is not None:
+            raise ValueError("the LSTM baseline does not keep documents apart (doc_reset); use a transformer")
 
     def _recur(self, input_ids: Tensor, mems: Memory | None) -> tuple[Tensor, Memory]:
         """The top layer's outputs (B, T, E) and the new (h, c) state of every layer."""

@@ -124,6 +124,7 @@ class PositionEncoding(nn.Module):
     learned_biases: ClassVar[bool] = False  # u and v (``r_w_bias``, ``r_r_bias``)
     relative: ClassVar[bool] = True  # positions enter only as differences, so the memory can be reused
     unread: ClassVar[tuple[str, ...]] = ()  # the model options this encoding has no use for
+    scores_distances: ClassVar[bool] = False  # a term per query-key distance (a table of keys or a bias)
 
     def __init__(self, shape: Shape) -> None:
         super().__init__()
@@ -149,6 +150,7 @@ class SinusoidalRelative(PositionEncoding):
 
     family = "relative"
     learned_biases = True
+    scores_distances = True
     unread = ("positions.max_relative_distance", *COMMON_UNREAD)
 
     def __init__(self, shape: Shape) -> None:
@@ -169,6 +171,7 @@ class ShawRelative(PositionEncoding):
     """Shaw et al.'s clipped learned table: terms (a) and (b) of the score, no u and v."""
 
     family = "relative"
+    scores_distances = True
     unread = (*UV, *COMMON_UNREAD)
 
     def __init__(self, shape: Shape) -> None:
@@ -253,6 +256,7 @@ def alibi_slopes(n_head: int) -> list[float]:
 class ALiBi(PositionEncoding):
     """ALiBi: -slope_h * |distance| added to every score of head h (no parameters)."""
 
+    scores_distances = True
     unread = ("positions.max_relative_distance", *UV, *COMMON_UNREAD)
 
     def __init__(self, shape: Shape) -> None:
@@ -288,6 +292,7 @@ def t5_buckets(distances: Tensor, n_buckets: int, max_distance: int, bidirection
 class T5Bias(PositionEncoding):
     """T5's relative bias: one learned scalar per (bucket, head) in each layer (T5 shares the first layer's)."""
 
+    scores_distances = True
     unread = (*UV, "positions.rope_theta", "positions.rope_scaling", "positions.rope_factor")
 
     def __init__(self, shape: Shape) -> None:

@@ -10,6 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 from longseq.config.model import ModelConfig
 from longseq.model.attention import RelativeMultiHeadAttention
+from longseq.model.attention.lowrank import LowRankProjection
 from longseq.model.attention.module import AttentionContext
 from longseq.model.attention.patterns import (
     AttentionPattern,
@@ -55,7 +56,7 @@ class DecoderLayer(nn.Module):
         "attn_softcap",
     )
 
-    def __init__(self, config: ModelConfig, pattern=None) -> None:
+    def __init__(self, config: ModelConfig, pattern=None, lowrank: LowRankProjection | None = None) -> None:
         super().__init__()
         c, p = config, config.positions
         shape = Shape(
@@ -87,6 +88,7 @@ class DecoderLayer(nn.Module):
             norm=c.norm,
             bias=c.bias,
             softcap=c.attn_softcap,
+            lowrank=lowrank,
         )
         self.pos_ff = PositionwiseFF.from_config(c)
 
@@ -106,16 +108,23 @@ def build_layers(config: ModelConfig) -> list[nn.Module]:
     """One module per layer of ``config``; an hourglass's shortened layers form one :class:`Hourglass` block."""
     c, layers, patterns = config, [], layer_patterns(config)
     first, end = c.hourglass.shorten_layers or (c.n_layer, c.n_layer)
+    shared = projection(c) if c.pattern.lowrank_share == "layerwise" else None  # one module for every layer
     for i, name in enumerate(c.layer_mixers):
         if i == first:
             layers.append((DynamicHourglass if c.hourglass.dynamic else Hourglass)(c, LayerStack(inner_config(c))))
         if first <= i < end:
             continue
         if name == "attention":
-            layers.append(DecoderLayer(c, patterns[i]))
+            layers.append(DecoderLayer(c, patterns[i], projection(c) if shared is None else shared))
         else:
             layers.append(MixerLayer(name, c, PositionwiseFF.from_config(c)))
     return layers
+
+
+def projection(config: ModelConfig) -> LowRankProjection | None:
+    """An attention layer's Linformer projection (``pattern.lowrank``), or None."""
+    p = config.pattern
+    return LowRankProjection(config.n_head, p.lowrank, p.lowrank_len, p.lowrank_share) if p.lowrank else None
 
 
 def outer_patterns(config: ModelConfig) -> list[AttentionPattern | None]:
@@ -141,15 +150,15 @@ class LayerStack(nn.Module):
     layers read from the memory and what is kept of them is the memory policies' business
     (:mod:`longseq.model.memory`); the backbone only hands each layer its context.
 
-    ``activation_checkpointing`` (an execution setting, not architecture; the trainer sets it from
-    ``TrainConfig``) = k recomputes every k-th layer in the backward pass instead of storing its activations.
+    ``activation_checkpointing`` (an execution setting, not architecture; the trainer sets it through the
+    architecture's :class:`~longseq.model.spec.ModelSpec`) = k recomputes every k-th layer in the backward pass
+    instead of storing its activations (0: off).
     """
-
-    activation_checkpointing: int = 0
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = c = config
+        self.activation_checkpointing = 0
         self.drop_r = Dropout(c.dropout if c.dropout_r is None else c.dropout_r)  # on the sinusoidal R
         self.encoding = position_encoding(c.positions.pos)
         self.layers = nn.ModuleList(build_layers(c))

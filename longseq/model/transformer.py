@@ -16,13 +16,12 @@ from longseq.config.model import ModelConfig, Recurrence
 from longseq.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from longseq.model.attention.patterns import PATTERNS
 from longseq.model.block import Dropout, norm_layer
-from longseq.model.layers import PositionwiseFF
 from longseq.model.memory import Memory, MemoryStep, as_memory
-from longseq.model.stack import DecoderLayer, LayerStack
+from longseq.model.stack import LayerStack
 
 IGNORE_INDEX = -100
 
-__all__ = ["DecoderLayer", "IGNORE_INDEX", "LMOutput", "PositionwiseFF", "TransformerXL", "TransformerXLLM"]
+__all__ = ["IGNORE_INDEX", "LMOutput", "TransformerXL", "TransformerXLLM"]
 
 
 NORM_WEIGHTS = ("layer_norm.weight", "final_norm.weight", "q_norm.weight", "k_norm.weight")  # initialised at 1 +- std
@@ -78,7 +77,7 @@ class LMOutput:
     """``loss``: mean NLL over labelled tokens (or None; NaN when labels were given but none is kept); ``logits``:
     (B, T, V) logits, or full log-probabilities with adaptive softmax (None when labels were given, or with
     ``return_hidden``); ``nll``: per-token NLL (B, T), 0 where ignored; ``mems``: the new
-    :class:`~longseq.model.memory.Memory` (``mems[i]`` is layer i's (B, M, E) states); ``aux_loss``: the
+    :class:`~longseq.model.memory.Memory` (``mems[i]`` is layer i's (B, M, E) states); ``aux_loss``:
     in training, the compressors' attention-reconstruction loss with a learned compressed memory and a dynamic
     hourglass's boundary loss (H-Net's ratio loss; the entropy head's and threshold's losses): add it to the loss;
     else None; ``hidden``: with ``return_hidden``, the last layer's hidden states (B, T, E) that the softmax

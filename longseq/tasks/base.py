@@ -19,7 +19,9 @@ import torch
 from torch import Tensor, nn
 
 from longseq.config.base import ConfigError
-from longseq.config.run import RunConfig, TaskConfig
+from longseq.config.run import RunConfig
+from longseq.config.task import FinetuneOptions, LMOptions, TaskConfig
+from longseq.model.attention.lowrank import LowRankProjection
 from longseq.model.memory import Memory
 
 
@@ -55,16 +57,13 @@ class StepResult:
     tokens: int
 
 
-FINETUNE_OPTIONS = ("train", "valid", "segment_len", "base", "head_only", "group_by_length", "sha256")
-
-
 class Task:
-    """The interface; see the module docstring.  Subclasses set ``name`` and ``reads``: the fields of
-    :class:`~longseq.config.run.TaskConfig` the task has use for (another task's are refused)."""
+    """The interface; see the module docstring.  Subclasses set ``name`` and ``Options``: the class of their options
+    (:mod:`longseq.config.task`), the run's ``task`` section; an option the task does not read has no field there."""
 
     name = ""
-    reads: tuple[str, ...] = ()
-    writes_samples = False  # whether :meth:`sample` is implemented (``TrainConfig.sample_interval``)
+    Options: type[TaskConfig] = LMOptions
+    writes_samples = False  # whether :meth:`sample` is implemented (``TrainConfig.sample.sample_interval``)
     progress = False  # whether :meth:`validate` may show its progress (the Trainer says, for the run's main rank)
 
     def __init__(self, run: RunConfig, tokenizer, log=None, base: nn.Module | None = None) -> None:
@@ -73,7 +72,7 @@ class Task:
 
     @property
     def options(self) -> TaskConfig:
-        """The run's task section (typed), the options this task reads among them."""
+        """The run's task section: this task's options (an instance of ``Options``)."""
         return self.run.task
 
     @property
@@ -117,6 +116,11 @@ class Task:
     def validate(self, model: nn.Module, sharded: bool = False) -> dict:
         """Validation metrics; ``loss`` (lower is better) picks the best checkpoint.  Empty without validation data."""
         return {}
+
+    def unigram_bpc(self) -> float | None:
+        """Bits per character of a unigram model of the training data on the validation data: the baseline a
+        character or byte model must beat (language modeling); None where it means nothing."""
+        return None
 
     def report(self, model: nn.Module) -> dict:
         """The task's final metrics (fine-tuning: train and valid), for the command line."""
@@ -196,7 +200,7 @@ class LengthGroupedBatches(ExampleBatches):
         return picked
 
 
-def training_batches(lengths: list[int], options: TaskConfig, batch_size: int, seed: int) -> ExampleBatches:
+def training_batches(lengths: list[int], options: FinetuneOptions, batch_size: int, seed: int) -> ExampleBatches:
     """The sampler of a fine-tuning run: shuffled batches, or batches grouped by length (``group_by_length``)."""
     if options.group_by_length:
         return LengthGroupedBatches(lengths, batch_size, seed)
@@ -214,6 +218,21 @@ def padded(seqs: list[list[int]], segment_len: int, left: bool = False) -> tuple
         inputs[row, where] = torch.as_tensor(ids)
         padding[row, where] = False
     return inputs, padding
+
+
+def load_base(lm: nn.Module, base: nn.Module) -> None:
+    """The base language model's weights into a task's backbone.  Only the weights a causal language model cannot
+    have may be missing from it: Linformer's projections (``pattern.lowrank``), which start from their
+    initialisation; anything else missing or unexpected is the error ``load_state_dict`` gives."""
+    fresh = {
+        f"{name}.{weight}"
+        for name, module in lm.named_modules(remove_duplicate=False)
+        if isinstance(module, LowRankProjection)
+        for weight, _ in module.named_parameters()
+    }
+    missing, unexpected = lm.load_state_dict(base.state_dict(), strict=False)
+    if unexpected or set(missing) - fresh:
+        lm.load_state_dict(base.state_dict())  # raises, naming them
 
 
 def set_trainable(model: nn.Module, trainable) -> None:

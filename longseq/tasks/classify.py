@@ -10,24 +10,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from longseq.config.base import check_choice
-from longseq.config.run import POOLING, TaskConfig
+from longseq.config.task import ClassifyOptions
 from longseq.data.tasks import TaskDataError, encode_field, read_jsonl
 from longseq.model import build_model
-from longseq.model.heads import DocumentClassifier
+from longseq.model.heads import POOLING, DocumentClassifier
 from longseq.tasks.base import (
-    FINETUNE_OPTIONS,
     TRAIN_SCORED,
     ExampleBatches,
     StepContext,
     StepResult,
     Task,
     chunks,
+    load_base,
     padded,
     training_batches,
 )
 
 
-def reach_warning(lengths: list[int], segment_len: int, model, o: TaskConfig) -> str | None:
+def reach_warning(lengths: list[int], segment_len: int, model, o: ClassifyOptions) -> str | None:
     """What a run says at its start when training documents are longer than the classification loss's gradient
     reaches: the final ``segments_per_step`` segments under ``last`` and ``mean`` pooling (every segment under
     ``document``), with how far back the final segment sees at all (attention only: ``effective_range``)."""
@@ -76,7 +76,8 @@ def classification_metrics(predicted: list[int], gold: list[int], n_classes: int
 
 
 class Classify(Task):
-    """Options: ``labels``, ``pooling`` (``document``, the default; ``last``, ``mean``), ``lm_weight``.
+    """Options (:class:`~longseq.config.task.ClassifyOptions`): ``labels``, ``pooling`` (``document``, the default;
+    ``last``, ``mean``), ``lm_weight``, ``text_column``, ``label_column``.
 
     Why ``document``: with the stop-gradient memory only the final segment's computation trains under ``last`` and
     ``mean``, so a label carried early in a document longer than a segment is learned only by chance.  Measured
@@ -86,7 +87,7 @@ class Classify(Task):
     (:func:`longseq.train.upgrade.upgrade_run`)."""
 
     name = "classify"
-    reads = (*FINETUNE_OPTIONS, "labels", "pooling", "lm_weight", "text_column", "label_column")
+    Options = ClassifyOptions
 
     def prepare(self):
         o = self.options
@@ -132,7 +133,7 @@ class Classify(Task):
 
     def initialize(self, model: DocumentClassifier) -> None:
         if self.base is not None:
-            model.lm.load_state_dict(self.base.state_dict())
+            load_base(model.lm, self.base)
 
     def trainable(self, model: DocumentClassifier) -> list | None:
         return list(model.classifier.parameters()) if self.options.head_only else None

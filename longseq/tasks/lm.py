@@ -19,6 +19,7 @@ from longseq.data.tokenizers import TokenizerError
 from longseq.eval.evaluate import bits_unit, evaluate
 from longseq.generation import generate
 from longseq.model import Memory, build_model
+from longseq.model.registry import check_lengths
 from longseq.tasks.base import StepContext, StepResult, Task
 
 
@@ -67,8 +68,8 @@ class LanguageModeling(Task):
             f"vocabulary {self.tokenizer.vocab_size:,}"
         )
         self._warn_about_validation(d)
-        if self.run.train.sample_interval:
-            self.prompt = sample_prompt(self.tokenizer, self.run.train.sample_prompt, self.corpus.valid)
+        if self.run.train.sample.sample_interval:
+            self.prompt = sample_prompt(self.tokenizer, self.run.train.sample.sample_prompt, self.corpus.valid)
         return self.run
 
     def _warn_about_validation(self, d) -> None:
@@ -161,27 +162,27 @@ class LanguageModeling(Task):
             kv_memory=not sharded,  # the key/value cache projects W_R R outside the (sharded) layers
             tokenizer=self.tokenizer,
             progress=self.progress,
-            progress_interval_s=self.run.train.progress_interval_s,
+            progress_interval_s=self.run.train.logging.progress_interval_s,
         )
 
     def sample(self, model: nn.Module, step: int) -> tuple[str, str]:
         """``sample_tokens`` tokens after the prompt at ``sample_temperature``, from a generator seeded by the run's
         seed and ``step`` (the global RNG is not read); the header names the settings, the text is prompt and
         continuation decoded together."""
-        t, d = self.run.train, self.run.data
+        s, d = self.run.train.sample, self.run.data
         device = next(model.parameters()).device
-        generator = torch.Generator(device=device).manual_seed(t.seed * 1_000_003 + step)
+        generator = torch.Generator(device=device).manual_seed(self.run.train.seed * 1_000_003 + step)
         tokens = generate(
             model,
             torch.as_tensor(self.prompt)[None],
-            t.sample_tokens,
-            temperature=t.sample_temperature,
+            s.sample_tokens,
+            temperature=s.sample_temperature,
             mem_len=self.run.model.memory.mem_len + d.tgt_len,
             segment_len=d.tgt_len,
             generator=generator,
         )
-        how = "greedy" if t.sample_temperature == 0 else f"temperature {t.sample_temperature:g}"
-        header = f"sample of {t.sample_tokens} tokens ({how}) after {self.tokenizer.decode(self.prompt)!r}:"
+        how = "greedy" if s.sample_temperature == 0 else f"temperature {s.sample_temperature:g}"
+        header = f"sample of {s.sample_tokens} tokens ({how}) after {self.tokenizer.decode(self.prompt)!r}:"
         return header, self.tokenizer.decode([*self.prompt, *tokens[0].tolist()])
 
 
@@ -220,7 +221,7 @@ def row_chunks(segment, device: torch.device, accum: int) -> list:
 def mem_len_at(step: int, train: TrainConfig, final: int) -> int:
     """The memory length the curriculum (``mem_len_start``, ``mem_len_warmup_steps`` or ``mem_len_warmup_frac``)
     allows at optimizer step ``step`` (0-based), growing linearly; ``final`` without a curriculum."""
-    start, warmup = train.mem_len_start, train.mem_len_ramp_steps
+    start, warmup = train.curriculum.mem_len_start, train.mem_len_ramp_steps
     if start < 0 or start >= final or step >= warmup:
         return final
     return start + (final - start) * step // warmup
@@ -228,8 +229,10 @@ def mem_len_at(step: int, train: TrainConfig, final: int) -> int:
 
 def prepare_model_config(run: RunConfig, corpus: Corpus):
     """The model config with the vocabulary size of the tokenizer, checked with the rest of the run
-    (:func:`~longseq.config.checks.check_run`: the cutoffs must fit the vocabulary)."""
+    (:func:`~longseq.config.checks.check_run`: the cutoffs must fit the vocabulary; and what its choices need of the
+    segments, :func:`~longseq.model.registry.check_lengths`)."""
     check_cutoffs(run.model.cutoffs, corpus.tokenizer.vocab_size, corpus.source)  # before the config refuses them
     model = run.model.replace(vocab_size=corpus.tokenizer.vocab_size)
     check_run(RunConfig(model, run.data, run.train, run.task), source=corpus.source)
+    check_lengths(model, run.data)
     return model

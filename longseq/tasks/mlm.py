@@ -10,19 +10,20 @@ import torch
 from torch import nn
 
 from longseq.config.run import RunConfig
+from longseq.config.task import MaskedLMOptions
 from longseq.data.tasks import TaskDataError, encode_field, read_jsonl
 from longseq.data.tokenizers import TokenizerError
 from longseq.model import build_model
 from longseq.model.heads import MaskedLM as MaskedLMHead
 from longseq.model.heads import mask_tokens
 from longseq.tasks.base import (
-    FINETUNE_OPTIONS,
     TRAIN_SCORED,
     ExampleBatches,
     StepContext,
     StepResult,
     Task,
     chunks,
+    load_base,
     padded,
     training_batches,
 )
@@ -57,7 +58,7 @@ def bidirectional(run: RunConfig) -> RunConfig:
 
 class MaskedLM(Task):
     name = "mlm"
-    reads = (*FINETUNE_OPTIONS, "mask_rate", "mask_token", "mask_id", "text_column")
+    Options = MaskedLMOptions
 
     def prepare(self):
         o = self.options
@@ -83,7 +84,7 @@ class MaskedLM(Task):
 
     def initialize(self, model: MaskedLMHead) -> None:
         if self.base is not None:
-            model.lm.load_state_dict(self.base.state_dict())
+            load_base(model.lm, self.base)
 
     def trainable(self, model: MaskedLMHead) -> list | None:
         return list(model.lm.crit.parameters()) if self.options.head_only else None

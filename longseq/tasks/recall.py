@@ -12,30 +12,19 @@ from torch import nn
 
 from longseq.config.base import ConfigError
 from longseq.config.run import RunConfig
+from longseq.config.task import RecallOptions
 from longseq.data.recall import IGNORE, RecallBatch, RecallBatches, chance, recall_batch, shortest
 from longseq.data.tokenizers import ByteTokenizer
 from longseq.model import build_model
 from longseq.model.heads import MaskedLM as AskedPositions  # an LM read in segments, scored where labels are asked
 from longseq.tasks.base import StepContext, StepResult, Task, chunks
 
-RECALL_OPTIONS = (
-    "segment_len",
-    "seq_len",
-    "min_distance",
-    "max_distance",
-    "key_len",
-    "alphabet",
-    "n_pairs",
-    "n_copy",
-    "valid_size",
-)
-
 
 class Recall(Task):
     """One class for the four generated tasks; the run's ``task.name`` picks the generator."""
 
     name = "recall"
-    reads = RECALL_OPTIONS
+    Options = RecallOptions
 
     def prepare(self) -> RunConfig:
         o, m = self.options, self.run.model

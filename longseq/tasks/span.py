@@ -13,18 +13,19 @@ import numpy as np
 import torch
 from torch import nn
 
+from longseq.config.task import SpanOptions
 from longseq.data.tasks import TaskDataError, encode_field, read_jsonl
 from longseq.data.tokenizers import TokenizerError
 from longseq.model import build_model
 from longseq.model.heads import SpanExtractor, best_spans
 from longseq.tasks.base import (
-    FINETUNE_OPTIONS,
     TRAIN_SCORED,
     ExampleBatches,
     StepContext,
     StepResult,
     Task,
     chunks,
+    load_base,
     padded,
     training_batches,
 )
@@ -109,7 +110,7 @@ def encode_questions(records: list[dict], tokenizer, path: str) -> list[dict]:
 
 class Span(Task):
     name = "span"
-    reads = (*FINETUNE_OPTIONS, "max_answer_len")
+    Options = SpanOptions
 
     def prepare(self):
         o = self.options
@@ -122,7 +123,7 @@ class Span(Task):
 
     def initialize(self, model: SpanExtractor) -> None:
         if self.base is not None:
-            model.lm.load_state_dict(self.base.state_dict())
+            load_base(model.lm, self.base)
 
     def trainable(self, model: SpanExtractor) -> list | None:
         return list(model.qa.parameters()) if self.options.head_only else None

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from longseq.config import ConfigError, RunConfig
 from longseq.data.sources import file_sha256
 from longseq.data.tokenizers import Tokenizer, TokenizerError, load_tokenizer
 from longseq.model import Memory, TransformerXLLM
+from longseq.model.registry import model_spec
 from longseq.tasks import task_for
 from longseq.train.upgrade import OLD_FORMATS, is_v1, upgrade_memory_names, upgrade_run, upgrade_weight_names
 
@@ -325,7 +327,10 @@ def load_checkpoint(
             f"{run.model.vocab_size}; the two files do not belong together"
         )
     model = task_for(run, tokenizer).build_model()  # a language model, or a fine-tuned task's model
-    load_weights(model, directory, device, rename=upgrade_weight_names if is_v1(config) else None)
+    v1_names = model_spec(run.model.arch).v1_weight_names
+    load_weights(
+        model, directory, device, rename=partial(upgrade_weight_names, v1_names=v1_names) if is_v1(config) else None
+    )
     broken = [
         name
         for name, tensor in model.state_dict().items()

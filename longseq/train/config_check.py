@@ -12,7 +12,7 @@ from longseq.model.registry import ignored_options
 from longseq.train.checkpoint import load_checkpoint_config
 
 FIXED_DATA = ("tokenizer", "lowercase", "batch_size", "tgt_len", "varlen", "doc_reset", "vocab_size", "text_column")
-FIXED_TRAIN = ("seed", "grad_accum", "parallel")
+FIXED_TRAIN = ("seed", "grad_accum", "runtime.parallel")
 
 
 # a fine-tuning run's files may lie at a new path; finetune.resumed_run checks their bytes against task.sha256
@@ -103,18 +103,18 @@ def follow_changes(run: RunConfig, base: RunConfig | None) -> tuple[RunConfig, l
     Each change is said.  Without a preset (the Python API, a config file over the configs' defaults) nothing is
     changed, but a warm-up over the whole run and an evaluation segment other than a changed training one are
     said."""
-    t, d, said = run.train, run.data, []
+    t, o, d, said = run.train, run.train.optim, run.data, []
     train, data = {}, {}
-    if base is not None and t.max_steps < base.train.max_steps and t.warmup_steps == base.train.warmup_steps > 0:
-        train["warmup_steps"] = max(1, round(t.warmup_steps * t.max_steps / base.train.max_steps))
+    if base is not None and t.max_steps < base.train.max_steps and o.warmup_steps == base.train.optim.warmup_steps > 0:
+        train["warmup_steps"] = max(1, round(o.warmup_steps * t.max_steps / base.train.max_steps))
         said.append(
             f"max_steps={t.max_steps} is shorter than the preset's {base.train.max_steps}: warmup_steps scaled from "
-            f"{t.warmup_steps} to {train['warmup_steps']}, the same share of the run (set warmup_steps to choose)"
+            f"{o.warmup_steps} to {train['warmup_steps']}, the same share of the run (set warmup_steps to choose)"
         )
-    elif t.warmup_steps >= t.max_steps and t.schedule != "constant":
+    elif o.warmup_steps >= t.max_steps and o.schedule != "constant":
         said.append(
-            f"warmup_steps={t.warmup_steps} >= max_steps={t.max_steps}: the learning rate rises for the whole run "
-            f"and never reaches its {t.schedule} decay (lower warmup_steps to have one)"
+            f"warmup_steps={o.warmup_steps} >= max_steps={t.max_steps}: the learning rate rises for the whole run "
+            f"and never reaches its {o.schedule} decay (lower warmup_steps to have one)"
         )
     reference = base.data if base is not None else DataConfig()
     if d.tgt_len != reference.tgt_len and d.eval_tgt_len == reference.eval_tgt_len != d.tgt_len:

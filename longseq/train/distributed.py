@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from longseq.config import ConfigError
 from longseq.model.memory import Memory
+from longseq.model.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -127,13 +128,19 @@ def init_world() -> World:
     return World(dist.get_rank(), dist.get_world_size(), device)
 
 
-def shard_model(model) -> None:
-    """Shard ``model`` in place with FSDP2: each decoder layer is one unit, everything else the root unit."""
+def shard_model(model, spec: ModelSpec) -> None:
+    """Shard ``model`` in place with FSDP2, one unit per module of its architecture's ``spec.fsdp_units`` (each
+    layer of the stack, then the language model), and ``model`` itself last when it holds the language model (a
+    task's head is the root unit's)."""
     from torch.distributed.fsdp import fully_shard
 
-    for layer in model.transformer.stack.layers:
-        fully_shard(layer)
-    fully_shard(model)
+    if spec.fsdp_units is None:
+        raise ConfigError(f"parallel=fsdp: the {spec.build.__name__} architecture cannot be sharded; use parallel=ddp")
+    units = spec.fsdp_units(model)
+    for unit in units:
+        fully_shard(unit)
+    if units[-1] is not model:
+        fully_shard(model)
 
 
 def full_tensor(tensor: Tensor) -> Tensor:

@@ -1,12 +1,15 @@
-"""Fine-tuning an LM checkpoint on a task, on the one :class:`~longseq.train.trainer.Trainer`.
+"""The run config of fine-tuning an LM checkpoint on a task, new or resumed; :func:`longseq.api.finetune` trains it
+on the one :class:`~longseq.train.trainer.Trainer`:
 
     finetune("runs/lm/best", "runs/cls", task="classify", train="train.jsonl", valid="valid.jsonl", max_steps=500)
 
 The settings are the run config's keys, as ``--set`` takes them (a field's path or a unique tail of it:
 ``pooling``, ``lr``, ``batch_size``, ``task.segment_len``; ``steps`` is ``train.max_steps``), laid over
-fine-tuning's defaults: 200 steps of batch 8, a learning rate of 1e-3 warming up over the first tenth of the steps
-then constant (``schedule``: ``linear`` and ``cosine`` decay to 0 at the last step), gradient clipping at 1.0,
-layer-wise learning-rate decay 0.8 (none with ``head_only``), validation at the end, seed 0.
+fine-tuning's defaults, the one file ``longseq/config/presets/finetune.toml`` (the steps, the batch, the learning
+rate and its schedule, clipping, layer-wise learning-rate decay, the seed), and over the rules that follow what is
+given: the learning rate warms up over the first tenth of the steps, validation runs at the end and the loss is
+logged every tenth of them, the segment is the checkpoint's ``tgt_len``, and ``head_only`` trains the head with no
+layer-wise decay.
 
 The output directory is a run like any other (``last/`` to resume, ``best/``, ``metrics.jsonl``); its checkpoints
 are task checkpoints that :func:`~longseq.train.checkpoint.load_checkpoint` and ``longseq predict`` read.  A resume
@@ -23,19 +26,15 @@ from typing import Any
 
 from longseq.config import ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
 from longseq.config.base import apply_values, leaf_paths, resolve_key
-from longseq.config.run import TaskConfig
+from longseq.config.files import finetune_defaults
+from longseq.config.task import FinetuneOptions, TaskConfig
 from longseq.data.sources import file_sha256
-from longseq.data.tokenizers import load_tokenizer
-from longseq.tasks import task_for
 from longseq.train.checkpoint import (
-    CheckpointError,
     load_checkpoint,
     load_checkpoint_config,
     resolve_checkpoint,
     weights_sha256,
 )
-from longseq.train.rundir import has_checkpoint
-from longseq.train.trainer import Trainer
 
 ALIASES = {"steps": "train.max_steps"}
 MOVABLE = ("task.train", "task.valid")  # the files a run reads, which a resume may find at another path
@@ -59,12 +58,13 @@ def resolved(settings: dict[str, Any]) -> dict[str, Any]:
 
 def finetune_run(base: RunConfig, base_path: str, task: str, settings: dict[str, Any]) -> RunConfig:
     """The run config of a new fine-tuning run from an LM checkpoint's run config ``base``: ``settings`` (as
-    :func:`resolved` gives them) over fine-tuning's defaults, which follow the steps and segment length given."""
-    steps = int(settings.get("train.max_steps", 200))
+    :func:`resolved` gives them) over fine-tuning's defaults (:func:`~longseq.config.files.finetune_defaults`), and
+    the rules that follow the steps, the batch and the segment given (see the module docstring)."""
+    defaults = finetune_defaults()
+    steps = int(settings.get("train.max_steps", defaults.train.max_steps))
     segment = int(settings.get("task.segment_len") or base.data.tgt_len)
-    batch = int(settings.get("data.batch_size", 8))
-    head_only = bool(settings.get("task.head_only"))
-    data = DataConfig(
+    batch = int(settings.get("data.batch_size", defaults.data.batch_size))
+    data = defaults.data.replace(
         tokenizer=base.data.tokenizer,
         lowercase=base.data.lowercase,
         tgt_len=segment,
@@ -72,17 +72,13 @@ def finetune_run(base: RunConfig, base_path: str, task: str, settings: dict[str,
         batch_size=batch,
         eval_batch_size=batch,
     )
-    train = TrainConfig(
+    head_only = {"layer_lr_decay": 1.0} if settings.get("task.head_only") else {}  # the head alone: no decay
+    train = defaults.train.replace(
         max_steps=steps,
-        lr=1e-3,
-        min_lr=0.0,
         warmup_steps=max(1, steps // 10),
-        schedule="constant",
-        clip=1.0,
-        layer_lr_decay=1.0 if head_only else 0.8,
-        seed=0,
         eval_interval=steps,
         log_interval=max(1, steps // 10),
+        **head_only,
     )
     if "task.train" not in settings:
         raise ConfigError("a new fine-tuning run needs its training file (--data FILE.jsonl)")
@@ -92,46 +88,7 @@ def finetune_run(base: RunConfig, base_path: str, task: str, settings: dict[str,
     return RunConfig(run.model, run.data, run.train, run.task.replace(sha256=fingerprints(run.task)))
 
 
-def finetune(
-    base_checkpoint: str | None,
-    out_dir: str,
-    task: str | None = "classify",
-    *,
-    resume: bool = False,
-    overwrite: bool = False,
-    progress: bool = False,
-    log=None,
-    **settings,
-) -> dict:
-    """Fine-tune ``base_checkpoint`` on ``task`` into ``out_dir`` (``resume``: continue ``out_dir/last``; no base
-    needed).  ``settings``: any key of the run config, as ``--set`` takes it (see the module docstring)."""
-    log = log or (lambda message: None)
-    given = resolved(settings)
-    if resume and not has_checkpoint(out_dir):
-        if task is None or base_checkpoint is None or "task.train" not in given:
-            raise CheckpointError(
-                f"--resume: {out_dir} holds no checkpoint to continue (the run stopped before its first save, or "
-                "never ran); start it with --task, --data and --checkpoint (without --resume)"
-            )
-        resume = False  # the Trainer says it starts afresh
-    if resume:
-        last = os.path.join(out_dir, "last")
-        run, tokenizer, base = resumed_run(last, base_checkpoint, task, given), None, None
-        tokenizer = load_tokenizer(os.path.join(last, "tokenizer.json"))
-        _note_stretched_decay(run, load_checkpoint_config(last), log)
-    else:
-        base, tokenizer, run = _new_run(base_checkpoint, task, given, log)
-    job = task_for(run, tokenizer, log, base=base)
-    result = Trainer(job, run, out_dir, resume=resume, overwrite=overwrite, progress=progress, log=log).fit()
-    best, _, best_run, _ = load_checkpoint(os.path.join(out_dir, "best"))
-    report = task_for(_reading_files_of(best_run, run), tokenizer)  # what it says was said at the start
-    report.prepare()  # the examples, encoded with the run's label set
-    last_losses = result.losses[-10:]
-    summary = {"steps": result.step, "train_loss": sum(last_losses) / len(last_losses) if last_losses else float("nan")}
-    return {**summary, **report.report(best), "checkpoint": os.path.join(os.path.abspath(out_dir), "best")}
-
-
-def _new_run(base_checkpoint: str | None, task: str | None, given: dict, log):
+def new_run(base_checkpoint: str | None, task: str | None, given: dict, log):
     """The base model, its tokenizer and the run config of a new fine-tuning run."""
     if task is None:
         raise ValueError("a new fine-tuning run needs its task (classify, span or mlm)")
@@ -156,15 +113,15 @@ def _new_run(base_checkpoint: str | None, task: str | None, given: dict, log):
     return base, tokenizer, run
 
 
-def _note_stretched_decay(run: RunConfig, saved: RunConfig, log) -> None:
-    if run.train.schedule != "constant" and run.train.max_steps != saved.train.max_steps:
+def note_stretched_decay(run: RunConfig, saved: RunConfig, log) -> None:
+    if run.train.optim.schedule != "constant" and run.train.max_steps != saved.train.max_steps:
         log(
-            f"note: the {run.train.schedule} decay now ends at step {run.train.max_steps}, not "
+            f"note: the {run.train.optim.schedule} decay now ends at step {run.train.max_steps}, not "
             f"{saved.train.max_steps}: the learning rate follows the new schedule from here"
         )
 
 
-def fingerprints(task: TaskConfig) -> dict:
+def fingerprints(task: FinetuneOptions) -> dict:
     """The sha256 of a fine-tuning run's training and validation files and of its base checkpoint's weights
     (those that exist), by which a resume recognises them at another path."""
     out = {
@@ -181,7 +138,7 @@ def _same_file(recorded: dict, key: str, path: str) -> bool:
     return key in recorded and os.path.isfile(path) and file_sha256(path) == recorded[key]
 
 
-def _moved_base(task: TaskConfig, given: str) -> str | None:
+def _moved_base(task: FinetuneOptions, given: str) -> str | None:
     """The base checkpoint directory at ``given`` (or the run's own leaf, best or last, under it) when it holds
     the weights the run started from; else None."""
     base, recorded = task.base or "", task.sha256
@@ -191,7 +148,7 @@ def _moved_base(task: TaskConfig, given: str) -> str | None:
     return None
 
 
-def _files_found(task: TaskConfig, given: dict, base_checkpoint: str | None) -> tuple[list, dict]:
+def _files_found(task: FinetuneOptions, given: dict, base_checkpoint: str | None) -> tuple[list, dict]:
     """The run's files given at a new path: those that hold the recorded bytes (``{path: new}``, accepted) and what
     a resume cannot take (a file with other bytes, a gone file, other base weights), named by flag."""
     changed, moved, recorded = [], {}, task.sha256
@@ -246,7 +203,7 @@ def resumed_run(last: str, base_checkpoint: str | None, task: str | None, given:
     return RunConfig(**apply_values(run.sections(), list(settings.items())))
 
 
-def _reading_files_of(saved: RunConfig, run: RunConfig) -> RunConfig:
+def reading_files_of(saved: RunConfig, run: RunConfig) -> RunConfig:
     """``saved`` (the run ``best/`` records) reading its files where this session's ``run`` found them: a moved
     run's ``best/`` may predate the resume and name the old paths."""
     files = {key: getattr(run.task, key) for key in ("train", "valid", "base") if getattr(run.task, key)}

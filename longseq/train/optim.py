@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from longseq.config import TrainConfig
+from longseq.model.registry import model_spec
 
 
 class Lamb(torch.optim.Optimizer):
@@ -59,54 +60,36 @@ class Lamb(torch.optim.Optimizer):
         torch._foreach_add_(params, update, alpha=-group["lr"])
 
 
-def layer_of(name: str, n_layer: int) -> int:
-    """Depth of a parameter for layer-wise learning-rate decay: 0 for the embedding, i + 1 for decoder layer i,
-    n_layer + 1 for everything above the layers (softmax, shared u and v, compressors, task heads).  A task model's
-    language model under ``lm.`` counts as the language model itself."""
-    name = name.removeprefix("lm.")
-    if name.startswith(("transformer.word_emb", "embedding")):
-        return 0
-    for prefix in (
-        "transformer.stack.layers.",
-        "lstm.weight_ih_l",
-        "lstm.weight_hh_l",
-        "lstm.bias_ih_l",
-        "lstm.bias_hh_l",
-    ):
-        if name.startswith(prefix):
-            return int(name[len(prefix) :].split(".")[0].split("_")[0]) + 1
-    return n_layer + 1
-
-
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     """AdamW or LAMB; biases, LayerNorm weights and the u/v vectors are not decayed.  With ``layer_lr_decay``
-    d < 1 a parameter at depth k (:func:`layer_of`) learns at lr * d^(top - k): the top is untouched and the
-    embedding slowest.  Each group's factor is its ``lr_scale``; the loop multiplies the schedule by it."""
-    n_layer = getattr(model.config, "n_layer", 0)
-    top = n_layer + 1
+    d < 1 a parameter at depth k (its architecture's ``ModelSpec.layer_depths``: 0 the embedding, i + 1 layer i,
+    top = n_layer + 1 above the layers) learns at lr * d^(top - k): the top is untouched and the embedding slowest.
+    Each group's factor is its ``lr_scale``; the loop multiplies the schedule by it.  ``model`` is a language
+    model or a task's model (its ``config`` is the language model's)."""
+    top = model.config.n_layer + 1
+    o = config.optim
+    depths = model_spec(model.config.arch).layer_depths(model) if o.layer_lr_decay < 1 else {}
     groups: dict[tuple[bool, int], list] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         skip = param.dim() < 2 or "layer_norm" in name or "r_w_bias" in name or "r_r_bias" in name
-        depth = layer_of(name, n_layer) if config.layer_lr_decay < 1 else top
+        depth = depths.get(name, top)
         groups.setdefault((not skip, depth), []).append(param)
     param_groups = [
         {
             "params": params,
-            "weight_decay": config.weight_decay if decay else 0.0,
-            "lr_scale": config.layer_lr_decay ** (top - depth),
+            "weight_decay": o.weight_decay if decay else 0.0,
+            "lr_scale": o.layer_lr_decay ** (top - depth),
         }
         for (decay, depth), params in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1]))
     ]
-    if config.optimizer == "lamb":
-        return Lamb(param_groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps)
+    if o.optimizer == "lamb":
+        return Lamb(param_groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
     try:  # fused: one kernel for all tensors, the step count on the device (no read back from a GPU)
-        return torch.optim.AdamW(
-            param_groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, fused=True
-        )
+        return torch.optim.AdamW(param_groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=True)
     except (RuntimeError, ValueError):  # a device or dtype the fused kernel does not serve
-        return torch.optim.AdamW(param_groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps)
+        return torch.optim.AdamW(param_groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:
@@ -115,14 +98,15 @@ def learning_rate(step: int, config: TrainConfig) -> float:
     ``cosine`` and ``linear`` decay from ``lr`` to ``min_lr`` at ``max_steps``; ``inv_sqrt`` is
     ``lr * sqrt(warmup / step)`` after warmup (the Transformer schedule); ``constant`` holds ``lr``.
     """
-    warmup, total = config.warmup_steps, config.max_steps
+    o, total = config.optim, config.max_steps
+    warmup = o.warmup_steps
     if warmup and step < warmup:
-        return config.lr * (step + 1) / warmup
-    if config.schedule == "constant":
-        return config.lr
-    if config.schedule == "inv_sqrt":
-        return config.lr * math.sqrt(max(warmup, 1) / max(step, 1)) if step >= max(warmup, 1) else config.lr
+        return o.lr * (step + 1) / warmup
+    if o.schedule == "constant":
+        return o.lr
+    if o.schedule == "inv_sqrt":
+        return o.lr * math.sqrt(max(warmup, 1) / max(step, 1)) if step >= max(warmup, 1) else o.lr
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    if config.schedule == "linear":
-        return config.min_lr + (config.lr - config.min_lr) * (1.0 - progress)
-    return config.min_lr + 0.5 * (config.lr - config.min_lr) * (1.0 + math.cos(math.pi * progress))
+    if o.schedule == "linear":
+        return o.min_lr + (o.lr - o.min_lr) * (1.0 - progress)
+    return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + math.cos(math.pi * progress))

@@ -23,7 +23,6 @@ import os
 import shutil
 import signal
 import time
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -34,11 +33,13 @@ from longseq.config.checks import check_run
 from longseq.config.files import write_run_config
 from longseq.data.sources import CorpusChangedError
 from longseq.data.tokenizers import load_tokenizer
+from longseq.model.registry import check_lengths, model_spec
+from longseq.model.spec import ModelSpec
 from longseq.progress import TrainingProgress, duration
 from longseq.runtime import set_matmul_precision
 from longseq.tasks.base import StepContext, Task, set_trainable
 from longseq.train.checkpoint import TrainingState, load_training_state, load_weights, save_checkpoint
-from longseq.train.config_check import check_options_apply, check_resumable, check_same_data, follow_changes
+from longseq.train.config_check import check_resumable, check_same_data
 from longseq.train.distributed import (
     full_optimizer_state,
     full_state_dict,
@@ -49,8 +50,8 @@ from longseq.train.distributed import (
     shard_model,
     shard_optimizer_state,
 )
-from longseq.train.optim import build_optimizer, layer_of, learning_rate
-from longseq.train.rundir import RunDirectory, has_checkpoint
+from longseq.train.optim import build_optimizer, learning_rate
+from longseq.train.rundir import RunDirectory
 from longseq.train.signals import Interrupted, StopSignals
 from longseq.train.tracking import open_trackers, scalars
 
@@ -87,14 +88,14 @@ def set_rng_states(cpu: torch.Tensor, cuda: list | None) -> None:
         torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
 
 
-def layer_grad_norms(model) -> dict[str, float]:
-    """L2 norm of the gradient of every depth (:func:`~longseq.train.optim.layer_of`): embedding, layer0, ..., top."""
-    n_layer = getattr(model.config, "n_layer", 0)
+def layer_grad_norms(model, spec: ModelSpec) -> dict[str, float]:
+    """L2 norm of the gradient of every depth (``spec.layer_depths``): embedding, layer0, ..., top."""
+    n_layer, depths = model.config.n_layer, spec.layer_depths(model)
     squares: dict[str, float] = {}
     for name, param in model.named_parameters():
         if param.grad is None:
             continue
-        depth = layer_of(name, n_layer)
+        depth = depths[name]
         key = "embedding" if depth == 0 else "top" if depth == n_layer + 1 else f"layer{depth - 1}"
         squares[key] = squares.get(key, 0.0) + float(full_tensor(param.grad.double().pow(2).sum()))
     return {key: value**0.5 for key, value in squares.items()}
@@ -153,13 +154,14 @@ class Trainer:
         torch.manual_seed(tc.seed)
         if self.resume and self.task.tokenizer is None:  # read the data with the tokenizer the run was trained with
             self.task.tokenizer = load_tokenizer(os.path.join(self.dir.last, "tokenizer.json"))
-        if tc.sample_interval and not self.task.writes_samples:
+        if tc.sample.sample_interval and not self.task.writes_samples:
             raise ConfigError(
-                f"sample_interval={tc.sample_interval}: samples are written by a language model; the "
+                f"sample_interval={tc.sample.sample_interval}: samples are written by a language model; the "
                 f"{self.task.name} task writes none (set sample_interval=0)"
             )
         self.run = self.task.prepare()
         check_run(self.run, world.size)
+        check_lengths(self.run.model, self.run.data)
         self.checkpoint_state = load_training_state(self.dir.last) if self.resume else None
         self.data_sha256 = self.task.data_fingerprint()
         if self.resume:
@@ -172,20 +174,20 @@ class Trainer:
                 self.log,
                 saved_path=saved.data.path,
             )
-        self.device = resolve_device(tc.device, world)
-        set_matmul_precision(self.device, tc.matmul_precision)
+        self.device = resolve_device(tc.runtime.device, world)
+        set_matmul_precision(self.device, tc.runtime.matmul_precision)
         if world.size > 1 and self.device.type != world.device.type:
             raise ConfigError(
                 f"device {self.device} under torchrun, but the process group exchanges {world.device.type} tensors "
                 f"(NCCL with a GPU, gloo without): train on {world.device.type}"
             )
-        self.sharded = tc.parallel == "fsdp" and world.size > 1
+        self.sharded = tc.runtime.parallel == "fsdp" and world.size > 1
         self._build_model()
         if world.rank:  # every rank built the same initial model; from here each draws its own dropout masks
             torch.manual_seed(tc.seed + world.rank)
         self.optimizer = build_optimizer(self.model, tc)
-        self.scaler = torch.amp.GradScaler(self.device.type) if tc.precision == "fp16" else None
-        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tc.precision)
+        self.scaler = torch.amp.GradScaler(self.device.type) if tc.runtime.precision == "fp16" else None
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tc.runtime.precision)
         self.batches = self.task.batches(world)
         self.ctx = StepContext(
             self.net, self.device, world.rows(self.run.data.batch_size), tc.grad_accum, self.autocast_dtype, self.scaler
@@ -193,30 +195,25 @@ class Trainer:
 
     def _build_model(self) -> None:
         model = self.task.build_model().to(self.device)
-        backbone = getattr(getattr(model, "lm", model), "transformer", None)
-        if backbone is not None:
-            backbone.stack.activation_checkpointing = self.tc.activation_checkpointing
+        self.spec = model_spec(self.run.model.arch)  # what the trainer asks of the architecture
+        self.spec.set_activation_checkpointing(model, self.tc.runtime.activation_checkpointing)
         if not self.resume:
             self.task.initialize(model)
         set_trainable(model, self.task.trainable(model))
         self.model = self.net = model
         if self.sharded:
-            shard_model(getattr(model, "lm", model))  # in place: every rank built the same init
-            if model is not getattr(model, "lm", model):
-                from torch.distributed.fsdp import fully_shard
-
-                fully_shard(model)
+            shard_model(model, self.spec)  # in place: every rank built the same init
         elif self.world.size > 1:
             from torch.nn.parallel import DistributedDataParallel
 
             self.net = DistributedDataParallel(model)  # averages gradients; parameters start from rank 0's
-        if self.tc.compile != "none":  # the training step's model; validation and saving read self.model, uncompiled
+        if self.tc.runtime.compile != "none":  # the training step's model; validation and saving read self.model
             if self.run.task is not None:
                 raise ConfigError(
-                    f"compile={self.tc.compile} compiles a language model's training step; the "
+                    f"compile={self.tc.runtime.compile} compiles a language model's training step; the "
                     f"{self.run.task.name} task reads documents in Python loops: set compile=none"
                 )
-            self.net = torch.compile(self.net, fullgraph=True, backend=self.tc.compile)
+            self.net = torch.compile(self.net, fullgraph=True, backend=self.tc.runtime.compile)
 
     def restore(self, state: TrainingState) -> None:
         """Everything :meth:`save` stored: weights, optimizer, data position, RNG, loss scale, memory."""
@@ -256,9 +253,9 @@ class Trainer:
             self.after_backward(self.step_count + 1, self.model)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        if tc.grad_norm_interval and (self.step_count + 1) % tc.grad_norm_interval == 0:
-            self.write_metrics({"step": self.step_count + 1, "grad_norms": layer_grad_norms(self.model)})
-        norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip or float("inf")))
+        if tc.logging.grad_norm_interval and (self.step_count + 1) % tc.logging.grad_norm_interval == 0:
+            self.write_metrics({"step": self.step_count + 1, "grad_norms": layer_grad_norms(self.model, self.spec)})
+        norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.optim.clip or float("inf")))
         loss, grad_norm = self.world.means(result.loss, norm)  # the step's one read from the device: both at once
         grad_norm = 0.0 if self.scaler is not None and math.isfinite(loss) else grad_norm  # fp16: the scaler's job
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
@@ -378,7 +375,7 @@ class Trainer:
             world.barrier()  # the others may read it next (NaN rollback)
 
     def _history_slot(self, directory: str) -> str | None:
-        if self.tc.keep_last <= 1 or not os.path.isdir(directory):
+        if self.tc.checkpoint.keep_last <= 1 or not os.path.isdir(directory):
             return None
         previous = load_training_state(directory).step
         os.makedirs(os.path.join(self.dir.path, "history"), exist_ok=True)
@@ -388,7 +385,7 @@ class Trainer:
         if keep is None:
             return
         history = sorted(os.listdir(os.path.dirname(keep)))
-        for stale in history[: max(0, len(history) - (self.tc.keep_last - 1))]:
+        for stale in history[: max(0, len(history) - (self.tc.checkpoint.keep_last - 1))]:
             shutil.rmtree(os.path.join(os.path.dirname(keep), stale), ignore_errors=True)
 
     # --- the loop ---------------------------------------------------------------------------------------------
@@ -426,8 +423,9 @@ class Trainer:
             if (
                 self.world.main
             ):  # run.toml, the resolved configuration: longseq train --config OUT/run.toml runs it again
+                tracked = self.tc.logging
                 self.trackers = open_trackers(
-                    self.dir.path, self.tc.tensorboard, self.tc.wandb, self.tc.wandb_project, self.run.to_dict()
+                    self.dir.path, tracked.tensorboard, tracked.wandb, tracked.wandb_project, self.run.to_dict()
                 )
                 write_run_config(self.run, os.path.join(self.dir.path, "run.toml"))
             if self.checkpoint_state is not None:
@@ -482,7 +480,7 @@ class Trainer:
             step=self.step_count,
             max_steps=tc.max_steps,
             max_time_s=tc.max_time_s,
-            interval_s=tc.progress_interval_s,
+            interval_s=tc.logging.progress_interval_s,
             enabled=self.progress and self.world.main,
             log=self.log,
             clock=self.clock,
@@ -534,8 +532,8 @@ class Trainer:
 
     def _after_step(self, stop: StopSignals, end: int, speed: float) -> None:
         """Log, validate and save as the cadence asks; stop with a saved checkpoint when a signal came."""
-        tc, step = self.tc, self.step_count
-        if step % tc.log_interval == 0 or step == end:
+        tc, saves, step = self.tc, self.tc.checkpoint, self.step_count
+        if step % tc.logging.log_interval == 0 or step == end:
             self.write_metrics(
                 {
                     "step": step,
@@ -545,13 +543,13 @@ class Trainer:
                     "elapsed_s": self.elapsed,
                 }
             )
-        if tc.sample_interval and step % tc.sample_interval == 0 and self.world.main:
+        if tc.sample.sample_interval and step % tc.sample.sample_interval == 0 and self.world.main:
             self._sample()
         if step % tc.eval_interval == 0 or step == tc.max_steps:
             self.validate(stop)
-        elif tc.save_interval and step % tc.save_interval == 0:
+        elif saves.save_interval and step % saves.save_interval == 0:
             self.save(self.dir.last, with_state=True)
-        elif self.world.any(tc.save_every_s > 0 and time.monotonic() - self.last_save >= tc.save_every_s):
+        elif self.world.any(saves.save_every_s > 0 and time.monotonic() - self.last_save >= saves.save_every_s):
             self.save(self.dir.last, with_state=True)
         self._stop_if_signalled(stop)
 
@@ -609,7 +607,7 @@ class Trainer:
         """What the run reports.  A session that trained no step (a resume of a finished run) reports the run's own
         last training loss, speed and validation as ``metrics.jsonl`` holds them, not an empty measurement."""
         elapsed = max(self.clock() - self.start_time, 1e-9)
-        unigram = self.task.unigram_bpc() if hasattr(self.task, "unigram_bpc") else None
+        unigram = self.task.unigram_bpc()
         train_loss = self.losses[-1] if self.losses else float("nan")
         speed, valid = (self.tokens_seen - self.start_tokens) / elapsed, self.valid
         if not self.losses and self.world.main:
@@ -629,52 +627,3 @@ class Trainer:
             stopped_on_time=self.stopped_on_time,
             elapsed_s=self.elapsed,
         )
-
-
-def train(
-    run: RunConfig,
-    out_dir: str,
-    *,
-    resume: bool = False,
-    overwrite: bool = False,
-    corpus=None,
-    stop_after: int | None = None,
-    progress: bool = True,
-    log=None,
-    after_backward=None,
-    base: RunConfig | None = None,
-    file_config: RunConfig | None = None,
-) -> TrainResult:
-    """Train a language model for ``run`` and write checkpoints and metrics under ``out_dir``.
-
-    ``resume`` continues from ``out_dir/last`` exactly (same batches, dropout masks, memory and optimizer state);
-    ``overwrite`` starts an existing run over.  ``corpus`` replaces reading ``run.data`` (tests).  ``stop_after``
-    ends the run early after that many optimizer steps (checkpointing first), which is how an interruption is
-    simulated in tests.  A new run refuses model options its architecture does not read, counting those that
-    differ from ``base`` (the preset the command line started from; default: the configs' defaults; with
-    ``file_config``, the run as its config file gave it, only those the command line changed), and some
-    settings follow the ones changed from ``base`` (:func:`~longseq.train.config_check.follow_changes`)."""
-    from longseq.tasks import task_for
-    from longseq.tasks.lm import LanguageModeling
-
-    if not (resume and has_checkpoint(out_dir)):  # a new run (a resume continues what was accepted then)
-        noted = check_options_apply(run, base, file_config)
-        run, said = follow_changes(run, base)
-        for message in noted + said:
-            log(message) if log is not None else warnings.warn(message, stacklevel=2)
-
-    if run.task is None or run.task.name == "lm":
-        task = LanguageModeling(run, log=log, corpus=corpus)
-    else:  # a task that makes its own data (the recall tasks)
-        task = task_for(run, log=log)
-    trainer = Trainer(
-        task,
-        run,
-        out_dir,
-        resume=resume,
-        overwrite=overwrite,
-        progress=progress,
-        log=log,
-        after_backward=after_backward,
-    )
-    return trainer.fit(stop_after=stop_after)

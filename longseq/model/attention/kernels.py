@@ -200,7 +200,7 @@ def sdpa_attention(
     dropatt: float,
     training: bool,
     first_forbidden: int = 0,
-    softcap: float = 0.0,  # refused: SDPA has no hook for the scores
+    softcap: float = 0.0,  # always 0: kernel_for refuses SDPA for a layer that caps (no hook for the scores)
 ) -> Tensor:
     """The content family's kernel: softmax(q.k / sqrt(D) + bias) on PyTorch's ``scaled_dot_product_attention``,
     so FlashAttention or the memory-efficient kernel serves it on a GPU and the fused kernel on a CPU.  Keys and
@@ -208,9 +208,8 @@ def sdpa_attention(
     before PyTorch 2.5 they are repeated here).  The plain
     causal mask without a bias is a lower-right causal mask (``causal_lower_right``: query i of T over K keys sees
     keys up to K - T + i), which those kernels take without a (T, K) tensor; anything else is one additive
-    (T, K) mask, -inf where forbidden.  It cannot cap the scores (``softcap``): the layer chooses another kernel."""
-    if softcap:
-        raise ValueError("attn_impl=sdpa cannot cap the attention logits (attn_softcap): it has no hook for the scores")
+    (T, K) mask, -inf where forbidden.  It cannot cap the scores (``softcap``): a layer that caps them is given
+    another kernel when it is built (:func:`kernel_for`, :data:`UNCAPPED_KERNELS`)."""
     qlen, klen = query.size(2), key.size(2)
     dropout = dropatt if training else 0.0
     sdpa = F.scaled_dot_product_attention

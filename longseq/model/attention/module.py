@@ -19,6 +19,7 @@ from longseq.model.attention.kernels import (
     resolve_kernel,
     sdpa_attention,
 )
+from longseq.model.attention.lowrank import LowRankProjection
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.reference import attention_probs, content_probs, dense_mask
 from longseq.model.block import Dropout, norm_layer
@@ -50,7 +51,9 @@ class RelativeMultiHeadAttention(nn.Module):
     every query and key head (learned scale per channel) before positions are applied.  ``norm`` names the block's
     norm (``layernorm`` or ``rmsnorm``; ``bias`` False: a LayerNorm without bias); ``softcap`` > 0 caps every logit
     at softcap * tanh(logit / softcap) before the mask and softmax, in every kernel that runs it (``sdpa`` has no
-    hook for the scores: ``auto`` then chooses ``reference`` for the content family).
+    hook for the scores: ``auto`` then chooses ``reference`` for the content family).  With ``lowrank`` (a
+    :class:`~longseq.model.attention.lowrank.LowRankProjection`) the keys and values are projected along the
+    length (Linformer) and the kernel attends to the projections.
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class RelativeMultiHeadAttention(nn.Module):
         softcap: float = 0.0,
         pattern=None,  # the layer's AttentionPattern (None: full), for ``auto``
         positions: Shape | None = None,  # the encoding's options beyond the heads (rope, t5)
+        lowrank: LowRankProjection | None = None,  # Linformer's E and F (its own, or every layer's)
     ) -> None:
         super().__init__()
         self.chunk = chunk
@@ -91,6 +95,7 @@ class RelativeMultiHeadAttention(nn.Module):
         self.family = encoding.family
         self.q_norm = nn.RMSNorm(d_head, eps=eps) if qk_norm else None
         self.k_norm = nn.RMSNorm(d_head, eps=eps) if qk_norm else None
+        self.lowrank = lowrank  # keys and values projected along the length before the kernel
         self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
         self.layer_norm = norm_layer(norm, d_model, eps, bias)
         self.drop = Dropout(dropout)
@@ -161,6 +166,8 @@ class RelativeMultiHeadAttention(nn.Module):
     def probs(self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: AttentionContext | None = None) -> Tensor:
         """The attention probabilities (B, H, T, K) this layer uses for these inputs (the reference, no dropout;
         same arguments as :meth:`forward`, for diagnostics).  A ring context must not be passed: it would grow."""
+        if self.lowrank is not None:
+            raise ValueError("a low-rank (Linformer) layer attends to mixtures of the keys: it has no map per key")
         query, key, value = self._scored(*self._project(hidden, context))
         table = self.relative_keys(rel_key)
         if self.family == "content":
@@ -185,10 +192,13 @@ class RelativeMultiHeadAttention(nn.Module):
         batch, qlen, _ = hidden.shape
         table = self.relative_keys(rel_key)  # (H, R, D), (H, R) or None
         present = self._project(hidden, context)  # (B, H, T, D), (B, H_kv, K, D) x 2
-        query, key, value = self._scored(*present, grouped=self.kernel in GROUPED_KERNELS)
+        grouped = self.kernel in GROUPED_KERNELS and self.lowrank is None  # Linformer's E and F are per query head
+        query, key, value = self._scored(*present, grouped=grouped)
         narrows = mask_narrows(mask, qlen, key.size(2))
         chunk = self.chunk if narrows else self.plain_chunk
-        if self.blocked and (narrows or 0 < chunk < qlen):
+        if self.lowrank is not None:
+            attn = self.lowrank(self.kernel, query, key, value, mask, self.dropatt, self.training, self.softcap)
+        elif self.blocked and (narrows or 0 < chunk < qlen):
             attn = blocked_attention(
                 self.kernel,
                 chunk,

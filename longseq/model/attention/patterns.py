@@ -256,9 +256,14 @@ class AttentionPattern:
         ``random`` piece."""
         if "random" not in self.pieces:
             return None
-        picks, valid = self.random_picks(klen, device)
-        n = picks.size(0)
-        return torch.zeros(n, n, dtype=torch.bool, device=picks.device).scatter_(1, picks, valid)
+        return picks_table(*self.random_picks(klen, device))
+
+
+def picks_table(picks: Tensor, valid: Tensor) -> Tensor:
+    """(n, n) bool: :meth:`AttentionPattern.random_picks`' (picks, valid), both (n, r), as a table of each query
+    block's random key blocks."""
+    n = picks.size(0)
+    return torch.zeros(n, n, dtype=torch.bool, device=picks.device).scatter_(1, picks, valid)
 
 
 def layer_patterns(config: ModelConfig) -> list[AttentionPattern]:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from longseq.model.attention.patterns import PatternError, PatternMask
+from longseq.model.attention.patterns import PatternError, PatternMask, in_random_blocks, picks_table
 from longseq.model.attention.shift import (
     DiagonalScores,
     PositionScores,
@@ -226,7 +226,7 @@ class RandomBlocks:
         size = self.size = m.pattern.config.block_size
         picks, valid = m.pattern.random_picks(m.klen, device)  # (n, r) for every block of the window
         self.mask, self.n_blocks = m, picks.size(0)
-        self.table = m.pattern.random_table(m.klen, device)  # (n, n): for covers
+        self.table = picks_table(picks, valid)  # (n, n): for covers
         self.a0 = m.mlen // size
         self.na = (m.klen - 1) // size + 1 - self.a0
         self.front = m.mlen - self.a0 * size
@@ -244,8 +244,7 @@ class RandomBlocks:
 
     def covers(self, query: Tensor, key: Tensor) -> Tensor:
         """True where ``key`` lies in one of the random blocks of ``query``'s block (this piece holds the pair)."""
-        last = self.n_blocks - 1
-        return self.table[(query // self.size).clamp(0, last), (key // self.size).clamp(0, last)]
+        return in_random_blocks(self.mask.pattern.config, query, key, self.table)
 
     def scores(self, q_content: Tensor, q_position: Tensor, key: Tensor, rel_key: Tensor) -> Tensor:
         qc, qp = (self._query_blocks(x)[:, :, :, None] for x in (q_content, q_position))  # (B, H, na, 1, s, D)

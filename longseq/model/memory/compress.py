@@ -16,6 +16,7 @@ detached, so only the compressor learns from it, and the compressed memory enter
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -64,7 +65,21 @@ class Compression(nn.Module):
         return Compressed(tuple(out), tuple(targets))
 
 
-COMPRESSION_FUNCTIONS = {"mean": False, "max": False, "conv": True, "linear": True}  # the registry: name -> learned
+class CompressionKind(NamedTuple):
+    """A compression function, as data: ``learned`` (weights trained by the attention-reconstruction loss) and
+    ``needs_whole_groups`` (in training it takes exactly ``rate`` evicted states a group, so the segments and the
+    memory must be multiples of the rate, and the segment lengths fixed: ``model.registry.check_lengths``)."""
+
+    learned: bool
+    needs_whole_groups: bool
+
+
+COMPRESSION_FUNCTIONS: dict[str, CompressionKind] = {  # the registry: the one place a function's name meets its needs
+    "mean": CompressionKind(learned=False, needs_whole_groups=False),
+    "max": CompressionKind(learned=False, needs_whole_groups=False),
+    "conv": CompressionKind(learned=True, needs_whole_groups=True),
+    "linear": CompressionKind(learned=True, needs_whole_groups=True),
+}
 
 
 class Compressor(nn.Module):
@@ -81,7 +96,7 @@ class Compressor(nn.Module):
 
     @property
     def learned(self) -> bool:
-        return COMPRESSION_FUNCTIONS[self.kind]
+        return COMPRESSION_FUNCTIONS[self.kind].learned
 
     def forward(self, states: Tensor) -> Tensor:
         batch, n, d = states.shape

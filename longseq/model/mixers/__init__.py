@@ -37,6 +37,14 @@ def matrix_mixer(kind: type) -> MixerKind:
     return MixerKind(lambda c: kind(c.d_model, c.n_head, c.d_head, c.mixers.chunk), ("chunk", "state_bptt"), HEADS)
 
 
+UNFORGETTING = ("chunk", "reset_every", "rotary", "state_bptt")  # what linear and performer read
+
+
+def unforgetting(c: ModelConfig) -> tuple:
+    """The arguments of a mixer without decay (linear, performer): heads, chunks, its restarts and rotation."""
+    return c.d_model, c.n_head, c.d_head, c.mixers.chunk, c.mixers.reset_every, c.mixers.rotary
+
+
 MIXERS: dict[str, MixerKind] = {  # the registry; "attention" (the decoder layer) is the other choice of a layer
     "ssm": MixerKind(
         lambda c: Mamba2(
@@ -54,11 +62,9 @@ MIXERS: dict[str, MixerKind] = {  # the registry; "attention" (the decoder layer
         lambda c: GatedConv(c.d_model, c.mixers.expand, c.mixers.conv_kernel), ("expand", "conv_kernel", "state_bptt")
     ),
     "rnn": MixerKind(lambda c: LSTMMixer(c.d_model), ("state_bptt",)),
-    "linear": matrix_mixer(LinearAttention),
+    "linear": MixerKind(lambda c: LinearAttention(*unforgetting(c)), UNFORGETTING, HEADS),
     "performer": MixerKind(
-        lambda c: Performer(c.d_model, c.n_head, c.d_head, c.mixers.chunk, c.mixers.features),
-        ("chunk", "features", "state_bptt"),
-        HEADS,
+        lambda c: Performer(*unforgetting(c), c.mixers.features), (*UNFORGETTING, "features"), HEADS
     ),
     "retention": matrix_mixer(Retention),
     "gla": matrix_mixer(GatedLinearAttention),

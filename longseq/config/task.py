@@ -1,0 +1,183 @@
+"""What a run trains for, and the options of each task: one config class per task, of which a run holds the one its
+``name`` chooses (:class:`TaskConfig`, a tagged union).  Each task's class in :mod:`longseq.tasks` names its options
+class (``Classify.Options`` is :class:`ClassifyOptions`); they live here, at the bottom of the house, because a
+stored run loads without the tasks and the recall generators (:mod:`longseq.data.recall`) read their options.
+
+An option the chosen task does not read has no field to be set in: ``TaskConfig(name="span", pooling="mean")``,
+``--set pooling=mean`` on a span run and a ``[task]`` table that sets it are unknown-key errors naming the option
+and the tasks that read it.  Runs stored by the one flat class that held every task's options load through
+:func:`upgrade_flat_task`."""
+
+from __future__ import annotations
+
+from dataclasses import field, fields
+from typing import ClassVar
+
+from longseq.config.base import Variants, check, check_finite, config
+
+RECALL_TASKS = ("passkey", "mqar", "copying", "induction")  # generated tasks: no training file
+
+
+@config
+class TaskConfig(Variants):
+    """What a run trains for: ``lm`` (language modeling on ``data``; no options of its own, the run's
+    ``RunConfig.task`` is None or this), a fine-tuning task (``classify``, ``span``, ``mlm``) or a recall task
+    (``passkey``, ``mqar``, ``copying``, ``induction``).  ``TaskConfig(name=..., **options)`` and
+    ``TaskConfig.from_dict`` give the task's options class; reachable by ``--set`` and in a config file's ``[task]``
+    table."""
+
+    name: str = "lm"
+    VARIANTS: ClassVar[dict[str, type]] = {}  # each task's options class, filled below (TASK_OPTIONS)
+    sees_whole_document: ClassVar[bool] = False  # its model reads a whole document at once (pattern.lowrank serves it)
+
+    @classmethod
+    def elsewhere(cls, key: str, owners: list[str], tag: str) -> str:
+        return f"--{key.replace('_', '-')} (task.{key}) is an option of the {', '.join(owners)} task, not of {tag}"
+
+
+@config
+class LMOptions(TaskConfig):
+    """Language modeling has no task options: its sampling and memory curriculum are the training config's
+    (``TrainConfig.sample``, ``TrainConfig.curriculum``)."""
+
+    name: str = "lm"
+
+
+@config
+class FinetuneOptions(TaskConfig):
+    """What every fine-tuning task reads: ``train`` and ``valid`` (JSONL files, or parquet and arrow tables for
+    classify and mlm), ``segment_len`` (the length a document is read in; 0: the LM's ``tgt_len``), ``base`` (the LM
+    checkpoint it starts from), ``head_only`` (train the head alone), ``group_by_length`` (batches of documents of
+    similar length) and ``sha256`` (the fingerprints of the files and of the base weights, written when the run
+    starts: a resume finds them at a new path by them)."""
+
+    train: str = ""
+    valid: str | None = None
+    segment_len: int = 0
+    base: str | None = None
+    head_only: bool = False
+    group_by_length: bool = False
+    sha256: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_finite(self)
+        check(bool(self.train), f"the {self.name} task needs its training file (--data FILE.jsonl)")
+        check(self.segment_len >= 0, f"task.segment_len must be >= 0, got {self.segment_len}")
+
+
+@config
+class ClassifyOptions(FinetuneOptions):
+    """Long-document classification (:mod:`longseq.tasks.classify`): ``labels`` (the training file's, written when
+    the run starts), ``pooling`` (``document``: the mean over the whole document, every segment trained; ``last``
+    position or ``mean`` of the final segment), ``lm_weight`` (a joint next-token loss), ``text_column`` and
+    ``label_column`` (the names of those fields in the files)."""
+
+    name: str = "classify"
+    labels: list[str] = field(default_factory=list)
+    pooling: str = "document"
+    lm_weight: float = 0.0
+    text_column: str = "text"
+    label_column: str = "label"
+    sees_whole_document: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.lm_weight >= 0, f"task.lm_weight must be >= 0, got {self.lm_weight}")
+
+
+@config
+class SpanOptions(FinetuneOptions):
+    """Span extraction (:mod:`longseq.tasks.span`): ``max_answer_len``, the longest answer in tokens."""
+
+    name: str = "span"
+    max_answer_len: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.max_answer_len >= 1, f"task.max_answer_len must be >= 1 token, got {self.max_answer_len}")
+
+
+@config
+class MaskedLMOptions(FinetuneOptions):
+    """Masked language modeling (:mod:`longseq.tasks.mlm`): ``mask_rate`` (the fraction of tokens chosen),
+    ``mask_token`` (the token standing for [MASK]; ``mask_id``: its id, found when the run starts) and
+    ``text_column`` (the name of the text field in the files)."""
+
+    name: str = "mlm"
+    mask_rate: float = 0.15
+    mask_token: str | None = None
+    mask_id: int = -1
+    text_column: str = "text"
+    sees_whole_document: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(0.0 < self.mask_rate < 1.0, f"task.mask_rate must be in (0, 1), got {self.mask_rate}")
+
+
+@config
+class RecallOptions(TaskConfig):
+    """The recall tasks (``passkey``, ``mqar``, ``copying``, ``induction``; :mod:`longseq.data.recall`) make their
+    data: ``seq_len`` tokens a training sequence, read in segments of ``segment_len`` (0: ``tgt_len``) with the
+    memory carried; ``min_distance``/``max_distance`` bound the passkey's distance (0: any that fits); ``key_len``
+    digits a passkey; ``alphabet`` random tokens (filler, induction, copying); ``n_pairs`` key-value pairs (mqar);
+    ``n_copy`` tokens to copy (copying); ``valid_size`` validation sequences."""
+
+    name: str = "passkey"
+    segment_len: int = 0
+    seq_len: int = 256
+    min_distance: int = 0
+    max_distance: int = 0
+    key_len: int = 3
+    alphabet: int = 16
+    n_pairs: int = 4
+    n_copy: int = 16
+    valid_size: int = 256
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.segment_len >= 0, f"task.segment_len must be >= 0, got {self.segment_len}")
+        for name in ("seq_len", "key_len", "n_pairs", "n_copy", "valid_size"):
+            check(getattr(self, name) >= 1, f"task.{name} must be >= 1, got {getattr(self, name)}")
+        check(2 <= self.alphabet <= 200, f"task.alphabet must be in [2, 200], got {self.alphabet}")
+        check(
+            self.name != "copying" or self.alphabet >= 3,
+            f"task.alphabet must be >= 3 for copying (a noise token, a separator and a token to copy), got {self.alphabet}",
+        )
+        check(
+            0 <= self.min_distance and (self.max_distance == 0 or self.min_distance <= self.max_distance),
+            f"task.min_distance and max_distance must satisfy 0 <= min <= max (max 0: any), got "
+            f"{self.min_distance}, {self.max_distance}",
+        )
+
+
+TASK_OPTIONS: dict[str, type[TaskConfig]] = {
+    "lm": LMOptions,
+    "classify": ClassifyOptions,
+    "span": SpanOptions,
+    "mlm": MaskedLMOptions,
+    **dict.fromkeys(RECALL_TASKS, RecallOptions),
+}
+TaskConfig.VARIANTS.update(TASK_OPTIONS)
+FINETUNE_TASKS = tuple(name for name, options in TASK_OPTIONS.items() if issubclass(options, FinetuneOptions))
+
+FLAT_DEFAULTS = dict(  # the one flat TaskConfig's defaults (the same from its first version, cc24dc9, to d3a9f4a)
+    train="", valid=None, segment_len=0, base=None, head_only=False, group_by_length=False, sha256={}, labels=[],
+    pooling="document", lm_weight=0.0, max_answer_len=64, mask_rate=0.15, mask_token=None, mask_id=-1,
+    text_column="text", label_column="label", seq_len=256, min_distance=0, max_distance=0, key_len=3, alphabet=16,
+    n_pairs=4, n_copy=16, valid_size=256,
+)  # fmt: skip
+
+
+def upgrade_flat_task(task: dict) -> dict:
+    """A task table the one flat ``TaskConfig`` stored (every task's options; a checkpoint's ``config.json`` or a
+    ``run.toml``, which leaves out the fields that are None) in its task's terms: a field its task has none of is
+    dropped where it holds the flat default.  The flat class refused any other value for an option its task did not
+    read, so nothing a run read is lost; another value stays, and the task's options refuse it by name.  Any other
+    table (today's, or one a person wrote) passes unchanged."""
+    stored = {k for k, v in FLAT_DEFAULTS.items() if v is not None}  # what every table the flat class wrote holds
+    if not isinstance(task, dict) or not stored <= set(task) or task.get("name", "lm") not in TASK_OPTIONS:
+        return task
+    own = {f.name for f in fields(TASK_OPTIONS[task.get("name", "lm")])}
+    return {k: v for k, v in task.items() if k in own or k not in FLAT_DEFAULTS or v != FLAT_DEFAULTS[k]}
