@@ -53,7 +53,7 @@ def test_kv_memory_projects_only_the_new_positions():
     hidden_mems, kv_mems = None, Memory.empty(KVMemory)
     for start in range(0, 20, 5):
         hidden_mems = model(x[:, start : start + 5], hidden_mems).mems
-    assert rows == [5, 10, 12, 12]  # memory + segment, every time
+    assert rows == [5, 5, 5, 7, 5, 7, 5]  # the memory projected again, then the segment, every time
     rows.clear()
     for start in range(0, 20, 5):
         kv_mems = model(x[:, start : start + 5], kv_mems).mems

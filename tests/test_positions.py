@@ -7,6 +7,7 @@ chunked with memory equals the whole sequence in one pass, the key/value and rin
 memory's logits."""
 
 import math
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -15,7 +16,8 @@ from longseq import ModelConfig, TransformerXLLM
 from longseq.config import ConfigError
 from longseq.model import KVMemory, Memory
 from longseq.model.attention import RelativeMultiHeadAttention
-from longseq.model.attention.kernels import sdpa_attention
+from longseq.model.attention.kernels import blocked_attention, rel_shift_attention, sdpa_attention
+from longseq.model.attention.module import plain_chunk
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.reference import reference_content_attention
 from longseq.model.memory.context import HiddenContext
@@ -133,6 +135,33 @@ def test_each_kernel_of_a_layer_equals_the_reference_layer(pos, kernel, chunk):
         return out, torch.autograd.grad(out.square().sum(), [hidden, *layer.parameters()])
 
     (fast, fast_grads), (slow, slow_grads) = run(kernel, chunk), run("reference", 0)
+    assert torch.allclose(fast, slow, atol=1e-12)
+    for a, b in zip(fast_grads, slow_grads):
+        assert torch.allclose(a, b, atol=1e-10)
+
+
+def test_full_attention_on_sdpa_runs_in_blocks_of_128_queries_on_a_cpu_and_equals_the_reference():
+    """Over every key (full causal attention) SDPA takes blocks of at least 128 queries on a CPU (and none on a GPU,
+    where the lower-right causal mask reaches FlashAttention whole); 130 queries run as 128 + 2, with the
+    reference's output and gradients."""
+    assert plain_chunk(sdpa_attention, 64, "cpu") == 128 and plain_chunk(sdpa_attention, 64, "cuda") == 0
+    assert plain_chunk(sdpa_attention, 0, "cpu") == 0 and plain_chunk(rel_shift_attention, 64, "cpu") == 64
+
+    def run(kernel):
+        torch.manual_seed(0)
+        layer = RelativeMultiHeadAttention(8, 2, 4, kernel=kernel, chunk=64, pos="rope", n_kv_head=1).double()
+        hidden = torch.randn(1, 130, 8, dtype=torch.float64, requires_grad=True)
+        memory = torch.randn(1, 5, 8, dtype=torch.float64)
+        positions = RelativePositions(relative_distances(135, -1), None, torch.float64)
+        zeros = torch.zeros(2, 4, dtype=torch.float64)
+        out, _, _ = layer(hidden, positions, zeros, zeros, PatternMask(pattern("full"), 130, 5), HiddenContext(memory))
+        return out, torch.autograd.grad(out.square().sum(), [hidden, *layer.parameters()])
+
+    calls = []
+    with patch("longseq.model.attention.module.blocked_attention", wraps=blocked_attention) as spy:
+        (fast, fast_grads), (slow, slow_grads) = run("sdpa"), run("reference")
+        calls = [c.args[1] for c in spy.call_args_list]
+    assert calls[0] == 128  # sdpa's blocks (the reference layer keeps the config's 64)
     assert torch.allclose(fast, slow, atol=1e-12)
     for a, b in zip(fast_grads, slow_grads):
         assert torch.allclose(a, b, atol=1e-10)

@@ -116,8 +116,9 @@ def model_flops_per_token(
     """Matrix-multiply FLOPs per token of one forward pass of a Transformer-XL with ``config``, a segment of
     ``tgt_len`` tokens over a memory of ``mem_len`` (2 FLOPs per multiply-add), by part, and their total.
 
-    Counted per segment token: the q/k/v projection of every position of [memory; segment] (the hidden-state memory
-    is projected again each segment), the W_R projection of the K + 1 relative rows (once for the ``batch`` rows of a
+    Counted per segment token: the query projection of the segment and the key/value projection of every position
+    of [memory; segment] (the hidden-state memory is projected again each segment; ``n_kv_head`` heads), the W_R
+    projection of the K + 1 relative rows (once for the ``batch`` rows of a
     segment), per (query, key) pair the
     content score, the position score and the weighted value (3 dot products of d_head), the output projection,
     the feed-forward and the softmax layer.  ``keys_per_query`` is the pattern's average number of allowed keys
@@ -150,11 +151,11 @@ def model_flops_per_token(
 
 def _attention_layer_flops(c: ModelConfig, tgt_len: float, mem_len: int, batch: int, keys, kv_memory: bool) -> dict:
     """One attention layer's forward FLOPs per query position (see :func:`model_flops_per_token`)."""
-    width, klen = c.n_head * c.d_head, tgt_len + mem_len
+    width, kv_width, klen = c.n_head * c.d_head, (c.n_kv_head or c.n_head) * c.d_head, tgt_len + mem_len
     keys = mem_len + (tgt_len + 1) / 2 if keys is None else keys
     projected = tgt_len if kv_memory else klen
     return {
-        "qkv": 2 * c.d_model * 3 * width * projected / tgt_len,
+        "qkv": 2 * c.d_model * (width + 2 * kv_width * projected / tgt_len),
         "r_net": 2 * c.d_model * width * (klen + 1) / (tgt_len * batch)
         if c.positions.pos == "sinusoidal" and not kv_memory
         else 0.0,
@@ -186,29 +187,36 @@ def hourglass_flops_per_token(config: ModelConfig, tgt_len: int, chunk_length: f
     return {"router": router, "residual_proj": residual, "smoothing": smoothing}
 
 
-def matmul_flops_per_s(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seconds: float = 1.0):
+def matmul_flops_per_s(
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seconds: float = 1.0,
+    clock=time.perf_counter,
+):
     """The matrix-multiply throughput of this machine, now: FLOP/s of square products (1024 on CPU, 8192 on GPU)
-    repeated for about ``seconds``, the best of three rounds (the denominator of model FLOPs utilisation)."""
+    repeated for about ``seconds``, the best of three rounds (the denominator of model FLOPs utilisation).  ``clock``
+    times them (``time.process_time``: per second of this process's CPU time, for a one-thread probe on a machine
+    shared with other work)."""
     device = torch.device(device)
     n = 8192 if device.type == "cuda" else 1024
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     torch.matmul(a, b)  # warm-up
     _sync(device)
-    start = time.perf_counter()
+    start = clock()
     reps = 1
     while True:  # calibrate: enough products for a third of the time
         torch.matmul(a, b)
         _sync(device)
-        if time.perf_counter() - start > seconds / 6:
+        if clock() - start > seconds / 6:
             break
         reps += 1
     best = 0.0
     for _ in range(3):
-        begin = time.perf_counter()
+        begin = clock()
         for _ in range(reps):
             torch.matmul(a, b)
         _sync(device)
-        best = max(best, reps * 2 * n**3 / (time.perf_counter() - begin))
+        best = max(best, reps * 2 * n**3 / (clock() - begin))
     return best
 
 

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig
 from longseq.model.attention.module import AttentionContext
-from longseq.model.block import feed_forward_kind, norm_layer
+from longseq.model.block import Dropout, feed_forward_kind, norm_layer
 from longseq.model.memory import LayerState, StateContext
 
 
@@ -39,9 +39,9 @@ class PositionwiseFF(nn.Module):
         self.core_net = nn.Sequential(
             nn.Linear(d_model, 2 * d_inner if kind.gated else d_inner, bias=bias),  # W1 (W1 and W3 when gated)
             kind.activation(),
-            nn.Dropout(dropout),
+            Dropout(dropout),
             nn.Linear(d_inner, d_model, bias=bias),  # W2
-            nn.Dropout(dropout),
+            Dropout(dropout),
         )
         self.layer_norm = norm_layer(norm, d_model, eps, bias)
 

@@ -19,6 +19,7 @@ from longseq.model.attention.patterns import (
     global_positions,
     layer_patterns,
 )
+from longseq.model.block import Dropout
 from longseq.model.dynamic import DynamicHourglass
 from longseq.model.hourglass import Hourglass, inner_config
 from longseq.model.layers import LayerOutput, PositionwiseFF
@@ -158,7 +159,7 @@ class LayerStack(nn.Module):
         super().__init__()
         self.config = c = config
         self.activation_checkpointing = 0
-        self.drop_r = nn.Dropout(c.dropout if c.dropout_r is None else c.dropout_r)  # on the sinusoidal R
+        self.drop_r = Dropout(c.dropout if c.dropout_r is None else c.dropout_r)  # on the sinusoidal R
         self.encoding = position_encoding(c.positions.pos)
         self.layers = nn.ModuleList(build_layers(c))
         bias_shape = (len(self.layers), c.n_head, c.d_head) if c.untie_r else (c.n_head, c.d_head)

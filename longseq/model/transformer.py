@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from longseq.config.model import ModelConfig, Recurrence
 from longseq.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from longseq.model.attention.patterns import PATTERNS
-from longseq.model.block import norm_layer
+from longseq.model.block import Dropout, norm_layer
 from longseq.model.memory import Memory, MemoryStep, as_memory
 from longseq.model.stack import LayerStack
 
@@ -42,7 +42,7 @@ class TransformerXL(nn.Module):
         self.stack = LayerStack(c)  # registered first: the parameters keep the order (the optimizer's state) they had
         self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
         self.final_norm = norm_layer(c.norm, c.d_model, c.layer_norm_eps, c.bias) if c.final_norm else None
-        self.drop = nn.Dropout(c.dropout)
+        self.drop = Dropout(c.dropout)
         self._register_load_state_dict_pre_hook(upgrade_backbone_names)
 
     def begin(

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +38,7 @@ from longseq.model.attention.reference import (
 from longseq.model.attention.shift import key_bands, rel_shift_attention, relative_probs
 from longseq.model.attention.shift import rel_shift as rel_shift  # re-exported: part of the kernels' interface
 from longseq.model.attention.sparse import sparse_attention
+from longseq.model.block import dropout
 from longseq.model.block import softcap as capped
 
 AttentionKernel = Callable[..., Tensor]
@@ -82,7 +85,7 @@ def banded_attention(
     forbidden = mask.banded(n_blocks, block, before, width)  # (B or 1, H or 1, n, block, W)
     key_band, value_band = (key_bands(x, mlen, n_blocks, block, before, width) for x in (key, value))  # (B, H, n, W, D)
     probs = relative_probs(q_content, key_band, q_position, local_rel, forbidden, cap=softcap)  # (B, H, n, block, W)
-    probs = F.dropout(probs, p=dropatt, training=training)
+    probs = dropout(probs, dropatt, training)
     out = torch.matmul(probs, value_band)  # (B, H, n, block, D)
     return out.view(batch, heads, n_blocks * block, d_head)[:, :, :qlen]
 
@@ -127,33 +130,63 @@ def blocked_attention(
             )
             if out is not None:
                 return out
-    outs = []
-    for q0 in range(0, qlen, step):
-        q1 = min(qlen, q0 + step)
-        first = 0  # no column known to be free of forbidden pairs
-        if isinstance(mask, Tensor):
-            lo, hi = 0, (klen - qlen + q1 if step < qlen else klen)  # a dense mask: skip only the future
-            block_mask = mask[..., q0:q1, lo:hi]
-        else:
-            lo, hi = mask.key_range(q0, q1)
-            block_mask, first = mask.forbidden(q0, q1, lo, hi), mask.first_forbidden(q0, lo)
-        first_row = qlen - q1 + lo
-        outs.append(
-            kernel(
-                query[:, :, q0:q1],
-                key[:, :, lo:hi],
-                value[:, :, lo:hi],
-                None if rel_key is None else rel_key[:, first_row : first_row + (hi - lo) + (q1 - q0)],
-                r_w_bias,
-                r_r_bias,
-                block_mask,
-                dropatt,
-                training,
-                first_forbidden=first,
-                softcap=softcap,
-            )
-        )
+    if kernel is rel_shift_attention and step < qlen:  # slices of contiguous keys and values reach the matmuls as
+        key, value = key.contiguous(), value.contiguous()  # views; of the projection's (B, L, H, D) layout, a copy each
+    blocks = [_block(mask, q0, min(qlen, q0 + step), step < qlen, qlen, klen) for q0 in range(0, qlen, step)]
+    queries = torch.split(query, step, dim=2)
+    keys, values = (Ranges.apply(x, 2, [(b.lo, b.hi) for b in blocks]) for x in (key, value))
+    tables = [None] * len(blocks)
+    if rel_key is not None:
+        tables = Ranges.apply(rel_key, 1, [(b.first_row, b.first_row + b.hi - b.lo + b.q1 - b.q0) for b in blocks])
+    outs = [
+        kernel(q, k, v, table, r_w_bias, r_r_bias, b.mask, dropatt, training, first_forbidden=b.first, softcap=softcap)
+        for b, q, k, v, table in zip(blocks, queries, keys, values, tables)
+    ]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, T, D)
+
+
+class Block(NamedTuple):
+    """Queries [q0, q1) over keys [lo, hi): their forbidden pairs, a key column before which none is (0: none known),
+    and the first row of the relative table they read."""
+
+    q0: int
+    q1: int
+    lo: int
+    hi: int
+    mask: Tensor
+    first: int
+    first_row: int
+
+
+def _block(mask: PatternMask | Tensor, q0: int, q1: int, several: bool, qlen: int, klen: int) -> Block:
+    if isinstance(mask, Tensor):  # a dense mask: skip only the future
+        lo, hi = 0, (klen - qlen + q1 if several else klen)
+        return Block(q0, q1, lo, hi, mask[..., q0:q1, lo:hi], 0, qlen - q1 + lo)
+    lo, hi = mask.key_range(q0, q1)
+    return Block(q0, q1, lo, hi, mask.forbidden(q0, q1, lo, hi), mask.first_forbidden(q0, lo), qlen - q1 + lo)
+
+
+class Ranges(torch.autograd.Function):
+    """Views ``x[lo:hi]`` along ``dim`` for every (lo, hi) of ``ranges`` (cut at x's end, as slicing is), whose
+    gradients add up in one buffer of x's size (a slice per block would give each block a zero gradient of x's size
+    of its own, added up after)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, dim: int, ranges: list[tuple[int, int]]):
+        ranges = [(lo, min(hi, x.size(dim))) for lo, hi in ranges]
+        ctx.dim, ctx.ranges, ctx.shape = dim, ranges, x.shape
+        ctx.set_materialize_grads(False)
+        return tuple(x.narrow(dim, lo, hi - lo) for lo, hi in ranges)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        present = [(lo, hi, g) for (lo, hi), g in zip(ctx.ranges, grads) if g is not None]
+        if not present:
+            return None, None, None
+        grad = present[0][2].new_zeros(ctx.shape)
+        for lo, hi, g in present:
+            grad.narrow(ctx.dim, lo, hi - lo).add_(g)
+        return grad, None, None
 
 
 def sdpa_attention(
@@ -170,26 +203,35 @@ def sdpa_attention(
     softcap: float = 0.0,  # always 0: kernel_for refuses SDPA for a layer that caps (no hook for the scores)
 ) -> Tensor:
     """The content family's kernel: softmax(q.k / sqrt(D) + bias) on PyTorch's ``scaled_dot_product_attention``,
-    so FlashAttention or the memory-efficient kernel serves it on a GPU and the fused kernel on a CPU.  The plain
+    so FlashAttention or the memory-efficient kernel serves it on a GPU and the fused kernel on a CPU.  Keys and
+    values may have fewer heads than the queries (grouped-query attention): SDPA shares them (``enable_gqa``;
+    before PyTorch 2.5 they are repeated here).  The plain
     causal mask without a bias is a lower-right causal mask (``causal_lower_right``: query i of T over K keys sees
     keys up to K - T + i), which those kernels take without a (T, K) tensor; anything else is one additive
     (T, K) mask, -inf where forbidden.  It cannot cap the scores (``softcap``): a layer that caps them is given
     another kernel when it is built (:func:`kernel_for`, :data:`UNCAPPED_KERNELS`)."""
     qlen, klen = query.size(2), key.size(2)
     dropout = dropatt if training else 0.0
+    sdpa = F.scaled_dot_product_attention
+    if key.size(1) != query.size(1):  # grouped-query attention
+        if SDPA_GROUPS:
+            sdpa = partial(F.scaled_dot_product_attention, enable_gqa=True)
+        else:
+            group = query.size(1) // key.size(1)
+            key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
     plain = isinstance(mask, PatternMask) and mask.is_causal_full and mask.span is None and mask.mlen == klen - qlen
     if bias is None and plain:
         if qlen == klen:
-            return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout, is_causal=True)
+            return sdpa(query, key, value, dropout_p=dropout, is_causal=True)
         from torch.nn.attention.bias import causal_lower_right
 
         lower_right = causal_lower_right(qlen, klen)
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=lower_right, dropout_p=dropout)
+        return sdpa(query, key, value, attn_mask=lower_right, dropout_p=dropout)
     forbidden = dense_mask(mask)
     if bias is None:
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=~forbidden, dropout_p=dropout)
+        return sdpa(query, key, value, attn_mask=~forbidden, dropout_p=dropout)
     additive = distance_bias(bias, qlen, klen).to(query.dtype).masked_fill(forbidden, float("-inf"))
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=additive, dropout_p=dropout)
+    return sdpa(query, key, value, attn_mask=additive, dropout_p=dropout)
 
 
 ATTENTION_KERNELS: dict[str, AttentionKernel] = {  # the relative family: a (H, R, D) table of keys
@@ -206,6 +248,8 @@ KERNEL_NAMES = ("auto", *dict.fromkeys([*ATTENTION_KERNELS, *CONTENT_KERNELS])) 
 
 
 UNCAPPED_KERNELS = (sdpa_attention,)  # kernels that never see the scores: no attn_softcap
+GROUPED_KERNELS = (sdpa_attention,)  # kernels that take n_kv_head key/value heads and share them themselves
+SDPA_GROUPS = torch.__version__ >= (2, 5)  # scaled_dot_product_attention(enable_gqa=True)
 
 
 def kernel_for(name: str, family: str, softcap: bool = False) -> AttentionKernel:

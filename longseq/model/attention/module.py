@@ -7,19 +7,22 @@ from dataclasses import replace
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longseq.model.attention.kernels import (
+    GROUPED_KERNELS,
     blocked_attention,
     flex_relative_attention,
     kernel_for,
     key_mass,
     resolve_kernel,
+    sdpa_attention,
 )
 from longseq.model.attention.lowrank import LowRankProjection
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.reference import attention_probs, content_probs, dense_mask
-from longseq.model.block import norm_layer
+from longseq.model.block import Dropout, norm_layer
 from longseq.model.positions import RelativePositions, Shape, position_encoding, upgrade_position_names
 
 
@@ -32,8 +35,8 @@ class AttentionContext(Protocol):
 
     def project(self, project, norm, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, H, T, D) of the segment ``hidden`` (B, T, E); keys and values (B, H, K, D) of
-        [memory; segment].  ``project`` maps (B, L, E) to the three (B, H, L, D); ``norm`` is the pre-LayerNorm
-        (None under post-LN)."""
+        [memory; segment].  ``project`` maps (B, L, E) to the three (B, H, L, D) (``project(x, queries=False)``: None
+        and the keys and values); ``norm`` is the pre-LayerNorm (None under post-LN)."""
 
 
 class RelativeMultiHeadAttention(nn.Module):
@@ -95,16 +98,18 @@ class RelativeMultiHeadAttention(nn.Module):
         self.lowrank = lowrank  # keys and values projected along the length before the kernel
         self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
         self.layer_norm = norm_layer(norm, d_model, eps, bias)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self._prepare()
         self._register_load_state_dict_pre_hook(_upgrade_names, with_module=True)
 
     def _prepare(self) -> None:
-        """Choose the kernel for the device the weights are on (``auto`` resolved here, once)."""
+        """Choose the kernel for the device the weights are on (``auto`` resolved here, once), and the query blocks
+        of attention over every key (:func:`plain_chunk`)."""
         device = self.qkv_net.weight.device.type
         name = resolve_kernel(self.kernel_name, device, self.pattern, self.dropatt > 0, self.family, self.softcap > 0)
         self.kernel = kernel_for(name, self.family, self.softcap > 0)
         self.blocked = self.kernel is not flex_relative_attention and self.chunk > 0
+        self.plain_chunk = plain_chunk(self.kernel, self.chunk, device)
 
     def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)
@@ -118,16 +123,27 @@ class RelativeMultiHeadAttention(nn.Module):
             return positions
         return self.rel.table(positions)
 
-    def heads(self, source: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries (B, H, L, D), keys and values (B, H_kv, L, D) of every position of ``source`` (B, L, E)."""
+    def heads(self, source: Tensor, queries: bool = True) -> tuple[Tensor | None, Tensor, Tensor]:
+        """Queries (B, H, L, D), keys and values (B, H_kv, L, D) of every position of ``source`` (B, L, E); with
+        ``queries`` False, None and the keys and values only (a memory's positions ask no queries).  A plain
+        ``qkv_net`` then multiplies with its key/value rows alone; a wrapped one (PEFT's LoRA, a forward hook) runs
+        whole and its queries are dropped."""
         batch, length, _ = source.shape
         q_width, kv_width = self.n_head * self.d_head, self.n_kv_head * self.d_head
-        query, key, value = self.qkv_net(source).split((q_width, kv_width, kv_width), dim=-1)
-        query = query.view(batch, length, self.n_head, self.d_head).transpose(1, 2)
+        if queries or not self._plain_projection():
+            query, key, value = self.qkv_net(source).split((q_width, kv_width, kv_width), dim=-1)
+            query = query.view(batch, length, self.n_head, self.d_head).transpose(1, 2) if queries else None
+        else:
+            query, (key, value) = None, F.linear(source, self.qkv_net.weight[q_width:]).split(kv_width, dim=-1)
         key, value = (x.view(batch, length, self.n_kv_head, self.d_head).transpose(1, 2) for x in (key, value))
         if self.q_norm is not None:
-            query, key = self.q_norm(query), self.k_norm(key)
+            query = None if query is None else self.q_norm(query)
+            key = self.k_norm(key)
         return query, key, value
+
+    def _plain_projection(self) -> bool:
+        net = self.qkv_net
+        return type(net) is nn.Linear and not (net._forward_hooks or net._forward_pre_hooks)
 
     def _project(self, hidden: Tensor, context: AttentionContext | None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, H, T, D) of the segment; keys and values (B, H_kv, K, D) of [memory; segment]."""
@@ -136,12 +152,14 @@ class RelativeMultiHeadAttention(nn.Module):
             return self.heads(hidden if norm is None else norm(hidden))
         return context.project(self.heads, norm, hidden)
 
-    def _scored(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values as the scores see them: rotated (rope), key/value heads shared by groups."""
+    def _scored(
+        self, query: Tensor, key: Tensor, value: Tensor, grouped: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values as the scores see them: rotated (rope), key/value heads shared by groups (kept
+        as ``n_kv_head`` heads with ``grouped``, for a kernel that shares them itself)."""
         query, key = self.rel.rotate(query, key)
-        if self.n_kv_head != self.n_head:
-            group = self.n_head // self.n_kv_head
-            key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+        if self.n_kv_head != self.n_head and not grouped:
+            key, value = _shared(key, self.n_head), _shared(value, self.n_head)
         return query, key, value
 
     @torch.no_grad()
@@ -174,13 +192,16 @@ class RelativeMultiHeadAttention(nn.Module):
         batch, qlen, _ = hidden.shape
         table = self.relative_keys(rel_key)  # (H, R, D), (H, R) or None
         present = self._project(hidden, context)  # (B, H, T, D), (B, H_kv, K, D) x 2
-        query, key, value = self._scored(*present)
+        grouped = self.kernel in GROUPED_KERNELS and self.lowrank is None  # Linformer's E and F are per query head
+        query, key, value = self._scored(*present, grouped=grouped)
+        narrows = mask_narrows(mask, qlen, key.size(2))
+        chunk = self.chunk if narrows else self.plain_chunk
         if self.lowrank is not None:
             attn = self.lowrank(self.kernel, query, key, value, mask, self.dropatt, self.training, self.softcap)
-        elif self.blocked and (qlen > self.chunk or mask_narrows(mask, qlen, key.size(2))):
+        elif self.blocked and (narrows or 0 < chunk < qlen):
             attn = blocked_attention(
                 self.kernel,
-                self.chunk,
+                chunk,
                 query,
                 key,
                 value,
@@ -201,13 +222,32 @@ class RelativeMultiHeadAttention(nn.Module):
         out = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
         mass = None
         if context is not None and context.with_mass:
-            mass = self._mass(query, key, table, r_w_bias, r_r_bias, dense_mask(mask))
+            mass = self._mass(query, _shared(key, self.n_head), table, r_w_bias, r_r_bias, dense_mask(mask))
         return out, present[1:], mass
 
     def _mass(self, query, key, table, r_w_bias, r_r_bias, mask) -> Tensor:
         if self.family == "content":
             return content_probs(query, key, table, mask, self.softcap).sum(dim=(1, 2))
         return key_mass(query, key, table, r_w_bias, r_r_bias, mask, self.softcap)
+
+
+def _shared(heads: Tensor, n_head: int) -> Tensor:
+    """(B, H_kv, L, D) key or value heads as (B, H, L, D): each shared by its group of query heads."""
+    group = n_head // heads.size(1)
+    return heads if group == 1 else heads.repeat_interleave(group, dim=1)
+
+
+SDPA_CPU_BLOCK = 128  # the fewest queries of a block on the CPU's fused kernel (measured: 64 was 2-3% slower)
+
+
+def plain_chunk(kernel, chunk: int, device: str) -> int:
+    """The query blocks of ``kernel`` when every block reaches every key before it (full causal attention): the
+    config's ``chunk`` for the relative kernels; for SDPA none on a GPU (the lower-right causal mask reaches
+    FlashAttention whole, which skips the future keys itself) and at least :data:`SDPA_CPU_BLOCK` on a CPU (where
+    the mask is made dense, so blocks skip the future keys' tiles)."""
+    if kernel is not sdpa_attention or not chunk:
+        return chunk
+    return 0 if device == "cuda" else max(chunk, SDPA_CPU_BLOCK)
 
 
 def mask_narrows(mask: PatternMask | Tensor, qlen: int, klen: int) -> bool:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from longseq.model.block import masked_softcap
+from longseq.model.block import dropout, masked_softcap
 from longseq.model.block import softcap as capped
 
 
@@ -45,15 +45,66 @@ def fill_forbidden_(scores: Tensor, mask: Tensor, first: int = 0) -> Tensor:
     return scores
 
 
+def _heads_first(q_position: Tensor, rel_key: Tensor) -> bool:
+    """Whether the table varies over heads only, as (H, [1, ...,] R, D) against (B, H, ..., T, D) queries: then the
+    position term is one product per head over all the query rows (:func:`position_scores`)."""
+    return (
+        rel_key.dim() == q_position.dim() - 1
+        and rel_key.size(0) == q_position.size(1)
+        and all(size == 1 for size in rel_key.shape[1:-2])
+    )
+
+
+def _query_rows(q_position: Tensor) -> Tensor:
+    """(B, H, ..., T, D) queries as (H, N, D), every head's rows together (a copy of the queries)."""
+    return q_position.movedim(1, 0).reshape(q_position.size(1), -1, q_position.size(-1))
+
+
+def position_scores(q_position: Tensor, rel_key: Tensor, klen: int) -> Tensor:
+    """rel_shift(q_p R^T): the position term (..., T, K) of queries (..., T, D) over ``klen`` keys.
+
+    With a table that varies over heads only (H, R, D) (or (H, 1, ..., R, D)), each head's rows of every batch row
+    and block are one (N, D) x (D, R) product into an (H, ..., T, R) buffer, which the returned view reads with the
+    heads moved back to dimension 1.  A broadcast matmul would copy the table once per batch row and block, and sum
+    its gradient back over them.  Other shapes broadcast."""
+    qlen = q_position.size(-2)
+    if not _heads_first(q_position, rel_key):
+        return rel_shift(torch.matmul(q_position, rel_key.transpose(-1, -2)), qlen, klen)
+    heads, n_rel, d_head = rel_key.size(0), rel_key.size(-2), rel_key.size(-1)
+    table = rel_key.reshape(heads, n_rel, d_head)
+    lead = (q_position.size(0), *q_position.shape[2:-1])  # (B, ..., T)
+    position = torch.bmm(_query_rows(q_position), table.transpose(1, 2)).view(heads, *lead, n_rel)
+    return rel_shift(position, qlen, klen).movedim(0, 1)  # (B, H, ..., T, K)
+
+
 def _position_backward(grad_scores: Tensor, q_position: Tensor, rel_key: Tensor, needs_qp: bool, needs_rel: bool):
     """Gradients of rel_shift(q_p R^T) for (..., T, K) ``grad_scores``, back through the same strided view."""
     *lead, qlen, klen = grad_scores.shape
+    if _heads_first(q_position, rel_key) and grad_scores.shape[:-1] == q_position.shape[:-1]:
+        return _heads_first_backward(grad_scores, q_position, rel_key, needs_qp, needs_rel)
     grad_position = grad_scores.new_zeros(*lead, qlen, rel_key.size(-2))  # (..., T, R)
     rel_shift(grad_position, qlen, klen).copy_(grad_scores)
     grad_qp = torch.matmul(grad_position, rel_key).sum_to_size(q_position.shape) if needs_qp else None
     grad_rel = None
     if needs_rel:
         grad_rel = torch.matmul(grad_position.transpose(-1, -2), q_position).sum_to_size(rel_key.shape)
+    return grad_qp, grad_rel
+
+
+def _heads_first_backward(grad_scores: Tensor, q_position: Tensor, rel_key: Tensor, needs_qp: bool, needs_rel: bool):
+    """:func:`_position_backward` for the layout of :func:`position_scores`: the gradient written into an
+    (H, B, ..., T, R) buffer, then one product per head for each operand (no sum over the batch)."""
+    qlen, klen = grad_scores.shape[-2:]
+    heads, n_rel, d_head = rel_key.size(0), rel_key.size(-2), rel_key.size(-1)
+    grad_position = grad_scores.new_zeros(heads, *grad_scores.shape[:1], *grad_scores.shape[2:-1], n_rel)
+    rel_shift(grad_position, qlen, klen).copy_(grad_scores.movedim(1, 0))
+    flat = grad_position.view(heads, -1, n_rel)  # (H, N, R)
+    grad_qp = grad_rel = None
+    if needs_qp:
+        table = rel_key.reshape(heads, n_rel, d_head)
+        grad_qp = torch.bmm(flat, table).view(heads, *grad_position.shape[1:-1], d_head).movedim(0, 1)
+    if needs_rel:
+        grad_rel = torch.bmm(flat.transpose(1, 2), _query_rows(q_position)).view(rel_key.shape)
     return grad_qp, grad_rel
 
 
@@ -71,7 +122,7 @@ def _relative_backward(ctx, grad_scores: Tensor, q_content, key, q_position, rel
 
 def _relative_scores(q_content: Tensor, key: Tensor, q_position: Tensor, rel_key: Tensor) -> Tensor:
     scores = torch.matmul(q_content, key.transpose(-1, -2))  # (..., T, K)
-    scores += rel_shift(torch.matmul(q_position, rel_key.transpose(-1, -2)), q_content.size(-2), key.size(-2))
+    scores += position_scores(q_position, rel_key, key.size(-2))
     return scores
 
 
@@ -166,7 +217,7 @@ def rel_shift_attention(
             position = torch.matmul(q_position.float(), rel_key.float().transpose(-1, -2))
             scores = capped(content + rel_shift(position, query.size(2), key.size(2)), softcap)
             probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1).to(value.dtype)
-    probs = F.dropout(probs, p=dropatt, training=training)
+    probs = dropout(probs, dropatt, training)
     return torch.matmul(probs, value)  # (B, H, T, D)
 
 
@@ -176,8 +227,7 @@ class PositionScores(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q_position, rel_key, mask, klen):
-        position = torch.matmul(q_position, rel_key.transpose(-1, -2))  # (..., T, R)
-        scores = rel_shift(position, q_position.size(-2), klen).masked_fill_(mask, float("-inf"))  # (..., T, K)
+        scores = position_scores(q_position, rel_key, klen).masked_fill_(mask, float("-inf"))  # (..., T, K)
         ctx.save_for_backward(q_position, rel_key)
         return scores
 

@@ -4,7 +4,8 @@ An attention layer gets an attention context, whose one method :meth:`project` t
 the segment and keys and values of [memory; segment], as ``cache.update`` does in transformers.  It is written
 three times, once per kind of attention memory:
 
-* :class:`HiddenContext`: prefix the hidden-state memory to the segment, then project both;
+* :class:`HiddenContext`: project the hidden-state memory (keys and values) and the segment, keys and values of
+  the memory before the segment's;
 * :class:`CacheContext`: project the segment alone and put the cached keys and values before it;
 * :class:`RingContext`: project the segment alone and append it to the ring buffers in place.
 
@@ -23,7 +24,8 @@ from torch import Tensor
 from longseq.config.model import Recurrence
 from longseq.model.memory.state import LayerState
 
-Project = Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]  # (B, L, E) -> q, k, v, each (B, H, L, D)
+# (B, L, E) -> q, k, v, each (B, H, L, D); with queries=False, None for q
+Project = Callable[..., tuple[Tensor | None, Tensor, Tensor]]
 Norm = Callable[[Tensor], Tensor] | None  # the pre-LayerNorm, applied to the attention input; None for post-LN
 
 
@@ -36,11 +38,15 @@ class HiddenContext(NamedTuple):
 
     def project(self, project: Project, norm: Norm, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, H, T, D) of the segment ``hidden`` (B, T, E); keys and values (B, H, K, D) of
-        [memory; segment], projected together (the memory is normalised with the segment under pre-LN)."""
+        [memory; segment] (the memory normalised as the segment is under pre-LN).  The memory is projected apart
+        from the segment: its positions ask no queries, and a memory held without gradient (a detached one) costs
+        no gradient of its own in the backward pass."""
         memory = self.memory
-        context = hidden if memory is None or memory.size(1) == 0 else torch.cat([memory, hidden], dim=1)  # (B, K, E)
-        query, key, value = project(norm(context) if norm is not None else context)
-        return query[:, :, -hidden.size(1) :], key, value
+        if memory is None or memory.size(1) == 0:
+            return project(norm(hidden) if norm is not None else hidden)
+        _, memory_key, memory_value = project(norm(memory) if norm is not None else memory, queries=False)
+        query, key, value = project(norm(hidden) if norm is not None else hidden)  # (B, H, T, D) each
+        return query, torch.cat([memory_key, key], dim=2), torch.cat([memory_value, value], dim=2)  # (B, H, K, D)
 
 
 class CacheContext(NamedTuple):

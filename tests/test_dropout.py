@@ -1,0 +1,68 @@
+"""The block's dropout (``longseq.model.block.dropout``): ``F.dropout`` with its mask drawn from integer bits on a
+CPU.  Held to F.dropout's definition: every element kept independently with probability 1 - p (both halves of each
+64-bit draw, neighbours uncorrelated, within 6 standard deviations over a million elements), kept values exactly
+x * (1 / (1 - p)) in the tensor's dtype and the rest 0, the gradient the same mask times the same scale; and
+F.dropout itself where the fast path does not apply."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from longseq import ModelConfig, TransformerXLLM
+from longseq.model.block import Dropout, dropout, dropout_noise
+
+N = 1 << 20
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_each_element_is_kept_with_probability_one_minus_p(dtype, p):
+    torch.manual_seed(0)
+    x = torch.randn(4, N // 4, dtype=dtype)
+    out = dropout(x, p)
+    kept = out != 0
+    scale = torch.tensor(1 / (1 - p), dtype=dtype)
+    assert torch.equal(out[kept], x[kept] * scale) and not out[~kept].any()
+    for part in (kept.flatten(), kept.flatten()[0::2], kept.flatten()[1::2]):  # both halves of every draw
+        n = part.numel()
+        assert abs(part.sum().item() - n * (1 - p)) < 6 * math.sqrt(n * p * (1 - p))
+    flat = kept.flatten().double()
+    neighbours = torch.corrcoef(torch.stack([flat[:-1], flat[1:]]))[0, 1].item()
+    assert abs(neighbours) < 6 / math.sqrt(N)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_gradient_is_the_same_mask_times_the_scale(dtype):
+    torch.manual_seed(0)
+    x = torch.ones(64, 1000, dtype=dtype, requires_grad=True)
+    out = dropout(x, 0.3)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    assert torch.equal(x.grad, grad * out.detach())  # x = 1: out is the noise, 0 or 1 / (1 - p)
+    assert out.detach().unique().tolist() == [0.0, torch.tensor(1 / 0.7, dtype=dtype).item()]
+
+
+def test_a_seed_fixes_the_masks_and_draws_differ():
+    torch.manual_seed(3)
+    first, second = dropout_noise(torch.empty(1000), 0.2), dropout_noise(torch.empty(1000), 0.2)
+    torch.manual_seed(3)
+    assert torch.equal(dropout_noise(torch.empty(1000), 0.2), first) and not torch.equal(first, second)
+
+
+def test_elsewhere_it_is_f_dropout():
+    x = torch.randn(100, 100)
+    assert dropout(x, 0.1, training=False) is x and torch.equal(dropout(x, 0.0), x)
+    assert not dropout(x, 1.0).any()
+    half = x.bfloat16()
+    torch.manual_seed(1)
+    expected = F.dropout(half, 0.1)
+    torch.manual_seed(1)
+    assert torch.equal(dropout(half, 0.1), expected)
+
+
+def test_every_dropout_of_the_transformer_is_the_blocks():
+    model = TransformerXLLM(ModelConfig(vocab_size=20, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32))
+    found = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert len(found) == 1 + 2 * 3 + 1 and all(type(m) is Dropout for m in found)  # input and output, 3 a layer, R
