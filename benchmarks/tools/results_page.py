@@ -398,6 +398,21 @@ MIXERS = {"xl": "XL (attention)", "no-memory": "no memory", "ssm": "ssm (4 state
           "rnn": "rnn (4 LSTM mixers)", "hourglass": "hourglass (2 of 4 layers at 1/2)"}  # fmt: skip
 
 
+LINEAR = {"gla": "gla (4 gated linear-attention layers)", "retention": "retention (4 RetNet layers)",
+          "linear-unbounded": "linear, never restarted (elu+1, 4 layers)"}  # fmt: skip
+
+
+def linear_rows() -> list[list[str]]:
+    """The linear-attention family on character PTB against its store's XL; WikiText-2 not run."""
+    store = "linear-ptb-char-3000"
+    base = test_stats(store, "xl")
+    rows = []
+    for name, label in LINEAR.items():
+        s = test_stats(store, name)
+        rows.append([label, spread(s, ranges=False), versus(name, "xl", base, s), "not run", "", ""])
+    return rows
+
+
 def mixers_section() -> list[str]:
     char = load("mixers-ptb-char-3000/summary.json")["variants"]
     base_c, base_w = char["xl"]["test_bpc"], test_stats("wt2-word-3000", "xl")
@@ -407,8 +422,11 @@ def mixers_section() -> list[str]:
         c = char[name]["test_bpc"] if name in char else None
         char_cells = ["not run", ""] if c is None else [spread(c, ranges=False), versus(name, "xl", base_c, c)]
         rows.append([label, *char_cells, spread(w, ranges=False), f"{ppl:.1f}", versus(name, "xl", base_w, w)])
+    rows += linear_rows()
     body = [
         "d_inner gives each stack XL's parameters (863k on characters, 5.15M on words); 3 seeds, 3,000 steps.",
+        "The linear-attention rows (issue 42; `linear-ptb-char-3000/`) are compared with that store's XL, the"
+        " compaction study's (1.9830, same base, steps and seeds).",
         "",
         *table(["stack", "char PTB bpc ↓", "vs XL", "WikiText-2 bits/word ↓", "ppl", "vs XL"], rows, "lllllr"),
     ]
