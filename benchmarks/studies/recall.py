@@ -52,7 +52,8 @@ PASSKEY = {  # variant -> model settings over BASE_MODEL
     "ssm": dict(mixer=["ssm"], **RECURRENT),
     "hybrid": dict(mem_len=64, mixer=["ssm", "attention"], **RECURRENT),
     "rnn": dict(mixer=["rnn"], **RECURRENT),
-    "linear": dict(mixer=["linear"], **RECURRENT),
+    "linear": dict(mixer=["linear"], **RECURRENT),  # restarted every 64 positions (reset_every): reach 64
+    "linear-unbounded": dict(mixer=["linear"], reset_every=0, rotary=False, **RECURRENT),  # Katharopoulos's own
     "gla": dict(mixer=["gla"], **RECURRENT),
     "retention": dict(mixer=["retention"], **RECURRENT),
     "hourglass": dict(mem_len=64, n_layer=3, shorten_layers=[1, 2], shorten_factor=2),
