@@ -98,29 +98,35 @@ def masked_softcap(scores: Tensor, cap: float) -> Tensor:
     return torch.where(scores == float("-inf"), scores, softcap(scores, cap))
 
 
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """``F.dropout(x, p, training)``: every element kept with probability 1 - p and scaled by 1 / (1 - p), else 0.
 
-    On a CPU, for float32 and float64 outside a compiled graph, the mask comes from :func:`dropout_noise`:
-    PyTorch's CPU ``bernoulli_`` draws one element at a time unless the processor is Intel's (then MKL's generator
-    serves it), and there it cost several times the product it follows (2-3x the float32 time of ``F.dropout``
-    on an AMD EPYC).  Elsewhere (CUDA's fused kernel, half precision, ``torch.compile``'s own generator) this is
-    ``F.dropout``.  Both draw from the torch generator, so a seed fixes the masks (they differ from
-    ``F.dropout``'s)."""
-    fast = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and 0 < p < 1
+    On a CPU, outside a compiled graph, the mask comes from integer bits (:func:`dropout_noise`; in float32, float64,
+    and bfloat16 or float16 as under ``torch.autocast``): PyTorch's CPU ``bernoulli_``
+    draws one element at a time unless the processor is Intel's (then MKL's generator serves it), and there it cost
+    several times the product it follows (2-3x the float32 time of ``F.dropout`` on an AMD EPYC; 14% of a bf16
+    training step).  Elsewhere (CUDA's fused kernel, ``torch.compile``'s own generator) this is ``F.dropout``.
+    Both draw from the torch generator, so a seed fixes the masks (they differ from ``F.dropout``'s)."""
+    fast = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64, *HALF_DTYPES) and 0 < p < 1
     if not (training and fast) or torch.compiler.is_compiling():
         return F.dropout(x, p, training)
     return x * dropout_noise(x, p)
 
 
 def dropout_noise(like: Tensor, p: float) -> Tensor:
-    """The noise of ``F.dropout`` for a float32 or float64 tensor ``like``: 1 / (1 - p) (in its dtype) with
-    probability 1 - p, else 0, independently per element.
+    """The noise of ``F.dropout`` for a float tensor ``like``: 1 / (1 - p) (in its dtype) with probability 1 - p,
+    else 0, independently per element.  A bfloat16 or float16 tensor's is float32's, rounded to its dtype (as
+    ``F.dropout`` rounds its scale: 1.109375 in bfloat16 for p = 0.1).
 
     Uniform integers of 31 bits (two per ``random_()`` int64, whose 63 bits are uniform; float64: one of 63 bits)
     decide each element: kept when at least round(p 2^31), so the keep rate is 1 - p to 2^-31.  Integer operations
     in place turn the decision into the bits of 1 / (1 - p) or of 0 (an arithmetic shift of r - threshold gives -1
     where dropped), read as floats without a copy."""
+    if like.dtype in HALF_DTYPES:
+        return dropout_noise(torch.empty(like.shape, device=like.device), p).to(like.dtype)
     n, wide = like.numel(), like.dtype == torch.float64
     int_type, bits = (torch.int64, 63) if wide else (torch.int32, 31)
     draws = torch.empty(n if wide else (n + 1) // 2, dtype=torch.int64, device=like.device).random_()
