@@ -10,9 +10,14 @@ Tasks (the performance issue's model: 4 layers, d_model 256, 8 heads x 32, d_inn
 * ``generate``: new tokens/s for 256 greedy tokens after a 2,000-token prompt, mem_len 1600 (HF: ``generate``);
 * ``scaling``: training ms per token as tgt_len + mem_len grows from 256 to 4096 (tgt_len = mem_len, batch 1).
 
+``--longseq llama`` runs longseq's side with the ``llama-xl`` block at this width (``LLAMA`` of
+``vs_x_transformers.py``: rope, RMSNorm, SwiGLU, 2 key/value heads of 8, QK-norm, no biases; its own weights, the
+default's parameter count) against the same HF TransfoXL.
+
 Usage::
 
     python benchmarks/speed/vs_hf.py train eval generate scaling [--rounds 3] [--json]
+    python benchmarks/speed/vs_hf.py eval generate --longseq llama
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ def _setup(job: dict):
     torch.manual_seed(0)
     ours = TransformerXLLM(bench_config(job["mem_len"]))
     if job["impl"] == "longseq":
+        if job.get("longseq") == "llama":  # the llama-xl block at this width; HF keeps the paper's block
+            from vs_x_transformers import LLAMA
+
+            return TransformerXLLM(bench_config(job["mem_len"], **LLAMA))
         return ours
     hf = hf_twin(ours)
     hf.reset_memory_length(job["mem_len"])
@@ -163,6 +172,7 @@ def main() -> None:
     parser.add_argument("tasks", nargs="*", default=["train", "eval", "generate", "scaling"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--longseq", choices=["default", "llama"], default="default", help="longseq's block")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -176,7 +186,7 @@ def main() -> None:
             results: dict[str, list[dict]] = {"longseq": [], "hf": []}
             for _ in range(args.rounds):
                 for impl in ("longseq", "hf"):
-                    results[impl].append(run({**job, "impl": impl}))
+                    results[impl].append(run({**job, "impl": impl, "longseq": args.longseq}))
             row = {k: v for k, v in job.items() if k != "steps"}
             for impl, runs in results.items():
                 good = [r for r in runs if "error" not in r]
@@ -199,6 +209,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
         "rounds": args.rounds,
+        "longseq": args.longseq,
     }
     if args.json:
         print(json.dumps({"meta": meta, "rows": rows}))
