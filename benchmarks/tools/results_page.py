@@ -317,6 +317,19 @@ def memory_curve(runs: list[dict], context: int) -> str:
     return f"{sum(values) / len(values):.3f}"
 
 
+def rope_scaling_line() -> str:
+    """RoPE's scalings applied at evaluation (``rope_scaling.py``): mean bpc over seeds at each evaluation memory."""
+    data = load("positions-ptb-char-3000/rope-scaling.json")
+    seeds = list(data["seeds"].values())
+    cells = []
+    for i, row in enumerate(seeds[0]):
+        means = [sum(s[i]["bpc"][j] for s in seeds) / len(seeds) for j in range(len(data["contexts"]))]
+        name = "none" if row["rope_scaling"] == "none" else f"{row['rope_scaling']} x{row['rope_factor']:g}"
+        cells.append(f"{name} " + " / ".join(f"{m:.3f}" for m in means))
+    return (f"RoPE scaled at evaluation, no training (`positions-ptb-char-3000/rope-scaling.json`, {len(seeds)} seeds,"
+            f" bpc at memory {' / '.join(map(str, data['contexts']))}): " + "; ".join(cells) + ".")  # fmt: skip
+
+
 def block_section() -> list[str]:
     xl = test_stats("compaction-ptb-char-3000", "xl")
     rows = []
@@ -332,6 +345,8 @@ def block_section() -> list[str]:
         " tokens). Test bpc; then bpc with evaluation memories of 1x, 2x and 4x the training memory (same_length).",
         "",
         *table(header, rows, "lrllrrr"),
+        "",
+        rope_scaling_line(),
     ]
     study = load("positions-ptb-char-3000/study.json")
     return section(
