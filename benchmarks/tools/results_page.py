@@ -620,6 +620,32 @@ def smaller_section() -> list[str]:
     return ["## Smaller measurements", f"*{MACHINE.split(':')[0]}; commands in each JSON*", "", *lines, ""]
 
 
+XT_ROWS = [  # (longseq row, peer row, label): the equal-settings pair first
+    ("longseq_rope", "xt_rotary_mem", "longseq rope vs x-transformers rotary"),
+    ("longseq_rope", "xt_rotary_flash_mem", "longseq rope vs x-transformers rotary, flash"),
+    ("longseq", "xt_rotary_mem", "longseq's paper block vs x-transformers rotary"),
+    ("longseq_llama", "longseq_llama_gpt", "llama-xl block with memory vs the same without, context tgt + mem"),
+]
+
+
+def xt_cpu_section() -> list[str]:
+    """Training speed beside x-transformers on this CPU, fp32 and bf16 autocast (issue 45)."""
+    rows = []
+    for (ours, peer, label), precision in ((r, p) for r in XT_ROWS for p in ("fp32", "bf16")):
+        for size in load(f"speed/vs-x-transformers-cpu-{precision}.json")["sizes"]:
+            tps = size["tokens_per_s"]
+            if peer in tps:
+                rows.append([label, precision, f"{size['tgt_len']} / {size['mem_len']}", num(tps[ours]),
+                             num(tps[peer]), f"**{tps[ours] / tps[peer]:.2f}x**"])  # fmt: skip
+    body = [
+        "Training tokens/s, batch 8, medians of alternating rounds in one process; equal settings for the rope rows"
+        " (all 32 channels rotated on both sides, dropout at the same sites). The GPT counts tokens of its context.",
+        "",
+        *table(["comparison", "dtype", "tgt / mem", "longseq", "peer", "ratio"], rows, "lllrrr"),
+    ]
+    return section("Speed against x-transformers (CPU)", load("speed/vs-x-transformers-cpu.json"), body, "speed/")
+
+
 def gpu_section() -> list[str]:
     """The first GPU session: training speed beside HF TransfoXL and x-transformers, and what the check saw."""
     study, hf, check = load("gpu/study.json"), load("gpu/vs-hf.json")["sections"], load("gpu/gpu-check.json")
@@ -647,7 +673,7 @@ def render() -> str:
     parts = [headline(), memory_section(), hf_section(), vanilla_section(), patterns_section(), table6_section(),
              block_section(), compaction_section(), clamp_section(), mixers_section(), mixers_speed_section(), listops_section(),
              recall_section(),
-             preset_section(), mfu_section(), gpu_section(), smaller_section()]  # fmt: skip
+             preset_section(), xt_cpu_section(), mfu_section(), gpu_section(), smaller_section()]  # fmt: skip
     return "\n".join(line for part in parts for line in part).rstrip("\n") + "\n"
 
 
