@@ -207,7 +207,9 @@ def sdpa_attention(
     values may have fewer heads than the queries (grouped-query attention): SDPA shares them (``enable_gqa``;
     before PyTorch 2.5 they are repeated here).  The plain
     causal mask without a bias is a lower-right causal mask (``causal_lower_right``: query i of T over K keys sees
-    keys up to K - T + i), which those kernels take without a (T, K) tensor; anything else is one additive
+    keys up to K - T + i), which those kernels take without a (T, K) tensor (on a CPU, where PyTorch makes it a
+    dense mask, that mask is made here: ``torch.nn.attention.bias`` imports dynamo, 0.7 s on a first call; one
+    query sees every key, no mask); anything else is one additive
     (T, K) mask, -inf where forbidden.  It cannot cap the scores (``softcap``): a layer that caps them is given
     another kernel when it is built (:func:`kernel_for`, :data:`UNCAPPED_KERNELS`)."""
     qlen, klen = query.size(2), key.size(2)
@@ -223,6 +225,11 @@ def sdpa_attention(
     if bias is None and plain:
         if qlen == klen:
             return sdpa(query, key, value, dropout_p=dropout, is_causal=True)
+        if qlen == 1:  # one query after its keys (generation): it sees them all
+            return sdpa(query, key, value, dropout_p=dropout)
+        if query.device.type == "cpu":  # causal_lower_right would make this same dense mask, after importing dynamo
+            allowed = torch.ones(qlen, klen, dtype=torch.bool, device=query.device).tril_(klen - qlen)
+            return sdpa(query, key, value, attn_mask=allowed, dropout_p=dropout)
         from torch.nn.attention.bias import causal_lower_right
 
         lower_right = causal_lower_right(qlen, klen)
