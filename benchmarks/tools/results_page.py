@@ -214,6 +214,12 @@ def hf_section() -> list[str]:
               f"{gen['longseq_tokens_per_s']:.1f}", f"{gen['hf_tokens_per_s']:.1f}", f"**{gen['speedup']:.1f}x**"],
              ["generation peak RSS MiB ↓", f"memory {num(gen['mem_len'])}", num(gen["longseq_peak_rss_mib"]),
               num(gen["hf_peak_rss_mib"]), f"{gen['rss_ratio']:.2f}"]]  # fmt: skip
+    llama = hf["llama"]
+    rows += [["llama-xl block: evaluation ms/token ↓", f"memory {num(r['mem_len'])}", f"{r['longseq_ms_per_token']:.3f}",
+              f"{r['hf_ms_per_token']:.3f}", f"**{r['ratio']:.2f}**"] for r in llama["evaluation"]]  # fmt: skip
+    g = llama["generation"]
+    rows += [["llama-xl block: generation tokens/s ↑", f"memory {num(g['mem_len'])}", f"{g['longseq_tokens_per_s']:.1f}",
+              f"{g['hf_tokens_per_s']:.1f}", f"**{g['speedup']:.1f}x**"]]  # fmt: skip
     body = [
         "4 layers, d_model 256, bytes, float32, the same weights; own processes, alternating; training against length"
         f" ({hf['scaling']['rows'][-1]['speedup']:.2f}x at {num(hf['scaling']['rows'][-1]['length'])}): `speed/README.md`.",
@@ -256,12 +262,19 @@ def mixers_speed_section() -> list[str]:
     data = load("speed/mixers-speed.json")
     train = data["training"]
     ratio = lambda v: "" if v is None else f"{v:.2f}"  # noqa: E731
-    rows = [[r["stack"], *("skip" if v is None else num(v) for v in r["us_per_token"]), ratio(r["time_16k_over_2k"])]
-            for r in train["rows"]]  # fmt: skip
+    last = lambda r: None if r["us_per_token"][-1] is None else r["us_per_token"][-1] / r["us_per_token"][0]  # noqa: E731
+    rows = [[r["stack"], *("skip" if v is None else num(v) for v in r["us_per_token"]), ratio(r["time_16k_over_2k"]),
+             ratio(last(r))] for r in train["rows"]]  # fmt: skip
+    gen = data["generation_linear"]
+    flat = "; ".join(f"{r['stack']} {' / '.join(f'{v:g}' for v in r['ms_per_new_token'])} ms, peak "
+                     f"{' / '.join(f'{v:.0f}' for v in r['peak_mb'])} MB" for r in gen["rows"])  # fmt: skip
     body = [
         "Training, µs per token ↓ (d_model 256, batch 1, one segment of the length per step); generation: README.",
         "",
-        *table(["stack", *(f"{n // 1024}k" for n in train["lengths"]), "16k / 2k"], rows, "l" + "r" * 7),
+        *table(["stack", *(f"{n // 1024}k" for n in train["lengths"]), "16k / 2k", "32k / 1k"], rows, "l" + "r" * 8),
+        "",
+        f"Generation of the linear family after prompts of {' / '.join(f'{n // 1024}k' for n in gen['contexts'])}"
+        f" tokens (per new token; peak RSS over the base): {flat}.",
     ]
     return section("State-space and hybrid stacks: speed against length", data, body, "speed/mixers-speed.json")
 
@@ -580,6 +593,17 @@ def mfu_section() -> list[str]:
     return section("Model FLOPs utilisation of a training step", data, body, "speed/mfu.json")
 
 
+def trees_line() -> str:
+    """Issues 41 and 45 against their trees before (``compare_trees.py``): train, eval, generate tokens/s, B over A."""
+    parts = []
+    for issue in ("41", "45"):
+        ratio = {r["figure"]: r["b_over_a"] for r in load(f"speed/trees-issue{issue}.json")["rows"]}
+        figures = [ratio[f"bench {task}: tokens_per_s"] for task in ("train", "eval", "generate")]
+        parts.append(f"issue {issue} (`speed/trees-issue{issue}.json`): train {figures[0]:.2f}x, eval "
+                     f"{figures[1]:.2f}x, generate {figures[2]:.2f}x")  # fmt: skip
+    return "; ".join(parts)
+
+
 def smaller_section() -> list[str]:
     """The smaller measurements, one line each with its key figures; their tables are in the JSON each names."""
     a, f, x = load("speed/activation-checkpointing.json"), load("speed/fsdp-memory.json"), load("speed/flex-cpu.json")
@@ -601,7 +625,7 @@ def smaller_section() -> list[str]:
         f"* **Before and after** (tokens/s): the GPU-ready step (`speed/before-after.json`): "
         f"{ba['training tokens/s ↑, eager']:.2f}x eager, {ba['training tokens/s ↑, compiled']:.2f}x compiled "
         f"(compile time {ba['compile s ↓']:.2f}x); build-time kernels (`speed/kernel-at-build.json`, AMX): "
-        f"train {kb['train']:.2f}x, eval {kb['eval']:.2f}x, generate {kb['generate']:.2f}x.",
+        f"train {kb['train']:.2f}x, eval {kb['eval']:.2f}x, generate {kb['generate']:.2f}x; {trees_line()}.",
         f"* **Activation checkpointing** (`speed/activation-checkpointing.json`): every layer recomputed at "
         f"{num(every['length'])} tokens: {every['time_vs_off']:.2f}x time, {every['memory_vs_off']:.2f}x memory.",
         f"* **FSDP against DDP** (`speed/fsdp-memory.json`, 2 ranks): {held['ratio']:.2f}x the parameters, "
@@ -628,6 +652,17 @@ XT_ROWS = [  # (longseq row, peer row, label): the equal-settings pair first
 ]
 
 
+def block_vs_gpt_line() -> str:
+    """The llama-xl block with memory against its no-memory GPT at the studies' sizes (``block_vs_gpt.py``)."""
+    runs = load("speed/block-vs-gpt.json")["runs"]
+    cells = [f"d_model {w}: XL {r['rows']['xl']['over_gpt']:.2f}x, llama-xl {r['rows']['llama-xl']['over_gpt']:.2f}x"
+             for w, r in runs.items()]  # fmt: skip
+    return (
+        "At the studies' segments (64 over a memory of 128 against a GPT context of 192; one thread,"
+        " `speed/block-vs-gpt.json`), tokens/s over the GPT's: " + "; ".join(cells) + "."
+    )
+
+
 def xt_cpu_section() -> list[str]:
     """Training speed beside x-transformers on this CPU, fp32 and bf16 autocast (issue 45)."""
     rows = []
@@ -642,6 +677,8 @@ def xt_cpu_section() -> list[str]:
         " (all 32 channels rotated on both sides, dropout at the same sites). The GPT counts tokens of its context.",
         "",
         *table(["comparison", "dtype", "tgt / mem", "longseq", "peer", "ratio"], rows, "lllrrr"),
+        "",
+        block_vs_gpt_line(),
     ]
     return section("Speed against x-transformers (CPU)", load("speed/vs-x-transformers-cpu.json"), body, "speed/")
 
