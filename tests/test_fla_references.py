@@ -1,5 +1,6 @@
 """The linear-attention scans against code we did not write: flash-linear-attention's plain-PyTorch reference
-functions (``fla/ops/*/naive.py``), where it is installed (a test peer, not a dependency: skipped without it).
+functions (``fla/ops/*/naive.py``, from ``fla-core``, which the test extra installs: a test peer, not a dependency;
+skipped without it).
 
 ``import fla`` imports its Triton kernels, and triton is not installed on a CPU machine, so the reference files are
 loaded by path; they import only torch and einops.  Those that keep the input's dtype (``naive_chunk_linear_attn``,
@@ -28,7 +29,7 @@ def fla_naive(package: str):
     pytest.importorskip("einops")
     spec = importlib.util.find_spec("fla")  # finds the package without importing it
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("flash-linear-attention is not installed (pip install flash-linear-attention)")
+        pytest.skip("flash-linear-attention is not installed (pip install fla-core: its ops, einops only)")
     path = Path(spec.submodule_search_locations[0]) / "ops" / package / "naive.py"
     if not path.exists():
         pytest.skip(f"this flash-linear-attention has no {path}")
@@ -66,7 +67,7 @@ def test_linear_attention_against_fla_in_float64():
     q, k, v, _ = inputs()
     assert_agree([scan_quadratic(q, k, v)[0]], [naive.naive_chunk_linear_attn(q, k, v, scale=1.0)], [q, k, v], 1e-10)
     phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1
-    mixer = LinearAttention(8, H, K, chunk=16).double()
+    mixer = LinearAttention(8, H, K, chunk=16, reset_every=0, rotary=False).double()
     ours = mixer.normalised(phi_q, phi_k, v, None, None, eps=1e-10)[0]
     theirs = naive.naive_chunk_linear_attn(phi_q, phi_k, v, scale=1.0, normalize=True)
     assert_agree([ours], [theirs], [q, k, v], 1e-10)
