@@ -97,11 +97,14 @@ def delta_chunked(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, chunk: int, sta
     written = (k * in_last).transpose(-1, -2)  # (B, H, n, K, L)
     s = q.new_zeros(batch, heads, width, v.size(-1)) if state is None else state
     entering, values = [], []
-    for c in range(n):  # the only sequential part: each chunk's values depend on the state entering it
+    # unbound once: indexing chunk c of a whole (..., n, ...) tensor would make its gradient a zero tensor of n
+    # chunks per chunk (quadratic in the length), where unbind's backward stacks the n gradients once
+    chunks = zip(*(x.unbind(2) for x in (u0, w, survives.expand(-1, -1, n, -1, -1), written)))
+    for u0_c, w_c, survives_c, written_c in chunks:  # the only sequential part: each chunk's values need its state
         entering.append(s)
-        u = u0[:, :, c] - w[:, :, c] @ s  # (B, H, L, V)
+        u = u0_c - w_c @ s  # (B, H, L, V)
         values.append(u)
-        s = s * survives[:, :, c] + written[:, :, c] @ u
+        s = s * survives_c + written_c @ u
     entering, u = torch.stack(entering, dim=2), torch.stack(values, dim=2)  # (B, H, n, K, V), (B, H, n, L, V)
     out = scores @ u + (q @ entering) * fresh
     out = out.permute(0, 2, 3, 1, 4).reshape(batch, n * chunk, heads, -1)[:, :length]

@@ -134,9 +134,11 @@ def scan_chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, chunk: int, 
     through = G[..., -1, :].exp() * (seg[..., -1] == 0).to(q.dtype)[..., None]  # (B, H, n, K or 1)
     s = q.new_zeros(batch, heads, width, v.size(-1)) if state is None else state
     entering = []
-    for c in range(n):  # the states travel from chunk to chunk
+    # unbound once: indexing chunk c of the whole (..., n, ...) tensor would make its gradient a zero tensor of n
+    # chunks per chunk (quadratic in the length), where unbind's backward stacks the n gradients once
+    for decay, written in zip(through.unsqueeze(-1).unbind(2), own.unbind(2)):  # the states travel chunk to chunk
         entering.append(s)
-        s = through[:, :, c, :, None] * s + own[:, :, c]
+        s = decay * s + written
     fresh = (seg == 0)[..., None].to(q.dtype)  # (B, 1, n, L, 1)
     out = out + ((q * G.exp()) @ torch.stack(entering, dim=2)) * fresh  # the carried state
     out = out.permute(0, 2, 3, 1, 4).reshape(batch, n * chunk, heads, -1)[:, :length]
