@@ -72,3 +72,9 @@ def test_every_dropout_of_the_transformer_is_the_blocks():
     model = TransformerXLLM(ModelConfig(vocab_size=20, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32))
     found = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
     assert len(found) == 1 + 2 * 3 + 1 and all(type(m) is Dropout for m in found)  # input and output, 3 a layer, R
+
+
+def test_every_dropout_of_a_mixer_stack_is_the_blocks():
+    config = ModelConfig(vocab_size=20, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mixer=["gla", "ssm"])
+    found = [m for m in TransformerXLLM(config).modules() if isinstance(m, torch.nn.Dropout)]
+    assert found and all(type(m) is Dropout for m in found)

@@ -11,7 +11,7 @@ from typing import NamedTuple
 from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig
-from longseq.model.block import norm_layer
+from longseq.model.block import Dropout, norm_layer
 from longseq.model.layers import LayerOutput
 from longseq.model.memory import RecurrentState, StateContext
 from longseq.model.mixers.conv import GatedConv
@@ -85,7 +85,7 @@ class MixerLayer(nn.Module):
         self.state_bptt = config.mixers.state_bptt  # > 1: the state keeps its graph in training
         self.mixer = MIXERS[name].build(config)
         self.layer_norm = norm_layer(config.norm, config.d_model, config.layer_norm_eps, config.bias)
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         self.pos_ff = feed_forward
 
     def forward(self, hidden: Tensor, rel_key, r_w_bias, r_r_bias, mask, context: StateContext):
