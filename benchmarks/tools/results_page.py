@@ -549,6 +549,38 @@ def recall_section() -> list[str]:
     return section("What each architecture remembers (recall)", load("recall/study.json"), body, "recall/")
 
 
+CHUNKS = {"bytes-xl": "byte XL", "bytes-fixed": "fixed hourglass (groups of 4)",
+          "bytes-learned": "learned chunks (H-Net routing, target 4)", "bpe-xl": "BPE XL (1,024 tokens)"}  # fmt: skip
+
+
+def chunks_section() -> list[str]:
+    """Issue 43's study: bits per byte at equal training FLOPs, on the corpora stored so far."""
+    rows = []
+    for corpus in ("shakespeare-bytes", "ptb-bytes", "wt2-bytes"):
+        store = f"learned-chunks-flops/{corpus}"
+        if not glob.glob(os.path.join(RESULTS, store, "bytes-xl", "seed*", "result.json")):
+            continue
+        base = test_stats(store, "bytes-xl", "bpb")
+        for name, label in CHUNKS.items():
+            runs, s = seeds(store, name), test_stats(store, name, "bpb")
+            chunk = [r["chunks"]["mean_length"] for r in runs if r.get("chunks")]
+            length = f"{sum(chunk) / len(chunk):.2f}" if chunk else ""
+            rows.append([corpus, label, num(runs[0]["step"]), num(runs[0]["params"]), spread(s, ranges=False),
+                         versus(name, "bytes-xl", base, s), length])  # fmt: skip
+    body = [
+        "Test bits per byte ↓ over the whole test split; each model trains the steps that spend 2.4e13 FLOPs;"
+        " mean chunk in bytes on 16,384 test bytes. Passkey reach at the same mem_len: `learned-chunks-flops/README.md`.",
+        "",
+        *table(["corpus", "model", "steps", "params", "bpb ↓", "vs byte XL", "chunk"], rows, "llrrllr"),
+    ]
+    study = {"machine": "dev-cpu (one thread a run)", "date": "2026-12-06",
+             "commands": ["python benchmarks/studies/runner.py --data-root ../shared/data --corpus shakespeare-bytes"
+                          " --out runs/chunks-shakespeare-bytes --store benchmarks/results/learned-chunks-flops/"
+                          "shakespeare-bytes --flops 2.4e13 --seeds 1 2 3 --baseline bytes-xl --variants bytes-xl"
+                          " bytes-fixed bytes-learned bpe-xl --test-segments 100 --recl-tokens 10000 --resume"]}  # fmt: skip
+    return section("Learned segmentation at equal FLOPs", study, body, "learned-chunks-flops/")
+
+
 PRESET = {"no-memory": "no memory", "xl": "XL, mem_len 128", "preset": "the old preset: XL, mem_len 64",
           "preset-curriculum": "curriculum (0 to 64 in 800 steps)",
           "preset-recipe": "curriculum, R whole: the preset now"}  # fmt: skip
@@ -709,7 +741,7 @@ def render() -> str:
     """The whole page."""
     parts = [headline(), memory_section(), hf_section(), vanilla_section(), patterns_section(), table6_section(),
              block_section(), compaction_section(), clamp_section(), mixers_section(), mixers_speed_section(), listops_section(),
-             recall_section(),
+             recall_section(), chunks_section(),
              preset_section(), xt_cpu_section(), mfu_section(), gpu_section(), smaller_section()]  # fmt: skip
     return "\n".join(line for part in parts for line in part).rstrip("\n") + "\n"
 
