@@ -258,6 +258,13 @@ def patterns_section() -> list[str]:
     return section("Attention patterns against sequence length", data, body, "speed/patterns.json")
 
 
+def after_fix_line(fix: dict) -> str:
+    """The linear family's 1k and 32k training times again, after the scans' quadratic backward was fixed."""
+    cells = [f"{stack} {t['1024']} -> {t['32768']} µs ({t['32768'] / t['1024']:.2f}x)"
+             for stack, t in fix["us_per_token"].items() if "32768" in t]  # fmt: skip
+    return f"After the chunked scans' fix ({fix['commit']}), 1k -> 32k: " + "; ".join(cells) + "."
+
+
 def mixers_speed_section() -> list[str]:
     data = load("speed/mixers-speed.json")
     train = data["training"]
@@ -272,6 +279,8 @@ def mixers_speed_section() -> list[str]:
         "Training, µs per token ↓ (d_model 256, batch 1, one segment of the length per step); generation: README.",
         "",
         *table(["stack", *(f"{n // 1024}k" for n in train["lengths"]), "16k / 2k", "32k / 1k"], rows, "l" + "r" * 8),
+        "",
+        after_fix_line(data["after_unbind_fix"]),
         "",
         f"Generation of the linear family after prompts of {' / '.join(f'{n // 1024}k' for n in gen['contexts'])}"
         f" tokens (per new token; peak RSS over the base): {flat}.",
