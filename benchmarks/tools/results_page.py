@@ -339,6 +339,21 @@ def memory_curve(runs: list[dict], context: int) -> str:
     return f"{sum(values) / len(values):.3f}"
 
 
+def wt2_block_line() -> str:
+    """The block study's WikiText-2 rows stored so far (``wt2-block-3000``) beside XL's (``wt2-word-3000``)."""
+    xl = test_stats("wt2-word-3000", "xl")
+    cells = [f"XL {spread(xl, ranges=False)} ({xl['n']} seeds)"]
+    for name, label in (("llama-xl", "llama-xl"), ("gpt", "its no-memory GPT")):
+        if glob.glob(os.path.join(RESULTS, "wt2-block-3000", name, "seed*", "result.json")):
+            s = test_stats("wt2-block-3000", name)
+            cells.append(f"{label} {spread(s, ranges=False)}" + (f" ({s['n']} seeds)" if s["n"] > 1 else ""))
+    return (
+        "WikiText-2 words, bits per word ↓ (5.15M parameters, 3,000 steps; `wt2-block-3000/`): "
+        + "; ".join(cells)
+        + "."
+    )
+
+
 def rope_scaling_line() -> str:
     """RoPE's scalings applied at evaluation (``rope_scaling.py``): mean bpc over seeds at each evaluation memory."""
     data = load("positions-ptb-char-3000/rope-scaling.json")
@@ -369,6 +384,8 @@ def block_section() -> list[str]:
         *table(header, rows, "lrllrrr"),
         "",
         rope_scaling_line(),
+        "",
+        wt2_block_line(),
     ]
     study = load("positions-ptb-char-3000/study.json")
     return section(
