@@ -6,7 +6,8 @@ token-by-token generation equal the whole sequence in one pass (float64); the bo
 or in segments; each row of a batch reads as it would alone, with a coarse memory that truncates to ``mem_len``
 chunks; a new document reads nothing of the previous one; the smoothing's scan equals its loop; the ratio loss is
 its formula and the model adds it; the entropy threshold settles on the quantile that gives the target chunk
-length; training resumes bit for bit; bad options are refused by name."""
+length; the length bound (``max_chunk``) equals its loop and cuts flat-entropy text every M positions, read whole
+or in segments; training resumes bit for bit; bad options are refused by name."""
 
 import json
 
@@ -17,13 +18,23 @@ from support import assert_resumes_exactly, in_segments, raises_naming, rewrite_
 from longseq import ModelConfig, TransformerXLLM
 from longseq.config import ConfigError
 from longseq.diagnostics.chunks import chunk_statistics, read_boundaries
-from longseq.model.boundaries import BOUNDARY_PREDICTORS, EntropyCut, ratio_loss, smooth, smooth_reference
+from longseq.model.boundaries import (
+    BOUNDARY_PREDICTORS,
+    EntropyCut,
+    limit_length,
+    limit_length_reference,
+    ratio_loss,
+    smooth,
+    smooth_reference,
+)
 from longseq.model.registry import build_model, ignored_options
 
 SMALL = dict(vocab_size=30, n_layer=4, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0)
 PREDICTORS = {  # every registered predictor (entropy: the relative rule, its default), and the global rule
     **{name: dict(boundaries=name) for name in BOUNDARY_PREDICTORS},
     "entropy-global": dict(boundaries="entropy", entropy_rule="global"),
+    "entropy-max": dict(boundaries="entropy", max_chunk=4),  # a length bound, carried across segments
+    "learned-max": dict(boundaries="learned", max_chunk=3),
 }
 
 
@@ -222,15 +233,54 @@ def test_the_entropy_threshold_settles_on_the_quantile_of_the_target_length():
     with torch.no_grad():
         predictor.head.weight.normal_(0, 1.0)
     hidden = torch.randn(2, 400, 8, dtype=torch.float64)
-    forced = torch.zeros(2, 400, dtype=torch.bool)
+    forced, run = torch.zeros(2, 400, dtype=torch.bool), torch.zeros(2, dtype=torch.long)
     optimizer = torch.optim.Adam([predictor.level], lr=0.01)
     for _ in range(300):
         optimizer.zero_grad()
-        cut = predictor(hidden, hidden[:, 0], hidden[:, 0, 0], forced)
+        cut = predictor(hidden, hidden[:, 0], hidden[:, 0, 0], run, forced)
         cut.aux.backward()
         optimizer.step()
-    fraction = float(predictor(hidden, hidden[:, 0], hidden[:, 0, 0], forced).cuts.double().mean())
+    fraction = float(predictor(hidden, hidden[:, 0], hidden[:, 0, 0], run, forced).cuts.double().mean())
     assert 0.22 < fraction < 0.28
+
+
+@pytest.mark.parametrize("longest", [0, 1, 3, 7])
+def test_the_length_limit_equals_its_loop(longest):
+    """The vectorised bound (cummax of the last cut, then every ``longest`` positions after it) against the
+    position-by-position loop, with carried lengths both below and past the bound."""
+    generator = torch.Generator().manual_seed(longest)
+    cuts = torch.rand(4, 40, generator=generator) < 0.08
+    run = torch.tensor([0, 1, 5, 12])
+    if longest:
+        run = run.clamp(max=longest)  # a carried length never exceeds the bound that made it
+    got, expected = limit_length(cuts, run, longest), limit_length_reference(cuts, run, longest)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    if longest:
+        assert bool(got[0].any(1).all())  # every row cut somewhere although the random cuts are rare
+
+
+def test_where_the_entropy_is_flat_the_bound_cuts_every_max_chunk_positions_read_whole_or_in_segments():
+    """A head that predicts nothing (zero weights: every entropy is log V) gives the relative rule no cut after
+    the stream's first position; with max_chunk = 5 the chunks begin at 0, 5, 10, ... whether the text is read
+    whole or in segments of 7 (the length carried in the state), and the coarse memory then holds chunks."""
+    cuts_seen = {}
+    for longest in (0, 5):
+        model = dynamic("entropy", max_chunk=longest)
+        nn_head = model.transformer.stack.layers[1].boundaries.head
+        with torch.no_grad():
+            nn_head.weight.zero_()
+            nn_head.bias.zero_()
+        x = torch.randint(0, 30, (2, 28))
+        cuts, _ = recorded_cuts(model)
+        with torch.no_grad():
+            model(x)
+            whole = cuts[-1].cuts
+            cuts.clear()
+            in_segments(model, x, 7)
+        assert torch.equal(torch.cat([c.cuts for c in cuts], dim=1), whole)
+        cuts_seen[longest] = whole
+    assert cuts_seen[0].sum(1).tolist() == [1, 1]  # unbounded: one chunk for the whole text
+    assert cuts_seen[5][0].nonzero().flatten().tolist() == list(range(0, 28, 5))
 
 
 @pytest.mark.parametrize("name", sorted(BOUNDARY_PREDICTORS))
@@ -280,6 +330,9 @@ def test_bad_options_are_refused_by_name():
         ModelConfig(**base, boundaries="learned", coarse_mem_len=8, mem_len=0)
     with raises_naming(ConfigError, "coarse_mem_len", ">= 0"):
         ModelConfig(**base, coarse_mem_len=-1)
+    with raises_naming(ConfigError, "max_chunk", "shorten_factor=4", "got 3"):
+        ModelConfig(**base, boundaries="entropy", shorten_factor=4, max_chunk=3)
+    assert ignored_options(ModelConfig(**base, max_chunk=8)) == ["hourglass.max_chunk=8"]  # fixed groups: no bound
     assert ignored_options(ModelConfig(**SMALL, coarse_mem_len=8)) == ["hourglass.coarse_mem_len=8"]
     assert ignored_options(ModelConfig(**base, boundaries="entropy", ratio_loss=0.1)) == ["hourglass.ratio_loss=0.1"]
     assert ignored_options(ModelConfig(**base, boundaries="learned", shorten_fn="mean")) == [

@@ -65,6 +65,7 @@ PASSKEY_CHUNKS = {  # at the same mem_len (64 slots in every attention layer): r
     "fixed-4": dict(**CHUNKED, coarse_mem_len=64),  # 64 groups of 4: the learned model's slots, its span
     "learned-4": dict(**CHUNKED, boundaries="learned"),
     "entropy-4": dict(**CHUNKED, boundaries="entropy"),
+    "entropy-4-max16": dict(**CHUNKED, boundaries="entropy", max_chunk=16),  # BLT's bound: flat filler still cut
 }
 TASKS = {"passkey-chunks": "passkey"}  # a study of another task's format: the task it trains
 STUDIES = {  # task -> (task options, training settings, rows, the evaluation grid)

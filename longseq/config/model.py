@@ -245,6 +245,9 @@ class HourglassConfig(JsonConfig):
     With ``learned`` and ``entropy`` the shortened layers are attention layers whose memory holds ``mem_len``
     chunks (one slot per chunk).  With ``learned``, ``residual_proj`` passes the block's input to its output through
     a linear map that starts at zero (H-Net's; false: the input itself, as in the configs stored before the option).
+    ``max_chunk`` > 0 (``learned`` and ``entropy``) bounds a chunk's length: a position begins a chunk wherever the
+    chunk would otherwise grow past it (BLT's maximum patch length), so that text whose entropy is flat is still cut
+    (0: no bound; at least ``shorten_factor`` otherwise).
     ``coarse_mem_len`` > 0 sets the shortened layers' memory apart from ``mem_len`` (in groups or chunks; 0: as
     above): an evaluation at another ``mem_len`` moves it in proportion (:meth:`ModelConfig.coarse_mem`)."""
 
@@ -256,6 +259,7 @@ class HourglassConfig(JsonConfig):
     entropy_rule: str = "relative"
     residual_proj: bool = True
     coarse_mem_len: int = 0
+    max_chunk: int = 0
 
     def __post_init__(self) -> None:
         check(
@@ -276,6 +280,11 @@ class HourglassConfig(JsonConfig):
         )
         check(self.ratio_loss >= 0, f"hourglass.ratio_loss must be >= 0, got {self.ratio_loss}")
         check(self.coarse_mem_len >= 0, f"hourglass.coarse_mem_len must be >= 0, got {self.coarse_mem_len}")
+        check(
+            self.max_chunk == 0 or self.max_chunk >= self.shorten_factor,
+            f"hourglass.max_chunk bounds a chunk's length: 0 (no bound) or at least the mean it aims at, "
+            f"shorten_factor={self.shorten_factor}; got {self.max_chunk}",
+        )
         check(
             self.entropy_rule in ("global", "relative"),
             f"hourglass.entropy_rule must be global or relative, got {self.entropy_rule!r}",

@@ -6,7 +6,10 @@ vocabulary.  A boundary ``cuts[b, t]`` says that position t begins a chunk; a ch
 boundary up to the next one.  The decision at t reads positions <= t only, so it is the same whether a text is read
 whole or in segments (the predictors carry what they need of the previous segment: its last input and, for the
 relative entropy rule, its last entropy).  Some positions begin a chunk whatever the predictor says (``forced``):
-the start of a stream and the first position of every document.
+the start of a stream and the first position of every document.  With ``max_chunk`` = M > 0 a position also begins
+one where the chunk it would continue already holds M positions (:func:`limit_length`; BLT's patcher has this
+limit): where the predictor sees nothing to cut (the entropy rule on text whose entropy is flat, such as random
+digits) the chunks are then M long rather than unbounded.  Each predictor carries the length of its last chunk.
 
 * :class:`Router`, H-Net's dynamic chunking (Hwang, Wang and Gu, 2025): the routing module
   p_t = (1 - cos(W_q x_t, W_k x_{t-1})) / 2 with a boundary where p_t >= 1/2, trained through the smoothing and the
@@ -51,6 +54,31 @@ class Cut(NamedTuple):
     probs: Tensor  # (B, T) p_t, the probability of a boundary (1 where forced; the cuts as 0/1 for entropy)
     last_score: Tensor  # (B,) what the next segment reads of the last position (the entropy rule: its entropy)
     aux: Tensor | None  # the predictor's training loss, or None
+    run: Tensor  # (B,) int64: the positions of the last chunk up to the segment's last (what the next one carries)
+
+
+def limit_length(cuts: Tensor, run: Tensor, longest: int) -> tuple[Tensor, Tensor]:
+    """The cuts (B, T) with a chunk begun wherever the chunk would otherwise grow past ``longest`` positions (0:
+    no limit), and the length of the last chunk through the segment's last position (B,).  ``run`` (B,) is the
+    length of the chunk the segment continues (carried from the previous one).  :func:`limit_length_reference`
+    is its loop."""
+    index = torch.arange(cuts.size(1), device=cuts.device)
+    start = torch.where(cuts, index, -run[:, None]).cummax(dim=1).values  # (B, T): where the current chunk began
+    distance = index - start  # (B, T): positions since then
+    if longest:
+        cuts = cuts | ((distance > 0) & (distance % longest == 0))
+        distance = distance % longest
+    return cuts, distance[:, -1] + 1
+
+
+def limit_length_reference(cuts: Tensor, run: Tensor, longest: int) -> tuple[Tensor, Tensor]:
+    """:func:`limit_length` as its loop, position by position."""
+    out, lengths = cuts.clone(), run.clone()
+    for b in range(cuts.size(0)):
+        for t in range(cuts.size(1)):
+            out[b, t] = bool(cuts[b, t]) or lengths[b] == longest > 0
+            lengths[b] = 1 if out[b, t] else lengths[b] + 1
+    return out, lengths
 
 
 def ratio_loss(cuts: Tensor, probs: Tensor, target: float) -> Tensor:
@@ -64,42 +92,45 @@ def ratio_loss(cuts: Tensor, probs: Tensor, target: float) -> Tensor:
 class Router(nn.Module):
     """H-Net's routing module (see the module docstring); ``weight`` x the ratio loss is its training loss."""
 
-    def __init__(self, width: int, target: int, weight: float) -> None:
+    def __init__(self, width: int, target: int, weight: float, longest: int = 0) -> None:
         super().__init__()
         self.q_proj = nn.Linear(width, width, bias=False)  # W_q
         self.k_proj = nn.Linear(width, width, bias=False)  # W_k
-        self.target, self.weight = target, weight
+        self.target, self.weight, self.longest = target, weight, longest
 
     def init_own_parameters(self) -> None:
         with torch.no_grad():
             self.q_proj.weight.copy_(torch.eye(self.q_proj.weight.size(0)))
             self.k_proj.weight.copy_(torch.eye(self.k_proj.weight.size(0)))
 
-    def forward(self, hidden: Tensor, previous: Tensor, last_score: Tensor, forced: Tensor, tokens=None) -> Cut:
-        """``hidden`` (B, T, E) the level's input, ``previous`` (B, E) the input before the segment's first."""
+    def forward(self, hidden: Tensor, previous: Tensor, last_score: Tensor, run: Tensor, forced: Tensor, tokens=None):
+        """``hidden`` (B, T, E) the level's input, ``previous`` (B, E) the input before the segment's first.  The
+        ratio loss reads the router's own cuts; a cut made by the length limit has probability 1, as a forced one."""
         before = torch.cat([previous[:, None], hidden[:, :-1]], dim=1)  # (B, T, E): x_{t-1}
         cos = F.cosine_similarity(self.q_proj(hidden), self.k_proj(before), dim=-1)  # (B, T)
         probs = ((1 - cos) / 2).clamp(0, 1).masked_fill(forced, 1.0)
         cuts = probs >= 0.5
         aux = self.weight * ratio_loss(cuts, probs, self.target) if self.training and self.weight else None
-        return Cut(cuts, probs, torch.zeros_like(last_score), aux)
+        limited, run = limit_length(cuts, run, self.longest)
+        return Cut(limited, probs.masked_fill(limited & ~cuts, 1.0), torch.zeros_like(last_score), aux, run)
 
 
 class EntropyCut(nn.Module):
     """The entropy rule (see the module docstring): ``rule`` is ``global`` or ``relative``."""
 
-    def __init__(self, width: int, vocab: int, target: int, rule: str) -> None:
+    def __init__(self, width: int, vocab: int, target: int, rule: str, longest: int = 0) -> None:
         super().__init__()
         self.head = nn.Linear(width, vocab)  # the next token after each position
         self.level = nn.Parameter(torch.zeros(()))  # the threshold, as a fraction of log V
-        self.scale, self.quantile, self.rule = math.log(vocab), 1 - 1 / target, rule
+        self.scale, self.quantile, self.rule, self.longest = math.log(vocab), 1 - 1 / target, rule, longest
 
     def init_own_parameters(self) -> None:
         with torch.no_grad():
             self.level.fill_(0.5 if self.rule == "global" else 0.1)
 
-    def forward(self, hidden: Tensor, previous: Tensor, last_score: Tensor, forced: Tensor, tokens=None) -> Cut:
-        """``last_score`` (B,) is the entropy of the previous segment's last position (the relative rule)."""
+    def forward(self, hidden: Tensor, previous: Tensor, last_score: Tensor, run: Tensor, forced: Tensor, tokens=None):
+        """``last_score`` (B,) is the entropy of the previous segment's last position (the relative rule).  The
+        threshold's quantile reads the scores alone, not the cuts the length limit adds."""
         inputs = torch.cat([previous[:, None], hidden], dim=1).detach()  # (B, T + 1, E): position t - 1 at t
         log_probs = F.log_softmax(self.head(inputs), dim=-1)  # (B, T + 1, V): the token at t, at index t
         entropy = -(log_probs.exp() * log_probs).sum(-1)[:, :-1].to(hidden.dtype)  # (B, T): H_t
@@ -111,7 +142,8 @@ class EntropyCut(nn.Module):
         aux = None
         if self.training:
             aux = self._loss(log_probs[:, :-1], tokens, score.detach() - threshold, forced)
-        return Cut(cuts, cuts.to(hidden.dtype), entropy[:, -1], aux)
+        cuts, run = limit_length(cuts, run, self.longest)
+        return Cut(cuts, cuts.to(hidden.dtype), entropy[:, -1], aux, run)
 
     def _loss(self, log_probs: Tensor, tokens: Tensor | None, excess: Tensor, forced: Tensor) -> Tensor:
         """The head's next-token loss (where the previous position is known) and the threshold's pinball loss,
@@ -136,13 +168,15 @@ class BoundaryKind(NamedTuple):
 
 
 BOUNDARY_PREDICTORS: dict[str, BoundaryKind] = {  # the registry; "fixed" (Hourglass's groups of k) is the other choice
-    "learned": BoundaryKind(
-        lambda c: Router(c.d_model, c.hourglass.shorten_factor, c.hourglass.ratio_loss),
-        ("ratio_loss", "residual_proj"),  # H-Net's zero-start residual projection (it held the entropy rule back)
+    "learned": BoundaryKind(  # residual_proj: H-Net's zero-start residual projection (it held the entropy rule back)
+        lambda c: Router(c.d_model, c.hourglass.shorten_factor, c.hourglass.ratio_loss, c.hourglass.max_chunk),
+        ("ratio_loss", "residual_proj", "max_chunk"),
     ),
     "entropy": BoundaryKind(
-        lambda c: EntropyCut(c.d_model, c.vocab_size, c.hourglass.shorten_factor, c.hourglass.entropy_rule),
-        ("entropy_rule",),
+        lambda c: EntropyCut(
+            c.d_model, c.vocab_size, c.hourglass.shorten_factor, c.hourglass.entropy_rule, c.hourglass.max_chunk
+        ),
+        ("entropy_rule", "max_chunk"),
     ),
 }
 

@@ -26,8 +26,8 @@ holds nothing masked by document id -1, so that relative distances count chunks.
 the host once per call (the coarse stack's shape), which ``torch.export`` cannot trace.
 
 The state is an :class:`~longseq.model.memory.HourglassState` whose tensors are the last input (B, E), the
-smoothed output of the last chunk (B, E) and the predictor's score of the last position (B,), with the coarse
-memory as its inner memory (phase 0).
+smoothed output of the last chunk (B, E), the predictor's score of the last position (B,) and the length of the
+last chunk so far (B,, int64: what ``max_chunk`` reads), with the coarse memory as its inner memory (phase 0).
 """
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ class DynamicHourglass(nn.Module):
                 "number of chunks of a segment depends on the data; export a model with boundaries=fixed"
             )
         held = context.state  # an HourglassState, or None at the start of a stream
-        previous, carried, last_score = self._state(held, hidden)
+        previous, carried, last_score, run = self._state(held, hidden)
         forced = self._forced(held, context.docs, hidden)
-        cut = self.boundaries(hidden, previous, last_score, forced, context.tokens)
+        cut = self.boundaries(hidden, previous, last_score, run, forced, context.tokens)
         chunks, positions, counts = select_chunks(hidden, cut.cuts)  # (B, n, E), (B, n), (B,)
         memory = Memory() if held is None else held.inner
         smoothed = chunks  # no chunk begins in this segment: (B, 0, E)
@@ -82,17 +82,20 @@ class DynamicHourglass(nn.Module):
             starts = forced.gather(1, positions)
             smoothed = smooth(outputs, cut.probs.gather(1, positions), carried, starts)  # (B, n, E)
         added, carried = upsample(smoothed, carried, cut.cuts)  # (B, T, E), (B, E)
-        state = (hidden[:, -1].detach(), carried.detach(), cut.last_score.detach())
+        state = (hidden[:, -1].detach(), carried.detach(), cut.last_score.detach(), cut.run)
         residual = hidden if self.residual is None else self.residual(hidden)
         return LayerOutput(residual + added * confidence(cut), HourglassState(state, memory, 0), None, cut.aux)
 
-    def _state(self, held: HourglassState | None, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _state(self, held: HourglassState | None, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The last input before the segment (B, E), the smoothed output of its chunk (B, E), the predictor's
-        score of that position (B,): zeros at the start of a stream."""
+        score of that position (B,) and the length of that chunk so far (B,, int64): zeros at the start of a stream
+        (and the length, in a state stored before it was kept)."""
+        run = torch.zeros(hidden.size(0), dtype=torch.long, device=hidden.device)
         if held is None:
             zeros = hidden.new_zeros(hidden.size(0), hidden.size(-1))
-            return zeros, zeros, zeros[:, 0]
-        return tuple(t.to(hidden.dtype) for t in held.tensors)
+            return zeros, zeros, zeros[:, 0], run
+        previous, carried, last_score = (t.to(hidden.dtype) for t in held.tensors[:3])
+        return previous, carried, last_score, held.tensors[3] if len(held.tensors) > 3 else run
 
     @staticmethod
     def _forced(held: HourglassState | None, docs, hidden: Tensor) -> Tensor:
