@@ -163,7 +163,7 @@ def test_the_reader_cuts_the_memory_into_blocks_counted_back_from_the_end(bptt, 
     model = lm(bptt)
     captured = []
     handle = model.transformer.word_emb.register_forward_hook(lambda m, a, out: captured.append(out))
-    last = [hidden for _, _, _, hidden in read_segments(model, torch.randint(0, 30, (2, 3 * T)), T)][-1]
+    last = [read.hidden for read in read_segments(model, torch.randint(0, 30, (2, 3 * T)), T)][-1]
     handle.remove()
     found = torch.autograd.grad(last.sum(), captured, allow_unused=True)
     assert [i for i, g in enumerate(found) if g is not None and bool(g.abs().sum() > 0)] == reached

@@ -1,5 +1,5 @@
 """Tasks: heads that need the memory (a label segments back, an answer segments after its question), document
-pooling, the joint LM loss, BERT masking, span metrics and answer offsets, padding; task data (JSONL errors by file,
+pooling, the joint LM loss, the backbone's auxiliary loss in every head's, BERT masking, span metrics and answer offsets, padding; task data (JSONL errors by file,
 line and field, ListOps); the classifier's labels; the length-grouped sampler; and what a classification run says
 about documents longer than its gradient reaches."""
 
@@ -25,7 +25,7 @@ from longseq.cli import main
 from longseq.config import ConfigError
 from longseq.config.run import TaskConfig
 from longseq.data.tasks import TaskDataError, generate_listops, listops_value, read_jsonl
-from longseq.model.heads import DocumentClassifier, SpanExtractor, best_spans, mask_tokens
+from longseq.model.heads import DocumentClassifier, MaskedLM, SpanExtractor, best_spans, mask_tokens, read_segments
 from longseq.tasks import task_for
 from longseq.tasks.base import LengthGroupedBatches, training_batches
 
@@ -112,6 +112,42 @@ def test_joint_lm_loss_adds_to_the_task_loss():
     task = model(docs, SEG, labels)["loss"]
     joint = model(docs, SEG, labels, lm_weight=0.5)["loss"]
     assert joint.item() > task.item() + 0.5  # half of an LM loss near ln 20 = 3.0 on an untrained model
+
+
+def _without_aux(lm: TransformerXLLM) -> None:
+    """Make ``lm`` report no auxiliary loss (the heads' reading before they added it)."""
+    lm.hidden_states = lambda *a, **k: (*TransformerXLLM.hidden_states(lm, *a, **k)[:2], None)
+
+
+@pytest.mark.parametrize("head", ["classify", "span", "mlm"])
+def test_every_head_trains_the_backbones_auxiliary_loss(head):
+    """An entropy boundary predictor's probe learns only from the auxiliary loss (its next-token loss and the
+    threshold's pinball loss).  Each head's training loss is its own plus the mean of that loss over the segments
+    read, as a language model's is; the probe then gets a gradient, which it did not while the heads dropped it."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=20, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0, mem_len=8,
+                         shorten_layers=[1, 2], shorten_factor=2, boundaries="entropy")  # fmt: skip
+    lm = TransformerXLLM(config).train()
+    docs, labels = memory_task(4, seed=3)
+    expected = torch.stack([read.aux for read in read_segments(lm, docs, SEG)]).mean()
+    if head == "classify":
+        model, args, key = DocumentClassifier(lm, N_CLASSES, pooling="document"), (docs, SEG, labels), "loss"
+    elif head == "span":
+        model, args, key = SpanExtractor(lm), (docs, SEG, None, labels, labels + 3), "loss"
+    else:
+        model, args, key = MaskedLM(lm), (docs, SEG, docs.masked_fill(docs > 10, -100)), "nll"
+    out = model(*args)
+    loss = out[key] + out["aux"] if head == "mlm" else out[key]
+    loss.backward()
+    probe = lm.transformer.stack.layers[1].boundaries.head.weight
+    assert probe.grad is not None and bool(probe.grad.abs().sum() > 0)
+    _without_aux(lm)
+    alone = model(*args)
+    if head == "mlm":
+        assert alone["aux"] == 0.0 and torch.equal(alone["nll"], out["nll"])
+        torch.testing.assert_close(out["aux"], expected, rtol=0, atol=1e-12)
+    else:
+        torch.testing.assert_close(out[key] - alone[key], expected, rtol=0, atol=1e-6)
 
 
 def test_masking_follows_the_80_10_10_rule_at_the_configured_rate():

@@ -64,7 +64,7 @@ def recall_scores(lm, batch: RecallBatch, segment_len: int, on_segment=None) -> 
     distances = batch.distance.split(segment_len, dim=1)
     correct, distance = [], []
     try:
-        for i, _, _, hidden in read_segments(lm, inputs, segment_len):
+        for i, _, _, hidden, _ in read_segments(lm, inputs, segment_len):
             keep = labels[i] != IGNORE  # (B, T), on the host with the labels: no device read per segment
             if keep.any():
                 logits = lm.head(hidden[keep.to(device)][None]).logits[0]  # (K, V)

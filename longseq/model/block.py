@@ -110,8 +110,10 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     several times the product it follows (2-3x the float32 time of ``F.dropout`` on an AMD EPYC; 14% of a bf16
     training step).  Elsewhere (CUDA's fused kernel, ``torch.compile``'s own generator) this is ``F.dropout``.
     Both draw from the torch generator, so a seed fixes the masks (they differ from ``F.dropout``'s)."""
-    fast = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64, *HALF_DTYPES) and 0 < p < 1
-    if not (training and fast) or torch.compiler.is_compiling():
+    if not training or p == 0:  # evaluation and generation: the input itself, as F.dropout's (no call per layer)
+        return x
+    fast = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64, *HALF_DTYPES) and p < 1
+    if not fast or torch.compiler.is_compiling():
         return F.dropout(x, p, training)
     return x * dropout_noise(x, p)
 

@@ -6,9 +6,15 @@ segment's with the joint LM loss), the span heads every segment's.  With ``mem_b
 :attr:`~longseq.config.model.ModelConfig.segments_per_step`'s settings) the gradient flows through the memory
 within blocks of k segments, counted back from the document's end: the classifier then trains its last k
 segments.  Heads are small modules over the backbone's hidden states.
+
+The backbone's auxiliary loss (the compressive memory's reconstruction loss, a dynamic hourglass's ratio or
+entropy losses) joins every head's training loss as it joins the language model's: its mean over the segments that
+keep their graph, weight 1 (:func:`mean_aux`).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -19,9 +25,26 @@ from longseq.model.transformer import TransformerXLLM
 POOLING = ("last", "mean", "document")  # a classifier's summary of a document: DocumentClassifier
 
 
+class SegmentRead(NamedTuple):
+    """What :func:`read_segments` yields for one segment."""
+
+    index: int
+    ids: Tensor  # (B, T)
+    pad: Tensor | None  # (B, T) filler mask, or None
+    hidden: Tensor  # (B, T, E) the last layer's hidden states
+    aux: Tensor | None  # the backbone's auxiliary loss of the segment (memory, boundaries), or None
+
+
+def mean_aux(reads: list[SegmentRead]) -> Tensor | float:
+    """The mean auxiliary loss of the segments read with a graph (0.0 when none has one): what a head adds to its
+    training loss, as language modeling adds each segment's."""
+    losses = [r.aux for r in reads if r.aux is not None and r.aux.requires_grad]
+    return torch.stack(losses).mean() if losses else 0.0
+
+
 def read_segments(lm: TransformerXLLM, input_ids: Tensor, segment_len: int, padding: Tensor | None = None, track=None):
-    """Read a (B, N) document segment by segment with the memory carried, as in language modeling: yields
-    ``(index, segment ids (B, T), filler mask (B, T) or None, hidden states (B, T, E))`` for every segment.
+    """Read a (B, N) document segment by segment with the memory carried, as in language modeling: yields a
+    :class:`SegmentRead` (index, segment ids, filler mask, hidden states, auxiliary loss) for every segment.
 
     The one reader of every task head.  ``padding`` (B, N) marks filler: it is a document of its own, so no real
     token attends to it.  ``track(index, count)`` says whether a segment's computation keeps its graph (default:
@@ -37,8 +60,8 @@ def read_segments(lm: TransformerXLLM, input_ids: Tensor, segment_len: int, padd
         if mems is not None and (len(segments) - i) % block == 0:
             mems = mems.detach()  # a new block: no gradient into the previous one
         with torch.set_grad_enabled(torch.is_grad_enabled() and keep_graph):
-            hidden, mems, _ = lm.hidden_states(segment, mems, doc_ids=None if pad is None else pad.long())
-        yield i, segment, pad, hidden
+            hidden, mems, aux = lm.hidden_states(segment, mems, doc_ids=None if pad is None else pad.long())
+        yield SegmentRead(i, segment, pad, hidden, aux)
 
 
 class DocumentClassifier(nn.Module):
@@ -73,9 +96,10 @@ class DocumentClassifier(nn.Module):
         with the joint LM loss or document pooling."""
         lm_losses, block, every = [], self.config.segments_per_step, lm_weight > 0 or self.pooling == "document"
         total = count = 0
-        for _, segment, pad, hidden in read_segments(
-            self.lm, input_ids, segment_len, padding, track=lambda i, n: i >= n - block or every
-        ):
+        reads = []
+        for read in read_segments(self.lm, input_ids, segment_len, padding, track=lambda i, n: i >= n - block or every):
+            reads.append(read)
+            segment, pad, hidden = read.ids, read.pad, read.hidden
             if lm_weight > 0 and segment.size(1) > 1:
                 targets = segment[:, 1:] if pad is None else segment[:, 1:].masked_fill(pad[:, 1:], -100)
                 nll = self.lm.head(hidden[:, :-1], targets).nll  # (B, T - 1), 0 at filler targets
@@ -88,7 +112,7 @@ class DocumentClassifier(nn.Module):
         summary = hidden[:, -1] if self.pooling == "last" else total / count.clamp(min=1).to(total.dtype)  # (B, E)
         out = {"logits": self.classifier(summary)}
         if labels is not None:
-            loss = F.cross_entropy(out["logits"], labels)
+            loss = F.cross_entropy(out["logits"], labels) + mean_aux(reads)
             if lm_losses:
                 loss = loss + lm_weight * torch.stack(lm_losses).mean()
             out["loss"] = loss
@@ -145,13 +169,14 @@ class SpanExtractor(nn.Module):
             raise ValueError(
                 f"allowed must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(allowed.shape)}"
             )
-        hidden = [h for _, _, _, h in read_segments(self.lm, input_ids, segment_len, padding)]
-        logits = self.qa(torch.cat(hidden, dim=1)).float()  # (B, N, 2)
+        reads = list(read_segments(self.lm, input_ids, segment_len, padding))
+        logits = self.qa(torch.cat([r.hidden for r in reads], dim=1)).float()  # (B, N, 2)
         if allowed is not None:
             logits = logits.masked_fill(~allowed.unsqueeze(-1), float("-inf"))
         out = {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
         if starts is not None and ends is not None:
-            out["loss"] = (F.cross_entropy(out["start_logits"], starts) + F.cross_entropy(out["end_logits"], ends)) / 2
+            start, end = F.cross_entropy(out["start_logits"], starts), F.cross_entropy(out["end_logits"], ends)
+            out["loss"] = (start + end) / 2 + mean_aux(reads)
         return out
 
 
@@ -168,10 +193,14 @@ class MaskedLM(nn.Module):
         self, input_ids: Tensor, segment_len: int, labels: Tensor | None = None, padding: Tensor | None = None
     ) -> dict[str, Tensor]:
         """With ``labels`` (B, N; -100 where not masked): ``nll`` (summed over the labelled tokens, float32),
-        ``count`` and ``correct`` (argmax hits); without: ``logits`` (B, N, V)."""
+        ``count``, ``correct`` (argmax hits) and ``aux`` (:func:`mean_aux`: a training loss adds it to the mean nll);
+        without: ``logits`` (B, N, V)."""
         segment_labels = None if labels is None else labels.split(segment_len, dim=1)
         nll, correct, count, logits = input_ids.new_zeros((), dtype=torch.float32), 0, 0, []
-        for i, _, _, hidden in read_segments(self.lm, input_ids, segment_len, padding):
+        reads = []
+        for read in read_segments(self.lm, input_ids, segment_len, padding):
+            i, hidden = read.index, read.hidden
+            reads.append(read)
             if segment_labels is None:
                 logits.append(self.lm.head(hidden).logits)
                 continue
@@ -183,7 +212,8 @@ class MaskedLM(nn.Module):
             count += int(keep.sum())
         if segment_labels is None:
             return {"logits": torch.cat(logits, dim=1)}
-        return {"nll": nll, "count": torch.tensor(count), "correct": torch.tensor(correct)}
+        aux = mean_aux(reads)
+        return {"nll": nll, "count": torch.tensor(count), "correct": torch.tensor(correct), "aux": aux}
 
 
 def best_spans(start_logits: Tensor, end_logits: Tensor, max_len: int) -> Tensor:

@@ -109,8 +109,9 @@ class MaskedLM(Task):
         for part in chunks(list(range(len(picked))), ctx.grad_accum):
             rows = slice(part[0], part[-1] + 1)
             with ctx.autocast():
-                nll = ctx.net(masked[rows], self.segment_len, labels[rows], padding[rows])["nll"]
-            ctx.backward(nll / count)
+                out = ctx.net(masked[rows], self.segment_len, labels[rows], padding[rows])
+            nll = out["nll"]
+            ctx.backward(nll / count + out["aux"] * (len(part) / len(picked)))  # aux: a mean over this part's rows
             total = total + nll.detach().float() / count  # read once, by the trainer
         return StepResult(total, None, sum(len(ids) for ids in picked))
 

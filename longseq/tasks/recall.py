@@ -56,8 +56,9 @@ class Recall(Task):
         for part in chunks(list(range(len(inputs))), ctx.grad_accum):
             rows = slice(part[0], part[-1] + 1)
             with ctx.autocast():
-                nll = ctx.net(inputs[rows], self.segment_len, labels[rows])["nll"]
-            ctx.backward(nll / count)
+                out = ctx.net(inputs[rows], self.segment_len, labels[rows])
+            nll = out["nll"]
+            ctx.backward(nll / count + out["aux"] * (len(part) / len(inputs)))  # aux: a mean over this part's rows
             total = total + nll.detach().float() / count  # read once, by the trainer
         return StepResult(total, None, inputs.numel())
 
