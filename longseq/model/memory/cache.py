@@ -137,6 +137,7 @@ class RingBuffer:
             raise ValueError(f"a ring buffer needs capacity >= 1, got {capacity}")
         self.capacity, self.dim = capacity, dim
         self.storage: Tensor | None = None
+        self.mirrored: Tensor | None = None  # storage as (..., 2, capacity, ...) along dim: its two copies
         self.start = 0  # storage index of the oldest position, in [0, capacity)
         self.length = 0
 
@@ -149,12 +150,14 @@ class RingBuffer:
             shape = list(x.shape)
             shape[self.dim] = 2 * self.capacity
             self.storage = x.new_empty(shape)
+            self.mirrored = self.storage.unflatten(self.dim, (2, self.capacity))  # the two copies side by side
         end = (self.start + self.length) % self.capacity  # where the next position goes
         first = min(n, self.capacity - end)
-        for offset in (0, self.capacity):  # the two mirrored copies
-            self.storage.narrow(self.dim, end + offset, first).copy_(x.narrow(self.dim, 0, first))
-            if n > first:
-                self.storage.narrow(self.dim, offset, n - first).copy_(x.narrow(self.dim, first, n - first))
+        head = x if first == n else x.narrow(self.dim, 0, first)
+        self.mirrored.narrow(self.dim + 1, end, first).copy_(head.unsqueeze(self.dim))  # both copies in one write
+        if n > first:
+            tail = x.narrow(self.dim, first, n - first).unsqueeze(self.dim)
+            self.mirrored.narrow(self.dim + 1, 0, n - first).copy_(tail)
         overflow = max(0, self.length + n - self.capacity)
         self.start = (self.start + overflow) % self.capacity
         self.length = min(self.capacity, self.length + n)
