@@ -4,6 +4,7 @@
     python benchmarks/speed/vs_x_transformers.py                          # CPU: 128/128 and 512/512, batch 8
     python benchmarks/speed/vs_x_transformers.py --device cuda --autocast bf16 --out xt.json
     python benchmarks/speed/vs_x_transformers.py --sizes 128/128 --variants longseq_rope xt_rotary_mem --threads 1
+    python benchmarks/speed/vs_x_transformers.py --rss-only --out rss.json     # peak RSS, a process per variant
 
 The benchmark model of the performance issue on both sides (4 layers, d_model 256, 8 heads of 32, d_inner 1024,
 bytes), a training step of forward, backward, clipping at 0.25 and Adam, the memory carried and detached after each
@@ -51,6 +52,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -175,6 +177,40 @@ def measure(args, tgt_len: int, mem_len: int) -> dict:
     return result
 
 
+def rss_child(args) -> None:
+    """``--rss-child``: one variant at one size, alone in this process; prints the peak RSS before its model was
+    built (Python, torch, x-transformers) and after its steps, in MiB."""
+    from longseq.eval.speed import peak_rss_mb
+
+    base = peak_rss_mb()
+    tgt_len, mem_len = (int(n) for n in args.sizes[0].split("/"))
+    measure(args, tgt_len, mem_len)
+    print(json.dumps({"base_rss_mb": round(base, 1), "peak_rss_mb": round(peak_rss_mb(), 1)}))
+
+
+def measure_rss(args) -> dict:
+    """Peak RSS of every variant at every size, each in a process of its own (the timing runs them all in one
+    process, whose peak is only the largest's): a first round and one counted round of ``--steps`` steps.
+    ``step_rss_mb`` is the peak less the RSS before the model (the same imports on both sides)."""
+    out = {}
+    for size in args.sizes:
+        for name in args.variants or [*LONGSEQ, *VARIANTS]:
+            command = [sys.executable, os.path.abspath(__file__), "--rss-child", "--sizes", size, "--variants", name,
+                       "--rounds", "1", "--steps", str(args.steps), "--warmup", "1", "--batch", str(args.batch),
+                       "--device", args.device, *(["--autocast", args.autocast] if args.autocast else []),
+                       *(["--threads", str(args.threads)] if args.threads else [])]  # fmt: skip
+            proc = subprocess.run(command, capture_output=True, text=True, check=False)
+            lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+            if proc.returncode or not lines:
+                row = {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
+            else:
+                row = json.loads(lines[-1])
+                row["step_rss_mb"] = round(row["peak_rss_mb"] - row["base_rss_mb"], 1)
+            out.setdefault(size, {})[name] = row
+            print(f"{size} {name}: {row}", flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
@@ -187,15 +223,26 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--variants", nargs="+", choices=[*LONGSEQ, *VARIANTS], help="a subset (default: all)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--rss-only", action="store_true", help="peak RSS only, each variant in its own process")
+    parser.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     import x_transformers
 
+    if args.rss_child:
+        return rss_child(args)
+
     report = {"command": " ".join(sys.argv), "torch": torch.__version__, "x_transformers": x_transformers.__version__
               if hasattr(x_transformers, "__version__") else _version("x-transformers"), "device": args.device,
               "threads": torch.get_num_threads(), "sizes": [],
               "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None}  # fmt: skip
+    if args.rss_only:
+        report["peak_rss"] = measure_rss(args)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=1)
+        return
     for size in args.sizes:
         tgt_len, mem_len = (int(n) for n in size.split("/"))
         report["sizes"].append(measure(args, tgt_len, mem_len))

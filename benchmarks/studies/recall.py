@@ -11,6 +11,9 @@ Usage::
 
     nice -n 10 python benchmarks/studies/recall.py --work runs/recall --store benchmarks/results/recall
     python benchmarks/studies/recall.py --work /tmp/recall-pilot --store /tmp/recall-pilot/store --pilot
+    # issue 43's entropy chunks learn the passkey only after ~330 steps: the passkey-chunks rows at 600
+    python benchmarks/studies/recall.py --work runs/recall-600 --store benchmarks/results/recall-600 \
+        --tasks passkey-chunks --steps 600
     python benchmarks/studies/recall.py --store benchmarks/results/recall --plot   # heat maps of what is stored
     # issue 43: passkey reach in bytes of learned chunks against XL and the fixed hourglass at the same mem_len
     python benchmarks/studies/recall.py --work runs/recall --store benchmarks/results/recall --tasks passkey-chunks
@@ -172,6 +175,7 @@ def main(argv=None) -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--variants", nargs="+", help="only these rows")
     p.add_argument("--pilot", action="store_true", help="4 steps a row, 4 sequences a cell: checks the plumbing")
+    p.add_argument("--steps", type=int, help="train every row this many steps, not its study's (use another --store)")
     p.add_argument("--plot", action="store_true", help="draw the heat maps of the stored results and stop")
     args = p.parse_args(argv)
     if args.plot:
@@ -186,7 +190,8 @@ def main(argv=None) -> None:
                 if os.path.exists(path):
                     continue
                 print(f"{task} {variant} seed {seed}", flush=True)
-                row = run_row(task, variant, seed, args.work, 4 if args.pilot else None, 4 if args.pilot else 64)
+                steps = 4 if args.pilot else args.steps
+                row = run_row(task, variant, seed, args.work, steps, 4 if args.pilot else 64)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path + ".tmp", "w", encoding="utf-8") as f:
                     json.dump(row, f, indent=1)

@@ -8,8 +8,8 @@ whole or in segments (the predictors carry what they need of the previous segmen
 relative entropy rule, its last entropy).  Some positions begin a chunk whatever the predictor says (``forced``):
 the start of a stream and the first position of every document.  With ``max_chunk`` = M > 0 a position also begins
 one where the chunk it would continue already holds M positions (:func:`limit_length`; BLT's patcher has this
-limit): where the predictor sees nothing to cut (the entropy rule on text whose entropy is flat, such as random
-digits) the chunks are then M long rather than unbounded.  Each predictor carries the length of its last chunk.
+limit): where the predictor sees nothing to cut (an entropy probe that has not learned yet, a stretch of flat
+entropy) the chunks are then M long rather than unbounded.  Each predictor carries the length of its last chunk.
 
 * :class:`Router`, H-Net's dynamic chunking (Hwang, Wang and Gu, 2025): the routing module
   p_t = (1 - cos(W_q x_t, W_k x_{t-1})) / 2 with a boundary where p_t >= 1/2, trained through the smoothing and the
