@@ -721,6 +721,23 @@ def block_vs_gpt_line() -> str:
     )
 
 
+def xt_rss_line() -> str:
+    """Peak RSS of a training step beside x-transformers, each variant alone in its process."""
+    data = load("speed/vs-x-transformers-rss.json")
+    cells = []
+    for precision in ("fp32", "bf16"):
+        for size, rows in data[precision].items():
+            mib = {name: row["step_rss_mb"] for name, row in rows.items()}
+            cells.append(f"{precision} {size}: rope {num(mib['longseq_rope'])} vs {num(mib['xt_rotary_mem'])}"
+                         f" / flash {num(mib['xt_rotary_flash_mem'])}, paper block {num(mib['longseq'])}")  # fmt: skip
+    return (
+        "Peak RSS of the step in MiB over the imports' (each variant alone in its process,"
+        " `speed/vs-x-transformers-rss.json`), longseq vs x-transformers rotary / its flash path: "
+        + "; ".join(cells)
+        + "."
+    )
+
+
 def xt_cpu_section() -> list[str]:
     """Training speed beside x-transformers on this CPU, fp32 and bf16 autocast (issue 45)."""
     rows = []
@@ -737,6 +754,8 @@ def xt_cpu_section() -> list[str]:
         *table(["comparison", "dtype", "tgt / mem", "longseq", "peer", "ratio"], rows, "lllrrr"),
         "",
         block_vs_gpt_line(),
+        "",
+        xt_rss_line(),
     ]
     return section("Speed against x-transformers (CPU)", load("speed/vs-x-transformers-cpu.json"), body, "speed/")
 
