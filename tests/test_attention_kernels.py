@@ -84,12 +84,14 @@ def test_attention_matches_naive_four_terms(kernel, mlen, same_length, clamp_len
     assert torch.allclose(fast, naive, atol=1e-10, rtol=0), (fast - naive).abs().max()
 
 
-def test_rel_shift_places_each_distance_under_its_key():
-    qlen, mlen = 3, 2
+@pytest.mark.parametrize("qlen, mlen", [(3, 2), (1, 4)])
+def test_rel_shift_places_each_distance_under_its_key(qlen, mlen):
+    """Every visible key reads the row of its distance; one query (generation's: a view of its own) too."""
     klen = qlen + mlen
     rows = torch.arange(klen + 1, dtype=torch.float64)  # row r holds distance klen - r
     scores = (klen - rows).expand(1, 1, qlen, klen + 1)
     shifted = rel_shift(scores, qlen)[0, 0]
+    assert shifted.shape == (qlen, klen)
     for i in range(qlen):
         for j in range(mlen + i + 1):  # visible keys only
             assert shifted[i, j] == mlen + i - j
