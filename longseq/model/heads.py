@@ -35,11 +35,12 @@ class SegmentRead(NamedTuple):
     aux: Tensor | None  # the backbone's auxiliary loss of the segment (memory, boundaries), or None
 
 
-def mean_aux(reads: list[SegmentRead]) -> Tensor | float:
-    """The mean auxiliary loss of the segments read with a graph (0.0 when none has one): what a head adds to its
-    training loss, as language modeling adds each segment's."""
-    losses = [r.aux for r in reads if r.aux is not None and r.aux.requires_grad]
-    return torch.stack(losses).mean() if losses else 0.0
+def mean_aux(losses: list[Tensor | None]) -> Tensor | float:
+    """The mean of the segments' auxiliary losses (:attr:`SegmentRead.aux`) that have a graph (0.0 when none has
+    one): what a head adds to its training loss, as language modeling adds each segment's.  A head keeps these,
+    not the reads: a read holds its segment's hidden states."""
+    kept = [aux for aux in losses if aux is not None and aux.requires_grad]
+    return torch.stack(kept).mean() if kept else 0.0
 
 
 def read_segments(lm: TransformerXLLM, input_ids: Tensor, segment_len: int, padding: Tensor | None = None, track=None):
@@ -96,9 +97,9 @@ class DocumentClassifier(nn.Module):
         with the joint LM loss or document pooling."""
         lm_losses, block, every = [], self.config.segments_per_step, lm_weight > 0 or self.pooling == "document"
         total = count = 0
-        reads = []
+        auxes = []
         for read in read_segments(self.lm, input_ids, segment_len, padding, track=lambda i, n: i >= n - block or every):
-            reads.append(read)
+            auxes.append(read.aux)
             segment, pad, hidden = read.ids, read.pad, read.hidden
             if lm_weight > 0 and segment.size(1) > 1:
                 targets = segment[:, 1:] if pad is None else segment[:, 1:].masked_fill(pad[:, 1:], -100)
@@ -112,7 +113,7 @@ class DocumentClassifier(nn.Module):
         summary = hidden[:, -1] if self.pooling == "last" else total / count.clamp(min=1).to(total.dtype)  # (B, E)
         out = {"logits": self.classifier(summary)}
         if labels is not None:
-            loss = F.cross_entropy(out["logits"], labels) + mean_aux(reads)
+            loss = F.cross_entropy(out["logits"], labels) + mean_aux(auxes)
             if lm_losses:
                 loss = loss + lm_weight * torch.stack(lm_losses).mean()
             out["loss"] = loss
@@ -176,7 +177,7 @@ class SpanExtractor(nn.Module):
         out = {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
         if starts is not None and ends is not None:
             start, end = F.cross_entropy(out["start_logits"], starts), F.cross_entropy(out["end_logits"], ends)
-            out["loss"] = (start + end) / 2 + mean_aux(reads)
+            out["loss"] = (start + end) / 2 + mean_aux([r.aux for r in reads])
         return out
 
 
@@ -197,10 +198,10 @@ class MaskedLM(nn.Module):
         without: ``logits`` (B, N, V)."""
         segment_labels = None if labels is None else labels.split(segment_len, dim=1)
         nll, correct, count, logits = input_ids.new_zeros((), dtype=torch.float32), 0, 0, []
-        reads = []
+        auxes = []
         for read in read_segments(self.lm, input_ids, segment_len, padding):
             i, hidden = read.index, read.hidden
-            reads.append(read)
+            auxes.append(read.aux)
             if segment_labels is None:
                 logits.append(self.lm.head(hidden).logits)
                 continue
@@ -212,7 +213,7 @@ class MaskedLM(nn.Module):
             count += int(keep.sum())
         if segment_labels is None:
             return {"logits": torch.cat(logits, dim=1)}
-        aux = mean_aux(reads)
+        aux = mean_aux(auxes)
         return {"nll": nll, "count": torch.tensor(count), "correct": torch.tensor(correct), "aux": aux}
 
 
