@@ -1,6 +1,11 @@
-"""The recall studies' scripts run end to end (their ``--pilot``: 4 steps a row), so an import moved by a refactor
-breaks a test, not a study started hours later (``recall_pairs.py`` still imported ``train`` from its old place)."""
+"""The benchmark scripts against the library they call: the recall studies run end to end (their ``--pilot``: 4
+steps a row), and every name a script imports from longseq exists, so that an import moved by a refactor breaks a
+test, not a study started hours later (``recall_pairs.py`` still imported ``train`` from its old place)."""
 
+import ast
+import glob
+import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -30,3 +35,31 @@ def test_a_recall_study_pilot_stores_its_row(script, options, stored, tmp_path):
     row = json.load(open(found[0], encoding="utf-8"))
     accuracy = row["accuracy"] if "accuracy" in row else row["valid"]["accuracy"]
     assert 0.0 <= accuracy <= 1.0
+
+
+def _fallbacks(tree: ast.AST) -> set[int]:
+    """Line numbers of imports inside ``except ImportError`` handlers (a script's fallback for older trees)."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ExceptHandler) and "ImportError" in ast.unparse(node.type or ast.Name("")):
+            lines |= {n.lineno for n in ast.walk(node) if isinstance(n, ast.ImportFrom)}
+    return lines
+
+
+def test_every_longseq_name_a_benchmark_imports_exists():
+    """Every ``from longseq... import name`` in benchmarks/ (module level or inside a function) names something
+    that exists, outside fallbacks for older trees."""
+    missing = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "benchmarks", "**", "*.py"), recursive=True)):
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        skip = _fallbacks(tree)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("longseq")):
+                continue
+            if node.lineno in skip:
+                continue
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                if not hasattr(module, alias.name) and importlib.util.find_spec(f"{node.module}.{alias.name}") is None:
+                    missing.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} {node.module}.{alias.name}")
+    assert not missing, missing
