@@ -63,3 +63,19 @@ def test_every_longseq_name_a_benchmark_imports_exists():
                 if not hasattr(module, alias.name) and importlib.util.find_spec(f"{node.module}.{alias.name}") is None:
                     missing.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} {node.module}.{alias.name}")
     assert not missing, missing
+
+
+def test_the_runner_reuses_a_stored_run_whose_unread_defaults_changed():
+    """A result stored when an option the model does not read had another default (an hourglass's ratio_loss in a
+    model without one: 0.03 then, 0.3 now) is the same run; a changed option the model reads is not."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "studies"))
+    from runner import read_config
+
+    from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
+
+    run = RunConfig(model=ModelConfig(vocab_size=50), data=DataConfig(), train=TrainConfig())
+    old = run.to_dict()
+    old["model"]["hourglass"]["ratio_loss"] = 0.03
+    assert read_config(RunConfig.from_dict(old)) == read_config(run)
+    old["model"]["d_inner"] = 17
+    assert read_config(RunConfig.from_dict(old)) != read_config(run)

@@ -77,8 +77,8 @@ def run_config(row: str, pairs: int, seed: int, steps: int | None) -> RunConfig:
 
 def run_point(row: str, pairs: int, seed: int, work: str, steps: int | None) -> dict:
     """Train (or continue) one point and read its last validation."""
-    from longseq.train.rundir import has_checkpoint
     from longseq.api import train
+    from longseq.train.rundir import has_checkpoint
 
     out = os.path.join(work, row, f"pairs{pairs}", f"seed{seed}")
     run = run_config(row, pairs, seed, steps)

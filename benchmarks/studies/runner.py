@@ -85,6 +85,7 @@ from longseq.eval.context import context_curve, per_position_losses
 from longseq.eval.recl import group_losses, recl
 from longseq.eval.sliding import evaluate_sliding
 from longseq.eval.speed import generate_speed, model_flops_per_token
+from longseq.model.registry import unread_options
 from longseq.train import load_checkpoint
 from longseq.train.checkpoint import load_checkpoint_config
 from longseq.train.signals import Interrupted
@@ -348,6 +349,20 @@ def scoring(args) -> dict:
     return {"test_segments": args.test_segments, "skip_segments": args.skip_segments, "contexts": list(args.contexts)}
 
 
+def read_config(run: RunConfig) -> dict:
+    """The run's config without the model options its architecture does not read (``unread_options``: an
+    hourglass's options in a model without one, say), whose defaults may change between versions without changing
+    what the run trains."""
+    out = run.to_dict()
+    for path in unread_options(run.model):
+        *parents, leaf = path.split(".")
+        section = out["model"]
+        for parent in parents:
+            section = section[parent]
+        section.pop(leaf, None)
+    return out
+
+
 def reuse(path: str, name: str, seed: int, corpus, args, log) -> dict:
     """A finished run's result, refused when it was trained with another config than the variant's or scored
     otherwise.  Without a corpus (``--summarize``) the vocabulary size is the stored run's: the rest is checked."""
@@ -358,7 +373,7 @@ def reuse(path: str, name: str, seed: int, corpus, args, log) -> dict:
     else:
         run = variant_run(args, name, seed, result["run"]["model"]["vocab_size"])
     stored = RunConfig.from_dict(upgrade_run(result["run"]))  # fields added since: defaults, or as the run ran
-    if stored.to_dict() != run.to_dict():
+    if read_config(stored) != read_config(run):
         raise SystemExit(f"{path} was trained with another config; use another --out (--store) or remove it")
     if result.get("scoring", scoring(args)) != scoring(args):  # results from before the key: taken as they are
         raise SystemExit(
