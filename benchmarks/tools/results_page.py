@@ -453,6 +453,7 @@ MIXERS = {"xl": "XL (attention)", "no-memory": "no memory", "ssm": "ssm (4 state
 
 
 LINEAR = {"gla": "gla (4 gated linear-attention layers)", "retention": "retention (4 RetNet layers)",
+          "linear": "linear (elu+1, restarted every 64, rotary; 4 layers)",
           "linear-unbounded": "linear, never restarted (elu+1, 4 layers)"}  # fmt: skip
 
 
