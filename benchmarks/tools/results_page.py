@@ -601,9 +601,9 @@ def chunks_section() -> list[str]:
         *table(["corpus", "model", "steps", "params", "bpb ↓", "vs byte XL", "chunk"], rows, "llrrllr"),
     ]
     study = {"machine": "dev-cpu (one thread a run)", "date": "2026-12-06",
-             "commands": ["python benchmarks/studies/runner.py --data-root ../shared/data --corpus shakespeare-bytes"
-                          " --out runs/chunks-shakespeare-bytes --store benchmarks/results/learned-chunks-flops/"
-                          "shakespeare-bytes --flops 2.4e13 --seeds 1 2 3 --baseline bytes-xl --variants bytes-xl"
+             "commands": ["python benchmarks/studies/runner.py --data-root ../shared/data --corpus CORPUS"
+                          " --out runs/chunks-CORPUS --store benchmarks/results/learned-chunks-flops/"
+                          "CORPUS --flops 2.4e13 --seeds 1 2 3 --baseline bytes-xl --variants bytes-xl"
                           " bytes-fixed bytes-learned bpe-xl --test-segments 100 --recl-tokens 10000 --resume"]}  # fmt: skip
     return section("Learned segmentation at equal FLOPs", study, body, "learned-chunks-flops/")
 
