@@ -347,6 +347,12 @@ def wt2_block_line() -> str:
         if glob.glob(os.path.join(RESULTS, "wt2-block-3000", name, "seed*", "result.json")):
             s = test_stats("wt2-block-3000", name)
             cells.append(f"{label} {spread(s, ranges=False)}" + (f" ({s['n']} seeds)" if s["n"] > 1 else ""))
+    for name in ("rope", "alibi", "t5"):  # the position encodings' rows stored so far (one seed each)
+        stored = glob.glob(os.path.join(RESULTS, "wt2-positions-3000", name, "seed*", "result.json"))
+        for run in seeds("wt2-positions-3000", name) if stored else []:
+            loss = run["context_curve"]["loss"]  # memory 0, 64, 128 (1x), 256 (2x), 512 (4x), nats
+            cells.append(f"{name} (`wt2-positions-3000/`, seed {run['seed']}) {run['test']['bpc']:.4f}, nats at eval"
+                         f" memory 1x / 2x / 4x {loss[2]:.2f} / {loss[3]:.2f} / {loss[4]:.2f}")  # fmt: skip
     return (
         "WikiText-2 words, bits per word ↓ (5.15M parameters, 3,000 steps; `wt2-block-3000/`): "
         + "; ".join(cells)
