@@ -225,8 +225,18 @@ def hf_section() -> list[str]:
         f" ({hf['scaling']['rows'][-1]['speedup']:.2f}x at {num(hf['scaling']['rows'][-1]['length'])}): `speed/README.md`.",
         "",
         *table(["measure", "tgt_len / mem_len", "longseq", "HF", "longseq vs HF"], rows, "llrrr"),
+        "",
+        hf_later_line(hf["later"]),
     ]
     return section("Speed against Hugging Face TransfoXL", hf, body, "speed/vs-hf.json")
+
+
+def hf_later_line(later: dict) -> str:
+    """The later sittings' generation speed-ups and evaluation ratios at memory 1,600 (``later`` in vs-hf.json)."""
+    gen = {side: next(r for r in later[side] if r["task"] == "generate")["speedup"] for side in ("default", "llama")}
+    ev = [next(r for r in later[k] if r.get("mem_len") == 1600)["time_ratio"] for k in ("default", "eval_again")]
+    return (f"At {later['commit']}: generation {gen['default']:.1f}x, llama-xl {gen['llama']:.1f}x; evaluation at"
+            f" 1,600 {ev[0]:.2f} and {ev[1]:.2f} (two sittings).")  # fmt: skip
 
 
 def vanilla_section() -> list[str]:
@@ -661,10 +671,14 @@ def mfu_section() -> list[str]:
 def trees_line() -> str:
     """Issues 41 and 45 against their trees before (``compare_trees.py``): train, eval, generate tokens/s, B over A."""
     parts = []
-    for issue in ("41", "45"):
-        ratio = {r["figure"]: r["b_over_a"] for r in load(f"speed/trees-issue{issue}.json")["rows"]}
+    for label, name in (
+        ("issue 41", "trees-issue41"),
+        ("issue 45", "trees-issue45"),
+        ("12-06b", "trees-session-1206b"),
+    ):
+        ratio = {r["figure"]: r["b_over_a"] for r in load(f"speed/{name}.json")["rows"]}
         figures = [ratio[f"bench {task}: tokens_per_s"] for task in ("train", "eval", "generate")]
-        parts.append(f"issue {issue} (`speed/trees-issue{issue}.json`): train {figures[0]:.2f}x, eval "
+        parts.append(f"{label} (`speed/{name}.json`): train {figures[0]:.2f}x, eval "
                      f"{figures[1]:.2f}x, generate {figures[2]:.2f}x")  # fmt: skip
     return "; ".join(parts)
 
