@@ -357,12 +357,14 @@ def wt2_block_line() -> str:
         if glob.glob(os.path.join(RESULTS, "wt2-block-3000", name, "seed*", "result.json")):
             s = test_stats("wt2-block-3000", name)
             cells.append(f"{label} {spread(s, ranges=False)}" + (f" ({s['n']} seeds)" if s["n"] > 1 else ""))
+    positions = []
     for name in ("rope", "alibi", "t5"):  # the position encodings' rows stored so far (one seed each)
         stored = glob.glob(os.path.join(RESULTS, "wt2-positions-3000", name, "seed*", "result.json"))
         for run in seeds("wt2-positions-3000", name) if stored else []:
             loss = run["context_curve"]["loss"]  # memory 0, 64, 128 (1x), 256 (2x), 512 (4x), nats
-            cells.append(f"{name} (`wt2-positions-3000/`, seed {run['seed']}) {run['test']['bpc']:.4f}, nats at eval"
-                         f" memory 1x / 2x / 4x {loss[2]:.2f} / {loss[3]:.2f} / {loss[4]:.2f}")  # fmt: skip
+            positions.append(f"{name} {run['test']['bpc']:.4f} ({loss[2]:.2f} / {loss[3]:.2f} / {loss[4]:.2f})")
+    if positions:
+        cells.append("seed 1 (`wt2-positions-3000/`; nats at eval memory 1x / 2x / 4x): " + ", ".join(positions))
     return (
         "WikiText-2 words, bits per word ↓ (5.15M parameters, 3,000 steps; `wt2-block-3000/`): "
         + "; ".join(cells)
@@ -749,13 +751,11 @@ def xt_rss_line() -> str:
     for precision in ("fp32", "bf16"):
         for size, rows in data[precision].items():
             mib = {name: row["step_rss_mb"] for name, row in rows.items()}
-            cells.append(f"{precision} {size}: rope {num(mib['longseq_rope'])} vs {num(mib['xt_rotary_mem'])}"
-                         f" / flash {num(mib['xt_rotary_flash_mem'])}, paper block {num(mib['longseq'])}")  # fmt: skip
+            cells.append(f"{precision} {size} {num(mib['longseq_rope'])} vs {num(mib['xt_rotary_mem'])} /"
+                         f" {num(mib['xt_rotary_flash_mem'])} ({num(mib['longseq'])})")  # fmt: skip
     return (
-        "Peak RSS of the step in MiB over the imports' (each variant alone in its process,"
-        " `speed/vs-x-transformers-rss.json`), longseq vs x-transformers rotary / its flash path: "
-        + "; ".join(cells)
-        + "."
+        "Peak RSS of the step, MiB over the imports', a process per variant (`speed/vs-x-transformers-rss.json`):"
+        " longseq rope vs x-transformers rotary / flash (longseq's paper block): " + "; ".join(cells) + "."
     )
 
 
