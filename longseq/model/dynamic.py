@@ -90,12 +90,14 @@ class DynamicHourglass(nn.Module):
         """The last input before the segment (B, E), the smoothed output of its chunk (B, E), the predictor's
         score of that position (B,) and the length of that chunk so far (B,, int64): zeros at the start of a stream
         (and the length, in a state stored before it was kept)."""
+        if held is not None and len(held.tensors) > 3:
+            previous, carried, last_score = (t.to(hidden.dtype) for t in held.tensors[:3])
+            return previous, carried, last_score, held.tensors[3]
         run = torch.zeros(hidden.size(0), dtype=torch.long, device=hidden.device)
         if held is None:
             zeros = hidden.new_zeros(hidden.size(0), hidden.size(-1))
             return zeros, zeros, zeros[:, 0], run
-        previous, carried, last_score = (t.to(hidden.dtype) for t in held.tensors[:3])
-        return previous, carried, last_score, held.tensors[3] if len(held.tensors) > 3 else run
+        return (*(t.to(hidden.dtype) for t in held.tensors), run)
 
     @staticmethod
     def _forced(held: HourglassState | None, docs, hidden: Tensor) -> Tensor:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from longseq.model.attention.reference import dense_mask
 from longseq.model.block import dropout, masked_softcap
 from longseq.model.block import softcap as capped
 
@@ -197,9 +198,8 @@ def rel_shift_attention(
     fused ``scaled_dot_product_attention``, which never writes the probabilities out (not with a ``softcap``: the
     capped scores are written out).  ``mask`` may be a :class:`~longseq.model.attention.patterns.PatternMask` (the
     whole problem in one block): it is made dense here."""
-    pattern = None if isinstance(mask, Tensor) else mask  # a PatternMask, made dense below where needed
-    if pattern is not None:
-        first_forbidden = pattern.first_forbidden(0, 0)
+    if not isinstance(mask, Tensor):  # a PatternMask: made dense below, where a key is forbidden
+        first_forbidden = mask.first_forbidden(0, 0)
     scale = 1.0 / math.sqrt(query.size(-1))
     q_position = (query + r_r_bias[:, None]) * scale
     full_precision = query.dtype in (torch.float32, torch.float64)
@@ -208,10 +208,10 @@ def rel_shift_attention(
     if full_precision and inference and not (training and dropatt > 0) and not softcap:
         position = torch.matmul(q_position, rel_key.transpose(-1, -2))  # (B, H, T, R)
         bias = rel_shift(position, query.size(2), key.size(2))  # (B, H, T, K): its rows do not overlap
-        if pattern is None or first_forbidden < key.size(2):  # else nothing is (generation's one query: no mask)
-            fill_forbidden_(bias, mask if pattern is None else pattern.forbidden(), first_forbidden)  # in place
+        if first_forbidden < key.size(2):  # else no key is (generation's one query): no mask is made
+            fill_forbidden_(bias, dense_mask(mask), first_forbidden)  # in place, in the buffer of ``position``
         return F.scaled_dot_product_attention(query + r_w_bias[:, None], key, value, attn_mask=bias)
-    mask = mask if pattern is None else pattern.forbidden()
+    mask = dense_mask(mask)
     q_content = (query + r_w_bias[:, None]) * scale  # (B, H, T, D)
     if full_precision:  # fused scores and softmax (capped: through the scores, relative_probs)
         fused = (q_content, key, q_position, rel_key, mask, first_forbidden)
