@@ -754,8 +754,9 @@ def xt_rss_line() -> str:
             cells.append(f"{precision} {size} {num(mib['longseq_rope'])} vs {num(mib['xt_rotary_mem'])} /"
                          f" {num(mib['xt_rotary_flash_mem'])} ({num(mib['longseq'])})")  # fmt: skip
     return (
-        "Peak RSS of the step, MiB over the imports', a process per variant (`speed/vs-x-transformers-rss.json`):"
-        " longseq rope vs x-transformers rotary / flash (longseq's paper block): " + "; ".join(cells) + "."
+        "Peak RSS of a step, MiB above imports (`vs_x_transformers.py --rss-only --steps 2 --threads 1"
+        " [--autocast bf16]`: a process per variant; `speed/vs-x-transformers-rss.json`), rope vs x-transformers"
+        " rotary / flash (paper block): " + "; ".join(cells) + "."
     )
 
 
