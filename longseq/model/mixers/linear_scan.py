@@ -80,6 +80,35 @@ def scan_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, sta
 SUB = 16  # with a decay per key channel, only sub-chunks of this many positions build their (L, S, K) decays
 
 
+def inside_decays(G: Tensor) -> Tensor:
+    """exp(G_l - G_s) for s <= l and 0 above the diagonal, (..., c, c, K), from G (..., c, K)."""
+    causal = torch.ones(G.size(-2), G.size(-2), dtype=torch.bool, device=G.device).tril()
+    return (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~causal[..., None], float("-inf")).exp()
+
+
+class InsideScores(torch.autograd.Function):
+    """q_l . (k_s * exp(G_l - G_s)) inside blocks (..., c, K), whose pairwise decays (c, c, K) per block are the
+    largest tensors of a per-channel scan.  Autograd would keep four of that size for the backward; this keeps q, k
+    and G and rebuilds the decays E there, with the gradients written out (W = dS * E):
+
+        dq_l = sum_s W_ls k_s      dk_s = sum_l W_ls q_l      dG = q * dq - k * dk
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, G: Tensor) -> Tensor:
+        ctx.save_for_backward(q, k, G)
+        return (inside_decays(G).mul_(q[..., :, None, :]).mul_(k[..., None, :, :])).sum(-1)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, G = ctx.saved_tensors
+        weights = inside_decays(G).mul_(grad[..., None])  # (..., c, c, K)
+        dq = (weights * k[..., None, :, :]).sum(-2)
+        dk = weights.mul_(q[..., :, None, :]).sum(-3)
+        return dq.to(q.dtype), dk.to(k.dtype), (q * dq - k * dk).to(G.dtype)
+
+
 def channel_scores(q: Tensor, k: Tensor, G: Tensor) -> Tensor:
     """q_l . (k_s * exp(G_l - G_s)) for s <= l inside blocks (..., L, K) (0 above the diagonal), with a log-decay
     G (..., L, K) per key channel that never increases.  Inside sub-chunks of ``SUB`` positions the decays are built
@@ -90,15 +119,14 @@ def channel_scores(q: Tensor, k: Tensor, G: Tensor) -> Tensor:
     c = SUB if length % SUB == 0 else length
     m = length // c
     qs, ks, Gs = (x.reshape(*lead, m, c, width) for x in (q, k, G))  # (..., m, c, K)
-    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    pairwise = (Gs[..., :, None, :] - Gs[..., None, :, :]).masked_fill(~causal[..., None], float("-inf")).exp()
-    inside = torch.einsum("...ilk,...isk,...ilsk->...ils", qs, ks, pairwise)  # (..., m, c, c)
+    inside = InsideScores.apply(qs, ks, Gs)  # (..., m, c, c)
     ends = Gs[..., -1, :]  # (..., m, K): G at each sub-chunk's last position
     block = torch.arange(length, device=q.device) // c  # (L,): each position's sub-chunk
     earlier = block[:, None] > torch.arange(m, device=q.device)  # (L, m): sub-chunk j ends before position l
     to_query = (G[..., :, None, :] - ends[..., None, :, :]).masked_fill(~earlier[..., None], float("-inf")).exp()
     from_key = ks * (ends[..., None, :] - Gs).exp()  # (..., m, c, K)
-    between = torch.einsum("...lk,...ljk,...jsk->...ljs", q, to_query, from_key).reshape(*lead, length, length)
+    rows = (q[..., :, None, :] * to_query).transpose(-3, -2)  # (..., m, L, K): q_l * exp(G_l - G_r) per sub-chunk j
+    between = (rows @ from_key.transpose(-1, -2)).transpose(-3, -2).reshape(*lead, length, length)  # a matmul per j
     same = block[:, None] == block[None, :]  # (L, S)
     inside = inside[..., :, :, None, :].expand(*lead, m, c, m, c).reshape(*lead, length, length)
     return torch.where(same, inside, between)  # inside is 0 above the diagonal
