@@ -275,6 +275,13 @@ def after_fix_line(fix: dict) -> str:
     return f"After the chunked scans' fix ({fix['commit']}), 1k -> 32k: " + "; ".join(cells) + "."
 
 
+def gla_fix_clause(fix: dict) -> str:
+    """gla's 1k and 32k training times and step memory after its scan stopped keeping the pairwise decays."""
+    t, kib = fix["us_per_token"], fix["step_kib_per_token"]
+    return (f" gla after its scan's memory fix ({fix['commit']}): {t['1024']} -> {t['32768']} µs "
+            f"({t['32768'] / t['1024']:.2f}x), {kib['1024']} -> {kib['32768']} KiB a token (was 680-830).")  # fmt: skip
+
+
 def mixers_speed_section() -> list[str]:
     data = load("speed/mixers-speed.json")
     train = data["training"]
@@ -290,7 +297,7 @@ def mixers_speed_section() -> list[str]:
         "",
         *table(["stack", *(f"{n // 1024}k" for n in train["lengths"]), "16k / 2k", "32k / 1k"], rows, "l" + "r" * 8),
         "",
-        after_fix_line(data["after_unbind_fix"]),
+        after_fix_line(data["after_unbind_fix"]) + gla_fix_clause(data["gla_memory_fix"]),
         "",
         f"Generation of the linear family after prompts of {' / '.join(f'{n // 1024}k' for n in gen['contexts'])}"
         f" tokens (per new token; peak RSS over the base): {flat}.",
@@ -673,8 +680,7 @@ def mfu_section() -> list[str]:
 def trees_line() -> str:
     """Issues 41 and 45 against their trees before (``compare_trees.py``): train, eval, generate tokens/s, B over A."""
     parts = []
-    for label, name in (
-        ("issue 41", "trees-issue41"),
+    for label, name in (  # earlier trees (issue 41, the build-time kernels): speed/README.md
         ("issue 45", "trees-issue45"),
         ("12-06b", "trees-session-1206b"),
     ):
@@ -697,16 +703,10 @@ def smaller_section() -> list[str]:
     bpc = {r["tokenizer"]: r["test_bpc"] for r in t["rows"]}
     rss = lambda d, k: f"{d['results'][-1][k]['peak_rss_mib']:,.0f}"  # noqa: E731
     ba = {r["figure"]: r["ratio"] for r in load("speed/before-after.json")["rows"]}
-    k = load("speed/kernel-at-build.json")
-    ratio = {
-        r["figure"].split(":")[0].split()[-1]: r["ratio"] for r in k["rows"] if r["figure"].endswith("tokens_per_s")
-    }
-    kb = ratio
     lines = [
         f"* **Before and after** (tokens/s): the GPU-ready step (`speed/before-after.json`): "
         f"{ba['training tokens/s ↑, eager']:.2f}x eager, {ba['training tokens/s ↑, compiled']:.2f}x compiled "
-        f"(compile time {ba['compile s ↓']:.2f}x); build-time kernels (`speed/kernel-at-build.json`, AMX): "
-        f"train {kb['train']:.2f}x, eval {kb['eval']:.2f}x, generate {kb['generate']:.2f}x; {trees_line()}.",
+        f"(compile time {ba['compile s ↓']:.2f}x); {trees_line()}.",
         f"* **Activation checkpointing** (`speed/activation-checkpointing.json`): every layer recomputed at "
         f"{num(every['length'])} tokens: {every['time_vs_off']:.2f}x time, {every['memory_vs_off']:.2f}x memory.",
         f"* **FSDP against DDP** (`speed/fsdp-memory.json`, 2 ranks): {held['ratio']:.2f}x the parameters, "
