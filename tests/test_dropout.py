@@ -1,6 +1,7 @@
 """The block's dropout (``longseq.model.block.dropout``): ``F.dropout`` with its mask drawn from integer bits on a
-CPU.  Held to F.dropout's definition: every element kept independently with probability 1 - p (both halves of each
-64-bit draw, neighbours uncorrelated, within 6 standard deviations over a million elements), kept values exactly
+CPU.  Held to F.dropout's definition: every element kept independently with probability 1 - p (each of the four
+or two decisions of a 64-bit draw, neighbours uncorrelated, within 6 standard deviations over a million
+elements; the rate the bits can express within 1e-4 of p, relative), kept values exactly
 x * (1 / (1 - p)) in the tensor's dtype and the rest 0, the gradient the same mask times the same scale; and
 F.dropout itself where the fast path does not apply."""
 
@@ -11,13 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from longseq import ModelConfig, TransformerXLLM
-from longseq.model.block import Dropout, dropout, dropout_noise
+from longseq.model.block import Dropout, dropout, dropout_noise, noise_bits
 
 N = 1 << 20
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("p", [0.1, 0.5])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.05])  # 0.05: not a multiple of 2^-15, so 31 bits decide
 def test_each_element_is_kept_with_probability_one_minus_p(dtype, p):
     torch.manual_seed(0)
     x = torch.randn(4, N // 4, dtype=dtype)
@@ -25,12 +26,22 @@ def test_each_element_is_kept_with_probability_one_minus_p(dtype, p):
     kept = out != 0
     scale = torch.tensor(1 / (1 - p), dtype=dtype)
     assert torch.equal(out[kept], x[kept] * scale) and not out[~kept].any()
-    for part in (kept.flatten(), kept.flatten()[0::2], kept.flatten()[1::2]):  # both halves of every draw
+    per_draw = 1 if dtype == torch.float64 else 64 // (noise_bits(p) + 1)
+    for part in (kept.flatten(), *(kept.flatten()[i::per_draw] for i in range(per_draw))):  # each part of a draw
         n = part.numel()
         assert abs(part.sum().item() - n * (1 - p)) < 6 * math.sqrt(n * p * (1 - p))
     flat = kept.flatten().double()
     neighbours = torch.corrcoef(torch.stack([flat[:-1], flat[1:]]))[0, 1].item()
     assert abs(neighbours) < 6 / math.sqrt(N)
+
+
+def test_the_bits_express_the_rate_within_a_relative_1e_minus_4():
+    """15 bits where a multiple of 2^-15 is within 1e-4 of p (relative), else 31; the keep rate of the bits chosen,
+    1 - round(p 2^bits) / 2^bits, is 1 - p to that bound for every p on a fine grid."""
+    assert noise_bits(0.1) == noise_bits(0.2) == noise_bits(0.25) == 15 and noise_bits(0.05) == noise_bits(1e-6) == 31
+    for p in torch.linspace(1e-6, 1 - 1e-6, 10_001, dtype=torch.float64).tolist():
+        bits = noise_bits(p)
+        assert abs(round(p * 2**bits) / 2**bits - p) <= max(1e-4 * p, 2**-32), p
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])

@@ -118,24 +118,34 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     return x * dropout_noise(x, p)
 
 
+def noise_bits(p: float) -> int:
+    """How many uniform bits decide each element of float32 noise for ``p``: 15 where round(p 2^15) / 2^15 is p to a
+    relative 1e-4 (0.1, 0.2, 0.25, 0.3, 0.5 ...), else 31.  Each 64-bit draw gives four decisions of 15 bits or two
+    of 31; the generator draws one at a time (its cost grows with the draws, not with the threads), so on a
+    2-core CPU 15 bits took half the time of 31 (4% of the default model's training step)."""
+    scaled = p * 2**15
+    return 15 if abs(round(scaled) - scaled) <= 1e-4 * scaled else 31
+
+
 def dropout_noise(like: Tensor, p: float) -> Tensor:
     """The noise of ``F.dropout`` for a float tensor ``like``: 1 / (1 - p) (in its dtype) with probability 1 - p,
     else 0, independently per element.  A bfloat16 or float16 tensor's is float32's, rounded to its dtype (as
     ``F.dropout`` rounds its scale: 1.109375 in bfloat16 for p = 0.1).
 
-    Uniform integers of 31 bits (two per ``random_()`` int64, whose 63 bits are uniform; float64: one of 63 bits)
-    decide each element: kept when at least round(p 2^31), so the keep rate is 1 - p to 2^-31.  Integer operations
-    in place turn the decision into the bits of 1 / (1 - p) or of 0 (an arithmetic shift of r - threshold gives -1
-    where dropped), read as floats without a copy."""
+    Uniform integers of :func:`noise_bits` bits (four or two per ``random_()`` int64, whose 63 bits are uniform;
+    float64: one of 63 bits) decide each element: kept when at least round(p 2^bits), so the keep rate is 1 - p to
+    a relative 1e-4 of p (15 bits) or to 2^-31.  Integer operations in place turn the decision into the bits of
+    1 / (1 - p) or of 0 (an arithmetic shift of r - threshold gives -1 where dropped), read as floats without a
+    copy (15-bit decisions are widened to 32 bits once, sign and all)."""
     if like.dtype in HALF_DTYPES:
         return dropout_noise(torch.empty(like.shape, device=like.device), p).to(like.dtype)
     n, wide = like.numel(), like.dtype == torch.float64
-    int_type, bits = (torch.int64, 63) if wide else (torch.int32, 31)
-    draws = torch.empty(n if wide else (n + 1) // 2, dtype=torch.int64, device=like.device).random_()
-    r = draws if wide else draws.view(torch.int32)[:n].bitwise_and_(0x7FFFFFFF)  # uniform on [0, 2^bits)
+    bits = 63 if wide else noise_bits(p)
+    draws = torch.empty(-(-n // (64 // (bits + 1))), dtype=torch.int64, device=like.device).random_()
+    r = draws.view({63: torch.int64, 31: torch.int32, 15: torch.int16}[bits])[:n].bitwise_and_(2**bits - 1)
+    r.sub_(round(p * 2**bits)).bitwise_right_shift_(bits).bitwise_not_()  # all ones where kept, 0 where dropped
     scale = struct.unpack("<q" if wide else "<i", struct.pack("<d" if wide else "<f", 1.0 / (1.0 - p)))[0]  # its bits
-    r.sub_(round(p * 2**bits)).bitwise_right_shift_(bits).bitwise_not_().bitwise_and_(scale)  # all ones where kept
-    return r.view(like.dtype).view(like.shape)
+    return (r.to(torch.int32) if bits == 15 else r).bitwise_and_(scale).view(like.dtype).view(like.shape)
 
 
 class Dropout(nn.Dropout):
