@@ -71,7 +71,7 @@ class FeedForwardKind(NamedTuple):
 
 
 FEED_FORWARDS: dict[str, FeedForwardKind] = {
-    "relu": FeedForwardKind(lambda: nn.ReLU(inplace=True)),
+    "relu": FeedForwardKind(nn.ReLU),  # not in place: on the view F.linear returns, its backward copied 4 times
     "gelu": FeedForwardKind(nn.GELU),  # the exact (erf) GELU
     "swiglu": FeedForwardKind(lambda: GatedActivation(nn.SiLU()), gated=True),
     "geglu": FeedForwardKind(lambda: GatedActivation(nn.GELU()), gated=True),
