@@ -1,6 +1,7 @@
 """Speed measurements (``eval/speed.py``, ``longseq bench``).  The model FLOPs behind MFU: the count of
 model_flops_per_token equals PyTorch's FLOP counter on a forward pass of the readable reference kernel (which scores
-every (query, key) pair), by part, in training and with a key/value memory, and of an hourglass's coarse layers
+every (query, key) pair), by part, in training (every position encoding, gated feed-forwards, shared key/value
+heads) and with a key/value memory, and of an hourglass's coarse layers
 and its own maps (fixed groups; learned and entropy chunks at the rate they were cut).  The bench commands report each task,
 the medians of their rounds, and name a size out of range before measuring anything."""
 
@@ -25,9 +26,19 @@ def counted(model, *args, **kwargs) -> int:
     return counter.get_total_flops()
 
 
-@pytest.mark.parametrize("pos", ["sinusoidal", "shaw"])
-def test_training_forward_flops_are_counted_exactly(pos):
-    config = ModelConfig(**CONFIG, attn_impl="reference", attn_chunk=0, pos=pos)
+BLOCKS = {  # today's options: a position score per pair or none, a gated feed-forward, shared key/value heads
+    "sinusoidal": dict(),
+    "shaw": dict(pos="shaw"),
+    "rope-swiglu-gqa": dict(pos="rope", ff="swiglu", n_kv_head=2, qk_norm=True, bias=False, norm="rmsnorm"),
+    "alibi-geglu": dict(pos="alibi", ff="geglu"),
+    "t5-gelu": dict(pos="t5", ff="gelu"),
+    "nope-mqa": dict(pos="nope", n_kv_head=1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_training_forward_flops_are_counted_exactly(name):
+    config = ModelConfig(**CONFIG, attn_impl="reference", attn_chunk=0, **BLOCKS[name])
     model = TransformerXLLM(config)
     x = torch.randint(0, 50, (3, 10))
     mems = model(x).mems  # a full memory of 6

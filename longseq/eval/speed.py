@@ -15,6 +15,8 @@ import torch
 
 from longseq.config import ModelConfig
 from longseq.model import KVMemory, Memory, TransformerXLLM
+from longseq.model.block import feed_forward_kind
+from longseq.model.positions import position_encoding
 
 
 def bench_config(mem_len: int, **overrides) -> ModelConfig:
@@ -120,8 +122,9 @@ def model_flops_per_token(
     of [memory; segment] (the hidden-state memory is projected again each segment; ``n_kv_head`` heads), the W_R
     projection of the K + 1 relative rows (once for the ``batch`` rows of a
     segment), per (query, key) pair the
-    content score, the position score and the weighted value (3 dot products of d_head), the output projection,
-    the feed-forward and the softmax layer.  ``keys_per_query`` is the pattern's average number of allowed keys
+    content score, the position score (XL's and Shaw's relative keys; rotary, ALiBi, T5, absolute and no positions
+    score none) and the weighted value (3 or 2 dot products of d_head), the output projection, the feed-forward (3
+    matrices when gated: SwiGLU, GeGLU) and the softmax layer.  ``keys_per_query`` is the pattern's average number of allowed keys
     (default: full causal attention, mem_len + (tgt_len + 1) / 2).  With ``kv_memory`` (evaluation), the memory's
     keys and values and the W_R R table are kept from earlier segments, so only the segment is projected.  Training
     is taken as 3x the forward (the
@@ -154,14 +157,15 @@ def _attention_layer_flops(c: ModelConfig, tgt_len: float, mem_len: int, batch: 
     width, kv_width, klen = c.n_head * c.d_head, (c.n_kv_head or c.n_head) * c.d_head, tgt_len + mem_len
     keys = mem_len + (tgt_len + 1) / 2 if keys is None else keys
     projected = tgt_len if kv_memory else klen
+    pair_products = 3 if position_encoding(c.positions.pos).family == "relative" else 2  # + q.r for XL's and Shaw's
     return {
         "qkv": 2 * c.d_model * (width + 2 * kv_width * projected / tgt_len),
         "r_net": 2 * c.d_model * width * (klen + 1) / (tgt_len * batch)
         if c.positions.pos == "sinusoidal" and not kv_memory
         else 0.0,
-        "attention": 3 * 2 * width * keys,
+        "attention": pair_products * 2 * width * keys,
         "o_net": 2 * width * c.d_model,
-        "feed_forward": 2 * 2 * c.d_model * c.d_inner,
+        "feed_forward": (3 if feed_forward_kind(c.ff).gated else 2) * 2 * c.d_model * c.d_inner,  # W1 (and W3), W2
     }
 
 
