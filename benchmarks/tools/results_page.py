@@ -544,7 +544,8 @@ def listops_section() -> list[str]:
 
 
 RECALL_ROWS = ["xl-mem0", "xl-mem64", "xl-mem256", "window", "mem-tokens-bptt", "compressed", "xl-int8", "ssm",
-               "hybrid", "rnn", "hourglass", "attention", "conv"]  # fmt: skip
+               "hybrid", "rnn", "hourglass", "gla", "retention", "linear", "linear-unbounded", "attention",
+               "conv"]  # fmt: skip
 RECALL_PASSKEY = [64, 256, 1024, 4096]  # the passkey distances shown
 
 
@@ -597,8 +598,23 @@ def recall_section() -> list[str]:
         "not learned here (chance 6.7%, 7.1%, 25%) after every try, up to 30k steps: `recall/README.md`.",
         "",
         *table(head, rows, "lrrrrrrrrrrr"),
+        "",
+        mqar_pairs_line(),
     ]
     return section("What each architecture remembers (recall)", load("recall/study.json"), body, "recall/")
+
+
+def mqar_pairs_line() -> str:
+    """Zoology's MQAR sweep (``recall-linear/``): accuracy by number of pairs at a fixed state size, per row."""
+    data = load("recall-linear/summary.json")
+    pairs = sorted(data["seq_len"], key=int)
+    seeds = min(cell["seeds"] for row in data["rows"].values() for cell in row.values())
+    percent = lambda by: " / ".join(f"{100 * by[p]['mean']:.0f}" for p in pairs)  # noqa: E731
+    cells = "; ".join(f"{row} {percent(by)}" for row, by in data["rows"].items())
+    return (
+        f"MQAR against pairs (Zoology; `[conv, X, X]`, 2,048 numbers of state a layer; `recall-linear/`, "
+        f"{seeds} seeds), accuracy % at {' / '.join(pairs)} pairs: {cells}."
+    )
 
 
 CHUNKS = {"bytes-xl": "byte XL", "bytes-fixed": "fixed hourglass (groups of 4)",
@@ -692,16 +708,16 @@ def trees_line() -> str:
 
 
 def smaller_section() -> list[str]:
-    """The smaller measurements, one line each with its key figures; their tables are in the JSON each names."""
-    a, f, x = load("speed/activation-checkpointing.json"), load("speed/fsdp-memory.json"), load("speed/flex-cpu.json")
-    p, t = load("speed/prepared-corpus.json"), load("speed/tokenizers-wt2.json")
-    arrow, parquet = load("speed/table-corpus-arrow.json"), load("speed/table-corpus-parquet.json")
+    """The smaller measurements, one line each with its key figures; their tables are in the JSON each names (FSDP,
+    FlexAttention on a CPU and tables through datasets: speed/README.md)."""
+    a, p, t = (
+        load("speed/activation-checkpointing.json"),
+        load("speed/prepared-corpus.json"),
+        load("speed/tokenizers-wt2.json"),
+    )
     every = [r for r in a["rows"] if r["every"] == "1"][-1]
-    held, peak = f["rows"][0], f["rows"][-1]
-    window = x["rows"][-1]
     byte = [r for r in p["startup"] if r["tokenizer"] == "byte"][0]
     bpc = {r["tokenizer"]: r["test_bpc"] for r in t["rows"]}
-    rss = lambda d, k: f"{d['results'][-1][k]['peak_rss_mib']:,.0f}"  # noqa: E731
     ba = {r["figure"]: r["ratio"] for r in load("speed/before-after.json")["rows"]}
     lines = [
         f"* **Before and after** (tokens/s): the GPU-ready step (`speed/before-after.json`): "
@@ -709,27 +725,20 @@ def smaller_section() -> list[str]:
         f"(compile time {ba['compile s ↓']:.2f}x); {trees_line()}.",
         f"* **Activation checkpointing** (`speed/activation-checkpointing.json`): every layer recomputed at "
         f"{num(every['length'])} tokens: {every['time_vs_off']:.2f}x time, {every['memory_vs_off']:.2f}x memory.",
-        f"* **FSDP against DDP** (`speed/fsdp-memory.json`, 2 ranks): {held['ratio']:.2f}x the parameters, "
-        f"gradients and moments per rank; peak RSS {peak['ratio']:.2f}x.",
-        f"* **FlexAttention on CPU** (`speed/flex-cpu.json`): {window['case']}: eager "
-        f"{window['eager_over_rel_shift']}x rel_shift's time, compiled {window['compiled_over_rel_shift']:.2f}x.",
         f"* **Prepared corpora** (`speed/prepared-corpus.json`, 306 MB): byte-run start-up "
         f"{byte['prepared_s']} s prepared vs {byte['in_ram_s']} s in RAM, {byte['prepared_rss_gib']:.2f} GiB "
         f"vs {byte['in_ram_rss_gib']:.2f}.",
         f"* **Tokenizers on WikiText-2** (`speed/tokenizers-wt2.json`, equal tokens): test bpc: byte "
         f"{bpc['byte']:.3f}, char {bpc['char']:.3f}, BPE {bpc['bpe']:.3f}, word {bpc['word']:.3f}.",
-        f"* **Tables through datasets** (`speed/table-corpus-*.json`, {arrow['results'][-1]['mb']} MB"
-        f" text, peak MiB ↓): plain {rss(arrow, 'plain')}, arrow {rss(arrow, 'table')}, parquet "
-        f"{rss(parquet, 'table')}.",
     ]
     return ["## Smaller measurements", f"*{MACHINE.split(':')[0]}; commands in each JSON*", "", *lines, ""]
 
 
 XT_ROWS = [  # (longseq row, peer row, label): the equal-settings pair first
-    ("longseq_rope", "xt_rotary_mem", "longseq rope vs x-transformers rotary"),
-    ("longseq_rope", "xt_rotary_flash_mem", "longseq rope vs x-transformers rotary, flash"),
-    ("longseq", "xt_rotary_mem", "longseq's paper block vs x-transformers rotary"),
-    ("longseq_llama", "longseq_llama_gpt", "llama-xl block with memory vs the same without, context tgt + mem"),
+    ("longseq_rope", "xt_rotary_mem", "rope vs xt rotary"),
+    ("longseq_rope", "xt_rotary_flash_mem", "rope vs xt rotary flash"),
+    ("longseq", "xt_rotary_mem", "paper block vs xt rotary"),
+    ("longseq_llama", "longseq_llama_gpt", "llama-xl vs its no-memory GPT"),
 ]
 
 
@@ -770,8 +779,9 @@ def xt_cpu_section() -> list[str]:
                 rows.append([label, precision, f"{size['tgt_len']} / {size['mem_len']}", num(tps[ours]),
                              num(tps[peer]), f"**{tps[ours] / tps[peer]:.2f}x**"])  # fmt: skip
     body = [
-        "Training tokens/s, batch 8, medians of alternating rounds in one process; equal settings for the rope rows"
-        " (all 32 channels rotated on both sides, dropout at the same sites). The GPT counts tokens of its context.",
+        "Training tokens/s, batch 8, medians of alternating rounds in one process; xt: x-transformers 2.31, at equal"
+        " settings for the rope rows (all 32 channels rotated on both sides, dropout at the same sites). The GPT"
+        " (context tgt + mem) counts tokens of its context; why it leads: `speed/README.md`.",
         "",
         *table(["comparison", "dtype", "tgt / mem", "longseq", "peer", "ratio"], rows, "lllrrr"),
         "",
