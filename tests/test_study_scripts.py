@@ -1,6 +1,8 @@
 """The benchmark scripts against the library they call: the recall studies run end to end (their ``--pilot``: 4
 steps a row), and every name a script imports from longseq exists, so that an import moved by a refactor breaks a
-test, not a study started hours later (``recall_pairs.py`` still imported ``train`` from its old place)."""
+test, not a study started hours later (``recall_pairs.py`` still imported ``train`` from its old place); and a
+study script imports the longseq of its own tree, not an installed one (a study run from a worktree of another
+commit would otherwise run the code of whichever tree is installed, and its results would name the wrong one)."""
 
 import ast
 import glob
@@ -79,3 +81,23 @@ def test_the_runner_reuses_a_stored_run_whose_unread_defaults_changed():
     assert read_config(RunConfig.from_dict(old)) == read_config(run)
     old["model"]["d_inner"] = 17
     assert read_config(RunConfig.from_dict(old)) != read_config(run)
+
+
+STUDIES = ["runner.py", "chunk_boundaries.py", "finetune_defaults.py", "context_clamp.py", "rope_scaling.py",
+           "recall.py", "recall_pairs.py", "recall_tries.py"]  # fmt: skip
+
+
+@pytest.mark.parametrize("script", STUDIES)
+def test_a_study_script_imports_the_longseq_of_its_own_tree(script, tmp_path):
+    """A decoy ``longseq`` on PYTHONPATH (where an installed or another tree's copy would be found first) is never
+    imported: the script puts its tree ahead of it before its first longseq import."""
+    decoy = tmp_path / "decoy" / "longseq"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy longseq was imported')\n")
+    studies = os.path.join(ROOT, "benchmarks", "studies")
+    code = (f"import runpy, sys; sys.path.insert(1, {studies!r}); runpy.run_path({os.path.join(studies, script)!r}); "
+            "import longseq; print(longseq.__file__)")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "decoy")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert os.path.dirname(os.path.dirname(done.stdout.strip())) == os.path.realpath(ROOT)

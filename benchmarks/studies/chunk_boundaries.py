@@ -26,17 +26,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 import torch
 
-from longseq import ModelConfig, RunConfig
-from longseq.api import train
-from longseq.config import DataConfig, TrainConfig
-from longseq.config.model import HourglassConfig
-from longseq.data.sources import bundled_corpus_path
-from longseq.diagnostics.chunks import chunk_statistics, read_boundaries
-from longseq.model.boundaries import BOUNDARY_PREDICTORS
-from longseq.train import load_checkpoint
+TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, TREE)  # this tree's longseq, not an installed one (a study run from another worktree)
+
+from longseq import ModelConfig, RunConfig  # noqa: E402
+from longseq.api import train  # noqa: E402
+from longseq.config import DataConfig, TrainConfig  # noqa: E402
+from longseq.config.model import HourglassConfig  # noqa: E402
+from longseq.data.sources import bundled_corpus_path  # noqa: E402
+from longseq.diagnostics.chunks import chunk_statistics, read_boundaries  # noqa: E402
+from longseq.model.boundaries import BOUNDARY_PREDICTORS  # noqa: E402
+from longseq.train import load_checkpoint  # noqa: E402
 
 SHADES = ("#cfe3f7", "#f7dccf")  # alternate chunks
 COLUMNS = 80

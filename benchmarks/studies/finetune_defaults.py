@@ -23,18 +23,22 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import numpy as np
 
-from longseq.api import train
-from longseq.config import DataConfig, ModelConfig, RunConfig, TrainConfig
-from longseq.data.corpus import Corpus
-from longseq.data.tokenizers import CharTokenizer
-from longseq.tasks import task_for
-from longseq.train.checkpoint import load_checkpoint
-from longseq.train.finetune import finetune_run
-from longseq.train.trainer import Trainer
+TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, TREE)  # this tree's longseq, not an installed one (a study run from another worktree)
+
+from longseq.api import train  # noqa: E402
+from longseq.config import DataConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
+from longseq.data.corpus import Corpus  # noqa: E402
+from longseq.data.tokenizers import CharTokenizer  # noqa: E402
+from longseq.tasks import task_for  # noqa: E402
+from longseq.train.checkpoint import load_checkpoint  # noqa: E402
+from longseq.train.finetune import finetune_run  # noqa: E402
+from longseq.train.trainer import Trainer  # noqa: E402
 
 LABELS = ("red", "green", "blue")
 NOISE = ("mox", "vik", "tuz", "pwq", "jol", "hyk", "sux", "zap", "ki", "lo")

@@ -72,24 +72,27 @@ import time
 import numpy as np
 import torch
 
-from longseq import RunConfig
-from longseq.api import train
-from longseq.config import apply_overrides
-from longseq.config.base import ConfigError, apply_values
-from longseq.config.files import apply_sections, load_run_config, read_config_file
-from longseq.data.corpus import load_corpus, load_ptb_char
-from longseq.diagnostics import attention_layers, memory_attention_share
-from longseq.diagnostics.chunks import chunk_statistics, read_boundaries
-from longseq.eval import evaluate
-from longseq.eval.context import context_curve, per_position_losses
-from longseq.eval.recl import group_losses, recl
-from longseq.eval.sliding import evaluate_sliding
-from longseq.eval.speed import generate_speed, model_flops_per_token
-from longseq.model.registry import unread_options
-from longseq.train import load_checkpoint
-from longseq.train.checkpoint import load_checkpoint_config
-from longseq.train.signals import Interrupted
-from longseq.train.upgrade import upgrade_run
+TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, TREE)  # this tree's longseq, not an installed one (a study run from another worktree)
+
+from longseq import RunConfig  # noqa: E402
+from longseq.api import train  # noqa: E402
+from longseq.config import apply_overrides  # noqa: E402
+from longseq.config.base import ConfigError, apply_values  # noqa: E402
+from longseq.config.files import apply_sections, load_run_config, read_config_file  # noqa: E402
+from longseq.data.corpus import load_corpus, load_ptb_char  # noqa: E402
+from longseq.diagnostics import attention_layers, memory_attention_share  # noqa: E402
+from longseq.diagnostics.chunks import chunk_statistics, read_boundaries  # noqa: E402
+from longseq.eval import evaluate  # noqa: E402
+from longseq.eval.context import context_curve, per_position_losses  # noqa: E402
+from longseq.eval.recl import group_losses, recl  # noqa: E402
+from longseq.eval.sliding import evaluate_sliding  # noqa: E402
+from longseq.eval.speed import generate_speed, model_flops_per_token  # noqa: E402
+from longseq.model.registry import unread_options  # noqa: E402
+from longseq.train import load_checkpoint  # noqa: E402
+from longseq.train.checkpoint import load_checkpoint_config  # noqa: E402
+from longseq.train.signals import Interrupted  # noqa: E402
+from longseq.train.upgrade import upgrade_run  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from texts import NEEDS_NO_DATA as TEXTS_NEED_NO_DATA  # noqa: E402
