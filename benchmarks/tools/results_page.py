@@ -483,13 +483,18 @@ LINEAR = {"gla": "gla (4 gated linear-attention layers)", "retention": "retentio
 
 
 def linear_rows() -> list[list[str]]:
-    """The linear-attention family on character PTB against its store's XL; WikiText-2 not run."""
+    """The linear-attention family on character PTB against its store's XL, and on WikiText-2 (where run) against
+    the mixers' XL."""
     store = "linear-ptb-char-3000"
-    base = test_stats(store, "xl")
+    base, base_w = test_stats(store, "xl"), test_stats("wt2-word-3000", "xl")
     rows = []
     for name, label in LINEAR.items():
         s = test_stats(store, name)
-        rows.append([label, spread(s, ranges=False), versus(name, "xl", base, s), "not run", "", ""])
+        words = ["not run", "", ""]
+        if glob.glob(os.path.join(RESULTS, "wt2-word-3000", name, "seed*", "result.json")):
+            w, ppl = test_stats("wt2-word-3000", name), test_stats("wt2-word-3000", name, "ppl")["mean"]
+            words = [spread(w, ranges=False), f"{ppl:.1f}", versus(name, "xl", base_w, w)]
+        rows.append([label, spread(s, ranges=False), versus(name, "xl", base, s), *words])
     return rows
 
 
