@@ -35,13 +35,17 @@ def test_each_element_is_kept_with_probability_one_minus_p(dtype, p):
     assert abs(neighbours) < 6 / math.sqrt(N)
 
 
-def test_the_bits_express_the_rate_within_a_relative_1e_minus_4():
-    """15 bits where a multiple of 2^-15 is within 1e-4 of p (relative), else 31; the keep rate of the bits chosen,
-    1 - round(p 2^bits) / 2^bits, is 1 - p to that bound for every p on a fine grid."""
-    assert noise_bits(0.1) == noise_bits(0.2) == noise_bits(0.25) == 15 and noise_bits(0.05) == noise_bits(1e-6) == 31
-    for p in torch.linspace(1e-6, 1 - 1e-6, 10_001, dtype=torch.float64).tolist():
-        bits = noise_bits(p)
-        assert abs(round(p * 2**bits) / 2**bits - p) <= max(1e-4 * p, 2**-32), p
+def test_the_bits_express_both_rates_within_a_relative_1e_minus_4():
+    """15 bits where a multiple of 2^-15 is within 1e-4 of p relative to the smaller of p and 1 - p, else 31: the
+    drop rate round(p 2^bits) / 2^bits, and so the keep rate that the scale 1 / (1 - p) assumes, are right to that
+    bound (or to 2^-32) for every p on a fine grid, near 0 and 1 included; a p within 2^-31 of 1 takes F.dropout."""
+    assert noise_bits(0.1) == noise_bits(0.25) == noise_bits(0.9) == 15
+    assert noise_bits(0.05) == noise_bits(1e-6) == noise_bits(0.9999) == noise_bits(0.99999) == 31
+    grid = torch.linspace(1e-6, 1 - 1e-6, 10_001, dtype=torch.float64).tolist() + [1 - 1e-4, 1 - 1e-5, 1 - 2**-30]
+    for p in grid:
+        threshold, levels = round(p * 2 ** noise_bits(p)), 2 ** noise_bits(p)
+        assert threshold < levels and abs(threshold / levels - p) <= max(1e-4 * min(p, 1 - p), 2**-32), p
+    assert not dropout(torch.ones(1 << 16), 1 - 2**-33).any()  # F.dropout's: the integer threshold would overflow
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])

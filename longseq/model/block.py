@@ -112,19 +112,21 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     Both draw from the torch generator, so a seed fixes the masks (they differ from ``F.dropout``'s)."""
     if not training or p == 0:  # evaluation and generation: the input itself, as F.dropout's (no call per layer)
         return x
-    fast = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64, *HALF_DTYPES) and p < 1
+    fast = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64, *HALF_DTYPES) and p < 1 - 2**-31
     if not fast or torch.compiler.is_compiling():
         return F.dropout(x, p, training)
     return x * dropout_noise(x, p)
 
 
 def noise_bits(p: float) -> int:
-    """How many uniform bits decide each element of float32 noise for ``p``: 15 where round(p 2^15) / 2^15 is p to a
-    relative 1e-4 (0.1, 0.2, 0.25, 0.3, 0.5 ...), else 31.  Each 64-bit draw gives four decisions of 15 bits or two
-    of 31; the generator draws one at a time (its cost grows with the draws, not with the threads): a million
-    elements' noise took 0.77 ms against 1.46 with 31 bits on a 2-core CPU."""
-    scaled = p * 2**15
-    return 15 if abs(round(scaled) - scaled) <= 1e-4 * scaled else 31
+    """How many uniform bits decide each element of float32 noise for ``p``: 15 where the drop rate they give,
+    round(p 2^15) / 2^15, is p to 1e-4 of the smaller of p and 1 - p (0.1, 0.2, 0.25, 0.3, 0.5, 0.9 ...: the keep
+    rate, which the kept values' scale 1 / (1 - p) must match, is then right to a relative 1e-4 too), else 31.
+    Each 64-bit draw gives four decisions of 15 bits or two of 31; the generator draws one at a time (its cost
+    grows with the draws, not with the threads): a million elements' noise took 0.77 ms against 1.46 with 31 bits
+    on a 2-core CPU."""
+    threshold = round(p * 2**15)
+    return 15 if threshold < 2**15 and abs(threshold / 2**15 - p) <= 1e-4 * min(p, 1 - p) else 31
 
 
 def dropout_noise(like: Tensor, p: float) -> Tensor:
@@ -134,7 +136,7 @@ def dropout_noise(like: Tensor, p: float) -> Tensor:
 
     Uniform integers of :func:`noise_bits` bits (four or two per ``random_()`` int64, whose 63 bits are uniform;
     float64: one of 63 bits) decide each element: kept when at least round(p 2^bits), so the keep rate is 1 - p to
-    a relative 1e-4 of p (15 bits) or to 2^-31.  Integer operations in place turn the decision into the bits of
+    a relative 1e-4 (15 bits) or to 2^-32 (a p within 2^-31 of 1 takes ``F.dropout``).  Integer operations in place turn the decision into the bits of
     1 / (1 - p) or of 0 (an arithmetic shift of r - threshold gives -1 where dropped), read as floats without a
     copy (15-bit decisions are widened to 32 bits once, sign and all)."""
     if like.dtype in HALF_DTYPES:
