@@ -84,7 +84,7 @@ def test_the_runner_reuses_a_stored_run_whose_unread_defaults_changed():
 
 
 STUDIES = ["runner.py", "chunk_boundaries.py", "finetune_defaults.py", "context_clamp.py", "rope_scaling.py",
-           "recall.py", "recall_pairs.py", "recall_tries.py"]  # fmt: skip
+           "recall.py", "recall_pairs.py", "recall_tries.py", "listops.py"]  # fmt: skip
 
 
 @pytest.mark.parametrize("script", STUDIES)
@@ -101,3 +101,20 @@ def test_a_study_script_imports_the_longseq_of_its_own_tree(script, tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert os.path.dirname(os.path.dirname(done.stdout.strip())) == os.path.realpath(ROOT)
+
+
+def test_listops_runs_its_longseq_commands_on_its_own_tree(tmp_path):
+    """listops.py runs the longseq command line in child processes: from a working directory that holds another
+    longseq (a decoy that fails on import), they still run this tree's."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "studies"))
+    try:
+        import listops
+    finally:
+        sys.path.pop(0)
+    decoy = tmp_path / "longseq"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy longseq was imported')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([*listops.LONGSEQ, "finetune", "--help"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0 and "--task" in done.stdout, done.stderr[-2000:]

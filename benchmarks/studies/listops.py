@@ -47,15 +47,20 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+TREE = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, TREE)  # this tree's longseq, not an installed one (a study run from another worktree)
+# ``python -m longseq`` with this tree first on its path (``-m`` would put the working directory first)
+LONGSEQ = [sys.executable, "-c", f"import runpy, sys; sys.path.insert(0, {TREE!r}); runpy.run_module('longseq', "
+           "run_name='__main__', alter_sys=True)"]  # fmt: skip
 TARGET = 0.37  # the issue's target; LRA: Transformer 36.4%, BigBird 36.1%
 LENGTH_BUCKET = 500  # accuracy is also reported by document length in tokens, in buckets of this many
 
 
 def longseq(*argv: str, log) -> dict:
-    """Run one ``longseq`` command in a child process (the same interpreter and PYTHONPATH); its JSON result.  A
+    """Run one ``longseq`` command in a child process (the same interpreter, this tree first); its JSON result.  A
     SIGINT, SIGTERM or SIGHUP sent to this script is passed on to the child, which saves its checkpoint and exits;
     this script then exits too (without this, a scheduler's SIGTERM left the child training on, orphaned)."""
-    command = [sys.executable, "-m", "longseq", *argv]
+    command = [*LONGSEQ, *argv]
     log("$ longseq " + " ".join(argv))
     child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     forward = lambda signum, frame: child.send_signal(signum)  # noqa: E731
@@ -118,9 +123,7 @@ def make_lm(args, data: str, log) -> str:
 
 
 def finetune_flags() -> str:
-    return subprocess.run(
-        [sys.executable, "-m", "longseq", "finetune", "--help"], capture_output=True, text=True
-    ).stdout
+    return subprocess.run([*LONGSEQ, "finetune", "--help"], capture_output=True, text=True).stdout
 
 
 def finetune(args, data: str, lm: str, log) -> dict:
