@@ -92,7 +92,8 @@ class InsideScores(torch.autograd.Function):
     and G and rebuilds the decays E there, with the gradients written out (W = dS * E):
 
         dq_l = sum_s W_ls k_s      dk_s = sum_l W_ls q_l      dG = q * dq - k * dk
-    """
+
+    Differentiable once (a second derivative through the scan, ``create_graph=True``, is refused)."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, G: Tensor) -> Tensor:
