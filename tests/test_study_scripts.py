@@ -87,20 +87,38 @@ STUDIES = ["runner.py", "chunk_boundaries.py", "finetune_defaults.py", "context_
            "recall.py", "recall_pairs.py", "recall_tries.py", "listops.py"]  # fmt: skip
 
 
-@pytest.mark.parametrize("script", STUDIES)
-def test_a_study_script_imports_the_longseq_of_its_own_tree(script, tmp_path):
+PROBE = """
+import json, os, runpy, sys
+studies, root, scripts = sys.argv[1], sys.argv[2], sys.argv[3:]
+base, found = list(sys.path), {}
+for script in scripts:  # each from a clean slate: no longseq and none of the study modules imported yet
+    sys.path[:] = [*base, studies]
+    for name in [n for n, m in sys.modules.items() if (getattr(m, "__file__", None) or "").startswith(root)]:
+        del sys.modules[name]
+    try:
+        runpy.run_path(os.path.join(studies, script))
+        import longseq
+        found[script] = longseq.__file__
+    except ImportError as error:
+        found[script] = str(error)
+print(json.dumps(found))
+"""
+
+
+def test_a_study_script_imports_the_longseq_of_its_own_tree(tmp_path):
     """A decoy ``longseq`` on PYTHONPATH (where an installed or another tree's copy would be found first) is never
-    imported: the script puts its tree ahead of it before its first longseq import."""
+    imported: each script puts its tree ahead of it before its first longseq import."""
     decoy = tmp_path / "decoy" / "longseq"
     decoy.mkdir(parents=True)
     (decoy / "__init__.py").write_text("raise ImportError('the decoy longseq was imported')\n")
     studies = os.path.join(ROOT, "benchmarks", "studies")
-    code = (f"import runpy, sys; sys.path.insert(1, {studies!r}); runpy.run_path({os.path.join(studies, script)!r}); "
-            "import longseq; print(longseq.__file__)")  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "decoy")}
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    command = [sys.executable, "-c", PROBE, studies, os.path.realpath(ROOT), *STUDIES]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert os.path.dirname(os.path.dirname(done.stdout.strip())) == os.path.realpath(ROOT)
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    mine = os.path.join(os.path.realpath(ROOT), "longseq", "__init__.py")
+    assert found == {script: mine for script in STUDIES}
 
 
 def test_listops_runs_its_longseq_commands_on_its_own_tree(tmp_path):
