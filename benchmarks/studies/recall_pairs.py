@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -177,13 +178,16 @@ def plot_store(store: str) -> None:
         json.dump({"seq_len": {p: seq_len(p) for p in present}, "tokens_a_step": TOKENS, "model": MODEL,
                    "rows": table}, f, indent=1)  # fmt: skip
     fig, ax = plt.subplots(figsize=(6, 4))
-    for row, by_pairs in table.items():
-        xs = sorted(by_pairs)
-        ax.errorbar(xs, [100 * by_pairs[x]["mean"] for x in xs], yerr=[100 * by_pairs[x]["std"] for x in xs],
-                    marker="o", capsize=3, label=row)  # fmt: skip
+    points = read_store(store)
+    for i, (row, by_pairs) in enumerate(points.items()):  # a seed that stays on MQAR's plateau makes a row
+        xs = sorted(by_pairs)  # bimodal, so the line is the median and every seed is a dot beside it
+        accuracies = [[100 * s["accuracy"] for s in by_pairs[x]] for x in xs]
+        line = ax.plot(xs, [statistics.median(a) for a in accuracies], marker="o", label=row)[0]
+        for x, a in zip(xs, accuracies):
+            ax.scatter([x * 1.03 ** (i - 2.5)] * len(a), a, s=12, color=line.get_color(), alpha=0.5)
     ax.plot(present, [100 / p for p in present], "k:", label="chance (1/pairs)")
     ax.set(xscale="log", xlabel="key-value pairs (sequence: 4 tokens a pair, >= 64)", ylabel="MQAR accuracy (%)",
-           ylim=(0, 102), title="MQAR at d_model 64, [conv, X, X] (mean, std over seeds)")  # fmt: skip
+           ylim=(-2, 102), title="MQAR at d_model 64, [conv, X, X] (median; dots: seeds)")  # fmt: skip
     ax.set_xticks(present, [str(p) for p in present])
     ax.minorticks_off()
     ax.legend(fontsize=8)
