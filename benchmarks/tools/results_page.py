@@ -479,7 +479,9 @@ MIXERS = {"xl": "XL (attention)", "no-memory": "no memory", "ssm": "ssm (4 state
 
 LINEAR = {"gla": "gla (4 gated linear-attention layers)", "retention": "retention (4 RetNet layers)",
           "linear": "linear (elu+1, restarted every 64, rotary; 4 layers)",
-          "linear-unbounded": "linear, never restarted (elu+1, 4 layers)"}  # fmt: skip
+          "linear-unbounded": "linear, never restarted (elu+1, 4 layers)",
+          "performer": "performer (FAVOR+, 64 features, restarted every 64, rotary; 4 layers)",
+          "delta": "delta (DeltaNet; 4 layers)"}  # fmt: skip
 
 
 def linear_rows() -> list[list[str]]:
@@ -489,6 +491,8 @@ def linear_rows() -> list[list[str]]:
     base, base_w = test_stats(store, "xl"), test_stats("wt2-word-3000", "xl")
     rows = []
     for name, label in LINEAR.items():
+        if not glob.glob(os.path.join(RESULTS, store, name, "seed*", "result.json")):
+            continue  # not run yet
         s = test_stats(store, name)
         words = ["not run", "", ""]
         if glob.glob(os.path.join(RESULTS, "wt2-word-3000", name, "seed*", "result.json")):
