@@ -18,6 +18,7 @@ import glob
 import json
 import math
 import os
+import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -480,8 +481,13 @@ MIXERS = {"xl": "XL (attention)", "no-memory": "no memory", "ssm": "ssm (4 state
 LINEAR = {"gla": "gla (4 gated linear-attention layers)", "retention": "retention (4 RetNet layers)",
           "linear": "linear (elu+1, restarted every 64, rotary; 4 layers)",
           "linear-unbounded": "linear, never restarted (elu+1, 4 layers)",
-          "performer": "performer (FAVOR+, 64 features, restarted every 64, rotary; 4 layers)",
-          "delta": "delta (DeltaNet; 4 layers)"}  # fmt: skip
+          "performer": "performer (FAVOR+, 64 features; as linear)",
+          "delta": "delta (DeltaNet, 4 layers)"}  # fmt: skip
+
+
+def few_seeds(s: dict) -> str:
+    """``spread`` without ranges, naming the seeds where they are not the table's 3."""
+    return spread(s, ranges=False) + (f" ({s['n']} seeds)" if s["n"] not in (1, 3) else "")
 
 
 def linear_rows() -> list[list[str]]:
@@ -497,8 +503,8 @@ def linear_rows() -> list[list[str]]:
         words = ["not run", "", ""]
         if glob.glob(os.path.join(RESULTS, "wt2-word-3000", name, "seed*", "result.json")):
             w, ppl = test_stats("wt2-word-3000", name), test_stats("wt2-word-3000", name, "ppl")["mean"]
-            words = [spread(w, ranges=False), f"{ppl:.1f}", versus(name, "xl", base_w, w)]
-        rows.append([label, spread(s, ranges=False), versus(name, "xl", base, s), *words])
+            words = [few_seeds(w), f"{ppl:.1f}", versus(name, "xl", base_w, w)]
+        rows.append([label, few_seeds(s), versus(name, "xl", base, s), *words])
     return rows
 
 
@@ -514,8 +520,8 @@ def mixers_section() -> list[str]:
     rows += linear_rows()
     body = [
         "d_inner gives each stack XL's parameters (863k on characters, 5.15M on words); 3 seeds, 3,000 steps.",
-        "The linear-attention rows (issue 42; `linear-ptb-char-3000/`) are compared with that store's XL, the"
-        " compaction study's (1.9830, same base, steps and seeds).",
+        "Linear-attention rows (issue 42): char PTB against `linear-ptb-char-3000/`'s XL (1.9830, same base and"
+        " steps).",
         "",
         *table(["stack", "char PTB bpc ↓", "vs XL", "WikiText-2 bits/word ↓", "ppl", "vs XL"], rows, "lllllr"),
     ]
@@ -614,15 +620,20 @@ def recall_section() -> list[str]:
 
 
 def mqar_pairs_line() -> str:
-    """Zoology's MQAR sweep (``recall-linear/``): accuracy by number of pairs at a fixed state size, per row."""
-    data = load("recall-linear/summary.json")
-    pairs = sorted(data["seq_len"], key=int)
-    seeds = min(cell["seeds"] for row in data["rows"].values() for cell in row.values())
-    percent = lambda by: " / ".join(f"{100 * by[p]['mean']:.0f}" for p in pairs)  # noqa: E731
-    cells = "; ".join(f"{row} {percent(by)}" for row, by in data["rows"].items())
+    """Zoology's MQAR sweep (``recall-linear/``): the median accuracy over seeds by number of pairs, per row (a
+    seed stuck on MQAR's plateau makes a row bimodal, which a mean would hide)."""
+    points: dict[str, dict[int, list[float]]] = {}
+    for path in sorted(glob.glob(os.path.join(RESULTS, "recall-linear", "*", "pairs*-seed*.json"))):
+        point = load(os.path.relpath(path, RESULTS))
+        points.setdefault(point["row"], {}).setdefault(point["n_pairs"], []).append(100 * point["accuracy"])
+    pairs = sorted({p for by in points.values() for p in by})
+    seeds = min(len(v) for by in points.values() for v in by.values())
+    cells = "; ".join(
+        f"{row} {' / '.join(f'{statistics.median(by[p]):.0f}' for p in pairs)}" for row, by in points.items()
+    )
     return (
-        f"MQAR against pairs (Zoology; `[conv, X, X]`, 2,048 numbers of state a layer; `recall-linear/`, "
-        f"{seeds} seeds), accuracy % at {' / '.join(pairs)} pairs: {cells}."
+        f"MQAR by pairs (`recall-linear/`: Zoology's sweep, `[conv, X, X]`, 2,048 numbers of state a layer), median"
+        f" of {seeds} seeds, % at {' / '.join(map(str, pairs))} pairs: {cells}."
     )
 
 
@@ -717,9 +728,8 @@ def mfu_section() -> list[str]:
 def trees_line() -> str:
     """Issues 41 and 45 against their trees before (``compare_trees.py``): train, eval, generate tokens/s, B over A."""
     parts = []
-    for label, name in (  # earlier trees (issue 41, the build-time kernels): speed/README.md
-        ("issue 45", "trees-issue45"),
-        ("12-06b", "trees-session-1206b"),
+    for label, name in (  # earlier trees (issues 41 and 45, the build-time kernels, 12-06b): speed/README.md
+        ("12-06c", "trees-session-1206c"),
     ):
         ratio = {r["figure"]: r["b_over_a"] for r in load(f"speed/{name}.json")["rows"]}
         figures = [ratio[f"bench {task}: tokens_per_s"] for task in ("train", "eval", "generate")]
