@@ -116,7 +116,8 @@ def test_a_study_script_imports_the_longseq_of_its_own_tree(tmp_path):
     command = [sys.executable, "-c", PROBE, studies, ROOT, *STUDIES]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    found = {script: os.path.realpath(path) for script, path in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+    reported = json.loads(done.stdout.strip().splitlines()[-1])
+    found = {script: os.path.realpath(path) for script, path in reported.items()}
     mine = os.path.join(os.path.realpath(ROOT), "longseq", "__init__.py")
     assert found == {script: mine for script in STUDIES}
 
