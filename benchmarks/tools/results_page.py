@@ -36,9 +36,14 @@ def load(path: str) -> dict:
         return json.load(f)
 
 
+def seed_paths(store: str, variant: str) -> list[str]:
+    """The result files of ``variant``'s finished runs in a runner store (none yet: an empty list)."""
+    return sorted(glob.glob(os.path.join(RESULTS, store, variant, "seed*", "result.json")))
+
+
 def seeds(store: str, variant: str) -> list[dict]:
     """The finished runs of ``variant`` in a runner store, by seed."""
-    paths = sorted(glob.glob(os.path.join(RESULTS, store, variant, "seed*", "result.json")))
+    paths = seed_paths(store, variant)
     if not paths:
         raise SystemExit(f"no stored result for {variant} under benchmarks/results/{store}")
     return [load(os.path.relpath(p, RESULTS)) for p in paths]
@@ -362,13 +367,12 @@ def wt2_block_line() -> str:
     xl = test_stats("wt2-word-3000", "xl")
     cells = [f"XL {spread(xl, ranges=False)} ({xl['n']} seeds)"]
     for name, label in (("llama-xl", "llama-xl"), ("gpt", "its no-memory GPT")):
-        if glob.glob(os.path.join(RESULTS, "wt2-block-3000", name, "seed*", "result.json")):
+        if seed_paths("wt2-block-3000", name):
             s = test_stats("wt2-block-3000", name)
             cells.append(f"{label} {spread(s, ranges=False)}" + (f" ({s['n']} seeds)" if s["n"] > 1 else ""))
     positions = []
     for name in ("rope", "alibi", "t5"):  # the position encodings' rows stored so far (one seed each)
-        stored = glob.glob(os.path.join(RESULTS, "wt2-positions-3000", name, "seed*", "result.json"))
-        for run in seeds("wt2-positions-3000", name) if stored else []:
+        for run in seeds("wt2-positions-3000", name) if seed_paths("wt2-positions-3000", name) else []:
             loss = run["context_curve"]["loss"]  # memory 0, 64, 128 (1x), 256 (2x), 512 (4x), nats
             positions.append(f"{name} {run['test']['bpc']:.4f} ({loss[2]:.2f} / {loss[3]:.2f} / {loss[4]:.2f})")
     if positions:
@@ -397,7 +401,7 @@ def block_section() -> list[str]:
     xl = test_stats("compaction-ptb-char-3000", "xl")
     rows = []
     for (store, name), label in BLOCK.items():
-        if not glob.glob(os.path.join(RESULTS, store, name, "seed*", "result.json")):
+        if not seed_paths(store, name):
             continue
         runs, s = seeds(store, name), test_stats(store, name)
         curve = [memory_curve(runs, m) for m in (128, 256, 512)]
@@ -497,11 +501,11 @@ def linear_rows() -> list[list[str]]:
     base, base_w = test_stats(store, "xl"), test_stats("wt2-word-3000", "xl")
     rows = []
     for name, label in LINEAR.items():
-        if not glob.glob(os.path.join(RESULTS, store, name, "seed*", "result.json")):
+        if not seed_paths(store, name):
             continue  # not run yet
         s = test_stats(store, name)
         words = ["not run", "", ""]
-        if glob.glob(os.path.join(RESULTS, "wt2-word-3000", name, "seed*", "result.json")):
+        if seed_paths("wt2-word-3000", name):
             w, ppl = test_stats("wt2-word-3000", name), test_stats("wt2-word-3000", name, "ppl")["mean"]
             words = [few_seeds(w), f"{ppl:.1f}", versus(name, "xl", base_w, w)]
         rows.append([label, few_seeds(s), versus(name, "xl", base, s), *words])
@@ -652,8 +656,7 @@ def chunk_cell(store: str, name: str) -> tuple[str, str]:
 
 def chunks_section() -> list[str]:
     """Issue 43's study: bits per byte at equal training FLOPs, a column per corpus stored so far."""
-    stored = lambda c: glob.glob(os.path.join(RESULTS, "learned-chunks-flops", c, "bytes-xl", "seed*", "result.json"))  # noqa: E731
-    corpora = [c for c in CHUNK_CORPORA if stored(c)]
+    corpora = [c for c in CHUNK_CORPORA if seed_paths(f"learned-chunks-flops/{c}", "bytes-xl")]
     rows = []
     for name, label in CHUNKS.items():
         cells = [chunk_cell(f"learned-chunks-flops/{c}", name) for c in corpora]
@@ -726,26 +729,19 @@ def mfu_section() -> list[str]:
 
 
 def trees_line() -> str:
-    """Issues 41 and 45 against their trees before (``compare_trees.py``): train, eval, generate tokens/s, B over A."""
-    parts = []
-    for label, name in (  # earlier trees (issues 41 and 45, the build-time kernels, 12-06b): speed/README.md
-        ("12-06c", "trees-session-1206c"),
-    ):
-        ratio = {r["figure"]: r["b_over_a"] for r in load(f"speed/{name}.json")["rows"]}
-        figures = [ratio[f"bench {task}: tokens_per_s"] for task in ("train", "eval", "generate")]
-        parts.append(f"{label} (`speed/{name}.json`): train {figures[0]:.2f}x, eval "
-                     f"{figures[1]:.2f}x, generate {figures[2]:.2f}x")  # fmt: skip
-    return "; ".join(parts)
+    """The latest session's trees against its start (``compare_trees.py``): train, eval, generate tokens/s, B over
+    A (the earlier comparisons: speed/README.md)."""
+    ratio = {r["figure"]: r["b_over_a"] for r in load("speed/trees-session-1206c.json")["rows"]}
+    train, evaluate, generate = (ratio[f"bench {task}: tokens_per_s"] for task in ("train", "eval", "generate"))
+    return (f"12-06c (`speed/trees-session-1206c.json`): train {train:.2f}x, eval {evaluate:.2f}x, generate"
+            f" {generate:.2f}x")  # fmt: skip
 
 
 def smaller_section() -> list[str]:
     """The smaller measurements, one line each with its key figures; their tables are in the JSON each names (FSDP,
     FlexAttention on a CPU and tables through datasets: speed/README.md)."""
-    a, p, t = (
-        load("speed/activation-checkpointing.json"),
-        load("speed/prepared-corpus.json"),
-        load("speed/tokenizers-wt2.json"),
-    )
+    a, p = load("speed/activation-checkpointing.json"), load("speed/prepared-corpus.json")
+    t = load("speed/tokenizers-wt2.json")
     every = [r for r in a["rows"] if r["every"] == "1"][-1]
     byte = [r for r in p["startup"] if r["tokenizer"] == "byte"][0]
     bpc = {r["tokenizer"]: r["test_bpc"] for r in t["rows"]}

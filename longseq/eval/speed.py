@@ -124,8 +124,8 @@ def model_flops_per_token(
     segment), per (query, key) pair the
     content score, the position score (XL's and Shaw's relative keys; rotary, ALiBi, T5, absolute and no positions
     score none) and the weighted value (3 or 2 dot products of d_head), the output projection, the feed-forward (3
-    matrices when gated: SwiGLU, GeGLU) and the softmax layer.  ``keys_per_query`` is the pattern's average number of allowed keys
-    (default: full causal attention, mem_len + (tgt_len + 1) / 2).  With ``kv_memory`` (evaluation), the memory's
+    matrices when gated: SwiGLU, GeGLU) and the softmax layer.  ``keys_per_query`` is the pattern's average number
+    of allowed keys (default: full causal attention, mem_len + (tgt_len + 1) / 2).  With ``kv_memory`` (evaluation), the memory's
     keys and values and the W_R R table are kept from earlier segments, so only the segment is projected.  Training
     is taken as 3x the forward (the
     backward computes two products per forward one), as nanoGPT and torchtitan count; layer norms, the softmax,

@@ -136,9 +136,9 @@ def dropout_noise(like: Tensor, p: float) -> Tensor:
 
     Uniform integers of :func:`noise_bits` bits (four or two per ``random_()`` int64, whose 63 bits are uniform;
     float64: one of 63 bits) decide each element: kept when at least round(p 2^bits), so the keep rate is 1 - p to
-    a relative 1e-4 (15 bits) or to 2^-32 (a p within 2^-31 of 1 takes ``F.dropout``).  Integer operations in place turn the decision into the bits of
-    1 / (1 - p) or of 0 (an arithmetic shift of r - threshold gives -1 where dropped), read as floats without a
-    copy (15-bit decisions are widened to 32 bits once, sign and all)."""
+    a relative 1e-4 (15 bits) or to 2^-32 (a p within 2^-31 of 1 takes ``F.dropout``).  Integer operations in
+    place turn the decision into the bits of 1 / (1 - p) or of 0 (an arithmetic shift of r - threshold gives -1
+    where dropped), read as floats without a copy (15-bit decisions are widened to 32 bits once, sign and all)."""
     if like.dtype in HALF_DTYPES:
         return dropout_noise(torch.empty(like.shape, device=like.device), p).to(like.dtype)
     n, wide = like.numel(), like.dtype == torch.float64
