@@ -739,11 +739,12 @@ def trees_line() -> str:
 
 def smaller_section() -> list[str]:
     """The smaller measurements, one line each with its key figures; their tables are in the JSON each names (FSDP,
-    FlexAttention on a CPU and tables through datasets: speed/README.md)."""
-    a, p = load("speed/activation-checkpointing.json"), load("speed/prepared-corpus.json")
-    t = load("speed/tokenizers-wt2.json")
+    FlexAttention on a CPU, prepared corpora and tables through datasets: speed/README.md)."""
+    a, t, noise = (
+        load(f"speed/{name}.json") for name in ("activation-checkpointing", "tokenizers-wt2", "dropout-noise")
+    )
+    ms = noise["median_ms"]
     every = [r for r in a["rows"] if r["every"] == "1"][-1]
-    byte = [r for r in p["startup"] if r["tokenizer"] == "byte"][0]
     bpc = {r["tokenizer"]: r["test_bpc"] for r in t["rows"]}
     ba = {r["figure"]: r["ratio"] for r in load("speed/before-after.json")["rows"]}
     lines = [
@@ -752,9 +753,9 @@ def smaller_section() -> list[str]:
         f"(compile time {ba['compile s ↓']:.2f}x); {trees_line()}.",
         f"* **Activation checkpointing** (`speed/activation-checkpointing.json`): every layer recomputed at "
         f"{num(every['length'])} tokens: {every['time_vs_off']:.2f}x time, {every['memory_vs_off']:.2f}x memory.",
-        f"* **Prepared corpora** (`speed/prepared-corpus.json`, 306 MB): byte-run start-up "
-        f"{byte['prepared_s']} s prepared vs {byte['in_ram_s']} s in RAM, {byte['prepared_rss_gib']:.2f} GiB "
-        f"vs {byte['in_ram_rss_gib']:.2f}.",
+        f"* **Dropout masks** (`speed/dropout-noise.json`, {' x '.join(map(str, noise['shape']))}, p = {noise['p']}):"
+        f" 15 bits a decision {ms['bits15']:.2f} ms, 31 bits {ms['bits31']:.2f} ms"
+        f" ({noise['bits31_over_bits15']:.2f}x).",
         f"* **Tokenizers on WikiText-2** (`speed/tokenizers-wt2.json`, equal tokens): test bpc: byte "
         f"{bpc['byte']:.3f}, char {bpc['char']:.3f}, BPE {bpc['bpe']:.3f}, word {bpc['word']:.3f}.",
     ]
