@@ -284,6 +284,31 @@ def test_a_format_v1_checkpoint_loads_and_scores_the_same_loss(name):
         )
 
 
+def test_a_delta_model_saved_before_its_short_convolution_existed_loads_as_it_ran(tmp_path):
+    """A ``delta`` model whose config was written before ``mixers.short_conv`` (the key absent) loads without the
+    convolution, as it was trained, and gives the saved model's logits; a model saved today keeps its convolution
+    (its weights among the loaded ones)."""
+    from longseq import DataConfig, ModelConfig, RunConfig
+
+    fields = dict(vocab_size=12, n_layer=2, d_model=8, n_head=2, d_head=4, d_inner=16, dropout=0.0, chunk=8)
+    tokenizer, x = CharTokenizer.build("abcdefghijkl"), torch.randint(0, 12, (2, 40))
+    for name, conv in (("old", []), ("today", ["delta"])):
+        run = RunConfig(
+            ModelConfig(**fields, mixer=["delta", "attention"], short_conv=conv), DataConfig(), TrainConfig()
+        )
+        model = build_model(run.model).eval()
+        save_checkpoint(str(tmp_path / name), model, run, tokenizer)
+        if name == "old":  # as it was written before the option existed
+            config = json.loads((tmp_path / name / "config.json").read_text())
+            del config["run"]["model"]["mixers"]["short_conv"]
+            rewrite_listed(tmp_path / name, "config.json", json.dumps(config))
+        loaded, _, saved, _ = load_checkpoint(str(tmp_path / name))
+        assert saved.model == run.model and saved.model.mixers.short_conv == conv
+        assert (loaded.transformer.stack.layers[0].mixer.conv_weight is not None) == bool(conv)
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x).logits, model(x).logits, rtol=0, atol=0)
+
+
 def test_a_run_records_its_pooling_and_an_old_checkpoint_keeps_last(tmp_path):
     from longseq.model.heads import DocumentClassifier
     from longseq.train.checkpoint import load_checkpoint, save_checkpoint

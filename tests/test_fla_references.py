@@ -151,3 +151,30 @@ def test_the_delta_rule_with_a_carried_state_against_fla_in_float32():
     ours = delta_quadratic(q64 * K**-0.5, k64, v64, beta64, s64)
     o, state = naive.delta_rule_recurrence(*(x.transpose(1, 2) for x in (q, k, v, beta)), initial_state=s)
     assert_float32_agree(ours, [q64, k64_raw, v64, beta64, s64], [o.transpose(1, 2), state], [q, k_raw, v, beta, s])
+
+
+def test_the_delta_mixer_is_fla_deltanet_layer_with_its_short_convolutions():
+    """Our ``delta`` layer (``short_conv`` on, its default) against fla's ``DeltaNet.forward`` written out from
+    torch's own depthwise ``conv1d`` (padding kernel - 1, cut to causal) and fla's ``delta_rule_chunkwise``:
+    q, k, v = silu(conv(W h)); l2-normalised q and k; beta = sigmoid(W_b h); out = W_o RMSNorm(o).  Outputs and the
+    gradients of the input and of every weight, at 1e-10 in float64."""
+    from longseq.config.model import ModelConfig
+    from longseq.model.mixers import MIXERS
+
+    naive = fla_naive("delta_rule")
+    torch.manual_seed(2)
+    config = ModelConfig(vocab_size=8, d_model=12, n_head=H, d_head=K, conv_kernel=3, chunk=8)
+    mixer = MIXERS["delta"].build(config).double()
+    mixer.init_own_parameters()
+    hidden = torch.randn(B, 32, 12, dtype=torch.float64, requires_grad=True)
+    ours, _ = mixer(hidden, None)
+    qkv = mixer.qkv(hidden).transpose(1, 2)  # (B, 3 H K, T): conv1d's layout
+    weight = mixer.conv_weight[:, None, :]  # (C, 1, kernel): one filter per channel
+    conv = F.conv1d(qkv, weight, padding=weight.size(-1) - 1, groups=qkv.size(1))[..., : hidden.size(1)]
+    q, k, v = F.silu(conv).transpose(1, 2).unflatten(-1, (3, H, K)).unbind(2)  # (B, T, H, K) each
+    q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    beta = torch.sigmoid(mixer.beta(hidden))
+    heads_first = [x.transpose(1, 2) for x in (q, k, v, beta)]
+    o, _ = naive.delta_rule_chunkwise(*heads_first, chunk_size=16)  # scales q by 1 / sqrt(K) itself
+    theirs = mixer.out_proj(mixer.norm(o.transpose(1, 2)).flatten(2))
+    assert_agree([ours], [theirs], [hidden, *mixer.parameters()], 1e-10)

@@ -177,12 +177,15 @@ def docs_for(batch: int, length: int):
     return query, torch.tensor([0, 2])
 
 
+@pytest.mark.parametrize("conv", [False, True], ids=["plain", "short-conv"])
 @pytest.mark.parametrize("name", NAMES)
-def test_each_mixer_gives_the_same_numbers_in_every_form_and_token_by_token(name):
+def test_each_mixer_gives_the_same_numbers_in_every_form_and_token_by_token(name, conv):
     """A mixer (float64, with a carried state and documents) in its chunked form equals its quadratic and recurrent
-    forms and itself fed one position at a time, outputs, final state and gradients of the input and parameters."""
+    forms and itself fed one position at a time, outputs, final state and gradients of the input and parameters;
+    with and without the short convolution of q, k and v (its tail carried, masked at the document start)."""
     torch.manual_seed(4)
-    mixer = MIXERS[name].build(ModelConfig(**SMALL)).double()
+    mixer = MIXERS[name].build(ModelConfig(**SMALL, short_conv=[name] if conv else [])).double()
+    assert (mixer.conv_weight is not None) == conv
     mixer.init_own_parameters()
     x = torch.randn(2, 11, 16, dtype=torch.float64, requires_grad=True)
     _, state = mixer(torch.randn(2, 6, 16, dtype=torch.float64), None)  # a state carried from a previous segment
@@ -223,7 +226,8 @@ def test_a_hybrid_stack_in_segments_and_token_by_token_equals_the_whole_sequence
     """Every mixer of the family beside an attention layer: segments of 5 (cutting through the chunks of 4) with the
     memory carried, and generation one token at a time through a ring memory, give the whole sequence's scores; each
     mixer's state in the memory is (B, H, K, V) (V + 1 with the normaliser, K = features for the performer), with
-    the next position (B,) for those that rotate."""
+    the next position (B,) for those that rotate and the short convolution's tail (B, kernel - 1, 3 H D) for
+    delta's."""
     model = stack(HYBRID)
     x = torch.randint(0, 30, (2, 23))
     with torch.no_grad():
@@ -232,7 +236,8 @@ def test_a_hybrid_stack_in_segments_and_token_by_token_equals_the_whole_sequence
     torch.testing.assert_close(segmented, whole, rtol=0, atol=1e-10)
     torch.testing.assert_close(stepped, whole, rtol=0, atol=1e-10)
     shapes = [tuple(t.shape) for i in (0, 2, 3, 4, 5) for t in mems.layers[i].tensors]
-    assert shapes == [(2, 2, 8, 8), (2,), (2, 2, 8, 8), (2, 2, 12, 9), (2,), (2, 2, 8, 8), (2, 2, 8, 9), (2,)]
+    expected = [(2, 2, 8, 8), (2,), (2, 2, 8, 8), (2, 2, 12, 9), (2,), (2, 2, 8, 8), (2, 3, 48), (2, 2, 8, 9), (2,)]
+    assert shapes == expected
     assert [int(mems.layers[i].tensors[1][0]) for i in (0, 3, 5)] == [23, 23, 23]  # the next positions
     assert not any(t.requires_grad for layer in mems.layers for t in layer.all_tensors())
 
@@ -323,8 +328,9 @@ def test_training_with_the_family_resumes_bit_for_bit_and_the_checkpoint_holds_t
 
 def test_the_family_reads_the_heads_of_attention_and_refuses_what_it_cannot_use():
     """n_head and d_head are read by a stack of gla layers (not by one of ssm layers); ``features`` only by the
-    performer, ``reset_every`` and ``rotary`` only by linear and performer; retention, and linear and performer
-    rotated, refuse an odd number of channels to rotate by name."""
+    performer, ``reset_every`` and ``rotary`` only by linear and performer, ``short_conv`` by the family; retention,
+    and linear and performer rotated, refuse an odd number of channels to rotate by name; ``short_conv`` names
+    members of the family only."""
     assert ignored_options(ModelConfig(mixer=["gla"], n_head=2, d_head=8)) == []
     ssm = ignored_options(ModelConfig(mixer=["ssm"], n_head=2, d_head=8))
     assert "n_head=2" in ssm and "d_head=8" in ssm
@@ -344,6 +350,12 @@ def test_the_family_reads_the_heads_of_attention_and_refuses_what_it_cannot_use(
     ModelConfig(mixer=["performer"], features=15, rotary=False)  # nothing to rotate
     with raises_naming(ConfigError, "mixers.reset_every", "-1"):
         ModelConfig(mixer=["linear"], reset_every=-1)
+    assert ModelConfig(mixer=["delta"]).mixers.short_conv == ["delta"]  # fla's DeltaNet default
+    assert ModelConfig(mixer=["delta"], short_conv="none").mixers.short_conv == []
+    assert ModelConfig(mixer=["gla"], short_conv="gla, delta").mixers.short_conv == ["gla", "delta"]
+    with raises_naming(ConfigError, "mixers.short_conv", "'ssm'", "linear, performer, retention, gla, delta"):
+        ModelConfig(mixer=["ssm"], short_conv="ssm")
+    assert ignored_options(ModelConfig(mixer=["ssm"], short_conv="gla")) == ["mixers.short_conv=gla"]
 
 
 def test_training_a_hybrid_from_the_command_line(tmp_path, capsys):

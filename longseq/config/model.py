@@ -195,6 +195,9 @@ class PositionConfig(JsonConfig):
         check(self.t5_buckets >= 2, f"positions.t5_buckets must be >= 2, got {self.t5_buckets}")
 
 
+LINEAR_FAMILY = ("linear", "performer", "retention", "gla", "delta")  # the mixers with a matrix state
+
+
 @config
 class MixerConfig(JsonConfig):
     """The layers that are not attention (:mod:`longseq.model.mixers`).  ``ssm``: a selective state-space layer
@@ -205,8 +208,10 @@ class MixerConfig(JsonConfig):
     chunks of ``chunk`` positions, ``features`` random features for the performer; the two without decay
     (``linear``, ``performer``) restart their state every ``reset_every`` positions (0: never; unbounded, their
     average over the whole stream learns no more than a bigram) and with ``rotary`` rotate their numerator by
-    position (RoFormer).  Their recurrent states are part of the memory; ``state_bptt`` > 1 back-propagates through
-    that many segments (1: stop-gradient, like the XL memory)."""
+    position (RoFormer).  ``short_conv`` names the members of the family whose q, k and v pass a causal depthwise
+    convolution of ``conv_kernel`` taps and a silu (fla's ShortConvolution) before their feature maps; DeltaNet's
+    authors and fla use one by default.  Their recurrent states are part of the memory; ``state_bptt`` > 1
+    back-propagates through that many segments (1: stop-gradient, like the XL memory)."""
 
     d_state: int = 16
     head_dim: int = 32
@@ -216,9 +221,15 @@ class MixerConfig(JsonConfig):
     features: int = 64
     reset_every: int = 64
     rotary: bool = True
+    short_conv: list[str] = field(default_factory=lambda: ["delta"])
     state_bptt: int = 1
 
     def __post_init__(self) -> None:
+        names = self.short_conv.split(",") if isinstance(self.short_conv, str) else self.short_conv
+        names = [name.strip() for name in names if name.strip()]
+        self.short_conv = [] if [n.lower() for n in names] == ["none"] else names
+        for name in self.short_conv:
+            check_choice("mixers.short_conv", name, LINEAR_FAMILY)
         for name in ("d_state", "head_dim", "expand", "chunk", "conv_kernel", "features", "state_bptt"):
             check(getattr(self, name) >= 1, f"mixers.{name} must be >= 1, got {getattr(self, name)}")
         check(self.reset_every >= 0, f"mixers.reset_every must be >= 0 (0: never), got {self.reset_every}")
@@ -636,18 +647,21 @@ class ModelConfig(JsonConfig):
 def upgrade_stored_model(model: dict) -> dict:
     """A model config as stored before a field that changes behaviour existed, in today's terms (each reader of a
     stored model config passes it through here: checkpoints, the transformers format): ``linear`` and ``performer``
-    saved without ``mixers.reset_every`` (before 2026-12-06) ran unbounded and unrotated, and still do; a
-    learned-chunk hourglass saved without ``hourglass.residual_proj`` added its input itself, and still does."""
+    saved without ``mixers.reset_every`` (before 2026-12-06) ran unbounded and unrotated, and still do; a model
+    with ``delta`` saved without ``mixers.short_conv`` (before its short convolution, also 2026-12-06) had none, and
+    still has none; a learned-chunk hourglass saved without ``hourglass.residual_proj`` added its input itself, and
+    still does."""
     if not isinstance(model, dict):
         return model
     hourglass = model.get("hourglass")
     if isinstance(hourglass, dict) and hourglass.get("boundaries") == "learned" and "residual_proj" not in hourglass:
         model = {**model, "hourglass": {**hourglass, "residual_proj": False}}
-    mixers = model.get("mixers")
-    if not isinstance(mixers, dict) or "reset_every" in mixers:
+    stored = model.get("mixers")
+    if not isinstance(stored, dict):
         return model
     names = model.get("mixer", [])
-    names = names.split(",") if isinstance(names, str) else names
-    if not {"linear", "performer"} & {str(n).strip() for n in names}:
-        return model
-    return {**model, "mixers": {**mixers, "reset_every": 0, "rotary": False}}
+    names = {str(n).strip() for n in (names.split(",") if isinstance(names, str) else names)}
+    mixers = stored if "short_conv" in stored or "delta" not in names else {**stored, "short_conv": []}
+    if "reset_every" not in stored and {"linear", "performer"} & names:
+        mixers = {**mixers, "reset_every": 0, "rotary": False}
+    return {**model, "mixers": mixers}

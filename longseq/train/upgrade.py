@@ -15,7 +15,8 @@ A format v3 checkpoint written before each task had its options class (d3a9f4a a
 options in one flat class, the other tasks' at their defaults: ``RunConfig.from_dict`` reads them in the task's
 terms (:func:`~longseq.config.task.upgrade_flat_task`, in the config package, as a run.toml is read there too).  In
 any format, a ``linear`` or ``performer`` model saved before ``mixers.reset_every`` and ``mixers.rotary`` existed
-gets both off, as it ran (:func:`upgrade_unforgetting`).  Each reader of a checkpoint passes what it read through
+gets both off, and a model saved before ``mixers.short_conv`` existed gets no short convolution (``delta`` has one
+by default now), as it ran (:func:`upgrade_unforgetting`).  Each reader of a checkpoint passes what it read through
 the function here for its part; an old checkpoint then loads and scores what it scored (``tests/fixtures``, format
 v1 files)."""
 

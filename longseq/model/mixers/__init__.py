@@ -32,12 +32,21 @@ class MixerKind(NamedTuple):
 HEADS = ("n_head", "d_head")  # the linear-attention mixers' heads are attention's
 
 
-def matrix_mixer(kind: type) -> MixerKind:
+MATRIX = ("chunk", "short_conv", "conv_kernel", "state_bptt")  # what every linear-attention mixer reads
+
+
+def short_conv(c: ModelConfig, name: str) -> int:
+    """The taps of mixer ``name``'s short convolution of q, k and v: 0 unless ``mixers.short_conv`` names it."""
+    return c.mixers.conv_kernel if name in c.mixers.short_conv else 0
+
+
+def matrix_mixer(kind: type, name: str) -> MixerKind:
     """A mixer of the linear-attention family: heads as attention's, chunks of ``chunk`` positions."""
-    return MixerKind(lambda c: kind(c.d_model, c.n_head, c.d_head, c.mixers.chunk), ("chunk", "state_bptt"), HEADS)
+    build = lambda c: kind(c.d_model, c.n_head, c.d_head, c.mixers.chunk, short_conv(c, name))  # noqa: E731
+    return MixerKind(build, MATRIX, HEADS)
 
 
-UNFORGETTING = ("chunk", "reset_every", "rotary", "state_bptt")  # what linear and performer read
+UNFORGETTING = (*MATRIX, "reset_every", "rotary")  # what linear and performer read
 
 
 def unforgetting(c: ModelConfig) -> tuple:
@@ -62,13 +71,15 @@ MIXERS: dict[str, MixerKind] = {  # the registry; "attention" (the decoder layer
         lambda c: GatedConv(c.d_model, c.mixers.expand, c.mixers.conv_kernel), ("expand", "conv_kernel", "state_bptt")
     ),
     "rnn": MixerKind(lambda c: LSTMMixer(c.d_model), ("state_bptt",)),
-    "linear": MixerKind(lambda c: LinearAttention(*unforgetting(c)), UNFORGETTING, HEADS),
+    "linear": MixerKind(lambda c: LinearAttention(*unforgetting(c), short_conv(c, "linear")), UNFORGETTING, HEADS),
     "performer": MixerKind(
-        lambda c: Performer(*unforgetting(c), c.mixers.features), (*UNFORGETTING, "features"), HEADS
+        lambda c: Performer(*unforgetting(c), c.mixers.features, short_conv(c, "performer")),
+        (*UNFORGETTING, "features"),
+        HEADS,
     ),
-    "retention": matrix_mixer(Retention),
-    "gla": matrix_mixer(GatedLinearAttention),
-    "delta": matrix_mixer(DeltaNet),
+    "retention": matrix_mixer(Retention, "retention"),
+    "gla": matrix_mixer(GatedLinearAttention, "gla"),
+    "delta": matrix_mixer(DeltaNet, "delta"),
 }
 
 

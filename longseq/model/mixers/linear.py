@@ -25,8 +25,13 @@ like the XL memory (stop-gradient between segments, reset by documents, saved in
   a fixed decay gamma_h = 1 - 2^(-5 - h) per head; output swish(W_g h) * RMSNorm(o) per head.
 * ``gla`` (gated linear attention, Yang et al., 2024): q / sqrt(d), a data-dependent decay per key channel,
   g_t = logsigmoid(W_2 W_1 h_t + b) / 16 (W_1 of rank 16); output swish(W_g h) * RMSNorm(o).
-* ``delta`` (DeltaNet, Schlag et al., 2021; Yang et al., 2024): q and k l2-normalised after silu, q / sqrt(d),
-  beta_t = sigmoid(W_b h_t) per head; output RMSNorm(o).
+* ``delta`` (DeltaNet, Schlag et al., 2021; Yang et al., 2024): q and k l2-normalised after silu (with the short
+  convolution below, its silu, on v too), q / sqrt(d), beta_t = sigmoid(W_b h_t) per head; output RMSNorm(o).
+
+A mixer named in ``mixers.short_conv`` (by default ``delta``, as fla's DeltaNet) passes q, k and v through a causal
+depthwise convolution of ``conv_kernel`` taps without bias, then a silu (fla's ShortConvolution), before its feature
+map; the convolution's tail (B, kernel - 1, 3 H D) is the state's last tensor, masked at document starts as the
+``conv`` mixer's (:func:`~longseq.model.mixers.conv.causal_conv`).
 
 The normalised mixers carry the normaliser sum_s phi(k_s) as one more value column: their state is
 (B, H, K, V + 1), and, with ``reset_every`` or ``rotary``, the next position's count (B,) int64.  Retention also
@@ -43,6 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from longseq.model.mixers.conv import causal_conv
 from longseq.model.mixers.delta_rule import delta_chunked, delta_quadratic, delta_recurrent
 from longseq.model.mixers.linear_scan import scan_chunked, scan_quadratic, scan_recurrent
 
@@ -71,13 +77,14 @@ def rotate(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
 
 class MatrixMixer(nn.Module):
     """(B, T, E) -> (B, T, E) with a matrix state per head.  A variant overrides :meth:`mix` (feature maps, decay,
-    which scan) and, if it has one, :meth:`output`."""
+    which scan) and, if it has one, :meth:`output`.  ``conv_kernel`` > 0: the short convolution of q, k and v."""
 
-    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int) -> None:
+    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int, conv_kernel: int = 0) -> None:
         super().__init__()
         self.heads, self.d_head, self.chunk = heads, d_head, chunk
         self.qkv = nn.Linear(d_model, 3 * heads * d_head, bias=False)  # W_q, W_k, W_v
         self.out_proj = nn.Linear(heads * d_head, d_model, bias=False)  # W_o
+        self.conv_weight = nn.Parameter(torch.zeros(3 * heads * d_head, conv_kernel)) if conv_kernel else None
         self.form = "chunked"
 
     def init_own_parameters(self) -> None:
@@ -87,12 +94,21 @@ class MatrixMixer(nn.Module):
             for module in self.modules():
                 if isinstance(module, (nn.Linear, nn.RMSNorm)):
                     module.reset_parameters()
+            if self.conv_weight is not None:  # nn.Conv1d's default, as fla's ShortConvolution: fan-in = kernel
+                bound = self.conv_weight.size(1) ** -0.5
+                self.conv_weight.uniform_(-bound, bound)
 
     def forward(self, hidden: Tensor, state: tuple | None, docs=None) -> tuple[Tensor, tuple]:
         batch, length, _ = hidden.shape
-        q, k, v = self.qkv(hidden).view(batch, length, 3, self.heads, self.d_head).unbind(2)  # (B, T, H, D) each
+        qkv, tail = self.qkv(hidden), None  # (B, T, 3 H D)
+        if self.conv_weight is not None:  # the tail is the state's last tensor
+            tail, state = (None, None) if state is None else (state[-1], state[:-1])
+            qkv, tail = causal_conv(qkv, self.conv_weight, None, tail, docs)
+            qkv = F.silu(qkv)
+        q, k, v = qkv.view(batch, length, 3, self.heads, self.d_head).unbind(2)  # (B, T, H, D) each
         o, state = self.mix(hidden, q, k, v, state, document_starts(docs))  # (B, T, H, V)
-        return self.out_proj(self.output(hidden, o).reshape(batch, length, -1)), state
+        out = self.out_proj(self.output(hidden, o).reshape(batch, length, -1))
+        return out, state if tail is None else (*state, tail)
 
     def mix(self, hidden: Tensor, q: Tensor, k: Tensor, v: Tensor, state: tuple | None, starts) -> tuple:
         """The outputs (B, T, H, V) and the new state tuple."""
@@ -137,8 +153,9 @@ class Unforgetting(MatrixMixer):
     state restarts every ``reset_every`` positions (0: never) and, with ``rotary``, the numerator is rotated.
     State (S,) with S (B, H, K, V + 1), or (S, next position) with either option."""
 
-    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int, reset_every: int, rotary: bool) -> None:
-        super().__init__(d_model, heads, d_head, chunk)
+    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int, reset_every: int, rotary: bool,
+                 conv_kernel: int = 0) -> None:  # fmt: skip
+        super().__init__(d_model, heads, d_head, chunk, conv_kernel)
         self.reset_every, self.rotary = reset_every, rotary
 
     def features(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
@@ -192,8 +209,8 @@ class Performer(Unforgetting):
     """``performer``: FAVOR+ (see the module docstring); S (B, H, m, D + 1)."""
 
     def __init__(self, d_model: int, heads: int, d_head: int, chunk: int, reset_every: int, rotary: bool,
-                 features: int) -> None:  # fmt: skip
-        super().__init__(d_model, heads, d_head, chunk, reset_every, rotary)
+                 features: int, conv_kernel: int = 0) -> None:  # fmt: skip
+        super().__init__(d_model, heads, d_head, chunk, reset_every, rotary, conv_kernel)
         self.register_buffer("projection", orthogonal_features(features, d_head))  # (m, D), saved, not trained
 
     def features(self, q, k):
@@ -205,8 +222,8 @@ class Performer(Unforgetting):
 class GatedOutput(MatrixMixer):
     """A mixer whose output is swish(W_g h) * RMSNorm(o), the norm per head (RetNet's and GLA's)."""
 
-    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int) -> None:
-        super().__init__(d_model, heads, d_head, chunk)
+    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int, conv_kernel: int = 0) -> None:
+        super().__init__(d_model, heads, d_head, chunk, conv_kernel)
         self.gate = nn.Linear(d_model, heads * d_head, bias=False)
         self.norm = nn.RMSNorm(d_head, eps=1e-5)
 
@@ -217,8 +234,8 @@ class GatedOutput(MatrixMixer):
 class Retention(GatedOutput):
     """``retention``: state (S, next position) with S (B, H, D, D), the position (B,) int64."""
 
-    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int) -> None:
-        super().__init__(d_model, heads, d_head, chunk)
+    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int, conv_kernel: int = 0) -> None:
+        super().__init__(d_model, heads, d_head, chunk, conv_kernel)
         gammas = 1 - 2.0 ** (-5.0 - torch.arange(heads, dtype=torch.float64))
         self.register_buffer("log_gamma", gammas.log().float(), persistent=False)  # (H,), fixed
 
@@ -237,8 +254,8 @@ class GatedLinearAttention(GatedOutput):
 
     rank, normaliser = 16, 16.0  # GLA's low-rank gate and its logit normaliser
 
-    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int) -> None:
-        super().__init__(d_model, heads, d_head, chunk)
+    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int, conv_kernel: int = 0) -> None:
+        super().__init__(d_model, heads, d_head, chunk, conv_kernel)
         self.decay = nn.Sequential(nn.Linear(d_model, self.rank, bias=False), nn.Linear(self.rank, heads * d_head))
 
     def mix(self, hidden, q, k, v, state, starts):
@@ -250,13 +267,15 @@ class GatedLinearAttention(GatedOutput):
 class DeltaNet(MatrixMixer):
     """``delta``: state (S,) with S (B, H, D, D), written by the delta rule."""
 
-    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int) -> None:
-        super().__init__(d_model, heads, d_head, chunk)
+    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int, conv_kernel: int = 0) -> None:
+        super().__init__(d_model, heads, d_head, chunk, conv_kernel)
         self.beta = nn.Linear(d_model, heads, bias=False)
         self.norm = nn.RMSNorm(d_head, eps=1e-5)
 
     def mix(self, hidden, q, k, v, state, starts):
-        q, k = (F.normalize(F.silu(x), dim=-1) for x in (q, k))
+        if self.conv_weight is None:  # with the short convolution, its silu (on v too, as fla's)
+            q, k = F.silu(q), F.silu(k)
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         q, beta, s = q * self.d_head**-0.5, torch.sigmoid(self.beta(hidden)), None if state is None else state[0]
         if self.form == "quadratic":
             o, s = delta_quadratic(q, k, v, beta, s, starts)
