@@ -482,11 +482,10 @@ MIXERS = {"xl": "XL (attention)", "no-memory": "no memory", "ssm": "ssm (4 state
           "rnn": "rnn (4 LSTM mixers)", "hourglass": "hourglass (2 of 4 layers at 1/2)"}  # fmt: skip
 
 
-LINEAR = {"gla": "gla (4 gated linear-attention layers)", "retention": "retention (4 RetNet layers)",
-          "linear": "linear (elu+1, restarted every 64, rotary; 4 layers)",
-          "linear-unbounded": "linear, never restarted (elu+1, 4 layers)",
-          "performer": "performer (FAVOR+, 64 features; as linear)",
-          "delta": "delta (DeltaNet, 4 layers)"}  # fmt: skip
+LINEAR = {"gla": "gla (gated linear attention)", "retention": "retention (RetNet)",
+          "linear": "linear (elu+1, restarted every 64, rotary)", "linear-unbounded": "linear, never restarted",
+          "performer": "performer (FAVOR+, 64 features; as linear)", "delta-noconv": "delta, no short conv",
+          "delta": "delta (DeltaNet with fla's short conv)"}  # fmt: skip
 
 
 def few_seeds(s: dict) -> str:
