@@ -5,6 +5,7 @@
     python benchmarks/speed/vs_x_transformers.py --device cuda --autocast bf16 --out xt.json
     python benchmarks/speed/vs_x_transformers.py --sizes 128/128 --variants longseq_rope xt_rotary_mem --threads 1
     python benchmarks/speed/vs_x_transformers.py --rss-only --out rss.json     # peak RSS, a process per variant
+    python benchmarks/speed/vs_x_transformers.py --isolate --out iso.json    # every round in a process of its own
 
 The benchmark model of the performance issue on both sides (4 layers, d_model 256, 8 heads of 32, d_inner 1024,
 bytes), a training step of forward, backward, clipping at 0.25 and Adam, the memory carried and detached after each
@@ -16,7 +17,10 @@ same width without memory at a context of ``tgt_len + mem_len`` (absolute positi
 non-flash path at half its later speed: first allocations of its (B, H, T, K) scores), and the median is reported with its ratio to longseq's default (the paper's
 sinusoidal relative attention, ``attn_impl=auto``) and to ``longseq_rope``, longseq at x-transformers' settings,
 per second of wall time and per second of the process's CPU time (``tokens_per_cpu_s``, ``*_over_cpu``: steadier
-than wall time on a machine shared with other work, for a one-thread run).
+than wall time on a machine shared with other work, for a one-thread run).  In one process the variants share an
+allocator and caches, and a variant's speed depends on which others ran beside it (on 2026-12-06 rope at 128/128
+read 5,880 tokens/s beside all eight, 6,290 beside two): ``--isolate`` runs every variant's every round in a fresh
+process, alternating.
 
 Equal settings (``longseq_rope`` against ``xt_rotary_mem`` and ``xt_rotary_flash_mem``), item by item:
 
@@ -165,9 +169,14 @@ def measure(args, tgt_len: int, mem_len: int) -> dict:
             if round_:
                 runs[name].append(tps)
                 cpu_runs[name].append(cpu_tps)
+    params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
+    return summarise(tgt_len, mem_len, runs, cpu_runs, params)
+
+
+def summarise(tgt_len: int, mem_len: int, runs: dict, cpu_runs: dict, params: dict) -> dict:
+    """Medians of every variant's rounds and each longseq row's ratios to the peers (and to the GPT)."""
     median = {name: statistics.median(v) for name, v in runs.items()}
     cpu_median = {name: statistics.median(v) for name, v in cpu_runs.items()}
-    params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
     result = {"tgt_len": tgt_len, "mem_len": mem_len, "tokens_per_s": median, "runs": runs, "parameters": params,
               "tokens_per_cpu_s": cpu_median, "cpu_runs": cpu_runs}  # fmt: skip
     for ours in (name for name in LONGSEQ if name in median and name not in GPT):
@@ -179,13 +188,48 @@ def measure(args, tgt_len: int, mem_len: int) -> dict:
 
 def rss_child(args) -> None:
     """``--rss-child``: one variant at one size, alone in this process; prints the peak RSS before its model was
-    built (Python, torch, x-transformers) and after its steps, in MiB."""
+    built (Python, torch, x-transformers) and after its steps, in MiB, and its tokens/s (wall and CPU) and
+    parameters."""
     from longseq.eval.speed import peak_rss_mb
 
     base = peak_rss_mb()
     tgt_len, mem_len = (int(n) for n in args.sizes[0].split("/"))
-    measure(args, tgt_len, mem_len)
-    print(json.dumps({"base_rss_mb": round(base, 1), "peak_rss_mb": round(peak_rss_mb(), 1)}))
+    done, name = measure(args, tgt_len, mem_len), args.variants[0]
+    print(json.dumps({"base_rss_mb": round(base, 1), "peak_rss_mb": round(peak_rss_mb(), 1),
+                      "tokens_per_s": done["runs"][name][-1], "tokens_per_cpu_s": done["cpu_runs"][name][-1],
+                      "parameters": done["parameters"][name]}))  # fmt: skip
+
+
+def child(args, size: str, name: str, rounds: int) -> dict:
+    """One variant at one size in a process of its own (``--rss-child``): its JSON line, or the error it ended
+    with."""
+    command = [sys.executable, os.path.abspath(__file__), "--rss-child", "--sizes", size, "--variants", name,
+               "--rounds", str(rounds), "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--batch", str(args.batch), "--device", args.device,
+               *(["--autocast", args.autocast] if args.autocast else []),
+               *(["--threads", str(args.threads)] if args.threads else [])]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode or not lines:
+        return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
+    return json.loads(lines[-1])
+
+
+def measure_isolated(args, tgt_len: int, mem_len: int) -> dict:
+    """``--isolate``: as :func:`measure`, but each variant's every round in a fresh process (its own first round
+    not counted), the variants alternating: no model shares a process, an allocator or a cache with another."""
+    chosen = args.variants or [*LONGSEQ, *VARIANTS]
+    runs, cpu_runs, params = {n: [] for n in chosen}, {n: [] for n in chosen}, {}
+    for round_ in range(args.rounds):
+        for name in chosen:
+            row = child(args, f"{tgt_len}/{mem_len}", name, 1)
+            if "error" in row:
+                raise SystemExit(f"{name} at {tgt_len}/{mem_len}: {row['error']}")
+            runs[name].append(row["tokens_per_s"])
+            cpu_runs[name].append(row["tokens_per_cpu_s"])
+            params[name] = row["parameters"]
+            print(f"  round {round_ + 1} {name}: {row['tokens_per_s']:.0f} tokens/s", flush=True)
+    return summarise(tgt_len, mem_len, runs, cpu_runs, params)
 
 
 def measure_rss(args) -> dict:
@@ -195,17 +239,10 @@ def measure_rss(args) -> dict:
     out = {}
     for size in args.sizes:
         for name in args.variants or [*LONGSEQ, *VARIANTS]:
-            command = [sys.executable, os.path.abspath(__file__), "--rss-child", "--sizes", size, "--variants", name,
-                       "--rounds", "1", "--steps", str(args.steps), "--warmup", "1", "--batch", str(args.batch),
-                       "--device", args.device, *(["--autocast", args.autocast] if args.autocast else []),
-                       *(["--threads", str(args.threads)] if args.threads else [])]  # fmt: skip
-            proc = subprocess.run(command, capture_output=True, text=True, check=False)
-            lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-            if proc.returncode or not lines:
-                row = {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
-            else:
-                row = json.loads(lines[-1])
-                row["step_rss_mb"] = round(row["peak_rss_mb"] - row["base_rss_mb"], 1)
+            row = child(args, size, name, 1)
+            if "error" not in row:
+                row = {"base_rss_mb": row["base_rss_mb"], "peak_rss_mb": row["peak_rss_mb"],
+                       "step_rss_mb": round(row["peak_rss_mb"] - row["base_rss_mb"], 1)}  # fmt: skip
             out.setdefault(size, {})[name] = row
             print(f"{size} {name}: {row}", flush=True)
     return out
@@ -225,6 +262,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--rss-only", action="store_true", help="peak RSS only, each variant in its own process")
     parser.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--isolate", action="store_true", help="every variant's every round in a process of its own")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -245,7 +283,7 @@ def main() -> None:
         return
     for size in args.sizes:
         tgt_len, mem_len = (int(n) for n in size.split("/"))
-        report["sizes"].append(measure(args, tgt_len, mem_len))
+        report["sizes"].append((measure_isolated if args.isolate else measure)(args, tgt_len, mem_len))
         done = report["sizes"][-1]
         for ours in (name for name in LONGSEQ if name in done["tokens_per_s"] and name not in GPT):
             ratios = ", ".join(f"{n} {r:.2f}x" for n, r in done[f"{ours}_over"].items())
