@@ -287,8 +287,9 @@ def test_a_format_v1_checkpoint_loads_and_scores_the_same_loss(name):
 def test_a_delta_model_saved_before_its_short_convolution_existed_loads_as_it_ran(tmp_path):
     """A ``delta`` model whose config was written before ``mixers.short_conv`` (the key absent) loads without the
     convolution, as it was trained, and gives the saved model's logits; a model saved today keeps its convolution
-    (its weights among the loaded ones)."""
+    (its weights among the loaded ones); a run.toml of that time trains again without it."""
     from longseq import DataConfig, ModelConfig, RunConfig
+    from longseq.config.files import load_run_config, write_run_config
 
     fields = dict(vocab_size=12, n_layer=2, d_model=8, n_head=2, d_head=4, d_inner=16, dropout=0.0, chunk=8)
     tokenizer, x = CharTokenizer.build("abcdefghijkl"), torch.randint(0, 12, (2, 40))
@@ -307,6 +308,12 @@ def test_a_delta_model_saved_before_its_short_convolution_existed_loads_as_it_ra
         assert (loaded.transformer.stack.layers[0].mixer.conv_weight is not None) == bool(conv)
         with torch.no_grad():
             torch.testing.assert_close(loaded(x).logits, model(x).logits, rtol=0, atol=0)
+    written = tmp_path / "old-run.toml"  # a run.toml of that time, read again by train --config
+    write_run_config(
+        RunConfig(ModelConfig(**fields, mixer=["delta", "attention"]), DataConfig(), TrainConfig()), str(written)
+    )
+    written.write_text("\n".join(line for line in written.read_text().splitlines() if "short_conv" not in line))
+    assert load_run_config(str(written)).model.mixers.short_conv == []
 
 
 def test_a_run_records_its_pooling_and_an_old_checkpoint_keeps_last(tmp_path):

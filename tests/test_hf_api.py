@@ -354,21 +354,26 @@ def test_lora_through_peft():
 
 
 def test_a_linear_model_exported_before_its_restarts_existed_loads_as_it_ran(tmp_path):
-    """An export of ``mixer=linear`` whose longseq section has no ``reset_every`` or ``rotary`` (written before they
-    existed) loads, through longseq and through ``from_pretrained``, unbounded and unrotated: the saved model's
-    logits."""
+    """An export of ``mixer=linear,delta`` whose longseq section has no ``reset_every``, ``rotary`` or ``short_conv``
+    (written before they existed) loads, through longseq and through ``from_pretrained``, unbounded, unrotated and
+    without delta's short convolution: the saved model's logits.  A config written by hand with a partial mixers
+    section is not taken for an old one: it gets today's defaults."""
     import json
 
-    model = tiny("xl", mixer=["linear", "attention"], reset_every=0, rotary=False)
+    model = tiny("xl", mixer=["linear", "delta"], reset_every=0, rotary=False, short_conv=[])
     export_longseq_hf(model, str(tmp_path / "hf"), segment_len=SEGMENT)
     path = tmp_path / "hf" / "config.json"
     config = json.loads(path.read_text())
-    del config["longseq"]["mixers"]["reset_every"], config["longseq"]["mixers"]["rotary"]
+    for key in ("reset_every", "rotary", "short_conv"):
+        del config["longseq"]["mixers"][key]
     path.write_text(json.dumps(config))
+    by_hand = LongseqConfig(longseq={"vocab_size": 50, "mixer": ["delta"], "mixers": {"chunk": 16}}).model_config()
+    assert by_hand.mixers.short_conv == ["delta"] and by_hand.mixers.reset_every == 64
     x = torch.randint(0, 50, (2, 7))
     loaded, _, _ = load_longseq_hf(str(tmp_path / "hf"))
     hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
     assert hf.config.longseq["mixers"]["reset_every"] == 0 and loaded.config.mixers.rotary is False
+    assert hf.config.longseq["mixers"]["short_conv"] == [] == loaded.config.mixers.short_conv
     with torch.no_grad():
         for logits in (loaded(x).logits, hf(x).logits):
             torch.testing.assert_close(logits, model(x).logits, rtol=0, atol=0)

@@ -32,6 +32,7 @@ CONFIGS = {  # every attention pattern, every mixer, hourglass, the memory polic
     "strided-blocksparse": dict(attention=["strided", "block_sparse"], stride=3, window=2, block_size=2),
     "bigbird-global": dict(attention=["bigbird", "global"], window=2, block_size=2, num_global=1, num_random_blocks=1),
     "mixers-shaw": dict(n_layer=4, mixer=["ssm", "attention", "conv", "rnn"], head_dim=8, pos="shaw"),
+    "linear-family": dict(n_layer=5, mixer=["retention", "attention", "delta", "gla", "performer"], chunk=4),
     "hourglass": dict(n_layer=4, shorten_layers=[1, 3], cutoffs=[20], div_val=1),
     "learned-chunks": dict(n_layer=4, shorten_layers=[1, 3], boundaries="learned"),
     "entropy-chunks": dict(n_layer=4, shorten_layers=[1, 3], boundaries="entropy", entropy_rule="relative"),

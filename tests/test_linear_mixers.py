@@ -184,7 +184,7 @@ def test_each_mixer_gives_the_same_numbers_in_every_form_and_token_by_token(name
     forms and itself fed one position at a time, outputs, final state and gradients of the input and parameters;
     with and without the short convolution of q, k and v (its tail carried, masked at the document start)."""
     torch.manual_seed(4)
-    mixer = MIXERS[name].build(ModelConfig(**SMALL, short_conv=[name] if conv else [])).double()
+    mixer = MIXERS[name].build(ModelConfig(**SMALL, mixer=[name], short_conv=[name] if conv else [])).double()
     assert (mixer.conv_weight is not None) == conv
     mixer.init_own_parameters()
     x = torch.randn(2, 11, 16, dtype=torch.float64, requires_grad=True)
@@ -352,10 +352,15 @@ def test_the_family_reads_the_heads_of_attention_and_refuses_what_it_cannot_use(
         ModelConfig(mixer=["linear"], reset_every=-1)
     assert ModelConfig(mixer=["delta"]).mixers.short_conv == ["delta"]  # fla's DeltaNet default
     assert ModelConfig(mixer=["delta"], short_conv="none").mixers.short_conv == []
-    assert ModelConfig(mixer=["gla"], short_conv="gla, delta").mixers.short_conv == ["gla", "delta"]
+    assert ModelConfig(mixer=["gla", "delta"], n_layer=2, short_conv="gla, delta").mixers.short_conv == ["gla", "delta"]
     with raises_naming(ConfigError, "mixers.short_conv", "'ssm'", "linear, performer, retention, gla, delta"):
         ModelConfig(mixer=["ssm"], short_conv="ssm")
-    assert ignored_options(ModelConfig(mixer=["ssm"], short_conv="gla")) == ["mixers.short_conv=gla"]
+    assert ignored_options(ModelConfig(mixer=["ssm"], short_conv="none")) == ["mixers.short_conv=none"]
+    with raises_naming(ConfigError, "mixers.short_conv", "gla", "no layer of this stack", "mixer=delta"):
+        ModelConfig(mixer=["delta"], short_conv="gla")  # delta would lose its convolution, gla is not there
+    assert ignored_options(ModelConfig(mixer=["gla"], conv_kernel=8)) == ["mixers.conv_kernel=8"]
+    assert ignored_options(ModelConfig(mixer=["delta"], short_conv="none", conv_kernel=8)) == ["mixers.conv_kernel=8"]
+    assert ignored_options(ModelConfig(mixer=["gla"], short_conv="gla", conv_kernel=8)) == []
 
 
 def test_training_a_hybrid_from_the_command_line(tmp_path, capsys):

@@ -556,6 +556,12 @@ class ModelConfig(JsonConfig):
             f"ModelConfig.mixer needs one name or one per layer ({self.n_layer}), got {self.mixer}",
         )
         mixers, mem = self.layer_mixers, self.memory
+        stray = [name for name in self.mixers.short_conv if name not in mixers]
+        check(
+            not stray or self.mixers.short_conv == MixerConfig().short_conv,
+            f"mixers.short_conv names {', '.join(stray)}, which no layer of this stack is (mixer={','.join(mixers)}): "
+            "name the stack's linear-attention layers that take the convolution, or none",
+        )
         if any(m != "attention" for m in mixers):
             inner = self.mixers.expand * self.d_model
             check(
@@ -644,20 +650,24 @@ class ModelConfig(JsonConfig):
             self._check_lowrank_bidirectional_without_memory()
 
 
+STORED_MIXERS = {"d_state", "head_dim", "expand", "chunk", "conv_kernel", "state_bptt"}  # every stored section's
+
+
 def upgrade_stored_model(model: dict) -> dict:
     """A model config as stored before a field that changes behaviour existed, in today's terms (each reader of a
     stored model config passes it through here: checkpoints, the transformers format): ``linear`` and ``performer``
     saved without ``mixers.reset_every`` (before 2026-12-06) ran unbounded and unrotated, and still do; a model
     with ``delta`` saved without ``mixers.short_conv`` (before its short convolution, also 2026-12-06) had none, and
     still has none; a learned-chunk hourglass saved without ``hourglass.residual_proj`` added its input itself, and
-    still does."""
+    still does.  A mixers section is taken as stored when it holds every field the section was born with; a partial
+    one, written by hand (``LongseqConfig(longseq={...})``), gets today's defaults."""
     if not isinstance(model, dict):
         return model
     hourglass = model.get("hourglass")
     if isinstance(hourglass, dict) and hourglass.get("boundaries") == "learned" and "residual_proj" not in hourglass:
         model = {**model, "hourglass": {**hourglass, "residual_proj": False}}
     stored = model.get("mixers")
-    if not isinstance(stored, dict):
+    if not isinstance(stored, dict) or not STORED_MIXERS <= set(stored):  # written by hand: today's defaults
         return model
     names = model.get("mixer", [])
     names = {str(n).strip() for n in (names.split(",") if isinstance(names, str) else names)}

@@ -98,7 +98,7 @@ def ignored_options(config: ModelConfig, base: ModelConfig | None = None) -> lis
     check_names(config)
     defaults = leaves((base or ModelConfig(vocab_size=config.vocab_size)).to_dict())
     unread = unread_options(config)
-    shown = lambda v: ",".join(map(str, v)) if isinstance(v, list) else str(v)  # noqa: E731
+    shown = lambda v: (",".join(map(str, v)) or "none") if isinstance(v, list) else str(v)  # noqa: E731
     return [
         f"{path}={shown(value)}"
         for path, value in leaves(config.to_dict()).items()
@@ -136,6 +136,8 @@ def unread_options(config: ModelConfig) -> set[str]:
             if not on
         }
     read = {parameter for name in layers - {"attention"} for parameter in MIXERS[name].reads}
+    if layers & set(config.mixers.short_conv):  # a linear-attention layer with its short convolution
+        read.add("conv_kernel")
     unread |= {f"mixers.{f}" for f in leaves(config.mixers.to_dict()) if f not in read}
     unread -= {parameter for name in layers - {"attention"} for parameter in MIXERS[name].shares}
     return unread | unread_hourglass(config)

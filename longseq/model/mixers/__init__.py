@@ -32,7 +32,8 @@ class MixerKind(NamedTuple):
 HEADS = ("n_head", "d_head")  # the linear-attention mixers' heads are attention's
 
 
-MATRIX = ("chunk", "short_conv", "conv_kernel", "state_bptt")  # what every linear-attention mixer reads
+MATRIX = ("chunk", "short_conv", "state_bptt")  # what every linear-attention mixer reads (and ``conv_kernel`` if
+# ``short_conv`` names it: :func:`~longseq.model.registry.unread_options` asks)
 
 
 def short_conv(c: ModelConfig, name: str) -> int:

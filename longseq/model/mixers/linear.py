@@ -151,7 +151,8 @@ def positions_since_start(first: Tensor, starts: Tensor | None, length: int) -> 
 class Unforgetting(MatrixMixer):
     """A normalised mixer without decay (``linear``, ``performer``): a variant gives its :meth:`features`; the
     state restarts every ``reset_every`` positions (0: never) and, with ``rotary``, the numerator is rotated.
-    State (S,) with S (B, H, K, V + 1), or (S, next position) with either option."""
+    State (S,) with S (B, H, K, V + 1), or (S, next position) with either option (and the short convolution's
+    tail last, where it has one)."""
 
     def __init__(self, d_model: int, heads: int, d_head: int, chunk: int, reset_every: int, rotary: bool,
                  conv_kernel: int = 0) -> None:  # fmt: skip
@@ -232,25 +233,28 @@ class GatedOutput(MatrixMixer):
 
 
 class Retention(GatedOutput):
-    """``retention``: state (S, next position) with S (B, H, D, D), the position (B,) int64."""
+    """``retention``: state (S, next position) with S (B, H, D, D), the position (B,) int64 (with a short
+    convolution, its tail last)."""
 
-    def __init__(self, d_model: int, heads: int, d_head: int, chunk: int, conv_kernel: int = 0) -> None:
-        super().__init__(d_model, heads, d_head, chunk, conv_kernel)
-        gammas = 1 - 2.0 ** (-5.0 - torch.arange(heads, dtype=torch.float64))
-        self.register_buffer("log_gamma", gammas.log().float(), persistent=False)  # (H,), fixed
+    def log_gamma(self, like: Tensor) -> Tensor:
+        """log gamma_h (H,), in ``like``'s dtype and device (rounded through float32, as it always was).  Made
+        here, not held in a buffer: a buffer that is not saved is left uninitialised by transformers'
+        ``from_pretrained``, and a saved one would be a checkpoint entry that never changes."""
+        gammas = 1 - 2.0 ** (-5.0 - torch.arange(self.heads, dtype=torch.float64, device=like.device))
+        return gammas.log().float().to(like.dtype)
 
     def mix(self, hidden, q, k, v, state, starts):
         batch, length = q.shape[:2]
         start = q.new_zeros(batch, dtype=torch.long) if state is None else state[1]
         positions = start[:, None] + torch.arange(length, device=q.device)  # (B, T)
         q, k = rotate(q, positions) * self.d_head**-0.5, rotate(k, positions)
-        g = self.log_gamma.to(q.dtype).expand(batch, length, self.heads)  # (B, T, H)
+        g = self.log_gamma(q).expand(batch, length, self.heads)  # (B, T, H)
         o, s = self.scan(q, k, v, g, None if state is None else state[0], starts)
         return o, (s, start + length)
 
 
 class GatedLinearAttention(GatedOutput):
-    """``gla``: state (S,) with S (B, H, D, D); the decay per key channel."""
+    """``gla``: state (S,) with S (B, H, D, D) (with a short convolution, (S, tail)); the decay per key channel."""
 
     rank, normaliser = 16, 16.0  # GLA's low-rank gate and its logit normaliser
 
@@ -265,7 +269,8 @@ class GatedLinearAttention(GatedOutput):
 
 
 class DeltaNet(MatrixMixer):
-    """``delta``: state (S,) with S (B, H, D, D), written by the delta rule."""
+    """``delta``: state (S, tail) with S (B, H, D, D), written by the delta rule, and the short convolution's tail
+    (B, kernel - 1, 3 H D); (S,) with ``short_conv`` not naming it."""
 
     def __init__(self, d_model: int, heads: int, d_head: int, chunk: int, conv_kernel: int = 0) -> None:
         super().__init__(d_model, heads, d_head, chunk, conv_kernel)
