@@ -288,6 +288,13 @@ def gla_fix_clause(fix: dict) -> str:
             f"({t['32768'] / t['1024']:.2f}x), {kib['1024']} -> {kib['32768']} KiB a token (was 680-830).")  # fmt: skip
 
 
+def delta_performer_clause(fix: dict) -> str:
+    """delta (with its short convolution) and the performer, 1k and 32k, measured after the others."""
+    t = fix["us_per_token"]
+    cells = [f"{n} {t[n]['1024']} -> {t[n]['32768']} µs ({t[n]['32768'] / t[n]['1024']:.2f}x)" for n in t]
+    return f" At {fix['commit'].split()[0]}: " + "; ".join(cells) + "."
+
+
 def mixers_speed_section() -> list[str]:
     data = load("speed/mixers-speed.json")
     train = data["training"]
@@ -303,7 +310,9 @@ def mixers_speed_section() -> list[str]:
         "",
         *table(["stack", *(f"{n // 1024}k" for n in train["lengths"]), "16k / 2k", "32k / 1k"], rows, "l" + "r" * 8),
         "",
-        after_fix_line(data["after_unbind_fix"]) + gla_fix_clause(data["gla_memory_fix"]),
+        after_fix_line(data["after_unbind_fix"])
+        + gla_fix_clause(data["gla_memory_fix"])
+        + delta_performer_clause(data["delta_performer"]),
         "",
         f"Generation of the linear family after prompts of {' / '.join(f'{n // 1024}k' for n in gen['contexts'])}"
         f" tokens (per new token; peak RSS over the base): {flat}.",
@@ -769,17 +778,6 @@ XT_ROWS = [  # (longseq row, peer row, label): the equal-settings pair first
 ]
 
 
-def block_vs_gpt_line() -> str:
-    """The llama-xl block with memory against its no-memory GPT at the studies' sizes (``block_vs_gpt.py``)."""
-    runs = load("speed/block-vs-gpt.json")["runs"]
-    cells = [f"d_model {w}: XL {r['rows']['xl']['over_gpt']:.2f}x, llama-xl {r['rows']['llama-xl']['over_gpt']:.2f}x"
-             for w, r in runs.items()]  # fmt: skip
-    return (
-        "At the studies' segments (64 over a memory of 128 against a GPT context of 192; one thread,"
-        " `speed/block-vs-gpt.json`), tokens/s over the GPT's: " + "; ".join(cells) + "."
-    )
-
-
 def xt_rss_line() -> str:
     """Peak RSS of a training step beside x-transformers, each variant alone in its process."""
     data = load("speed/vs-x-transformers-rss.json")
@@ -806,13 +804,12 @@ def xt_cpu_section() -> list[str]:
                 rows.append([label, precision, f"{size['tgt_len']} / {size['mem_len']}", num(tps[ours]),
                              num(tps[peer]), f"**{tps[ours] / tps[peer]:.2f}x**"])  # fmt: skip
     body = [
-        "Training tokens/s, batch 8, medians of alternating rounds in one process; xt: x-transformers 2.31, at equal"
-        " settings for the rope rows (all 32 channels rotated on both sides, dropout at the same sites). The GPT"
-        " (context tgt + mem) counts tokens of its context; why it leads: `speed/README.md`.",
+        "Training tokens/s, batch 8, medians of alternating rounds (fp32: a process per round; bf16: one process);"
+        " xt: x-transformers 2.31, at equal settings for the rope rows (all 32 channels rotated on both sides,"
+        " dropout at the same sites). The GPT (context tgt + mem) counts tokens of its context; why it leads, the"
+        " day's other sittings (128/128: 1.13-1.25x) and the studies' sizes: `speed/README.md`.",
         "",
         *table(["comparison", "dtype", "tgt / mem", "longseq", "peer", "ratio"], rows, "lllrrr"),
-        "",
-        block_vs_gpt_line(),
         "",
         xt_rss_line(),
     ]
