@@ -496,7 +496,7 @@ MIXERS = {"xl": "XL (attention)", "no-memory": "no memory", "ssm": "ssm (4 state
 LINEAR = {"gla": "gla (gated linear attention)", "retention": "retention (RetNet)",
           "linear": "linear (elu+1, restarted every 64, rotary)",
           "performer": "performer (FAVOR+, 64 features; as linear)", "delta-noconv": "delta, no short conv",
-          "delta": "delta (DeltaNet with fla's short conv)", "gla-conv": "gla with the short conv"}  # fmt: skip
+          "delta": "delta (DeltaNet, short conv)", "gla-conv": "gla, short conv"}  # fmt: skip
 
 
 def few_seeds(s: dict) -> str:
@@ -784,15 +784,15 @@ def xt_rss_line() -> str:
     """Peak RSS of a training step beside x-transformers, each variant alone in its process."""
     data = load("speed/vs-x-transformers-rss.json")
     cells = []
-    for precision in ("fp32", "bf16"):
+    for precision in ("fp32",):  # bf16's: the JSON
         for size, rows in data[precision].items():
             mib = {name: row["step_rss_mb"] for name, row in rows.items()}
             cells.append(f"{precision} {size} {num(mib['longseq_rope'])} vs {num(mib['xt_rotary_mem'])} /"
                          f" {num(mib['xt_rotary_flash_mem'])} ({num(mib['longseq'])})")  # fmt: skip
     return (
         "Peak RSS of a step, MiB above imports (`vs_x_transformers.py --rss-only --steps 2 --threads 1"
-        " [--autocast bf16]`: a process per variant; `speed/vs-x-transformers-rss.json`), rope vs x-transformers"
-        " rotary / flash (paper block): " + "; ".join(cells) + "."
+        " [--autocast bf16]`: a process per variant; bf16 in `speed/vs-x-transformers-rss.json`), rope vs"
+        " x-transformers rotary / flash (paper block): " + "; ".join(cells) + "."
     )
 
 
