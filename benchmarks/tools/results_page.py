@@ -374,11 +374,10 @@ def memory_curve(runs: list[dict], context: int) -> str:
 def wt2_block_line() -> str:
     """The block study's WikiText-2 rows stored so far (``wt2-block-3000``) beside XL's (``wt2-word-3000``)."""
     xl = test_stats("wt2-word-3000", "xl")
-    cells = [f"XL {spread(xl, ranges=False)} ({xl['n']} seeds)"]
+    cells = [f"XL {few_seeds(xl)}"]
     for name, label in (("llama-xl", "llama-xl"), ("gpt", "its no-memory GPT")):
         if seed_paths("wt2-block-3000", name):
-            s = test_stats("wt2-block-3000", name)
-            cells.append(f"{label} {spread(s, ranges=False)}" + (f" ({s['n']} seeds)" if s["n"] > 1 else ""))
+            cells.append(f"{label} {few_seeds(test_stats('wt2-block-3000', name))}")
     positions = []
     for name in ("rope", "alibi", "t5"):  # the position encodings' rows stored so far
         if seed_paths("wt2-positions-3000", name):
@@ -389,7 +388,7 @@ def wt2_block_line() -> str:
     if positions:
         cells.append("`wt2-positions-3000/` (nats at eval memory 1x / 2x / 4x): " + ", ".join(positions))
     return (
-        "WikiText-2 words, bits per word ↓ (5.15M parameters, 3,000 steps; `wt2-block-3000/`): "
+        "WikiText-2 words, bits per word ↓ (5.15M parameters, 3,000 steps, 3 seeds; `wt2-block-3000/`): "
         + "; ".join(cells)
         + "."
     )
