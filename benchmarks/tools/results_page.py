@@ -292,7 +292,7 @@ def delta_performer_clause(fix: dict) -> str:
     """delta (with its short convolution) and the performer, 1k and 32k, measured after the others."""
     t = fix["us_per_token"]
     cells = [f"{n} {t[n]['1024']} -> {t[n]['32768']} µs ({t[n]['32768'] / t[n]['1024']:.2f}x)" for n in t]
-    return f" At {fix['commit'].split()[0]}: " + "; ".join(cells) + "."
+    return f" At {fix['commit']}: " + "; ".join(cells) + "."
 
 
 def mixers_speed_section() -> list[str]:

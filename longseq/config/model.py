@@ -196,6 +196,7 @@ class PositionConfig(JsonConfig):
 
 
 LINEAR_FAMILY = ("linear", "performer", "retention", "gla", "delta")  # the mixers with a matrix state
+SHORT_CONV = ["delta"]  # mixers.short_conv's default: fla's DeltaNet has the convolution, its GLA not
 
 
 @config
@@ -221,7 +222,7 @@ class MixerConfig(JsonConfig):
     features: int = 64
     reset_every: int = 64
     rotary: bool = True
-    short_conv: list[str] = field(default_factory=lambda: ["delta"])
+    short_conv: list[str] = field(default_factory=lambda: list(SHORT_CONV))
     state_bptt: int = 1
 
     def __post_init__(self) -> None:
@@ -558,7 +559,7 @@ class ModelConfig(JsonConfig):
         mixers, mem = self.layer_mixers, self.memory
         stray = [name for name in self.mixers.short_conv if name not in mixers]
         check(
-            not stray or self.mixers.short_conv == MixerConfig().short_conv,
+            not stray or self.mixers.short_conv == SHORT_CONV,
             f"mixers.short_conv names {', '.join(stray)}, which no layer of this stack is (mixer={','.join(mixers)}): "
             "name the stack's linear-attention layers that take the convolution, or none",
         )
