@@ -19,7 +19,7 @@ from longseq.data import (
     WordTokenizer,
     load_tokenizer,
 )
-from longseq.data.corpus import bundled_corpus_path
+from longseq.data.corpus import bundled_corpus_path, load_corpus
 from longseq.data.tokenizers import (
     EOS,
     UNK,
@@ -172,8 +172,8 @@ def test_char_tokenizer_error_names_the_character_and_its_line_and_column():
 def test_data_config_takes_bpe_and_tokenizer_files():
     assert DataConfig(tokenizer="bpe", vocab_size=4096).vocab_size == 4096
     assert DataConfig(tokenizer="gpt2/tokenizer.json").tokenizer == "gpt2/tokenizer.json"
-    with raises_naming(ConfigError, "'bpee'", "byte, char, word, bpe"):
-        DataConfig(tokenizer="bpee")
+    with raises_naming(TokenizerError, "'bpee'", "byte, char, word, bpe"):  # named when the corpus is read
+        load_corpus(None, DataConfig(tokenizer="bpee").tokenizer)
     with pytest.raises(ConfigError, match="vocab_size"):
         DataConfig(tokenizer="bpe", vocab_size=100)
 

@@ -73,7 +73,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def _load(args: argparse.Namespace):
     """The checkpoint's model, the evaluation settings, the split's ids (and documents), the bits unit, the share of
     ``<unk>`` and the tokenizer."""
-    from longseq.eval.evaluate import bits_unit
 
     if len(args.checkpoint) != 1:
         raise ValueError(
@@ -93,7 +92,7 @@ def _load(args: argparse.Namespace):
         run_config,
         ids,
         doc_ids,
-        bits_unit(tokenizer.kind),
+        tokenizer.bits_metric,
         ({} if unk is None else {"unk_rate": unk}),
         tokenizer,
     )
