@@ -187,6 +187,9 @@ def decode_text(data: bytes, path: str, offset: int = 0) -> str:
         raise not_utf8(path, offset + exc.start, data[exc.start : exc.start + 4]) from None
 
 
+GENERAL_ADVICE = "build the tokenizer from text that contains it, or use --tokenizer byte (every byte has an id)"
+
+
 def unknown_character(
     source: Source, path: str, exc: UnknownCharacterError, line: int | None = None, column: int | None = None
 ) -> CorpusError:
@@ -195,8 +198,7 @@ def unknown_character(
     line, column = exc.line if line is None else line, exc.column if column is None else column
     return CorpusError(
         f"{path}, {source.reader(path).where(path, line, column)}: character {exc.char!r} (U+{ord(exc.char):04X}) "
-        "is not in the tokenizer's vocabulary; build the tokenizer from text that contains it, or use --tokenizer "
-        "byte (every byte has an id)"
+        f"is not in the tokenizer's vocabulary; {exc.advice or GENERAL_ADVICE}"
     )
 
 

@@ -2,7 +2,9 @@
 
 * ``plain``: UTF-8 text (:mod:`~longseq.data.readers.text`), with the layouts of PTB, WikiText and
   ``{train,valid,test}.txt``;
-* ``table``: a column of a parquet, arrow or JSON-lines file (:mod:`~longseq.data.readers.table`).
+* ``table``: a column of a parquet, arrow or JSON-lines file (:mod:`~longseq.data.readers.table`);
+* ``fasta``: FASTA files of DNA or protein (``.fa``, ``.fasta``, ``.fna``, ``.faa``, gzipped too), one record a line
+  (:mod:`~longseq.data.readers.fasta`; Biopython, the ``genomes`` extra).
 
 A file is read by the reader whose ``suffixes`` end its name (``plain`` otherwise); a directory holding a reader's
 layout is that layout.  A new format is one module with one :class:`Reader` subclass and one entry here.
@@ -11,10 +13,11 @@ layout is that layout.  A new format is one module with one :class:`Reader` subc
 from __future__ import annotations
 
 from longseq.data.readers.base import BLOCK_BYTES, CorpusError, Reader, ReadOptions, Tap, not_utf8
+from longseq.data.readers.fasta import Fasta
 from longseq.data.readers.table import Table
 from longseq.data.readers.text import PlainText
 
-READERS: dict[str, type[Reader]] = {cls.name: cls for cls in (PlainText, Table)}
+READERS: dict[str, type[Reader]] = {cls.name: cls for cls in (PlainText, Table, Fasta)}
 
 __all__ = [
     "BLOCK_BYTES",

@@ -4,7 +4,10 @@
 * ``char``: the characters of the corpus, sorted by code point.
 * ``word``: whitespace tokens ordered by frequency, ``<eos>`` at every line end, ``<unk>`` for unseen words.
 * ``bpe``: byte-level BPE on the HF ``tokenizers`` library, trained on the training text or read from any BPE
-  ``tokenizer.json`` (GPT-2's); ids ordered by frequency in the training text.
+  ``tokenizer.json`` (GPT-2's); ids ordered by frequency in the training text;
+* ``nucleotide``, ``nucleotide_cased``: DNA one base a token (A, C, G, T, N; the second keeps soft-masked
+  lowercase as ids of its own); ``protein``: one amino acid a token.  Fixed alphabets with the record separator
+  ``\n`` and ``[MASK]`` (:mod:`~longseq.data.tokenizers.alphabet`).
 
 A tokenizer is named by a *spec*: a kind of :data:`TOKENIZERS`, or the path of a tokenizer file (ours, or an HF
 ``tokenizer.json``); see :func:`build_tokenizer`.  A new kind is one module with one :class:`Tokenizer` subclass
@@ -38,10 +41,21 @@ from longseq.data.tokenizers.base import (
 from longseq.data.tokenizers.bpe import BPETokenizer, train_bpe
 from longseq.data.tokenizers.byte import ByteTokenizer
 from longseq.data.tokenizers.char import CharTokenizer
+from longseq.data.tokenizers.nucleotide import CasedNucleotideTokenizer, NucleotideTokenizer
+from longseq.data.tokenizers.protein import ProteinTokenizer
 from longseq.data.tokenizers.word import WordTokenizer
 
 TOKENIZERS: dict[str, type[Tokenizer]] = {
-    cls.kind: cls for cls in (ByteTokenizer, CharTokenizer, WordTokenizer, BPETokenizer)
+    cls.kind: cls
+    for cls in (
+        ByteTokenizer,
+        CharTokenizer,
+        WordTokenizer,
+        BPETokenizer,
+        NucleotideTokenizer,
+        CasedNucleotideTokenizer,
+        ProteinTokenizer,
+    )
 }
 KINDS = tuple(TOKENIZERS)
 
@@ -54,7 +68,10 @@ __all__ = [
     "UNK",
     "BPETokenizer",
     "ByteTokenizer",
+    "CasedNucleotideTokenizer",
     "CharTokenizer",
+    "NucleotideTokenizer",
+    "ProteinTokenizer",
     "Settings",
     "Tokenizer",
     "TokenizerError",

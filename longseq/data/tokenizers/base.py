@@ -35,7 +35,10 @@ class TokenizerError(ValueError):
 
 class UnknownCharacterError(TokenizerError):
     """A character that a character vocabulary lacks, with where it is: ``index`` into the text, 1-based
-    ``line`` and ``column``."""
+    ``line`` and ``column``; ``advice``: what to do, where the tokenizer knows better than the general advice (a
+    fixed alphabet names its letters)."""
+
+    advice: str | None = None
 
     def __init__(self, char: str, index: int, line: int, column: int, vocab_size: int) -> None:
         self.char, self.index, self.line, self.column = char, index, line, column
