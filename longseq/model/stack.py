@@ -98,6 +98,11 @@ class DecoderLayer(nn.Module):
         hidden, present, mass = self.dec_attn(hidden, rel_key, r_w_bias, r_r_bias, mask, context)
         return LayerOutput(self.pos_ff(hidden), present, mass)
 
+    def state_fault(self, state, batch: int) -> str | None:
+        if state.attends:  # its shapes: Memory.check
+            return None
+        return f"an attention layer keeps keys and values (or its inputs), not a {type(state).__name__}"
+
     def reconstruction_loss(self, target: Reconstruction) -> Tensor:
         """The Compressive Transformer's attention-reconstruction loss of a compressed memory, with this layer's
         attention weights (detached: only the compressor learns from it)."""
@@ -189,8 +194,22 @@ class LayerStack(nn.Module):
         self, memory: Memory, batch: int, qlen: int, device, recurrence: Recurrence, doc_ids: Tensor | None = None
     ) -> MemoryStep:
         """The memory step of one forward pass of these layers over a (batch, qlen) segment."""
+        self.check_memory(memory, batch)
         given = StepInputs(memory, batch, qlen, recurrence, doc_ids, self.training, device, self.attends)
         return self.memory.begin(given)
+
+    def check_memory(self, memory: Memory, batch: int) -> None:
+        """Refuse by name a memory that does not fit these layers and ``batch`` rows (one another model made): one
+        state per layer, each of the kind and shapes its layer keeps."""
+        c = self.config
+        memory.check(len(self.layers), batch, c.d_model, c.n_kv_head or c.n_head, c.d_head)
+        for i, (layer, state) in enumerate(zip(self.layers, memory.layers)):
+            fault = layer.state_fault(state, batch)
+            if fault is not None:
+                raise ValueError(
+                    f"mems[{i}] does not fit layer {i} of this model: {fault}.  The memory (or cache) was made by "
+                    "another model: pass the one this model returned, or none to start afresh"
+                )
 
     def run(
         self,
