@@ -400,3 +400,21 @@ def test_the_boundaries_a_diagnosis_reads_and_their_statistics():
     assert (stats["chunks"], stats["mean_length"], stats["longest"]) == (3, 8 / 3, 3)
     assert abs(stats["std_length"] - (2 / 9) ** 0.5) < 1e-12 and stats["memory_bytes"] == 4 * 8 / 3
     assert (stats["at_space"], stats["at_word_start"], stats["word_starts_in_text"]) == (2 / 3, 0.0, 2 / 8)
+
+
+def test_the_chunk_tools_on_empty_input_give_no_starts_or_a_named_error():
+    """No tokens: no chunk starts (an empty tensor), as the model's own pass over none would give; statistics of no
+    text, or of starts that do not fit it, are errors that say so."""
+    model = dynamic("learned")
+    starts = read_boundaries(model, torch.zeros(0, dtype=torch.long), 5)
+    assert starts.shape == (0,) and starts.dtype == torch.bool
+    with raises_naming(ValueError, "(T,)", "(1, 4)"):
+        read_boundaries(model, torch.zeros(1, 4, dtype=torch.long), 5)
+    with raises_naming(ValueError, "segment=0"):
+        read_boundaries(model, torch.zeros(4, dtype=torch.long), 0)
+    with raises_naming(ValueError, "empty"):
+        chunk_statistics(b"", starts, mem_len=4)
+    with raises_naming(ValueError, "3 positions", "2 bytes"):
+        chunk_statistics(b"ab", torch.tensor([1, 0, 0]), mem_len=4)
+    with raises_naming(ValueError, "no chunk start"):
+        chunk_statistics(b"ab", torch.tensor([0, 0]), mem_len=4)
