@@ -214,6 +214,43 @@ def test_the_harness_hf_model_scores_an_export_as_longseq(lm, checkpoint, tmp_pa
     assert [s for s, _ in theirs] == pytest.approx([s for s, _ in ours], rel=1e-5)
 
 
+def test_the_hf_model_scores_a_word_export_as_longseq(tmp_path):
+    """A word model's export: the ``hf`` model's rolling log-likelihoods and continuations are the ``longseq``
+    model's (texts of one segment).  Its tokenizer ended every text with ``<eos>``: a request scored one ``<eos>``
+    more than its text (issue 60 measured word perplexity 38,364 against 7,733) and a context's ``<eos>`` took
+    the continuation's first word; an export written so is named when it loads."""
+    pytest.importorskip("transformers", minversion="5")
+    from lm_eval.models.huggingface import HFLM
+    from tokenizers import Regex, normalizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    import longseq.hf  # noqa: F401
+    from longseq.data.tokenizers import WordTokenizer
+
+    word = WordTokenizer.build("the cat sat on the mat\nthe dog ate the hat\n")
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=word.vocab_size, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32,
+                         mem_len=12, init_std=0.3)  # fmt: skip
+    run = RunConfig(config, DataConfig(tokenizer="word", eval_tgt_len=16, eval_batch_size=1), TrainConfig())
+    save_checkpoint(str(tmp_path / "ckpt"), TransformerXLLM(config), run, word)
+    assert main(["convert", "--to-hf", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")]) == 0
+    ours = LongseqLM(str(tmp_path / "ckpt"), device="cpu")
+    theirs = HFLM(pretrained=str(tmp_path / "hf"), device="cpu", batch_size=2, prefix_token_id=ours.eot_token_id)
+    rolling = [request("loglikelihood_rolling", text) for text in ("the cat sat on the mat", "the dog ate\nthe hat")]
+    assert theirs.loglikelihood_rolling(rolling, disable_tqdm=True) == pytest.approx(
+        ours.loglikelihood_rolling(rolling, disable_tqdm=True), rel=1e-5
+    )
+    pairs = [request("loglikelihood", "the cat", " sat on"), request("loglikelihood", "the dog ate\n", "the hat")]
+    assert [s for s, _ in theirs.loglikelihood(pairs, disable_tqdm=True)] == pytest.approx(
+        [s for s, _ in ours.loglikelihood(pairs, disable_tqdm=True)], rel=1e-5
+    )
+    old = HFTokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))  # as exports were written before
+    old.normalizer = normalizers.Sequence([normalizers.Replace(Regex(r"\n?\z"), "\n"), old.normalizer])
+    old.save(str(tmp_path / "hf" / "tokenizer.json"))
+    with pytest.warns(UserWarning, match="tokenizer.json ends every text with <eos>.*convert --to-hf"):
+        longseq.hf.LongseqForCausalLM.from_pretrained(str(tmp_path / "hf"))
+
+
 CHOICE_TASK = """task: longseq_local_choice
 dataset_path: json
 dataset_kwargs:

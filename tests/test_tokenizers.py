@@ -197,6 +197,21 @@ def test_word_vocabulary_is_frequency_ordered_with_eos_and_unk():
     assert tok.words[ids[1]] == "<unk>" and tok.words[ids[-1]] == "<eos>"
 
 
+def test_a_prompt_ends_a_line_only_where_it_has_a_line_end():
+    """``encode`` reads a corpus, every line ended by ``<eos>``, the last too; ``encode_prompt`` reads text the model
+    continues (a prompt, a harness request), so a word text's unfinished last line gets no ``<eos>``; the other
+    kinds have no line-end token of their own and give ``encode``'s ids."""
+    tok = WordTokenizer.build("b a a\nc a b\n")
+    eos = tok.index["<eos>"]
+    assert tok.encode("a b").tolist() == [tok.index["a"], tok.index["b"], eos]
+    assert tok.encode_prompt("a b").tolist() == [tok.index["a"], tok.index["b"]]
+    assert tok.encode_prompt("a\nb").tolist() == [tok.index["a"], eos, tok.index["b"]]
+    for text in ("a b\n", "a\n\n", "\n", ""):
+        assert tok.encode_prompt(text).tolist() == tok.encode(text).tolist(), text
+    for other in (build_tokenizer("byte", "ab\n"), build_tokenizer("char", "ab\n")):
+        assert other.encode_prompt("ab\nb").tolist() == other.encode("ab\nb").tolist()
+
+
 def test_char_tokenizer_names_unknown_character():
     with pytest.raises(TokenizerError, match="'z'"):
         CharTokenizer.build("abc").encode("abz")

@@ -54,6 +54,12 @@ class Tokenizer:
     def encode(self, text: str) -> np.ndarray:
         raise NotImplementedError
 
+    def encode_prompt(self, text: str) -> np.ndarray:
+        """The ids of ``text`` as the model continues it (a prompt, an evaluation request): a line ends only where
+        the text has a line end.  :meth:`encode` reads text as a corpus, whose every line ends; the two differ only
+        for a word tokenizer, whose ``encode`` ends the last line with ``<eos>`` too."""
+        return self.encode(text)
+
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
 
@@ -214,6 +220,10 @@ class WordTokenizer(Tokenizer):
         index, unk = self.index, self.unk_id
         ids = [index.get(w, unk) for symbols in self._lines(text) for w in symbols]
         return np.asarray(ids, dtype=np.int64)
+
+    def encode_prompt(self, text: str) -> np.ndarray:
+        ids = self.encode(text)
+        return ids if text.endswith("\n") else ids[:-1]  # a last line that does not end: no <eos> (empty: none)
 
     def decode(self, ids: Iterable[int]) -> str:
         out = []

@@ -124,12 +124,9 @@ class LongseqLM(TemplateLM):
         return f"longseq-{self.tokenizer.kind}-{self.tokenizer.vocab_size}"
 
     def tok_encode(self, string: str, add_special_tokens=None, **kwargs) -> list[int]:
-        """The ids of ``string``; a word tokenizer's end of line is kept only where the string has one (its
-        ``encode`` ends every line, the last one too)."""
-        ids = [int(i) for i in self.tokenizer.encode(string)]
-        if self.tokenizer.kind == "word" and ids and not string.endswith("\n") and ids[-1] == self._prefix:
-            ids.pop()
-        return ids
+        """The ids of ``string`` as written (``encode_prompt``: a word tokenizer's end of line only where the
+        string has one), as the export's tokenizer gives them to the harness's ``hf`` model."""
+        return [int(i) for i in self.tokenizer.encode_prompt(string)]
 
     def tok_decode(self, ids) -> str:
         return self.tokenizer.decode(ids)

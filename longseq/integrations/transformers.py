@@ -43,6 +43,7 @@ import dataclasses
 import functools
 import os
 import re
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -81,6 +82,7 @@ from longseq.interop.hf_longseq import (
     save_tokenizers,
     tied_names,
 )
+from longseq.interop.hf_tokenizer import ends_every_text
 from longseq.interop.transfo_xl import refuse_non_finite
 from longseq.model import Memory, TransformerXLLM, build_model
 from longseq.model.lstm import LSTMLM
@@ -202,6 +204,13 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         path = os.path.join(directory, TOKENIZER_FILE)
         if os.path.isfile(path):
             model.tokenizer = load_tokenizer(path, vocab_size=model.config.vocab_size)
+        if ends_every_text(directory):
+            warnings.warn(
+                f"{directory}/tokenizer.json ends every text with <eos> (a word tokenizer exported before 2026-12-07): "
+                "a prompt ends its line and an evaluation request scores one <eos> more than its text; export the "
+                "checkpoint again (longseq convert --to-hf)",
+                stacklevel=2,
+            )
         return (model, info) if want_info else model
 
     def _untie_from_embeddings(self, missing) -> set[str]:

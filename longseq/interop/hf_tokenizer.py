@@ -2,7 +2,9 @@
 loads as a fast tokenizer (``PreTrainedTokenizerFast``), built from the ``tokenizers`` library's own models,
 normalizers, pre-tokenizers and decoders, written without transformers.
 
-Each gives the ids :meth:`longseq.data.tokenizers.Tokenizer.encode` gives, and decodes to
+Each gives the ids :meth:`longseq.data.tokenizers.Tokenizer.encode_prompt` gives (the text as written, which the
+model continues: ``generate``'s prompts, the LM evaluation harness's requests; ``encode``'s but for a word
+tokenizer, whose ``encode`` reads a corpus and ends its last line too), and decodes to
 :meth:`~longseq.data.tokenizers.Tokenizer.decode`'s text (``skip_special_tokens=False``, transformers' default):
 
 * ``byte``: the ``ByteLevel`` pre-tokenizer (no regex split) over a BPE model of the 256 byte symbols and no merges,
@@ -10,8 +12,9 @@ Each gives the ids :meth:`longseq.data.tokenizers.Tokenizer.encode` gives, and d
 * ``char``: every character its own piece (a ``Split`` pre-tokenizer), a ``WordLevel`` model of the characters and
   no unknown token: a character outside the vocabulary is an error at encoding, as longseq's (the library says
   ``Missing [UNK] token from the vocabulary``), never a dropped character.
-* ``word``: normalizers end the text with a line end if it has none (an empty text stays empty) and write every
-  line end as `` <eos> `` (after ``Lowercase`` with ``lowercase``); a ``Split`` on Python's whitespace characters
+* ``word``: normalizers write every line end as `` <eos> `` (after ``Lowercase`` with ``lowercase``), and a text
+  whose last line does not end gets no ``<eos>`` after it (before 2026-12-07 it got one: a request of the harness
+  scored one ``<eos>`` more than the text, and a context's ``<eos>`` took a continuation's first word); a ``Split`` on Python's whitespace characters
   (``str.split``'s) and a ``WordLevel`` model with ``<unk>``; decoders write every word followed by a space and
   ``<eos>`` as a newline.  ``eos_token`` is ``<eos>``, ``unk_token`` ``<unk>``.  ``split_special_tokens`` is on, so
   that text holding ``<eos>`` inside a word is read as longseq reads it (one unknown word).
@@ -83,7 +86,7 @@ def _char_tokenizer(tokenizer: CharTokenizer) -> HFTokenizer:
 def _word_tokenizer(tokenizer: WordTokenizer) -> HFTokenizer:
     hf = HFTokenizer(models.WordLevel(dict(tokenizer.index), unk_token=UNK))
     steps = [normalizers.Replace(Regex(FINAL_SIGMA), "ς"), normalizers.Lowercase()] if tokenizer.lowercase else []
-    steps += [normalizers.Replace(Regex(r"\n?\z"), "\n"), normalizers.Replace("\n", f" {EOS} ")]
+    steps += [normalizers.Replace("\n", f" {EOS} ")]  # a line end where the text has one (encode_prompt)
     hf.normalizer = normalizers.Sequence(steps)
     spaces = "".join(f"\\x{{{ord(ch):x}}}" for ch in WHITESPACE)
     hf.pre_tokenizer = pre_tokenizers.Split(Regex(f"[{spaces}]+"), behavior="removed")
@@ -162,6 +165,20 @@ def hf_tokenizer_config(tokenizer: Tokenizer) -> dict:
         "longseq_kind": tokenizer.kind,
         **special_tokens(tokenizer),
     }
+
+
+OLD_WORD_END = r"\n?\z"  # the normalizer pattern that ended every text with a line end (before 2026-12-07)
+
+
+def ends_every_text(directory: str) -> bool:
+    """Whether ``directory/tokenizer.json`` is a word tokenizer written before 2026-12-07, which ends every text with
+    ``<eos>`` (a request of the harness then scores one token more than its text); write the export again."""
+    try:
+        with open(os.path.join(directory, TOKENIZER_FILE), encoding="utf-8") as f:
+            steps = (json.load(f).get("normalizer") or {}).get("normalizers") or []
+    except (OSError, ValueError, AttributeError):
+        return False
+    return any(isinstance(s, dict) and (s.get("pattern") or {}).get("Regex") == OLD_WORD_END for s in steps)
 
 
 def save_hf_tokenizer(tokenizer: Tokenizer, out: str) -> None:

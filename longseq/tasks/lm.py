@@ -192,11 +192,9 @@ def sample_prompt(tokenizer, prompt: str, valid) -> list[int]:
     if not prompt:
         return [int(i) for i in np.asarray(valid[: max(1, min(16, len(valid) - 1))])]
     try:
-        ids = tokenizer.encode(prompt).tolist()
+        ids = tokenizer.encode_prompt(prompt).tolist()
     except TokenizerError as exc:
         raise ConfigError(f"sample_prompt {prompt!r} cannot be read by the run's tokenizer: {exc}") from None
-    if tokenizer.kind == "word" and ids and not prompt.endswith("\n"):
-        ids = ids[:-1]  # the <eos> that encoding adds at the end of the line
     if not ids:
         raise ConfigError(f"sample_prompt {prompt!r} encodes to no token; give at least one character or word")
     return ids
