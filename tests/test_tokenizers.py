@@ -27,6 +27,7 @@ from longseq.data.tokenizers import (
     build_tokenizer,
     check_tokenizer_fits,
     iter_pieces,
+    newline_id,
     tokenizer_from_dict,
     train_bpe,
 )
@@ -210,6 +211,19 @@ def test_a_prompt_ends_a_line_only_where_it_has_a_line_end():
         assert tok.encode_prompt(text).tolist() == tok.encode(text).tolist(), text
     for other in (build_tokenizer("byte", "ab\n"), build_tokenizer("char", "ab\n")):
         assert other.encode_prompt("ab\nb").tolist() == other.encode("ab\nb").tolist()
+
+
+def test_the_newline_id_is_the_tokenizers_own():
+    """The harness's prefix token (``prefix_token_id``) is the line end of the checkpoint's tokenizer: 10 for bytes
+    only; a character vocabulary's place of the newline (none without it); a word vocabulary's ``<eos>``."""
+    assert newline_id(ByteTokenizer()) == 10
+    chars = CharTokenizer.build("123456789:\n")  # sorted: the newline, 1-9, then ":" at 10
+    assert chars.chars[10] == ":" and newline_id(chars) == chars.chars.index("\n") == 0
+    assert newline_id(CharTokenizer.build("abc")) is None
+    words = WordTokenizer.build(" ".join(f"w{i}" for i in range(12)) + "\n")
+    assert newline_id(words) == words.index["<eos>"] != 10
+    bpe = build_tokenizer("bpe", "one two\nthree\n", vocab_size=300)
+    assert bpe.decode([newline_id(bpe)]) == "\n"
 
 
 def test_char_tokenizer_names_unknown_character():

@@ -399,6 +399,18 @@ def is_tokenizer_path(spec: str) -> bool:
     return spec not in KINDS
 
 
+def newline_id(tokenizer: Tokenizer) -> int | None:
+    """The one id of a line end (a word tokenizer's ``<eos>``; the newline byte or character; a BPE's newline token),
+    or None where the tokenizer has no single token for it (a character vocabulary without the newline).  What
+    longseq's corpora put between documents: the prefix token a document is read after by the LM evaluation
+    harness (``prefix_token_id``)."""
+    try:
+        ids = tokenizer.encode_prompt("\n")
+    except TokenizerError:  # a character vocabulary without the newline
+        return None
+    return int(ids[0]) if len(ids) == 1 else None
+
+
 def build_tokenizer(spec: str, text: str, lowercase: bool = False, vocab_size: int = DEFAULT_BPE_VOCAB) -> Tokenizer:
     """The tokenizer that ``spec`` names, fitted to training ``text``: ``byte``; ``char`` and ``word`` (their
     vocabularies); ``bpe`` (a BPE of ``vocab_size`` tokens learnt from ``text``); or the path of a tokenizer
