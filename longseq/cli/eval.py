@@ -211,7 +211,7 @@ def run_evidence(args, model, settings, run_config, ids, batch_size) -> dict:
 
 
 def run_recl(args: argparse.Namespace) -> dict:
-    from longseq.eval.recl import group_losses, recl
+    from longseq.eval.recl import context_read_by, group_losses, recl
 
     if args.set:
         raise ValueError("eval recl takes no --set; choose the lengths with --contexts")
@@ -231,6 +231,7 @@ def run_recl(args: argparse.Namespace) -> dict:
     result = {"contexts": args.contexts, "tokens": int(len(next(iter(next(iter(losses.values())).values()))))}
     for r in args.r:
         result[f"recl_r{r:g}"] = recl(losses, r=r)
+    result["context_read_by"] = {name: context_read_by(model.config) for name, (model, _) in models.items()}
     result["loss_by_context"] = {
         name: {str(c): float(v.mean()) for c, v in per.items()} for name, per in losses.items()
     }
