@@ -402,6 +402,32 @@ def test_the_boundaries_a_diagnosis_reads_and_their_statistics():
     assert (stats["at_space"], stats["at_word_start"], stats["word_starts_in_text"]) == (2 / 3, 0.0, 2 / 8)
 
 
+def test_same_length_is_refused_at_evaluation_as_in_training(tmp_path, text_corpus, capsys):
+    """Training refuses same_length with learned chunks; evaluation took it (a call's ``same_length``, ``eval --set
+    same_length=true``, lm-eval's ``same_length``) and applied it to the full-resolution layers only.  Every path
+    resolves a call's recurrence through ``ModelConfig.recurrence``, which now refuses it by name; the context
+    curve, which turns it on by default, leaves it off for such a model."""
+    from longseq.cli import main
+    from longseq.config import DataConfig, Recurrence, RunConfig, TrainConfig
+    from longseq.data.tokenizers import ByteTokenizer
+    from longseq.train.checkpoint import save_checkpoint
+
+    model = dynamic("learned", mem_len=8).float()
+    x = torch.randint(0, 30, (2, 9))
+    for given in ({"same_length": True}, {"recurrence": Recurrence(8, same_length=True)}):
+        with raises_naming(ConfigError, "same_length", "boundaries=learned", "full-resolution"):
+            model(x, **given)
+    config = ModelConfig(**{**SMALL, "vocab_size": 256, "mem_len": 8, "shorten_layers": [1, 3],
+                            "boundaries": "learned"})  # fmt: skip
+    run = RunConfig(config, DataConfig(tokenizer="byte", eval_tgt_len=8, eval_batch_size=1), TrainConfig())
+    save_checkpoint(str(tmp_path / "ckpt"), TransformerXLLM(config), run, ByteTokenizer())
+    argv = ["eval", "--checkpoint", str(tmp_path / "ckpt"), "--data", str(text_corpus), "--device", "cpu", "--quiet"]
+    capsys.readouterr()
+    assert main([*argv, "--set", "same_length=true", "max_segments=2"]) != 0
+    assert "same_length" in capsys.readouterr().err
+    assert main([*argv, "--context-curve", "0,8", "--set", "max_segments=2"]) == 0
+
+
 def test_the_chunk_tools_on_empty_input_give_no_starts_or_a_named_error():
     """No tokens: no chunk starts (an empty tensor), as the model's own pass over none would give; statistics of no
     text, or of starts that do not fit it, are errors that say so."""

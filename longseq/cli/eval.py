@@ -191,13 +191,12 @@ def run_evidence(args, model, settings, run_config, ids, batch_size) -> dict:
         }
         plot = plot_per_position
     else:
-        same_length = True if settings.same_length is None else settings.same_length
         skip = args.skip_segments or 0
         result = context_curve(
             model,
             ids,
             args.context_curve,
-            same_length=same_length,
+            same_length=settings.same_length,
             clamp_len=settings.clamp_len,
             skip_segments=skip,
             **common,
