@@ -248,7 +248,8 @@ class HourglassConfig(JsonConfig):
       then ``shorten_fn`` = linear or mean pooling of each group);
     * ``learned``: H-Net's dynamic chunking (Hwang, Wang and Gu, 2025): a routing module cuts where adjacent states
       differ, ``ratio_loss`` weighs the loss that holds the mean chunk length near ``shorten_factor`` (0.3: H-Net's
-      0.03 leaves a small model's chunks 20-40% short of the target after hundreds of steps, docs/mixers.md);
+      0.03 leaves a small model's chunks 20-40% short of the target after hundreds of steps, docs/mixers.md; like
+      H-Net's per device, it is each gradient-accumulation chunk's and rank's own, not the whole batch's);
     * ``entropy``: the Byte Latent Transformer's entropy patches (Pagnoni et al., 2024): a cut where the next-byte
       entropy rises (``entropy_rule=relative``, the default) or is high (``global``), its threshold tracking the
       quantile that gives chunks of ``shorten_factor`` positions on average in training (the global threshold,
