@@ -41,6 +41,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> dict:
     import os
 
+    from longseq.data.tokenizers import newline_id
     from longseq.interop.hf_longseq import EXPORT_FILES, convert_from_longseq_hf, export_longseq_hf, is_longseq_hf
     from longseq.interop.transfo_xl import TRANSFO_XL_FILES, check_export_directory, convert_from_hf, export_to_hf
     from longseq.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
@@ -66,12 +67,14 @@ def run(args: argparse.Namespace) -> dict:
         raise ValueError(f"{args.checkpoint} is fine-tuned for {run.task.name}; only language models export")
     if args.format == "transfo-xl":
         export_to_hf(model, args.out, tokenizer)
-    else:
-        tgt_len = run.data.tgt_len
-        export_longseq_hf(
-            model, args.out, tokenizer, segment_len=tgt_len, generate_mem_len=run.model.memory.mem_len + tgt_len
-        )
-    return {"checkpoint": args.checkpoint, "to_hf": args.out, "format": args.format}
+        return {"checkpoint": args.checkpoint, "to_hf": args.out, "format": args.format}
+    tgt_len = run.data.tgt_len
+    export_longseq_hf(
+        model, args.out, tokenizer, segment_len=tgt_len, generate_mem_len=run.model.memory.mem_len + tgt_len
+    )
+    # the harness's hf model reads a document after this token (docs/lm-eval.md): the newline of this tokenizer
+    prefix = newline_id(tokenizer)
+    return {"checkpoint": args.checkpoint, "to_hf": args.out, "format": args.format, "lm_eval_prefix_token_id": prefix}
 
 
 CHECKPOINT_FILES = ("config.json", "tokenizer.json", "model.safetensors", "manifest.json")

@@ -190,13 +190,12 @@ def run_evidence(args, model, settings, run_config, ids, batch_size) -> dict:
         }
         plot = plot_per_position
     else:
-        same_length = True if settings.same_length is None else settings.same_length
         skip = args.skip_segments or 0
         result = context_curve(
             model,
             ids,
             args.context_curve,
-            same_length=same_length,
+            same_length=settings.same_length,
             clamp_len=settings.clamp_len,
             skip_segments=skip,
             **common,
@@ -210,7 +209,7 @@ def run_evidence(args, model, settings, run_config, ids, batch_size) -> dict:
 
 
 def run_recl(args: argparse.Namespace) -> dict:
-    from longseq.eval.recl import group_losses, recl
+    from longseq.eval.recl import context_read_by, group_losses, recl
 
     if args.set:
         raise ValueError("eval recl takes no --set; choose the lengths with --contexts")
@@ -230,6 +229,7 @@ def run_recl(args: argparse.Namespace) -> dict:
     result = {"contexts": args.contexts, "tokens": int(len(next(iter(next(iter(losses.values())).values()))))}
     for r in args.r:
         result[f"recl_r{r:g}"] = recl(losses, r=r)
+    result["context_read_by"] = {name: context_read_by(model.config) for name, (model, _) in models.items()}
     result["loss_by_context"] = {
         name: {str(c): float(v.mean()) for c, v in per.items()} for name, per in losses.items()
     }

@@ -30,7 +30,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def prompt_ids(tokenizer, prompt: str) -> list[int]:
     """The prompt's ids; a word prompt not ending in a newline does not end its line (no <eos>).  Unknown words
     are named on stderr."""
-    ids = tokenizer.encode_prefix(prompt).tolist()
+    ids = tokenizer.encode_prompt(prompt).tolist()
     if tokenizer.kind == "word":
         words = [w.lower() if tokenizer.lowercase else w for w in prompt.split()]
         unknown = sorted({w for w in words if w not in tokenizer.index})

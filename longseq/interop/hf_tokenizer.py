@@ -2,7 +2,9 @@
 loads as a fast tokenizer (``PreTrainedTokenizerFast``), built from the ``tokenizers`` library's own models,
 normalizers, pre-tokenizers and decoders, written without transformers.
 
-Each gives the ids :meth:`longseq.data.tokenizers.Tokenizer.encode` gives, and decodes to
+Each gives the ids :meth:`longseq.data.tokenizers.Tokenizer.encode_prompt` gives (the text as written, which the
+model continues: ``generate``'s prompts, the LM evaluation harness's requests; ``encode``'s but for a word
+tokenizer, whose ``encode`` reads a corpus and ends its last line too), and decodes to
 :meth:`~longseq.data.tokenizers.Tokenizer.decode`'s text (``skip_special_tokens=False``, transformers' default):
 
 Each kind builds its own (:meth:`~longseq.data.tokenizers.Tokenizer.to_hf`, beside its encoder in
@@ -62,6 +64,20 @@ def hf_tokenizer_config(tokenizer: Tokenizer) -> dict:
         "longseq_kind": tokenizer.kind,
         **special_tokens(tokenizer),
     }
+
+
+OLD_WORD_END = r"\n?\z"  # the normalizer pattern that ended every text with a line end (before 2026-12-07)
+
+
+def ends_every_text(directory: str) -> bool:
+    """Whether ``directory/tokenizer.json`` is a word tokenizer written before 2026-12-07, which ends every text with
+    ``<eos>`` (a request of the harness then scores one token more than its text); write the export again."""
+    try:
+        with open(os.path.join(directory, TOKENIZER_FILE), encoding="utf-8") as f:
+            steps = (json.load(f).get("normalizer") or {}).get("normalizers") or []
+    except (OSError, ValueError, AttributeError):
+        return False
+    return any(isinstance(s, dict) and (s.get("pattern") or {}).get("Regex") == OLD_WORD_END for s in steps)
 
 
 def save_hf_tokenizer(tokenizer: Tokenizer, out: str) -> None:

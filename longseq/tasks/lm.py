@@ -192,7 +192,7 @@ def sample_prompt(tokenizer, prompt: str, valid) -> list[int]:
     if not prompt:
         return [int(i) for i in np.asarray(valid[: max(1, min(16, len(valid) - 1))])]
     try:
-        ids = tokenizer.encode_prefix(prompt).tolist()  # a word prompt does not end its line
+        ids = tokenizer.encode_prompt(prompt).tolist()
     except TokenizerError as exc:
         raise ConfigError(f"sample_prompt {prompt!r} cannot be read by the run's tokenizer: {exc}") from None
     if not ids:

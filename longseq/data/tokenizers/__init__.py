@@ -83,6 +83,7 @@ __all__ = [
     "is_tokenizer_path",
     "iter_pieces",
     "load_tokenizer",
+    "newline_id",
     "tokenizer_class",
     "tokenizer_from_dict",
     "train_bpe",
@@ -103,6 +104,18 @@ def tokenizer_class(spec: str) -> type[Tokenizer]:
             f"unknown tokenizer {spec!r}: choose one of {', '.join(TOKENIZERS)}, or a tokenizer .json file"
         )
     return TOKENIZERS[spec]
+
+
+def newline_id(tokenizer: Tokenizer) -> int | None:
+    """The one id of a line end (a word tokenizer's ``<eos>``; the newline byte or character; a BPE's newline token),
+    or None where the tokenizer has no single token for it (a character vocabulary without the newline).  What
+    longseq's corpora put between documents: the prefix token a document is read after by the LM evaluation
+    harness (``prefix_token_id``)."""
+    try:
+        ids = tokenizer.encode_prompt("\n")
+    except TokenizerError:  # a character vocabulary without the newline
+        return None
+    return int(ids[0]) if len(ids) == 1 else None
 
 
 def build_tokenizer(spec: str, text: str, lowercase: bool = False, vocab_size: int = DEFAULT_BPE_VOCAB) -> Tokenizer:

@@ -11,7 +11,7 @@ A kind is one class in its own module, named in :data:`longseq.data.tokenizers.T
 * how it is saved (:meth:`Tokenizer.to_dict`, :meth:`Tokenizer.from_dict`) and how transformers reads it
   (:meth:`Tokenizer.to_hf`, :meth:`Tokenizer.special_tokens`);
 * what its evaluation reports (``bits_metric``: ``bpc`` where a token is a character or a byte) and how a text
-  that goes on after it is encoded (:meth:`Tokenizer.encode_prefix`).
+  that goes on after it is encoded (:meth:`Tokenizer.encode_prompt`).
 """
 
 from __future__ import annotations
@@ -114,9 +114,10 @@ class Tokenizer:
         parts = [self.encode(piece) for piece in pieces]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
-    def encode_prefix(self, text: str) -> np.ndarray:
-        """The ids of a text that goes on after it (a prompt, a context): as :meth:`encode`, but for kinds that end
-        every line with a token, whose last line is not ended unless ``text`` ends with a newline."""
+    def encode_prompt(self, text: str) -> np.ndarray:
+        """The ids of ``text`` as the model continues it (a prompt, an evaluation request): a line ends only where
+        the text has a line end.  :meth:`encode` reads text as a corpus, whose every line ends; the two differ only
+        for kinds that end every line with a token (a word tokenizer's ``<eos>``)."""
         return self.encode(text)
 
     @property

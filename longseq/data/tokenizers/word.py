@@ -92,10 +92,9 @@ class WordTokenizer(Tokenizer):
         ids = [index.get(w, unk) for symbols in self._lines(text) for w in symbols]
         return np.asarray(ids, dtype=np.int64)
 
-    def encode_prefix(self, text: str) -> np.ndarray:
-        """A text that does not end with a newline does not end its line: no ``<eos>`` after its last word."""
+    def encode_prompt(self, text: str) -> np.ndarray:
         ids = self.encode(text)
-        return ids[:-1] if len(ids) and not text.endswith("\n") and ids[-1] == self.index[EOS] else ids
+        return ids if text.endswith("\n") else ids[:-1]  # a last line that does not end: no <eos> (empty: none)
 
     def decode(self, ids: Iterable[int]) -> str:
         out = []
@@ -137,13 +136,14 @@ class WordTokenizer(Tokenizer):
         return np.asarray(spans, dtype=np.int64).reshape(-1, 2)
 
     def to_hf(self) -> HFTokenizer:
-        """Normalizers end the text with a line end if it has none (an empty text stays empty) and write every line
-        end as `` <eos> `` (after ``Lowercase`` with ``lowercase``); a ``Split`` on Python's whitespace characters
+        """Normalizers write every line end as `` <eos> `` (after ``Lowercase`` with ``lowercase``), and a text whose
+        last line does not end gets no ``<eos>`` after it, as :meth:`encode_prompt` (before 2026-12-07 it got one: a
+        request of the harness scored one ``<eos>`` more than the text); a ``Split`` on Python's whitespace characters
         (``str.split``'s) and a ``WordLevel`` model with ``<unk>``; decoders write every word followed by a space
         and ``<eos>`` as a newline."""
         hf = HFTokenizer(models.WordLevel(dict(self.index), unk_token=UNK))
         steps = [normalizers.Replace(Regex(FINAL_SIGMA), "ς"), normalizers.Lowercase()] if self.lowercase else []
-        steps += [normalizers.Replace(Regex(r"\n?\z"), "\n"), normalizers.Replace("\n", f" {EOS} ")]
+        steps += [normalizers.Replace("\n", f" {EOS} ")]  # a line end where the text has one (encode_prompt)
         hf.normalizer = normalizers.Sequence(steps)
         spaces = "".join(f"\\x{{{ord(ch):x}}}" for ch in whitespace())
         hf.pre_tokenizer = pre_tokenizers.Split(Regex(f"[{spaces}]+"), behavior="removed")
