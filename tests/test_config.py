@@ -17,6 +17,7 @@ from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
 from longseq.api import train
 from longseq.config import PRESETS, ConfigError, get_preset, load_run_config, write_run_config
 from longseq.config.files import dumps_toml, preset_names
+from longseq.config.model import BIDIRECTIONAL_MIXERS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -389,7 +390,11 @@ def test_a_config_may_name_what_a_registry_implements_and_nothing_else(field, re
         value = [name] if field in ("attention", "mixer") else name
         if name == "flex":
             continue  # a CUDA kernel (and PyTorch's eager path on CPU): test_flex holds it to the reference
-        config = ModelConfig(**{**base, **extra, field: value, **({"mem_len": 0} if name == "absolute" else {})})
+        own = {
+            "absolute": {"mem_len": 0},
+            **dict.fromkeys(BIDIRECTIONAL_MIXERS, {"bidirectional": True, "head_dim": 8}),
+        }
+        config = ModelConfig(**{**base, **extra, field: value, **own.get(name, {})})
         build_model(config)
     wrong = ["windw"] if field in ("attention", "mixer") else "windw"
     with pytest.raises(ConfigError, match=r"unknown value 'windw'"):

@@ -119,7 +119,7 @@ def hybrid(**extra):
 @pytest.mark.parametrize(
     "overrides",
     [
-        *({"mixer": [name]} for name in MIXERS),
+        *({"mixer": [name], "bidirectional": MIXERS[name].bidirectional} for name in MIXERS),
         {"mixer": ["linear"], "reset_every": 8},
         {"mixer": ["performer"], "rotary": True, "short_conv": ["performer"]},
         {"mixer": ["retention", "gla", "retention", "gla"], "short_conv": ["retention", "gla"]},

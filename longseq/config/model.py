@@ -196,6 +196,7 @@ class PositionConfig(JsonConfig):
 
 
 LINEAR_FAMILY = ("linear", "performer", "retention", "gla", "delta")  # the mixers with a matrix state
+BIDIRECTIONAL_MIXERS = ("rc_ssm", "rc_conv")  # mixers that read both ways (model/mixers/reverse_complement.py)
 SHORT_CONV = ["delta"]  # mixers.short_conv's default: fla's DeltaNet has the convolution, its GLA not
 
 
@@ -595,10 +596,28 @@ class ModelConfig(JsonConfig):
                 "stacks; a stack with recurrent layers (ssm, conv, rnn, the linear-attention family) keeps the plain "
                 "memory",
             )
+            causal = sorted({m for m in mixers if m not in ("attention", *BIDIRECTIONAL_MIXERS)})
             check(
-                not self.pattern.bidirectional,
-                "the recurrent layers (ssm, conv, rnn, the linear-attention family) are causal: bidirectional=true "
-                "needs attention layers",
+                not self.pattern.bidirectional or not causal,
+                f"the recurrent layers ({', '.join(causal)}) are causal: bidirectional=true needs attention layers or "
+                f"the reverse-complement mixers ({', '.join(BIDIRECTIONAL_MIXERS)})",
+            )
+            both_ways = sorted({m for m in mixers if m in BIDIRECTIONAL_MIXERS})
+            check(
+                not both_ways or self.pattern.bidirectional,
+                f"mixer {', '.join(both_ways)} reads both ways along its segment, so a causal language model would see "
+                "the tokens it predicts: it serves bidirectional models (masked LM, classification): set "
+                "bidirectional=true",
+            )
+            check(
+                not both_ways or self.d_model % 2 == 0,
+                f"the reverse-complement mixers split the channels into two strands: d_model must be even, got "
+                f"{self.d_model}",
+            )
+            check(
+                "rc_ssm" not in mixers or (inner // 2) % self.mixers.head_dim == 0,
+                f"rc_ssm's inner width expand x d_model / 2 = {inner // 2} must be a multiple of "
+                f"head_dim={self.mixers.head_dim}",
             )
         h = self.hourglass
         if h.shorten_layers:

@@ -125,6 +125,17 @@ class Tokenizer:
         """An id that may stand for [MASK] in masked LM (None: the vocabulary has no spare symbol)."""
         return None
 
+    @property
+    def classes(self) -> dict[str, list[int]]:
+        """Every token class (a name -> its ids, covering the vocabulary once): the token types masked LM masks at
+        rates of their own and scores apart.  Default: one class, ``token``."""
+        return {"token": list(range(self.vocab_size))}
+
+    def complement_ids(self) -> np.ndarray | None:
+        """The id of every id's complement (a base's pair), for reverse-complement augmentation; None: the
+        vocabulary has no complement (text, proteins)."""
+        return None
+
     def text_bytes(self, ids, previous=None) -> int:
         """The UTF-8 bytes of the text ``ids`` stand for: any shape with ``previous`` (the same shape: the id before
         each one, which a word tokenizer reads for the space between two words), else one sequence."""

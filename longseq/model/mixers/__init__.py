@@ -1,6 +1,7 @@
 """Layers that are not attention, each carrying its recurrent state in the memory: ``ssm`` (Mamba-2's SSD),
 ``conv`` (a gated short convolution), ``rnn`` (an LSTM layer), and the linear-attention family with a matrix state
-per head, ``linear``, ``performer``, ``retention``, ``gla`` and ``delta`` (:mod:`.linear`).  :class:`MixerLayer`
+per head, ``linear``, ``performer``, ``retention``, ``gla`` and ``delta`` (:mod:`.linear`); and for encoders of DNA
+the reverse-complement equivariant ``rc_ssm`` and ``rc_conv`` (:mod:`.reverse_complement`, Caduceus's).  :class:`MixerLayer`
 wraps one with the residual, the norm and the position-wise feed-forward of a decoder layer."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from longseq.model.layers import LayerOutput, shape_fault
 from longseq.model.memory import RecurrentState, StateContext
 from longseq.model.mixers.conv import GatedConv
 from longseq.model.mixers.linear import DeltaNet, GatedLinearAttention, LinearAttention, Performer, Retention
+from longseq.model.mixers.reverse_complement import ReverseComplementMixer
 from longseq.model.mixers.rnn import LSTMMixer
 from longseq.model.mixers.ssm import Mamba2
 
@@ -27,6 +29,7 @@ class MixerKind(NamedTuple):
     build: Callable[[ModelConfig], nn.Module]
     reads: tuple[str, ...]
     shares: tuple[str, ...] = ()
+    bidirectional: bool = False  # reads the later positions of its segment: only in a bidirectional model
 
 
 HEADS = ("n_head", "d_head")  # the linear-attention mixers' heads are attention's
@@ -81,6 +84,26 @@ MIXERS: dict[str, MixerKind] = {  # the registry; "attention" (the decoder layer
     "retention": matrix_mixer(Retention, "retention"),
     "gla": matrix_mixer(GatedLinearAttention, "gla"),
     "delta": matrix_mixer(DeltaNet, "delta"),
+    "rc_ssm": MixerKind(  # Caduceus's block: reverse-complement parameter sharing of a bidirectional Mamba-2
+        lambda c: ReverseComplementMixer(
+            Mamba2(
+                c.d_model // 2,
+                c.mixers.d_state,
+                c.mixers.head_dim,
+                c.mixers.expand,
+                c.mixers.chunk,
+                c.mixers.conv_kernel,
+                c.layer_norm_eps,
+            )
+        ),
+        ("d_state", "head_dim", "expand", "chunk", "conv_kernel"),
+        bidirectional=True,
+    ),
+    "rc_conv": MixerKind(
+        lambda c: ReverseComplementMixer(GatedConv(c.d_model // 2, c.mixers.expand, c.mixers.conv_kernel)),
+        ("expand", "conv_kernel"),
+        bidirectional=True,
+    ),
 }
 
 
