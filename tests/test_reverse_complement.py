@@ -9,16 +9,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support import raises_naming
+from support import assert_names, raises_naming
 
 from longseq import ModelConfig
 from longseq.config.base import ConfigError
 from longseq.config.model import BIDIRECTIONAL_MIXERS
+from longseq.data.batching import OrderedStream
 from longseq.model import build_model
 from longseq.model.mixers import MIXERS
 from longseq.model.mixers.conv import GatedConv
 from longseq.model.mixers.reverse_complement import Bidirectional, reverse_complement
 from longseq.model.mixers.ssm import Mamba2
+from longseq.tasks.base import reverse_complements
 
 SMALL = dict(vocab_size=7, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=0, dropout=0.0,
              head_dim=8, bidirectional=True)  # fmt: skip
@@ -101,3 +103,56 @@ def test_a_bidirectional_model_of_rc_layers_reads_later_tokens(name):
 
 def complemented(ids: np.ndarray) -> np.ndarray:
     return np.asarray([0, 1, 5, 4, 3, 2, 6])[ids[::-1]]  # the nucleotide tokenizer's complement, reversed
+
+
+def test_a_stream_row_is_read_whole_as_its_other_strand():
+    """rc_prob=1: every row's segments, one after the other, are its reverse complement from its start, inputs and
+    labels alike; the memory of a row therefore always holds that strand's past."""
+    ids = np.random.default_rng(0).integers(2, 7, size=2 * 41)
+    comp = np.asarray([0, 1, 5, 4, 3, 2, 6])
+    stream = OrderedStream(ids, batch_size=2, tgt_len=8, complement=comp, rc_prob=1.0)
+    segments = [stream.next_segment(cycle=False) for _ in range(5)]
+    inputs = torch.cat([s.input_ids for s in segments], dim=1).numpy()
+    labels = torch.cat([s.labels for s in segments], dim=1).numpy()
+    for row in range(2):
+        strand = complemented(ids[row * 41 : (row + 1) * 41])
+        assert np.array_equal(inputs[row], strand[:-1]) and np.array_equal(labels[row], strand[1:])
+
+
+def test_each_pass_draws_its_strands_and_a_resumed_stream_reads_the_same():
+    ids = np.random.default_rng(1).integers(2, 7, size=16 * 20)
+    comp = np.asarray([0, 1, 5, 4, 3, 2, 6])
+    stream = OrderedStream(ids, batch_size=16, tgt_len=19, complement=comp, rc_prob=0.5, seed=3)
+    passes = []
+    for _ in range(3):
+        first = stream.next_segment()
+        flips = stream.flipped_rows()
+        rows = np.stack([complemented(r)[:-1] if f else r[:-1] for r, f in zip(ids.reshape(16, 20), flips)])
+        assert np.array_equal(first.input_ids.numpy(), rows)
+        passes.append(flips)
+    assert 0 < passes[0].sum() < 16 and not all(np.array_equal(passes[0], p) for p in passes[1:])
+    again = OrderedStream(ids, batch_size=16, tgt_len=19, complement=comp, rc_prob=0.5, seed=3)
+    again.load_state_dict(stream.state_dict())
+    stream.next_segment(), again.next_segment()
+    assert np.array_equal(stream.next_segment().input_ids, again.next_segment().input_ids)
+
+
+def test_a_tasks_examples_are_turned_by_seed_and_step():
+    comp = np.asarray([0, 1, 5, 4, 3, 2, 6])
+    docs = [list(np.random.default_rng(i).integers(2, 7, size=5 + i)) for i in range(40)]
+    assert reverse_complements(docs, comp, 0.0, 0, 0) is docs
+    assert reverse_complements(docs, comp, 1.0, 0, 0) == [complemented(np.asarray(d)).tolist() for d in docs]
+    half = reverse_complements(docs, comp, 0.5, 0, 7)
+    assert half == reverse_complements(docs, comp, 0.5, 0, 7) != reverse_complements(docs, comp, 0.5, 0, 8)
+    assert 5 < sum(h != list(d) for h, d in zip(half, docs)) < 35
+
+
+def test_rc_prob_needs_a_tokenizer_with_a_complement(tmp_path, capsys):
+    from support import TINY_CLI_8
+
+    from longseq.cli import main
+
+    (tmp_path / "text.txt").write_text("some text to read " * 200)
+    argv = ["train", "--data", str(tmp_path / "text.txt"), "--out", str(tmp_path / "r"), *TINY_CLI_8, "rc_prob=0.5"]
+    assert main(argv) == 2
+    assert_names(capsys.readouterr().err, "rc_prob", "char", "complement", "nucleotide")

@@ -32,7 +32,10 @@ data parallel: torchrun --nproc_per_node N -m longseq train ...
 recall tasks (generated data, no corpus): --task passkey|mqar|copying|induction trains from the configs' defaults
 (or --preset/--config) on sequences the task draws, e.g. longseq train --task passkey --set seq_len=256
 tgt_len=64 mem_len=64 n_layer=2 max_steps=300 --out runs/passkey; task keys: seq_len segment_len min_distance
-max_distance key_len alphabet n_pairs n_copy valid_size; longseq recall runs/passkey measures it by distance."""
+max_distance key_len alphabet n_pairs n_copy valid_size; longseq recall runs/passkey measures it by distance.
+masked LM from scratch (an encoder: DNA, proteins): --task mlm --data TRAIN (JSON lines with a text field, or FASTA:
+a document a record) --tokenizer nucleotide|protein|byte|FILE.json [--set valid=VALID mask_rate=0.15 span=1
+class_rates=soft_masked=0.3 rc_prob=0.5 mixer=rc_ssm]; the model is bidirectional."""
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -54,7 +57,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue exactly from OUT/last")
     p.add_argument("--overwrite", action="store_true", help="start over an existing run in OUT (its files are deleted)")
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events (OUT/tensorboard)")
-    p.add_argument("--task", choices=RECALL_TASKS, help="a recall task with generated data instead of a corpus")
+    p.add_argument(
+        "--task",
+        choices=(*RECALL_TASKS, "mlm"),
+        help="a recall task with generated data instead of a corpus, or masked LM from scratch on --data",
+    )
     return common_flags(p)
 
 
@@ -68,6 +75,8 @@ def run_name(args: argparse.Namespace) -> str:
 
 def base_config(args: argparse.Namespace) -> RunConfig:
     """The preset, or the config file laid over the preset it names, else over ``--preset``, else the defaults."""
+    if args.task == "mlm":
+        return masked_lm_config(args)
     if args.task:  # generated data: the configs' defaults (or the preset, the file), with the task's section
         from longseq.config import DataConfig, ModelConfig, TrainConfig
 
@@ -82,6 +91,22 @@ def base_config(args: argparse.Namespace) -> RunConfig:
     if not args.config:
         return get_preset(args.preset or DEFAULT_PRESET)
     return load_run_config(args.config, base=get_preset(args.preset) if args.preset else None)
+
+
+def masked_lm_config(args: argparse.Namespace) -> RunConfig:
+    """Masked LM from scratch: the preset or config file (else the configs' defaults) with a bidirectional model,
+    reading ``--data`` (the task's training file) with ``--tokenizer``."""
+    from longseq.config import DataConfig, ModelConfig, TrainConfig
+
+    if args.data is None or args.tokenizer is None:
+        raise ConfigError("--task mlm trains on --data (JSON lines or FASTA) read by --tokenizer (nucleotide, protein, "
+                          "byte or a tokenizer .json)")  # fmt: skip
+    base = RunConfig(ModelConfig(), DataConfig(), TrainConfig())
+    if args.preset or args.config:
+        base = base_config(argparse.Namespace(**{**vars(args), "task": None}))
+    model = base.model.replace(pattern={**base.model.pattern.to_dict(), "bidirectional": True})
+    data = base.data.replace(path=None, tokenizer=args.tokenizer)
+    return RunConfig(model, data, base.train, TaskConfig(name="mlm", train=os.path.abspath(args.data)))
 
 
 def preset_of(args: argparse.Namespace) -> RunConfig | None:
@@ -103,10 +128,10 @@ def data_overrides(args: argparse.Namespace) -> list[str]:
     from longseq.data.prepared import data_settings
 
     extra = []
-    if args.tokenizer is None:
+    if args.tokenizer is None and args.task != "mlm":
         extra += [f"data.{key}={value}" for key, value in data_settings(args.data).items()]
     extra += overrides(args.set)
-    if args.data is not None:
+    if args.data is not None and args.task != "mlm":  # a masked LM's --data is its task's training file
         extra.append(f"data.path={args.data}")
     if args.tokenizer is not None:
         extra.append(f"data.tokenizer={args.tokenizer}")
@@ -168,6 +193,7 @@ def run(args: argparse.Namespace) -> dict:
         summary["accuracy"], summary["chance"] = result.valid["accuracy"], result.valid["chance"]
     if "bpb" in result.valid:
         summary["bpb"] = result.valid["bpb"]
+    summary.update({k: v for k, v in result.valid.items() if k.startswith("bits_per_") or k == "masked_accuracy"})
     if "bpc" in result.valid:
         summary["bpc"] = result.valid["bpc"]
         summary["unigram_bpc"] = result.unigram_bpc

@@ -33,7 +33,10 @@ class DataConfig(JsonConfig):
     ``tokenizer.json`` such as GPT-2's).  ``varlen`` draws segment lengths around ``tgt_len`` as the paper's code does.
     ``doc_reset`` keeps documents apart (a directory of documents): no token attends to another document,
     in the segment or in the memory.  ``text_column``: the column that holds the text when ``path`` is a table
-    (parquet, arrow, JSON lines; read through ``datasets``), its rows joined by newlines.
+    (parquet, arrow, JSON lines; read through ``datasets``), its rows joined by newlines.  ``rc_prob``: reverse-complement
+    augmentation of DNA (a tokenizer with a complement, ``nucleotide``): language modeling reads each row of the
+    stream as its other strand for a whole pass with this probability (the memory always holds the strand's own
+    past), classification and masked LM read each training example so.
     """
 
     path: str | None = None
@@ -47,9 +50,11 @@ class DataConfig(JsonConfig):
     varlen: bool = False
     doc_reset: bool = False
     text_column: str = "text"
+    rc_prob: float = 0.0
 
     def __post_init__(self) -> None:
         check(bool(self.text_column), "DataConfig.text_column must name a column")
+        check(0.0 <= self.rc_prob <= 1.0, f"DataConfig.rc_prob must be in [0, 1], got {self.rc_prob}")
         check(
             bool(self.tokenizer.strip()),
             "DataConfig.tokenizer must name a tokenizer kind (byte, char, word, bpe, ...) or a tokenizer .json file",

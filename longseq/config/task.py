@@ -102,18 +102,43 @@ class SpanOptions(FinetuneOptions):
 class MaskedLMOptions(FinetuneOptions):
     """Masked language modeling (:mod:`longseq.tasks.mlm`): ``mask_rate`` (the fraction of tokens chosen),
     ``mask_token`` (the token standing for [MASK]; ``mask_id``: its id, found when the run starts) and
-    ``text_column`` (the name of the text field in the files)."""
+    ``text_column`` (the name of the text field in the files).  Selective masking, as the Nucleotide Transformer and
+    ESM choose what to mask: ``class_rates`` (``CLASS=RATE`` items: ``--set class_rates=soft_masked=0.3,
+    unknown_base=0``) gives a token class of the tokenizer (its token type: ``nucleotide_cased``'s ``base``,
+    ``soft_masked``, ``unknown_base``; ``protein``'s ``residue``, ``ambiguous``, ...) a rate of its own (0: never
+    masked; a class not named: ``mask_rate``, but for ``mask`` and a FASTA record's ``separator``: 0), and ``span`` > 1 masks runs of that many
+    tokens (about the same share of them)."""
 
     name: str = "mlm"
     mask_rate: float = 0.15
     mask_token: str | None = None
     mask_id: int = -1
     text_column: str = "text"
+    class_rates: list[str] = field(default_factory=list)
+    span: int = 1
     sees_whole_document: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(0.0 < self.mask_rate < 1.0, f"task.mask_rate must be in (0, 1), got {self.mask_rate}")
+        self.rates()  # each item CLASS=RATE, RATE in [0, 1)
+        check(self.span >= 1, f"task.span must be >= 1 token, got {self.span}")
+
+    def rates(self) -> dict[str, float]:
+        """``class_rates`` as a mapping: a token class -> its masking rate."""
+        out = {}
+        for item in self.class_rates:
+            name, _, value = str(item).partition("=")
+            try:
+                rate = float(value)
+            except ValueError:
+                rate = -1.0
+            check(
+                bool(name.strip()) and 0.0 <= rate < 1.0,
+                f"task.class_rates: {item!r} must be CLASS=RATE with RATE in [0, 1) (soft_masked=0.3)",
+            )
+            out[name.strip()] = rate
+        return out
 
 
 @config

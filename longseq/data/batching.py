@@ -44,6 +44,11 @@ class OrderedStream:
 
     ``varlen`` draws each segment length as the paper's code does: ``tgt_len`` (or half of it with
     probability 0.05), plus Gaussian noise of std 5, clipped to [5, tgt_len + 15].
+
+    ``rc_prob`` > 0 with ``complement`` (every id's complement: DNA) is reverse-complement augmentation: in each pass
+    over the data, each row is read as its reverse complement with probability ``rc_prob`` (drawn from the seed and
+    the pass), from its end to its start, so that its segments follow each other on that strand and the memory holds
+    the strand's own past (a segment turned round alone would follow a memory of the other strand).
     """
 
     def __init__(
@@ -55,6 +60,8 @@ class OrderedStream:
         seed: int = 0,
         doc_ids=None,
         rows: slice | None = None,
+        complement: np.ndarray | None = None,
+        rc_prob: float = 0.0,
     ) -> None:
         n_step = len(ids) // batch_size
         if n_step < 2:
@@ -69,6 +76,9 @@ class OrderedStream:
         if len(self.rows) == 0:
             raise BatchingError(f"rows={rows} selects none of the {batch_size} streams")
         self.batch_size, self.tgt_len, self.varlen, self.seed = batch_size, tgt_len, varlen, seed
+        if rc_prob and (complement is None or doc_ids is not None):
+            raise BatchingError("reverse-complement augmentation needs the complement of every id, and no documents")
+        self.complement, self.rc_prob = complement, rc_prob
         self.epoch = 0
         self.position = 0
         self.segment = 0
@@ -83,12 +93,28 @@ class OrderedStream:
         return self._window(self.ids, 0, self.n_step)
 
     def _window(self, array, start: int, length: int) -> Tensor:
-        """Columns [start, start + length) of this stream's rows of ``array``, (R, length), int64."""
-        if array is self.ids and self.file is not None:
-            parts = [self.file.read(b * self.n_step + start, length) for b in self.rows]
-        else:
-            parts = [np.asarray(array[b * self.n_step + start : b * self.n_step + start + length]) for b in self.rows]
+        """Columns [start, start + length) of this stream's rows of ``array``, (R, length), int64; a row read as its
+        reverse complement in this pass gives that strand's columns."""
+        flipped = self.flipped_rows()
+        parts = []
+        for b in self.rows:
+            if flipped[b]:  # the strand's columns [start, start + length) are the row's last ones, turned round
+                part = self._read(array, b, self.n_step - start - length, length)
+                parts.append(self.complement[part[::-1]])
+            else:
+                parts.append(self._read(array, b, start, length))
         return torch.from_numpy(np.stack(parts).astype(np.int64, copy=False))
+
+    def _read(self, array, row: int, start: int, length: int) -> np.ndarray:
+        if array is self.ids and self.file is not None:
+            return self.file.read(row * self.n_step + start, length)
+        return np.asarray(array[row * self.n_step + start : row * self.n_step + start + length])
+
+    def flipped_rows(self) -> np.ndarray:
+        """Which of the ``batch_size`` rows this pass reads as their reverse complement, (batch_size,) bool."""
+        if not self.rc_prob:
+            return np.zeros(self.batch_size, dtype=bool)
+        return np.random.default_rng([self.seed, self.epoch, 0x5243]).random(self.batch_size) < self.rc_prob
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position, "segment": self.segment}

@@ -44,7 +44,8 @@ def read_jsonl(path: str, task: str, columns: dict[str, str] | None = None) -> l
     """Every record of a task file for ``task``: JSON lines (a malformed line is an error naming its number), or a
     parquet or arrow table read through ``datasets`` (:mod:`longseq.data.tables`; errors name the row).
     ``columns`` maps a field of the task to the file's name for it (``{"text": "review", "label": "stars"}``);
-    a missing one is an error naming the fields the record has."""
+    a missing one is an error naming the fields the record has.  A FASTA file (masked LM) gives a record a sequence:
+    its ``text``."""
     if task not in TASK_FIELDS:
         raise TaskDataError(f"unknown task {task!r}; known: {', '.join(TASK_FIELDS)}")
     if not os.path.isfile(path):
@@ -63,14 +64,28 @@ def read_jsonl(path: str, task: str, columns: dict[str, str] | None = None) -> l
 def numbered_records(path: str, names: list[str] | None):
     """(number, record) of every record of ``path`` (a table: its columns ``names``, None: all), and how an error
     names the place of record ``number``."""
+    from longseq.data.readers import reader_for
     from longseq.data.tables import table_suffix
 
+    if reader_for(path).name == "fasta":  # a document a record: its sequence as the text
+        return fasta_records(path), lambda number: f"{path}, record {number}"
     if table_suffix(path) not in (".parquet", ".arrow"):
         return list(iter_jsonl(path)), lambda number: f"{path}:{number}"
     from longseq.data.tables import table_batches
 
     rows = [dict(zip(batch, values)) for batch in table_batches(path, names) for values in zip(*batch.values())]
     return list(enumerate(rows, 1)), lambda number: f"{path}, row {number}"
+
+
+def fasta_records(path: str) -> list[tuple[int, dict]]:
+    """(number, {"text": sequence, "id": the header's first word}) of every record of a FASTA file."""
+    from longseq.data.readers.fasta import records
+
+    with open(path, "rb") as f:
+        return [
+            (n, {"text": seq, "id": title.split()[0] if title else ""})
+            for n, (title, seq) in enumerate(records(path, f), 1)
+        ]
 
 
 def _task_record(record, task: str, columns: dict[str, str], where: str) -> dict:

@@ -194,11 +194,12 @@ class MaskedLM(nn.Module):
         self, input_ids: Tensor, segment_len: int, labels: Tensor | None = None, padding: Tensor | None = None
     ) -> dict[str, Tensor]:
         """With ``labels`` (B, N; -100 where not masked): ``nll`` (summed over the labelled tokens, float32),
-        ``count``, ``correct`` (argmax hits) and ``aux`` (:func:`mean_aux`: a training loss adds it to the mean nll);
-        without: ``logits`` (B, N, V)."""
+        ``count``, ``correct`` (argmax hits), ``aux`` (:func:`mean_aux`: a training loss adds it to the mean nll)
+        and, without gradients, ``predicted`` (B, N: the argmax at labelled positions, -100 elsewhere); without:
+        ``logits`` (B, N, V)."""
         segment_labels = None if labels is None else labels.split(segment_len, dim=1)
         nll, correct, count, logits = input_ids.new_zeros((), dtype=torch.float32), 0, 0, []
-        auxes = []
+        auxes, predicted = [], []
         for read in read_segments(self.lm, input_ids, segment_len, padding):
             i, hidden = read.index, read.hidden
             auxes.append(read.aux)
@@ -208,13 +209,18 @@ class MaskedLM(nn.Module):
             y = segment_labels[i]
             nll = nll + self.lm.head(hidden, y).nll.float().sum()
             keep = y != -100
-            if keep.any() and not torch.is_grad_enabled():
-                correct += int((self.lm.head(hidden).logits[keep].argmax(-1) == y[keep]).sum())
+            if not torch.is_grad_enabled():
+                guess = torch.full_like(y, -100)
+                if keep.any():
+                    guess[keep] = self.lm.head(hidden).logits[keep].argmax(-1)
+                    correct += int((guess[keep] == y[keep]).sum())
+                predicted.append(guess)
             count += int(keep.sum())
         if segment_labels is None:
             return {"logits": torch.cat(logits, dim=1)}
         aux = mean_aux(auxes)
-        return {"nll": nll, "count": torch.tensor(count), "correct": torch.tensor(correct), "aux": aux}
+        out = {"nll": nll, "count": torch.tensor(count), "correct": torch.tensor(correct), "aux": aux}
+        return out if not predicted else {**out, "predicted": torch.cat(predicted, dim=1)}
 
 
 def best_spans(start_logits: Tensor, end_logits: Tensor, max_len: int) -> Tensor:
@@ -235,18 +241,42 @@ def best_spans(start_logits: Tensor, end_logits: Tensor, max_len: int) -> Tensor
 
 
 def mask_tokens(
-    input_ids: Tensor, rate: float, mask_id: int, vocab_size: int, generator: torch.Generator | None = None
+    input_ids: Tensor,
+    rate: float,
+    mask_id: int,
+    vocab_size: int,
+    generator: torch.Generator | None = None,
+    *,
+    rates: Tensor | None = None,
+    span: int = 1,
 ) -> tuple[Tensor, Tensor]:
     """BERT masking: choose ``rate`` of the positions; of those, 80% become ``mask_id``, 10% a random token and
-    10% stay.  Returns (inputs, labels) with labels -100 at unchosen positions."""
-    if not 0.0 < rate < 1.0:
-        raise ValueError(f"masking rate must be in (0, 1), got {rate}")
+    10% stay.  Returns (inputs, labels) with labels -100 at unchosen positions.
+
+    Selective masking: ``rates`` (vocab_size,) gives every id its own rate (a token class's; 0: never chosen, nor
+    drawn as a random token), in place of ``rate``.  Span masking: ``span`` > 1 chooses span starts at a position's
+    rate / ``span`` and masks the ``span`` positions from each (clipped at the row's end; positions of rate 0
+    inside a span stay), about the same share of tokens in runs."""
+    if rates is None:
+        if not 0.0 < rate < 1.0:
+            raise ValueError(f"masking rate must be in (0, 1), got {rate}")
+        rates = torch.full((vocab_size,), rate)
+    per_position = rates.to(torch.float32)[input_ids]  # (B, N)
     draw = torch.rand(input_ids.shape, generator=generator)
-    chosen = draw < rate
+    chosen = draw < per_position / span
+    if span > 1:
+        starts, chosen = chosen, chosen.clone()
+        for shift in range(1, span):  # a start at t - shift covers t
+            chosen[:, shift:] |= starts[:, :-shift]
+        chosen &= per_position > 0
     labels = torch.where(chosen, input_ids, torch.full_like(input_ids, -100))
     action = torch.rand(input_ids.shape, generator=generator)
     inputs = input_ids.clone()
     inputs[chosen & (action < 0.8)] = mask_id
     randomize = chosen & (action >= 0.8) & (action < 0.9)
-    inputs[randomize] = torch.randint(0, vocab_size, (int(randomize.sum()),), generator=generator)
+    drawable = torch.nonzero(rates > 0).flatten()
+    if len(drawable) == vocab_size:
+        inputs[randomize] = torch.randint(0, vocab_size, (int(randomize.sum()),), generator=generator)
+    else:
+        inputs[randomize] = drawable[torch.randint(0, len(drawable), (int(randomize.sum()),), generator=generator)]
     return inputs, labels

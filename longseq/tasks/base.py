@@ -207,6 +207,29 @@ def training_batches(lengths: list[int], options: FinetuneOptions, batch_size: i
     return ExampleBatches(len(lengths), batch_size, seed)
 
 
+def check_reverse_complement(run: RunConfig, tokenizer) -> None:
+    """``data.rc_prob`` > 0 needs a tokenizer whose ids have complements (DNA), and, for a stream, no documents."""
+    d = run.data
+    if d.rc_prob and tokenizer.complement_ids() is None:
+        raise ConfigError(
+            f"data.rc_prob={d.rc_prob} reverse-complements DNA: the {tokenizer.kind} tokenizer has no complement "
+            "(use --tokenizer nucleotide or nucleotide_cased, or rc_prob=0)"
+        )
+    if d.rc_prob and d.doc_reset and (run.task is None or run.task.name == "lm"):
+        raise ConfigError("data.rc_prob reads a row of the stream as its other strand: it cannot keep documents apart "
+                          "(doc_reset=true); set one of them off")  # fmt: skip
+
+
+def reverse_complements(docs: list, complement, rate: float, seed: int, step: int) -> list:
+    """Training examples (lists of ids) each read as its reverse complement with probability ``rate``: the draws
+    come from the run's ``seed`` and the optimizer ``step``, one per example of the whole batch (every rank draws
+    the same), so a resumed run reads the same."""
+    if not rate:
+        return docs
+    flips = np.random.default_rng([seed, step, 0x5243]).random(len(docs)) < rate
+    return [complement[np.asarray(ids)[::-1]].tolist() if flip else ids for ids, flip in zip(docs, flips)]
+
+
 def padded(seqs: list[list[int]], segment_len: int, left: bool = False) -> tuple[Tensor, Tensor]:
     """Token ids (B, N) padded with token 0 to a whole number of segments, on the left or the right, and the
     (B, N) mask of the filler."""

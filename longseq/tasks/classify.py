@@ -20,9 +20,11 @@ from longseq.tasks.base import (
     StepContext,
     StepResult,
     Task,
+    check_reverse_complement,
     chunks,
     load_base,
     padded,
+    reverse_complements,
     training_batches,
 )
 
@@ -105,6 +107,8 @@ class Classify(Task):
         self.valid_docs = (
             self.encode(read_jsonl(o.valid, "classify", columns), o.valid, labelled=True) if o.valid else None
         )
+        check_reverse_complement(self.run, self.tokenizer)
+        self.complement = self.tokenizer.complement_ids()
         message = reach_warning([len(ids) for ids, _ in self.train_docs], self.segment_len, self.run.model, o)
         if message:
             self.log(message)
@@ -148,7 +152,12 @@ class Classify(Task):
         return inputs, torch.as_tensor([label for _, label in docs]), padding
 
     def train_step(self, ctx: StepContext, indices: list[int], memory: None) -> StepResult:
-        picked = [self.train_docs[i] for i in indices][ctx.rows]
+        docs = [self.train_docs[i] for i in indices]
+        if self.run.data.rc_prob:  # reverse-complement augmentation: a read's label is its other strand's
+            turned = reverse_complements([ids for ids, _ in docs], self.complement, self.run.data.rc_prob,
+                                         self.run.train.seed, ctx.step)  # fmt: skip
+            docs = [(ids, label) for ids, (_, label) in zip(turned, docs)]
+        picked = docs[ctx.rows]
         parts, total = chunks(picked, ctx.grad_accum), 0.0
         for part in parts:
             inputs, labels, padding = (t.to(ctx.device) for t in self._batch(part))

@@ -20,7 +20,7 @@ from longseq.eval.evaluate import evaluate
 from longseq.generation import generate
 from longseq.model import Memory, build_model
 from longseq.model.registry import check_lengths
-from longseq.tasks.base import StepContext, StepResult, Task
+from longseq.tasks.base import StepContext, StepResult, Task, check_reverse_complement
 
 
 class LMBatches:
@@ -59,6 +59,7 @@ class LanguageModeling(Task):
             self.corpus = load_data(d, tokenizer=self.tokenizer)
         self.tokenizer = self.corpus.tokenizer
         self.run = RunConfig(prepare_model_config(self.run, self.corpus), d, self.run.train, self.run.task)
+        check_reverse_complement(self.run, self.tokenizer)
         if d.doc_reset and self.corpus.doc_ids is None:
             raise ConfigError(
                 f"doc_reset=true needs a corpus of several documents (a directory of files); {self.corpus.source} is one"
@@ -118,6 +119,8 @@ class LanguageModeling(Task):
             seed=t.seed,
             doc_ids=self._doc_ids("train"),
             rows=world.rows(d.batch_size),
+            complement=self.tokenizer.complement_ids() if d.rc_prob else None,
+            rc_prob=d.rc_prob,
         )  # this rank's rows only
         return LMBatches(stream, self.run.model.segments_per_step)
 

@@ -1,6 +1,13 @@
 """Masked language modeling: the LM's weights in a bidirectional copy (every segment token sees the later ones;
 the memory still carries earlier segments), trained to restore BERT-masked tokens (80% [MASK], 10% random, 10%
-kept).  Metrics: masked-token accuracy and perplexity; predictions: the input with its [MASK] tokens filled."""
+kept).  Metrics: masked-token accuracy and perplexity, and the accuracy of each token class (the tokenizer's token
+types) where it has several; predictions: the input with its [MASK] tokens filled.
+
+Selective masking (``class_rates``: a rate per token class) and span masking (``span``), as the Nucleotide
+Transformer and ESM train; reverse-complement augmentation of DNA (``data.rc_prob``).  Started by ``longseq
+finetune`` from an LM checkpoint, or from scratch by ``longseq train`` with ``task.name=mlm`` (a tokenizer that
+learns nothing: ``nucleotide``, ``protein``, ``byte``, or a tokenizer file).  The training file may be FASTA: one
+document a record."""
 
 from __future__ import annotations
 
@@ -9,10 +16,11 @@ import math
 import torch
 from torch import nn
 
+from longseq.config.base import ConfigError
 from longseq.config.run import RunConfig
 from longseq.config.task import MaskedLMOptions
 from longseq.data.tasks import TaskDataError, encode_field, read_jsonl
-from longseq.data.tokenizers import TokenizerError
+from longseq.data.tokenizers import Settings, TokenizerError, is_tokenizer_path, load_tokenizer, tokenizer_class
 from longseq.model import build_model
 from longseq.model.heads import MaskedLM as MaskedLMHead
 from longseq.model.heads import mask_tokens
@@ -22,9 +30,11 @@ from longseq.tasks.base import (
     StepContext,
     StepResult,
     Task,
+    check_reverse_complement,
     chunks,
     load_base,
     padded,
+    reverse_complements,
     training_batches,
 )
 
@@ -48,6 +58,43 @@ def default_mask_id(tokenizer, mask_token: str | None) -> int:
     )
 
 
+NEVER_MASKED = ("mask", "separator")  # classes of rate 0 unless class_rates names them
+
+
+def fixed_tokenizer(spec: str):
+    """The tokenizer of a masked LM trained from scratch: a kind that learns nothing (its alphabet is fixed), or a
+    tokenizer file."""
+    if is_tokenizer_path(spec):
+        return load_tokenizer(spec)
+    kind = tokenizer_class(spec)
+    if kind.fit_on != "nothing":
+        raise ConfigError(
+            f"a masked LM trained from scratch reads its files with a tokenizer that learns nothing (nucleotide, "
+            f"protein, byte) or a tokenizer .json; {spec} learns its vocabulary from a corpus: train a language "
+            "model with it and fine-tune that (longseq finetune --task mlm)"
+        )
+    return kind.fit([], Settings())
+
+
+def class_rates(tokenizer, options: MaskedLMOptions) -> torch.Tensor:
+    """The masking rate of every id (vocab_size,): its token class's from ``class_rates``, else ``mask_rate``; 0 for
+    the ``mask`` class and a fixed alphabet's record ``separator`` unless named (a document is a record: a random
+    replacement would write a record's end into it).  A class the tokenizer lacks is an error naming those it has."""
+    given, classes = options.rates(), tokenizer.classes
+    unknown = sorted(set(given) - set(classes))
+    if unknown:
+        raise ConfigError(
+            f"task.class_rates names {', '.join(unknown)}: the {tokenizer.kind} tokenizer's token classes are "
+            f"{', '.join(classes)}"
+        )
+    rates = torch.full((tokenizer.vocab_size,), options.mask_rate)
+    for name, ids in classes.items():
+        rates[ids] = given.get(name, 0.0 if name in NEVER_MASKED else options.mask_rate)
+    if not rates.gt(0).any():
+        raise ConfigError("task.class_rates leaves no token class to mask")
+    return rates
+
+
 def bidirectional(run: RunConfig) -> RunConfig:
     """The run with a bidirectional model: the same weights, attending both ways inside a segment."""
     model = run.model.replace(pattern={**run.model.pattern.to_dict(), "bidirectional": True})
@@ -59,9 +106,15 @@ class MaskedLM(Task):
     Options = MaskedLMOptions
 
     def prepare(self):
+        if self.tokenizer is None:  # a new model (longseq train): the run's tokenizer, which learns nothing
+            self.tokenizer = fixed_tokenizer(self.run.data.tokenizer)
+            model = self.run.model.replace(vocab_size=self.tokenizer.vocab_size)
+            self.run = RunConfig(model, self.run.data, self.run.train, self.run.task)
         o = self.options
         if o.mask_id < 0:
             self.set_options(mask_id=default_mask_id(self.tokenizer, o.mask_token))
+        self.rates = class_rates(self.tokenizer, self.options)
+        check_reverse_complement(self.run, self.tokenizer)
         self.run = bidirectional(self.run)
         self.train_docs = self.encode(o.train)
         self.valid_docs = self.encode(o.valid) if o.valid else None
@@ -96,12 +149,18 @@ class MaskedLM(Task):
         """Padded, masked inputs (B, N), their labels (-100 where not chosen, and on filler) and the filler mask."""
         inputs, padding = padded(docs, self.segment_len)
         o = self.options
-        masked, labels = mask_tokens(inputs, o.mask_rate, o.mask_id, self.run.model.vocab_size, generator)
+        masked, labels = mask_tokens(
+            inputs, o.mask_rate, o.mask_id, self.run.model.vocab_size, generator, rates=self.rates, span=o.span
+        )
         return masked, labels.masked_fill(padding, -100), padding
 
     def train_step(self, ctx: StepContext, indices: list[int], memory: None) -> StepResult:
         generator = torch.Generator().manual_seed(self.run.train.seed * 1_000_003 + sum(indices) + len(indices))
-        picked = [self.train_docs[i] for i in indices][ctx.rows]
+        docs = [self.train_docs[i] for i in indices]
+        if self.run.data.rc_prob:
+            complement = self.tokenizer.complement_ids()
+            docs = reverse_complements(docs, complement, self.run.data.rc_prob, self.run.train.seed, ctx.step)
+        picked = docs[ctx.rows]
         masked, labels, padding = (t.to(ctx.device) for t in self.masked(picked, generator))
         total, count = 0.0, max(1, int((labels != -100).sum()))
         for part in chunks(list(range(len(picked))), ctx.grad_accum):
@@ -121,13 +180,26 @@ class MaskedLM(Task):
         generator = torch.Generator().manual_seed(self.run.train.seed + 1)
         device, size = next(model.parameters()).device, self.run.data.batch_size
         nll, correct, count = 0.0, 0, 0
+        classes = self.tokenizer.classes
+        kind = torch.zeros(self.tokenizer.vocab_size, dtype=torch.long)  # every id's token type
+        for i, ids in enumerate(classes.values()):
+            kind[ids] = i
+        hits, seen = torch.zeros(len(classes)), torch.zeros(len(classes))
         for first in range(0, len(docs), size):
             masked, labels, padding = (t.to(device) for t in self.masked(docs[first : first + size], generator))
             out = model(masked, self.segment_len, labels, padding)
             nll, correct, count = nll + float(out["nll"]), correct + int(out["correct"]), count + int(out["count"])
+            keep = labels != -100
+            types = kind[labels[keep].cpu()]
+            seen += torch.bincount(types, minlength=len(classes))
+            hits += torch.bincount(types, weights=(out["predicted"][keep] == labels[keep]).cpu().float(),
+                                   minlength=len(classes))  # fmt: skip
         model.train(was_training)
         loss = nll / max(1, count)
-        return {"masked_accuracy": correct / max(1, count), "ppl": math.exp(loss), "masked_tokens": count, "loss": loss}
+        out = {"masked_accuracy": correct / max(1, count), "ppl": math.exp(loss), "masked_tokens": count, "loss": loss}
+        if len(classes) > 1:  # the accuracy of every token type that was masked
+            out["accuracy_by_class"] = {name: float(hits[i] / seen[i]) for i, name in enumerate(classes) if seen[i] > 0}
+        return out
 
     def validate(self, model, sharded: bool = False) -> dict:
         return self.metrics(model, self.valid_docs) if self.valid_docs else {}

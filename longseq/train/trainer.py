@@ -55,7 +55,10 @@ from longseq.train.rundir import RunDirectory
 from longseq.train.signals import Interrupted, StopSignals
 from longseq.train.tracking import open_trackers, scalars
 
-SHOWN = ("loss", "bpc", "bpb", "accuracy", "exact_match", "f1", "ppl")  # the validation metrics the log names
+SHOWN = (  # the validation metrics the log names
+    *("loss", "bpc", "bits_per_base", "bits_per_residue", "bpb"),
+    *("accuracy", "masked_accuracy", "exact_match", "f1", "ppl"),
+)
 
 
 class TrainingError(RuntimeError):
