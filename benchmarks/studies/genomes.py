@@ -493,18 +493,29 @@ def fmt(s: dict, digits: int = 4) -> str:
 def markdown(summary: dict) -> str:
     table, base = summary["table"], summary["count_models"]
     contexts = sorted({c for rows in table.values() for c in rows})
-    lines = ["# chrX bits per base (the test tail, scored positions), mean ± std over seeds", "",
-             "| model | " + " | ".join(f"{c:,}" for c in contexts) + " |", "|-|" + "-|" * len(contexts)]  # fmt: skip
+    lines = ["# chrX bits per base (the test tail, scored positions), mean ± std over seeds", ""]
+    if not table:
+        lines.append("No cell is stored yet.")
+    else:
+        lines += ["| model | " + " | ".join(f"{c:,}" for c in contexts) + " |", "|-|" + "-|" * len(contexts)]
     for model, rows in table.items():
         cells = [fmt(rows[c]["bits_per_base"]) if c in rows else "" for c in contexts]
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    if any("vs_count8" in row for rows in table.values() for row in rows.values()):
+        lines += ["", "Against the 8-base count model on the same positions (its bits per base less the model's, over "
+                  "its own):", "", "| model | " + " | ".join(f"{c:,}" for c in contexts) + " |",
+                  "|-|" + "-|" * len(contexts)]  # fmt: skip
+        for model, rows in table.items():
+            gains = [f"{rows[c]['vs_count8']:+.1%}" if "vs_count8" in rows.get(c, {}) else "" for c in contexts]
+            lines.append(f"| {model} | " + " | ".join(gains) + " |")
     if base:
         lines += ["", "Count models (add-alpha, alpha chosen on valid), the same scored positions / the whole test:", "",
-                  "| bases of context | bits/base (scored) | bits/base (whole test) | perplexity |", "|-:|-:|-:|-:|"]  # fmt: skip
+                  "| bases of context | bits/base (scored) | bits/base (whole test) | perplexity (whole test) |", "|-:|-:|-:|-:|"]  # fmt: skip
         lines += [f"| {r['order']} | {r['scored_bits_per_base']:.4f} | {r['test_bits_per_base']:.4f} | "
                   f"{r['test_ppl']:.3f} |" for r in base["count_models"]]  # fmt: skip
-    lines += ["", "Training tokens/s (mean over seeds) against the context:", "",
-              "| model | " + " | ".join(f"{c:,}" for c in contexts) + " |", "|-|" + "-|" * len(contexts)]  # fmt: skip
+    if table:
+        lines += ["", "Training tokens/s (mean over seeds) against the context:", "",
+                  "| model | " + " | ".join(f"{c:,}" for c in contexts) + " |", "|-|" + "-|" * len(contexts)]  # fmt: skip
     for model, rows in table.items():
         speeds = [f"{rows[c]['tokens_per_s']['mean']:,.0f}" if c in rows and rows[c]["tokens_per_s"]["n"] else ""
                   for c in contexts]  # fmt: skip
