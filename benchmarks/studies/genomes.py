@@ -25,7 +25,9 @@ the training steps that spend ``--flops`` (:func:`train_flops_per_token`: longse
 stacks with mixers, 6 x their matrix parameters plus the attention pairs and the chunked scans).  A step reads 4,096
 tokens (8 rows of 512; recurrent: 4 rows of 1k, one row of 8k or 32k).  Every cell is scored on the same positions:
 8 streams of the test split (its last 5%: no test base is trained on), each read from its start, the first
-``--warmup`` (32,768) bases unscored so that every context is full, then ``--test-tokens`` per stream scored.
+``--warmup`` (32,768) bases unscored so that every context is full, then ``--test-tokens`` per stream scored, in
+segments of at most 1,024 (a recurrent model's state and a windowed layer's memory carry the rest exactly: 8
+streams of 32k at once would hold 11 GB).
 
 ``--pilot`` shrinks everything (a 1-layer model, contexts of 64 and 128, a few steps) to check the pipeline.
 """
@@ -77,6 +79,7 @@ MODELS = {  # name -> (kind, model options): d_inner brings each to XL's paramet
 }
 TOKENS_PER_STEP = 4096
 SCORED_ROWS = 8
+EVAL_SEGMENT = 1024  # validation and scoring read at most this many tokens a segment (8 streams of 32k: 11 GB)
 DEFAULT_FLOPS = 3.0e13  # XL at 1k: about 15 minutes on 2 shared CPU cores (the pilot's measure, summary.md)
 
 
@@ -265,7 +268,7 @@ def cell_run(args, model: str, context: int, seed: int) -> RunConfig:
     rows = max(1, args.tokens_per_step // segment)
     accum = grad_accum(rows, segment + base.get("mem_len", 0), args.keys_per_chunk)
     data = DataConfig(path=os.path.join(args.work, "chrx"), tokenizer="nucleotide", tgt_len=segment,
-                      batch_size=rows, eval_tgt_len=segment, eval_batch_size=SCORED_ROWS)  # fmt: skip
+                      batch_size=rows, eval_tgt_len=min(segment, EVAL_SEGMENT), eval_batch_size=SCORED_ROWS)  # fmt: skip
     train_config = TrainConfig(lr=args.lr, min_lr=args.lr / 20, seed=seed, grad_accum=accum, eval_max_segments=8,
                                save_every_s=300.0, log_interval=10)  # fmt: skip
     return RunConfig(ModelConfig(**base), data, train_config)
@@ -369,7 +372,7 @@ def logged_speed(out: str, trained) -> float:
 def score_chrx(args, model, run: RunConfig) -> dict:
     """Bits per base on the scored positions of the test split (see the module docstring), the memory carried."""
     corpus = load_corpus(run.data.path, "nucleotide")
-    segment = run.data.tgt_len
+    segment = run.data.eval_tgt_len  # a recurrent model's state is carried: 1k segments read as one of 32k
     skip = -(-args.warmup // segment)
     scored = max(1, args.test_tokens // segment)
     return evaluate(model.eval(), corpus.test, batch_size=SCORED_ROWS, tgt_len=segment, skip_segments=skip,
