@@ -202,7 +202,7 @@ def main(argv=None) -> None:
                 row = run_row(task, variant, seed, args.work, steps, 4 if args.pilot else 64)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path + ".tmp", "w", encoding="utf-8") as f:
-                    json.dump(row, f, indent=1)
+                    json.dump(row, f, separators=(",", ":"))  # compact: the stores are committed
                 os.replace(path + ".tmp", path)
                 print(f"  {row['valid']} in {row['train_s']} s + eval {row['eval_s']} s", flush=True)
 
