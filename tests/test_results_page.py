@@ -158,3 +158,10 @@ def test_the_recall_summary_is_what_the_stored_rows_give():
     store = os.path.join(ROOT, "benchmarks", "results", "recall")
     with open(os.path.join(store, "summary.json"), encoding="utf-8") as f:
         assert recall.summarize_store(store) == json.load(f)
+
+
+def test_the_stored_results_stay_under_2_mb():
+    """The bytes of benchmarks/results' files (issue 56): per-step detail is thinned, figures kept where a page names
+    them."""
+    files = glob.glob(os.path.join(ROOT, "benchmarks", "results", "**", "*"), recursive=True)
+    assert sum(os.path.getsize(f) for f in files if os.path.isfile(f)) < 2_000_000
