@@ -396,19 +396,19 @@ def keep(stored: str, result: dict) -> None:
 def store_copy(result: dict) -> dict:
     """What ``--store`` keeps of a run's result (the stores are committed): all of it but the loss at every position
     of the segment, of which it keeps the bands the summary reads (:func:`position_bands`, from every position) and
-    the positions 0, 1, 2, 4, 8, ... and the last, for the figure.  A summary reads every run in this form, stored
-    or not."""
-    positions = result["per_position"]
-    if "bands" in positions:
-        return result
-    keys, last = ("loss_memory", "loss_no_memory"), len(positions["positions"]) - 1
-    kept = [i for i, p in enumerate(positions["positions"]) if p & (p - 1) == 0 or i == last]
-    thinned = {key: [positions[key][i] for i in kept] for key in ("positions", *keys)}
-    rest = {key: value for key, value in positions.items() if key != "tokens"}
-    return {
-        **result,
-        "per_position": {**rest, **thinned, "bands": {key: position_bands(positions[key]) for key in keys}},
-    }
+    the positions 0, 1, 2, 4, 8, ... and the last, for the figure; the validation curve's wall times to 0.1 s and the
+    memory share's history to 4 decimals (the figures').  A summary reads every run in this form, stored or not."""
+    positions, keys = result["per_position"], ("loss_memory", "loss_no_memory")
+    if "bands" not in positions:
+        last = len(positions["positions"]) - 1
+        kept = [i for i, p in enumerate(positions["positions"]) if p & (p - 1) == 0 or i == last]
+        thinned = {key: [positions[key][i] for i in kept] for key in ("positions", *keys)}
+        rest = {key: value for key, value in positions.items() if key != "tokens"}
+        positions = {**rest, **thinned, "bands": {key: position_bands(positions[key]) for key in keys}}
+    out = {**result, "per_position": positions, "curve": [[s, round(t, 1), loss] for s, t, loss in result["curve"]]}
+    if result.get("share_history"):
+        out["share_history"] = [[step, round(share, 4)] for step, share in result["share_history"]]
+    return out
 
 
 def run_one(name: str, seed: int, corpus, args, log) -> dict | None:
