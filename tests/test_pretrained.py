@@ -1,0 +1,257 @@
+"""Pretrained Llama-family checkpoints (Llama, Mistral, Qwen2, Qwen3) in and out.
+
+Claims: a tiny random-initialised transformers model of each family, saved and converted, scores as transformers'
+own model on the same weights, in float64 to 1e-10 (transformers computing in float64 throughout:
+``support.wide_transformers``), with grouped-query attention, tied and untied embeddings, q/k/v and output biases,
+the MLP's biases, QK-norm, every rope scaling kind and sliding windows; read in segments with the memory carried it
+equals its own full attention inside its context; greedy generation picks the same tokens; ``to-hf`` writes the
+family's own layout back, tensor for tensor, and transformers scores it the same; sharded safetensors read as one
+file; and whatever longseq lacks is refused by name before a weight is read."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from longseq.interop.llama import (
+    IGNORED,
+    MAPPED,
+    ConversionError,
+    declared_fields,
+    load_llama_folder,
+)
+from longseq.model import KVMemory, Memory
+from tests.support import in_segments, raises_naming, wide_transformers
+
+transformers = pytest.importorskip("transformers")
+
+BASE = dict(
+    vocab_size=50,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+YARN = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": 16}
+CASES = {  # id: (model_type, the config's fields beyond BASE)
+    "llama-tied": ("llama", {"tie_word_embeddings": True}),
+    "llama-biases": ("llama", {"attention_bias": True, "mlp_bias": True, "num_key_value_heads": 4}),
+    "llama-linear": ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}),
+    "llama-dynamic": ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}}),
+    "llama-llama3": (
+        "llama",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "rope_theta": 500000.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            }
+        },
+    ),
+    "llama-yarn": ("llama", {"rope_parameters": YARN, "num_key_value_heads": 1}),
+    "llama-yarn-mscale": ("llama", {"rope_parameters": {**YARN, "mscale": 2.0, "mscale_all_dim": 1.0}}),
+    "mistral-window": ("mistral", {"sliding_window": 5}),
+    "qwen2-biases-window": (
+        "qwen2",
+        {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1, "tie_word_embeddings": True},
+    ),
+    "qwen3-qk-norm": ("qwen3", {"head_dim": 16, "attention_bias": True}),
+}
+
+
+def hf_model(model_type: str, **fields):
+    """transformers' float64 model of ``model_type`` (built under :func:`wide_transformers`), its norms and biases
+    drawn at random as well (they start at 1 and 0)."""
+    config = transformers.AutoConfig.for_model(model_type, **{**BASE, **fields})
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                param.normal_(1.0 if "norm" in name else 0.0, 0.5)
+    return model.double().eval()
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def converted(request, tmp_path_factory):
+    """(transformers' model, longseq's float64 model converted from its saved folder, that folder, model type)."""
+    model_type, fields = CASES[request.param]
+    folder = str(tmp_path_factory.mktemp(request.param))
+    with wide_transformers(model_type):
+        theirs = hf_model(model_type, **fields)
+    theirs.save_pretrained(folder)
+    ours, _, _ = load_llama_folder(folder)
+    return theirs, ours.double(), folder, model_type
+
+
+def test_logits_equal_transformers_in_float64(converted):
+    theirs, ours, _, model_type = converted
+    x = torch.randint(0, 50, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), wide_transformers(model_type):
+        expected = theirs(x).logits
+    with torch.no_grad():
+        got = ours(x).logits
+    assert (got - expected).abs().max() < 1e-10
+
+
+def test_dynamic_rope_beyond_the_context_equals_one_pass_of_transformers():
+    """transformers' dynamic NTK rescales the base for a pass longer than max_position_embeddings: one pass of 100
+    tokens over a 64-token context."""
+    model_type, fields = CASES["llama-dynamic"]
+    with wide_transformers(model_type):
+        theirs = hf_model(model_type, **fields)
+    state = {k: v for k, v in theirs.state_dict().items()}
+    from longseq.interop.llama import build_from_hf, model_config
+
+    config, _ = model_config(theirs.config, "test")
+    ours = build_from_hf(config, state, "test").double()
+    x = torch.randint(0, 50, (1, 100), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), wide_transformers(model_type):
+        expected = theirs(x).logits
+    with torch.no_grad():
+        got = ours(x).logits
+    assert (got - expected).abs().max() < 1e-10
+
+
+def test_reading_in_segments_equals_full_attention_inside_the_context(converted):
+    """The default memory (mem_len = max_position_embeddings - tgt_len) makes a 64-token text read in segments of
+    tgt_len, the memory carried (hidden states, or keys and values as evaluation keeps them), the model's own full
+    attention over it."""
+    _, ours, _, _ = converted
+    assert ours.config.memory.mem_len == 32  # and the segment (tgt_len) 32: a context of 64
+    x = torch.randint(0, 50, (2, 64), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        whole = ours(x).logits
+        hidden, _ = in_segments(ours, x, 32)
+        cached, _ = in_segments(ours, x, 32, Memory.empty(KVMemory))
+    assert (hidden - whole).abs().max() < 1e-10 and (cached - whole).abs().max() < 1e-10
+
+
+def test_greedy_generation_picks_transformers_tokens(converted):
+    from longseq.generation import generate
+
+    theirs, ours, _, model_type = converted
+    prompt = torch.randint(0, 50, (1, 7), generator=torch.Generator().manual_seed(4))
+    theirs.generation_config.eos_token_id = None  # longseq's generate has no end-of-text stop
+    with torch.no_grad(), wide_transformers(model_type):
+        expected = theirs.generate(prompt, max_new_tokens=20, do_sample=False, pad_token_id=0)
+    got = generate(ours, prompt, 20, temperature=0.0, segment_len=32)
+    assert torch.equal(got, expected[:, 7:])
+
+
+def test_a_sharded_checkpoint_reads_as_one_file(tmp_path):
+    with wide_transformers("llama"):
+        theirs = hf_model("llama")
+    theirs.save_pretrained(tmp_path / "whole")
+    theirs.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert os.path.isfile(tmp_path / "sharded" / "model.safetensors.index.json")
+    whole, _, _ = load_llama_folder(str(tmp_path / "whole"))
+    sharded, _, _ = load_llama_folder(str(tmp_path / "sharded"))
+    assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), sharded.state_dict().values()))
+
+
+def test_every_field_the_families_declare_is_mapped():
+    """Every field of transformers' Llama, Mistral, Qwen2 and Qwen3 configs is mapped onto longseq's model or
+    changes no logit; a field a newer transformers adds fails here until it is mapped or refused."""
+    for model_type in ("llama", "mistral", "qwen2", "qwen3"):
+        assert declared_fields(model_type) <= MAPPED | IGNORED, model_type
+
+
+def write_config(folder, **fields) -> str:
+    """A folder with only a config.json (no weights: a refusal must come before any weight is read)."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({"model_type": "llama", **BASE, **fields}, f)
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"model_type": "mixtral", "num_local_experts": 4}, ("mixtral", "mixture of experts")),
+        ({"model_type": "gpt2"}, ("gpt2", "not supported")),
+        ({"num_experts": 4}, ("num_experts", "mixture of experts")),
+        ({"quantization_config": {"quant_method": "gptq"}}, ("quantization_config",)),
+        ({"hidden_act": "gelu"}, ("hidden_act", "gelu")),
+        ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, ("rope_type", "longrope")),
+        (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+            ("partial_rotary_factor",),
+        ),
+        ({"model_type": "qwen2", "layer_types": ["full_attention", "chunked_attention"]}, ("chunked_attention",)),
+    ],
+)
+def test_what_longseq_lacks_is_refused_by_name_before_any_weight(tmp_path, fields, words):
+    with raises_naming(ConversionError, *words):
+        load_llama_folder(write_config(tmp_path / "model", **fields))
+
+
+def test_weights_that_do_not_fit_are_named(tmp_path):
+    with wide_transformers("llama"):
+        theirs = hf_model("llama")
+    theirs.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    with raises_naming(ConversionError, "model.layers.2.input_layernorm.weight", "missing"):
+        load_llama_folder(str(tmp_path))
+
+
+def test_to_hf_writes_the_family_back_tensor_for_tensor(converted, tmp_path):
+    """The round trip: the export's tensors are the source's, its config maps onto the same longseq model, and
+    transformers loads it as the source's class and scores as the source does."""
+    from safetensors.torch import load_file
+
+    from longseq.interop.llama import export_llama_hf
+
+    theirs, ours, folder, model_type = converted
+    context = ours.config.memory.mem_len + 32
+    assert export_llama_hf(ours, str(tmp_path / "out"), context) == model_type
+    written, source = (
+        load_file(tmp_path / "out" / "model.safetensors"),
+        load_file(os.path.join(folder, "model.safetensors")),
+    )
+    tied = {"lm_head.weight"} if theirs.config.tie_word_embeddings else set()
+    assert set(written) == set(source) - tied
+    assert all(torch.equal(written[name], source[name]) for name in written)
+    again, _, _ = load_llama_folder(str(tmp_path / "out"))
+    assert again.config == ours.config
+    with wide_transformers(model_type):
+        back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager")
+        assert type(back) is type(theirs)
+        x = torch.randint(0, 50, (1, 40), generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            assert (back.double()(x).logits - theirs(x).logits).abs().max() < 1e-10
+
+
+@pytest.mark.parametrize(
+    "model_type, extra, words",
+    [
+        ("qwen2", {}, ("qwen2", "qkv_bias=False")),
+        ("llama", {"pattern.attention": ["window"]}, ("pattern.attention=window",)),
+        ("llama", {"embed_scale": True}, ("embed_scale=True",)),
+    ],
+)
+def test_what_a_family_cannot_hold_is_refused_by_name(tmp_path, model_type, extra, words):
+    from dataclasses import replace
+
+    from longseq.config.model import PatternConfig
+    from longseq.interop.llama import export_llama_hf, model_config
+    from longseq.model import TransformerXLLM
+
+    config, _ = model_config(transformers.AutoConfig.for_model("llama", **BASE), "test")
+    if "pattern.attention" in extra:
+        config = replace(config, pattern=PatternConfig(attention=extra["pattern.attention"], window=4))
+    else:
+        config = replace(config, **extra)
+    with raises_naming(ConversionError, *words):
+        export_llama_hf(TransformerXLLM(config), str(tmp_path / "out"), 64, model_type)
+    assert not os.path.exists(tmp_path / "out")
