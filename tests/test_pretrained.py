@@ -255,3 +255,153 @@ def test_what_a_family_cannot_hold_is_refused_by_name(tmp_path, model_type, extr
     with raises_naming(ConversionError, *words):
         export_llama_hf(TransformerXLLM(config), str(tmp_path / "out"), 64, model_type)
     assert not os.path.exists(tmp_path / "out")
+
+
+# --- GGUF: a tiny file written here with the gguf package, as llama.cpp's convert_hf_to_gguf.py writes one --------
+
+GGUF_BASE = dict(BASE, vocab_size=300, hidden_size=64, intermediate_size=96, num_attention_heads=4)
+
+
+def tiny_bpe(vocab_size: int = 300):
+    """A byte-level BPE of ``vocab_size`` tokens trained on a little text, its first two tokens special."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    special = ["<|endoftext|>", "<|im_start|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    text = ["the cat sat on the mat and the dog sat on the log " * 4, "a quick brown fox jumps over the lazy dog"]
+    tokenizer.train_from_iterator(text, trainer)
+    return tokenizer
+
+
+def llama_cpp_permute(weights, n_head: int):
+    """llama.cpp's row order of a query or key projection (its rope pairs channels 2k and 2k + 1)."""
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+GGUF_NAMES = {
+    "embed_tokens": "token_embd",
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def gguf_name(name: str) -> str:
+    if name == "model.norm.weight":
+        return "output_norm.weight"
+    if name == "lm_head.weight":
+        return "output.weight"
+    name = name.removeprefix("model.").replace("layers.", "blk.")
+    for ours, theirs in GGUF_NAMES.items():
+        name = name.replace(ours, theirs)
+    return name
+
+
+def write_gguf(path, model, kinds=None, arch="llama"):
+    """``model`` (a float32 LlamaForCausalLM) as a GGUF file: tensors F32, or of ``kinds`` {gguf name: type}."""
+    import gguf
+    import numpy as np
+
+    c, tokenizer = model.config, tiny_bpe(model.config.vocab_size)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([token for token, _ in vocab])
+    writer.add_token_types([3 if i < 2 else 1 for i in range(len(vocab))])
+    merges = json.loads(tokenizer.to_str())["model"]["merges"]
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(0)
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        data = tensor.float().numpy()
+        if ".q_proj." in name or ".k_proj." in name:
+            heads = c.num_attention_heads if ".q_proj." in name else c.num_key_value_heads
+            data = llama_cpp_permute(data, heads)
+        kind = (kinds or {}).get(gguf_name(name), gguf.GGMLQuantizationType.F32)
+        if kind == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(gguf_name(name), np.ascontiguousarray(data))
+        else:
+            raw = data.astype(np.int8) if kind == gguf.GGMLQuantizationType.I8 else gguf.quants.quantize(data, kind)
+            writer.add_tensor(gguf_name(name), raw, raw_shape=raw.shape, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def gguf_llama(tmp_path_factory):
+    """(transformers' float32 model, the GGUF file written from it: F32 tensors, the embedding in Q8_0)."""
+    gguf = pytest.importorskip("gguf")
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model("llama", **GGUF_BASE, tie_word_embeddings=True)
+    ).eval()
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    return model, write_gguf(path, model, {"token_embd.weight": gguf.GGMLQuantizationType.Q8_0})
+
+
+def test_a_gguf_file_scores_as_transformers_reads_it(gguf_llama):
+    """Read through transformers' GGUF loader (q and k rows unpermuted, Q8_0 dequantized), the model equals the one
+    transformers itself loads from the file, in float64 to 1e-10; its unquantized tensors are the source's."""
+    from longseq.interop.gguf import load_gguf
+
+    source, path = gguf_llama
+    ours, _, _ = load_gguf(path)
+    state = ours.state_dict()
+    assert torch.equal(
+        state["transformer.stack.layers.1.dec_attn.qkv_net.weight"][:64],
+        source.state_dict()["model.layers.1.self_attn.q_proj.weight"],
+    )
+    folder, name = os.path.split(path)
+    with wide_transformers("llama"):
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, attn_implementation="eager")
+        theirs = theirs.double().eval()
+        x = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(6))
+        with torch.no_grad():
+            expected = theirs(x).logits
+    with torch.no_grad():
+        assert (ours.double()(x).logits - expected).abs().max() < 1e-10
+
+
+def test_a_gguf_quantization_the_gguf_package_cannot_read_is_refused_by_name(gguf_llama, tmp_path):
+    import gguf
+
+    source, _ = gguf_llama
+    path = write_gguf(tmp_path / "i8.gguf", source, {"blk.0.attn_norm.weight": gguf.GGMLQuantizationType.I8})
+    with raises_naming(ConversionError, "I8", "blk.0.attn_norm.weight", "dequantize"):
+        from longseq.interop.gguf import load_gguf
+
+        load_gguf(path)
+
+
+def test_a_gguf_architecture_longseq_lacks_is_refused_by_name(gguf_llama, tmp_path):
+    from longseq.interop.gguf import load_gguf
+
+    source, _ = gguf_llama
+    with raises_naming(ConversionError, "mamba"):
+        load_gguf(write_gguf(tmp_path / "mamba.gguf", source, arch="mamba"))
