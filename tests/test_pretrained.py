@@ -264,10 +264,11 @@ GGUF_BASE = dict(BASE, vocab_size=300, hidden_size=64, intermediate_size=96, num
 
 def tiny_bpe(vocab_size: int = 300):
     """A byte-level BPE of ``vocab_size`` tokens trained on a little text, its first two tokens special."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
     special = ["<|endoftext|>", "<|im_start|>"]
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
@@ -405,3 +406,169 @@ def test_a_gguf_architecture_longseq_lacks_is_refused_by_name(gguf_llama, tmp_pa
     source, _ = gguf_llama
     with raises_naming(ConversionError, "mamba"):
         load_gguf(write_gguf(tmp_path / "mamba.gguf", source, arch="mamba"))
+
+
+# --- the tokenizer, and the converted checkpoint through the commands ----------------------------------------------
+
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|endoftext|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TEXT = "the cat sat on the mat.\n\n  The dog, naïve — sat <|im_start|> on 12345 logs\t\n"
+
+
+def hf_tokenizer(bos: bool = False):
+    """transformers' fast tokenizer over :func:`tiny_bpe`: SmolLM2's special tokens and chat template, and with
+    ``bos`` a post-processor that puts ``<|im_start|>`` before every text (as Llama's puts its BOS)."""
+    from tokenizers import processors
+
+    backend = tiny_bpe()
+    if bos:
+        backend.post_processor = processors.TemplateProcessing(
+            single="<|im_start|> $A", special_tokens=[("<|im_start|>", 1)]
+        )
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<|im_start|>", eos_token="<|endoftext|>", chat_template=TEMPLATE
+    )
+
+
+@pytest.mark.parametrize("bos", [False, True])
+def test_the_tokenizer_gives_transformers_ids(tmp_path, bos):
+    """The ``pretrained`` tokenizer read from a saved folder gives the ids of transformers' tokenizer (without
+    special tokens; a prompt with them), decodes as it does, and keeps its special tokens and chat template."""
+    from longseq.data.tokenizers import load_tokenizer
+    from longseq.interop.llama_tokenizer import read_tokenizer
+
+    theirs = hf_tokenizer(bos)
+    theirs.save_pretrained(tmp_path)
+    ours = read_tokenizer(str(tmp_path), 310)
+    ours.save(str(tmp_path / "longseq.json"))
+    ours = load_tokenizer(str(tmp_path / "longseq.json"), vocab_size=310)  # through its saved form
+    ids = ours.encode(TEXT)
+    assert ids.tolist() == theirs(TEXT, add_special_tokens=False).input_ids
+    assert ours.encode_prefix(TEXT).tolist() == theirs(TEXT).input_ids
+    assert ours.decode(ids) == theirs.decode(ids) == TEXT
+    assert ours.text_bytes(ids) == len(TEXT.encode("utf-8"))
+    assert (ours.bos_id, ours.eos_id, ours.vocab_size) == (1, 0, 310)
+    assert ours.chat_template == TEMPLATE
+
+
+@pytest.fixture(scope="module")
+def pretrained_folder(tmp_path_factory):
+    """A tiny Llama saved by transformers (float32) with its tokenizer, and a little corpus in train/valid/test."""
+    folder = tmp_path_factory.mktemp("pretrained")
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model("llama", **GGUF_BASE, bos_token_id=1, eos_token_id=0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model.save_pretrained(folder / "hf")
+    hf_tokenizer().save_pretrained(folder / "hf")
+    for split in ("train", "valid", "test"):
+        (folder / f"{split}.txt").write_text("the cat sat on the mat and the dog sat on the log.\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def pretrained_checkpoint(pretrained_folder):
+    from longseq.cli import main
+
+    out = pretrained_folder / "ckpt"
+    assert main(["convert", "--from-hf", str(pretrained_folder / "hf"), "--out", str(out), "--quiet"]) == 0
+    return str(out)
+
+
+def test_eval_of_the_converted_checkpoint_is_transformers_loss(pretrained_folder, pretrained_checkpoint, capsys):
+    """``longseq eval`` of the converted checkpoint scores the test text as transformers' model scores the ids its
+    tokenizer gives (the text inside the context: full attention)."""
+    from tests.support import cli_json
+
+    result = cli_json(["eval", "--checkpoint", pretrained_checkpoint, "--data", str(pretrained_folder), "--split",
+                       "test", "--device", "cpu", "--json", "--quiet"], capsys)  # fmt: skip
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(pretrained_folder / "hf").eval()
+    text = (pretrained_folder / "test.txt").read_text()
+    ids = torch.tensor([hf_tokenizer()(text, add_special_tokens=False).input_ids])
+    with torch.no_grad():
+        loss = theirs(ids, labels=ids).loss.item()
+    assert result["loss"] == pytest.approx(loss, abs=1e-5)
+
+
+def test_generate_is_transformers_greedy_and_chat_uses_the_template(pretrained_folder, pretrained_checkpoint, capsys):
+    from tests.support import cli_json
+
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(pretrained_folder / "hf").eval()
+    theirs.generation_config.eos_token_id = None
+    tokenizer = hf_tokenizer()
+    argv = ["generate", "--checkpoint", pretrained_checkpoint, "--max-new-tokens", "12", "--temperature", "0",
+            "--device", "cpu", "--json"]  # fmt: skip
+    result = cli_json([*argv, "--prompt", "the cat"], capsys)
+    prompt = torch.tensor([tokenizer("the cat").input_ids])
+    expected = theirs.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)[0, prompt.size(1) :]
+    assert result["text"] == tokenizer.decode(expected)
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "the dog"}], add_generation_prompt=True)
+    chat = chat["input_ids"] if isinstance(chat, dict) or hasattr(chat, "keys") else chat
+    chat = torch.tensor([chat])  # which holds the end-of-text token (id 0): no padding mask from it
+    expected = theirs.generate(chat, attention_mask=torch.ones_like(chat), max_new_tokens=12, do_sample=False)
+    expected = expected[0, chat.size(1) :]
+    stop = (expected == 0).nonzero()
+    expected = expected[: int(stop[0]) if len(stop) else None]  # the turn ends at the end-of-text token
+    from longseq.cli.generate import chat_ids
+    from longseq.train.checkpoint import load_checkpoint
+
+    assert chat_ids(load_checkpoint(pretrained_checkpoint)[1], "the dog") == chat[0].tolist()
+    assert cli_json([*argv, "--prompt", "the dog", "--chat"], capsys)["tokens"] == len(expected)  # its turn's
+
+
+def test_to_hf_llama_and_longseq_formats_load_in_transformers(pretrained_folder, pretrained_checkpoint, tmp_path):
+    """``--format llama`` writes the family's folder (model and tokenizer) that transformers loads as it loaded the
+    source; ``--format longseq`` the longseq transformers format (``import longseq.hf``): the same logits."""
+    import longseq.hf  # noqa: F401
+    from longseq.cli import main
+
+    source = transformers.AutoModelForCausalLM.from_pretrained(pretrained_folder / "hf").eval()
+    x = torch.tensor([hf_tokenizer()(TEXT, add_special_tokens=False).input_ids])
+    with torch.no_grad():
+        expected = source(x).logits
+    for name in ("llama", "longseq"):
+        out = tmp_path / name
+        argv = ["convert", "--to-hf", "--checkpoint", pretrained_checkpoint, "--out", str(out), "--format", name]
+        assert main([*argv, "--quiet"]) == 0
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+        with torch.no_grad():
+            assert (loaded(x).logits - expected).abs().max() < 1e-5, name
+    assert type(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "llama")) is type(source)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "llama")
+    assert tokenizer(TEXT).input_ids == hf_tokenizer()(TEXT).input_ids and tokenizer.chat_template == TEMPLATE
+
+
+def test_the_converted_checkpoint_fine_tunes_and_diagnoses(pretrained_folder, pretrained_checkpoint, tmp_path):
+    """An imported model is an ordinary checkpoint: ``finetune`` (classification) and ``diagnose`` run on it."""
+    from longseq.cli import main
+
+    rows = [{"text": f"the {w} sat on the mat", "label": w} for w in ("cat", "dog") * 4]
+    data = tmp_path / "classify.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert main(["finetune", "--task", "classify", "--data", str(data), "--checkpoint", pretrained_checkpoint,
+                 "--segment-len", "8", "--batch-size", "4", "--steps", "2", "--out", str(tmp_path / "ft"),
+                 "--quiet"]) == 0  # fmt: skip
+    for split in ("train", "valid", "test"):
+        (tmp_path / f"{split}.txt").write_text((pretrained_folder / "test.txt").read_text() * 12)
+    assert main(["diagnose", "--checkpoint", pretrained_checkpoint, "--data", str(tmp_path), "--out",
+                 str(tmp_path / "report"), "--max-segments", "2", "--contexts", "0,8", "--quiet"]) == 0  # fmt: skip
+    assert os.path.isfile(tmp_path / "report" / "report.json")
+
+
+def test_lm_eval_reads_a_document_after_the_models_own_beginning_of_text(pretrained_folder, pretrained_checkpoint):
+    """The harness's rolling log-likelihood of a document is transformers' log-likelihood of its tokens after
+    the tokenizer's BOS (what the harness's ``hf`` model puts first)."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from longseq.integrations.harness import LongseqLM
+
+    lm = LongseqLM(pretrained_checkpoint, device="cpu")
+    document = "the dog sat on the mat."
+    (score,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (document,), 0)], disable_tqdm=True)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(pretrained_folder / "hf").eval()
+    ids = torch.tensor([[1, *hf_tokenizer()(document, add_special_tokens=False).input_ids]])
+    with torch.no_grad():
+        expected = -theirs(ids, labels=ids).loss.item() * (ids.size(1) - 1)
+    assert score == pytest.approx(expected, abs=1e-4)

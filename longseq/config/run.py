@@ -22,7 +22,7 @@ __all__ = [
     "TrainConfig",
 ]
 
-TOKENIZERS = ("byte", "char", "word", "bpe")
+TOKENIZERS = ("byte", "char", "word", "bpe", "pretrained")  # pretrained: an imported model's own (its checkpoint's)
 
 
 @config
@@ -31,8 +31,9 @@ class DataConfig(JsonConfig):
 
     ``path`` is a file, a directory in a standard layout or a directory prepared by ``longseq data prepare``
     (``None`` = the bundled tiny-shakespeare).  ``tokenizer``: byte, char, word, bpe (a byte-level BPE of
-    ``vocab_size`` tokens learnt from the training text), or the path of a tokenizer file (``.json``: ours, or
-    an HF ``tokenizer.json`` such as GPT-2's).  ``varlen`` draws segment lengths around ``tgt_len`` as the paper's code does.
+    ``vocab_size`` tokens learnt from the training text), ``pretrained`` (an imported model's own, which its
+    checkpoint holds: docs/pretrained.md), or the path of a tokenizer file (``.json``: ours, or an HF
+    ``tokenizer.json`` such as GPT-2's).  ``varlen`` draws segment lengths around ``tgt_len`` as the paper's code does.
     ``doc_reset`` keeps documents apart (a directory of documents): no token attends to another document,
     in the segment or in the memory.  ``text_column``: the column that holds the text when ``path`` is a table
     (parquet, arrow, JSON lines; read through ``datasets``), its rows joined by newlines.
@@ -54,7 +55,7 @@ class DataConfig(JsonConfig):
         check(bool(self.text_column), "DataConfig.text_column must name a column")
         check(
             self.tokenizer in TOKENIZERS or self.tokenizer.endswith(".json"),
-            f"DataConfig.tokenizer must be byte, char, word, bpe or the path of a tokenizer .json file, "
+            f"DataConfig.tokenizer must be byte, char, word, bpe, pretrained or the path of a tokenizer .json file, "
             f"got {self.tokenizer!r}",
         )
         check(256 <= self.vocab_size < 1 << 24, f"DataConfig.vocab_size must be in [256, 2**24), got {self.vocab_size}")

@@ -54,6 +54,11 @@ class Tokenizer:
     def encode(self, text: str) -> np.ndarray:
         raise NotImplementedError
 
+    def encode_prefix(self, text: str) -> np.ndarray:
+        """The ids of a text that goes on after it (a prompt): :meth:`encode`'s, unless a kind says otherwise (a
+        pretrained tokenizer puts its beginning-of-text token first)."""
+        return self.encode(text)
+
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
 
@@ -386,13 +391,15 @@ def train_bpe(pieces: Iterable[str], vocab_size: int = DEFAULT_BPE_VOCAB) -> BPE
 
 def is_tokenizer_path(spec: str) -> bool:
     """Whether a tokenizer spec names a file rather than a kind."""
-    return spec not in KINDS
+    return spec not in KINDS and spec not in REGISTERED
 
 
 def build_tokenizer(spec: str, text: str, lowercase: bool = False, vocab_size: int = DEFAULT_BPE_VOCAB) -> Tokenizer:
     """The tokenizer that ``spec`` names, fitted to training ``text``: ``byte``; ``char`` and ``word`` (their
     vocabularies); ``bpe`` (a BPE of ``vocab_size`` tokens learnt from ``text``); or the path of a tokenizer
     file, used as it is, except that an HF BPE file without our id order gets ids ordered by frequency in ``text``."""
+    if spec in REGISTERED:
+        return REGISTERED[spec].fit([text], None)
     if spec == "byte":
         return ByteTokenizer()
     if spec == "char":
@@ -422,8 +429,20 @@ def tokenizer_from_dict(data: dict, vocab_size: int | None = None, path: str = "
     return tokenizer
 
 
+REGISTERED: dict[str, type[Tokenizer]] = {}  # kinds in modules of their own (longseq.data.pretrained_tokenizer)
+
+
+def register_kind(cls: type[Tokenizer]) -> type[Tokenizer]:
+    """Make the kind ``cls.kind`` readable from its saved dict (``cls.from_dict``); its module calls this when
+    imported (``longseq.data`` imports it)."""
+    REGISTERED[cls.kind] = cls
+    return cls
+
+
 def _tokenizer_from_dict(data: dict) -> Tokenizer:
     kind = data.get("kind") if isinstance(data, dict) else None
+    if kind in REGISTERED:
+        return REGISTERED[kind].from_dict(data)
     if kind == "byte":
         return ByteTokenizer()
     if kind == "char":

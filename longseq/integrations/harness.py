@@ -28,6 +28,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
+from longseq.data.pretrained_tokenizer import PretrainedTokenizer
 from longseq.eval.evaluate import scored_segments, start_memory
 from longseq.generation import check_sampling, generate_stream, windowed
 from longseq.runtime import set_matmul_precision
@@ -256,7 +257,10 @@ def _sampling(gen_kwargs: dict) -> dict:
 
 
 def _prefix_id(tokenizer) -> int | None:
-    """The newline's one id, or None when the tokenizer has no single token for it."""
+    """The newline's one id, or None when the tokenizer has no single token for it; a pretrained model's own
+    beginning (or end) of text, as the harness's ``hf`` model reads before a document."""
+    if isinstance(tokenizer, PretrainedTokenizer):
+        return tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
     try:
         ids = tokenizer.encode(PREFIX_TEXT)
     except ValueError:  # a character vocabulary without the newline

@@ -15,6 +15,7 @@ Each gives the ids :meth:`longseq.data.tokenizers.Tokenizer.encode` gives, and d
   (``str.split``'s) and a ``WordLevel`` model with ``<unk>``; decoders write every word followed by a space and
   ``<eos>`` as a newline.  ``eos_token`` is ``<eos>``, ``unk_token`` ``<unk>``.  ``split_special_tokens`` is on, so
   that text holding ``<eos>`` inside a word is read as longseq reads it (one unknown word).
+* ``pretrained`` (an imported model's): its own file as it is (ids, special tokens, post-processor).
 * ``bpe``: the tokenizer's own file, with ids renumbered to longseq's (frequency) order and the text cut at every
   line end and into pieces of at most :data:`~longseq.data.tokenizers.PIECE_CHARS` characters before its own
   pre-tokenizer (longseq encodes those pieces one by one), and no post-processor (longseq adds no tokens).  Its
@@ -37,6 +38,7 @@ import sys
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
+from longseq.data.pretrained_tokenizer import PretrainedTokenizer
 from longseq.data.tokenizers import (
     EOS,
     PIECE_CHARS,
@@ -119,6 +121,8 @@ def hf_tokenizer(tokenizer: Tokenizer) -> HFTokenizer:
         hf = _word_tokenizer(tokenizer)
     elif isinstance(tokenizer, BPETokenizer):
         hf = _bpe_tokenizer(tokenizer)
+    elif isinstance(tokenizer, PretrainedTokenizer):
+        hf = tokenizer.to_hf()  # its own file: ids, special tokens and post-processor as the model was trained
     else:
         raise ValueError(f"no transformers tokenizer for a {type(tokenizer).__name__}")
     if hf.token_to_id(PAD) is not None:
@@ -126,7 +130,8 @@ def hf_tokenizer(tokenizer: Tokenizer) -> HFTokenizer:
     hf.add_special_tokens([AddedToken(PAD, special=True, normalized=False)])
     if hf.token_to_id(PAD) != tokenizer.vocab_size:
         raise ValueError(
-            f"the padding token got id {hf.token_to_id(PAD)}, not {tokenizer.vocab_size} (after the vocabulary)"
+            f"the padding token got id {hf.token_to_id(PAD)}, not {tokenizer.vocab_size} (after the vocabulary): "
+            "the model's vocabulary has ids the tokenizer lacks (a padded embedding); export --format llama instead"
         )
     return hf
 
@@ -138,6 +143,8 @@ def special_tokens(tokenizer: Tokenizer) -> dict[str, str]:
 
 
 def _own_special_tokens(tokenizer: Tokenizer) -> dict[str, str]:
+    if isinstance(tokenizer, PretrainedTokenizer):
+        return {name: text for name, text in tokenizer.special_tokens().items() if name != "pad_token"}
     if isinstance(tokenizer, WordTokenizer):
         return {"eos_token": EOS, "unk_token": UNK}
     if isinstance(tokenizer, BPETokenizer):
@@ -157,7 +164,7 @@ def hf_tokenizer_config(tokenizer: Tokenizer) -> dict:
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "clean_up_tokenization_spaces": False,
-        "split_special_tokens": not isinstance(tokenizer, BPETokenizer),
+        "split_special_tokens": not isinstance(tokenizer, (BPETokenizer, PretrainedTokenizer)),
         "model_input_names": ["input_ids", "attention_mask"],
         "longseq_kind": tokenizer.kind,
         **special_tokens(tokenizer),
