@@ -8,8 +8,9 @@ import importlib.util
 import os
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
-PAGE_LIMIT = 24 * 1024  # the results page stays small (issue 31); raised from 16 KiB for the 2026 block, linear
-# attention and learned segmentation tables (issues 42, 43, 45): a new table beyond that makes room
+PAGE_LIMIT = 25 * 1024  # the results page stays small (issue 31); raised from 16 KiB for the 2026 block, linear
+# attention and learned segmentation tables (issues 42, 43, 45), and by 1 KiB for the SmolLM2 import (issue 57): a
+# new table beyond that makes room
 
 
 def generator():

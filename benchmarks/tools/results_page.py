@@ -839,12 +839,31 @@ def gpu_section() -> list[str]:
     return section("On an H200", study, body, "gpu/")
 
 
+def pretrained_section() -> list[str]:
+    """SmolLM2-135M-Instruct (GGUF) imported by longseq convert, against transformers' own model on the file."""
+    study, r = load("pretrained/study.json"), load("pretrained/smollm2.json")
+    ids, first, ev, greedy = r["token_ids"], r["first_tokens"], r["longseq_eval"], r["greedy"]
+    same = lambda flag: "identical" if flag else "differ"  # noqa: E731
+    rows = [[f"WikiText-2 test token ids ({num(ids['tokens'])})", same(ids["identical"]), ""],
+            [f"test perplexity, first {num(ev['tokens'])} predictions", f"{ev['perplexity']:.4f}",
+             f"{first['transformers_perplexity']:.4f}"],
+            [f"max abs logit difference, {num(first['forward_s']['tokens'])} tokens",
+             f"{first['max_abs_logit_difference']:.1e}", f"(logits to {first['max_abs_logit']:.1f})"],
+            [f"{greedy['tokens']} greedy tokens", same(greedy["identical"]), ""]]  # fmt: skip
+    body = [f"Q4_1, {r['parameters'] / 1e6:.1f}M parameters, float32; `longseq eval` (segments of 512, memory "
+            f"carried) against one transformers {r['transformers']} pass. Convert: {r['convert_s']:.0f} s, "
+            f"{num(r['convert_peak_rss_mib'])} MiB peak RSS. docs/pretrained.md.", "",
+            *table(["measure", "longseq", "transformers"], rows, "lrr")]  # fmt: skip
+    return section("SmolLM2-135M-Instruct imported", study, body, "pretrained/")
+
+
 def render() -> str:
     """The whole page."""
     parts = [headline(), memory_section(), hf_section(), vanilla_section(), patterns_section(), table6_section(),
              block_section(), compaction_section(), clamp_section(), mixers_section(), mixers_speed_section(), listops_section(),
              recall_section(), chunks_section(),
-             preset_section(), xt_cpu_section(), mfu_section(), gpu_section(), smaller_section()]  # fmt: skip
+             pretrained_section(), preset_section(), xt_cpu_section(), mfu_section(), gpu_section(),
+             smaller_section()]  # fmt: skip
     return "\n".join(line for part in parts for line in part).rstrip("\n") + "\n"
 
 
