@@ -140,9 +140,9 @@ def test_a_character_only_in_the_test_split_does_not_stop_character_level_traini
 def test_an_unseen_character_is_an_error_naming_the_file_the_character_its_place_and_the_fix(tmp_path, monkeypatch):
     """A tokenizer built elsewhere (a checkpoint's, a tokenizer file) meets a character it lacks."""
     from longseq.data import prepare_corpus
-    from longseq.data import prepared as prepared_module
+    from longseq.data.readers import base as reader_base
 
-    monkeypatch.setattr(prepared_module, "BLOCK_BYTES", 64)  # the place is counted across blocks
+    monkeypatch.setattr(reader_base, "BLOCK_BYTES", 64)  # the place is counted across blocks
     tok = CharTokenizer.build("abcdefgh \n")
     tok.save(str(tmp_path / "chars.json"))
     (tmp_path / "one.txt").write_text("abc defg\n" * 40 + "ab\tc\n")

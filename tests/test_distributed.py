@@ -64,6 +64,24 @@ def test_two_ranks_match_one_process_on_the_same_global_batch(tmp_path, text_cor
     assert abs(loss - logged[-1]) < 1e-6
 
 
+def test_two_ranks_train_a_stack_without_attention_as_one_process(tmp_path, text_corpus):
+    """DDP needs a gradient for every parameter at every step: a stack of ssm, gla and delta layers (no attention,
+    so no u and v) trains on two ranks past step 2, with the one-process run's losses."""
+    settings = ["--data", str(text_corpus), "--tokenizer", "char", "--quiet", "--set", "max_steps=3",
+                "batch_size=4", "tgt_len=8", "dropout=0", "n_layer=3", "mixer=ssm,gla,delta", "d_model=16",
+                "n_head=2", "d_head=8", "d_inner=32", "eval_interval=1000", "log_interval=1"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = [sys.executable, "-m", "longseq", "train", "--out", str(tmp_path / "one"), *settings]
+    subprocess.run(one, check=True, capture_output=True, env=env)
+    two = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "longseq", "train", "--out", str(tmp_path / "two"), *settings, "parallel=ddp"]  # fmt: skip
+    done = subprocess.run(two, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    single, ddp = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert sorted(ddp) == [1, 2, 3]
+    assert all(abs(ddp[step] - single[step]) < 1e-5 for step in ddp), (ddp, single)
+
+
 @pytest.mark.parametrize(
     "options",
     [["parallel=ddp"], ["parallel=fsdp", "optimizer=lamb", "layer_lr_decay=0.8", "activation_checkpointing=1"]],

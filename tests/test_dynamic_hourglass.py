@@ -400,3 +400,83 @@ def test_the_boundaries_a_diagnosis_reads_and_their_statistics():
     assert (stats["chunks"], stats["mean_length"], stats["longest"]) == (3, 8 / 3, 3)
     assert abs(stats["std_length"] - (2 / 9) ** 0.5) < 1e-12 and stats["memory_bytes"] == 4 * 8 / 3
     assert (stats["at_space"], stats["at_word_start"], stats["word_starts_in_text"]) == (2 / 3, 0.0, 2 / 8)
+
+
+@pytest.mark.parametrize("weight", [0.3, 0.0])
+def test_the_ratio_loss_is_each_micro_batchs_and_every_other_loss_the_whole_batchs(weight, monkeypatch):
+    """Pins what a step with ``grad_accum`` = 2 (or two ranks) does with learned chunks: the update of 4 rows read in
+    two halves is the whole batch's, but for H-Net's ratio loss, which is each half's own (its F and G are that
+    half's means, as H-Net computes it on each device's batch; F has no gradient, so the whole batch's would need
+    every half's forward before the first backward).  The gradients differ by exactly the gradient of weight x
+    (the mean of the halves' ratio losses - the whole batch's ratio loss); with no ratio loss they are equal.
+    Trained 5 steps, grad_accum 1 and 2 gave router weights 7.1e-3 apart at weight 0.3, 1.7e-8 at 0."""
+    from longseq.model import boundaries
+
+    calls, own = [], boundaries.ratio_loss
+    monkeypatch.setattr(
+        boundaries, "ratio_loss", lambda cuts, probs, n: calls.append((cuts, probs)) or own(cuts, probs, n)
+    )
+    model = dynamic("learned", ratio_loss=weight).train()
+    params = [p for p in model.parameters()]
+    x, y = torch.randint(0, 30, (4, 12)), torch.randint(0, 30, (4, 12))
+    whole = model(x, labels=y)
+    total = whole.loss + (whole.aux_loss if whole.aux_loss is not None else 0)
+    expected = torch.autograd.grad(total, params, allow_unused=True)
+    calls.clear()
+    halves = [model(x[rows], labels=y[rows]) for rows in (slice(0, 2), slice(2, 4))]
+    step = sum(h.loss + (h.aux_loss if h.aux_loss is not None else 0) for h in halves) / 2  # the trainer's sum
+    if weight:
+        cuts, probs = (torch.cat(parts) for parts in zip(*calls))
+        apart = sum(own(c, p, 3) for c, p in calls) / 2
+        step = step - weight * (apart - own(cuts, probs, 3))  # the whole batch's ratio loss in place of the halves'
+    got = torch.autograd.grad(step, params, allow_unused=True, retain_graph=True)
+    for g, e in zip(got, expected):
+        assert (g is None) == (e is None) and (g is None or torch.allclose(g, e, rtol=0, atol=1e-10))
+    if weight:
+        plain = torch.autograd.grad(step + weight * (apart - own(cuts, probs, 3)), params, allow_unused=True)
+        router = [i for i, p in enumerate(params) if p is model.transformer.stack.layers[1].boundaries.q_proj.weight]
+        assert (plain[router[0]] - expected[router[0]]).abs().max() > 1e-6  # the halves' own losses: another update
+
+
+def test_same_length_is_refused_at_evaluation_as_in_training(tmp_path, text_corpus, capsys):
+    """Training refuses same_length with learned chunks; evaluation took it (a call's ``same_length``, ``eval --set
+    same_length=true``, lm-eval's ``same_length``) and applied it to the full-resolution layers only.  Every path
+    resolves a call's recurrence through ``ModelConfig.recurrence``, which now refuses it by name; the context
+    curve, which turns it on by default, leaves it off for such a model."""
+    from longseq.cli import main
+    from longseq.config import DataConfig, Recurrence, RunConfig, TrainConfig
+    from longseq.data.tokenizers import ByteTokenizer
+    from longseq.train.checkpoint import save_checkpoint
+
+    model = dynamic("learned", mem_len=8).float()
+    x = torch.randint(0, 30, (2, 9))
+    for given in ({"same_length": True}, {"recurrence": Recurrence(8, same_length=True)}):
+        with raises_naming(ConfigError, "same_length", "boundaries=learned", "full-resolution"):
+            model(x, **given)
+    config = ModelConfig(**{**SMALL, "vocab_size": 256, "mem_len": 8, "shorten_layers": [1, 3],
+                            "boundaries": "learned"})  # fmt: skip
+    run = RunConfig(config, DataConfig(tokenizer="byte", eval_tgt_len=8, eval_batch_size=1), TrainConfig())
+    save_checkpoint(str(tmp_path / "ckpt"), TransformerXLLM(config), run, ByteTokenizer())
+    argv = ["eval", "--checkpoint", str(tmp_path / "ckpt"), "--data", str(text_corpus), "--device", "cpu", "--quiet"]
+    capsys.readouterr()
+    assert main([*argv, "--set", "same_length=true", "max_segments=2"]) != 0
+    assert "same_length" in capsys.readouterr().err
+    assert main([*argv, "--context-curve", "0,8", "--set", "max_segments=2"]) == 0
+
+
+def test_the_chunk_tools_on_empty_input_give_no_starts_or_a_named_error():
+    """No tokens: no chunk starts (an empty tensor), as the model's own pass over none would give; statistics of no
+    text, or of starts that do not fit it, are errors that say so."""
+    model = dynamic("learned")
+    starts = read_boundaries(model, torch.zeros(0, dtype=torch.long), 5)
+    assert starts.shape == (0,) and starts.dtype == torch.bool
+    with raises_naming(ValueError, "(T,)", "(1, 4)"):
+        read_boundaries(model, torch.zeros(1, 4, dtype=torch.long), 5)
+    with raises_naming(ValueError, "segment=0"):
+        read_boundaries(model, torch.zeros(4, dtype=torch.long), 0)
+    with raises_naming(ValueError, "empty"):
+        chunk_statistics(b"", starts, mem_len=4)
+    with raises_naming(ValueError, "3 positions", "2 bytes"):
+        chunk_statistics(b"ab", torch.tensor([1, 0, 0]), mem_len=4)
+    with raises_naming(ValueError, "no chunk start"):
+        chunk_statistics(b"ab", torch.tensor([0, 0]), mem_len=4)

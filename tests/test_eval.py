@@ -25,6 +25,7 @@ from support import (
     tiny_corpus,
     tiny_lstm_config,
     tiny_model,
+    tiny_model_config,
     tiny_run,
 )
 
@@ -311,6 +312,27 @@ def test_eval_command_uses_sliding_windows_for_the_vanilla_model(tmp_path, text_
 
 def curves(**per_length):
     return {int(k[1:]): np.array(v, dtype=float) for k, v in per_length.items()}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"mixer": ["gla"], "mem_len": 0}, {"mixer": ["delta"], "mem_len": 0}, {"mixer": ["gla", "attention"]}],
+)
+def test_recl_holds_a_model_whose_state_reads_the_whole_past_to_each_context(overrides):
+    """A gla or delta layer's state carries the whole past, so RECL's ``mem_len = c`` changed nothing: every context
+    gave the same losses and RECL its smallest length (8 for a trained model).  Such a model is read by sliding
+    windows of c: a target's loss depends on the c tokens before it and on no earlier one."""
+    from longseq.eval.recl import context_losses, context_read_by
+
+    model = tiny_model(**overrides, dropout=0.0, dropatt=0.0, init_std=0.3).eval()
+    assert context_read_by(model.config) == "windows" and context_read_by(tiny_model_config()) == "memory"
+    ids, run, context = np.asarray(tiny_corpus().valid[:40]), tiny_run(), 6
+    changed = ids.copy()
+    changed[10] = (changed[10] + 1) % 10  # 24 targets later the target ids[34] is 24 > c tokens away
+    near, far = context_losses(model, run, ids, context), context_losses(model, run, changed, context)
+    assert np.array_equal(near[10 + context :], far[10 + context :])  # beyond c: no trace of the change
+    assert not np.allclose(near[10 : 10 + context], far[10 : 10 + context])  # within c: read
+    assert not np.allclose(near, context_losses(model, run, ids, 12))  # a longer context reads more
 
 
 def test_recl_of_a_group_follows_the_common_baseline():

@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+from support import raises_naming
 
 transformers = pytest.importorskip("transformers")
 if int(transformers.__version__.split(".")[0]) < 5:
@@ -150,6 +151,30 @@ def test_past_key_values_is_the_deprecated_cache():
         warnings.simplefilter("ignore", FutureWarning)
         more = hf.generate(first.sequences, past_key_values=first.cache, max_new_tokens=3, do_sample=False)
     assert torch.equal(more, hf.generate(x, max_new_tokens=5, do_sample=False))
+
+
+def test_transformers_caches_are_taken_when_empty_and_refused_by_name_otherwise():
+    """What a transformers user passes as ``past_key_values``: an empty ``DynamicCache``, tuple or list is no memory
+    (the same logits and tokens as none); one that holds keys and values in transformers' layout, or anything else,
+    is a TypeError naming it and what to pass (a LongseqCache), before the model runs."""
+    from transformers import DynamicCache
+
+    hf = hf_of("hybrid-ssm")
+    x = torch.randint(0, 50, (2, 7))
+    expected, tokens = hf(x).logits, hf.generate(x, max_new_tokens=3, do_sample=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        for empty in (DynamicCache(), (), []):
+            assert torch.equal(hf(x, past_key_values=empty).logits, expected)
+            assert torch.equal(hf.generate(x, past_key_values=empty, max_new_tokens=3, do_sample=False), tokens)
+        held = DynamicCache()
+        held.update(torch.zeros(2, 2, 3, 8), torch.zeros(2, 2, 3, 8), 0)
+        legacy = ((torch.zeros(2, 2, 3, 8), torch.zeros(2, 2, 3, 8)),)
+        for given, name in ((held, "DynamicCache"), (legacy, "tuple"), ({"layers": []}, "dict")):
+            with raises_naming(TypeError, name, "LongseqCache"):
+                hf(x, past_key_values=given)
+            with raises_naming(TypeError, name, "LongseqCache"):
+                hf.generate(x, past_key_values=given, max_new_tokens=2)
 
 
 def test_input_embeddings_and_resizing(tmp_path):

@@ -111,7 +111,7 @@ def test_auto_tokenizer_gives_longseqs_ids_and_text(kind, tmp_path):
         texts.append("a<|pad|>b")
     batch = theirs(texts)["input_ids"]  # transformers' default: add_special_tokens=True
     for text, ids in zip(texts, batch):
-        expected = ours.encode(text).tolist()
+        expected = ours.encode_prompt(text).tolist()  # encode's, but a word text's last line ends only if written so
         assert ids == expected == theirs.encode(text, add_special_tokens=False), text
         assert theirs.decode(expected) == ours.decode(expected), text
     theirs.save_pretrained(str(tmp_path / "again"))  # transformers' own round trip keeps it
@@ -144,7 +144,7 @@ def test_save_pretrained_carries_the_tokenizer(tmp_path):
     direct.save_pretrained(str(tmp_path / "direct"))
     for directory in ("saved", "direct"):
         theirs = AutoTokenizer.from_pretrained(str(tmp_path / directory))
-        assert theirs(TEXTS)["input_ids"] == [word.encode(t).tolist() for t in TEXTS]
+        assert theirs(TEXTS)["input_ids"] == [word.encode_prompt(t).tolist() for t in TEXTS]
     config = json.loads((tmp_path / "saved" / "tokenizer_config.json").read_text())
     assert config["longseq_kind"] == "word" and config["tokenizer_class"] == "PreTrainedTokenizerFast"
 
@@ -176,7 +176,7 @@ def test_pipeline_of_a_word_model_keeps_its_line_ends(tmp_path):
     directory = exported(word, tmp_path / "hf")
     model = AutoModelForCausalLM.from_pretrained(directory)
     generator = pipeline("text-generation", model=directory)
-    ids = torch.as_tensor(word.encode("the cat sat"))[None]
+    ids = torch.as_tensor(word.encode_prompt("the cat sat"))[None]  # the line goes on
     made = model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.size(1) :].tolist()
     text = generator(
         "the cat sat", max_new_tokens=12, do_sample=False, return_full_text=False, skip_special_tokens=False
@@ -196,6 +196,6 @@ def test_a_batched_pipeline_pads_and_gives_every_prompt_its_own_continuation(kin
     model = AutoModelForCausalLM.from_pretrained(directory).model
     batched = generator(texts, max_new_tokens=8, do_sample=False, return_full_text=False, skip_special_tokens=False)
     for text, out in zip(texts, batched):
-        ids = torch.as_tensor(ours.encode(text))[None]
+        ids = torch.as_tensor(ours.encode_prompt(text))[None]
         expected = generate(model, ids, 8, temperature=0, mem_len=model.config.memory.mem_len + 4, segment_len=4)
         assert out[0]["generated_text"] == ours.decode(expected[0].tolist()), text

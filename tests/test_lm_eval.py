@@ -15,6 +15,7 @@ import torch
 pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
+from support import cli_json  # noqa: E402
 
 from longseq.cli import main  # noqa: E402
 from longseq.config import DataConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
@@ -196,22 +197,65 @@ def test_the_lm_eval_command_scores_a_checkpoint(lm, checkpoint, tmp_path, monke
 PAIRS = [("", "The memory"), ("The memory", " carries"), ("Short", " one."), ("naïve", " café\n")]  # one window
 
 
-def test_the_harness_hf_model_scores_an_export_as_longseq(lm, checkpoint, tmp_path):
+def test_the_harness_hf_model_scores_an_export_as_longseq(lm, checkpoint, tmp_path, capsys):
     """The harness's own ``hf`` model over ``longseq convert --to-hf`` of the checkpoint (``import longseq.hf``
     registers it, as ``python -m longseq.lm_eval`` does): where the text fits one segment, the log-likelihoods and
-    greedy flags are the ``longseq`` model's.  The prefix token is the newline, as longseq's model reads."""
+    greedy flags are the ``longseq`` model's.  The prefix token is the newline, as longseq's model reads: the id
+    ``convert`` prints (10 for bytes)."""
     pytest.importorskip("transformers", minversion="5")
     from lm_eval.models.huggingface import HFLM
 
     import longseq.hf  # noqa: F401
 
-    assert main(["convert", "--to-hf", "--checkpoint", checkpoint, "--out", str(tmp_path / "hf")]) == 0
-    hf = HFLM(pretrained=str(tmp_path / "hf"), device="cpu", batch_size=2, prefix_token_id=10)
+    argv = ["convert", "--to-hf", "--checkpoint", checkpoint, "--out", str(tmp_path / "hf"), "--json"]
+    prefix = cli_json(argv, capsys)["lm_eval_prefix_token_id"]
+    assert prefix == lm.eot_token_id == 10
+    hf = HFLM(pretrained=str(tmp_path / "hf"), device="cpu", batch_size=2, prefix_token_id=prefix)
     requests = [request("loglikelihood", context, continuation) for context, continuation in PAIRS]
     theirs = hf.loglikelihood(requests, disable_tqdm=True)
     ours = lm.loglikelihood(requests, disable_tqdm=True)
     assert [g for _, g in theirs] == [g for _, g in ours]
     assert [s for s, _ in theirs] == pytest.approx([s for s, _ in ours], rel=1e-5)
+
+
+def test_the_hf_model_scores_a_word_export_as_longseq(tmp_path, capsys):
+    """A word model's export: the ``hf`` model's rolling log-likelihoods and continuations are the ``longseq``
+    model's (texts of one segment), with the prefix the export's tokenizer names (``<eos>``, the word model's
+    newline: what ``convert`` prints for ``prefix_token_id``; 10 is a word here).  Its tokenizer ended every text with ``<eos>``: a request scored one ``<eos>``
+    more than its text (issue 60 measured word perplexity 38,364 against 7,733) and a context's ``<eos>`` took
+    the continuation's first word; an export written so is named when it loads."""
+    pytest.importorskip("transformers", minversion="5")
+    from lm_eval.models.huggingface import HFLM
+    from tokenizers import Regex, normalizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    import longseq.hf  # noqa: F401
+    from longseq.data.tokenizers import WordTokenizer
+
+    word = WordTokenizer.build("the cat sat on the mat\nthe dog ate the hat\n")
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=word.vocab_size, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32,
+                         mem_len=12, init_std=0.3)  # fmt: skip
+    run = RunConfig(config, DataConfig(tokenizer="word", eval_tgt_len=16, eval_batch_size=1), TrainConfig())
+    save_checkpoint(str(tmp_path / "ckpt"), TransformerXLLM(config), run, word)
+    argv = ["convert", "--to-hf", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf"), "--json"]
+    assert cli_json(argv, capsys)["lm_eval_prefix_token_id"] == word.index["<eos>"] != 10
+    ours = LongseqLM(str(tmp_path / "ckpt"), device="cpu")
+    theirs = HFLM(pretrained=str(tmp_path / "hf"), device="cpu", batch_size=2)  # no prefix_token_id: its <eos>
+    assert theirs.prefix_token_id == ours.eot_token_id == word.index["<eos>"]
+    rolling = [request("loglikelihood_rolling", text) for text in ("the cat sat on the mat", "the dog ate\nthe hat")]
+    assert theirs.loglikelihood_rolling(rolling, disable_tqdm=True) == pytest.approx(
+        ours.loglikelihood_rolling(rolling, disable_tqdm=True), rel=1e-5
+    )
+    pairs = [request("loglikelihood", "the cat", " sat on"), request("loglikelihood", "the dog ate\n", "the hat")]
+    assert [s for s, _ in theirs.loglikelihood(pairs, disable_tqdm=True)] == pytest.approx(
+        [s for s, _ in ours.loglikelihood(pairs, disable_tqdm=True)], rel=1e-5
+    )
+    old = HFTokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))  # as exports were written before
+    old.normalizer = normalizers.Sequence([normalizers.Replace(Regex(r"\n?\z"), "\n"), old.normalizer])
+    old.save(str(tmp_path / "hf" / "tokenizer.json"))
+    with pytest.warns(UserWarning, match="tokenizer.json ends every text with <eos>.*convert --to-hf"):
+        longseq.hf.LongseqForCausalLM.from_pretrained(str(tmp_path / "hf"))
 
 
 CHOICE_TASK = """task: longseq_local_choice

@@ -4,6 +4,7 @@ its ring storage equals concatenating and truncating."""
 
 import pytest
 import torch
+from support import raises_naming
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.eval import evaluate
@@ -147,6 +148,34 @@ def test_a_superseded_ring_memory_is_refused_by_name():
     model(x, first)  # writes the ring in place: ``first`` is now stale
     with pytest.raises(ValueError, match="superseded"):
         model(x, first)
+
+
+OTHERS = {  # models whose memories do not fit one another
+    "gla": dict(mixer=["gla"], mem_len=0),
+    "gla-4-heads": dict(mixer=["gla"], mem_len=0, n_head=4),
+    "delta": dict(mixer=["delta"], mem_len=0),
+    "ssm": dict(mixer=["ssm"], mem_len=0, head_dim=8),
+    "xl": dict(mem_len=4),
+    "hybrid": dict(mixer=["gla", "attention"], mem_len=4),
+    "hourglass": dict(n_layer=4, shorten_layers=[1, 3], mem_len=4),
+    "learned-chunks": dict(n_layer=4, shorten_layers=[1, 3], boundaries="learned", mem_len=4),
+    "hourglass-gla": dict(n_layer=4, shorten_layers=[1, 3], mixer=["gla", "attention", "attention", "gla"], mem_len=4),
+}
+
+
+def test_a_memory_of_another_model_is_refused_by_name():
+    """A memory (or a transformers cache, which holds one) passed to a model that did not make it: a ValueError that
+    names the layer and says it is another model's, before any layer runs; each model takes its own."""
+    base = dict(vocab_size=40, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0)
+    models = {name: TransformerXLLM(ModelConfig(**{**base, **extra})).eval() for name, extra in OTHERS.items()}
+    x = torch.randint(0, 40, (2, 5))
+    memories = {name: model(x).mems for name, model in models.items()}
+    for name, model in models.items():
+        model(x, memories[name])
+        for other, memory in memories.items():
+            if other != name:
+                with raises_naming(ValueError, "mems", "another model"):
+                    model(x, memory)
 
 
 # --- the state kinds: split/join, select and checkpoints --------------------------------------------------------

@@ -116,6 +116,25 @@ def hybrid(**extra):
     return TransformerXLLM(config).eval()
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        *({"mixer": [name]} for name in MIXERS),
+        {"mixer": ["linear"], "reset_every": 8},
+        {"mixer": ["performer"], "rotary": True, "short_conv": ["performer"]},
+        {"mixer": ["retention", "gla", "retention", "gla"], "short_conv": ["retention", "gla"]},
+        {"mixer": ["delta"], "short_conv": []},
+    ],
+)
+def test_each_mixer_declares_the_shapes_of_the_state_it_returns(overrides):
+    """What the stack holds a memory to (a memory of another model is refused by name): the shapes each mixer
+    declares are those of the state it returns."""
+    model = TransformerXLLM(ModelConfig(**{**SMALL, "mem_len": 0, **overrides})).eval()
+    memory = model(torch.randint(0, 30, (3, 6))).mems
+    for layer, state in zip(model.transformer.stack.layers, memory.layers):
+        assert tuple(tuple(t.shape) for t in state.tensors) == tuple((3, *s) for s in layer.mixer.state_shapes())
+
+
 def test_a_hybrid_stack_read_in_segments_with_memory_equals_the_whole_sequence():
     model = hybrid()
     x = torch.randint(0, 30, (2, 24))

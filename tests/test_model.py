@@ -279,6 +279,38 @@ def test_dropout_on_r_and_the_uv_initialisation_are_their_own_settings():
     assert normal.transformer.stack.r_w_bias.abs().sum() > 0
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        *({"mixer": [name], "mem_len": 0} for name in ("ssm", "conv", "rnn", "linear", "gla", "delta")),
+        {"mixer": ["gla"], "mem_len": 0, "untie_r": True},
+        {"n_layer": 4, "mixer": ["gla", "attention", "attention", "gla"], "hourglass": {"shorten_layers": [1, 3]}},
+        {"mixer": ["gla", "attention", "gla"], "untie_r": True},
+    ],
+)
+def test_every_parameter_of_a_stack_gets_a_gradient(overrides):
+    """A parameter that no layer reads gets no gradient, which DDP refuses at its second step: a stack whose layers
+    do not attend (an hourglass's outer stack of mixers included) holds no u and v."""
+    model = model_for(**{**overrides, "dropout": 0.0, "dropatt": 0.0}).train()
+    x = torch.randint(0, 40, (2, 8))
+    first = model(x, labels=x)
+    model(x, mems=first.mems, labels=x).loss.backward()
+    assert [name for name, p in model.named_parameters() if p.grad is None] == []
+    if "attention" not in overrides["mixer"]:
+        assert model.transformer.stack.r_w_bias is None and model.transformer.stack.r_r_bias is None
+
+
+def test_a_checkpoint_of_a_stack_without_attention_that_holds_u_and_v_still_loads():
+    """Saved before a stack without attention dropped u and v: the unread tensors are dropped when it loads."""
+    model = model_for(mixer=["gla"], mem_len=0)
+    state = {**model.state_dict(), "transformer.stack.r_w_bias": torch.zeros(2, 8)}
+    state["transformer.stack.r_r_bias"] = torch.zeros(2, 8)
+    other = model_for(seed=1, mixer=["gla"], mem_len=0)
+    other.load_state_dict(state)  # strict
+    x = torch.randint(0, 40, (2, 8))
+    assert torch.equal(other.eval()(x).logits, model.eval()(x).logits)
+
+
 def vanilla(**extra):
     torch.manual_seed(0)
     return TransformerXLLM(ModelConfig(**{**SMALL_LM, "mem_len": 0, "pos": "absolute", **extra})).double().eval()

@@ -14,6 +14,7 @@ from longseq import DataConfig, ModelConfig, RunConfig, TrainConfig
 from longseq.api import train
 from longseq.data import CorpusError, DocumentIds, OrderedStream, load_corpus, prepare_corpus, unigram_bits_per_token
 from longseq.data import prepared as prepared_module
+from longseq.data.readers import base as reader_base
 
 SPECS = ["byte", "char", "word", "bpe"]
 SHAKESPEARE = os.path.join(os.path.dirname(__file__), "..", "longseq", "data", "corpora", "tinyshakespeare.txt")
@@ -48,7 +49,7 @@ def sources(tmp_path_factory):
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Blocks and batches far smaller than lines and documents, so every carry across blocks is exercised."""
-    monkeypatch.setattr(prepared_module, "BLOCK_BYTES", 777)
+    monkeypatch.setattr(reader_base, "BLOCK_BYTES", 777)
     monkeypatch.setattr(prepared_module, "BATCH_CHARS", 1000)
     monkeypatch.setattr(prepared_module, "CHUNK_TOKENS", 999)
 
@@ -139,7 +140,7 @@ def test_training_on_a_prepared_corpus_gives_the_in_ram_losses_and_resumes_bit_f
 @pytest.mark.parametrize("spec", ["char", "word", "bpe"])
 def test_preparing_holds_a_bounded_amount_of_memory(tmp_path, monkeypatch, spec):
     """Python-side peak memory (numpy included) of preparing a 4x larger corpus grows far less than 4x."""
-    monkeypatch.setattr(prepared_module, "BLOCK_BYTES", 1 << 16)
+    monkeypatch.setattr(reader_base, "BLOCK_BYTES", 1 << 16)
     monkeypatch.setattr(prepared_module, "BATCH_CHARS", 1 << 16)
     monkeypatch.setattr(prepared_module, "CHUNK_TOKENS", 1 << 16)
     text = shakespeare(250_000)
@@ -260,7 +261,7 @@ def test_the_command_line_prepares_trains_and_evaluates_on_a_prepared_corpus(tmp
 
 
 def test_invalid_utf8_is_reported_at_its_byte_across_block_boundaries(tmp_path, monkeypatch):
-    monkeypatch.setattr(prepared_module, "BLOCK_BYTES", 777)
+    monkeypatch.setattr(reader_base, "BLOCK_BYTES", 777)
     for data, where in [(b"a" * 776 + b"\xc3" + b"A" * 100, 776), (b"a" * 2000 + b"\xe2\x82", 2000)]:
         (tmp_path / "bad.txt").write_bytes(data)
         with raises_naming(CorpusError, "bad.txt", "UTF-8", f"byte {where}:"):

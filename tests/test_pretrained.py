@@ -446,7 +446,8 @@ def test_the_tokenizer_gives_transformers_ids(tmp_path, bos):
     ours = load_tokenizer(str(tmp_path / "longseq.json"), vocab_size=310)  # through its saved form
     ids = ours.encode(TEXT)
     assert ids.tolist() == theirs(TEXT, add_special_tokens=False).input_ids
-    assert ours.encode_prefix(TEXT).tolist() == theirs(TEXT).input_ids
+    assert ours.encode_prompt(TEXT).tolist() == ids.tolist()  # a request as written, as the harness's hf model
+    assert [*ours.start_ids(), *ids.tolist()] == theirs(TEXT).input_ids  # a prompt of generate
     assert ours.decode(ids) == theirs.decode(ids) == TEXT
     assert ours.text_bytes(ids) == len(TEXT.encode("utf-8"))
     assert (ours.bos_id, ours.eos_id, ours.vocab_size) == (1, 0, 310)

@@ -63,7 +63,7 @@ def test_a_prepared_table_is_its_text_as_a_plain_file(tmp_path, monkeypatch, fmt
     in_ram = load_corpus(table, spec, vocab_size=vocab.get("vocab_size"))  # the in-RAM reader agrees
     assert np.array_equal(in_ram.train, prepared_ids(str(tmp_path / "from_text"))["train"])
     index = json.loads((tmp_path / "from_table" / "index.json").read_text())["source"]
-    assert index["kind"] == "table" and index["column"] == "text"
+    assert index["readers"] == ["table"] and index["column"] == "text"
 
 
 def test_the_table_is_read_in_batches_of_bounded_size(tmp_path, monkeypatch):

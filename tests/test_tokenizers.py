@@ -19,7 +19,7 @@ from longseq.data import (
     WordTokenizer,
     load_tokenizer,
 )
-from longseq.data.corpus import bundled_corpus_path
+from longseq.data.corpus import bundled_corpus_path, load_corpus
 from longseq.data.tokenizers import (
     EOS,
     UNK,
@@ -27,6 +27,7 @@ from longseq.data.tokenizers import (
     build_tokenizer,
     check_tokenizer_fits,
     iter_pieces,
+    newline_id,
     tokenizer_from_dict,
     train_bpe,
 )
@@ -172,8 +173,8 @@ def test_char_tokenizer_error_names_the_character_and_its_line_and_column():
 def test_data_config_takes_bpe_and_tokenizer_files():
     assert DataConfig(tokenizer="bpe", vocab_size=4096).vocab_size == 4096
     assert DataConfig(tokenizer="gpt2/tokenizer.json").tokenizer == "gpt2/tokenizer.json"
-    with raises_naming(ConfigError, "'bpee'", "byte, char, word, bpe"):
-        DataConfig(tokenizer="bpee")
+    with raises_naming(TokenizerError, "'bpee'", "byte, char, word, bpe"):  # named when the corpus is read
+        load_corpus(None, DataConfig(tokenizer="bpee").tokenizer)
     with pytest.raises(ConfigError, match="vocab_size"):
         DataConfig(tokenizer="bpe", vocab_size=100)
 
@@ -195,6 +196,34 @@ def test_word_vocabulary_is_frequency_ordered_with_eos_and_unk():
     assert tok.words == ["a", "b", "<eos>", "c", "<unk>"]  # by count; ties in order of first appearance
     ids = tok.encode("a zebra\n")
     assert tok.words[ids[1]] == "<unk>" and tok.words[ids[-1]] == "<eos>"
+
+
+def test_a_prompt_ends_a_line_only_where_it_has_a_line_end():
+    """``encode`` reads a corpus, every line ended by ``<eos>``, the last too; ``encode_prompt`` reads text the model
+    continues (a prompt, a harness request), so a word text's unfinished last line gets no ``<eos>``; the other
+    kinds have no line-end token of their own and give ``encode``'s ids."""
+    tok = WordTokenizer.build("b a a\nc a b\n")
+    eos = tok.index["<eos>"]
+    assert tok.encode("a b").tolist() == [tok.index["a"], tok.index["b"], eos]
+    assert tok.encode_prompt("a b").tolist() == [tok.index["a"], tok.index["b"]]
+    assert tok.encode_prompt("a\nb").tolist() == [tok.index["a"], eos, tok.index["b"]]
+    for text in ("a b\n", "a\n\n", "\n", ""):
+        assert tok.encode_prompt(text).tolist() == tok.encode(text).tolist(), text
+    for other in (build_tokenizer("byte", "ab\n"), build_tokenizer("char", "ab\n")):
+        assert other.encode_prompt("ab\nb").tolist() == other.encode("ab\nb").tolist()
+
+
+def test_the_newline_id_is_the_tokenizers_own():
+    """The harness's prefix token (``prefix_token_id``) is the line end of the checkpoint's tokenizer: 10 for bytes
+    only; a character vocabulary's place of the newline (none without it); a word vocabulary's ``<eos>``."""
+    assert newline_id(ByteTokenizer()) == 10
+    chars = CharTokenizer.build("123456789:\n")  # sorted: the newline, 1-9, then ":" at 10
+    assert chars.chars[10] == ":" and newline_id(chars) == chars.chars.index("\n") == 0
+    assert newline_id(CharTokenizer.build("abc")) is None
+    words = WordTokenizer.build(" ".join(f"w{i}" for i in range(12)) + "\n")
+    assert newline_id(words) == words.index["<eos>"] != 10
+    bpe = build_tokenizer("bpe", "one two\nthree\n", vocab_size=300)
+    assert bpe.decode([newline_id(bpe)]) == "\n"
 
 
 def test_char_tokenizer_names_unknown_character():

@@ -57,6 +57,13 @@ def refuse_memory_settings(config, given: list[str]) -> None:
     raise ValueError(f"{', '.join(given)}: {what} reads its whole past; these do not apply")
 
 
+def tokenizer_help() -> str:
+    """What ``--tokenizer`` takes: the registry's kinds, or a tokenizer file."""
+    from longseq.data.tokenizers import TOKENIZERS
+
+    return f"{', '.join(TOKENIZERS)}, or the path of a tokenizer .json file"
+
+
 def refuse_vocab_size(vocab_size: int | None, tokenizer: str) -> None:
     """``--vocab-size`` sizes a BPE learnt from the text; with any other tokenizer (which has its own vocabulary) it
     is an error, not ignored."""

@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def export(args: argparse.Namespace) -> dict:
     """``--to-hf``: the checkpoint in the format ``--format`` names."""
+    from longseq.data.tokenizers import prefix_id
     from longseq.interop.hf_longseq import EXPORT_FILES, export_longseq_hf
     from longseq.interop.llama import LLAMA_FILES
     from longseq.interop.pretrained import FAMILY_FORMATS, export_family, family_for
@@ -92,6 +93,9 @@ def export(args: argparse.Namespace) -> dict:
         export_longseq_hf(
             model, args.out, tokenizer, segment_len=tgt_len, generate_mem_len=run.model.memory.mem_len + tgt_len
         )
+        # the harness's hf model reads a document after this token (docs/lm-eval.md): the newline of this
+        # tokenizer, a pretrained model's own beginning of text
+        result["lm_eval_prefix_token_id"] = prefix_id(tokenizer)
     return result
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from longseq.cli.common import common_flags, refuse_vocab_size
+from longseq.cli.common import common_flags, refuse_vocab_size, tokenizer_help
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -28,7 +28,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="the directory to write")
     prepare = p.add_argument_group("prepare")
     prepare.add_argument("--data", help="corpus file or directory (default: bundled tiny-shakespeare)")
-    prepare.add_argument("--tokenizer", help="byte, char, word, bpe, or the path of a tokenizer .json file")
+    prepare.add_argument("--tokenizer", help=tokenizer_help())
     prepare.add_argument("--vocab-size", type=int, help="tokens of a BPE to learn (default 8192)")
     prepare.add_argument("--lowercase", action="store_true", help="word tokenizer: lowercase the text")
     prepare.add_argument(
@@ -63,7 +63,7 @@ def run_prepare(args: argparse.Namespace) -> dict:
     from longseq.data.tokenizers import DEFAULT_BPE_VOCAB
 
     if args.tokenizer is None:
-        raise ValueError("longseq data prepare needs --tokenizer (byte, char, word, bpe or a tokenizer .json file)")
+        raise ValueError(f"longseq data prepare needs --tokenizer ({tokenizer_help()})")
     refuse_vocab_size(args.vocab_size, args.tokenizer)
     vocab_size = DEFAULT_BPE_VOCAB if args.vocab_size is None else args.vocab_size
     DataConfig(tokenizer=args.tokenizer, vocab_size=vocab_size, text_column=args.text_column)  # a run's checks

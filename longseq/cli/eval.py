@@ -73,7 +73,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def _load(args: argparse.Namespace):
     """The checkpoint's model, the evaluation settings, the split's ids (and documents), the bits unit, the share of
     ``<unk>`` and the tokenizer."""
-    from longseq.eval.evaluate import bits_unit
 
     if len(args.checkpoint) != 1:
         raise ValueError(
@@ -93,7 +92,7 @@ def _load(args: argparse.Namespace):
         run_config,
         ids,
         doc_ids,
-        bits_unit(tokenizer.kind),
+        tokenizer.bits_metric,
         ({} if unk is None else {"unk_rate": unk}),
         tokenizer,
     )
@@ -191,13 +190,12 @@ def run_evidence(args, model, settings, run_config, ids, batch_size) -> dict:
         }
         plot = plot_per_position
     else:
-        same_length = True if settings.same_length is None else settings.same_length
         skip = args.skip_segments or 0
         result = context_curve(
             model,
             ids,
             args.context_curve,
-            same_length=same_length,
+            same_length=settings.same_length,
             clamp_len=settings.clamp_len,
             skip_segments=skip,
             **common,
@@ -211,7 +209,7 @@ def run_evidence(args, model, settings, run_config, ids, batch_size) -> dict:
 
 
 def run_recl(args: argparse.Namespace) -> dict:
-    from longseq.eval.recl import group_losses, recl
+    from longseq.eval.recl import context_read_by, group_losses, recl
 
     if args.set:
         raise ValueError("eval recl takes no --set; choose the lengths with --contexts")
@@ -231,6 +229,7 @@ def run_recl(args: argparse.Namespace) -> dict:
     result = {"contexts": args.contexts, "tokens": int(len(next(iter(next(iter(losses.values())).values()))))}
     for r in args.r:
         result[f"recl_r{r:g}"] = recl(losses, r=r)
+    result["context_read_by"] = {name: context_read_by(model.config) for name, (model, _) in models.items()}
     result["loss_by_context"] = {
         name: {str(c): float(v.mean()) for c, v in per.items()} for name, per in losses.items()
     }

@@ -35,7 +35,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:
     """The ids of ``prompt`` as a user message in the checkpoint's chat template, the assistant's turn opened."""
-    from longseq.data.pretrained_tokenizer import PretrainedTokenizer
+    from longseq.data.tokenizers import PretrainedTokenizer
     from longseq.interop.llama_tokenizer import chat_text
 
     if not isinstance(tokenizer, PretrainedTokenizer) or not tokenizer.chat_template:
@@ -46,12 +46,11 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
 
 
 def prompt_ids(tokenizer, prompt: str) -> list[int]:
-    """The prompt's ids; a word prompt not ending in a newline does not end its line (no <eos>); a pretrained
-    tokenizer's after what it puts before a text (a BOS).  Unknown words are named on stderr."""
-    ids = tokenizer.encode_prefix(prompt).tolist()
+    """The prompt's ids (``encode_prompt``): a word prompt not ending in a newline does not end its line (no <eos>);
+    a pretrained tokenizer's come after what it puts before a text (``start_ids``: a BOS).  Unknown words are named
+    on stderr."""
+    ids = [*tokenizer.start_ids(), *tokenizer.encode_prompt(prompt).tolist()]
     if tokenizer.kind == "word":
-        if ids and not prompt.endswith("\n") and tokenizer.words[ids[-1]] == "<eos>":
-            ids = ids[:-1]
         words = [w.lower() if tokenizer.lowercase else w for w in prompt.split()]
         unknown = sorted({w for w in words if w not in tokenizer.index})
         if unknown:

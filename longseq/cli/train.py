@@ -8,7 +8,7 @@ import argparse
 import math
 import os
 
-from longseq.cli.common import common_flags, overrides, refuse_vocab_size, say
+from longseq.cli.common import common_flags, overrides, refuse_vocab_size, say, tokenizer_help
 from longseq.config import PRESETS, ConfigError, RunConfig, apply_overrides, get_preset, load_run_config
 from longseq.config.run import RECALL_TASKS, TaskConfig
 
@@ -48,7 +48,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--data", help="corpus file or directory, or a directory from longseq data prepare (default: tiny-shakespeare)"
     )
-    p.add_argument("--tokenizer", help="byte, char, word, bpe, or the path of a tokenizer .json file")
+    p.add_argument("--tokenizer", help=tokenizer_help())
     p.add_argument("--vocab-size", type=int, help="tokens of a BPE learnt from the training text (default 8192)")
     p.add_argument("--out", help="run directory (default: runs/PRESET or runs/CONFIG-NAME)")
     p.add_argument("--resume", action="store_true", help="continue exactly from OUT/last")

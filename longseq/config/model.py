@@ -275,7 +275,8 @@ class HourglassConfig(JsonConfig):
       then ``shorten_fn`` = linear or mean pooling of each group);
     * ``learned``: H-Net's dynamic chunking (Hwang, Wang and Gu, 2025): a routing module cuts where adjacent states
       differ, ``ratio_loss`` weighs the loss that holds the mean chunk length near ``shorten_factor`` (0.3: H-Net's
-      0.03 leaves a small model's chunks 20-40% short of the target after hundreds of steps, docs/mixers.md);
+      0.03 leaves a small model's chunks 20-40% short of the target after hundreds of steps, docs/mixers.md; like
+      H-Net's per device, it is each gradient-accumulation chunk's and rank's own, not the whole batch's);
     * ``entropy``: the Byte Latent Transformer's entropy patches (Pagnoni et al., 2024): a cut where the next-byte
       entropy rises (``entropy_rule=relative``, the default) or is high (``global``), its threshold tracking the
       quantile that gives chunks of ``shorten_factor`` positions on average in training (the global threshold,
@@ -479,7 +480,8 @@ class ModelConfig(JsonConfig):
     ) -> Recurrence:
         """``given``, or this model's own :class:`Recurrence` (``memory.mem_len``, ``positions.clamp_len``,
         ``memory.same_length``) with each value given in place of its own: what one call of the model reads and
-        writes.  ``given`` with a value beside it is a ``TypeError`` (which of the two would win is a guess)."""
+        writes.  ``given`` with a value beside it is a ``TypeError`` (which of the two would win is a guess).
+        ``same_length`` with learned or entropy chunks is refused here as the config refuses it for training."""
         values = {"mem_len": mem_len, "clamp_len": clamp_len, "same_length": same_length}
         values = {name: value for name, value in values.items() if value is not None}
         if given is not None:
@@ -487,9 +489,17 @@ class ModelConfig(JsonConfig):
                 raise TypeError(f"recurrence must be a longseq.config.Recurrence, got {type(given).__name__}")
             if values:
                 raise TypeError(f"give recurrence= or {', '.join(values)}=, not both")
-            return given
-        own = Recurrence(self.memory.mem_len, self.positions.clamp_len, self.memory.same_length)
-        return replace(own, **values) if values else own
+            out = given
+        else:
+            own = Recurrence(self.memory.mem_len, self.positions.clamp_len, self.memory.same_length)
+            out = replace(own, **values) if values else own
+        check(
+            not (out.same_length and self.hourglass.dynamic),
+            f"same_length=true cannot be used with hourglass.boundaries={self.hourglass.boundaries}, at evaluation "
+            "as in training: the rows' chunk memories hold different numbers of chunks, and it would limit the "
+            "full-resolution layers only; evaluate without it",
+        )
+        return out
 
     @property
     def layer_pattern_names(self) -> list[str]:

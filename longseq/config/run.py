@@ -14,7 +14,6 @@ from longseq.config.train import SCHEDULES, TrainConfig
 __all__ = [
     "RECALL_TASKS",
     "SCHEDULES",
-    "TOKENIZERS",
     "DataConfig",
     "EvalConfig",
     "RunConfig",
@@ -22,17 +21,15 @@ __all__ = [
     "TrainConfig",
 ]
 
-TOKENIZERS = ("byte", "char", "word", "bpe", "pretrained")  # pretrained: an imported model's own (its checkpoint's)
-
 
 @config
 class DataConfig(JsonConfig):
     """Corpus, tokenizer and ordered LM batching.
 
     ``path`` is a file, a directory in a standard layout or a directory prepared by ``longseq data prepare``
-    (``None`` = the bundled tiny-shakespeare).  ``tokenizer``: byte, char, word, bpe (a byte-level BPE of
-    ``vocab_size`` tokens learnt from the training text), ``pretrained`` (an imported model's own, which its
-    checkpoint holds: docs/pretrained.md), or the path of a tokenizer file (``.json``: ours, or an HF
+    (``None`` = the bundled tiny-shakespeare).  ``tokenizer``: a kind of :data:`longseq.data.tokenizers.TOKENIZERS`
+    (byte, char, word, bpe: a byte-level BPE of ``vocab_size`` tokens learnt from the training text, ...; the data
+    layer names the kinds when a run reads its corpus), or the path of a tokenizer file (``.json``: ours, or an HF
     ``tokenizer.json`` such as GPT-2's).  ``varlen`` draws segment lengths around ``tgt_len`` as the paper's code does.
     ``doc_reset`` keeps documents apart (a directory of documents): no token attends to another document,
     in the segment or in the memory.  ``text_column``: the column that holds the text when ``path`` is a table
@@ -54,9 +51,8 @@ class DataConfig(JsonConfig):
     def __post_init__(self) -> None:
         check(bool(self.text_column), "DataConfig.text_column must name a column")
         check(
-            self.tokenizer in TOKENIZERS or self.tokenizer.endswith(".json"),
-            f"DataConfig.tokenizer must be byte, char, word, bpe, pretrained or the path of a tokenizer .json file, "
-            f"got {self.tokenizer!r}",
+            bool(self.tokenizer.strip()),
+            "DataConfig.tokenizer must name a tokenizer kind (byte, char, word, bpe, ...) or a tokenizer .json file",
         )
         check(256 <= self.vocab_size < 1 << 24, f"DataConfig.vocab_size must be in [256, 2**24), got {self.vocab_size}")
         for name in ("tgt_len", "batch_size", "eval_tgt_len", "eval_batch_size"):

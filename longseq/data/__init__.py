@@ -3,12 +3,12 @@
 from longseq.data.batching import BatchingError, OrderedStream, Segment
 from longseq.data.corpus import load_corpus, load_data, unigram_bits_per_token
 from longseq.data.prepared import load_prepared, prepare_corpus
-from longseq.data.pretrained_tokenizer import PretrainedTokenizer  # registers the kind
 from longseq.data.sources import Corpus, CorpusError, DocumentIds
 from longseq.data.tokenizers import (
     BPETokenizer,
     ByteTokenizer,
     CharTokenizer,
+    PretrainedTokenizer,
     Tokenizer,
     TokenizerError,
     WordTokenizer,

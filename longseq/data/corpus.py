@@ -9,13 +9,13 @@ both, and the two give identical ids.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from longseq.config.run import DataConfig
 from longseq.data.prepared import load_prepared
 from longseq.data.sources import (
-    LAYOUTS,
     SPLITS,
     Corpus,
     CorpusError,
@@ -33,25 +33,41 @@ from longseq.data.sources import (
 )
 from longseq.data.tokenizers import (
     DEFAULT_BPE_VOCAB,
-    CharTokenizer,
+    Settings,
     Tokenizer,
     UnknownCharacterError,
     WordTokenizer,
-    build_tokenizer,
+    fit_order,
+    is_tokenizer_path,
     iter_pieces,
+    load_tokenizer,
+    tokenizer_class,
 )
 
-__all__ = ["LAYOUTS", "SPLITS", "Corpus", "CorpusError", "bundled_corpus_path", "load_corpus", "load_data"]
+__all__ = ["SPLITS", "Corpus", "CorpusError", "bundled_corpus_path", "load_corpus", "load_data"]
 
 
-def encode_bytes(tokenizer: Tokenizer, data: bytes, path: str) -> np.ndarray:
-    """``data`` read from ``path`` as token ids; errors name the file."""
-    if tokenizer.kind == "byte":
-        return tokenizer.encode(data)
+def encode_text(source: Source, tokenizer: Tokenizer, text: str | bytes, path: str) -> np.ndarray:
+    """``text`` read from ``path`` as token ids; a character the vocabulary lacks is named where the file has it."""
     try:
-        return tokenizer.encode(decode_text(data, path))
+        return tokenizer.encode(text)
     except UnknownCharacterError as exc:
-        raise unknown_character(path, exc) from None
+        raise unknown_character(source, path, exc) from None
+
+
+def _kind(spec: str, tokenizer: Tokenizer | None) -> Tokenizer | type[Tokenizer]:
+    """The tokenizer given, the one a tokenizer file holds, or the kind ``spec`` names (to be fitted)."""
+    if tokenizer is not None:
+        return tokenizer
+    return load_tokenizer(spec) if is_tokenizer_path(spec) else tokenizer_class(spec)
+
+
+def _fitted(kind, settings: Settings, text: Callable[[str], Iterable[str]]) -> Tokenizer:
+    """``kind`` fitted on ``text(fit_on)`` (the blocks of the text it learns from) and its ids ordered on the
+    training text where they are still to be."""
+    if isinstance(kind, type):
+        kind = kind.fit(text(kind.fit_on) if kind.fit_on != "nothing" else [], settings)
+    return fit_order(kind, text("train"))
 
 
 def load_corpus(
@@ -62,18 +78,17 @@ def load_corpus(
     vocab_size: int | None = None,
     text_column: str = "text",
 ) -> Corpus:
-    """Read ``path`` into token ids; build the tokenizer that the spec ``tokenizer_kind`` names (byte, char, word,
-    bpe or a tokenizer file) from the training text unless one is given.  ``vocab_size``: the size of a BPE to
+    """Read ``path`` into token ids; build the tokenizer that the spec ``tokenizer_kind`` names (a kind of
+    :data:`~longseq.data.tokenizers.TOKENIZERS`, or a tokenizer file) from the text it learns from, unless one is
+    given.  ``vocab_size``: the size of a BPE to
     learn (default 8192).  A prepared directory is read by memory map and must match the spec (and
-    ``vocab_size`` when given) or the given tokenizer.  A table file (parquet, arrow, JSON lines) is read by its
-    ``text_column`` (:mod:`longseq.data.tables`)."""
+    ``vocab_size`` when given) or the given tokenizer.  Every file is read by its reader
+    (:mod:`longseq.data.readers`): a table file (parquet, arrow, JSON lines) by its ``text_column``."""
     if is_prepared(path):
         return load_prepared(path, tokenizer_kind, tokenizer=tokenizer, lowercase=lowercase, vocab_size=vocab_size)
     source = resolve_source(path, text_column)
-    if source.kind == "layout":
-        corpus = _load_layout(source, tokenizer_kind, tokenizer, lowercase, vocab_size or DEFAULT_BPE_VOCAB)
-    else:
-        corpus = _load_stream(source, tokenizer_kind, tokenizer, lowercase, vocab_size or DEFAULT_BPE_VOCAB)
+    load = _load_layout if source.kind == "layout" else _load_stream
+    corpus = load(source, tokenizer_kind, tokenizer, Settings(lowercase, vocab_size or DEFAULT_BPE_VOCAB))
     if tokenizer is not None:
         check_known(corpus)
     return corpus
@@ -105,35 +120,28 @@ def load_data(config: DataConfig, tokenizer: Tokenizer | None = None) -> Corpus:
     )
 
 
-def _load_layout(source: Source, spec: str, tokenizer, lowercase: bool, vocab_size: int) -> Corpus:
-    files = source.files
-    raw = {split: read_bytes(f) for split, f in files.items()}
-    if tokenizer is None and spec == "char":
-        # every character of the three files: which characters exist is all it reads of valid and test (no
-        # counts), as for the byte tokenizer, whose 256 values all exist; else one rare character of the test
-        # text would make the corpus unreadable
-        tokenizer = CharTokenizer.build(decode_text(raw[s], files[s]) for s in SPLITS)
-    elif tokenizer is None:
-        train_text = "" if spec == "byte" else decode_text(raw["train"], files["train"])
-        tokenizer = build_tokenizer(spec, train_text, lowercase, vocab_size)
-    ids = {split: check_nonempty(encode_bytes(tokenizer, raw[split], files[split]), files[split]) for split in SPLITS}
+def _load_layout(source: Source, spec: str, tokenizer, settings: Settings) -> Corpus:
+    files, kind = source.files, _kind(spec, tokenizer)
+    texts = {split: source.read(f, kind.reads_bytes) for split, f in files.items()}
+    tokenizer = _fitted(kind, settings, lambda on: [texts[s] for s in (SPLITS if on == "all" else ("train",))])
+    ids = {s: check_nonempty(encode_text(source, tokenizer, texts[s], files[s]), files[s]) for s in SPLITS}
     return Corpus(ids["train"], ids["valid"], ids["test"], tokenizer, source.path)
 
 
-def _load_stream(source: Source, spec: str, tokenizer, lowercase: bool, vocab_size: int) -> Corpus:
+def _load_stream(source: Source, spec: str, tokenizer, settings: Settings) -> Corpus:
     """A single file or a directory of documents (joined by newlines): one stream, split 90/5/5 by tokens."""
-    paths = source.files
-    docs = [_table_bytes(source) if source.kind == "table" else read_bytes(p) for p in paths]
-    docs = [d + b"\n" for d in docs[:-1]] + docs[-1:]  # documents joined by newlines
-    data = b"".join(docs)
-    if not data.strip():
+    paths, kind = source.files, _kind(spec, tokenizer)
+    join = b"\n" if kind.reads_bytes else "\n"
+    docs = [source.read(p, kind.reads_bytes) for p in paths]
+    docs = [d + join for d in docs[:-1]] + docs[-1:]  # documents joined by newlines
+    text = join[:0].join(docs)
+    if not text.strip():
         raise CorpusError(f"corpus {source.path} is empty")
-    if tokenizer is None:
-        text = "" if spec == "byte" else "".join(decode_text(d, p) for d, p in zip(docs, paths))
-        if spec not in ("byte", "char", "word"):  # a subword tokenizer learns from the training text only
-            text = "".join(training_pieces(iter_pieces([text]), len(data)))
-        tokenizer = build_tokenizer(spec, text, lowercase, vocab_size)
-    pieces = [encode_bytes(tokenizer, doc, p) for doc, p in zip(docs, paths)]
+    total = len(text) if kind.reads_bytes else len(text.encode("utf-8", errors="surrogatepass"))
+    tokenizer = _fitted(
+        kind, settings, lambda on: [text] if on == "all" else training_pieces(iter_pieces([text]), total)
+    )
+    pieces = [encode_text(source, tokenizer, doc, p) for doc, p in zip(docs, paths)]
     ids = np.concatenate(pieces)
     doc_of = np.concatenate([np.full(len(p), i, dtype=np.int64) for i, p in enumerate(pieces)])
     cuts = list(split_cuts(len(ids)))
@@ -142,13 +150,6 @@ def _load_stream(source: Source, spec: str, tokenizer, lowercase: bool, vocab_si
         check_nonempty(part, f"the {name} split of {source.path} ({len(ids)} tokens in all)")
     doc_ids = dict(zip(SPLITS, np.split(doc_of, cuts))) if len(docs) > 1 else None
     return Corpus(train, valid, test, tokenizer, source.path, doc_ids)
-
-
-def _table_bytes(source: Source) -> bytes:
-    """A table's text column, its rows joined by newlines, as UTF-8 (read into memory: a corpus in RAM)."""
-    from longseq.data.tables import text_blocks
-
-    return "".join(text_blocks(source.path, source.column)).encode("utf-8", errors="surrogatepass")
 
 
 def unigram_bits_per_token(train: np.ndarray, target: np.ndarray, vocab_size: int) -> float:

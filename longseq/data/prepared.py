@@ -11,9 +11,10 @@ corpus, and writes::
 The ids are exactly those that :func:`~longseq.data.corpus.load_corpus` computes in RAM for the same source,
 tokenizer spec and options (tests hold the two equal).  Passes over the text:
 
-1. fit the tokenizer: char and word vocabularies, or a BPE learnt from the streamed training text (a loaded
-   tokenizer file needs no pass; byte none);
-2. encode and write; a BPE encodes in the library's ``encode_batch`` on every core;
+1. fit the tokenizer on the text its kind learns from (char and word vocabularies, a BPE learnt from the streamed
+   training text; a loaded tokenizer file and a fixed alphabet such as byte need no pass);
+2. encode and write, in the pieces the tokenizer encodes independently; a BPE encodes in the library's
+   ``encode_batch`` on every core;
 3. a BPE without our id order counts its ids on the training text during pass 2 and then renumbers the files
    in place, in chunks, so that ids are ordered by frequency (the adaptive softmax relies on it);
 4. a single stream (one file, or a directory of documents) is cut 90/5/5 by tokens into the three files.
@@ -25,17 +26,16 @@ tokenizer) and reports a truncated, corrupted or mismatched file by name.
 
 from __future__ import annotations
 
-import codecs
-import hashlib
 import itertools
 import json
 import os
 import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
+from longseq.data.readers import BLOCK_BYTES, Tap
 from longseq.data.sources import (
     PREPARED_INDEX,
     SPLITS,
@@ -46,7 +46,6 @@ from longseq.data.sources import (
     Source,
     file_sha256,
     is_prepared,
-    not_utf8,
     resolve_source,
     split_cuts,
     token_counts,
@@ -55,144 +54,83 @@ from longseq.data.sources import (
 )
 from longseq.data.tokenizers import (
     DEFAULT_BPE_VOCAB,
-    BPETokenizer,
-    ByteTokenizer,
-    CharTokenizer,
+    Settings,
     Tokenizer,
     TokenizerError,
     UnknownCharacterError,
-    WordTokenizer,
     is_tokenizer_path,
     iter_pieces,
     load_tokenizer,
-    train_bpe,
+    tokenizer_class,
 )
 from longseq.progress import Meter
 
 FORMAT = "longseq-prepared-v1"
-BLOCK_BYTES = 1 << 22  # the text is read 4 MiB at a time
 BATCH_CHARS = 1 << 22  # characters per encode_batch call
 CHUNK_TOKENS = 1 << 23  # token ids per chunk when ids are counted or renumbered
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}  # little-endian on every machine
 
 
 class _Reader:
-    """Reads the source files in blocks, hashing what it reads, behind one progress meter (a bar on a terminal,
-    plain lines on stderr elsewhere: :class:`~longseq.progress.Meter`) over their bytes, files and the tokens
-    written."""
+    """Reads the source's files through their readers (:meth:`Source.reader`), hashing each file, behind one
+    progress meter (a bar on a terminal, plain lines on stderr elsewhere: :class:`~longseq.progress.Meter`) over
+    their text's bytes, files and the tokens written."""
 
     def __init__(self, source: Source, desc: str, progress: bool, splits: tuple[str, ...] = SPLITS) -> None:
-        """``splits``: the files of a layout this pass reads (the meter's total; a single stream reads all).  A
-        table's total is the bytes of its text (a streamed pass of its own, once per file)."""
+        """``splits``: the files of a layout this pass reads (the meter's total; a single stream reads all)."""
+        self.source = source
         self.paths = [source.files[s] for s in splits] if isinstance(source.files, dict) else list(source.files)
-        self.column = source.column if source.kind == "table" else None
-        if self.column is not None:
-            from longseq.data.tables import text_bytes
-
-            self.total = text_bytes(source.path, self.column)
-        else:
-            self.total = sum(os.path.getsize(p) for p in self.paths)
+        self.total = sum(source.reader(p).text_bytes(p) for p in self.paths)
         self.stream_bytes = self.total + (len(self.paths) - 1 if source.kind == "documents" else 0)  # with the joins
         self.meter = Meter(self.total, desc, unit="B", enabled=progress, totals={"files": len(self.paths)})
-        self.digests: dict = {}
+        self.digests: dict[str, str] = {}
 
-    def _table_blocks(self, path: str) -> Iterator[str]:
-        """A table's text (its rows joined by newlines) in blocks; the meter counts their UTF-8 bytes."""
-        from longseq.data.tables import text_blocks
-
-        for block in text_blocks(path, self.column):
-            self.meter.update(len(block.encode("utf-8", errors="surrogatepass")))
-            yield block
-        if path not in self.digests:
-            self.digests[path] = file_sha256(path)
-        self.meter.count("files", 1)
-
-    def bytes_blocks(self, path: str) -> Iterator[bytes]:
-        if self.column is not None:
-            yield from (block.encode("utf-8", errors="surrogatepass") for block in self._table_blocks(path))
-            return
-        digest = self.digests.setdefault(path, hashlib.sha256())
+    def blocks(self, path: str, binary: bool = False) -> Iterator[str | bytes]:
+        """The text of ``path`` in blocks (its UTF-8 bytes with ``binary``), metered; its sha256 is kept."""
+        reader = self.source.reader(path)
         try:
             with open(path, "rb") as f:
-                while block := f.read(BLOCK_BYTES):
-                    digest.update(block)
-                    self.meter.update(len(block))
+                tap = Tap(f)
+                for block in reader.byte_blocks(path, tap) if binary else reader.text_blocks(path, tap):
+                    self.meter.update(len(block) if binary else len(block.encode("utf-8", errors="surrogatepass")))
                     yield block
-            self.meter.count("files", 1)
+                self.digests[path] = tap.drain()
         except OSError as exc:
             raise CorpusError(f"cannot read {path}: {exc.strerror}") from None
+        self.meter.count("files", 1)
 
-    def text_blocks(self, path: str) -> Iterator[str]:
-        if self.column is not None:
-            yield from self._table_blocks(path)
-            return
-        decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
-        for block in self.bytes_blocks(path):
-            try:
-                yield decoder.decode(block)
-            except (
-                UnicodeDecodeError
-            ) as exc:  # exc.object: the bytes the decoder kept from the block before, then this one
-                where = offset - (len(exc.object) - len(block)) + exc.start
-                raise not_utf8(path, where, exc.object[exc.start : exc.start + 4]) from None
-            offset += len(block)
-        try:
-            decoder.decode(b"", final=True)
-        except UnicodeDecodeError as exc:
-            raise not_utf8(path, offset - len(exc.object) + exc.start, exc.object[exc.start :]) from None
-
-    def stream_blocks(self, paths: list[str], text: bool) -> Iterator[str | bytes]:
+    def stream_blocks(self, paths: list[str], binary: bool = False) -> Iterator[str | bytes]:
         """The blocks of ``paths`` read as one stream: documents joined by a newline."""
         for i, path in enumerate(paths):
-            yield from self.text_blocks(path) if text else self.bytes_blocks(path)
+            yield from self.blocks(path, binary)
             if i < len(paths) - 1:
-                yield "\n" if text else b"\n"
-
-    def hashes(self) -> dict[str, str]:
-        return {path: d if isinstance(d, str) else d.hexdigest() for path, d in self.digests.items()}
+                yield b"\n" if binary else "\n"
 
     def close(self) -> None:
         self.meter.close()
 
 
 def fit_tokenizer(source: Source, spec: str, vocab_size: int, lowercase: bool, progress: bool) -> Tokenizer:
-    """Pass 1: the tokenizer of ``spec`` fitted to ``source`` as :func:`~longseq.data.corpus.load_corpus` fits it
-    (an unordered BPE: its id order is fitted in pass 2)."""
-    if spec == "byte":
-        return ByteTokenizer()
+    """Pass 1: the tokenizer of ``spec`` fitted to ``source`` as :func:`~longseq.data.corpus.load_corpus` fits it:
+    on the text its kind learns from (``fit_on``: every split, the training text, or nothing; a single stream's
+    training text is the pieces that start in its first 90% of bytes).  A BPE's id order is fitted in pass 2."""
     if is_tokenizer_path(spec):
         return load_tokenizer(spec)
-    splits = SPLITS if spec == "char" else ("train",)
+    kind, settings = tokenizer_class(spec), Settings(lowercase, vocab_size)
+    if kind.fit_on == "nothing":
+        return kind.fit([], settings)
+    splits = SPLITS if kind.fit_on == "all" else ("train",)
     reader = _Reader(source, f"fit {spec}", progress, splits)
     try:
         if source.kind == "layout":
-            texts = [reader.text_blocks(source.files[s]) for s in splits]
-            blocks = (block for text in texts for block in text)
+            blocks = (block for s in splits for block in reader.blocks(source.files[s]))
         else:
-            blocks = reader.stream_blocks(source.files, text=True)
-        if spec == "char":  # a layout's vocabulary: the characters of all three files (see corpus._load_layout)
-            return CharTokenizer.build(blocks)
-        if spec == "word":
-            return WordTokenizer.build(_whole_lines(blocks), lowercase)
-        pieces = iter_pieces(blocks)
-        return train_bpe(
-            pieces if source.kind == "layout" else training_pieces(pieces, reader.stream_bytes), vocab_size
-        )
+            blocks = reader.stream_blocks(source.files)
+            if kind.fit_on == "train":
+                blocks = training_pieces(iter_pieces(blocks), reader.stream_bytes)
+        return kind.fit(blocks, settings)
     finally:
         reader.close()
-
-
-def _whole_lines(blocks: Iterable[str]) -> Iterator[str]:
-    """``blocks`` regrouped so that every one but the last ends at a line end."""
-    carry = ""
-    for block in blocks:
-        block = carry + block
-        cut = block.rfind("\n") + 1
-        if cut:
-            yield block[:cut]
-        carry = block[cut:]
-    if carry:
-        yield carry
 
 
 class _TrainingMark:
@@ -202,65 +140,66 @@ class _TrainingMark:
     def __init__(self, total_bytes: int) -> None:
         self.limit, self.offset, self.tokens = int(total_bytes * TRAIN_FRACTION), 0, None
 
-    def passed(self, piece: str) -> bool:
+    def passed(self, piece: str | bytes) -> bool:
         """Whether ``piece`` starts past the training text (counting its bytes if not)."""
         if self.offset >= self.limit:
             return True
-        self.offset += len(piece.encode("utf-8", errors="surrogatepass"))
+        self.offset += len(piece) if isinstance(piece, bytes) else len(piece.encode("utf-8", errors="surrogatepass"))
         return False
 
 
-def _encode_pieces(tokenizer: BPETokenizer, pieces: Iterable[str], out: _TokenFile, mark: _TrainingMark | None):
-    batch, size = [], 0
-    for piece in pieces:
-        if mark is not None and mark.tokens is None and mark.passed(piece):
-            out.write(tokenizer.encode_pieces(batch))  # the training text ends here: cut the batch
-            batch, size, mark.tokens = [], 0, out.tokens
-        batch.append(piece)
-        size += len(piece)
-        if size >= BATCH_CHARS:
-            out.write(tokenizer.encode_pieces(batch))
-            batch, size = [], 0
-    out.write(tokenizer.encode_pieces(batch))
+class _Position:
+    """The line and column (1-based) where the next piece of a file's text starts, for errors."""
+
+    def __init__(self) -> None:
+        self.lines, self.column = 0, 0  # newlines before the piece, and characters of its first line before it
+
+    def of(self, exc: UnknownCharacterError) -> tuple[int, int]:
+        return self.lines + exc.line, exc.column + (self.column if exc.line == 1 else 0)
+
+    def advance(self, piece: str) -> None:
+        newlines = piece.count("\n")
+        self.column = len(piece) - piece.rfind("\n") - 1 if newlines else self.column + len(piece)
+        self.lines += newlines
 
 
 def write_stream(tokenizer: Tokenizer, reader: _Reader, paths: list[str], out: _TokenFile, mark=None) -> list[int]:
-    """Pass 2 for one stream: encode ``paths`` (documents joined by a newline) block by block into ``out``, equal to
-    encoding each document at once; returns each document's token count."""
-    per_doc = []
+    """Pass 2 for one stream: encode ``paths`` (documents joined by a newline) into ``out``, in the pieces the
+    tokenizer encodes independently (:meth:`~longseq.data.tokenizers.Tokenizer.pieces`), equal to encoding each
+    document at once; with ``mark``, the tokens of the training text are counted.  Returns each document's tokens."""
+    per_doc, binary = [], tokenizer.reads_bytes
     for i, path in enumerate(paths):
-        before, text = out.tokens, tokenizer.kind != "byte"
-        blocks = itertools.chain(
-            reader.text_blocks(path) if text else reader.bytes_blocks(path),
-            ["\n" if text else b"\n"] if i < len(paths) - 1 else [],
-        )
-        if isinstance(tokenizer, BPETokenizer):
-            _encode_pieces(tokenizer, iter_pieces(blocks), out, mark)
-        elif tokenizer.kind == "word":
-            for block in _whole_lines(blocks):
-                out.write(tokenizer.encode(block))
-        elif tokenizer.kind == "char":
-            for ids in _encode_chars(tokenizer, blocks, path):
-                out.write(ids)
-        else:
-            for block in blocks:
-                out.write(tokenizer.encode(block))
+        before = out.tokens
+        blocks = itertools.chain(reader.blocks(path, binary), [b"\n" if binary else "\n"] if i < len(paths) - 1 else [])
+        batch, size, position = [], 0, _Position()
+        for piece in tokenizer.pieces(blocks):
+            if mark is not None and mark.tokens is None and mark.passed(piece):
+                _encode(tokenizer, batch, out, reader.source, path, position)  # the training text ends here
+                batch, size, mark.tokens = [], 0, out.tokens
+            batch.append(piece)
+            size += len(piece)
+            if size >= BATCH_CHARS:
+                _encode(tokenizer, batch, out, reader.source, path, position)
+                batch, size = [], 0
+        _encode(tokenizer, batch, out, reader.source, path, position)
         per_doc.append(out.tokens - before)
     return per_doc
 
 
-def _encode_chars(tokenizer: Tokenizer, blocks: Iterable[str], path: str) -> Iterator[np.ndarray]:
-    lines, column = 0, 0  # newlines before the block, and characters of its first line in earlier blocks
-    for block in blocks:
-        try:
-            yield tokenizer.encode(block)
-        except UnknownCharacterError as exc:
-            raise unknown_character(
-                path, exc, lines + exc.line, exc.column + (column if exc.line == 1 else 0)
-            ) from None
-        newlines = block.count("\n")
-        column = len(block) - block.rfind("\n") - 1 if newlines else column + len(block)
-        lines += newlines
+def _encode(tokenizer: Tokenizer, batch: list, out: _TokenFile, source: Source, path: str, position: _Position):
+    """``batch`` of pieces encoded into ``out``; a character the vocabulary lacks is named at its place in ``path``."""
+    try:
+        out.write(tokenizer.encode_pieces(batch))
+    except UnknownCharacterError:
+        for piece in batch:  # find the piece, and the place in it
+            try:
+                tokenizer.encode(piece)
+            except UnknownCharacterError as exc:
+                raise unknown_character(source, path, exc, *position.of(exc)) from None
+            position.advance(piece)
+        raise
+    if not tokenizer.reads_bytes:
+        position.advance("".join(batch))
 
 
 class _TokenFile:
@@ -319,7 +258,7 @@ def _encode_source(source: Source, tokenizer: Tokenizer, tmp: str, dtype, progre
     """Pass 2: every split's ids into ``tmp``; returns (offset, tokens) per split, the document starts (or None),
     the source files' sha256, and for an unordered BPE the count of every id in the training text."""
     reader = _Reader(source, "encode", progress)
-    unordered = isinstance(tokenizer, BPETokenizer) and not tokenizer.ordered
+    unordered = not tokenizer.ordered
     try:
         if source.kind == "layout":
             spans, offset = {}, 0
@@ -329,7 +268,7 @@ def _encode_source(source: Source, tokenizer: Tokenizer, tmp: str, dtype, progre
                 out.close()
                 spans[split], offset = (offset, out.tokens), offset + out.tokens
             counts = _counts(os.path.join(tmp, "train.bin"), dtype, spans["train"][1], tokenizer) if unordered else None
-            return spans, None, reader.hashes(), counts
+            return spans, None, reader.digests, counts
         out = _TokenFile(os.path.join(tmp, "all.bin"), dtype, tokenizer.vocab_size, reader.meter)
         mark = _TrainingMark(reader.stream_bytes)
         per_doc = write_stream(tokenizer, reader, list(source.files), out, mark)
@@ -340,7 +279,7 @@ def _encode_source(source: Source, tokenizer: Tokenizer, tmp: str, dtype, progre
             else None
         )
         starts = np.concatenate([[0], np.cumsum(per_doc)[:-1]]).tolist() if len(per_doc) > 1 else None
-        return _split_stream(tmp, dtype, out.tokens), starts, reader.hashes(), counts
+        return _split_stream(tmp, dtype, out.tokens), starts, reader.digests, counts
     finally:
         reader.close()
 
@@ -428,7 +367,8 @@ def _write_index(tmp, source, tokenizer, spec, vocab_size, lowercase, dtype, spa
         "source": {
             "path": os.path.abspath(source.path),
             "kind": source.kind,
-            **({"column": source.column} if source.kind == "table" else {}),
+            "readers": sorted({source.reader(path).name for path in hashes}),
+            **{key: value for path in hashes for key, value in source.reader(path).settings().items()},
             "files": [{"path": os.path.abspath(p), "sha256": h} for p, h in hashes.items()],
         },
         "splits": {
@@ -551,11 +491,10 @@ def _check_spec(directory: str, entry: dict, prepared: Tokenizer, spec: str, low
     """The run's tokenizer settings must be those the corpus was prepared with."""
     if is_tokenizer_path(spec):
         wanted = load_tokenizer(spec)
-        same = (
-            json.loads(wanted.hf_json) == json.loads(prepared.hf_json)
-            if isinstance(wanted, BPETokenizer) and isinstance(prepared, BPETokenizer) and not wanted.ordered
-            else wanted.to_dict() == prepared.to_dict()
-        )
+        made = prepared.to_dict()
+        if not wanted.ordered:  # a file whose ids were ordered when the corpus was prepared: its vocabulary alone
+            made = {key: value for key, value in made.items() if key != "order"}
+        same = wanted.to_dict() == made
     else:
         same = spec == entry["spec"] and (
             (spec != "word" or lowercase == entry["lowercase"])

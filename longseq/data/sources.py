@@ -5,15 +5,19 @@
 
 * ``None``: the bundled tiny-shakespeare (public domain), split 90/5/5;
 * a directory with ``ptb.{train,valid,test}.txt`` (Mikolov's PTB), ``wiki.{train,valid,test}.tokens``
-  (WikiText) or ``{train,valid,test}.txt``: a *layout*, every split its own file.  A directory holding
+  (WikiText), ``{train,valid,test}.txt`` or another reader's layout (:func:`longseq.data.readers.layouts`): a
+  *layout*, every split its own file.  A directory holding
   some but not all three files of a layout is an error (read as documents, its test text would be trained on);
-* a single file (enwik8/text8 style), split into the first 90% / next 5% / last 5% of its tokens,
+* a single file (enwik8/text8 style; a table's text column), split into the first 90% / next 5% / last 5% of its tokens,
   which is exactly 90M/5M/5M for the 100M-byte enwik8 and text8;
 * a directory of documents: every regular file, in sorted order, joined by newlines, then split 90/5/5;
 * a directory written by ``longseq data prepare`` (it holds ``index.json``).
 
-A subword tokenizer learns from the training text: the train file of a layout, else the pieces of the text
-(:func:`~longseq.data.tokenizers.iter_pieces`) that start in its first 90% of bytes.
+
+Every file is read by the reader its name chooses (:func:`longseq.data.readers.reader_for`: UTF-8 text unless a
+reader claims its ending, as the table reader claims ``.parquet``).  A subword tokenizer learns from the training
+text: the train file of a layout, else the pieces of the text (:func:`~longseq.data.tokenizers.iter_pieces`) that
+start in its first 90% of bytes.
 """
 
 from __future__ import annotations
@@ -23,25 +27,17 @@ import mmap
 import os
 import weakref
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 
 import numpy as np
 
+from longseq.data.readers import CorpusError, Reader, ReadOptions, Tap, layouts, not_utf8, reader_for
 from longseq.data.tokenizers import Tokenizer, UnknownCharacterError
 
 SPLITS = ("train", "valid", "test")
-LAYOUTS = {
-    "ptb": "ptb.{}.txt",
-    "wikitext": "wiki.{}.tokens",
-    "plain": "{}.txt",
-}
 TRAIN_FRACTION, VALID_FRACTION = 0.9, 0.05
 PREPARED_INDEX = "index.json"
-
-
-class CorpusError(ValueError):
-    """A corpus that cannot be read: missing, empty, or not valid text."""
 
 
 class CorpusChangedError(CorpusError):
@@ -139,27 +135,27 @@ class DocumentIds:
 
 @dataclass
 class Source:
-    """Where a corpus's text is: ``layout`` (``files`` maps each split to its file), ``documents`` (``files``
-    lists the documents in order), ``file`` (one file) or ``table`` (one parquet, arrow or JSON-lines file whose
-    ``column`` holds the text, read through ``datasets``: :mod:`longseq.data.tables`)."""
+    """Where a corpus's text is: ``layout`` (``files`` maps each split to its file), ``documents`` (``files`` lists
+    the documents in order) or ``file`` (one file); each file is read by the reader its name chooses, with the
+    run's ``options`` (:meth:`reader`)."""
 
     kind: str
     path: str
     files: dict[str, str] | list[str]
-    column: str | None = None
+    options: ReadOptions = field(default_factory=ReadOptions)
 
+    def reader(self, path: str) -> Reader:
+        return reader_for(path, self.options)
 
-TABLE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "json", ".json": "json"}  # suffix -> builder
-
-
-def table_suffix(path: str) -> str:
-    """The suffix that names a table's format (``.jsonl`` for ``x.jsonl.gz``)."""
-    return os.path.splitext(path.lower().removesuffix(".gz"))[1]
-
-
-def is_table(path: str | None) -> bool:
-    """Whether ``path`` is a file that the ``datasets`` library reads as a table (by its suffix)."""
-    return path is not None and os.path.isfile(path) and table_suffix(path) in TABLE_BUILDERS
+    def read(self, path: str, binary: bool = False) -> str | bytes:
+        """The whole text of ``path`` (its bytes with ``binary``), in memory."""
+        reader = self.reader(path)
+        try:
+            with open(path, "rb") as f:
+                tap = Tap(f)
+                return b"".join(reader.byte_blocks(path, tap)) if binary else "".join(reader.text_blocks(path, tap))
+        except OSError as exc:
+            raise CorpusError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def file_sha256(path: str, block_bytes: int = 1 << 22) -> str:
@@ -191,25 +187,23 @@ def decode_text(data: bytes, path: str, offset: int = 0) -> str:
         raise not_utf8(path, offset + exc.start, data[exc.start : exc.start + 4]) from None
 
 
-def not_utf8(path: str, position: int, sample: bytes) -> CorpusError:
+def unknown_character(
+    source: Source, path: str, exc: UnknownCharacterError, line: int | None = None, column: int | None = None
+) -> CorpusError:
+    """A :class:`CorpusError` for a character the vocabulary lacks, at its line and column in the text of ``path``
+    (those of ``exc`` unless given: the text encoded may have been a block of it), named as the file has it."""
+    line, column = exc.line if line is None else line, exc.column if column is None else column
     return CorpusError(
-        f"{path} is not valid UTF-8 (byte {position}: {sample!r}); use --tokenizer byte for binary or non-UTF-8 data"
-    )
-
-
-def unknown_character(path: str, exc: UnknownCharacterError, line: int | None = None, column: int | None = None):
-    """A :class:`CorpusError` for a character the vocabulary lacks, at its line and column in ``path`` (those of
-    ``exc`` unless given: the text encoded may have been a block of the file)."""
-    where = f"line {exc.line if line is None else line}, column {exc.column if column is None else column}"
-    return CorpusError(
-        f"{path}, {where}: character {exc.char!r} (U+{ord(exc.char):04X}) is not in the tokenizer's "
-        f"vocabulary; build the tokenizer from text that contains it, or use --tokenizer byte (every byte has an id)"
+        f"{path}, {source.reader(path).where(path, line, column)}: character {exc.char!r} (U+{ord(exc.char):04X}) "
+        "is not in the tokenizer's vocabulary; build the tokenizer from text that contains it, or use --tokenizer "
+        "byte (every byte has an id)"
     )
 
 
 def find_layout(directory: str) -> dict[str, str] | None:
-    """The split files of the layout in ``directory``; None if it holds no file of any layout."""
-    for name, pattern in LAYOUTS.items():
+    """The split files of the layout in ``directory`` (any reader's: :func:`longseq.data.readers.layouts`); None if
+    it holds no file of any layout."""
+    for name, pattern in layouts().items():
         files = {split: os.path.join(directory, pattern.format(split)) for split in SPLITS}
         present = [split for split, f in files.items() if os.path.isfile(f)]
         if len(present) == len(SPLITS):
@@ -228,7 +222,8 @@ def document_files(directory: str) -> list[str]:
         n for n in os.listdir(directory) if not n.startswith(".") and os.path.isfile(os.path.join(directory, n))
     )
     if not names:
-        raise CorpusError(f"{directory} holds no documents and no known layout (ptb.*.txt, wiki.*.tokens, train.txt)")
+        known = ", ".join(template.format("*") for template in layouts().values())
+        raise CorpusError(f"{directory} holds no documents and no known layout ({known})")
     return [os.path.join(directory, n) for n in names]
 
 
@@ -236,14 +231,15 @@ def resolve_source(path: str | None, text_column: str = "text") -> Source:
     """The :class:`Source` that ``path`` names (not a prepared directory: see :func:`is_prepared`); a table's text
     is its ``text_column``."""
     source = bundled_corpus_path() if path is None else os.path.expanduser(path)
+    options = ReadOptions(text_column)
     if not os.path.exists(source):
         raise CorpusError(f"corpus path {source} does not exist")
-    if is_table(source):
-        return Source("table", source, [source], text_column)
     if not os.path.isdir(source):
-        return Source("file", source, [source])
+        return Source("file", source, [source], options)
     layout = find_layout(source)
-    return Source("layout", source, layout) if layout else Source("documents", source, document_files(source))
+    if layout:
+        return Source("layout", source, layout, options)
+    return Source("documents", source, document_files(source), options)
 
 
 def is_prepared(path: str | None) -> bool:

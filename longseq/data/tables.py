@@ -17,7 +17,15 @@ import zlib
 from collections.abc import Iterator
 from functools import lru_cache
 
-from longseq.data.sources import TABLE_BUILDERS, CorpusError, table_suffix
+from longseq.data.readers.base import CorpusError
+
+TABLE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "json", ".json": "json"}  # suffix -> builder
+
+
+def table_suffix(path: str) -> str:
+    """The suffix that names a table's format (``.jsonl`` for ``x.jsonl.gz``)."""
+    return os.path.splitext(path.lower().removesuffix(".gz"))[1]
+
 
 BATCH_ROWS = 1024  # rows per batch read from the table
 BLOCK_CHARS = 1 << 22  # characters per text block handed to the tokenizer

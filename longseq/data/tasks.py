@@ -63,7 +63,7 @@ def read_jsonl(path: str, task: str, columns: dict[str, str] | None = None) -> l
 def numbered_records(path: str, names: list[str] | None):
     """(number, record) of every record of ``path`` (a table: its columns ``names``, None: all), and how an error
     names the place of record ``number``."""
-    from longseq.data.sources import table_suffix
+    from longseq.data.tables import table_suffix
 
     if table_suffix(path) not in (".parquet", ".arrow"):
         return list(iter_jsonl(path)), lambda number: f"{path}:{number}"

@@ -16,10 +16,18 @@ from longseq.model.dynamic import DynamicHourglass
 
 def read_boundaries(model, ids: Tensor, segment: int) -> Tensor:
     """The chunk starts (T,) bool of one stream ``ids`` (T,) read in segments of ``segment`` tokens with the memory
-    carried: position t begins a chunk.  ``model`` is a language model with a dynamic hourglass."""
+    carried: position t begins a chunk.  ``model`` is a language model with a dynamic hourglass.  No tokens: no
+    starts, an empty (0,) tensor."""
     blocks = [layer for layer in model.transformer.stack.layers if isinstance(layer, DynamicHourglass)]
     if not blocks:
         raise ValueError("this model has no chunk boundaries: set shorten_layers and boundaries=learned or entropy")
+    if not isinstance(ids, Tensor) or ids.dim() != 1:
+        shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
+        raise ValueError(f"read_boundaries reads one stream of token ids (T,), got {shape}")
+    if segment < 1:
+        raise ValueError(f"read_boundaries reads segments of at least one token, got segment={segment}")
+    if ids.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool)
     cuts: list[Tensor] = []
     hook = blocks[0].boundaries.register_forward_hook(lambda module, args, out: cuts.append(out.cuts[0]))
     was_training = model.training
@@ -36,9 +44,16 @@ def read_boundaries(model, ids: Tensor, segment: int) -> Tensor:
 def chunk_statistics(data: bytes, starts: Tensor, mem_len: int) -> dict:
     """Mean chunk length and its spread over ``data`` (one token per byte) cut at ``starts`` (T,); the share of
     chunk starts at a word start (after a space or newline), at a space or newline itself and at a line start,
-    against those positions' share of the text; and ``mem_len`` chunk memory slots expressed in bytes."""
+    against those positions' share of the text; and ``mem_len`` chunk memory slots expressed in bytes.  A text of
+    no bytes has no chunks to measure, and is an error, as are ``starts`` of another length or with no start."""
+    if len(data) == 0:
+        raise ValueError("chunk_statistics needs a text of at least one byte: this one is empty, it has no chunks")
     starts = starts.bool().tolist()
+    if len(starts) != len(data):
+        raise ValueError(f"chunk_statistics: starts has {len(starts)} positions, the text {len(data)} bytes")
     begins = [t for t, cut in enumerate(starts) if cut]
+    if not begins:
+        raise ValueError("chunk_statistics: starts marks no chunk start (a stream's first position always begins one)")
     lengths = [b - a for a, b in zip(begins, begins[1:] + [len(starts)])]
     mean = sum(lengths) / len(lengths)
     spread = math.sqrt(sum((n - mean) ** 2 for n in lengths) / len(lengths))

@@ -106,7 +106,7 @@ def context_curve(
     *,
     tgt_len: int,
     batch_size: int,
-    same_length: bool = True,
+    same_length: bool | None = None,
     clamp_len: int | None = None,
     max_segments: int = 0,
     skip_segments: int = 0,
@@ -115,7 +115,8 @@ def context_curve(
     """Loss of one ordered pass for every evaluation memory length in ``contexts``.
 
     Context c is :func:`~longseq.eval.evaluate.evaluate` with ``mem_len=c`` and ``same_length`` (every token
-    then sees exactly the last c positions once the memory is full); context 0 is ``mem_len`` 0, causal
+    then sees exactly the last c positions once the memory is full; None: on, but for learned or entropy chunks,
+    which cannot take it); context 0 is ``mem_len`` 0, causal
     attention inside the segment (``same_length`` needs a memory).  Only the attention memory is varied: what
     else a model carries from segment to segment (a compressed memory, memory tokens, ssm, conv or LSTM states)
     is kept at every point, context 0 included, and the result names it under ``kept`` (the segment truly alone
@@ -133,6 +134,8 @@ def context_curve(
         raise ValueError("context_curve needs at least one context length")
     if any(c < 0 for c in contexts):
         raise ValueError(f"context lengths must be >= 0, got {list(contexts)}")
+    if same_length is None:
+        same_length = not model.config.hourglass.dynamic
     losses, tokens = [], 0
     for c in contexts:
         metrics = evaluate(

@@ -24,12 +24,6 @@ from longseq.model.positions import position_encoding
 from longseq.progress import Meter
 
 
-def bits_unit(tokenizer_kind: str) -> str | None:
-    """``"bpc"`` where a token is a character or a byte (bits per token are then bits per character; a byte model's
-    bpc is its bpb, enwik8's convention), else None."""
-    return "bpc" if tokenizer_kind in ("byte", "char") else None
-
-
 def start_memory(model: TransformerXLLM, kv_memory: bool = True, doc_ids=None) -> Memory | None:
     """The memory an ordered pass starts from: projected keys and values when the model allows it."""
     c = model.config

@@ -61,15 +61,30 @@ def recl(losses: Mapping[str, Mapping[int, np.ndarray]], r: float = 1.0, thresho
     return result
 
 
-def context_losses(model, run, ids: np.ndarray, context: int, *, max_targets: int = 0, progress: bool = False):
-    """Per-token losses of one model at context length ``context``: a Transformer-XL (relative positions) in order
-    with ``mem_len = context``; a model whose context a memory length cannot bound, the vanilla Transformer
-    (absolute positions) or the LSTM (its state holds its whole past), by sliding windows of that length."""
-    from longseq.eval.sliding import recurrent_losses, sliding_window_losses
+def context_read_by(config) -> str:
+    """How a model is held to a context length c: ``"memory"``, a Transformer-XL (relative positions) whose every
+    layer attends (a fixed hourglass's shortened layers too), read in order with ``mem_len = c``; ``"windows"``,
+    a model whose context a memory length cannot bound, read by sliding windows of c tokens: the vanilla Transformer
+    (absolute positions), the LSTM, a stack with a recurrent layer (ssm, conv, rnn, the linear family: its state
+    carries the whole past, so every ``mem_len`` gave the same losses and RECL the smallest length) and learned or
+    entropy chunks (a memory of chunks of any length)."""
     from longseq.model.positions import position_encoding
 
-    c = model.config
-    if c.arch != "transformer" or not position_encoding(c.positions.pos).relative:
+    bounded = (
+        config.arch == "transformer"
+        and position_encoding(config.positions.pos).relative
+        and all(name == "attention" for name in config.layer_mixers)
+        and not config.hourglass.dynamic
+    )
+    return "memory" if bounded else "windows"
+
+
+def context_losses(model, run, ids: np.ndarray, context: int, *, max_targets: int = 0, progress: bool = False):
+    """Per-token losses of one model at context length ``context``, as :func:`context_read_by` says: in order with
+    ``mem_len = context``, or by sliding windows of that length."""
+    from longseq.eval.sliding import recurrent_losses, sliding_window_losses
+
+    if context_read_by(model.config) == "windows":
         return sliding_window_losses(model, ids, context=context, max_targets=max_targets, progress=progress)
     return recurrent_losses(model, ids, context=context, tgt_len=run.data.eval_tgt_len, max_targets=max_targets)
 

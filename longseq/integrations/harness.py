@@ -28,14 +28,12 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from longseq.data.pretrained_tokenizer import PretrainedTokenizer
+from longseq.data.tokenizers import prefix_id
 from longseq.eval.evaluate import scored_segments, start_memory
 from longseq.generation import check_sampling, generate_stream, windowed
 from longseq.runtime import set_matmul_precision
 from longseq.train.checkpoint import load_checkpoint, resolve_checkpoint
 from longseq.train.distributed import resolve_device
-
-PREFIX_TEXT = "\n"
 
 
 def _model_arg(name: str, value, minimum: int) -> int | None:
@@ -108,7 +106,7 @@ class LongseqLM(TemplateLM):
         self.recurrence = self.model.config.recurrence(
             mem_len=settings["mem_len"], clamp_len=settings["clamp_len"], same_length=_flag(same_length)
         )
-        self._prefix = _prefix_id(self.tokenizer)
+        self._prefix = prefix_id(self.tokenizer)
 
     # -- tokens ---------------------------------------------------------------------------------------------------
     @property
@@ -125,12 +123,9 @@ class LongseqLM(TemplateLM):
         return f"longseq-{self.tokenizer.kind}-{self.tokenizer.vocab_size}"
 
     def tok_encode(self, string: str, add_special_tokens=None, **kwargs) -> list[int]:
-        """The ids of ``string``; a word tokenizer's end of line is kept only where the string has one (its
-        ``encode`` ends every line, the last one too)."""
-        ids = [int(i) for i in self.tokenizer.encode(string)]
-        if self.tokenizer.kind == "word" and ids and not string.endswith("\n") and ids[-1] == self._prefix:
-            ids.pop()
-        return ids
+        """The ids of ``string`` as written (``encode_prompt``: a word tokenizer's end of line only where the
+        string has one), as the export's tokenizer gives them to the harness's ``hf`` model."""
+        return [int(i) for i in self.tokenizer.encode_prompt(string)]
 
     def tok_decode(self, ids) -> str:
         return self.tokenizer.decode(ids)
@@ -254,18 +249,6 @@ def _sampling(gen_kwargs: dict) -> dict:
     if gen_kwargs:
         raise ValueError(f"unknown generation arguments for longseq: {sorted(gen_kwargs)}")
     return sampling
-
-
-def _prefix_id(tokenizer) -> int | None:
-    """The newline's one id, or None when the tokenizer has no single token for it; a pretrained model's own
-    beginning (or end) of text, as the harness's ``hf`` model reads before a document."""
-    if isinstance(tokenizer, PretrainedTokenizer):
-        return tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
-    try:
-        ids = tokenizer.encode(PREFIX_TEXT)
-    except ValueError:  # a character vocabulary without the newline
-        return None
-    return int(ids[0]) if len(ids) == 1 else None
 
 
 def main(argv: list[str] | None = None) -> None:

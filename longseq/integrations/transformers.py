@@ -11,7 +11,8 @@ conventions.
   (a :class:`LongseqCache`; ``None``: no memory), as ``TransformerXLLM.forward`` does.  ``labels`` follow
   transformers: ``labels`` is ``input_ids`` (or a copy with -100 where no loss is wanted) and the model shifts them,
   so position t is scored on ``labels[t + 1]``; longseq's own ``labels`` are already shifted.  The deprecated
-  ``past_key_values`` is ``cache``, with transformers' deprecation warning.
+  ``past_key_values`` is ``cache``, with transformers' deprecation warning.  An empty transformers cache
+  (``DynamicCache()``), tuple or list is no memory; any other cache than a :class:`LongseqCache` is refused by name.
 * ``output_hidden_states``: the layers' input (the scaled embeddings) and every layer's output, (B, T, E) each (an
   hourglass's shortened block is one layer; with ``final_norm`` the last after the final norm);
   ``output_attentions``: every attention layer's probabilities (B, H, T, K) over [memory; segment], recomputed from
@@ -42,6 +43,7 @@ import dataclasses
 import functools
 import os
 import re
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -62,7 +64,7 @@ if int(transformers.__version__.split(".")[0]) < 5:
 from huggingface_hub.dataclasses import strict
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, Cache, GenerationMixin, PreTrainedModel
 from transformers.configuration_utils import PreTrainedConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils.deprecation import deprecate_kwarg
@@ -80,6 +82,7 @@ from longseq.interop.hf_longseq import (
     save_tokenizers,
     tied_names,
 )
+from longseq.interop.hf_tokenizer import ends_every_text
 from longseq.interop.transfo_xl import refuse_non_finite
 from longseq.model import Memory, TransformerXLLM, build_model
 from longseq.model.lstm import LSTMLM
@@ -201,6 +204,13 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         path = os.path.join(directory, TOKENIZER_FILE)
         if os.path.isfile(path):
             model.tokenizer = load_tokenizer(path, vocab_size=model.config.vocab_size)
+        if ends_every_text(directory):
+            warnings.warn(
+                f"{directory}/tokenizer.json ends every text with <eos> (a word tokenizer exported before 2026-12-07): "
+                "a prompt ends its line and an evaluation request scores one <eos> more than its text; export the "
+                "checkpoint again (longseq convert --to-hf)",
+                stacklevel=2,
+            )
         return (model, info) if want_info else model
 
     def _untie_from_embeddings(self, missing) -> set[str]:
@@ -361,7 +371,7 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         _refuse(kwargs, inputs_embeds)
         hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        cache = cache if cache is not None else LongseqCache()
+        cache = longseq_cache(cache) or LongseqCache()
         keep = self._kept(input_ids, attention_mask)
         if keep is None and cache.whole:
             read = self._read(input_ids, cache.groups[0].memory, cache.recurrence, hidden_states, attentions)
@@ -509,6 +519,7 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
             window, mask = last_tokens(input_ids, self._kept(input_ids, attention_mask), self.config.segment_len)
             cache = LongseqCache(None, self.model.config.recurrence(mem_len=0))
             return {**inputs, "input_ids": window, "attention_mask": mask, "cache": cache}
+        cache = longseq_cache(cache)
         if cache is None:
             cache = LongseqCache(None, self.model.config.recurrence(mem_len=self.config.sampling_mem_len))
         self._check_continues(cache, input_ids)
@@ -524,6 +535,11 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
             return {**inputs, "input_ids": input_ids[:, -1:], "cache": cache}
         fed, mask, cache = self._read_prompt_rows(input_ids, keep, cache)
         return {**inputs, "input_ids": fed, "attention_mask": mask, "cache": cache}
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs):
+        """transformers' step, after a cache the user passed is made longseq's (an empty one: none)."""
+        model_kwargs["cache"] = longseq_cache(model_kwargs.get("cache"))
+        return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
     def _check_continues(self, cache: LongseqCache, input_ids: Tensor) -> None:
         if cache.seen is None:
@@ -705,6 +721,30 @@ def reduce_loss(flat: Tensor | None, target: Tensor | None, num_items_in_batch: 
     if num_items_in_batch is None:
         return F.cross_entropy(flat, target, ignore_index=IGNORE_INDEX)
     return F.cross_entropy(flat, target, ignore_index=IGNORE_INDEX, reduction="sum") / num_items_in_batch
+
+
+def longseq_cache(given) -> LongseqCache | None:
+    """The cache a transformers user passed as ``cache`` (or ``past_key_values``), as longseq's: a
+    :class:`LongseqCache`, or None for no memory (None, or an empty transformers ``Cache`` such as ``DynamicCache()``,
+    tuple or list: nothing read yet).  A cache that holds keys and values in another layout (transformers' own, or
+    the legacy tuples) cannot be read by a longseq model and is refused by name."""
+    if given is None or isinstance(given, LongseqCache):
+        return given
+    if isinstance(given, Cache):
+        if given.get_seq_length() == 0:
+            return None
+        held = f"a {type(given).__name__} that holds {given.get_seq_length()} positions"
+    elif isinstance(given, (tuple, list)):
+        if not given:
+            return None
+        held = f"a {type(given).__name__} of {len(given)} entries (the legacy key/value format)"
+    else:
+        held = f"a {type(given).__name__}"
+    raise TypeError(
+        f"cache (past_key_values) is {held}; a longseq model keeps its memory in a LongseqCache "
+        "(from longseq.hf import LongseqCache): pass the cache that this model's forward or generate() returned, or "
+        "none to start afresh"
+    )
 
 
 def _refuse(kwargs: dict, inputs_embeds: Tensor | None) -> None:

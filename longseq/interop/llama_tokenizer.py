@@ -1,14 +1,14 @@
 """The tokenizer of an imported model, read as transformers reads it (``AutoTokenizer``: a folder's
 ``tokenizer.json`` and ``tokenizer_config.json``, or a GGUF file's vocabulary converted by transformers), kept as
-longseq's ``pretrained`` tokenizer (:class:`~longseq.data.pretrained_tokenizer.PretrainedTokenizer`); and its chat
+longseq's ``pretrained`` tokenizer (:class:`~longseq.data.tokenizers.pretrained.PretrainedTokenizer`); and its chat
 template rendered by transformers for ``longseq generate --chat``."""
 
 from __future__ import annotations
 
 import os
 
-from longseq.data.pretrained_tokenizer import SPECIAL_NAMES, PretrainedTokenizer
 from longseq.data.tokenizers import TokenizerError
+from longseq.data.tokenizers.pretrained import SPECIAL_NAMES, PretrainedTokenizer
 from longseq.interop.transfo_xl import ConversionError
 
 

@@ -13,8 +13,8 @@ import json
 import os
 
 from longseq.config import DataConfig, RunConfig, TrainConfig
-from longseq.data.pretrained_tokenizer import PretrainedTokenizer
 from longseq.data.tokenizers import Tokenizer
+from longseq.data.tokenizers.pretrained import PretrainedTokenizer
 from longseq.interop.gguf import load_gguf
 from longseq.interop.hf_longseq import convert_from_longseq_hf, is_longseq_hf
 from longseq.interop.hf_tokenizer import save_hf_tokenizer

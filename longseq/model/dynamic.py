@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig
 from longseq.model.boundaries import BOUNDARY_PREDICTORS, confidence, select_chunks, smooth, upsample
-from longseq.model.layers import LayerOutput
+from longseq.model.layers import LayerOutput, shape_fault
 from longseq.model.memory import HourglassState, Memory, Recurrence, StateContext
 from longseq.model.memory.ragged import keep_last
 
@@ -62,6 +62,12 @@ class DynamicHourglass(nn.Module):
         if self.residual is not None:  # zero, as H-Net's: the residual path opens as it learns
             nn.init.zeros_(self.residual.weight)
             nn.init.zeros_(self.residual.bias)
+
+    def state_fault(self, state, batch: int) -> str | None:
+        """(its last input, its open chunk's output, that position's score[, the open chunk's length])."""
+        width = self.inner.config.d_model
+        short, whole = ((width,), (width,), ()), ((width,), (width,), (), ())  # stored before the length was kept
+        return shape_fault("a dynamic hourglass", state, HourglassState, batch, whole, short)
 
     def forward(self, hidden: Tensor, rel_key, r_w_bias, r_r_bias, mask, context: StateContext) -> LayerOutput:
         if torch.compiler.is_exporting():

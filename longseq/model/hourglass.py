@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig
-from longseq.model.layers import LayerOutput
+from longseq.model.layers import LayerOutput, shape_fault
 from longseq.model.memory import HourglassState, Memory, Recurrence, StateContext
 
 
@@ -53,6 +53,11 @@ class Hourglass(nn.Module):
         self.upsample = nn.Linear(width, k * width)  # one vector per position of the group
         self.inner = inner  # a LayerStack of the shortened layers
         self.coarse_mem = config.coarse_mem  # slots of the shortened layers' memory, given the stack's mem_len
+
+    def state_fault(self, state, batch: int) -> str | None:
+        """(its last k - 1 inputs, the upsampled vectors of its last group, its phase, its group's document)."""
+        k, width = self.factor, self.d_model
+        return shape_fault("an hourglass", state, HourglassState, batch, ((k - 1, width), (k, width), (), ()))
 
     def forward(self, hidden: Tensor, rel_key, r_w_bias, r_r_bias, mask, context: StateContext):
         batch, length, width = hidden.shape

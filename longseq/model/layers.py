@@ -75,9 +75,12 @@ class StackLayer(Protocol):
     ``present`` keys and values) or continues a recurrent state (its context is a
     :class:`~longseq.model.memory.StateContext` holding its own state, its ``present`` the new state).  Every layer
     takes the same arguments and ignores what it does not read (a recurrent layer, the relative table and the
-    mask)."""
+    mask).  :meth:`state_fault` says what is wrong with a state passed to it (a memory of another model)."""
 
     attends: ClassVar[bool]
+
+    def state_fault(self, state: LayerState, batch: int) -> str | None:
+        """Why ``state`` cannot be this layer's state for ``batch`` rows, or None when it can."""
 
     def __call__(
         self,
@@ -88,3 +91,17 @@ class StackLayer(Protocol):
         mask,
         context: AttentionContext | StateContext,
     ) -> LayerOutput: ...
+
+
+def shape_fault(
+    what: str, state: LayerState, kind: type, batch: int, *signatures: tuple[tuple[int, ...], ...]
+) -> str | None:
+    """Why ``state`` is not the state of a layer (``what``) that keeps a ``kind`` of tensors of one of the
+    ``signatures`` (their shapes without the batch), or None when it is."""
+    if not isinstance(state, kind):
+        return f"{what} keeps a {kind.__name__}, not a {type(state).__name__}"
+    held = tuple(tuple(t.shape) for t in state.tensors)
+    wanted = [tuple((batch, *shape) for shape in signature) for signature in signatures]
+    if held in wanted:
+        return None
+    return f"{what} keeps tensors of shapes {wanted[0]} (batch first), this state holds {held}"

@@ -98,6 +98,11 @@ class DecoderLayer(nn.Module):
         hidden, present, mass = self.dec_attn(hidden, rel_key, r_w_bias, r_r_bias, mask, context)
         return LayerOutput(self.pos_ff(hidden), present, mass)
 
+    def state_fault(self, state, batch: int) -> str | None:
+        if state.attends:  # its shapes: Memory.check
+            return None
+        return f"an attention layer keeps keys and values (or its inputs), not a {type(state).__name__}"
+
     def reconstruction_loss(self, target: Reconstruction) -> Tensor:
         """The Compressive Transformer's attention-reconstruction loss of a compressed memory, with this layer's
         attention weights (detached: only the compressor learns from it)."""
@@ -146,7 +151,8 @@ class LayerStack(nn.Module):
     and, with an hourglass, one block that runs its own stack at a shorter resolution.
 
     u and v (``r_w_bias``, ``r_r_bias``) are (H, D) shared by all layers, or (L, H, D) with ``untie_r``; an
-    encoding without them (Shaw's, absolute) has fixed zeros.  Each layer attends with its own pattern.  What the
+    encoding without them (Shaw's, absolute) has fixed zeros, and a stack without an attention layer has none
+    (None): every parameter it holds is read.  Each layer attends with its own pattern.  What the
     layers read from the memory and what is kept of them is the memory policies' business
     (:mod:`longseq.model.memory`); the backbone only hands each layer its context.
 
@@ -162,15 +168,19 @@ class LayerStack(nn.Module):
         self.drop_r = Dropout(c.dropout if c.dropout_r is None else c.dropout_r)  # on the sinusoidal R
         self.encoding = position_encoding(c.positions.pos)
         self.layers = nn.ModuleList(build_layers(c))
+        self.attends = tuple(layer.attends for layer in self.layers)  # what the memory step knows of the layers
         bias_shape = (len(self.layers), c.n_head, c.d_head) if c.untie_r else (c.n_head, c.d_head)
-        if self.encoding.learned_biases:
+        if not any(self.attends):  # no layer reads u and v: none is made (DDP wants a gradient for every parameter)
+            self.register_parameter("r_w_bias", None)
+            self.register_parameter("r_r_bias", None)
+            self._register_load_state_dict_pre_hook(drop_unread_biases)
+        elif self.encoding.learned_biases:
             self.r_w_bias = nn.Parameter(torch.zeros(bias_shape))  # u
             self.r_r_bias = nn.Parameter(torch.zeros(bias_shape))  # v
         else:  # Shaw: terms (a) and (b) only; absolute: content only
             self.register_buffer("r_w_bias", torch.zeros(bias_shape), persistent=False)
             self.register_buffer("r_r_bias", torch.zeros(bias_shape), persistent=False)
         self.patterns = outer_patterns(c)
-        self.attends = tuple(layer.attends for layer in self.layers)  # what the memory step knows of the layers
         self.mask_slots = mask_slots(self.patterns, self.attends)  # decided here: which layers share a mask
         self.memory = MemoryPolicies(c)
 
@@ -184,8 +194,22 @@ class LayerStack(nn.Module):
         self, memory: Memory, batch: int, qlen: int, device, recurrence: Recurrence, doc_ids: Tensor | None = None
     ) -> MemoryStep:
         """The memory step of one forward pass of these layers over a (batch, qlen) segment."""
+        self.check_memory(memory, batch)
         given = StepInputs(memory, batch, qlen, recurrence, doc_ids, self.training, device, self.attends)
         return self.memory.begin(given)
+
+    def check_memory(self, memory: Memory, batch: int) -> None:
+        """Refuse by name a memory that does not fit these layers and ``batch`` rows (one another model made): one
+        state per layer, each of the kind and shapes its layer keeps."""
+        c = self.config
+        memory.check(len(self.layers), batch, c.d_model, c.n_kv_head or c.n_head, c.d_head)
+        for i, (layer, state) in enumerate(zip(self.layers, memory.layers)):
+            fault = layer.state_fault(state, batch)
+            if fault is not None:
+                raise ValueError(
+                    f"mems[{i}] does not fit layer {i} of this model: {fault}.  The memory (or cache) was made by "
+                    "another model: pass the one this model returned, or none to start afresh"
+                )
 
     def run(
         self,
@@ -250,7 +274,9 @@ class LayerStack(nn.Module):
             )
         return tables
 
-    def _biases(self, layer: int) -> tuple[Tensor, Tensor]:
+    def _biases(self, layer: int) -> tuple[Tensor | None, Tensor | None]:
+        if self.r_w_bias is None:  # no layer attends
+            return None, None
         if self.config.untie_r:
             return self.r_w_bias[layer], self.r_r_bias[layer]
         return self.r_w_bias, self.r_r_bias
@@ -302,6 +328,13 @@ class LayerStack(nn.Module):
                 )
             )
         return masks
+
+
+def drop_unread_biases(state: dict, prefix: str, *args) -> None:
+    """A stack without attention has no u and v; a checkpoint saved before 2026-12-07 (issue 60) holds them, never read
+    and never trained: they are dropped when it loads."""
+    for name in ("r_w_bias", "r_r_bias"):
+        state.pop(prefix + name, None)
 
 
 def state_docs(shape: MaskInputs, memory: Memory) -> tuple[Tensor, Tensor] | None:

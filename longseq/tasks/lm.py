@@ -16,7 +16,7 @@ from longseq.data.batching import OrderedStream
 from longseq.data.corpus import Corpus, load_data, unigram_bits_per_token
 from longseq.data.sources import ids_sha256
 from longseq.data.tokenizers import TokenizerError
-from longseq.eval.evaluate import bits_unit, evaluate
+from longseq.eval.evaluate import evaluate
 from longseq.generation import generate
 from longseq.model import Memory, build_model
 from longseq.model.registry import check_lengths
@@ -94,7 +94,7 @@ class LanguageModeling(Task):
 
     @property
     def unit(self) -> str | None:
-        return bits_unit(self.run.data.tokenizer)
+        return self.tokenizer.bits_metric
 
     def unigram_bpc(self) -> float | None:
         """Bits per character of a unigram model of the corpus, the baseline a char/byte model must beat."""
@@ -192,11 +192,9 @@ def sample_prompt(tokenizer, prompt: str, valid) -> list[int]:
     if not prompt:
         return [int(i) for i in np.asarray(valid[: max(1, min(16, len(valid) - 1))])]
     try:
-        ids = tokenizer.encode(prompt).tolist()
+        ids = tokenizer.encode_prompt(prompt).tolist()
     except TokenizerError as exc:
         raise ConfigError(f"sample_prompt {prompt!r} cannot be read by the run's tokenizer: {exc}") from None
-    if tokenizer.kind == "word" and ids and not prompt.endswith("\n"):
-        ids = ids[:-1]  # the <eos> that encoding adds at the end of the line
     if not ids:
         raise ConfigError(f"sample_prompt {prompt!r} encodes to no token; give at least one character or word")
     return ids

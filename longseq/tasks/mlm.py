@@ -40,10 +40,8 @@ def default_mask_id(tokenizer, mask_token: str | None) -> int:
         if len(ids) != 1:
             raise TaskDataError(f"--mask-token {mask_token!r} must be exactly one token, it is {len(ids)}")
         return ids[0]
-    if tokenizer.kind == "word":
-        return tokenizer.unk_id
-    if tokenizer.kind == "byte":
-        return 0
+    if tokenizer.mask_id is not None:
+        return tokenizer.mask_id
     raise TaskDataError(
         "a character vocabulary has no spare symbol for [MASK]; pass --mask-token with one character of the "
         "vocabulary to stand for it"

@@ -634,7 +634,10 @@ class Memory:
         if not self.layers:
             return
         if len(self.layers) != n_layer:
-            raise ValueError(f"mems must hold one tensor per layer ({n_layer}), got {len(self.layers)}")
+            raise ValueError(
+                f"mems must hold one tensor per layer ({n_layer}), got {len(self.layers)}: a memory (or cache) of "
+                "another model?  Pass the one this model returned, or none to start afresh"
+            )
         rows = self.batch_size
         if self.kind is RingMemory:
             if rows is not None and rows != batch:

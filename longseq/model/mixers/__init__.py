@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from longseq.config.model import ModelConfig
 from longseq.model.block import Dropout, norm_layer
-from longseq.model.layers import LayerOutput
+from longseq.model.layers import LayerOutput, shape_fault
 from longseq.model.memory import RecurrentState, StateContext
 from longseq.model.mixers.conv import GatedConv
 from longseq.model.mixers.linear import DeltaNet, GatedLinearAttention, LinearAttention, Performer, Retention
@@ -99,6 +99,9 @@ class MixerLayer(nn.Module):
         self.layer_norm = norm_layer(config.norm, config.d_model, config.layer_norm_eps, config.bias)
         self.drop = Dropout(config.dropout)
         self.pos_ff = feed_forward
+
+    def state_fault(self, state, batch: int) -> str | None:
+        return shape_fault(f"the {self.name} mixer", state, RecurrentState, batch, self.mixer.state_shapes())
 
     def forward(self, hidden: Tensor, rel_key, r_w_bias, r_r_bias, mask, context: StateContext):
         source = self.layer_norm(hidden) if self.pre_lnorm else hidden

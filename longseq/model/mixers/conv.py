@@ -84,3 +84,7 @@ class GatedConv(nn.Module):
         u, gate = self.in_proj(hidden).chunk(2, dim=-1)  # (B, T, I) each
         conv, tail = causal_conv(u, self.conv_weight, self.conv_bias, None if state is None else state[0], docs)
         return self.out_proj(conv * F.silu(gate)), (tail,)
+
+    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shape of the state's tail without the batch: (kernel - 1, I)."""
+        return ((self.conv_weight.size(1) - 1, self.conv_weight.size(0)),)

@@ -15,7 +15,9 @@ Unrolled, S_{t-1} = S_0 + sum_{s < t} k_s u_s^T, so the u of a block solve one u
   carried from chunk to chunk, for training.
 * :func:`delta_recurrent`: one position at a time, for generation.
 
-A document start (``starts`` (B, T) bool) resets the state, by masks as in :mod:`.linear_scan`.  Shapes: q, k
+A document start (``starts`` (B, T) bool) resets the state, by masks as in :mod:`.linear_scan`.  In float16 and
+bfloat16 the triangular system is built and solved in float32 (PyTorch has no half-precision solve on a CPU) and
+its solutions cast back.  Shapes: q, k
 (B, T, H, K); v (B, T, H, V); beta (B, T, H); state (B, H, K, V).
 """
 
@@ -36,11 +38,13 @@ def _block(q, k, v, beta, seg):
     same = seg[..., :, None] == seg[..., None, :]  # (..., L, S)
     causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
     strict = same & causal.tril(-1)
-    system = (beta[..., None] * (k @ k.transpose(-1, -2))).masked_fill(~strict, 0)
-    system = system + torch.eye(length, dtype=q.dtype, device=q.device)  # I + tril(diag(beta) K K^T, -1)
     fresh = (seg == 0)[..., None].to(q.dtype)  # (..., L, 1)
-    rhs = torch.cat([beta[..., None] * k * fresh, beta[..., None] * v], dim=-1)
-    solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    exact = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # no half-precision solve
+    k_, v_, beta_ = (x.to(exact) for x in (k, v, beta))
+    system = (beta_[..., None] * (k_ @ k_.transpose(-1, -2))).masked_fill(~strict, 0)
+    system = system + torch.eye(length, dtype=exact, device=q.device)  # I + tril(diag(beta) K K^T, -1)
+    rhs = torch.cat([beta_[..., None] * k_ * fresh.to(exact), beta_[..., None] * v_], dim=-1)
+    solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True).to(q.dtype)
     w, u0 = solved.split([k.size(-1), v.size(-1)], dim=-1)
     scores = (q @ k.transpose(-1, -2)).masked_fill(~(same & causal), 0)  # (..., L, S)
     in_last = (seg == seg[..., -1:])[..., None].to(q.dtype)  # (..., L, 1)

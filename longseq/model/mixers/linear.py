@@ -114,6 +114,15 @@ class MatrixMixer(nn.Module):
         """The outputs (B, T, H, V) and the new state tuple."""
         raise NotImplementedError
 
+    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shapes of the state's tensors without the batch: :meth:`mix`'s, then the convolution's tail."""
+        tail = () if self.conv_weight is None else ((self.conv_weight.size(1) - 1, self.conv_weight.size(0)),)
+        return (*self.mix_shapes(), *tail)
+
+    def mix_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shapes of :meth:`mix`'s state without the batch: one matrix (H, D, D) unless a variant says."""
+        return ((self.heads, self.d_head, self.d_head),)
+
     def output(self, hidden: Tensor, o: Tensor) -> Tensor:
         return o
 
@@ -162,6 +171,14 @@ class Unforgetting(MatrixMixer):
     def features(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """phi(q), phi(k): (B, T, H, K) each, positive."""
         raise NotImplementedError
+
+    def mix_shapes(self) -> tuple[tuple[int, ...], ...]:
+        position = ((),) if self.reset_every or self.rotary else ()  # the next position (B,)
+        return ((self.heads, self.feature_size(), self.d_head + 1), *position)
+
+    def feature_size(self) -> int:
+        """K, the size of phi(q)."""
+        return self.d_head
 
     def mix(self, hidden, q, k, v, state, starts):
         q, k = self.features(q, k)
@@ -214,6 +231,9 @@ class Performer(Unforgetting):
         super().__init__(d_model, heads, d_head, chunk, reset_every, rotary, conv_kernel)
         self.register_buffer("projection", orthogonal_features(features, d_head))  # (m, D), saved, not trained
 
+    def feature_size(self) -> int:
+        return self.projection.size(0)
+
     def features(self, q, k):
         scale = self.d_head**-0.25  # q . k / sqrt(d) = (q / d^(1/4)) . (k / d^(1/4))
         q = favor_features(q * scale, self.projection, stabilise=True)
@@ -242,6 +262,9 @@ class Retention(GatedOutput):
         ``from_pretrained``, and a saved one would be a checkpoint entry that never changes."""
         gammas = 1 - 2.0 ** (-5.0 - torch.arange(self.heads, dtype=torch.float64, device=like.device))
         return gammas.log().float().to(like.dtype)
+
+    def mix_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return ((self.heads, self.d_head, self.d_head), ())  # S and the next position (B,)
 
     def mix(self, hidden, q, k, v, state, starts):
         batch, length = q.shape[:2]

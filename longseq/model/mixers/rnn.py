@@ -38,6 +38,10 @@ class LSTMMixer(nn.Module):
         ``arch=lstm`` baseline has."""
         self.lstm.reset_parameters()
 
+    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shapes of h and c without the batch: (E,) each."""
+        return ((self.lstm.hidden_size,), (self.lstm.hidden_size,))
+
     def forward(self, hidden: Tensor, state: tuple | None, docs=None) -> tuple[Tensor, tuple]:
         batch, length, width = hidden.shape
         h0 = hidden.new_zeros(1, batch, width) if state is None else state[0][None].to(hidden.dtype)

@@ -83,6 +83,10 @@ class Mamba2(nn.Module):
         y = self.norm(y.reshape(batch, length, self.inner) * F.silu(z))
         return self.out_proj(y), (tail, scan_state)
 
+    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shapes of the state's tensors without the batch: the tail (K - 1, I + 2N), the scan's (H, P, N)."""
+        return ((self.conv_weight.size(1) - 1, self.conv_weight.size(0)), (self.heads, self.head_dim, self.d_state))
+
     def _scan(self, x, dt, b, c, state, docs):
         """The scan of x (B, T, H, P) with steps dt (B, T, H): outputs (B, T, H, P) and the final state."""
         exact = torch.float64 if dt.dtype == torch.float64 else torch.float32  # A in full precision

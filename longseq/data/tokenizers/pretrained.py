@@ -7,8 +7,10 @@ tokens (``bos_token``, ``eos_token``, ``unk_token``, ``pad_token``) and its chat
 transformers' tokenizer without special tokens (``tokenizer(text, add_special_tokens=False)``), a text encoded
 whole: a pretrained tokenizer's pieces may span any cut (a SentencePiece tokenizer marks the start of its input, a
 Llama 3 pre-tokenizer joins spaces to the newlines after them), so a stream is one piece (:meth:`pieces`).
-:meth:`encode_prefix` (a prompt) adds what the tokenizer's post-processor puts before a text (a BOS for Llama 2 and
-3; none for SmolLM2).  The model's vocabulary may be larger than the tokenizer's (rows padded to a multiple): ids
+A prompt of ``longseq generate`` starts with what the tokenizer's post-processor puts before a text
+(:meth:`start_ids`: a BOS for Llama 2 and 3; none for SmolLM2), and the evaluation harness reads a document after the
+model's own beginning of text (:attr:`document_start_id`: its BOS, or its EOS where it has none, as its ``hf`` model
+reads); requests are encoded as written, as transformers' tokenizer without special tokens.  The model's vocabulary may be larger than the tokenizer's (rows padded to a multiple): ids
 past the tokenizer's are never produced and decode to nothing.
 """
 
@@ -21,7 +23,7 @@ import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import pre_tokenizers
 
-from longseq.data.tokenizers import Tokenizer, TokenizerError, register_kind
+from longseq.data.tokenizers.base import Settings, Tokenizer, TokenizerError
 
 SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -33,6 +35,7 @@ class PretrainedTokenizer(Tokenizer):
 
     kind = "pretrained"
     fit_on = "nothing"  # comes with its model: never learnt from a corpus
+    split_special_tokens = False  # its added tokens are matched in the text, as transformers matches them
     ordered = True  # the model's own ids: never reordered
 
     def __init__(
@@ -52,7 +55,7 @@ class PretrainedTokenizer(Tokenizer):
             raise TokenizerError(f"special tokens {unknown or self.special} are not tokens of this tokenizer")
 
     @classmethod
-    def fit(cls, blocks: Iterable[str], settings=None) -> PretrainedTokenizer:
+    def fit(cls, blocks: Iterable[str], settings: Settings) -> PretrainedTokenizer:
         raise TokenizerError(
             "a pretrained tokenizer comes with its model (longseq convert --from-hf); it is not learnt from text"
         )
@@ -89,15 +92,19 @@ class PretrainedTokenizer(Tokenizer):
     def eos_id(self) -> int | None:
         return self.token_id("eos_token")
 
+    @property
+    def document_start_id(self) -> int | None:
+        """What a document is read after: the model's BOS, or its EOS where it has none."""
+        return self.bos_id if self.bos_id is not None else self.eos_id
+
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self.hf.encode(text, add_special_tokens=False).ids, dtype=np.int64)
 
-    def encode_prefix(self, text: str) -> np.ndarray:
-        """The ids of a prompt: :meth:`encode`'s, after the special tokens the tokenizer puts before a text."""
-        plain = self.hf.encode(text, add_special_tokens=False).ids
-        full = self.hf.encode(text, add_special_tokens=True).ids
-        lead = next((k for k in range(len(full) - len(plain) + 1) if full[k : k + len(plain)] == plain), 0)
-        return np.asarray(full[:lead] + plain, dtype=np.int64)
+    def start_ids(self) -> list[int]:
+        """The special tokens the tokenizer's post-processor puts before a text (Llama's BOS; none for SmolLM2)."""
+        plain = self.hf.encode("x", add_special_tokens=False).ids
+        full = self.hf.encode("x", add_special_tokens=True).ids
+        return next((full[:k] for k in range(len(full) - len(plain) + 1) if full[k : k + len(plain)] == plain), [])
 
     def pieces(self, blocks: Iterable[str]) -> Iterator[str]:
         """The whole stream as one piece (its tokens may span any cut: the module docstring)."""
@@ -149,7 +156,6 @@ class PretrainedTokenizer(Tokenizer):
         return HFTokenizer.from_str(self.hf_json)
 
     def special_tokens(self) -> dict[str, str]:
-        return dict(self.special)
-
-
-register_kind(PretrainedTokenizer)
+        """Its ``bos_token``, ``eos_token`` and ``unk_token`` (its ``pad_token`` is in :attr:`special`: longseq's
+        transformers format pads with a token of its own)."""
+        return {name: text for name, text in self.special.items() if name != "pad_token"}
