@@ -64,6 +64,7 @@ from longseq.config import ConfigError, ModelConfig
 from longseq.config.model import MemoryConfig, PatternConfig, PositionConfig
 from longseq.interop.transfo_xl import ConversionError, refuse_non_finite
 from longseq.model import TransformerXLLM
+from longseq.model.attention.patterns import layer_patterns
 
 
 @dataclass(frozen=True)
@@ -274,7 +275,7 @@ def attention_patterns(hf, family: Family, where: str) -> PatternConfig:
     if stray:
         raise ConversionError(f"{where}: layer_types {stray} are attention kinds longseq lacks (it has {list(kinds)})")
     names = [kinds[kind] for kind in hf.layer_types]
-    if "window" in names and not window:
+    if any(kind == "sliding_attention" for kind in hf.layer_types) and not window:
         raise ConversionError(f"{where}: layer_types has sliding_attention layers but sliding_window is {window!r}")
     return PatternConfig(attention=names if len(set(names)) > 1 else names[:1], window=window or 256)
 
@@ -482,6 +483,19 @@ FAMILY_BLOCK = {  # and what each family's layers are
 }
 
 
+def sliding_windows(config: ModelConfig) -> tuple[list[int | None], list[str]]:
+    """Each layer's attention as transformers has it, read from the pattern registry's data: None (every key before
+    the query) or a sliding window of that many keys (a band that it fills, no global tokens); and the names of the
+    patterns transformers has no kind for."""
+    windows, other = [], []
+    for pattern in layer_patterns(config):
+        if pattern.has_global or not pattern.is_band:
+            other.append(pattern.name)
+        else:
+            windows.append(None if pattern.is_full else pattern.reach + 1)
+    return windows, other
+
+
 def family_of(config: ModelConfig) -> str:
     """The family a model's layers fit, by what it has of its own: QK-norm (qwen3), q/k/v biases without an output
     bias (qwen2), a window in every layer (mistral), else llama."""
@@ -489,7 +503,8 @@ def family_of(config: ModelConfig) -> str:
         return "qwen3"
     if config.qkv_bias and not config.attn_out_bias:
         return "qwen2"
-    return "mistral" if set(config.layer_pattern_names) == {"window"} else "llama"
+    windows, other = sliding_windows(config)
+    return "mistral" if not other and None not in windows else "llama"
 
 
 def refuse_unexportable(config: ModelConfig, model_type: str) -> None:
@@ -503,9 +518,10 @@ def refuse_unexportable(config: ModelConfig, model_type: str) -> None:
         other.append(f"mixer={','.join(config.mixer)}, shorten_layers={config.hourglass.shorten_layers}")
     if config.positions.pos != "rope" or config.positions.rope_scaling == "ntk":
         other.append(f"positions.pos={config.positions.pos}, rope_scaling={config.positions.rope_scaling}")
-    names, p = set(config.layer_pattern_names), config.pattern
-    allowed = {"full", "window"} if family.layer_types else ({"full"} if not family.sliding else None)
-    if (allowed and not names <= allowed) or (family.sliding and names not in ({"full"}, {"window"})):
+    (sizes, stray), p = sliding_windows(config), config.pattern
+    kinds = set(sizes)  # full attention (None) and sliding windows of these sizes
+    one_kind = family.sliding and len(kinds) == 1  # Mistral: one kind for every layer
+    if stray or len(kinds - {None}) > 1 or not (one_kind or family.layer_types or kinds == {None}):
         other.append(f"pattern.attention={','.join(p.attention)}")
     if p.bidirectional or p.lowrank or config.memory.mem_tokens or config.memory.cmem_len:
         other.append("bidirectional, lowrank, memory tokens or a compressed memory")
@@ -571,13 +587,15 @@ def hf_config_of(config: ModelConfig, model_type: str, context: int) -> dict:
         hf["attention_bias"] = config.attn_out_bias
     if model_type == "llama":
         hf["mlp_bias"] = config.bias
-    windows = [name == "window" for name in config.layer_pattern_names]
+    sizes = sliding_windows(config)[0]
+    windows = [size is not None for size in sizes]
+    window = next((size for size in sizes if size is not None), None)
     if family.sliding:
-        hf["sliding_window"] = config.pattern.window if any(windows) else None
+        hf["sliding_window"] = window
     if family.layer_types:
         hf.update(
             use_sliding_window=any(windows),
-            sliding_window=config.pattern.window if any(windows) else None,
+            sliding_window=window,
             max_window_layers=windows.index(True) if any(windows) else config.n_layer,
             layer_types=["sliding_attention" if w else "full_attention" for w in windows],
         )
