@@ -62,6 +62,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         choices=(*RECALL_TASKS, "mlm"),
         help="a recall task with generated data instead of a corpus, or masked LM from scratch on --data",
     )
+    p.add_argument(
+        "--teacher",
+        metavar="CHECKPOINT",
+        help="distil from this longseq checkpoint: the model trains on the KL to its softened top-k next-token "
+        "distributions beside the next-token loss, with its tokenizer (task keys: temperature alpha top_k cache)",
+    )
     return common_flags(p)
 
 
@@ -88,6 +94,11 @@ def base_config(args: argparse.Namespace) -> RunConfig:
         return RunConfig(
             base.model, base.data.replace(path=None, tokenizer="byte"), base.train, TaskConfig(name=args.task)
         )
+    if args.teacher:  # the preset, the file or the defaults, distilling from the teacher
+        if args.task:
+            raise ConfigError(f"--teacher distils a language model; --task {args.task} trains a recall task")
+        base = base_config(argparse.Namespace(**{**vars(args), "teacher": None}))
+        return RunConfig(base.model, base.data, base.train, TaskConfig(name="distill", teacher=args.teacher))
     if not args.config:
         return get_preset(args.preset or DEFAULT_PRESET)
     return load_run_config(args.config, base=get_preset(args.preset) if args.preset else None)
@@ -98,6 +109,8 @@ def masked_lm_config(args: argparse.Namespace) -> RunConfig:
     reading ``--data`` (the task's training file) with ``--tokenizer``."""
     from longseq.config import DataConfig, ModelConfig, TrainConfig
 
+    if args.teacher:
+        raise ConfigError("--teacher distils a language model; --task mlm trains a masked LM")
     if args.data is None or args.tokenizer is None:
         raise ConfigError("--task mlm trains on --data (JSON lines or FASTA) read by --tokenizer (nucleotide, protein, "
                           "byte or a tokenizer .json)")  # fmt: skip

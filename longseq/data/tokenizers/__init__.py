@@ -5,6 +5,8 @@
 * ``word``: whitespace tokens ordered by frequency, ``<eos>`` at every line end, ``<unk>`` for unseen words.
 * ``bpe``: byte-level BPE on the HF ``tokenizers`` library, trained on the training text or read from any BPE
   ``tokenizer.json`` (GPT-2's); ids ordered by frequency in the training text;
+* ``pretrained``: an imported model's own tokenizer (``longseq convert --from-hf``), its ids as they are, its special
+  tokens and chat template; never learnt from text (docs/pretrained.md);
 * ``nucleotide``, ``nucleotide_cased``: DNA one base a token (A, C, G, T, N; the second keeps soft-masked
   lowercase as ids of its own); ``protein``: one amino acid a token.  Fixed alphabets with the record separator
   ``\n`` and ``[MASK]`` (:mod:`~longseq.data.tokenizers.alphabet`).
@@ -42,6 +44,7 @@ from longseq.data.tokenizers.bpe import BPETokenizer, train_bpe
 from longseq.data.tokenizers.byte import ByteTokenizer
 from longseq.data.tokenizers.char import CharTokenizer
 from longseq.data.tokenizers.nucleotide import CasedNucleotideTokenizer, NucleotideTokenizer
+from longseq.data.tokenizers.pretrained import PretrainedTokenizer
 from longseq.data.tokenizers.protein import ProteinTokenizer
 from longseq.data.tokenizers.word import WordTokenizer
 
@@ -52,6 +55,7 @@ TOKENIZERS: dict[str, type[Tokenizer]] = {
         CharTokenizer,
         WordTokenizer,
         BPETokenizer,
+        PretrainedTokenizer,
         NucleotideTokenizer,
         CasedNucleotideTokenizer,
         ProteinTokenizer,
@@ -64,6 +68,7 @@ __all__ = [
     "EOS",
     "KINDS",
     "PIECE_CHARS",
+    "PretrainedTokenizer",
     "TOKENIZERS",
     "UNK",
     "BPETokenizer",
@@ -84,6 +89,7 @@ __all__ = [
     "iter_pieces",
     "load_tokenizer",
     "newline_id",
+    "prefix_id",
     "tokenizer_class",
     "tokenizer_from_dict",
     "train_bpe",
@@ -116,6 +122,14 @@ def newline_id(tokenizer: Tokenizer) -> int | None:
     except TokenizerError:  # a character vocabulary without the newline
         return None
     return int(ids[0]) if len(ids) == 1 else None
+
+
+def prefix_id(tokenizer: Tokenizer) -> int | None:
+    """The token a document is read after (the LM evaluation harness's ``prefix_token_id``): a pretrained model's own
+    beginning of text (:attr:`Tokenizer.document_start_id`), else the line end longseq's corpora put between
+    documents (:func:`newline_id`)."""
+    own = tokenizer.document_start_id
+    return own if own is not None else newline_id(tokenizer)
 
 
 def build_tokenizer(spec: str, text: str, lowercase: bool = False, vocab_size: int = DEFAULT_BPE_VOCAB) -> Tokenizer:
