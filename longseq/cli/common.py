@@ -6,11 +6,22 @@ import argparse
 import json
 import math
 import sys
+import warnings
+from contextlib import contextmanager
 
 
 def say(message: str) -> None:
     """A line for people, on stderr."""
     print(message, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def warnings_said():
+    """Within it, the library's warnings are said on stderr as ``warning: ...`` lines, when they happen (not in
+    Python's ``file:line: UserWarning`` form)."""
+    with warnings.catch_warnings():
+        warnings.showwarning = lambda message, *_, **__: say(f"warning: {message}")
+        yield
 
 
 def emit(result: dict, as_json: bool) -> None:

@@ -15,6 +15,7 @@ from longseq.cli.common import (
     read_corpus,
     refuse_memory_settings,
     say,
+    warnings_said,
 )
 from longseq.config import EvalConfig, apply_overrides
 
@@ -121,11 +122,16 @@ def unknown_rate(ids, tokenizer, what: str) -> float | None:
 
 
 def run(args: argparse.Namespace) -> dict:
+    if args.mode == "recl":
+        return run_recl(args)
+    with warnings_said():  # a memory longer than a rope model's training memory, said as it starts
+        return run_one(args)
+
+
+def run_one(args: argparse.Namespace) -> dict:
     from longseq.eval.evaluate import evaluate
     from longseq.model.positions import position_encoding
 
-    if args.mode == "recl":
-        return run_recl(args)
     if args.plot and not (args.per_position or args.context_curve):
         raise ValueError("--plot draws --per-position or --context-curve; give one of them")
     if args.plot:
