@@ -459,3 +459,29 @@ def test_llama_xl_trains_from_the_command_line_and_resumes_bit_for_bit(tmp_path,
         return dataclasses.replace(config, data=DataConfig.from_dict(data), train=TrainConfig.from_dict(train))
 
     assert_resumes_exactly(run, tmp_path, stop_after=3)
+
+
+def test_a_soft_cap_beyond_the_largest_number_of_its_dtype_is_refused_by_name_not_a_nan_loss(tmp_path, capsys):
+    """attn_softcap=3.5e38 is infinite in float32: c * tanh(x / c) = inf * 0 made every score NaN, and training
+    stopped with the NaN guard's advice to lower the learning rate.  float32's largest number still caps (finite
+    logits); beyond it, the config names the option, here and on the command line; under precision=fp16 the
+    attention scores are float16, whose largest number is 65,504."""
+    from longseq.config import RunConfig
+    from longseq.config.checks import check_run
+    from longseq.model.block import softcap
+
+    scores = torch.tensor([1.0, -3.0, 40.0])
+    assert softcap(scores, 3.5e38).isnan().all() and torch.allclose(softcap(scores, 3.4e38), scores)  # why the bound
+    torch.manual_seed(0)
+    edge = TransformerXLLM(ModelConfig(**{**BASE, "attn_softcap": 3.4e38, "logit_softcap": 3.4e38}))
+    assert edge(torch.randint(0, BASE["vocab_size"], (2, 6))).logits.isfinite().all()
+    for name in ("attn_softcap", "logit_softcap"):
+        with raises_naming(ConfigError, name, "3.5e+38", "float32", "NaN", "0 for no cap"):
+            ModelConfig(**{**BASE, name: 3.5e38})
+    assert main(["train", "--out", str(tmp_path / "r"), "--quiet", "--set", "attn_softcap=1e39"]) == 2
+    assert_names(capsys.readouterr().err, "attn_softcap=1e+39", "float32")
+    fp16 = RunConfig(ModelConfig(**{**BASE, "attn_softcap": 1e5}), DataConfig(), TrainConfig(precision="fp16"))
+    with raises_naming(ConfigError, "attn_softcap", "precision=fp16", "float16", "65504"):
+        check_run(fp16)
+    check_run(RunConfig(fp16.model.replace(attn_softcap=65504.0), fp16.data, fp16.train))
+    check_run(RunConfig(fp16.model, fp16.data, fp16.train.replace(precision="bf16")))  # bfloat16: float32's range
