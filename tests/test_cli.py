@@ -96,3 +96,44 @@ def test_convert_names_what_it_cannot_write(tmp_path, lm_checkpoint, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert str(tmp_path / "file") in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("form", ["longseq", "transfo-xl"])
+def test_a_full_disk_during_convert_to_hf_leaves_no_broken_export_and_names_the_path(
+    form, tmp_path, lm_checkpoint, capsys, monkeypatch
+):
+    """A full disk during ``convert --to-hf`` left a directory of half the files (a config.json without weights, or
+    a truncated model.safetensors) and named no path.  The export is written beside ``--out`` and renamed into place:
+    a write that fails (an OSError injected halfway) leaves ``--out`` as it was, new or an earlier export byte for
+    byte, no temporary directory behind, and one line naming ``--out`` and the reason."""
+    import errno
+
+    from safetensors.torch import save_file
+
+    import longseq.interop.hf_longseq as hf_longseq
+    import longseq.interop.transfo_xl as transfo_xl
+
+    out = tmp_path / "hf"
+    argv = ["convert", "--to-hf", "--checkpoint", lm_checkpoint, "--out", str(out), "--format", form, "--quiet"]
+
+    def full_disk(tensors, path, metadata=None):
+        save_file(tensors, path, metadata=metadata)
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    module = hf_longseq if form == "longseq" else transfo_xl
+    monkeypatch.setattr(module, "save_file", full_disk)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert_names(err, str(out), "No space left on device", "nothing was written")
+    assert "Traceback" not in err and not out.exists()
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".hf.")]  # no temporary directory left
+    monkeypatch.setattr(module, "save_file", save_file)
+    assert main(argv) == 0  # an export, complete
+    before = {name: (out / name).read_bytes() for name in os.listdir(out)}
+    monkeypatch.setattr(module, "save_file", full_disk)
+    assert main(argv) == 2  # over the earlier export: it stays whole
+    assert_names(capsys.readouterr().err, str(out), "No space left on device", "intact")
+    assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".hf.")]

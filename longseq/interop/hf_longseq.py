@@ -35,6 +35,7 @@ from longseq.interop.transfo_xl import (
 )
 from longseq.model import TransformerXLLM, build_model
 from longseq.model.lstm import LSTMLM
+from longseq.outputs import write_directory
 
 MODEL_TYPE = "longseq"
 ARCHITECTURE = "LongseqForCausalLM"
@@ -99,19 +100,22 @@ def export_longseq_hf(
     config = hf_config(model.config, segment_len, generate_mem_len)
     generation = {**GENERATION_DEFAULTS, "pad_token_id": model.config.vocab_size}  # the padding id
     check_export_directory(out, EXPORT_FILES)  # a new directory, or an earlier export of convert: nothing else
-    os.makedirs(out, exist_ok=True)
     skip = set(tied_names(model))
     tensors = {
         PREFIX + name: tensor.detach().contiguous().cpu()
         for name, tensor in model.state_dict(keep_vars=False).items()
         if name not in skip
     }
-    save_file(tensors, os.path.join(out, "model.safetensors"), metadata=EXPORT_METADATA)
-    for name, data in (("config.json", config), ("generation_config.json", generation)):
-        with open(os.path.join(out, name), "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-    if tokenizer is not None:
-        save_tokenizers(tokenizer, out)
+
+    def write(directory: str) -> None:
+        save_file(tensors, os.path.join(directory, "model.safetensors"), metadata=EXPORT_METADATA)
+        for name, data in (("config.json", config), ("generation_config.json", generation)):
+            with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=2, sort_keys=True)
+        if tokenizer is not None:
+            save_tokenizers(tokenizer, directory)
+
+    write_directory(out, write, "the export", (SafetensorError,))  # safetensors' own error for a failed write
 
 
 def save_tokenizers(tokenizer: Tokenizer, out: str) -> None:

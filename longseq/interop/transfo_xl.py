@@ -32,7 +32,7 @@ from longseq.config import ConfigError, DataConfig, ModelConfig, RunConfig, Trai
 from longseq.data.tokenizers import EOS, UNK, ByteTokenizer, Tokenizer, WordTokenizer
 from longseq.model import TransformerXLLM
 from longseq.model.attention.patterns import layer_patterns
-from longseq.outputs import EXPORTED_BY, check_output_directory
+from longseq.outputs import EXPORTED_BY, check_output_directory, write_directory
 
 EXPORT_METADATA = {"format": "pt", "exported_by": EXPORTED_BY}  # model.safetensors of a directory convert wrote
 
@@ -374,10 +374,14 @@ def export_to_hf(model: TransformerXLLM, out: str, tokenizer: Tokenizer | None =
         )
     config = hf_config_from_model(model.config)  # checked before anything is written
     check_export_directory(out, TRANSFO_XL_FILES)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
-    save_file(state_dict_to_hf(model), os.path.join(out, "model.safetensors"), metadata=EXPORT_METADATA)
-    if isinstance(tokenizer, WordTokenizer):
-        with open(os.path.join(out, "vocab.txt"), "w", encoding="utf-8") as f:
-            f.write("\n".join(tokenizer.words) + "\n")
+    tensors = state_dict_to_hf(model)
+
+    def write(directory: str) -> None:
+        with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+        save_file(tensors, os.path.join(directory, "model.safetensors"), metadata=EXPORT_METADATA)
+        if isinstance(tokenizer, WordTokenizer):
+            with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as f:
+                f.write("\n".join(tokenizer.words) + "\n")
+
+    write_directory(out, write, "the export", (SafetensorError,))  # whole or not at all: a full disk leaves none
