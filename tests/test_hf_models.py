@@ -262,3 +262,21 @@ def test_convert_from_hf_names_a_broken_directory_without_a_traceback(tmp_path, 
         err = capsys.readouterr().err
         assert all(word in err for word in words) and "Traceback" not in err, err
         assert not (tmp_path / f"{name}-out").exists()
+
+
+def test_an_integer_tensor_where_a_float_weight_belongs_is_refused_by_name(tmp_path, capsys):
+    """An int64 tensor in place of a float weight was cast silently by from_pretrained and by convert --from-hf (the
+    model then computed with whole numbers); both name the tensor, its dtype and the file."""
+    export_longseq_hf(tiny("window-dilated"), str(tmp_path / "hf"))
+    path = tmp_path / "hf" / "model.safetensors"
+    weights = load_file(str(path))
+    name = "model.transformer.stack.layers.0.pos_ff.core_net.0.weight"
+    weights[name] = (weights[name] * 100).long()
+    save_file(weights, str(path), metadata={"exported_by": "longseq convert"})
+    with pytest.raises(ValueError) as caught:
+        AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
+    assert all(word in str(caught.value) for word in (f"{name} (I64)", str(path), "cast")), caught.value
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 2
+    err = capsys.readouterr().err
+    assert f"{name} (torch.int64)" in err and str(path) in err and "Traceback" not in err
+    assert not (tmp_path / "back").exists()

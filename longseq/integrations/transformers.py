@@ -83,7 +83,7 @@ from longseq.interop.hf_longseq import (
     tied_names,
 )
 from longseq.interop.hf_tokenizer import ends_every_text
-from longseq.interop.transfo_xl import refuse_non_finite
+from longseq.interop.transfo_xl import float_weights, refuse_cast_weights, refuse_non_finite, stored_dtypes
 from longseq.model import Memory, TransformerXLLM, build_model
 from longseq.model.lstm import LSTMLM
 from longseq.model.memory import CacheContext, HiddenMemory, KVMemory, RingContext, RingMemory
@@ -200,6 +200,9 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         missing = sorted(set(info["missing_keys"]) - model._untie_from_embeddings(info["missing_keys"]))
         if missing:
             raise ValueError(f"the checkpoint lacks {len(missing)} tensor(s) of the model: {', '.join(missing[:5])}")
+        weights = os.path.join(directory, "model.safetensors")
+        if os.path.isfile(weights):  # a local export: its integer tensors were cast into float weights
+            refuse_cast_weights(stored_dtypes(weights), weights, float_weights(model))
         refuse_non_finite(model.model, str(args[0]) if args else "the checkpoint")
         path = os.path.join(directory, TOKENIZER_FILE)
         if os.path.isfile(path):

@@ -30,7 +30,9 @@ from longseq.interop.transfo_xl import (
     EXPORT_METADATA,
     ConversionError,
     check_export_directory,
+    float_weights,
     read_vocab,
+    refuse_cast_weights,
     refuse_non_finite,
 )
 from longseq.model import TransformerXLLM, build_model
@@ -161,6 +163,7 @@ def load_longseq_hf(directory: str) -> tuple[TransformerXLLM | LSTMLM, Tokenizer
         weights = load_file(weights_path)
     except (OSError, SafetensorError) as exc:
         raise ConversionError(f"cannot read {weights_path} (truncated, or not safetensors): {exc}") from None
+    refuse_cast_weights({n: str(t.dtype) for n, t in weights.items()}, weights_path, float_weights(model, PREFIX))
     state = {name.removeprefix(PREFIX): tensor for name, tensor in weights.items()}
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
