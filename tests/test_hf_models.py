@@ -280,3 +280,29 @@ def test_an_integer_tensor_where_a_float_weight_belongs_is_refused_by_name(tmp_p
     err = capsys.readouterr().err
     assert f"{name} (torch.int64)" in err and str(path) in err and "Traceback" not in err
     assert not (tmp_path / "back").exists()
+
+
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        ("vocab_size", 65, ["vocab_size=65", "longseq.vocab_size=50", "fix vocab_size"]),
+        ("segment_len", "abc", ["segment_len", "'abc'", "whole number"]),
+        ("generate_mem_len", -3, ["generate_mem_len", "-3"]),
+    ],
+)
+def test_a_bad_config_json_key_is_named_with_the_file_to_fix(key, value, words, tmp_path, capsys):
+    """from_pretrained said "config vocab_size=65 disagrees with the longseq model config, which has 256" without
+    the file, and ``"segment_len": "abc"`` was a TypeError there and "invalid literal for int()" in convert: each
+    names the key, the value and the config.json, through AutoModelForCausalLM, the class and convert --from-hf."""
+    export_longseq_hf(tiny("window-dilated"), str(tmp_path / "hf"))
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps({**config, key: value}))
+    for load in (AutoModelForCausalLM.from_pretrained, LongseqForCausalLM.from_pretrained, AutoConfig.from_pretrained):
+        with pytest.raises(ValueError) as caught:
+            load(str(tmp_path / "hf"))
+        assert all(word in str(caught.value) for word in [str(path), *words]), caught.value
+    if key != "vocab_size":  # convert reads the longseq section's vocabulary, which the weights have
+        assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 2
+        err = capsys.readouterr().err
+        assert all(word in err for word in [str(path), *words]) and "Traceback" not in err, err

@@ -67,6 +67,24 @@ def tied_names(model: torch.nn.Module) -> dict[str, str]:
     return tied
 
 
+def sampling_settings(values: dict, source: str) -> tuple[int, int | None]:
+    """``segment_len`` (default 128) and ``generate_mem_len`` (default None) of a ``config.json``'s ``values``, each
+    checked: a :class:`ConversionError` names the key, the value and ``source`` (the file)."""
+    segment_len, mem_len = values.get("segment_len", 128), values.get("generate_mem_len")
+    whole = lambda value: isinstance(value, int) and not isinstance(value, bool)  # noqa: E731
+    if not whole(segment_len) or segment_len < 1:
+        raise ConversionError(
+            f"{source}: segment_len must be a whole number >= 1 (the tokens read at once: the training tgt_len), "
+            f"got {segment_len!r}"
+        )
+    if mem_len is not None and (not whole(mem_len) or mem_len < 0):
+        raise ConversionError(
+            f"{source}: generate_mem_len must be a whole number >= 0, or null for the model's mem_len + segment_len, "
+            f"got {mem_len!r}"
+        )
+    return segment_len, mem_len
+
+
 def hf_config(config: ModelConfig, segment_len: int = 128, generate_mem_len: int | None = None) -> dict:
     """The ``config.json`` of a longseq model in the transformers format."""
     if segment_len < 1:
@@ -154,6 +172,7 @@ def load_longseq_hf(directory: str) -> tuple[TransformerXLLM | LSTMLM, Tokenizer
             f"{path} has no longseq section (the model's ModelConfig, which convert --to-hf and save_pretrained "
             "write): the architecture is unknown"
         )
+    sampling_settings(config, path)  # segment_len and generate_mem_len, named with the file
     try:
         model = build_model(ModelConfig.from_dict(upgrade_stored_model(config["longseq"])))
     except ConfigError as exc:
@@ -193,6 +212,6 @@ def convert_from_longseq_hf(directory: str, vocab: str | None = None):
         raise ValueError(
             f"{directory} has no longseq_tokenizer.json for its {model.config.vocab_size} tokens: pass --vocab FILE"
         )
-    segment_len = int(config.get("segment_len", 128))
+    segment_len, _ = sampling_settings(config, os.path.join(directory, "config.json"))  # checked on reading
     data = DataConfig(tokenizer=tokenizer.kind, tgt_len=segment_len, eval_tgt_len=segment_len)
     return model, tokenizer, RunConfig(model=model.config, data=data, train=TrainConfig())
