@@ -306,3 +306,33 @@ def test_a_bad_config_json_key_is_named_with_the_file_to_fix(key, value, words, 
         assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 2
         err = capsys.readouterr().err
         assert all(word in err for word in [str(path), *words]) and "Traceback" not in err, err
+
+
+def test_a_to_hf_from_hf_round_trip_keeps_the_run_or_says_what_it_did_not_carry(tmp_path, capsys):
+    """A to-hf -> from-hf round trip gave back the model with longseq's default eval_batch_size, eval_max_segments
+    and training recipe, without a note (3.60759 against 3.60791 on a re-evaluation).  The export carries the run's
+    data and train sections, through save_pretrained too, and convert gives them back equal; a directory without
+    them (an older export, a TransfoXL one) is converted with the defaults, and the checkpoint, stderr and the
+    result say what was not carried."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**{**BASE, **CONFIGS["window-dilated"], "vocab_size": 256})).eval()
+    data = DataConfig(tokenizer="byte", tgt_len=5, eval_tgt_len=7, batch_size=6, eval_batch_size=3)
+    run = RunConfig(model.config, data, TrainConfig(max_steps=77, lr=2e-3, eval_max_segments=9, seed=5))
+    save_checkpoint(str(tmp_path / "ck"), model, run, ByteTokenizer())
+    assert main(["convert", "--to-hf", "--checkpoint", str(tmp_path / "ck"), "--out", str(tmp_path / "hf")]) == 0
+    AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).save_pretrained(str(tmp_path / "saved"))
+    for directory in ("hf", "saved"):
+        back = tmp_path / f"{directory}-back"
+        assert main(["convert", "--from-hf", str(tmp_path / directory), "--out", str(back), "--json"]) == 0
+        assert "not_carried" not in json.loads(capsys.readouterr().out.splitlines()[-1])
+        _, _, back_run, metrics = load_checkpoint(str(back))
+        assert back_run == run and "not_carried" not in metrics
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    del config["longseq_run"]  # an export written before the run travelled with it
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "old"), "--json"]) == 0
+    captured = capsys.readouterr()
+    _, _, old_run, metrics = load_checkpoint(str(tmp_path / "old"))
+    assert old_run.data.eval_batch_size != 3 and old_run.train.eval_max_segments != 9  # the defaults ...
+    for said in (metrics["not_carried"], json.loads(captured.out.splitlines()[-1])["not_carried"], captured.err):
+        assert all(word in said for word in ("eval_batch_size", "eval_max_segments", "recipe", "longseq_run"))

@@ -131,6 +131,7 @@ class LongseqConfig(PreTrainedConfig):
     longseq: dict | None = None
     segment_len: int = 128
     generate_mem_len: int | None = None
+    longseq_run: dict | None = None  # the training run's data and train sections: kept for convert --from-hf
     vocab_size: int | None = None
     hidden_size: int | None = None
     num_hidden_layers: int | None = None

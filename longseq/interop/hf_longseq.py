@@ -85,11 +85,16 @@ def sampling_settings(values: dict, source: str) -> tuple[int, int | None]:
     return segment_len, mem_len
 
 
-def hf_config(config: ModelConfig, segment_len: int = 128, generate_mem_len: int | None = None) -> dict:
-    """The ``config.json`` of a longseq model in the transformers format."""
+def hf_config(
+    config: ModelConfig, segment_len: int = 128, generate_mem_len: int | None = None, run: RunConfig | None = None
+) -> dict:
+    """The ``config.json`` of a longseq model in the transformers format; with the ``run`` that trained it, its data
+    and train sections under ``longseq_run`` (read by nothing but ``convert --from-hf``, which restores them)."""
     if segment_len < 1:
         raise ValueError(f"segment_len must be >= 1, got {segment_len}")
+    carried = {} if run is None else {"longseq_run": {"data": run.data.to_dict(), "train": run.train.to_dict()}}
     return {
+        **carried,
         "model_type": MODEL_TYPE,
         "architectures": [ARCHITECTURE],
         "longseq": config.to_dict(),
@@ -109,15 +114,17 @@ def export_longseq_hf(
     tokenizer: Tokenizer | None = None,
     segment_len: int = 128,
     generate_mem_len: int | None = None,
+    run: RunConfig | None = None,
 ) -> None:
     """Write ``model`` as a transformers directory that ``AutoModelForCausalLM.from_pretrained`` loads after
     ``import longseq.hf``; ``segment_len`` and ``generate_mem_len`` are how ``longseq generate`` samples it (the
-    training ``tgt_len``, and ``mem_len + tgt_len``)."""
+    training ``tgt_len``, and ``mem_len + tgt_len``); ``run``, the run that trained it, travels with it (its data
+    and train sections: ``convert --from-hf`` gives them back)."""
     if not isinstance(model, (TransformerXLLM, LSTMLM)):
         raise ValueError(
             f"only a language model exports to transformers; this is a {type(model).__name__} (a fine-tuned model)"
         )
-    config = hf_config(model.config, segment_len, generate_mem_len)
+    config = hf_config(model.config, segment_len, generate_mem_len, run)
     generation = {**GENERATION_DEFAULTS, "pad_token_id": model.config.vocab_size}  # the padding id
     check_export_directory(out, EXPORT_FILES)  # a new directory, or an earlier export of convert: nothing else
     skip = set(tied_names(model))
@@ -201,8 +208,10 @@ def load_longseq_hf(directory: str) -> tuple[TransformerXLLM | LSTMLM, Tokenizer
 
 def convert_from_longseq_hf(directory: str, vocab: str | None = None):
     """(model, tokenizer, run config) of a longseq transformers directory, for ``longseq convert --from-hf``: the
-    tokenizer from ``longseq_tokenizer.json``, else ``vocab`` (one token per line), else bytes for 256 tokens;
-    ``tgt_len`` is the directory's ``segment_len``."""
+    tokenizer from ``longseq_tokenizer.json``, else ``vocab`` (one token per line), else bytes for 256 tokens.  The
+    run's data and train sections are those the export carries (``longseq_run``: the trained run's evaluation
+    settings and recipe); without them (:func:`run_not_carried` says so), longseq's defaults with ``tgt_len`` the
+    directory's ``segment_len``."""
     model, tokenizer, config = load_longseq_hf(directory)
     if vocab is not None:
         tokenizer = read_vocab(vocab)
@@ -212,6 +221,33 @@ def convert_from_longseq_hf(directory: str, vocab: str | None = None):
         raise ValueError(
             f"{directory} has no longseq_tokenizer.json for its {model.config.vocab_size} tokens: pass --vocab FILE"
         )
-    segment_len, _ = sampling_settings(config, os.path.join(directory, "config.json"))  # checked on reading
-    data = DataConfig(tokenizer=tokenizer.kind, tgt_len=segment_len, eval_tgt_len=segment_len)
-    return model, tokenizer, RunConfig(model=model.config, data=data, train=TrainConfig())
+    path = os.path.join(directory, "config.json")
+    segment_len, _ = sampling_settings(config, path)  # checked on reading
+    sections = config.get("longseq_run")
+    if sections is None:
+        data = DataConfig(tokenizer=tokenizer.kind, tgt_len=segment_len, eval_tgt_len=segment_len)
+        return model, tokenizer, RunConfig(model=model.config, data=data, train=TrainConfig())
+    try:
+        run = RunConfig.from_dict({"model": model.config.to_dict(), **sections})
+    except (ConfigError, TypeError) as exc:
+        raise ConversionError(f"{path}: its longseq_run section is not a run's data and train: {exc}") from None
+    if vocab is not None and run.data.tokenizer != tokenizer.kind:
+        run = RunConfig(run.model, run.data.replace(tokenizer=tokenizer.kind), run.train)
+    return model, tokenizer, run
+
+
+def run_not_carried(directory: str) -> str | None:
+    """What a conversion of ``directory`` (an export, or an HF TransfoXL directory) cannot carry of the run that
+    trained its model, in words for the converted checkpoint (None: the export carries the run)."""
+    if not is_longseq_hf(directory):
+        why = "an HF TransfoXL directory holds the model only"
+    else:
+        with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+            if isinstance(json.load(f).get("longseq_run"), dict):
+                return None
+        why = "its config.json has no longseq_run: written before exports carried the run, or saved without one"
+    return (
+        f"the trained run's data and train sections ({why}): eval_batch_size, eval_max_segments, batch_size and "
+        "the training recipe (lr, schedule, steps, seed, ...) are longseq's defaults here, and tgt_len and "
+        "eval_tgt_len the segment length; give the trained values with --set to compare scores"
+    )
