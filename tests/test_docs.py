@@ -21,7 +21,11 @@ FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
 def blocks(page: Path, language: str) -> list[str]:
-    return [body for lang, body in FENCE.findall(page.read_text(encoding="utf-8")) if lang == language]
+    return blocks_of(page.read_text(encoding="utf-8"), language)
+
+
+def blocks_of(text: str, language: str) -> list[str]:
+    return [body for lang, body in FENCE.findall(text) if lang == language]
 
 
 REQUIRES = re.compile(r"# requires: ([\w-]+)\s*(>=|<)\s*(\d+)")
@@ -121,6 +125,22 @@ def test_every_link_in_the_documents_resolves(page):
 
 def test_the_readme_is_short():
     assert len((ROOT / "README.md").read_bytes()) <= 10 * 1024
+
+
+def test_the_quickstart_is_two_commands_and_ci_runs_the_second_verbatim():
+    """A fresh machine needs two command lines from the README: one installs longseq and runs ``longseq train``, one
+    installs the test extra and runs the tests, which is exactly what ``.ci/run`` runs after its CPU torch line.
+    The README says how to get the small CPU build of torch instead of PyPI's CUDA one."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    quickstart = readme.partition("## Quickstart\n")[2].split("\n## ")[0]
+    commands = [line for line in blocks_of(quickstart, "bash")[0].splitlines() if line.strip()]
+    assert len(commands) == 2, commands
+    assert commands[0].startswith("pip install . ") and commands[0].endswith("&& longseq train"), commands[0]
+    assert commands[1].startswith('pip install ".[test]" &&'), commands[1]
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    torch_line = next(i for i, line in enumerate(ci) if line.startswith("pip install torch"))
+    assert [line for line in ci[torch_line + 1 :] if line.strip() and not line.startswith("#")] == [commands[1]]
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in quickstart
 
 
 def test_the_command_reference_lists_every_command_and_flag():
