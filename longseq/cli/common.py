@@ -160,6 +160,14 @@ def load_model(checkpoint: str, device: str = "auto"):
     return path, model, tokenizer, run
 
 
+def checkpoint_kind(run) -> str:
+    """What a checkpoint of ``run`` is (a language model, fine-tuned for a task, trained on a recall task) and the
+    command that reads it."""
+    from longseq.tasks import TASKS
+
+    return TASKS["lm" if run.task is None else run.task.name].checkpoint_kind()
+
+
 def read_corpus(data: str | None, run, tokenizer, checkpoint: str):
     """The corpus to score: ``--data``, else the one the checkpoint was trained on (named in the error when it is
     not where the checkpoint says)."""

@@ -7,6 +7,7 @@ import os
 from functools import partial
 
 from longseq.cli.common import (
+    checkpoint_kind,
     common_flags,
     device_flag,
     load_model,
@@ -82,7 +83,7 @@ def _load(args: argparse.Namespace):
     settings = apply_overrides({"eval": EvalConfig(split=args.split)}, overrides(args.set))["eval"]
     checkpoint, model, tokenizer, run_config = load_model(args.checkpoint[0], args.device)
     if run_config.task is not None:
-        raise ValueError(f"{checkpoint} is fine-tuned for {run_config.task.name}; score it with longseq predict")
+        raise ValueError(f"{checkpoint} is not a language model: it is {checkpoint_kind(run_config)}")
     corpus = read_corpus(args.data, run_config, tokenizer, checkpoint)
     ids = corpus.split(settings.split)
     doc_ids = corpus.doc_ids[settings.split] if run_config.data.doc_reset and corpus.doc_ids is not None else None

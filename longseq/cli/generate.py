@@ -10,7 +10,7 @@ import argparse
 import json
 import time
 
-from longseq.cli.common import common_flags, device_flag, load_model, refuse_memory_settings, say
+from longseq.cli.common import checkpoint_kind, common_flags, device_flag, load_model, refuse_memory_settings, say
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> dict:
         Recurrence(args.mem_len)  # checks it (>= 0) before the checkpoint loads and the prompt is printed
     _, model, tokenizer, run_config = load_model(args.checkpoint, args.device)
     if run_config.task is not None:
-        raise ValueError(f"{args.checkpoint} is fine-tuned for {run_config.task.name}; use longseq predict")
+        raise ValueError(f"{args.checkpoint} is not a language model: it is {checkpoint_kind(run_config)}")
     refuse_memory_settings(run_config.model, ["--mem-len"] if args.mem_len is not None else [])
     ids = chat_ids(tokenizer, args.prompt) if args.chat else prompt_ids(tokenizer, args.prompt)
     stop = tokenizer.eos_id if args.chat else None

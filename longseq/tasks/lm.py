@@ -46,6 +46,10 @@ class LanguageModeling(Task):
     name = "lm"
     writes_samples = True
 
+    @classmethod
+    def checkpoint_kind(cls) -> str:
+        return "a language model: longseq eval scores it and longseq generate samples from it"
+
     def __init__(self, run: RunConfig, tokenizer=None, log=None, corpus: Corpus | None = None) -> None:
         super().__init__(run, tokenizer, log)
         self.corpus = corpus
