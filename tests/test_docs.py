@@ -1,5 +1,5 @@
-"""The documents cannot drift from the code: every Python block of README.md and docs/*.md runs (a page's blocks in
-order, in one namespace, in a fresh directory), and every ``longseq ...`` command line in them is parsed by the
+"""The documents cannot drift from the code: every Python block of README.md and docs/*.md runs as pasted alone
+(each in a fresh namespace and a fresh directory), and every ``longseq ...`` command line in them is parsed by the
 real command-line parser.  A block that needs an optional package says so on its first line, ``# requires:
 transformers>=5`` (or ``<5``), and runs only where that holds; a page whose every block needs an optional module
 says ``<!-- requires: MODULE -->`` and its blocks run where that module imports."""
@@ -83,20 +83,23 @@ def test_every_command_line_in_the_documents_parses(page):
             raise AssertionError(f"{page.name}: `{line}` does not parse") from stop
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "python")], ids=lambda p: p.name)
-def test_every_python_block_in_the_documents_runs(page, tmp_path, monkeypatch):
+PYTHON_BLOCKS = [(page, number) for page in PAGES for number in range(1, len(blocks(page, "python")) + 1)]
+
+
+@pytest.mark.parametrize("page, number", PYTHON_BLOCKS, ids=[f"{p.name}-{n}" for p, n in PYTHON_BLOCKS])
+def test_every_python_block_in_the_documents_runs_as_pasted_alone(page, number, tmp_path, monkeypatch):
+    """Each block in a fresh namespace and a fresh directory: a reader pastes one block, not the page."""
     if missing_modules(page):
         pytest.skip(f"{page.name} needs {', '.join(missing_modules(page))} (an optional extra)")
+    body = blocks(page, "python")[number - 1]
+    if unmet_requirement(body):
+        pytest.skip(f"{page.name}, python block {number}: {unmet_requirement(body)}")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("LONGSEQ_DOCS_TEST", "1")
-    namespace: dict = {"__name__": "__docs__"}
-    for number, body in enumerate(blocks(page, "python"), 1):
-        if unmet_requirement(body):
-            continue
-        try:
-            exec(compile(body, f"{page.name}, python block {number}", "exec"), namespace)
-        except Exception as exc:
-            raise AssertionError(f"{page.name}, python block {number} fails: {exc!r}") from exc
+    try:
+        exec(compile(body, f"{page.name}, python block {number}", "exec"), {"__name__": "__docs__"})
+    except Exception as exc:
+        raise AssertionError(f"{page.name}, python block {number} fails when pasted alone: {exc!r}") from exc
 
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")
