@@ -146,6 +146,16 @@ def test_the_quickstart_is_two_commands_and_ci_runs_the_second_verbatim():
     assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in quickstart
 
 
+def test_the_gpu_page_reports_the_gpu_sessions_the_results_hold():
+    """docs/gpu.md said "What has been run on a GPU: nothing yet" and then reported the H200 session's findings:
+    while benchmarks/results/gpu holds a session, the page says it ran, links to its results and names no nothing."""
+    page = (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8")
+    session = (ROOT / "benchmarks" / "results" / "gpu" / "README.md").read_text(encoding="utf-8").splitlines()[0]
+    date = re.search(r"\d{4}-\d\d-\d\d", session).group(0)
+    said = page.partition("**What has been run on a GPU:")[2].split("\n\n")[0]
+    assert said and "nothing" not in said.split(".")[0] and date in said and "gpu/RESULTS.md#on-an-h200" in said
+
+
 def test_the_command_reference_lists_every_command_and_flag():
     """docs/cli.md has a section for every command and names every flag of its parser."""
     import argparse
