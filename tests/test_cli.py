@@ -137,3 +137,35 @@ def test_a_full_disk_during_convert_to_hf_leaves_no_broken_export_and_names_the_
     assert_names(capsys.readouterr().err, str(out), "No space left on device", "intact")
     assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".hf.")]
+
+
+def test_threads_sets_torchs_cpu_threads_for_train_eval_and_generate(tmp_path, trained_checkpoint, capsys, monkeypatch):
+    """On a shared CPU there was no way to set the thread count of train, eval or generate (``--threads`` was bench's
+    alone): each takes ``--threads N`` and runs with torch's threads set to N; 0 is refused by name."""
+    import torch
+
+    before, seen = torch.get_num_threads(), []
+
+    def spy(n):
+        seen.append(n)
+        real(n)
+
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", spy)
+    target = 1 if before != 1 else 2
+    commands = [
+        ["train", "--out", str(tmp_path / "run"), *TINY_CLI],
+        ["eval", "--checkpoint", trained_checkpoint, "--quiet", "--set", "max_segments=2"],
+        ["generate", "--checkpoint", trained_checkpoint, "--prompt", "ab", "--max-new-tokens", "3", "--json"],
+    ]
+    try:
+        for command in commands:
+            seen.clear()
+            assert main([*command, "--threads", str(target)]) == 0, command
+            assert seen == [target] and torch.get_num_threads() == target, command
+            real(before)
+    finally:
+        real(before)
+    with pytest.raises(SystemExit):
+        main(["eval", "--checkpoint", trained_checkpoint, "--threads", "0"])
+    assert_names(capsys.readouterr().err, "--threads", ">= 1")

@@ -101,6 +101,35 @@ def common_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def threads_flag(p: argparse.ArgumentParser) -> None:
+    """``--threads N``: the CPU threads torch uses (a CPU shared with other work); :func:`set_threads` applies it."""
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        metavar="N",
+        help="CPU threads torch uses (torch.set_num_threads; default: its own)",
+    )
+
+
+def set_threads(args: argparse.Namespace) -> None:
+    """``torch.set_num_threads(args.threads)`` when ``--threads`` was given, before any work."""
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
 def memory_lengths(text: str) -> list[int]:
     """An argparse type: comma-separated memory lengths >= 0, such as ``0,64,128``."""
     try:

@@ -16,6 +16,8 @@ from longseq.cli.common import (
     read_corpus,
     refuse_memory_settings,
     say,
+    set_threads,
+    threads_flag,
     warnings_said,
 )
 from longseq.config import EvalConfig, apply_overrides
@@ -69,6 +71,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--r", type=float, nargs="+", default=[0.1, 0.5, 1.0], help="RECL top-r fractions")
     p.add_argument("--max-tokens", type=int, default=4000, help="RECL: tokens scored per model and length")
     device_flag(p)
+    threads_flag(p)
     return common_flags(p)
 
 
@@ -123,6 +126,7 @@ def unknown_rate(ids, tokenizer, what: str) -> float | None:
 
 
 def run(args: argparse.Namespace) -> dict:
+    set_threads(args)
     if args.mode == "recl":
         return run_recl(args)
     with warnings_said():  # a memory longer than a rope model's training memory, said as it starts
