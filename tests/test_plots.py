@@ -203,3 +203,44 @@ def test_plot_compares_runs_of_different_tokenizers_in_bits_per_byte(tmp_path, c
     drawn = {name: curves([json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()],
                           bits=False, bpb=True) for name in runs}  # fmt: skip
     assert drawn["bpe"]["valid"][2][0] < drawn["byte"]["valid"][2][0] and not drawn["bpe"]["train"][0]
+
+
+def test_diagnose_draws_where_a_learned_chunk_model_cuts_the_text(tmp_path, saved_figures, capsys):
+    """No command showed where a learned-chunk checkpoint cuts a text (diagnose ignored the chunks; the study script
+    trained its own model).  diagnose draws chunks.png for a model that has them: one red bar per cut, before the
+    token the model's boundary predictor begins a chunk with, the text's tokens written; the report and the command
+    give the numbers.  A model without chunks has no such figure."""
+    from longseq.cli import main
+    from longseq.config import DataConfig, RunConfig, TrainConfig
+    from longseq.data.tokenizers import ByteTokenizer
+    from longseq.diagnostics import diagnose
+    from longseq.diagnostics.chunks import read_boundaries
+    from longseq.train import save_checkpoint
+
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=256, n_layer=4, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
+                         mem_len=8, shorten_layers=[1, 3], shorten_factor=3, boundaries="learned")  # fmt: skip
+    model = TransformerXLLM(config).eval()
+    text = b"the cat sat on the mat\nand then it slept.\n" * 8
+    ids = np.frombuffer(text, dtype=np.uint8).astype(np.int64)
+    report = diagnose(model, ids, str(tmp_path / "r"), tgt_len=16, contexts=[], tokenizer=ByteTokenizer())
+    cuts = [t for t, cut in enumerate(read_boundaries(model, torch.as_tensor(ids), 16).tolist()) if cut]
+    assert report["chunks"]["cuts"] == cuts and report["chunks"]["chunks"] == len(cuts) and 0 < len(cuts) < len(ids)
+    ax = saved_figures["chunks.png"].axes[0]
+    bars = [line for line in ax.lines if line.get_color() == "crimson"]
+    assert len(bars) == len(cuts)
+    letters = "".join(t.get_text() for t in ax.texts)
+    assert letters == text.decode().replace("\n", "↵")  # the text, a token a cell, line breaks shown
+    assert f"{len(cuts)} chunks" in ax.get_title()
+    assert "chunks.png" in (tmp_path / "r" / "report.md").read_text()
+    run = RunConfig(config, DataConfig(tokenizer="byte", tgt_len=16, eval_tgt_len=16), TrainConfig())
+    save_checkpoint(str(tmp_path / "ck"), model, run, ByteTokenizer())
+    (tmp_path / "text.txt").write_bytes(text * 20)
+    argv = ["diagnose", "--checkpoint", str(tmp_path / "ck"), "--data", str(tmp_path / "text.txt"), "--json",
+            "--quiet", "--contexts", "none", "--tgt-len", "16"]  # fmt: skip
+    assert main([*argv, "--out", str(tmp_path / "cli")]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert "chunks.png" in result["files"] and result["mean_chunk_length"] > 0
+    plain = TransformerXLLM(ModelConfig(vocab_size=256, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32))
+    assert "chunks" not in diagnose(plain, ids, str(tmp_path / "p"), tgt_len=16, contexts=[])
+    assert not (tmp_path / "p" / "chunks.png").exists()

@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> dict:
         contexts=args.contexts,
         batch_size=args.batch_size or run.data.eval_batch_size,
         max_segments=args.max_segments,
+        tokenizer=tokenizer,
     )
     for warning in report["warnings"]:
         say(f"warning: {warning}")
@@ -66,6 +67,8 @@ def run(args: argparse.Namespace) -> dict:
         if averaged is None
         else f"{averaged['segments']} segments of {args.batch_size or run.data.eval_batch_size} streams"
     )
+    if "chunks" in report:  # a model with learned chunks: chunks.png draws where it cuts the text
+        result["mean_chunk_length"] = report["chunks"]["mean_length"]
     if "per_position" in report:
         pp, curve = report["per_position"], report["context_curve"]
         result["loss_memory_mean"] = sum(pp["loss_memory"]) / len(pp["loss_memory"])

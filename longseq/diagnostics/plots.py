@@ -204,6 +204,37 @@ def plot_context_curve(
     return _save_figure(plt, fig, out_path)
 
 
+def plot_chunk_cuts(pieces: list[str], starts: list[bool], out_path: str, *, title: str, columns: int = 80) -> str:
+    """Where a model with learned chunks cuts a text: its tokens (``pieces``, each as it reads) laid out in rows of
+    ``columns`` cells, a new row after a line break, each chunk on its own shade and a red bar before every token
+    that begins one (a cut, ``starts``)."""
+    plt = _pyplot()
+    from matplotlib.patches import Rectangle
+
+    cells, row, col, chunk = [], 0, 0, -1
+    for piece, cut in zip(pieces, starts):
+        shown = "".join(c if c.isprintable() else "·" for c in piece.replace("\n", "↵")) or "·"
+        if col and col + len(shown) > columns:
+            row, col = row + 1, 0
+        chunk += int(cut)
+        cells.append((row, col, shown, chunk, cut))
+        col += len(shown)
+        if piece.endswith("\n"):
+            row, col = row + 1, 0
+    height = row + 1
+    fig, ax = plt.subplots(figsize=(max(columns, 20) * 0.12, height * 0.24 + 0.9))
+    for r, c, shown, k, cut in cells:
+        ax.add_patch(Rectangle((c, -r - 1), len(shown), 1, color=("#cfe3f7", "#f7dccf")[k % 2], linewidth=0))
+        ax.text(c + len(shown) / 2, -r - 0.5, shown, ha="center", va="center", family="monospace", fontsize=7)
+        if cut:
+            ax.plot([c, c], [-r - 1, -r], color="crimson", linewidth=1.2)
+    ax.set_xlim(0, columns)
+    ax.set_ylim(-height, 0)
+    ax.axis("off")
+    ax.set_title(title, fontsize=9)
+    return _save_figure(plt, fig, out_path)
+
+
 def recall_axis(results: dict[str, list[dict]]) -> str:
     """What the cells of ``results`` vary: ``distance`` (passkey) or ``length``."""
     return "distance" if any("distance" in c for runs in results.values() for c in runs[0]["cells"]) else "length"

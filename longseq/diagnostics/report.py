@@ -7,6 +7,7 @@ One segment is read after ``warmup`` segments have filled the memory.  The repor
     distance.png             attention mass against relative distance, per layer
     grad_norms.png           gradient norm of every layer's parameters for this segment's loss
     memory_share.png         share of every head's attention mass that goes into the memory, per layer
+    chunks.png               where a model with learned chunks cuts the text (a red bar begins a chunk)
     per_position.png         loss at each position inside the segment, with the memory and with it cut to 0
     context_curve.png        loss against the evaluation memory length (``same_length``)
     report.md, report.json   the numbers, memory statistics and warnings
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from longseq.diagnostics.chunks import draw_cuts, has_chunks
 from longseq.model import HiddenMemory, TransformerXLLM
 from longseq.outputs import check_output_directory, first_line_is, is_longseq_png, json_object_with
 
@@ -44,6 +46,7 @@ UNITS = {
     "grad_norms": "L2 norm of the layer's parameters' gradient",
     "per_position": "nats per token",
     "context_curve": "nats per token",
+    "chunks": "tokens (lengths and cut positions)",
 }
 
 
@@ -258,11 +261,14 @@ def diagnose(
     batch_size: int = 1,
     contexts: list[int] | None = None,
     max_segments: int = 0,
+    tokenizer=None,
 ) -> dict:
     """Write the report for the segment after ``warmup`` memory-filling segments of ``ids``; returns the numbers.
 
     ``batch_size``, ``contexts`` and ``max_segments`` set the pass of the two loss curves (see
-    :func:`context_evidence`); ``contexts=[]`` leaves the curves out."""
+    :func:`context_evidence`); ``contexts=[]`` leaves the curves out.  A model with learned chunks also gets
+    ``chunks.png``, where it cuts the text (``tokenizer``, the one ``ids`` were made by, writes its tokens; without
+    it, their ids), and ``chunks`` in the report (:func:`~longseq.diagnostics.chunks.draw_cuts`)."""
     _check_diagnosable(
         model, len(ids), tgt_len=tgt_len, warmup=warmup, batch_size=batch_size, max_segments=max_segments
     )
@@ -308,7 +314,10 @@ def diagnose(
             model, ids, tgt_len=tgt_len, batch_size=batch_size, contexts=contexts, max_segments=max_segments
         )
         report.update(evidence)
+    if has_chunks(model):
+        report["chunks"] = draw_cuts(model, ids, tgt_len, os.path.join(out_dir, "chunks.png"), tokenizer)
     images = _plots(plt, attending, maps, summary, grad_norms, mlen, out_dir, report.get("memory_attention"))
+    images += ["chunks.png"] if "chunks" in report else []
     if evidence is not None:
         images += _evidence_plots(evidence, model.config.memory.mem_len, out_dir)
     with open(os.path.join(out_dir, "report.json"), "w", encoding="utf-8") as f:
@@ -491,6 +500,11 @@ def _markdown(report: dict, images: list[str]) -> str:
         for i, heads in zip(report["attention_layers"], shares):
             lines.append(f"| {i} | " + " | ".join(f"{v:.3f}" for v in heads) + " |")
     lines += _evidence_markdown(report)
+    if "chunks" in report:
+        c = report["chunks"]
+        lines += ["", "## Where the model cuts the text (learned chunks)", ""]
+        lines += [f"{c['chunks']} chunks over the first {c['tokens']} tokens: mean {c['mean_length']:.2f} tokens "
+                  f"(std {c['std_length']:.2f}, longest {c['longest']}); chunks.png draws them."]  # fmt: skip
     lines += ["", "## Gradient norms and memory", "", "| layer | grad norm | memory slots | mean | std | max abs |"]
     lines.append("|---|---|---|---|---|---|")
     for i, g in enumerate(report["grad_norms"]):
