@@ -485,3 +485,40 @@ def test_a_soft_cap_beyond_the_largest_number_of_its_dtype_is_refused_by_name_no
         check_run(fp16)
     check_run(RunConfig(fp16.model.replace(attn_softcap=65504.0), fp16.data, fp16.train))
     check_run(RunConfig(fp16.model, fp16.data, fp16.train.replace(precision="bf16")))  # bfloat16: float32's range
+
+
+def test_a_gated_feed_forward_at_the_presets_width_says_the_model_grows_and_names_the_d_inner_that_keeps_it(
+    tmp_path, capsys
+):
+    """``ff=swiglu`` with the default d_inner grew the model from 865,217 to 1,129,409 parameters without a word,
+    where llama-xl resizes d_inner to keep the size.  A new run says it, with the growth the built models have, and
+    names the d_inner that keeps the size; nothing is said when d_inner was chosen with the gate, for an ungated
+    ff, or over a preset that is gated already."""
+    from longseq.config import RunConfig
+    from longseq.train.config_check import follow_changes, parameter_count
+
+    preset = get_preset("tiny-shakespeare")
+    base = RunConfig(preset.model.replace(vocab_size=65), preset.data, preset.train)
+    run = RunConfig(base.model.replace(ff="swiglu"), base.data, base.train)
+    said = [m for m in follow_changes(run, base)[1] if m.startswith("ff=")]
+    plain, gated = parameter_count(base.model), parameter_count(run.model)
+    assert (plain, gated) == (865_217, 1_129_409)  # the figures the issue measured
+    assert len(said) == 1 and f"{plain:,} -> {gated:,}" in said[0] and f"{gated - plain:,}" in said[0]
+    keep = int(said[0].split("set d_inner=")[1].split()[0])
+    per_unit = parameter_count(run.model.replace(d_inner=keep + 1)) - parameter_count(run.model.replace(d_inner=keep))
+    assert abs(parameter_count(run.model.replace(d_inner=keep)) - plain) <= per_unit / 2  # the closest width
+    geglu = RunConfig(base.model.replace(ff="geglu"), base.data, base.train)
+    assert any(m.startswith("ff=geglu") for m in follow_changes(geglu, base)[1])
+    quiet = [
+        RunConfig(base.model.replace(ff="swiglu", d_inner=341), base.data, base.train),  # chosen with the gate
+        RunConfig(base.model.replace(ff="gelu"), base.data, base.train),
+    ]
+    llama = get_preset("llama-xl")
+    quiet.append(RunConfig(llama.model.replace(ff="geglu"), llama.data, llama.train))
+    for other, over in zip(quiet, (base, base, llama)):
+        assert not [m for m in follow_changes(other, over)[1] if m.startswith("ff=")]
+    argv = ["train", "--out", str(tmp_path / "r"), "--quiet", "--set", "ff=swiglu", "max_steps=1", "eval_interval=1",
+            "eval_max_segments=1", "n_layer=1", "d_model=16", "n_head=2", "d_head=8", "batch_size=2", "tgt_len=8",
+            "eval_tgt_len=8", "mem_len=8"]  # fmt: skip
+    assert main(argv) == 0
+    assert_names(capsys.readouterr().err, "ff=swiglu", "d_inner=512", "grows by", "set d_inner=")
