@@ -7,6 +7,7 @@ unknown-token rate; and the eval command's protocol, curves and plots."""
 import json
 import math
 import os
+import re
 import warnings
 
 import numpy as np
@@ -199,6 +200,31 @@ def test_eval_context_curve_command_prints_the_library_curve(trained_checkpoint,
     assert result["contexts"] == [0, 8, 16] and result["same_length"] is True and result["clamp_len"] == 12
     np.testing.assert_allclose(result["loss"], expected["loss"], rtol=0, atol=1e-9)
     assert os.path.getsize(tmp_path / "cc.png") > 1000
+
+
+def test_eval_per_position_plain_output_is_a_short_table_and_the_full_lists_are_in_json(
+    trained_checkpoint, tmp_path, capsys
+):
+    """The plain output of ``eval --per-position`` printed three lists of every position (64 items each at the
+    default segment): a person reads a short table, at positions 0, 1, 2, 4, ... and the last, with the values the
+    JSON has there, and is told where the full curves and the figure are; so for the context curve."""
+    argv = ["eval", "--checkpoint", trained_checkpoint, "--quiet", "--set", "max_segments=6", "mem_len=16"]
+    result = cli_json([*argv, "--per-position", "--json"], capsys)
+    assert main([*argv, "--per-position", "--plot", str(tmp_path / "pp.png")]) == 0
+    text = capsys.readouterr().out
+    assert not re.search(r"\[[-\d]", text) and "positions:" not in text  # no list of numbers printed
+    rows = [line.split() for line in text.splitlines() if line.strip().startswith("position ")]
+    assert [int(row[1]) for row in rows] == [0, 1, 2, 4, 7]  # powers of two and the last of 8 positions
+    for row in rows:
+        at = result["positions"].index(int(row[1]))
+        assert row[3] == f"{result['loss_memory'][at]:.4f}" and row[5] == f"{result['loss_no_memory'][at]:.4f}"
+    assert_names(text, "full_curves: with --json", f"plot: {tmp_path / 'pp.png'}", "loss_memory_mean")
+    curve = cli_json(
+        ["eval", "--checkpoint", trained_checkpoint, "--quiet", "--context-curve", "0,8", "--json"], capsys
+    )
+    assert main(["eval", "--checkpoint", trained_checkpoint, "--quiet", "--context-curve", "0,8"]) == 0
+    text = capsys.readouterr().out
+    assert not re.search(r"\[[-\d]", text) and f"memory 8  loss {curve['loss'][1]:.4f}" in text
 
 
 def test_eval_evidence_flags_refuse_bad_input(trained_checkpoint, capsys):

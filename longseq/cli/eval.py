@@ -216,7 +216,32 @@ def run_evidence(args, model, settings, run_config, ids, batch_size) -> dict:
     out = {"split": settings.split, "tgt_len": tgt_len, **result, **summary}
     if args.plot:  # drawn in the JSON's unit (nats per token), bits per token on the right
         out["plot"] = plot(result, args.plot)
-    return out
+    return out if args.json else for_people(out)
+
+
+def for_people(out: dict) -> dict:
+    """The plain output of ``--per-position`` and ``--context-curve``: the curves as a short table (per position:
+    the positions 0, 1, 2, 4, 8, ... and the last), the full lists only in ``--json``."""
+    if "positions" in out:
+        positions = out["positions"]
+        picks = sorted({i for i in range(len(positions)) if i & (i - 1) == 0} | {len(positions) - 1})
+        table = [
+            {
+                "position": positions[i],
+                "with_memory": out["loss_memory"][i],
+                "memory_cut": out["loss_no_memory"][i],
+                "tokens": out["tokens"][i],
+            }  # fmt: skip
+            for i in picks
+        ]
+        lists = ("positions", "loss_memory", "loss_no_memory", "tokens")
+        name = "by_position"
+    else:
+        table = [{"memory": c, "loss": v} for c, v in zip(out["contexts"], out["loss"])]
+        lists, name = ("contexts", "loss"), "by_memory"
+    kept = {k: v for k, v in out.items() if k not in lists and k != "plot"}
+    figure = {"plot": out["plot"]} if "plot" in out else {}
+    return {**kept, name: table, "full_curves": "with --json", **figure}
 
 
 def run_recl(args: argparse.Namespace) -> dict:
