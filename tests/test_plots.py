@@ -97,9 +97,32 @@ def test_integer_quantities_get_integer_ticks(tmp_path, saved_figures):
         ax = saved_figures[name].axes[0]
         ticks = shown_ticks(ax.xaxis, ax.get_xlim())
         assert ticks and all(float(t).is_integer() for t in ticks), (name, ticks)
-    for ax in saved_figures["attention_layer0.png"].axes:
+    attention = saved_figures["attention_layer0.png"]
+    bars = {im.colorbar.ax for ax in attention.axes for im in ax.images if im.colorbar is not None}
+    for ax in attention.axes:
+        if ax in bars or not ax.axison:
+            continue  # the colour bar's probabilities, an unused cell
         for axis, limits in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
             assert all(float(t).is_integer() for t in shown_ticks(axis, limits))
+
+
+def test_attention_maps_have_a_colour_bar_and_the_line_figures_a_title(tmp_path, saved_figures):
+    """The diagnose report's attention maps had no colour bar (a reader could not tell 0.1 from 0.9) and its distance
+    and gradient-norm figures no title: each attention figure has one bar, labelled, whose scale every head's map
+    shares; distance.png and grad_norms.png say what they draw."""
+    diagnosed(tmp_path, saved_figures, n_layer=2, n_head=3)
+    fig = saved_figures["attention_layer0.png"]
+    images = [ax.images[0] for ax in fig.axes if ax.images]
+    bars = {im.colorbar.ax for im in images if im.colorbar is not None}
+    assert len(bars) == 1 and next(iter(bars)) in fig.axes
+    bar = next(iter(bars))
+    assert bar.get_ylabel() == "attention probability"
+    assert len(images) == 3 and all(im.get_clim() == images[0].get_clim() for im in images)  # one scale
+    low, high = images[0].get_clim()
+    assert low == 0.0 and high == max(float(im.get_array().max()) for im in images)
+    assert bar.get_ylim() == (low, high)
+    assert "distance" in saved_figures["distance.png"].axes[0].get_title()
+    assert "gradient norm" in saved_figures["grad_norms.png"].axes[0].get_title()
 
 
 def test_the_report_json_names_its_units_and_entropy_is_in_bits(tmp_path, saved_figures):

@@ -2,7 +2,8 @@
 
 One segment is read after ``warmup`` segments have filled the memory.  The report directory holds
 
-    attention_layer{i}.png   every head's attention map of layer i; memory | segment boundary marked
+    attention_layer{i}.png   every head's attention map of layer i, one colour scale and its bar; memory | segment
+                             boundary marked
     entropy.png              attention entropy per layer and head (bits), the value in every cell
     distance.png             attention mass against relative distance, per layer
     grad_norms.png           gradient norm of every layer's parameters for this segment's loss
@@ -391,6 +392,7 @@ def _plots(plt, layers, maps, summary, grad_norms, mlen, out_dir, averaged=None)
     ax.set_xlabel("relative distance (positions)")
     ax.set_ylabel("share of attention mass")
     ax.xaxis.set_major_locator(_integers())
+    ax.set_title("attention mass against relative distance (one segment), per layer", fontsize=10)
     ax.legend(fontsize=7)
     images.append(_save(plt, fig, out_dir, "distance.png"))
     fig, ax = plt.subplots(figsize=(6, 3))
@@ -398,6 +400,7 @@ def _plots(plt, layers, maps, summary, grad_norms, mlen, out_dir, averaged=None)
     ax.set_xticks(range(len(grad_norms)))
     ax.set_xlabel("layer")
     ax.set_ylabel("gradient norm (L2)")
+    ax.set_title("gradient norm of each layer's parameters (this segment's loss)", fontsize=10)
     images.append(_save(plt, fig, out_dir, "grad_norms.png"))
     return images
 
@@ -409,17 +412,24 @@ def _integers():
 
 
 def _attention_figure(plt, layer: int, probs: Tensor, mlen: int):
-    """Every head's attention map of one layer (one segment of one stream)."""
+    """Every head's attention map of one layer (one segment of one stream), on one colour scale with its bar."""
     heads = probs.size(1)
     cols = min(4, heads)
     rows = -(-heads // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False)
+    fig, grid = plt.subplots(
+        rows, cols + 1, figsize=(3.2 * cols + 0.8, 2.8 * rows), squeeze=False,
+        gridspec_kw={"width_ratios": [1.0] * cols + [0.06]},
+    )  # fmt: skip
+    axes, bars = grid[:, :cols], grid[:, cols]  # the last column: the colour bar, beside the first row
+    top = float(probs[0].max())
+    image = None
     for h in range(rows * cols):
         ax = axes[h // cols][h % cols]
         if h >= heads:
             ax.axis("off")
             continue
-        ax.imshow(probs[0, h].float().numpy(), aspect="auto", cmap="viridis", interpolation="nearest")
+        values = probs[0, h].float().numpy()
+        image = ax.imshow(values, aspect="auto", cmap="viridis", interpolation="nearest", vmin=0.0, vmax=top)
         if mlen:
             ax.axvline(mlen - 0.5, color="white", linewidth=1)
         ax.set_title(f"head {h}", fontsize=8)
@@ -428,6 +438,9 @@ def _attention_figure(plt, layer: int, probs: Tensor, mlen: int):
         ax.xaxis.set_major_locator(_integers())
         ax.yaxis.set_major_locator(_integers())
         ax.tick_params(labelsize=6)
+    fig.colorbar(image, cax=bars[0], label="attention probability")
+    for ax in bars[1:]:
+        ax.axis("off")
     fig.suptitle(f"layer {layer} attention")
     return fig
 
