@@ -267,3 +267,41 @@ def test_diagnose_draws_where_a_learned_chunk_model_cuts_the_text(tmp_path, save
     plain = TransformerXLLM(ModelConfig(vocab_size=256, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32))
     assert "chunks" not in diagnose(plain, ids, str(tmp_path / "p"), tgt_len=16, contexts=[])
     assert not (tmp_path / "p" / "chunks.png").exists()
+
+
+def test_the_recall_heat_map_explains_its_dashed_line_reads_its_colour_bar_and_names_the_model(
+    tmp_path, saved_figures, capsys, monkeypatch
+):
+    """passkey.png drew a red dashed line nothing explained, squashed its colour bar to two ticks and named its row
+    after the task: the legend says what the line is (the model's reach), the bar reads 0-100% in five ticks with
+    chance marked, and ``longseq recall --plot`` names the row after the checkpoint and its model."""
+    from longseq.cli import main
+    from longseq.diagnostics.plots import plot_recall_heatmap
+
+    def run(accuracies, reach=64):
+        cells = [{"distance": d, "length": 2 * d, "accuracy": a} for d, a in accuracies.items()]
+        return {"task": "passkey", "chance": 0.1, "effective_range": reach, "cells": cells}
+
+    results = {"xl": [run({16: 1.0, 128: 0.2})], "long": [run({16: 1.0, 128: 0.9}, reach=512)]}
+    plot_recall_heatmap(results, str(tmp_path / "heat.png"))
+    ax = saved_figures["heat.png"].axes[0]
+    dashed = [line for line in ax.lines if line.get_linestyle() == "--"]
+    assert len(dashed) == 1 and dashed[0].get_ydata()[0] == -0.5  # the first row's reach lies within the columns
+    legend = ax.get_legend()
+    assert legend is not None and "reach" in legend.get_texts()[0].get_text()
+    bar = ax.images[0].colorbar
+    assert [t.get_text() for t in bar.ax.get_yticklabels()] == ["0", "25", "50", "75", "100"]
+    assert bar.ax.get_ylabel() == "accuracy (%); dotted: chance"
+    assert [line.get_ydata()[0] for line in bar.ax.lines] == [0.1]  # chance
+    assert_inside(saved_figures["heat.png"], "heat.png")
+    plot_recall_heatmap({"xl": [run({16: 1.0, 32: 0.9})]}, str(tmp_path / "near.png"))
+    assert saved_figures["near.png"].axes[0].get_legend() is None  # no line, nothing to explain
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--task", "passkey", "--out", "pk", "--quiet", "--set", "tgt_len=16", "mem_len=16",
+                 "n_layer=2", "d_model=32", "n_head=2", "d_head=16", "d_inner=64", "batch_size=4", "seq_len=32",
+                 "max_steps=1", "eval_interval=1", "key_len=1", "valid_size=8", "save_every_s=0"]) == 0  # fmt: skip
+    assert main(["recall", "pk", "--distances", "4,40", "--n", "4", "--quiet", "--plot", "pk.png"]) == 0
+    row = [t.get_text() for t in saved_figures["pk.png"].axes[0].get_yticklabels()]
+    assert len(row) == 1 and os.path.join("pk", "best") in row[0] and "mem_len 16" in row[0], row
+    assert row[0].split("\n")[0] != "passkey"
