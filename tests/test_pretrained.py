@@ -540,6 +540,29 @@ def test_to_hf_llama_and_longseq_formats_load_in_transformers(pretrained_folder,
     assert tokenizer(TEXT).input_ids == hf_tokenizer()(TEXT).input_ids and tokenizer.chat_template == TEMPLATE
 
 
+def test_a_full_disk_during_a_llama_export_leaves_no_broken_folder(
+    pretrained_checkpoint, tmp_path, capsys, monkeypatch
+):
+    """``--format llama`` is written as the other formats are (issue 60, item 16): beside ``--out`` and renamed into
+    place, so a failed write (an OSError injected into the weights' write) leaves no folder and names ``--out``."""
+    import errno
+
+    import safetensors.torch
+
+    from longseq.cli import main
+
+    def full_disk(tensors, path, metadata=None):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    out = tmp_path / "llama"
+    argv = ["convert", "--to-hf", "--checkpoint", pretrained_checkpoint, "--out", str(out), "--format", "llama"]
+    assert main([*argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and "No space left on device" in err and "Traceback" not in err
+    assert not out.exists() and not [name for name in os.listdir(tmp_path) if name.startswith(".llama.")]
+
+
 def test_the_converted_checkpoint_fine_tunes_and_diagnoses(pretrained_folder, pretrained_checkpoint, tmp_path):
     """An imported model is an ordinary checkpoint: ``finetune`` (classification) and ``diagnose`` run on it."""
     from longseq.cli import main

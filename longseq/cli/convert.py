@@ -88,10 +88,15 @@ def export(args: argparse.Namespace) -> dict:
     if args.format == "transfo-xl":
         export_to_hf(model, args.out, tokenizer)
     elif args.format in FAMILY_FORMATS:
+        from safetensors import SafetensorError
+
+        from longseq.outputs import write_directory
+
         context = run.model.memory.mem_len + tgt_len  # what a query sees: its max_position_embeddings
-        result["model_type"] = export_family(
-            model, args.out, tokenizer, context, family_for(args.format, model, metrics)
-        )
+        family, written = family_for(args.format, model, metrics), []
+        write = lambda tmp: written.append(export_family(model, tmp, tokenizer, context, family))  # noqa: E731
+        write_directory(args.out, write, "the export", (SafetensorError,))  # whole or not at all, as the others
+        result["model_type"] = written[0]
     else:
         mem_len = run.model.memory.mem_len + tgt_len  # the run travels with it: convert --from-hf gives it back
         export_longseq_hf(model, args.out, tokenizer, segment_len=tgt_len, generate_mem_len=mem_len, run=run)
