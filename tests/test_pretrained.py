@@ -15,6 +15,7 @@ import os
 
 import pytest
 import torch
+from support import in_segments, raises_naming, wide_transformers
 
 from longseq.interop.llama import (
     IGNORED,
@@ -24,7 +25,6 @@ from longseq.interop.llama import (
     load_llama_folder,
 )
 from longseq.model import KVMemory, Memory
-from tests.support import in_segments, raises_naming, wide_transformers
 
 transformers = pytest.importorskip("transformers")
 
@@ -480,7 +480,7 @@ def pretrained_checkpoint(pretrained_folder):
 def test_eval_of_the_converted_checkpoint_is_transformers_loss(pretrained_folder, pretrained_checkpoint, capsys):
     """``longseq eval`` of the converted checkpoint scores the test text as transformers' model scores the ids its
     tokenizer gives (the text inside the context: full attention)."""
-    from tests.support import cli_json
+    from support import cli_json
 
     result = cli_json(["eval", "--checkpoint", pretrained_checkpoint, "--data", str(pretrained_folder), "--split",
                        "test", "--device", "cpu", "--json", "--quiet"], capsys)  # fmt: skip
@@ -493,7 +493,7 @@ def test_eval_of_the_converted_checkpoint_is_transformers_loss(pretrained_folder
 
 
 def test_generate_is_transformers_greedy_and_chat_uses_the_template(pretrained_folder, pretrained_checkpoint, capsys):
-    from tests.support import cli_json
+    from support import cli_json
 
     theirs = transformers.AutoModelForCausalLM.from_pretrained(pretrained_folder / "hf").eval()
     theirs.generation_config.eos_token_id = None
