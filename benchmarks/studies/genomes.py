@@ -62,6 +62,7 @@ from longseq.eval.speed import keys_per_query, model_flops_per_token  # noqa: E4
 from longseq.model import build_model  # noqa: E402
 from longseq.tasks import task_for  # noqa: E402
 from longseq.train import load_checkpoint  # noqa: E402
+from longseq.train.checkpoint import load_checkpoint_config  # noqa: E402
 from longseq.train.rundir import has_checkpoint  # noqa: E402
 
 BASE = dict(n_layer=4, d_model=128, n_head=4, d_head=32, d_inner=512, dropout=0.0)  # 858k parameters (XL)
@@ -340,9 +341,7 @@ def train_cell(args, model: str, context: int, seed: int) -> dict | None:
     steps = max(1, round(args.flops / (per_token * tokens_per_step)))
     run = with_steps(run, steps)
     out = cell_dir(args, model, context, seed)
-    resume = has_checkpoint(out)
-    if resume and not args.resume:
-        raise SystemExit(f"{out} holds a run without a result: continue it with --resume")
+    resume = resumable(out, run, args)
     say(f"{model} ctx {context} seed {seed}: {steps} steps of {tokens_per_step} tokens, {per_token:.3g} FLOPs a token"
         f"{' (resumed)' if resume else ''}")  # fmt: skip
     trained = train(run, out, resume=resume, progress=False, log=say)
@@ -356,6 +355,19 @@ def train_cell(args, model: str, context: int, seed: int) -> dict | None:
     write_json(stored, result)
     say(f"{model} ctx {context} seed {seed}: test {result['test']['bits_per_base']:.4f} bits/base")
     return result
+
+
+def resumable(out: str, run: RunConfig, args) -> bool:
+    """Whether the cell in ``out`` continues a run: one without a result continues with ``--resume``, and only one of
+    this budget (another ``--flops`` would mix two schedules in one cell)."""
+    if not has_checkpoint(out):
+        return False
+    if not args.resume:
+        raise SystemExit(f"{out} holds a run without a result: continue it with --resume")
+    stored = load_checkpoint_config(os.path.join(out, "last")).train.max_steps
+    if stored != run.train.max_steps:
+        raise SystemExit(f"{out} holds a run of {stored} steps, this budget gives {run.train.max_steps}: move it away")
+    return True
 
 
 def logged_speed(out: str, trained) -> float:
@@ -413,9 +425,7 @@ def protein_cell(args, seed: int) -> dict:
     steps = max(1, round(args.flops / (per_token * padded * args.protein_batch)))
     run = with_steps(run, steps)
     out = os.path.join(args.work, "runs", "protein-mlm", f"seed{seed}")
-    resume = has_checkpoint(out)
-    if resume and not args.resume:
-        raise SystemExit(f"{out} holds a run without a result: continue it with --resume")
+    resume = resumable(out, run, args)
     say(f"protein MLM seed {seed}: {steps} steps of {args.protein_batch} proteins")
     trained = train(run, out, resume=resume, progress=False, log=say)
     model, tokenizer, saved, _ = load_checkpoint(os.path.join(out, "last"))
