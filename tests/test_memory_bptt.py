@@ -47,15 +47,14 @@ def test_two_segments_with_mem_bptt_have_the_gradient_of_the_whole_sequence():
 
 def lm_step(model: TransformerXLLM, x: torch.Tensor, accum: int):
     """One training step of the LM task over ``x`` (B, 2T + 1) read as two segments of T, ``accum`` row chunks."""
-    from types import SimpleNamespace
-
     from longseq.config.run import DataConfig, RunConfig, TrainConfig
+    from longseq.data.batching import Segment
     from longseq.tasks.base import StepContext
     from longseq.tasks.lm import LanguageModeling
 
     run = RunConfig(model=model.config, data=DataConfig(tgt_len=T, batch_size=x.size(0)), train=TrainConfig())
     segments = [
-        SimpleNamespace(input_ids=x[:, i : i + T], labels=x[:, i + 1 : i + T + 1], doc_ids=None, new_epoch=False)
+        Segment(x[:, i : i + T], x[:, i + 1 : i + T + 1], new_epoch=False, first=torch.full((x.size(0),), i))
         for i in (0, T)
     ]
     ctx = StepContext(net=model, device=torch.device("cpu"), rows=slice(None), grad_accum=accum)
