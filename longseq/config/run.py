@@ -33,7 +33,8 @@ class DataConfig(JsonConfig):
     ``tokenizer.json`` such as GPT-2's).  ``varlen`` draws segment lengths around ``tgt_len`` as the paper's code does.
     ``doc_reset`` keeps documents apart (a directory of documents): no token attends to another document,
     in the segment or in the memory.  ``text_column``: the column that holds the text when ``path`` is a table
-    (parquet, arrow, JSON lines; read through ``datasets``), its rows joined by newlines.
+    (parquet, arrow, JSON lines; read through ``datasets``), its rows joined by newlines.  ``clip_seconds``: audio
+    files are cut into clips of this length, each a line of the text (0: every file whole; docs/modalities.md).
     """
 
     path: str | None = None
@@ -47,9 +48,11 @@ class DataConfig(JsonConfig):
     varlen: bool = False
     doc_reset: bool = False
     text_column: str = "text"
+    clip_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         check(bool(self.text_column), "DataConfig.text_column must name a column")
+        check(self.clip_seconds >= 0, f"DataConfig.clip_seconds must be >= 0 (0: whole files), got {self.clip_seconds}")
         check(
             bool(self.tokenizer.strip()),
             "DataConfig.tokenizer must name a tokenizer kind (byte, char, word, bpe, ...) or a tokenizer .json file",

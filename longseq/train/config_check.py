@@ -11,7 +11,17 @@ from longseq.config.base import leaves
 from longseq.model.registry import ignored_options
 from longseq.train.checkpoint import load_checkpoint_config
 
-FIXED_DATA = ("tokenizer", "lowercase", "batch_size", "tgt_len", "varlen", "doc_reset", "vocab_size", "text_column")
+FIXED_DATA = (
+    "tokenizer",
+    "lowercase",
+    "batch_size",
+    "tgt_len",
+    "varlen",
+    "doc_reset",
+    "vocab_size",
+    "text_column",
+    "clip_seconds",
+)
 FIXED_TRAIN = ("seed", "grad_accum", "runtime.parallel")
 
 

@@ -69,6 +69,8 @@ class Tokenizer:
     reads_bytes: ClassVar[bool] = False  # encodes a file's bytes, not its text
     bits_metric: ClassVar[str | None] = None  # the bits-per-token metric's name where a token is a unit of text
     split_special_tokens: ClassVar[bool] = True  # transformers reads special tokens' text as plain text
+    line_records: ClassVar[bool] = False  # every line is a record (a clip, a molecule, a series): its own document
+    start_text: ClassVar[str | None] = None  # what an unprompted generation starts from (None: a prompt is needed)
     ordered: bool = True
 
     @classmethod
@@ -116,6 +118,16 @@ class Tokenizer:
         the text has a line end.  :meth:`encode` reads text as a corpus, whose every line ends; the two differ only
         for kinds that end every line with a token (a word tokenizer's ``<eos>``)."""
         return self.encode(text)
+
+    def scored(self, labels: np.ndarray) -> np.ndarray | None:
+        """Which ``labels`` the bits metric counts (a boolean mask of their shape), or None: every one.  Audio counts
+        its samples, not the clip starts between them."""
+        return None
+
+    def write_output(self, ids, path: str) -> None:
+        """Write what ``ids`` stand for to ``path`` (``longseq generate --out``): the decoded text, as UTF-8."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.decode(ids))
 
     @property
     def mask_id(self) -> int | None:
