@@ -232,9 +232,8 @@ def unknown_character(
     (those of ``exc`` unless given: the text encoded may have been a block of it), named as the file has it."""
     line, column = exc.line if line is None else line, exc.column if column is None else column
     return CorpusError(
-        f"{path}, {source.reader(path).where(path, line, column)}: character {exc.char!r} (U+{ord(exc.char):04X}) "
-        "is not in the tokenizer's vocabulary; build the tokenizer from text that contains it, or use --tokenizer "
-        "byte (every byte has an id)"
+        f"{path}, {source.reader(path).where(path, line, column)}: {exc.what} is not in the tokenizer's vocabulary; "
+        "build the tokenizer from text that contains it, or use --tokenizer byte (every byte has an id)"
     )
 
 

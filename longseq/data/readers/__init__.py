@@ -4,7 +4,9 @@
   ``{train,valid,test}.txt``;
 * ``table``: a column of a parquet, arrow or JSON-lines file (:mod:`~longseq.data.readers.table`);
 * ``audio``: WAV, FLAC, Ogg and AIFF as 16 kHz mu-law clips, and ``playlist``: M3U lists of them, with the layout
-  ``{train,valid,test}.m3u`` (:mod:`~longseq.data.readers.audio`).
+  ``{train,valid,test}.m3u`` (:mod:`~longseq.data.readers.audio`);
+* ``smi``: SMILES files, a molecule a line, with the layout ``{train,valid,test}.smi``
+  (:mod:`~longseq.data.readers.smiles`).
 
 A file is read by the reader whose ``suffixes`` end its name (``plain`` otherwise); a directory holding a reader's
 layout is that layout.  A new format is one module with one :class:`Reader` subclass and one entry here.
@@ -14,10 +16,11 @@ from __future__ import annotations
 
 from longseq.data.readers.audio import Audio, Playlist
 from longseq.data.readers.base import BLOCK_BYTES, CorpusError, Reader, ReadOptions, Tap, not_utf8
+from longseq.data.readers.smiles import Smi
 from longseq.data.readers.table import Table
 from longseq.data.readers.text import PlainText
 
-READERS: dict[str, type[Reader]] = {cls.name: cls for cls in (PlainText, Table, Audio, Playlist)}
+READERS: dict[str, type[Reader]] = {cls.name: cls for cls in (PlainText, Table, Audio, Playlist, Smi)}
 
 __all__ = [
     "BLOCK_BYTES",

@@ -6,6 +6,7 @@
 * ``bpe``: byte-level BPE on the HF ``tokenizers`` library, trained on the training text or read from any BPE
   ``tokenizer.json`` (GPT-2's); ids ordered by frequency in the training text.
 * ``mulaw``: 8-bit mu-law audio samples and a clip start (:mod:`~longseq.data.tokenizers.mulaw`).
+* ``smiles``: molecules one a line, cut by Schwaller et al.'s expression (:mod:`~longseq.data.tokenizers.smiles`).
 
 A tokenizer is named by a *spec*: a kind of :data:`TOKENIZERS`, or the path of a tokenizer file (ours, or an HF
 ``tokenizer.json``); see :func:`build_tokenizer`.  A new kind is one module with one :class:`Tokenizer` subclass
@@ -40,10 +41,12 @@ from longseq.data.tokenizers.bpe import BPETokenizer, train_bpe
 from longseq.data.tokenizers.byte import ByteTokenizer
 from longseq.data.tokenizers.char import CharTokenizer
 from longseq.data.tokenizers.mulaw import MulawTokenizer
+from longseq.data.tokenizers.smiles import SmilesTokenizer
 from longseq.data.tokenizers.word import WordTokenizer
 
 TOKENIZERS: dict[str, type[Tokenizer]] = {
-    cls.kind: cls for cls in (ByteTokenizer, CharTokenizer, WordTokenizer, BPETokenizer, MulawTokenizer)
+    cls.kind: cls
+    for cls in (ByteTokenizer, CharTokenizer, WordTokenizer, BPETokenizer, MulawTokenizer, SmilesTokenizer)
 }
 KINDS = tuple(TOKENIZERS)
 

@@ -37,12 +37,19 @@ class UnknownCharacterError(TokenizerError):
     """A character that a character vocabulary lacks, with where it is: ``index`` into the text, 1-based
     ``line`` and ``column``."""
 
-    def __init__(self, char: str, index: int, line: int, column: int, vocab_size: int) -> None:
-        self.char, self.index, self.line, self.column = char, index, line, column
+    def __init__(
+        self, char: str, index: int, line: int, column: int, vocab_size: int, token: str | None = None, why: str = ""
+    ) -> None:
+        self.char, self.index, self.line, self.column, self.token = char, index, line, column, token or char
         super().__init__(
-            f"character {char!r} (U+{ord(char):04X}) at line {line}, column {column} is not in the "
-            f"{vocab_size}-character vocabulary"
+            f"{self.what} at line {line}, column {column} "
+            + (why or f"is not in the {vocab_size}-{'token' if token else 'character'} vocabulary")
         )
+
+    @property
+    def what(self) -> str:
+        """The token or character named: ``'[Xe]'`` or ``'z' (U+007A)``."""
+        return f"token {self.token!r}" if len(self.token) > 1 else f"character {self.char!r} (U+{ord(self.char):04X})"
 
 
 def unknown_at(text: str, index: int, vocab_size: int) -> UnknownCharacterError:
