@@ -6,7 +6,8 @@
 * ``audio``: WAV, FLAC, Ogg and AIFF as 16 kHz mu-law clips, and ``playlist``: M3U lists of them, with the layout
   ``{train,valid,test}.m3u`` (:mod:`~longseq.data.readers.audio`);
 * ``smi``: SMILES files, a molecule a line, with the layout ``{train,valid,test}.smi``
-  (:mod:`~longseq.data.readers.smiles`).
+  (:mod:`~longseq.data.readers.smiles`);
+* ``ucr``: UCR/UEA time-series files (``.ts``, ``.tsv``), a series a line (:mod:`~longseq.data.readers.ucr`).
 
 A file is read by the reader whose ``suffixes`` end its name (``plain`` otherwise); a directory holding a reader's
 layout is that layout.  A new format is one module with one :class:`Reader` subclass and one entry here.
@@ -19,8 +20,9 @@ from longseq.data.readers.base import BLOCK_BYTES, CorpusError, Reader, ReadOpti
 from longseq.data.readers.smiles import Smi
 from longseq.data.readers.table import Table
 from longseq.data.readers.text import PlainText
+from longseq.data.readers.ucr import UCR
 
-READERS: dict[str, type[Reader]] = {cls.name: cls for cls in (PlainText, Table, Audio, Playlist, Smi)}
+READERS: dict[str, type[Reader]] = {cls.name: cls for cls in (PlainText, Table, Audio, Playlist, Smi, UCR)}
 
 __all__ = [
     "BLOCK_BYTES",

@@ -6,6 +6,8 @@
 * ``bpe``: byte-level BPE on the HF ``tokenizers`` library, trained on the training text or read from any BPE
   ``tokenizer.json`` (GPT-2's); ids ordered by frequency in the training text.
 * ``mulaw``: 8-bit mu-law audio samples and a clip start (:mod:`~longseq.data.tokenizers.mulaw`).
+* ``chronos``: real-valued series, a line each, by mean scaling and uniform bins
+  (:mod:`~longseq.data.tokenizers.chronos`).
 * ``smiles``: molecules one a line, cut by Schwaller et al.'s expression (:mod:`~longseq.data.tokenizers.smiles`).
 
 A tokenizer is named by a *spec*: a kind of :data:`TOKENIZERS`, or the path of a tokenizer file (ours, or an HF
@@ -40,13 +42,22 @@ from longseq.data.tokenizers.base import (
 from longseq.data.tokenizers.bpe import BPETokenizer, train_bpe
 from longseq.data.tokenizers.byte import ByteTokenizer
 from longseq.data.tokenizers.char import CharTokenizer
+from longseq.data.tokenizers.chronos import ChronosTokenizer
 from longseq.data.tokenizers.mulaw import MulawTokenizer
 from longseq.data.tokenizers.smiles import SmilesTokenizer
 from longseq.data.tokenizers.word import WordTokenizer
 
 TOKENIZERS: dict[str, type[Tokenizer]] = {
     cls.kind: cls
-    for cls in (ByteTokenizer, CharTokenizer, WordTokenizer, BPETokenizer, MulawTokenizer, SmilesTokenizer)
+    for cls in (
+        ByteTokenizer,
+        CharTokenizer,
+        WordTokenizer,
+        BPETokenizer,
+        MulawTokenizer,
+        SmilesTokenizer,
+        ChronosTokenizer,
+    )
 }
 KINDS = tuple(TOKENIZERS)
 

@@ -7,13 +7,13 @@ that does not install on Python 3.11; its metric code needs rdkit, fcd_torch, pa
 resumable (a finished step's file is reused)::
 
     # 1. the split as .smi files: train (MOSES train less its last 10,000), valid (those 10,000), test (MOSES test)
-    python benchmarks/studies/moses.py prepare --wheel /work/data/wheels/molsets-0.3.1-py3-none-any.whl \\
+    python benchmarks/studies/smiles_moses.py prepare --wheel /work/data/wheels/molsets-0.3.1-py3-none-any.whl \\
         --out /work/data/moses
     # 2. train (any longseq run; the study's settings are in benchmarks/results/moses/README.md), 3 seeds
     python -m longseq train --data /work/data/moses --out runs/moses/xl-seed1 --set tokenizer=smiles doc_reset=true \\
         seed=1 ... --resume
     # 3. sample 30,000 molecules and score them (MOSES' code, its test set as the FCD reference)
-    python benchmarks/studies/moses.py score --checkpoint runs/moses/xl-seed1 --data /work/data/moses \\
+    python benchmarks/studies/smiles_moses.py score --checkpoint runs/moses/xl-seed1 --data /work/data/moses \\
         --samples 30000 --out benchmarks/results/moses/xl-seed1.json
 
 Sampling runs ``--batch`` streams from a line start, each drawing molecules one after another (with ``doc_reset``
@@ -34,7 +34,10 @@ import json
 import os
 import sys
 import time
+import types
 import zipfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this tree's longseq
 
 CHAR_RNN = {"valid": 0.9748, "unique@1k": 1.0, "unique@10k": 0.9994, "novelty": 0.8419, "FCD/Test": 0.0732}
 VALID_SIZE = 10_000
@@ -100,9 +103,22 @@ def sample(checkpoint: str, n: int, batch: int, max_len: int, seed: int, tempera
     return molecules[:n]
 
 
+def moses_compat() -> None:
+    """Two shims for MOSES 0.3.1 (2020) on today's libraries, neither touching a metric: its SA scorer imports
+    ``rdkit.six`` (gone from RDKit; the SA score is not computed here), and its filters module joins two tables with
+    ``DataFrame.append`` (gone in pandas 2; ``concat`` is the same join)."""
+    import pandas as pd
+
+    if "rdkit.six" not in sys.modules:
+        sys.modules["rdkit.six"] = types.SimpleNamespace(iteritems=lambda d: iter(d.items()))
+    if not hasattr(pd.DataFrame, "append"):
+        pd.DataFrame.append = lambda self, other, sort=False: pd.concat([self, other], sort=sort)
+
+
 def moses_metrics(generated: list[str], train: list[str], test: list[str], device: str) -> dict:
     """MOSES' own functions: fraction_valid, fraction_unique (at 1k and 10k of the valid ones), novelty, and FCD
     against the test set (fcd_torch), as ``get_all_metrics`` calls them."""
+    moses_compat()
     from moses.metrics.metrics import FCDMetric, fraction_unique, fraction_valid, novelty, remove_invalid
     from moses.utils import disable_rdkit_log
 
