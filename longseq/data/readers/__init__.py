@@ -7,6 +7,8 @@
   ``{train,valid,test}.m3u`` (:mod:`~longseq.data.readers.audio`);
 * ``smi``: SMILES files, a molecule a line, with the layout ``{train,valid,test}.smi``
   (:mod:`~longseq.data.readers.smiles`);
+* ``mixture``: ``.mix`` lists of files of several modalities, each opened by its modality's token, with the layout
+  ``{train,valid,test}.mix`` (:mod:`~longseq.data.readers.mixture`);
 * ``ucr``: UCR/UEA time-series files (``.ts``, ``.tsv``), a series a line (:mod:`~longseq.data.readers.ucr`).
 
 A file is read by the reader whose ``suffixes`` end its name (``plain`` otherwise); a directory holding a reader's
@@ -17,12 +19,14 @@ from __future__ import annotations
 
 from longseq.data.readers.audio import Audio, Playlist
 from longseq.data.readers.base import BLOCK_BYTES, CorpusError, Reader, ReadOptions, Tap, not_utf8
+from longseq.data.readers.mixture import Mixture
 from longseq.data.readers.smiles import Smi
 from longseq.data.readers.table import Table
 from longseq.data.readers.text import PlainText
 from longseq.data.readers.ucr import UCR
 
-READERS: dict[str, type[Reader]] = {cls.name: cls for cls in (PlainText, Table, Audio, Playlist, Smi, UCR)}
+READERS: dict[str, type[Reader]] = {cls.name: cls for cls in (PlainText, Table, Audio, Playlist, Smi, UCR, Mixture)}
+Mixture.readers = READERS  # the files a list names are read by their own readers
 
 __all__ = [
     "BLOCK_BYTES",

@@ -8,6 +8,8 @@
 * ``mulaw``: 8-bit mu-law audio samples and a clip start (:mod:`~longseq.data.tokenizers.mulaw`).
 * ``chronos``: real-valued series, a line each, by mean scaling and uniform bins
   (:mod:`~longseq.data.tokenizers.chronos`).
+* ``mixture``: text bytes, DNA, mu-law audio and SMILES in one vocabulary, with modality tokens
+  (:mod:`~longseq.data.tokenizers.mixture`).
 * ``smiles``: molecules one a line, cut by Schwaller et al.'s expression (:mod:`~longseq.data.tokenizers.smiles`).
 
 A tokenizer is named by a *spec*: a kind of :data:`TOKENIZERS`, or the path of a tokenizer file (ours, or an HF
@@ -43,6 +45,7 @@ from longseq.data.tokenizers.bpe import BPETokenizer, train_bpe
 from longseq.data.tokenizers.byte import ByteTokenizer
 from longseq.data.tokenizers.char import CharTokenizer
 from longseq.data.tokenizers.chronos import ChronosTokenizer
+from longseq.data.tokenizers.mixture import MixtureTokenizer
 from longseq.data.tokenizers.mulaw import MulawTokenizer
 from longseq.data.tokenizers.smiles import SmilesTokenizer
 from longseq.data.tokenizers.word import WordTokenizer
@@ -57,8 +60,10 @@ TOKENIZERS: dict[str, type[Tokenizer]] = {
         MulawTokenizer,
         SmilesTokenizer,
         ChronosTokenizer,
+        MixtureTokenizer,
     )
 }
+MixtureTokenizer.kinds = TOKENIZERS  # each modality's kind, by name
 KINDS = tuple(TOKENIZERS)
 
 __all__ = [
