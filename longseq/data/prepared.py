@@ -524,6 +524,9 @@ def data_settings(path: str | None) -> dict:
     prepared corpus alone gives the run its tokenizer."""
     if not is_prepared(path):
         return {}
-    entry = _read_index(os.path.abspath(os.path.expanduser(path)))["tokenizer"]
+    index = _read_index(os.path.abspath(os.path.expanduser(path)))
+    entry = index["tokenizer"]
     settings = {"tokenizer": entry["spec"], "lowercase": entry["lowercase"]}
+    if "clip_seconds" in index["source"]:  # audio was cut into clips of this length when it was prepared
+        settings["clip_seconds"] = index["source"]["clip_seconds"]
     return settings if entry["bpe_vocab_size"] is None else {**settings, "vocab_size": entry["bpe_vocab_size"]}
