@@ -154,3 +154,13 @@ def test_a_smiles_model_trains_and_generates_molecules_unprompted(tmp_path, caps
 def test_a_character_no_token_covers_is_refused_when_fitting(bad):
     with raises_naming(TokenizerError, "line 2", "not part of any SMILES token"):
         build_tokenizer("smiles", "CCO\n" + bad + "\n")
+
+
+def test_selfies_read_with_the_same_expression_one_symbol_a_token():
+    selfies = pytest.importorskip("selfies")
+    strings = [selfies.encoder(m) for m in MOLECULES if "." not in m]
+    text = "".join(s + "\n" for s in strings)
+    tokenizer = build_tokenizer("smiles", text)
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert all(t == "\n" or (t.startswith("[") and t.endswith("]")) for t in tokenizer.tokens)
+    assert sorted(set(tokenizer.tokens) - {"\n"}) == sorted(set(selfies.get_alphabet_from_selfies(strings)))

@@ -78,7 +78,8 @@ def build_texts(args, sizes) -> dict[str, dict[str, str]]:
 
 
 def build_audio(args, sizes, out: str) -> dict[str, list[str]]:
-    """16 kHz WAV excerpts of the tracks, ``sizes`` samples per split, in files of at most a minute."""
+    """16 kHz WAV excerpts of the tracks, ``sizes`` samples per split, in ``--chunks`` files a split (a minute at
+    most each); a split starts on a track of its own."""
     sys.path.insert(0, TREE)
     from longseq.data.audio import read_audio, to_mono_16k, write_wav
 
@@ -91,8 +92,11 @@ def build_audio(args, sizes, out: str) -> dict[str, list[str]]:
             track = next(pending)
             with open(track, "rb") as f:
                 mono = to_mono_16k(*read_audio(f.read(), track))
-            for start in range(0, min(len(mono), size), 16000 * 60):
-                part = mono[start : min(start + 16000 * 60, size)]
+            step = 16000 * min(60, max(1, sizes[split] // args.chunks // 16000))  # whole 1-second clips
+            for start in range(0, min(len(mono), size), step):
+                part = mono[start : min(start + step, size)]
+                if len(part) < 16000:  # less than a clip: nothing a model would read
+                    break
                 name = f"{split}-{len(files[split]):03d}.wav"
                 write_wav(os.path.join(out, name), part)
                 files[split].append(name)

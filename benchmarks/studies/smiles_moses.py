@@ -12,6 +12,7 @@ resumable (a finished step's file is reused)::
     # 2. train (any longseq run; the study's settings are in benchmarks/results/moses/README.md), 3 seeds
     python -m longseq train --data /work/data/moses --out runs/moses/xl-seed1 --set tokenizer=smiles doc_reset=true \\
         seed=1 ... --resume
+    # SELFIES instead: prepare --selfies --out /work/data/moses-selfies, train on it, score --selfies --data (SMILES)
     # 3. sample 30,000 molecules and score them (MOSES' code, its test set as the FCD reference)
     python benchmarks/studies/smiles_moses.py score --checkpoint runs/moses/xl-seed1 --data /work/data/moses \\
         --samples 30000 --out benchmarks/results/moses/xl-seed1.json
@@ -56,6 +57,10 @@ def prepare(args) -> dict:
     os.makedirs(args.out, exist_ok=True)
     train = read_split(args.wheel, "train")
     parts = {"train": train[:-VALID_SIZE], "valid": train[-VALID_SIZE:], "test": read_split(args.wheel, "test")}
+    if args.selfies:  # the same molecules as SELFIES strings (Krenn et al., 2020): every string decodes to a molecule
+        import selfies
+
+        parts = {split: [selfies.encoder(m) for m in molecules] for split, molecules in parts.items()}
     for split, molecules in parts.items():
         path = os.path.join(args.out, f"{split}.smi")
         tmp = path + ".tmp"
@@ -103,6 +108,13 @@ def sample(checkpoint: str, n: int, batch: int, max_len: int, seed: int, tempera
     return molecules[:n]
 
 
+def _decoded(selfies, string: str) -> str:
+    try:
+        return selfies.decoder(string) or ""
+    except selfies.DecoderError:
+        return ""
+
+
 def moses_compat() -> None:
     """Two shims for MOSES 0.3.1 (2020) on today's libraries, neither touching a metric: its SA scorer imports
     ``rdkit.six`` (gone from RDKit; the SA score is not computed here), and its filters module joins two tables with
@@ -139,6 +151,10 @@ def score(args) -> dict:
     check_valid(test, test_path)  # validity matters: FCD's reference
     begun = time.perf_counter()
     generated = sample(args.checkpoint, args.samples, args.batch, args.max_len, args.seed, args.temperature)
+    if args.selfies:  # the model writes SELFIES: scored as the SMILES they decode to ("" where one does not)
+        import selfies
+
+        generated = [_decoded(selfies, s) for s in generated]
     sampled = time.perf_counter() - begun
     metrics = moses_metrics(generated, train, test, args.device)
     result = {"checkpoint": args.checkpoint, "samples": len(generated), "sample_s": sampled, "metrics": metrics,
@@ -156,9 +172,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     prep = sub.add_parser("prepare", help="the MOSES split from the molsets wheel as train/valid/test.smi")
     prep.add_argument("--wheel", required=True)
     prep.add_argument("--out", required=True)
+    prep.add_argument("--selfies", action="store_true", help="write SELFIES strings instead of SMILES")
     sc = sub.add_parser("score", help="sample molecules from a checkpoint and score them with MOSES' code")
     sc.add_argument("--checkpoint", required=True)
-    sc.add_argument("--data", required=True, help="the directory `prepare` wrote")
+    sc.add_argument("--data", required=True, help="the SMILES directory `prepare` wrote (the references)")
+    sc.add_argument("--selfies", action="store_true", help="the checkpoint writes SELFIES: decode before scoring")
     sc.add_argument("--samples", type=int, default=30_000)
     sc.add_argument("--batch", type=int, default=500)
     sc.add_argument("--max-len", type=int, default=100, help="tokens; a longer molecule is cut and counted invalid")
