@@ -42,14 +42,33 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mem-len", type=int, help="memory length while sampling (default: train mem_len + tgt_len)")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="a pretrained model's chat: the prompt as a user message through its chat template, stopping at its "
+        "end-of-text token (needs transformers)",
+    )
     device_flag(p)
     return common_flags(p)
 
 
+def chat_ids(tokenizer, prompt: str) -> list[int]:
+    """The ids of ``prompt`` as a user message in the checkpoint's chat template, the assistant's turn opened."""
+    from longseq.data.tokenizers import PretrainedTokenizer
+    from longseq.interop.llama_tokenizer import chat_text
+
+    if not isinstance(tokenizer, PretrainedTokenizer) or not tokenizer.chat_template:
+        raise ValueError(
+            f"--chat needs a pretrained model's chat template; this checkpoint's {tokenizer.kind} tokenizer has none"
+        )
+    return tokenizer.encode(chat_text(tokenizer, [{"role": "user", "content": prompt}])).tolist()
+
+
 def prompt_ids(tokenizer, prompt: str) -> list[int]:
-    """The prompt's ids; a word prompt not ending in a newline does not end its line (no <eos>).  Unknown words
-    are named on stderr."""
-    ids = tokenizer.encode_prompt(prompt).tolist()
+    """The prompt's ids (``encode_prompt``): a word prompt not ending in a newline does not end its line (no <eos>);
+    a pretrained tokenizer's come after what it puts before a text (``start_ids``: a BOS).  Unknown words are named
+    on stderr."""
+    ids = [*tokenizer.start_ids(), *tokenizer.encode_prompt(prompt).tolist()]
     if tokenizer.kind == "word":
         words = [w.lower() if tokenizer.lowercase else w for w in prompt.split()]
         unknown = sorted({w for w in words if w not in tokenizer.index})
@@ -139,7 +158,8 @@ def run(args: argparse.Namespace) -> dict:
     if args.out:
         check_writable(args.out)
     text = prompt_text(tokenizer, args.prompt)
-    ids = prompt_ids(tokenizer, text)
+    ids = chat_ids(tokenizer, text) if args.chat else prompt_ids(tokenizer, text)
+    stop = tokenizer.eos_id if args.chat else None
     mem_len = args.mem_len if args.mem_len is not None else run_config.model.memory.mem_len + run_config.data.tgt_len
     stream = StreamText(tokenizer, ids, text)
     shown = "" if args.out else text
@@ -159,6 +179,8 @@ def run(args: argparse.Namespace) -> dict:
         print(shown, end="", flush=True)
     try:
         for token in tokens:
+            if int(token[0, 0]) == stop:  # the chat's turn ends
+                break
             count += 1
             drawn.append(int(token[0, 0]))
             piece = stream.feed(drawn[-1])

@@ -309,13 +309,15 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         embedding.weight = nn.Parameter(embedding.weight.data, requires_grad=embedding.weight.requires_grad)
         head.weight = embedding.weight if tied else nn.Parameter(head.weight.data, head.weight.requires_grad)
         with torch.no_grad():
-            bias = head.bias.new_zeros(new)
-            bias[: min(old, new)] = head.bias[: min(old, new)]
-            head.bias = nn.Parameter(bias, requires_grad=head.bias.requires_grad)
+            if head.bias is not None:  # none with head_bias=false (an imported Llama-family model)
+                bias = head.bias.new_zeros(new)
+                bias[: min(old, new)] = head.bias[: min(old, new)]
+                head.bias = nn.Parameter(bias, requires_grad=head.bias.requires_grad)
             if new > old and not mean_resizing:  # transformers left nn.Embedding's N(0, 1) in the new rows
                 for weight in {id(w): w for w in (embedding.weight, head.weight)}.values():
                     weight[old:].normal_(0.0, std)
-                head.bias[old:] = 0
+                if head.bias is not None:
+                    head.bias[old:] = 0
         config = dataclasses.replace(self.model.config, vocab_size=new)
         self.model.config = config
         if isinstance(self.model, TransformerXLLM):

@@ -43,7 +43,8 @@ def hf_tokenizer(tokenizer: Tokenizer) -> HFTokenizer:
     hf.add_special_tokens([AddedToken(PAD, special=True, normalized=False)])
     if hf.token_to_id(PAD) != tokenizer.vocab_size:
         raise ValueError(
-            f"the padding token got id {hf.token_to_id(PAD)}, not {tokenizer.vocab_size} (after the vocabulary)"
+            f"the padding token got id {hf.token_to_id(PAD)}, not {tokenizer.vocab_size} (after the vocabulary): "
+            "the model has ids its tokenizer lacks (a padded embedding); export it with --format llama"
         )
     return hf
 

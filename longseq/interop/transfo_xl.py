@@ -115,7 +115,17 @@ def hf_config_from_model(config: ModelConfig) -> dict:
             f"mixer={config.mixer}, shorten_layers={config.hourglass.shorten_layers}"
         )
     paper_block = dict(
-        norm="layernorm", ff="relu", bias=True, final_norm=False, attn_softcap=0.0, logit_softcap=0.0, qk_norm=False
+        norm="layernorm",
+        ff="relu",
+        bias=True,
+        final_norm=False,
+        attn_softcap=0.0,
+        logit_softcap=0.0,
+        qk_norm=False,
+        qkv_bias=False,
+        attn_out_bias=False,
+        head_bias=True,
+        embed_scale=True,
     )
     other = {k: getattr(config, k) for k, v in paper_block.items() if getattr(config, k) != v}
     if config.n_kv_head not in (0, config.n_head):

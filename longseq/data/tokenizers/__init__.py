@@ -5,6 +5,8 @@
 * ``word``: whitespace tokens ordered by frequency, ``<eos>`` at every line end, ``<unk>`` for unseen words.
 * ``bpe``: byte-level BPE on the HF ``tokenizers`` library, trained on the training text or read from any BPE
   ``tokenizer.json`` (GPT-2's); ids ordered by frequency in the training text.
+* ``pretrained``: an imported model's own tokenizer (``longseq convert --from-hf``), its ids as they are, its special
+  tokens and chat template; never learnt from text (docs/pretrained.md).
 * ``mulaw``: 8-bit mu-law audio samples and a clip start (:mod:`~longseq.data.tokenizers.mulaw`).
 * ``chronos``: real-valued series, a line each, by mean scaling and uniform bins
   (:mod:`~longseq.data.tokenizers.chronos`).
@@ -47,6 +49,7 @@ from longseq.data.tokenizers.char import CharTokenizer
 from longseq.data.tokenizers.chronos import ChronosTokenizer
 from longseq.data.tokenizers.mixture import MixtureTokenizer
 from longseq.data.tokenizers.mulaw import MulawTokenizer
+from longseq.data.tokenizers.pretrained import PretrainedTokenizer
 from longseq.data.tokenizers.smiles import SmilesTokenizer
 from longseq.data.tokenizers.word import WordTokenizer
 
@@ -57,6 +60,7 @@ TOKENIZERS: dict[str, type[Tokenizer]] = {
         CharTokenizer,
         WordTokenizer,
         BPETokenizer,
+        PretrainedTokenizer,
         MulawTokenizer,
         SmilesTokenizer,
         ChronosTokenizer,
@@ -71,6 +75,7 @@ __all__ = [
     "EOS",
     "KINDS",
     "PIECE_CHARS",
+    "PretrainedTokenizer",
     "TOKENIZERS",
     "UNK",
     "BPETokenizer",
@@ -88,6 +93,7 @@ __all__ = [
     "iter_pieces",
     "load_tokenizer",
     "newline_id",
+    "prefix_id",
     "tokenizer_class",
     "tokenizer_from_dict",
     "train_bpe",
@@ -120,6 +126,14 @@ def newline_id(tokenizer: Tokenizer) -> int | None:
     except TokenizerError:  # a character vocabulary without the newline
         return None
     return int(ids[0]) if len(ids) == 1 else None
+
+
+def prefix_id(tokenizer: Tokenizer) -> int | None:
+    """The token a document is read after (the LM evaluation harness's ``prefix_token_id``): a pretrained model's own
+    beginning of text (:attr:`Tokenizer.document_start_id`), else the line end longseq's corpora put between
+    documents (:func:`newline_id`)."""
+    own = tokenizer.document_start_id
+    return own if own is not None else newline_id(tokenizer)
 
 
 def build_tokenizer(spec: str, text: str, lowercase: bool = False, vocab_size: int = DEFAULT_BPE_VOCAB) -> Tokenizer:
