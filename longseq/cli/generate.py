@@ -14,7 +14,16 @@ import argparse
 import json
 import time
 
-from longseq.cli.common import common_flags, device_flag, load_model, refuse_memory_settings, say
+from longseq.cli.common import (
+    checkpoint_kind,
+    common_flags,
+    device_flag,
+    load_model,
+    refuse_memory_settings,
+    say,
+    set_threads,
+    threads_flag,
+)
 
 
 def check_writable(path: str) -> None:
@@ -49,6 +58,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "end-of-text token (needs transformers)",
     )
     device_flag(p)
+    threads_flag(p)
     return common_flags(p)
 
 
@@ -146,12 +156,13 @@ def run(args: argparse.Namespace) -> dict:
     from longseq.config import Recurrence
     from longseq.generation import check_sampling, generate_stream
 
+    set_threads(args)
     check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     if args.mem_len is not None:
         Recurrence(args.mem_len)  # checks it (>= 0) before the checkpoint loads and the prompt is printed
     _, model, tokenizer, run_config = load_model(args.checkpoint, args.device)
     if run_config.task is not None:
-        raise ValueError(f"{args.checkpoint} is fine-tuned for {run_config.task.name}; use longseq predict")
+        raise ValueError(f"{args.checkpoint} is not a language model: it is {checkpoint_kind(run_config)}")
     refuse_memory_settings(run_config.model, ["--mem-len"] if args.mem_len is not None else [])
     if args.plot and not (args.out and args.out.lower().endswith((".wav", ".flac"))):
         raise ValueError("--plot draws the audio of --out FILE.wav; give --out")

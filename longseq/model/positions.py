@@ -151,6 +151,7 @@ class PositionEncoding(nn.Module):
     relative: ClassVar[bool] = True  # positions enter only as differences, so the memory can be reused
     unread: ClassVar[tuple[str, ...]] = ()  # the model options this encoding has no use for
     scores_distances: ClassVar[bool] = False  # a term per query-key distance (a table of keys or a bias)
+    extrapolates: ClassVar[bool] = True  # scores at distances longer than training's stay as good (rope's break)
 
     def __init__(self, shape: Shape) -> None:
         super().__init__()
@@ -359,6 +360,7 @@ class Rotary(PositionEncoding):
     """RoPE: queries and keys rotated by their index in [memory; segment], so each score depends on the distance."""
 
     unread = ("positions.clamp_len", "positions.max_relative_distance", "positions.t5_buckets", *UV)
+    extrapolates = False  # rotations never seen in training: char PTB 2.03 -> 3.38 bpc at twice the memory
 
     def __init__(self, shape: Shape) -> None:
         super().__init__(shape)
