@@ -134,3 +134,60 @@ def generate(model: TransformerXLLM, prompt_ids: Tensor, max_new_tokens: int, **
     """Return (B, max_new_tokens) sampled continuations (arguments as :func:`generate_stream`)."""
     out = list(generate_stream(model, prompt_ids, max_new_tokens, **sampling))
     return torch.cat(out, dim=1) if out else prompt_ids.new_zeros(prompt_ids.size(0), 0)
+
+
+@torch.no_grad()
+def forecast(
+    model: TransformerXLLM,
+    tokenizer,
+    context,
+    horizon: int,
+    *,
+    num_samples: int = 20,
+    quantiles: tuple[float, ...] = (0.1, 0.5, 0.9),
+    temperature: float = 1.0,
+    top_k: int = 0,
+    segment_len: int = 128,
+    mem_len: int | None = None,
+    generator: torch.Generator | None = None,
+) -> dict:
+    """Chronos's forecast: ``num_samples`` continuations of the series ``context`` (its values, a 1-d array) for
+    ``horizon`` steps, drawn from ``model`` over a ``chronos`` tokenizer's bins, and their ``quantiles``.  The context
+    is mean-scaled and quantized; PAD, EOS and the bin below all are never drawn (Chronos asks for exactly
+    ``prediction_length`` tokens); the draws are the bins' centres times the context's scale.  Returns ``samples``
+    (num_samples, horizon), ``median``, ``mean``, ``quantiles`` ({q: (horizon,)}) and ``scale``, numpy arrays."""
+    import numpy as np
+
+    from longseq.data.tokenizers.chronos import SPECIAL, ChronosTokenizer, scale_encode, unscale
+
+    if not isinstance(tokenizer, ChronosTokenizer):
+        raise TypeError(f"forecast reads a chronos tokenizer's bins; this model's tokenizer is {tokenizer.kind}")
+    if horizon < 1 or num_samples < 1 or len(context) < 1:
+        raise ValueError(f"forecast needs horizon >= 1, num_samples >= 1 and a context, got {horizon}, {num_samples}")
+    if windowed(model):
+        raise ValueError("forecast samples with the memory; a vanilla Transformer (no memory) cannot")
+    check_sampling(horizon, temperature, top_k, 1.0)
+    ids, scale = scale_encode(tokenizer, np.asarray(context, dtype=np.float64))
+    device = next(model.parameters()).device
+    prompt = torch.as_tensor(ids, device=device)[None].repeat(num_samples, 1)  # (S, C)
+    recurrence = model.config.recurrence(None, mem_len=mem_len)
+    was_training = model.training
+    model.eval()
+    try:
+        mems = read_prompt(model, prompt[:, :-1], segment_len, recurrence)
+        token, drawn = prompt[:, -1:], []
+        for _ in range(horizon):
+            scores, mems = model.next_token_scores(token, mems, recurrence=recurrence)  # (S, V)
+            scores[:, : SPECIAL + 1] = float("-inf")
+            token = _draw(scores, temperature=temperature, top_k=top_k, top_p=1.0, generator=generator)
+            drawn.append(token)
+    finally:
+        model.train(was_training)
+    samples = unscale(tokenizer, torch.cat(drawn, dim=1).cpu().numpy(), scale)  # (S, H)
+    return {
+        "samples": samples,
+        "median": np.quantile(samples, 0.5, axis=0),
+        "mean": samples.mean(axis=0),
+        "quantiles": {q: np.quantile(samples, q, axis=0) for q in quantiles},
+        "scale": scale,
+    }

@@ -205,7 +205,12 @@ def read_corpus(data: str | None, run, tokenizer, checkpoint: str):
     path = data if data is not None else run.data.path
     try:
         return load_corpus(
-            path, tokenizer.kind, tokenizer=tokenizer, lowercase=run.data.lowercase, text_column=run.data.text_column
+            path,
+            tokenizer.kind,
+            tokenizer=tokenizer,
+            lowercase=run.data.lowercase,
+            text_column=run.data.text_column,
+            clip_seconds=run.data.clip_seconds,
         )
     except CorpusError as exc:
         if data is None and path is not None:

@@ -43,6 +43,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="a table (.parquet, .arrow, .jsonl; read streamed through datasets): the column of text, its rows "
         "joined by newlines (default: %(default)s)",
     )
+    prepare.add_argument(
+        "--clip-seconds",
+        type=float,
+        default=0.0,
+        help="audio: cut every file into clips of this length, a shorter tail dropped (SaShiMi: 8; default 0: whole)",
+    )
     listops = p.add_argument_group("listops")
     listops.add_argument("--seed", type=int, default=0)
     listops.add_argument("--train", type=int, default=2000)
@@ -98,7 +104,9 @@ def run_prepare(args: argparse.Namespace) -> dict:
         raise ValueError(f"longseq data prepare needs --tokenizer ({tokenizer_help()})")
     refuse_vocab_size(args.vocab_size, args.tokenizer)
     vocab_size = DEFAULT_BPE_VOCAB if args.vocab_size is None else args.vocab_size
-    DataConfig(tokenizer=args.tokenizer, vocab_size=vocab_size, text_column=args.text_column)  # a run's checks
+    DataConfig(  # a run's checks
+        tokenizer=args.tokenizer, vocab_size=vocab_size, text_column=args.text_column, clip_seconds=args.clip_seconds
+    )
     return prepare_corpus(
         args.data,
         args.tokenizer,
@@ -107,4 +115,5 @@ def run_prepare(args: argparse.Namespace) -> dict:
         lowercase=args.lowercase,
         progress=not args.quiet,
         text_column=args.text_column,
+        clip_seconds=args.clip_seconds,
     )

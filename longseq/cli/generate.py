@@ -2,7 +2,11 @@
 
 Tokens are printed as they are drawn (flushed), so an interrupted run keeps what it sampled, and the text ends with
 a newline (one is added unless it ends with one), so a shell prompt or the next command's output starts on a line of
-its own; ``--json`` prints one object at the end (also when interrupted, with ``"interrupted": true``)."""
+its own; ``--json`` prints one object at the end (also when interrupted, with ``"interrupted": true``).
+
+``--prompt FILE`` with a file of a format a reader claims (audio: ``.wav``, ``.flac``, ``.ogg``) reads the file through
+that reader; a tokenizer with a start of its own (``mulaw``: a clip start) needs no prompt.  ``--out FILE`` writes
+the prompt and its continuation through the tokenizer (``mulaw``: a playable 16 kHz WAV) instead of printing them."""
 
 from __future__ import annotations
 
@@ -22,10 +26,25 @@ from longseq.cli.common import (
 )
 
 
+def check_writable(path: str) -> None:
+    """``--out``'s directory exists (checked before the model loads and anything is sampled)."""
+    import os
+
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ValueError(f"--out {path}: the directory {directory} does not exist")
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="sample a continuation of a prompt")
     p.add_argument("--checkpoint", required=True, help="checkpoint directory, or a run directory (uses best/)")
-    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument(
+        "--prompt",
+        help="text to continue, or a file a reader claims (audio: FILE.wav); optional for a tokenizer with a start of "
+        "its own (mulaw)",
+    )
+    p.add_argument("--out", metavar="FILE", help="write the prompt and its continuation here (mulaw: FILE.wav)")
+    p.add_argument("--plot", metavar="FILE.png", help="with --out audio: draw its waveform and spectrogram")
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=1.0, help="0 for greedy decoding")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: all)")
@@ -73,6 +92,35 @@ def prompt_ids(tokenizer, prompt: str) -> list[int]:
     return ids
 
 
+def prompt_text(tokenizer, prompt: str | None) -> str:
+    """The text to continue: ``prompt``, the text of the file it names where a reader other than plain text claims
+    the file's ending (audio), or the tokenizer's own start where none is given."""
+    import os
+
+    from longseq.data.readers import ReadOptions, Tap, reader_for
+
+    if prompt is None:
+        if tokenizer.start_text is None:
+            raise ValueError(f"a {tokenizer.kind} model needs --prompt: its tokenizer has no start of its own")
+        return tokenizer.start_text
+    reader = reader_for(prompt, ReadOptions())
+    if reader.name == "plain" or not os.path.isfile(prompt):
+        return prompt
+    with open(prompt, "rb") as f:
+        return "".join(reader.text_blocks(prompt, Tap(f)))
+
+
+def plot_audio(path: str, out: str, prompt_tokens: int) -> str:
+    """The waveform and spectrogram of the audio written to ``path``, a line where the prompt ends."""
+    from longseq.data.audio import read_audio
+    from longseq.diagnostics.plots import plot_waveform
+
+    with open(path, "rb") as f:
+        samples, rate = read_audio(f.read(), path)
+    prompt = max(prompt_tokens - 1, 0) / rate  # the prompt's clip start is no sample
+    return plot_waveform(samples[:, 0], rate, out, mark=prompt if prompt_tokens > 1 else None)
+
+
 class StreamText:
     """Decoded text of a growing id sequence, printed as soon as it is complete (a byte tokenizer may need several
     bytes for one character)."""
@@ -116,10 +164,16 @@ def run(args: argparse.Namespace) -> dict:
     if run_config.task is not None:
         raise ValueError(f"{args.checkpoint} is not a language model: it is {checkpoint_kind(run_config)}")
     refuse_memory_settings(run_config.model, ["--mem-len"] if args.mem_len is not None else [])
-    ids = chat_ids(tokenizer, args.prompt) if args.chat else prompt_ids(tokenizer, args.prompt)
+    if args.plot and not (args.out and args.out.lower().endswith((".wav", ".flac"))):
+        raise ValueError("--plot draws the audio of --out FILE.wav; give --out")
+    if args.out:
+        check_writable(args.out)
+    text = prompt_text(tokenizer, args.prompt)
+    ids = chat_ids(tokenizer, text) if args.chat else prompt_ids(tokenizer, text)
     stop = tokenizer.eos_id if args.chat else None
     mem_len = args.mem_len if args.mem_len is not None else run_config.model.memory.mem_len + run_config.data.tgt_len
-    stream = StreamText(tokenizer, ids, args.prompt)
+    stream = StreamText(tokenizer, ids, text)
+    shown = "" if args.out else text
     tokens = generate_stream(
         model,
         torch.as_tensor(ids)[None],
@@ -131,26 +185,34 @@ def run(args: argparse.Namespace) -> dict:
         segment_len=run_config.data.tgt_len,
         generator=torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed),
     )
-    start, count, interrupted = time.perf_counter(), 0, False
+    start, count, interrupted, drawn = time.perf_counter(), 0, False, []
     if not args.json:
-        print(args.prompt, end="", flush=True)
+        print(shown, end="", flush=True)
     try:
         for token in tokens:
             if int(token[0, 0]) == stop:  # the chat's turn ends
                 break
             count += 1
-            piece = stream.feed(int(token[0, 0]))
-            if piece and not args.json:
+            drawn.append(int(token[0, 0]))
+            piece = stream.feed(drawn[-1])
+            if piece and not args.json and not args.out:
                 print(piece, end="", flush=True)
     except KeyboardInterrupt:
         interrupted = True
     tail = stream.flush()
     elapsed = time.perf_counter() - start
     result = {"prompt": args.prompt, "text": stream.text, "tokens": count, "tokens_per_s": count / max(elapsed, 1e-9)}
+    if args.out:
+        tokenizer.write_output(ids + drawn, args.out)
+        result = {**{k: v for k, v in result.items() if k != "text"}, "out": args.out, "prompt_tokens": len(ids)}
+        if args.plot:
+            result["plot"] = plot_audio(args.out, args.plot, len(ids))
+        if not args.json:
+            say(f"wrote {args.out}: {len(ids)} prompt and {count} new tokens")
     if args.json:
         print(json.dumps({**result, **({"interrupted": True} if interrupted else {})}, sort_keys=True), flush=True)
-    else:  # the streamed text ends its line
-        print(tail, end="" if (args.prompt + stream.text).endswith("\n") else "\n", flush=True)
+    elif not args.out:  # the streamed text ends its line
+        print(tail, end="" if (text + stream.text).endswith("\n") else "\n", flush=True)
     if interrupted:
         raise KeyboardInterrupt
     return {}  # the result is printed above, as it streamed

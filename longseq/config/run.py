@@ -36,7 +36,8 @@ class DataConfig(JsonConfig):
     (parquet, arrow, JSON lines; read through ``datasets``), its rows joined by newlines.  ``rc_prob``: reverse-complement
     augmentation of DNA (a tokenizer with a complement, ``nucleotide``): language modeling reads each row of the
     stream as its other strand for a whole pass with this probability (the memory always holds the strand's own
-    past), classification and masked LM read each training example so.
+    past), classification and masked LM read each training example so.  ``clip_seconds``: audio files are cut into clips of this length, each a line of the
+    text (0: every file whole; docs/modalities.md).
     """
 
     path: str | None = None
@@ -51,10 +52,12 @@ class DataConfig(JsonConfig):
     doc_reset: bool = False
     text_column: str = "text"
     rc_prob: float = 0.0
+    clip_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         check(bool(self.text_column), "DataConfig.text_column must name a column")
         check(0.0 <= self.rc_prob <= 1.0, f"DataConfig.rc_prob must be in [0, 1], got {self.rc_prob}")
+        check(self.clip_seconds >= 0, f"DataConfig.clip_seconds must be >= 0 (0: whole files), got {self.clip_seconds}")
         check(
             bool(self.tokenizer.strip()),
             "DataConfig.tokenizer must name a tokenizer kind (byte, char, word, bpe, ...) or a tokenizer .json file",

@@ -30,6 +30,7 @@ from longseq.data.sources import (
     token_counts,
     training_pieces,
     unknown_character,
+    with_line_documents,
 )
 from longseq.data.tokenizers import (
     DEFAULT_BPE_VOCAB,
@@ -77,21 +78,22 @@ def load_corpus(
     lowercase: bool = False,
     vocab_size: int | None = None,
     text_column: str = "text",
+    clip_seconds: float = 0.0,
 ) -> Corpus:
     """Read ``path`` into token ids; build the tokenizer that the spec ``tokenizer_kind`` names (a kind of
     :data:`~longseq.data.tokenizers.TOKENIZERS`, or a tokenizer file) from the text it learns from, unless one is
     given.  ``vocab_size``: the size of a BPE to
     learn (default 8192).  A prepared directory is read by memory map and must match the spec (and
     ``vocab_size`` when given) or the given tokenizer.  Every file is read by its reader
-    (:mod:`longseq.data.readers`): a table file (parquet, arrow, JSON lines) by its ``text_column``."""
+    (:mod:`longseq.data.readers`): a table file (parquet, arrow, JSON lines) by its ``text_column``, audio in clips of ``clip_seconds`` (0: whole files)."""
     if is_prepared(path):
         return load_prepared(path, tokenizer_kind, tokenizer=tokenizer, lowercase=lowercase, vocab_size=vocab_size)
-    source = resolve_source(path, text_column)
+    source = resolve_source(path, text_column, clip_seconds)
     load = _load_layout if source.kind == "layout" else _load_stream
     corpus = load(source, tokenizer_kind, tokenizer, Settings(lowercase, vocab_size or DEFAULT_BPE_VOCAB))
     if tokenizer is not None:
         check_known(corpus)
-    return corpus
+    return with_line_documents(corpus)
 
 
 MAX_UNKNOWN_SHARE = 0.5  # word-level PTB has 5% <unk>; a text read with another corpus's vocabulary has far more
@@ -116,7 +118,13 @@ def load_data(config: DataConfig, tokenizer: Tokenizer | None = None) -> Corpus:
     """The corpus that a :class:`~longseq.config.run.DataConfig` names (its path, tokenizer, lowercase and
     BPE vocabulary size)."""
     return load_corpus(
-        config.path, config.tokenizer, tokenizer, config.lowercase, config.vocab_size, config.text_column
+        config.path,
+        config.tokenizer,
+        tokenizer,
+        config.lowercase,
+        config.vocab_size,
+        config.text_column,
+        config.clip_seconds,
     )
 
 

@@ -51,6 +51,7 @@ from longseq.data.sources import (
     token_counts,
     training_pieces,
     unknown_character,
+    with_line_documents,
 )
 from longseq.data.tokenizers import (
     DEFAULT_BPE_VOCAB,
@@ -300,12 +301,13 @@ def prepare_corpus(
     lowercase: bool = False,
     progress: bool = True,
     text_column: str = "text",
+    clip_seconds: float = 0.0,
 ) -> dict:
     """Tokenize the corpus at ``path`` once into ``out_dir`` (see the module docstring); returns a summary.  A table
-    (parquet, arrow, JSON lines: :mod:`longseq.data.tables`) is read by its ``text_column``, streamed."""
+    (parquet, arrow, JSON lines: :mod:`longseq.data.tables`) is read by its ``text_column``, streamed; audio is cut into clips of ``clip_seconds``."""
     if is_prepared(path):
         raise CorpusError(f"{path} is already a prepared corpus")
-    source = resolve_source(path, text_column)
+    source = resolve_source(path, text_column, clip_seconds)
     out_dir = os.path.abspath(os.path.expanduser(out_dir))
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise CorpusError(f"{out_dir} already exists and is not empty; remove it or choose another --out")
@@ -431,7 +433,7 @@ def load_prepared(
     if index.get("documents") is not None:
         starts = np.asarray(index["documents"], dtype=np.int64)
         doc_ids = {s: DocumentIds(starts, index["splits"][s]["offset"], index["splits"][s]["tokens"]) for s in SPLITS}
-    return Corpus(splits["train"], splits["valid"], splits["test"], prepared, directory, doc_ids)
+    return with_line_documents(Corpus(splits["train"], splits["valid"], splits["test"], prepared, directory, doc_ids))
 
 
 def _read_index(directory: str) -> dict:
@@ -522,6 +524,9 @@ def data_settings(path: str | None) -> dict:
     prepared corpus alone gives the run its tokenizer."""
     if not is_prepared(path):
         return {}
-    entry = _read_index(os.path.abspath(os.path.expanduser(path)))["tokenizer"]
+    index = _read_index(os.path.abspath(os.path.expanduser(path)))
+    entry = index["tokenizer"]
     settings = {"tokenizer": entry["spec"], "lowercase": entry["lowercase"]}
+    if "clip_seconds" in index["source"]:  # audio was cut into clips of this length when it was prepared
+        settings["clip_seconds"] = index["source"]["clip_seconds"]
     return settings if entry["bpe_vocab_size"] is None else {**settings, "vocab_size": entry["bpe_vocab_size"]}

@@ -33,7 +33,7 @@ from importlib import resources
 import numpy as np
 
 from longseq.data.readers import CorpusError, Reader, ReadOptions, Tap, layouts, not_utf8, reader_for
-from longseq.data.tokenizers import Tokenizer, UnknownCharacterError
+from longseq.data.tokenizers import Tokenizer, UnknownCharacterError, newline_id
 
 SPLITS = ("train", "valid", "test")
 TRAIN_FRACTION, VALID_FRACTION = 0.9, 0.05
@@ -112,6 +112,16 @@ class Corpus:
         return getattr(self, name)
 
 
+def with_line_documents(corpus: Corpus) -> Corpus:
+    """``corpus`` with every line a document where its tokenizer reads lines as records (:class:`LineDocuments`;
+    documents of files, joined by line ends, are then lines too)."""
+    if not corpus.tokenizer.line_records:
+        return corpus
+    newline = newline_id(corpus.tokenizer)
+    corpus.doc_ids = {split: LineDocuments(corpus.split(split), newline) for split in SPLITS}
+    return corpus
+
+
 class DocumentIds:
     """The document of every token of a split, computed from document start offsets for the slices read.
 
@@ -131,6 +141,34 @@ class DocumentIds:
         start, stop, _ = index.indices(self.length)
         positions = np.arange(self.offset + start, self.offset + max(start, stop), dtype=np.int64)
         return np.searchsorted(self.starts, positions, side="right") - 1  # (n,) the document of each token
+
+
+class LineDocuments:
+    """The document of every token of a split whose every line is a record (a tokenizer's ``line_records``): a line
+    end starts the next document, so a record is read after its start (the line end before it) and its own line end
+    is predicted within it.  Computed for the slices asked for, from counts of line ends per block of ``BLOCK``
+    tokens made in one pass, so a memory-mapped split costs no memory."""
+
+    BLOCK = 1 << 16
+
+    def __init__(self, ids, newline: int) -> None:
+        self.ids, self.newline, self.length = ids, int(newline), len(ids)
+        counts = [
+            int(np.count_nonzero(np.asarray(ids[i : i + self.BLOCK]) == newline))
+            for i in range(0, len(ids), self.BLOCK)
+        ]
+        self.before = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])  # line ends before each block
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: slice) -> np.ndarray:
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            raise TypeError("LineDocuments supports contiguous slices only")
+        start, stop, _ = index.indices(self.length)
+        block = start // self.BLOCK
+        base = self.before[block] + np.count_nonzero(np.asarray(self.ids[block * self.BLOCK : start]) == self.newline)
+        return base + np.cumsum(np.asarray(self.ids[start : max(start, stop)]) == self.newline, dtype=np.int64)
 
 
 @dataclass
@@ -197,8 +235,8 @@ def unknown_character(
     (those of ``exc`` unless given: the text encoded may have been a block of it), named as the file has it."""
     line, column = exc.line if line is None else line, exc.column if column is None else column
     return CorpusError(
-        f"{path}, {source.reader(path).where(path, line, column)}: character {exc.char!r} (U+{ord(exc.char):04X}) "
-        f"is not in the tokenizer's vocabulary; {exc.advice or GENERAL_ADVICE}"
+        f"{path}, {source.reader(path).where(path, line, column)}: {exc.what} is not in the tokenizer's vocabulary; "
+        f"{exc.advice or GENERAL_ADVICE}"
     )
 
 
@@ -229,11 +267,11 @@ def document_files(directory: str) -> list[str]:
     return [os.path.join(directory, n) for n in names]
 
 
-def resolve_source(path: str | None, text_column: str = "text") -> Source:
+def resolve_source(path: str | None, text_column: str = "text", clip_seconds: float = 0.0) -> Source:
     """The :class:`Source` that ``path`` names (not a prepared directory: see :func:`is_prepared`); a table's text
-    is its ``text_column``."""
+    is its ``text_column``, audio is cut into clips of ``clip_seconds``."""
     source = bundled_corpus_path() if path is None else os.path.expanduser(path)
-    options = ReadOptions(text_column)
+    options = ReadOptions(text_column, clip_seconds)
     if not os.path.exists(source):
         raise CorpusError(f"corpus path {source} does not exist")
     if not os.path.isdir(source):

@@ -41,8 +41,9 @@ def encode_field(tokenizer, record: dict, key: str, path: str, number: int):
 
 
 def read_jsonl(path: str, task: str, columns: dict[str, str] | None = None) -> list[dict]:
-    """Every record of a task file for ``task``: JSON lines (a malformed line is an error naming its number), or a
-    parquet or arrow table read through ``datasets`` (:mod:`longseq.data.tables`; errors name the row).
+    """Every record of a task file for ``task``: JSON lines (a malformed line is an error naming its number), a
+    parquet or arrow table read through ``datasets`` (:mod:`longseq.data.tables`; errors name the row), or a UCR
+    time-series file (``.ts``, ``.tsv``: a record a series, its values the text and its class the label).
     ``columns`` maps a field of the task to the file's name for it (``{"text": "review", "label": "stars"}``);
     a missing one is an error naming the fields the record has.  A FASTA file (masked LM) gives a record a sequence:
     its ``text``."""
@@ -69,6 +70,10 @@ def numbered_records(path: str, names: list[str] | None):
 
     if reader_for(path).name == "fasta":  # a document a record: its sequence as the text
         return fasta_records(path), lambda number: f"{path}, record {number}"
+    if path.lower().endswith((".ts", ".tsv")):  # a UCR time-series file: a series and its class a line
+        from longseq.data.readers.ucr import ucr_records
+
+        return ucr_records(path), lambda number: f"{path}:{number}"
     if table_suffix(path) not in (".parquet", ".arrow"):
         return list(iter_jsonl(path)), lambda number: f"{path}:{number}"
     from longseq.data.tables import table_batches

@@ -294,3 +294,21 @@ def plot_recall_heatmap(results: dict[str, list[dict]], out_path: str, *, title:
     bar.set_ticks([0, 0.25, 0.5, 0.75, 1.0], labels=["0", "25", "50", "75", "100"])
     bar.ax.axhline(runs["chance"], color="w", linestyle=":", linewidth=1.5)  # chance, on the bar's scale
     return _save_figure(plt, fig, out_path)
+
+
+def plot_waveform(samples, rate: int, out_path: str, *, title: str | None = None, mark: float | None = None) -> str:
+    """An audio clip (samples in [-1, 1] at ``rate`` Hz) as its waveform over its spectrogram (512-sample windows,
+    power in dB); ``mark``: a time in seconds to draw a line at (where a prompt ends and the model's samples begin)."""
+    plt = _pyplot()
+    fig, (wave, spec) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
+    seconds = [i / rate for i in range(len(samples))]
+    wave.plot(seconds, samples, linewidth=0.4)
+    wave.set_ylabel("amplitude")
+    wave.set_ylim(-1.05, 1.05)
+    spec.specgram(samples, NFFT=512, Fs=rate, noverlap=384, cmap="magma")
+    spec.set_ylabel("frequency (Hz)")
+    spec.set_xlabel("time (s)")
+    for ax in (wave, spec) if mark is not None else ():
+        ax.axvline(mark, color="tab:cyan", linewidth=1.0, linestyle="--")
+    wave.set_title(title or f"{len(samples) / rate:.2f} s at {rate} Hz", fontsize=10)
+    return _save_figure(plt, fig, out_path)

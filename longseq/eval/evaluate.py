@@ -162,6 +162,7 @@ def evaluate(
     recurrence = model.config.recurrence(recurrence, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
     warn_beyond_trained_memory(model.config, recurrence)
     nll_sum, n_tokens, n_bytes = None, 0, 0  # the sum stays on the model's device: read once, at the end
+    units = None  # (NLL, count) of the labels the tokenizer's bits metric counts, where it counts only some
     start = time.perf_counter()
     passes = scored_segments(
         model,
@@ -184,6 +185,7 @@ def evaluate(
             n_tokens += nll.numel()
             if tokenizer is not None:
                 n_bytes += tokenizer.text_bytes(segment.labels.numpy(), previous=segment.input_ids.numpy())
+                units = _count_units(tokenizer, segment.labels, nll, units)
     elapsed = time.perf_counter() - start
     if n_tokens == 0:  # a loss of 0 over nothing would read as a perfect model
         raise ValueError(
@@ -192,7 +194,23 @@ def evaluate(
         )
     nll_sum = float(nll_sum)
     loss = nll_sum / max(n_tokens, 1)
-    return lm_metrics(loss, n_tokens, elapsed, bits_unit, nll_sum / math.log(2) / n_bytes if n_bytes else None, n_bytes)
+    metrics = lm_metrics(
+        loss, n_tokens, elapsed, bits_unit, nll_sum / math.log(2) / n_bytes if n_bytes else None, n_bytes
+    )
+    if units is not None and bits_unit:  # the metric over the labels it counts (audio: the samples)
+        metrics[bits_unit] = float(units[0]) / math.log(2) / max(units[1], 1)
+    return metrics
+
+
+def _count_units(tokenizer, labels: Tensor, nll: Tensor, units):
+    """``units`` (NLL, count) with this segment's labels that ``tokenizer.scored`` counts added (None: it counts
+    every label)."""
+    mask = tokenizer.scored(labels.numpy())
+    if mask is None:
+        return units
+    mask = torch.as_tensor(mask, device=nll.device)
+    part, count = (nll.double() * mask).sum(), int(mask.sum())
+    return (part, count) if units is None else (units[0] + part, units[1] + count)
 
 
 def lm_metrics(

@@ -21,6 +21,7 @@ FIXED_DATA = (
     "vocab_size",
     "text_column",
     "rc_prob",
+    "clip_seconds",
 )
 FIXED_TRAIN = ("seed", "grad_accum", "runtime.parallel")
 

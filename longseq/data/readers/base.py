@@ -33,9 +33,11 @@ def not_utf8(path: str, position: int, sample: bytes) -> CorpusError:
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """What a run's data config tells a reader: ``text_column``, the column of a table that holds its text."""
+    """What a run's data config tells a reader: ``text_column``, the column of a table that holds its text;
+    ``clip_seconds``, the length of the clips audio is cut into (0: whole files)."""
 
     text_column: str = "text"
+    clip_seconds: float = 0.0
 
 
 class Tap:

@@ -10,6 +10,12 @@
 * ``nucleotide``, ``nucleotide_cased``: DNA one base a token (A, C, G, T, N; the second keeps soft-masked
   lowercase as ids of its own); ``protein``: one amino acid a token.  Fixed alphabets with the record separator
   ``\n`` and ``[MASK]`` (:mod:`~longseq.data.tokenizers.alphabet`).
+* ``mulaw``: 8-bit mu-law audio samples and a clip start (:mod:`~longseq.data.tokenizers.mulaw`).
+* ``chronos``: real-valued series, a line each, by mean scaling and uniform bins
+  (:mod:`~longseq.data.tokenizers.chronos`).
+* ``mixture``: text bytes, DNA, mu-law audio and SMILES in one vocabulary, with modality tokens
+  (:mod:`~longseq.data.tokenizers.mixture`).
+* ``smiles``: molecules one a line, cut by Schwaller et al.'s expression (:mod:`~longseq.data.tokenizers.smiles`).
 
 A tokenizer is named by a *spec*: a kind of :data:`TOKENIZERS`, or the path of a tokenizer file (ours, or an HF
 ``tokenizer.json``); see :func:`build_tokenizer`.  A new kind is one module with one :class:`Tokenizer` subclass
@@ -43,9 +49,13 @@ from longseq.data.tokenizers.base import (
 from longseq.data.tokenizers.bpe import BPETokenizer, train_bpe
 from longseq.data.tokenizers.byte import ByteTokenizer
 from longseq.data.tokenizers.char import CharTokenizer
+from longseq.data.tokenizers.chronos import ChronosTokenizer
+from longseq.data.tokenizers.mixture import MixtureTokenizer
+from longseq.data.tokenizers.mulaw import MulawTokenizer
 from longseq.data.tokenizers.nucleotide import CasedNucleotideTokenizer, NucleotideTokenizer
 from longseq.data.tokenizers.pretrained import PretrainedTokenizer
 from longseq.data.tokenizers.protein import ProteinTokenizer
+from longseq.data.tokenizers.smiles import SmilesTokenizer
 from longseq.data.tokenizers.word import WordTokenizer
 
 TOKENIZERS: dict[str, type[Tokenizer]] = {
@@ -59,8 +69,13 @@ TOKENIZERS: dict[str, type[Tokenizer]] = {
         NucleotideTokenizer,
         CasedNucleotideTokenizer,
         ProteinTokenizer,
+        MulawTokenizer,
+        SmilesTokenizer,
+        ChronosTokenizer,
+        MixtureTokenizer,
     )
 }
+MixtureTokenizer.kinds = TOKENIZERS  # each modality's kind, by name
 KINDS = tuple(TOKENIZERS)
 
 __all__ = [

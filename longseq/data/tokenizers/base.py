@@ -40,12 +40,19 @@ class UnknownCharacterError(TokenizerError):
 
     advice: str | None = None
 
-    def __init__(self, char: str, index: int, line: int, column: int, vocab_size: int) -> None:
-        self.char, self.index, self.line, self.column = char, index, line, column
+    def __init__(
+        self, char: str, index: int, line: int, column: int, vocab_size: int, token: str | None = None, why: str = ""
+    ) -> None:
+        self.char, self.index, self.line, self.column, self.token = char, index, line, column, token or char
         super().__init__(
-            f"character {char!r} (U+{ord(char):04X}) at line {line}, column {column} is not in the "
-            f"{vocab_size}-character vocabulary"
+            f"{self.what} at line {line}, column {column} "
+            + (why or f"is not in the {vocab_size}-{'token' if token else 'character'} vocabulary")
         )
+
+    @property
+    def what(self) -> str:
+        """The token or character named: ``'[Xe]'`` or ``'z' (U+007A)``."""
+        return f"token {self.token!r}" if len(self.token) > 1 else f"character {self.char!r} (U+{ord(self.char):04X})"
 
 
 def unknown_at(text: str, index: int, vocab_size: int) -> UnknownCharacterError:
@@ -72,6 +79,8 @@ class Tokenizer:
     reads_bytes: ClassVar[bool] = False  # encodes a file's bytes, not its text
     bits_metric: ClassVar[str | None] = None  # the bits-per-token metric's name where a token is a unit of text
     split_special_tokens: ClassVar[bool] = True  # transformers reads special tokens' text as plain text
+    line_records: ClassVar[bool] = False  # every line is a record (a clip, a molecule, a series): its own document
+    start_text: ClassVar[str | None] = None  # what an unprompted generation starts from (None: a prompt is needed)
     ordered: bool = True
 
     @classmethod
@@ -119,6 +128,16 @@ class Tokenizer:
         the text has a line end.  :meth:`encode` reads text as a corpus, whose every line ends; the two differ only
         for kinds that end every line with a token (a word tokenizer's ``<eos>``)."""
         return self.encode(text)
+
+    def scored(self, labels: np.ndarray) -> np.ndarray | None:
+        """Which ``labels`` the bits metric counts (a boolean mask of their shape), or None: every one.  Audio counts
+        its samples, not the clip starts between them."""
+        return None
+
+    def write_output(self, ids, path: str) -> None:
+        """Write what ``ids`` stand for to ``path`` (``longseq generate --out``): the decoded text, as UTF-8."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.decode(ids))
 
     def start_ids(self) -> list[int]:
         """The ids a prompt of ``longseq generate`` starts with before its own (a pretrained tokenizer's BOS); none."""
