@@ -93,13 +93,56 @@ def test_alpha_zero_trains_as_plain_language_modeling_within_rounding(tmp_path):
     assert (tmp_path / "distilled" / "teacher-cache" / "topk.safetensors").is_file()
 
 
-def test_a_distill_run_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("online", [False, True])
+def test_a_distill_run_resumes_exactly(tmp_path, online):
     teacher = teacher_run(tmp_path)
-    corpus = tiny_corpus()
-    whole = train(distill_run(teacher), str(tmp_path / "whole"), corpus=corpus, progress=False)
-    first = train(distill_run(teacher), str(tmp_path / "split"), corpus=corpus, progress=False, stop_after=2)
-    second = train(distill_run(teacher), str(tmp_path / "split"), corpus=corpus, progress=False, resume=True)
+    corpus, options = tiny_corpus(), {"online": True, "context": 5} if online else {}
+    whole = train(distill_run(teacher, **options), str(tmp_path / "whole"), corpus=corpus, progress=False)
+    first = train(distill_run(teacher, **options), str(tmp_path / "split"), corpus=corpus, progress=False,
+                  stop_after=2)  # fmt: skip
+    second = train(distill_run(teacher, **options), str(tmp_path / "split"), corpus=corpus, progress=False,
+                   resume=True)  # fmt: skip
     assert first.losses + second.losses == whole.losses
+    assert (tmp_path / "whole" / "teacher-cache").exists() != online
+
+
+def test_online_targets_are_the_teachers_pass_over_the_window_before_each_row(tmp_path):
+    from longseq.tasks.distill import Distillation, Teacher
+    from longseq.train.checkpoint import load_checkpoint
+
+    teacher = teacher_run(tmp_path)
+    model, tok, run, _ = load_checkpoint(teacher + "/best")
+    corpus = tiny_corpus()
+    student = distill_run(teacher, online=True, context=6, hidden_weight=1.0)
+    student = RunConfig(run.model, student.data, student.train, student.task)  # the teacher's width
+    task = Distillation(student, corpus=corpus, teacher=Teacher(teacher + "/best", model, tok, run))
+    task.prepare()
+    first = torch.tensor([3, 40, 200])  # the first row has 3 tokens before it, so every row reads 3
+    ids, logits, hidden = task._online(first, 8, torch.device("cpu"))
+    for row, a in enumerate(first.tolist()):
+        layers = []
+        with torch.no_grad():
+            out = model.eval()(torch.as_tensor(corpus.train[None, a - 3 : a + 8]), layer_outputs=layers)
+        values, where = out.logits[0, 3:].topk(4, dim=-1)
+        assert torch.equal(ids[row], where) and torch.allclose(logits[row], values)
+        assert torch.allclose(hidden[row], layers[-1][0, 3:])
+
+
+def test_the_hidden_state_alignment_is_the_cosine_distance_and_needs_the_teacher_online_and_of_the_same_width(
+    tmp_path,
+):
+    from longseq.tasks.distill import cosine_distance
+
+    a, b = torch.randn(2, 3, 5), torch.randn(2, 3, 5)
+    expected = sum(1 - float(a[i, j] @ b[i, j] / (a[i, j].norm() * b[i, j].norm())) for i in range(2) for j in range(3))
+    assert math.isclose(float(cosine_distance(a, b)), expected / 6, rel_tol=1e-5)
+    assert float(cosine_distance(a, 3 * a)) < 1e-6  # the scale does not count
+    with raises_naming(Exception, "hidden_weight", "online=true"):
+        TaskConfig(name="distill", teacher="t", hidden_weight=0.5)
+    teacher = teacher_run(tmp_path)
+    with raises_naming(Exception, "d_model", "8", "16"):
+        train(distill_run(teacher, online=True, hidden_weight=0.5), str(tmp_path / "s"), corpus=tiny_corpus(),
+              progress=False)  # fmt: skip
 
 
 def kl_to_teacher(student_dir: str, teacher_dir: str) -> float:

@@ -182,10 +182,12 @@ class DistillOptions(TaskConfig):
     """Knowledge distillation (:mod:`longseq.tasks.distill`): a language model (the run's model, the student) learns
     from ``teacher`` (a longseq checkpoint of the same tokenizer) through the KL divergence of their next-token
     distributions softened by ``temperature`` (Hinton et al., 2015), weighed by ``alpha`` beside the next-token loss
-    (``1 - alpha``).  The teacher's distributions come from ``cache`` (a directory of its ``top_k`` logits at every
-    position of the training split, written by ``longseq distill-cache`` or, when it is missing, at the start of the
-    run into the run directory); ``teacher_sha256`` is the teacher's weights' fingerprint, written when the run
-    starts."""
+    (``1 - alpha``).  The teacher's distributions (its ``top_k`` logits, renormalised) come from ``cache`` (a directory
+    of them at every position of the training split, written at the start of the run, into the run directory unless
+    ``cache`` names one), or with ``online`` from the teacher itself, reading each training segment after the
+    ``context`` tokens before it (-1: its own ``mem_len``); ``hidden_weight`` > 0 (online, and a teacher of the
+    student's width) adds that weight of the cosine distance between their last hidden states.  ``teacher_sha256``
+    is the teacher's weights' fingerprint, written when the run starts."""
 
     name: str = "distill"
     teacher: str = ""
@@ -193,6 +195,9 @@ class DistillOptions(TaskConfig):
     top_k: int = 16
     temperature: float = 2.0
     alpha: float = 0.5
+    online: bool = False
+    context: int = -1
+    hidden_weight: float = 0.0
     teacher_sha256: str = ""
 
     def __post_init__(self) -> None:
@@ -202,6 +207,18 @@ class DistillOptions(TaskConfig):
         check(self.top_k >= 1, f"task.top_k must be >= 1, got {self.top_k}")
         check(self.temperature > 0, f"task.temperature must be > 0, got {self.temperature}")
         check(0.0 <= self.alpha <= 1.0, f"task.alpha must be in [0, 1], got {self.alpha}")
+        check(self.context >= -1, f"task.context must be >= 0 tokens (-1: the teacher's mem_len), got {self.context}")
+        check(self.hidden_weight >= 0, f"task.hidden_weight must be >= 0, got {self.hidden_weight}")
+        check(
+            self.online or not self.hidden_weight,
+            f"task.hidden_weight={self.hidden_weight} aligns the student's hidden states with the teacher's, which "
+            "only a teacher run beside the student gives: set online=true",
+        )
+        check(
+            not (self.online and self.cache),
+            f"task.online=true reads the teacher as the student trains; cache={self.cache!r} names a cached pass: "
+            "give one of them",
+        )
 
 
 TASK_OPTIONS: dict[str, type[TaskConfig]] = {

@@ -9,7 +9,9 @@ gradient's scale as T changes.  The teacher's distribution is its ``top_k`` logi
 the training split (:mod:`longseq.tasks.teacher`) by the position of each label; positions no teacher stream
 predicted are left to the next-token loss.  The cache is made once, before the first step (in the run directory
 unless ``task.cache`` names one), so a resumed run reads the same targets and resumes exactly, and several students
-share one teacher pass.
+share one teacher pass.  With ``online`` the teacher runs beside the student instead, each segment read after the
+``context`` tokens before it (no teacher memory carried, so a resumed run reads the same targets too), and
+``hidden_weight`` aligns the two models' last hidden states (cosine distance; the same width).
 
 The student is the run's model: its config, memory, batching and validation are language modeling's; validation
 reports the student's own next-token loss, so runs with and without a teacher compare directly.
@@ -21,6 +23,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -91,13 +94,41 @@ class Distillation(LanguageModeling):
         data = self.run.data.replace(tokenizer=os.path.join(os.path.abspath(path), "tokenizer.json"))
         self.run = RunConfig(self.run.model, data, self.run.train, self.run.task)
         super().prepare()
+        self._check(path, teacher_run)
         sha = file_sha256(os.path.join(path, "model.safetensors"))
         if o.teacher_sha256 and o.teacher_sha256 != sha:
             raise ConfigError(
                 f"the teacher {path} is not the one this run started from (its weights' sha256 differs): resume with "
                 "the original teacher"
             )
-        cache = o.cache or os.path.join(self.run_dir or ".", "teacher-cache")
+        if o.online:
+            self.context = teacher_run.model.memory.mem_len if o.context < 0 else o.context
+            teacher.eval().requires_grad_(False)
+            self.set_options(teacher=os.path.abspath(path), teacher_sha256=sha)
+            return self.run
+        cache = self._cache(teacher, teacher_run, sha)
+        self.set_options(teacher=os.path.abspath(path), cache=cache, teacher_sha256=sha)
+        return self.run
+
+    def _check(self, path: str, teacher_run: RunConfig) -> None:
+        """What a run cannot distil: hidden states of another width; strands the teacher did not read."""
+        o, student, teacher = self.options, self.run.model, teacher_run.model
+        if o.hidden_weight and student.d_model != teacher.d_model:
+            raise ConfigError(
+                f"task.hidden_weight aligns hidden states of the same width: the student's d_model is "
+                f"{student.d_model}, the teacher's ({path}) {teacher.d_model}; set hidden_weight=0"
+            )
+        if self.run.data.rc_prob:
+            raise ConfigError(
+                f"data.rc_prob={self.run.data.rc_prob} reads rows as their other strand, which the teacher's "
+                "distributions are not of: distil with rc_prob=0"
+            )
+
+    def _cache(self, teacher, teacher_run: RunConfig, sha: str) -> str:
+        """The teacher cache's directory, made (or made again, where the run's own was made for another) when
+        needed, and opened in :attr:`cache`."""
+        o = self.options
+        cache = os.path.abspath(o.cache or os.path.join(self.run_dir or ".", "teacher-cache"))
         ids_sha = ids_sha256(self.corpus.train, self.tokenizer.vocab_size)
         wanted = dict(teacher_sha256=sha, ids_sha256=ids_sha, tokens=len(self.corpus.train), top_k=o.top_k)
         if o.cache is None and os.path.exists(cache) and not fits(cache, **wanted):  # the run's own, made for another
@@ -106,14 +137,13 @@ class Distillation(LanguageModeling):
         if not os.path.exists(cache):
             self._write_cache(teacher, teacher_run, cache, sha, ids_sha)
         self.cache = TeacherCache(cache, **wanted)
-        self.set_options(teacher=os.path.abspath(path), cache=os.path.abspath(cache), teacher_sha256=sha)
-        return self.run
+        return cache
 
     def _write_cache(self, teacher, teacher_run, cache: str, sha: str, ids_sha: str) -> None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             raise ConfigError(
-                f"no teacher cache at {cache}: make it before a distributed run (longseq distill-cache), so that one "
-                "process writes it"
+                f"no teacher cache at {cache}: one process writes it, so start the run once without torchrun until "
+                "it has (or name a cache made so with task.cache, or set task.online=true)"
             )
         d = teacher_run.data
         self.log(f"teacher: its top {self.options.top_k} logits over {len(self.corpus.train):,} tokens into {cache}")
@@ -128,8 +158,37 @@ class Distillation(LanguageModeling):
 
     scores_logits = True
 
-    def segment_loss(self, out, labels, first):
-        top_ids, top_logits = (t.to(labels.device) for t in self.cache.rows(first, labels.size(1)))
-        o = self.options
+    @property
+    def wants_hidden(self) -> bool:
+        return self.options.hidden_weight > 0
+
+    def segment_loss(self, out, labels, first, layers=None):
+        o, hidden = self.options, None
+        if o.online:
+            top_ids, top_logits, hidden = self._online(first, labels.size(1), labels.device)
+        else:
+            top_ids, top_logits = (t.to(labels.device) for t in self.cache.rows(first, labels.size(1)))
         total, nll = distillation_loss(out.logits, labels, top_ids, top_logits, o.temperature, o.alpha)
+        if hidden is not None:
+            total = total + o.hidden_weight * cosine_distance(layers[-1], hidden)
         return (total if out.aux_loss is None else total + out.aux_loss), nll
+
+    @torch.no_grad()
+    def _online(self, first: torch.Tensor, length: int, device) -> tuple:
+        """The teacher's top-k ids and logits (R, length, k) and, when aligned, its last hidden states (R, length, E)
+        for a segment whose rows start at ``first``, read after the ``context`` tokens before it (fewer at the very
+        start of the split): a window of its own, no memory carried, so a resumed run reads the same targets."""
+        teacher = self.teacher.model.to(device)
+        context = min(self.context, int(first.min()))
+        rows = [np.asarray(self.corpus.train[a - context : a + length]) for a in first.tolist()]
+        inputs = torch.from_numpy(np.stack(rows).astype(np.int64)).to(device)
+        layers = [] if self.wants_hidden else None
+        out = teacher(inputs, layer_outputs=layers)
+        logits = out.logits[:, context:].float()
+        values, ids = logits.topk(min(self.options.top_k, logits.size(-1)), dim=-1)
+        return ids, values, None if layers is None else layers[-1][:, context:]
+
+
+def cosine_distance(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """1 - the cosine of the student's and the teacher's hidden states (B, T, E), averaged over the positions."""
+    return (1 - F.cosine_similarity(student.float(), teacher.float(), dim=-1)).mean()

@@ -145,9 +145,11 @@ class LanguageModeling(Task):
                 if segment.new_epoch:
                     carried = None
                 inp, lab, doc, first = chunks[c]
+                layers = [] if self.wants_hidden else None  # the layers' outputs, the last the head's input
                 with ctx.autocast():  # the model scores the labels itself unless the task scores its logits
-                    out = ctx.net(inp, carried, None if self.scores_logits else lab, recurrence=recurrence, doc_ids=doc)
-                total, loss = self.segment_loss(out, lab, first)
+                    labels = None if self.scores_logits else lab
+                    out = ctx.net(inp, carried, labels, recurrence=recurrence, doc_ids=doc, layer_outputs=layers)
+                total, loss = self.segment_loss(out, lab, first, layers)
                 carried = out.mems
                 pending = total if pending is None else pending + total
                 loss_sum = loss_sum + loss.detach().float()  # on the device: the trainer reads it once
@@ -157,10 +159,12 @@ class LanguageModeling(Task):
         return StepResult(loss_sum / (accum * window), Memory.join(chunks_memory), tokens)
 
     scores_logits = False  # True: the model returns its logits and segment_loss scores them (distillation)
+    wants_hidden = False  # True: segment_loss reads the layers' outputs (distillation's hidden-state alignment)
 
-    def segment_loss(self, out, labels, first):
+    def segment_loss(self, out, labels, first, layers=None):
         """The loss to back-propagate for one chunk of one segment (with the auxiliary losses) and the next-token
-        loss the log reports, from the model's output ``out``; ``first`` (R,): where the rows start in the split."""
+        loss the log reports, from the model's output ``out``; ``first`` (R,): where the rows start in the split;
+        ``layers``: the layers' outputs (``wants_hidden``), the last one the hidden states the head reads."""
         return (out.loss if out.aux_loss is None else out.loss + out.aux_loss), out.loss
 
     def validate(self, model: nn.Module, sharded: bool = False) -> dict:
