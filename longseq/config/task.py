@@ -160,7 +160,9 @@ class DistillOptions(TaskConfig):
     (``1 - alpha``).  The teacher's distributions come from ``cache`` (a directory of its ``top_k`` logits at every
     position of the training split, written by ``longseq distill-cache`` or, when it is missing, at the start of the
     run into the run directory); ``teacher_sha256`` is the teacher's weights' fingerprint, written when the run
-    starts."""
+    starts.  ``init`` (a longseq checkpoint of the run's model config: a linearized student) gives a new run its
+    starting weights, and ``train_only`` (shell patterns of parameter names, e.g. ``transformer.stack.layers.1.*``;
+    empty: every parameter) the parameters that train."""
 
     name: str = "distill"
     teacher: str = ""
@@ -169,6 +171,8 @@ class DistillOptions(TaskConfig):
     temperature: float = 2.0
     alpha: float = 0.5
     teacher_sha256: str = ""
+    init: str | None = None
+    train_only: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -179,12 +183,33 @@ class DistillOptions(TaskConfig):
         check(0.0 <= self.alpha <= 1.0, f"task.alpha must be in [0, 1], got {self.alpha}")
 
 
+@config
+class TransferOptions(TaskConfig):
+    """Attention transfer (:mod:`longseq.tasks.transfer`; LoLCATs' first stage of linearization): the run's model
+    is ``teacher`` (a longseq checkpoint) with some attention layers replaced by mixers
+    (:mod:`longseq.tasks.linearize`), and only those mixers train, each so that its layer gives the teacher layer's
+    output on the teacher's own layer inputs (a mean squared error per layer).  A step reads ``window`` consecutive
+    segments from an empty memory, the teacher's and the student's memories carried within it;
+    ``teacher_sha256`` is the teacher's weights' fingerprint, written when the run starts."""
+
+    name: str = "transfer"
+    teacher: str = ""
+    window: int = 4
+    teacher_sha256: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(bool(self.teacher), "the transfer task needs its teacher: a longseq checkpoint (--teacher DIR)")
+        check(self.window >= 1, f"task.window must be >= 1 segment, got {self.window}")
+
+
 TASK_OPTIONS: dict[str, type[TaskConfig]] = {
     "lm": LMOptions,
     "classify": ClassifyOptions,
     "span": SpanOptions,
     "mlm": MaskedLMOptions,
     "distill": DistillOptions,
+    "transfer": TransferOptions,
     **dict.fromkeys(RECALL_TASKS, RecallOptions),
 }
 TaskConfig.VARIANTS.update(TASK_OPTIONS)

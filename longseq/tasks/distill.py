@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
+from fnmatch import fnmatch
 
 import torch
 import torch.nn.functional as F
@@ -72,32 +73,46 @@ def distillation_loss(logits, labels, top_ids, top_logits, temperature: float, a
     return (1 - alpha) * nll + alpha * kl, nll
 
 
+def read_with_teacher(task: LanguageModeling, name: str) -> tuple[str, torch.nn.Module, RunConfig]:
+    """Make ``task`` read its corpus with its teacher's tokenizer (refusing another one); the teacher's path, model
+    and run config."""
+    if task.teacher is None:
+        raise ConfigError(f"a {name} run is given its teacher when it starts (longseq.api.train, longseq train)")
+    path, teacher, teacher_tokenizer, teacher_run = task.teacher
+    if task.tokenizer is not None and task.tokenizer.to_dict() != teacher_tokenizer.to_dict():
+        raise ConfigError(f"the teacher {path} reads another tokenizer than this run's: {name} from its own")
+    task.tokenizer = teacher_tokenizer  # the student reads the corpus with the teacher's tokenizer
+    data = task.run.data.replace(tokenizer=os.path.join(os.path.abspath(path), "tokenizer.json"))
+    task.run = RunConfig(task.run.model, data, task.run.train, task.run.task)
+    return path, teacher, teacher_run
+
+
+def same_teacher(path: str, recorded: str) -> str:
+    """The sha256 of the teacher's weights at ``path``, refused when a run recorded another one."""
+    sha = file_sha256(os.path.join(path, "model.safetensors"))
+    if recorded and recorded != sha:
+        raise ConfigError(
+            f"the teacher {path} is not the one this run started from (its weights' sha256 differs): resume with "
+            "the original teacher"
+        )
+    return sha
+
+
 class Distillation(LanguageModeling):
     """Language modeling with a teacher (see the module docstring); options :class:`DistillOptions`."""
 
     name = "distill"
     Options = DistillOptions
 
-    def __init__(self, run, tokenizer=None, log=None, corpus=None, teacher: Teacher | None = None) -> None:
+    def __init__(self, run, tokenizer=None, log=None, corpus=None, teacher: Teacher | None = None,
+                 init: Teacher | None = None) -> None:  # fmt: skip
         super().__init__(run, tokenizer, log, corpus)
-        self.teacher, self.cache = teacher, None
+        self.teacher, self.cache, self.init = teacher, None, init
 
     def prepare(self):
-        if self.teacher is None:
-            raise ConfigError("a distill run is given its teacher when it starts (longseq.api.train, longseq train)")
-        o, (path, teacher, teacher_tokenizer, teacher_run) = self.options, self.teacher
-        if self.tokenizer is not None and self.tokenizer.to_dict() != teacher_tokenizer.to_dict():
-            raise ConfigError(f"the teacher {path} reads another tokenizer than this run's: distill from its own")
-        self.tokenizer = teacher_tokenizer  # the student reads the corpus with the teacher's tokenizer
-        data = self.run.data.replace(tokenizer=os.path.join(os.path.abspath(path), "tokenizer.json"))
-        self.run = RunConfig(self.run.model, data, self.run.train, self.run.task)
+        o, path, teacher, teacher_run = self.options, *read_with_teacher(self, "distill")
         super().prepare()
-        sha = file_sha256(os.path.join(path, "model.safetensors"))
-        if o.teacher_sha256 and o.teacher_sha256 != sha:
-            raise ConfigError(
-                f"the teacher {path} is not the one this run started from (its weights' sha256 differs): resume with "
-                "the original teacher"
-            )
+        sha = same_teacher(path, o.teacher_sha256)
         cache = o.cache or os.path.join(self.run_dir or ".", "teacher-cache")
         ids_sha = ids_sha256(self.corpus.train, self.tokenizer.vocab_size)
         wanted = dict(teacher_sha256=sha, ids_sha256=ids_sha, tokens=len(self.corpus.train), top_k=o.top_k)
@@ -107,8 +122,33 @@ class Distillation(LanguageModeling):
         if not os.path.exists(cache):
             self._write_cache(teacher, teacher_run, cache, sha, ids_sha)
         self.cache = TeacherCache(cache, **wanted)
-        self.set_options(teacher=os.path.abspath(path), cache=os.path.abspath(cache), teacher_sha256=sha)
+        init = self.options.init if self.init is None else os.path.abspath(self.init.path)  # resumed: as it was
+        self.set_options(teacher=os.path.abspath(path), cache=os.path.abspath(cache), teacher_sha256=sha, init=init)
         return self.run
+
+    def initialize(self, model) -> None:
+        """A new run starts from ``task.init``'s weights: every tensor of the run's model, by name and shape (the
+        model's other settings, dropout or the memory's length, may differ)."""
+        if self.init is None:
+            return
+        mine, theirs = model.state_dict(), self.init.model.state_dict()
+        differ = sorted(set(mine) ^ set(theirs)) + [n for n in mine if n in theirs and mine[n].shape != theirs[n].shape]
+        if differ:
+            raise ConfigError(
+                f"task.init {self.init.path} holds another model than this run's (its tensors differ: "
+                f"{', '.join(differ[:4])}): start from a checkpoint of the run's own architecture"
+            )
+        model.load_state_dict(theirs)
+
+    def trainable(self, model):
+        """The parameters ``task.train_only`` names (shell patterns of their names), or None: all of them."""
+        patterns = self.options.train_only
+        if not patterns:
+            return None
+        chosen = [p for name, p in model.named_parameters() if any(fnmatch(name, pattern) for pattern in patterns)]
+        if not chosen:
+            raise ConfigError(f"task.train_only={','.join(patterns)} names no parameter of the model")
+        return chosen
 
     def _write_cache(self, teacher, teacher_run, cache: str, sha: str, ids_sha: str) -> None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
