@@ -11,6 +11,7 @@ from unittest.mock import patch
 
 import pytest
 import torch
+from support import in_segments, pattern, segments_and_steps
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.config import ConfigError
@@ -31,7 +32,6 @@ from longseq.model.positions import (
     t5_buckets,
     upgrade_position_names,
 )
-from tests.support import in_segments, pattern, segments_and_steps
 
 ENCODINGS = ("rope", "alibi", "t5", "nope")
 BASE = dict(vocab_size=30, n_layer=2, d_model=16, n_head=4, d_head=4, d_inner=32, dropout=0.0)
