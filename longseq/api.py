@@ -160,6 +160,7 @@ def linearize(
     distill_steps: int = 200,
     distill_trains: str = "all",
     settings: list[str] = (),
+    transfer_settings: list[str] = (),
     distill_settings: list[str] = (),
     resume: bool = False,
     overwrite: bool = False,
@@ -172,8 +173,9 @@ def linearize(
     replacement alone costs least KL after every layer's transfer, or ``spread``) by ``mixer``, initialised from the
     attention's weights; train them by attention transfer for ``transfer_steps`` (OUT/transfer), then the whole
     student by distillation for ``distill_steps`` (OUT/distill; ``distill_trains``: ``all`` parameters or the
-    replaced ``layers``).  ``settings`` (``key=value``) apply to both runs, ``distill_settings`` to the second
-    (its task options: alpha, temperature, top_k, cache).  ``resume`` continues each stage where it stopped."""
+    replaced ``layers``).  ``settings`` (``key=value``) apply to both runs, ``transfer_settings`` to the first (its
+    task's ``window``) and ``distill_settings`` to the second (its task's alpha, temperature, top_k, cache), each
+    laid over ``settings``.  ``resume`` continues each stage where it stopped."""
     log = log or (lambda message: None)
     if select not in ("kl", "spread") or distill_trains not in ("all", "layers"):
         raise ConfigError(f"select must be kl or spread (got {select!r}); distill_trains all or layers "
@@ -188,7 +190,8 @@ def linearize(
         transferring, n = sorted(set(layers)), None
     common = dict(resume=resume, overwrite=overwrite, progress=progress, log=log, corpus=corpus)
     first = stage_run(t.run, student_config(t.run.model, transferring, mixer),
-                      TaskConfig(name="transfer", teacher=t.path), transfer_steps, settings)  # fmt: skip
+                      TaskConfig(name="transfer", teacher=t.path), transfer_steps,
+                      [*settings, *transfer_settings])  # fmt: skip
     log(f"linearize, stage 1: attention transfer of layers {transferring} into {mixer}")
     transfer = train(first, os.path.join(out_dir, "transfer"), base=first, **common)
     transferred = read_checkpoint(os.path.join(out_dir, "transfer"), log)

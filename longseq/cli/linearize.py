@@ -61,6 +61,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="stage 2 trains every parameter, or the replaced layers only (default: all)",
     )
     p.add_argument("--set", nargs="+", action="append", metavar="KEY=VALUE", help="a run config key, both stages")
+    p.add_argument("--transfer-set", nargs="+", action="append", metavar="KEY=VALUE",
+                   help="a run config key of stage 1 only (its task's: window)")  # fmt: skip
     p.add_argument("--distill-set", nargs="+", action="append", metavar="KEY=VALUE",
                    help="a run config key of stage 2 only (its task's: alpha temperature top_k cache)")  # fmt: skip
     p.add_argument("--out", required=True, help="output directory")
@@ -84,6 +86,7 @@ def run(args: argparse.Namespace) -> dict:
         distill_steps=args.distill_steps,
         distill_trains=args.distill_train,
         settings=overrides(args.set),
+        transfer_settings=overrides(args.transfer_set),
         distill_settings=overrides(args.distill_set),
         resume=args.resume,
         overwrite=args.overwrite,
