@@ -174,7 +174,7 @@ def linearize(
     attention's weights; train them by attention transfer for ``transfer_steps`` (OUT/transfer), then the whole
     student by distillation for ``distill_steps`` (OUT/distill; ``distill_trains``: ``all`` parameters or the
     replaced ``layers``).  ``settings`` (``key=value``) apply to both runs, ``transfer_settings`` to the first (its
-    task's ``window``) and ``distill_settings`` to the second (its task's alpha, temperature, top_k, cache), each
+    task's ``step_segments``) and ``distill_settings`` to the second (its task's alpha, temperature, top_k, cache), each
     laid over ``settings``.  ``resume`` continues each stage where it stopped."""
     log = log or (lambda message: None)
     if select not in ("kl", "spread") or distill_trains not in ("all", "layers"):
@@ -188,12 +188,14 @@ def linearize(
     else:
         student_config(t.run.model, list(layers), mixer)  # refuses a layer that is not the teacher's attention
         transferring, n = sorted(set(layers)), None
-    common = dict(resume=resume, overwrite=overwrite, progress=progress, log=log, corpus=corpus)
+    common = dict(overwrite=overwrite, progress=progress, log=log, corpus=corpus)
+    stage_dirs = {name: os.path.join(out_dir, name) for name in ("transfer", "distill")}
+    resumes = {name: resume and os.path.exists(path) for name, path in stage_dirs.items()}  # a stage not begun begins
     first = stage_run(t.run, student_config(t.run.model, transferring, mixer),
                       TaskConfig(name="transfer", teacher=t.path), transfer_steps,
                       [*settings, *transfer_settings])  # fmt: skip
     log(f"linearize, stage 1: attention transfer of layers {transferring} into {mixer}")
-    transfer = train(first, os.path.join(out_dir, "transfer"), base=first, **common)
+    transfer = train(first, stage_dirs["transfer"], base=first, resume=resumes["transfer"], **common)
     transferred = read_checkpoint(os.path.join(out_dir, "transfer"), log)
     chosen, kls = transferring, None
     if n is not None and n < len(transferring):
@@ -210,7 +212,7 @@ def linearize(
         task = TaskConfig(name="distill", teacher=t.path, init=init, train_only=trains)
         second = stage_run(t.run, student.config, task, distill_steps, [*settings, *distill_settings])
         log(f"linearize, stage 2: distillation of the student, {distill_trains} of its parameters training")
-        distilled = train(second, os.path.join(out_dir, "distill"), base=second, **common)
+        distilled = train(second, stage_dirs["distill"], base=second, resume=resumes["distill"], **common)
         report["distill"] = stage_report(distilled, os.path.join(out_dir, "distill"))
     report["checkpoint"] = resolve_checkpoint(os.path.join(out_dir, "distill")) if distill_steps else init
     return report
@@ -247,7 +249,8 @@ def measured_kls(t: Teacher, transferred: Teacher, run: RunConfig, mixer: str, c
     state, weights = t.model.state_dict(), transferred.model.state_dict()
     students = {i: linearized_model(state, t.run.model, [i], mixer, weights) for i in candidates}
     d = run.data
-    log(f"linearize: the KL of each layer's replacement on {len(ids):,} validation tokens")
+    reads = f"its first {run.train.eval_max_segments} segments" if run.train.eval_max_segments else "all of it"
+    log(f"linearize: the KL of each layer's replacement on the validation split ({len(ids):,} tokens; {reads})")
     kls = layer_kls(t.model, students, ids, d.eval_batch_size, d.eval_tgt_len, run.train.eval_max_segments)
     record = {"teacher": t.path, "mixer": mixer, "kl": {str(i): kl for i, kl in kls.items()}, "unit": "nats/token",
               "transferred": transferred.path, "transferred_sha256": weights_sha256(transferred.path)}  # fmt: skip

@@ -92,7 +92,7 @@ def teacher_dir(tmp_path, steps=20, **model) -> str:
 def transfer_run(teacher: str, layers=(0, 1), **train) -> RunConfig:
     model = load_checkpoint(teacher)[2].model
     run = tiny_run(**{"max_steps": 8, "eval_interval": 4, "lr": 1e-2, **train})
-    task = TaskConfig(name="transfer", teacher=teacher, window=2)
+    task = TaskConfig(name="transfer", teacher=teacher, step_segments=2)
     return RunConfig(student_config(model, list(layers), "gla").replace(dropout=0.1), run.data, run.train, task)
 
 
@@ -168,7 +168,8 @@ def test_linearize_through_the_command_line_picks_the_quiet_layer_transfers_and_
     save_checkpoint(str(tmp_path / "quiet"), model, run, tokenizer)
     out = tmp_path / "lin"
     argv = ["linearize", "--teacher", str(tmp_path / "quiet"), "--count", "1", "--out", str(out),
-            "--transfer-steps", "3", "--distill-steps", "2", "--distill-set", "top_k=4", "--json", "--quiet"]  # fmt: skip
+            "--transfer-steps", "3", "--distill-steps", "2", "--transfer-set", "step_segments=2", "--distill-set", "top_k=4",
+            "--json", "--quiet"]  # fmt: skip
     report = cli_json(argv, capsys)
     kls = json.loads((out / "layer-kl.json").read_text())["kl"]
     assert report["layers"] == [1] and sorted(kls) == ["0", "1", "2"], (report, kls)

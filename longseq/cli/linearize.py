@@ -62,7 +62,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument("--set", nargs="+", action="append", metavar="KEY=VALUE", help="a run config key, both stages")
     p.add_argument("--transfer-set", nargs="+", action="append", metavar="KEY=VALUE",
-                   help="a run config key of stage 1 only (its task's: window)")  # fmt: skip
+                   help="a run config key of stage 1 only (its task's: step_segments)")  # fmt: skip
     p.add_argument("--distill-set", nargs="+", action="append", metavar="KEY=VALUE",
                    help="a run config key of stage 2 only (its task's: alpha temperature top_k cache)")  # fmt: skip
     p.add_argument("--out", required=True, help="output directory")

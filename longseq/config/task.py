@@ -188,19 +188,19 @@ class TransferOptions(TaskConfig):
     """Attention transfer (:mod:`longseq.tasks.transfer`; LoLCATs' first stage of linearization): the run's model
     is ``teacher`` (a longseq checkpoint) with some attention layers replaced by mixers
     (:mod:`longseq.tasks.linearize`), and only those mixers train, each so that its layer gives the teacher layer's
-    output on the teacher's own layer inputs (a mean squared error per layer).  A step reads ``window`` consecutive
+    output on the teacher's own layer inputs (a mean squared error per layer).  A step reads ``step_segments`` consecutive
     segments from an empty memory, the teacher's and the student's memories carried within it;
     ``teacher_sha256`` is the teacher's weights' fingerprint, written when the run starts."""
 
     name: str = "transfer"
     teacher: str = ""
-    window: int = 4
+    step_segments: int = 4
     teacher_sha256: str = ""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(bool(self.teacher), "the transfer task needs its teacher: a longseq checkpoint (--teacher DIR)")
-        check(self.window >= 1, f"task.window must be >= 1 segment, got {self.window}")
+        check(self.step_segments >= 1, f"task.step_segments must be >= 1, got {self.step_segments}")
 
 
 TASK_OPTIONS: dict[str, type[TaskConfig]] = {

@@ -10,12 +10,12 @@ loss is its own: they train all at once, and layers chosen later keep what they 
 are the whole layers' (mixer and feed-forward, the residual included), as ``layer_outputs`` gives them; the last
 layer's after the final norm where the model has one.
 
-**What a step reads.**  Each optimizer step reads ``task.window`` consecutive segments of the training streams
+**What a step reads.**  Each optimizer step reads ``task.step_segments`` consecutive segments of the training streams
 from an empty memory: the teacher's memory and the student's (its mixers' states) are carried from segment to
 segment within the step, and start empty at the next.  The Trainer carries one memory from step to step, the
 model's own; here two models read in step, and the teacher's memory is no part of the run's state.  Starting each
 step afresh keeps the run's state what the Trainer saves (weights, optimizer, data position, RNG), so a resumed
-run is exact, and ``window`` sets how long a state the mixers learn to carry (the teacher's memory fills in the
+run is exact, and ``step_segments`` sets how long a state the mixers learn to carry (the teacher's memory fills in the
 same window).  Validation reads the validation split in one ordered pass with both memories carried.
 """
 
@@ -84,7 +84,7 @@ class AttentionTransfer(LanguageModeling):
         return [p for name, p in model.named_parameters() if name.startswith(own)]
 
     def window(self) -> int:
-        return self.options.window
+        return self.options.step_segments
 
     def unigram_bpc(self):
         return None
