@@ -5,7 +5,8 @@ linearize``), against the same students trained from scratch on the text for the
 * The teacher: ``base.toml``'s 4 layers of d_model 128 (the runner's WikiText-2 base: words, adaptive softmax with
   cutoffs 2000, 10000) with the llama-xl block (``variants/block.toml [llama-xl]``: rotary positions, RMSNorm,
   SwiGLU, 2 key/value heads of 4, QK-norm, no biases): 5.15M parameters, mostly the 33,278-word embedding.
-* Each ratio and seed: ``api.linearize(teacher, ratio=R, select="kl")``.  With ``--select kl`` stage 1 transfers
+* Each ratio and seed: ``api.linearize(teacher, ratio=R, select="kl")``, each stage at its own learning rate
+  (``--transfer-lr``, ``--distill-lr``) warming up over a tenth of its steps, min_lr and the cosine the teacher's.  With ``--select kl`` stage 1 transfers
   every attention layer whatever the ratio, so the ratios of one seed share one transfer: the first ratio's, linked
   into the others' folders (``transfer`` -> ``lin-1-sS/transfer``), which they resume, finished.  The students share
   one cache of the teacher's top-k logits (``WORK/teacher-cache``).
@@ -79,6 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--mixer", default="gla")
     p.add_argument("--step-segments", type=int, default=4, help="segments a transfer step reads")
+    p.add_argument("--transfer-lr", type=float, default=1e-3)
+    p.add_argument("--distill-lr", type=float, default=5e-4)
     p.add_argument("--top-k", type=int, default=8, help="the teacher's logits kept a position")
     p.add_argument("--alpha", type=float, default=0.5)
     p.add_argument("--lengths", type=int, nargs="*", default=[8192, 16384, 32768, 65536])
@@ -141,11 +144,14 @@ def linearized(args, corpus, teacher: str, ratio: float, seed: int) -> dict:
     if ratio != args.ratios[0] and os.path.isdir(first) and not os.path.exists(os.path.join(out, "transfer")):
         os.makedirs(out, exist_ok=True)
         os.symlink(os.path.abspath(first), os.path.join(out, "transfer"))  # every layer's transfer, shared
-    settings = [f"seed={seed}", *args.set]
-    distill = [f"cache={os.path.join(args.work, 'teacher-cache')}", f"top_k={args.top_k}", f"alpha={args.alpha}"]
+    settings = [f"seed={seed}", *args.set]  # each stage warms up over a tenth of its steps
+    transfer = [f"step_segments={args.step_segments}", f"lr={args.transfer_lr}", "dropout=0",
+                f"warmup_steps={max(1, args.transfer_steps // 10)}"]  # fmt: skip  (no noise on the MSE's targets)
+    distill = [f"cache={os.path.join(args.work, 'teacher-cache')}", f"top_k={args.top_k}", f"alpha={args.alpha}",
+               f"lr={args.distill_lr}", f"warmup_steps={max(1, args.distill_steps // 10)}"]  # fmt: skip
     start = time.perf_counter()
     report = linearize(teacher, out, args.mixer, ratio=ratio, select="kl", transfer_steps=args.transfer_steps,
-                       distill_steps=args.distill_steps, settings=settings, transfer_settings=[f"step_segments={args.step_segments}"],
+                       distill_steps=args.distill_steps, settings=settings, transfer_settings=transfer,
                        distill_settings=distill, resume=True, log=print, corpus=corpus)  # fmt: skip
     seconds = time.perf_counter() - start
     d = load_checkpoint(report["student"])[2].data
