@@ -4,10 +4,14 @@ teacher's (Hinton, Vinyals and Dean, 2015), any longseq model from any other of 
     loss = (1 - alpha) * NLL(student) + alpha * T^2 * KL(teacher_T || student_T)
 
 where ``_T`` is a distribution softened by the temperature T (the logits divided by it) and the T^2 keeps the
-gradient's scale as T changes.  The teacher's distribution is its ``top_k`` logits at the position, renormalised
-(sparse distillation: the tail of a language model's distribution carries little of the KL), read from a cache of
+gradient's scale as T changes.  The KL is taken between the two distributions restricted to the teacher's ``top_k``
+tokens at the position, each renormalised there (sparse distillation), the teacher's logits read from a cache of
 the training split (:mod:`longseq.tasks.teacher`) by the position of each label; positions no teacher stream
-predicted are left to the next-token loss.  The cache is made once, before the first step (in the run directory
+predicted are left to the next-token loss.  Both are renormalised: with the student's whole distribution against
+the teacher's renormalised top k, the KL's minimum puts all of the student's mass on those k tokens, which at a
+high temperature hold little of the teacher's (1.9% for a word-level WikiText-2 teacher at T = 2, k = 8), and
+a student equal to its teacher was pushed away from it; the tail's mass is left to the next-token loss.
+The cache is made once, before the first step (in the run directory
 unless ``task.cache`` names one), so a resumed run reads the same targets and resumes exactly, and several students
 share one teacher pass.
 
@@ -67,7 +71,8 @@ def distillation_loss(logits, labels, top_ids, top_logits, temperature: float, a
     if alpha == 0 or not bool(known.any()):
         return (1 - alpha) * nll, nll
     teacher = F.log_softmax(top_logits.float() / temperature, dim=-1)  # (B, T, k), renormalised over the top k
-    student = F.log_softmax(logits.float() / temperature, dim=-1).gather(-1, top_ids.clamp(min=0))  # (B, T, k)
+    chosen = logits.float().gather(-1, top_ids.clamp(min=0))  # (B, T, k): the student on the same k tokens,
+    student = F.log_softmax(chosen / temperature, dim=-1)  # renormalised there too (the teacher is a fixed point)
     kl = (teacher.exp() * (teacher - student)).sum(-1)  # (B, T)
     kl = kl[known].mean() * temperature**2
     return (1 - alpha) * nll + alpha * kl, nll
