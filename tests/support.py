@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+import types
 from contextlib import contextmanager
 
 import numpy as np
@@ -396,3 +397,37 @@ def segments_and_steps(model, x, size: int):
         scores, ring = model.next_token_scores(x[:, t : t + 1], ring)
         steps.append(scores)
     return segmented, torch.stack(steps, dim=1), mems
+
+
+# --- transformers' own Llama-family models, computed in float64 throughout ----------------------------------------
+
+
+class _WideTorch(types.ModuleType):
+    """``torch`` as a transformers module sees it under :func:`wide_transformers`: ``torch.float`` and
+    ``torch.float32`` are float64, everything else is torch's own."""
+
+    def __init__(self) -> None:
+        super().__init__("torch")
+
+    def __getattr__(self, name: str):
+        return torch.float64 if name in ("float", "float32") else getattr(torch, name)
+
+
+@contextmanager
+def wide_transformers(*model_types: str):
+    """transformers computing in float64 where its Llama-family code fixes float32 (the RMSNorm's upcast, rope's
+    frequencies, cos and sin, the softmax of eager attention), so that a float64 model is float64 throughout and
+    its logits can be held to longseq's at 1e-10.  The name ``torch`` is replaced in ``modeling_rope_utils`` and the
+    families' modeling modules only, for the ``with`` block (build the model and run it inside)."""
+    import importlib
+
+    names = ["transformers.modeling_rope_utils"] + [f"transformers.models.{t}.modeling_{t}" for t in model_types]
+    modules = [importlib.import_module(name) for name in names]
+    saved = [module.torch for module in modules]
+    for module in modules:
+        module.torch = _WideTorch()
+    try:
+        yield
+    finally:
+        for module, old in zip(modules, saved):
+            module.torch = old

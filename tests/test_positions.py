@@ -43,6 +43,10 @@ def model_for(pos: str, **extra) -> TransformerXLLM:
     for module in model.modules():
         if isinstance(module, T5Bias):  # zeros at init: give the buckets something to say
             torch.nn.init.normal_(module.rel_bias, 0.0, 1.0)
+        if isinstance(module, RelativeMultiHeadAttention):  # biases are zeros at init too
+            for bias in (module.qkv_net.bias, module.o_net.bias):
+                if bias is not None:
+                    torch.nn.init.normal_(bias, 0.0, 0.5)
     return model
 
 
@@ -76,6 +80,78 @@ def test_rope_scalings_stretch_the_positions_or_the_base():
     assert torch.allclose(linear, plain / 4)  # position m reads as m / 4
     assert torch.allclose(ntk, (10000.0 * 4.0 ** (8 / 6)) ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8))
     assert torch.isclose(ntk[0], plain[0]) and torch.isclose(ntk[-1], plain[-1] / 4)  # highest kept, lowest / 4
+
+
+ROPE_KINDS = [  # transformers' rope_parameters, and longseq's options for them
+    ({"rope_type": "linear", "factor": 4.0}, {"rope_scaling": "linear", "rope_factor": 4.0}),
+    ({"rope_type": "dynamic", "factor": 3.0}, {"rope_scaling": "dynamic", "rope_factor": 3.0, "rope_original_len": 64}),
+    (
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+        {"rope_scaling": "llama3", "rope_factor": 8.0, "rope_original_len": 16},
+    ),
+    (
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+        {"rope_scaling": "yarn", "rope_factor": 4.0, "rope_original_len": 16},
+    ),
+    (
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+            "beta_fast": 16.0,
+            "beta_slow": 2.0,
+            "truncate": False,
+            "attention_factor": 1.3,
+        },
+        {
+            "rope_scaling": "yarn",
+            "rope_factor": 4.0,
+            "rope_original_len": 32,
+            "rope_beta_fast": 16.0,
+            "rope_beta_slow": 2.0,
+            "rope_truncate": False,
+            "rope_attention_factor": 1.3,
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("theirs, ours", ROPE_KINDS, ids=lambda kind: kind.get("rope_type", ""))
+@pytest.mark.parametrize("klen", [10, 64, 200])
+def test_rope_scalings_equal_transformers_formulas(theirs, ours, klen):
+    """Each rope scaling's frequencies and attention factor are those of transformers' ``modeling_rope_utils`` (its
+    ``ROPE_INIT_FUNCTIONS``, computed in float64); ``dynamic``'s follow the number of keys beyond the original
+    context (transformers' sequence length)."""
+    transformers = pytest.importorskip("transformers")
+    from support import wide_transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        rope_parameters={"rope_theta": 500.0, **theirs},
+    )
+    with wide_transformers():
+        inv_freq, factor = ROPE_INIT_FUNCTIONS[theirs["rope_type"]](config, "cpu", seq_len=klen)
+    shape = Shape(64, 4, 16, rope_theta=500.0, **ours)
+    layer = RelativeMultiHeadAttention(64, 4, 16, pos="rope", positions=shape)
+    assert inv_freq.dtype == torch.float64
+    assert torch.allclose(rotary_frequencies(shape, None, torch.float64, klen), inv_freq, rtol=1e-14, atol=0)
+    assert layer.rel.attention_factor == pytest.approx(factor, rel=1e-15)
+
+
+def test_every_rope_scaling_the_config_names_is_implemented():
+    from longseq.config.model import ROPE_SCALINGS as NAMED
+    from longseq.model.positions import ROPE_SCALINGS
+
+    assert tuple(ROPE_SCALINGS) == NAMED
 
 
 def test_alibi_slopes_are_the_papers():
@@ -168,10 +244,19 @@ def test_full_attention_on_sdpa_runs_in_blocks_of_128_queries_on_a_cpu_and_equal
 
 
 @pytest.mark.parametrize("pos", ENCODINGS)
-@pytest.mark.parametrize("extra", [{}, {"n_kv_head": 1, "qk_norm": True}, {"same_length": True, "pre_lnorm": True}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"n_kv_head": 1, "qk_norm": True},
+        {"same_length": True, "pre_lnorm": True},
+        {"n_kv_head": 2, "qkv_bias": True, "attn_out_bias": True},
+    ],
+)
 def test_chunked_with_memory_equals_the_whole_sequence_and_every_memory_agrees(pos, extra):
     """With a memory as long as the text, segments of 4 with the memory carried give the logits of one pass over
-    the whole; a key/value memory (keys stored before rotation) and generation's ring give the same logits."""
+    the whole; a key/value memory (keys stored before rotation, projected with the keys' own bias) and generation's
+    ring give the same logits."""
     model = model_for(pos, mem_len=24, **extra)
     x = torch.randint(0, 30, (2, 24))
     with torch.no_grad():
@@ -182,7 +267,7 @@ def test_chunked_with_memory_equals_the_whole_sequence_and_every_memory_agrees(p
     assert torch.allclose(stepped, whole, atol=1e-10)
     assert torch.allclose(kv, chunked, atol=1e-10)
     if extra.get("n_kv_head"):
-        assert mems.layers[0].keys.size(1) == 1  # the cache holds the shared key/value head only
+        assert mems.layers[0].keys.size(1) == extra["n_kv_head"]  # the cache holds the shared key/value heads only
 
 
 @pytest.mark.parametrize("pos", ENCODINGS)
@@ -270,9 +355,11 @@ def test_checkpoints_from_before_the_encodings_were_modules_load():
         ({"pos": "rope", "attn_impl": "rel_shift_x"}, "attn_impl"),
         ({"pos": "rope", "attn_impl": "flex"}, "attn_impl=flex"),
         ({"pos": "sinusoidal", "attn_impl": "sdpa"}, "attn_impl=sdpa"),
-        ({"pos": "rope", "rope_scaling": "yarn"}, "rope_scaling"),
+        ({"pos": "rope", "rope_scaling": "longrope"}, "rope_scaling"),
+        ({"pos": "rope", "rope_scaling": "yarn"}, "rope_original_len"),
         ({"pos": "rope", "rope_factor": 0.5}, "rope_factor"),
         ({"n_kv_head": 3}, "n_kv_head"),
+        ({"head_bias": False, "cutoffs": [10]}, "head_bias"),
     ],
 )
 def test_bad_position_and_head_options_are_named(overrides, match):

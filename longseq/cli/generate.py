@@ -10,7 +10,16 @@ import argparse
 import json
 import time
 
-from longseq.cli.common import common_flags, device_flag, load_model, refuse_memory_settings, say
+from longseq.cli.common import (
+    checkpoint_kind,
+    common_flags,
+    device_flag,
+    load_model,
+    refuse_memory_settings,
+    say,
+    set_threads,
+    threads_flag,
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -23,14 +32,34 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mem-len", type=int, help="memory length while sampling (default: train mem_len + tgt_len)")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="a pretrained model's chat: the prompt as a user message through its chat template, stopping at its "
+        "end-of-text token (needs transformers)",
+    )
     device_flag(p)
+    threads_flag(p)
     return common_flags(p)
 
 
+def chat_ids(tokenizer, prompt: str) -> list[int]:
+    """The ids of ``prompt`` as a user message in the checkpoint's chat template, the assistant's turn opened."""
+    from longseq.data.tokenizers import PretrainedTokenizer
+    from longseq.interop.llama_tokenizer import chat_text
+
+    if not isinstance(tokenizer, PretrainedTokenizer) or not tokenizer.chat_template:
+        raise ValueError(
+            f"--chat needs a pretrained model's chat template; this checkpoint's {tokenizer.kind} tokenizer has none"
+        )
+    return tokenizer.encode(chat_text(tokenizer, [{"role": "user", "content": prompt}])).tolist()
+
+
 def prompt_ids(tokenizer, prompt: str) -> list[int]:
-    """The prompt's ids; a word prompt not ending in a newline does not end its line (no <eos>).  Unknown words
-    are named on stderr."""
-    ids = tokenizer.encode_prompt(prompt).tolist()
+    """The prompt's ids (``encode_prompt``): a word prompt not ending in a newline does not end its line (no <eos>);
+    a pretrained tokenizer's come after what it puts before a text (``start_ids``: a BOS).  Unknown words are named
+    on stderr."""
+    ids = [*tokenizer.start_ids(), *tokenizer.encode_prompt(prompt).tolist()]
     if tokenizer.kind == "word":
         words = [w.lower() if tokenizer.lowercase else w for w in prompt.split()]
         unknown = sorted({w for w in words if w not in tokenizer.index})
@@ -79,14 +108,16 @@ def run(args: argparse.Namespace) -> dict:
     from longseq.config import Recurrence
     from longseq.generation import check_sampling, generate_stream
 
+    set_threads(args)
     check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     if args.mem_len is not None:
         Recurrence(args.mem_len)  # checks it (>= 0) before the checkpoint loads and the prompt is printed
     _, model, tokenizer, run_config = load_model(args.checkpoint, args.device)
     if run_config.task is not None:
-        raise ValueError(f"{args.checkpoint} is fine-tuned for {run_config.task.name}; use longseq predict")
+        raise ValueError(f"{args.checkpoint} is not a language model: it is {checkpoint_kind(run_config)}")
     refuse_memory_settings(run_config.model, ["--mem-len"] if args.mem_len is not None else [])
-    ids = prompt_ids(tokenizer, args.prompt)
+    ids = chat_ids(tokenizer, args.prompt) if args.chat else prompt_ids(tokenizer, args.prompt)
+    stop = tokenizer.eos_id if args.chat else None
     mem_len = args.mem_len if args.mem_len is not None else run_config.model.memory.mem_len + run_config.data.tgt_len
     stream = StreamText(tokenizer, ids, args.prompt)
     tokens = generate_stream(
@@ -105,6 +136,8 @@ def run(args: argparse.Namespace) -> dict:
         print(args.prompt, end="", flush=True)
     try:
         for token in tokens:
+            if int(token[0, 0]) == stop:  # the chat's turn ends
+                break
             count += 1
             piece = stream.feed(int(token[0, 0]))
             if piece and not args.json:

@@ -164,14 +164,23 @@ def check_pattern(window: int, dilation, stride: int, block_size: int, block_sum
     )
 
 
+ROPE_SCALINGS = ("none", "linear", "ntk", "dynamic", "llama3", "yarn")  # longseq.model.positions.ROPE_SCALINGS's
+
+
 @config
 class PositionConfig(JsonConfig):
     """Position encodings (:mod:`longseq.model.positions`): ``pos`` is ``sinusoidal`` (the paper's R with u and
     v), ``shaw`` (Shaw et al.'s clipped learned table, ``max_relative_distance`` entries each way, no u, v),
-    ``rope`` (rotary, base ``rope_theta``; ``rope_scaling`` ``linear`` or ``ntk`` by ``rope_factor`` stretches it
-    for longer evaluation memories), ``alibi``, ``t5`` (``t5_buckets`` learned biases per head, log-spaced up to
-    ``max_relative_distance``), ``nope`` (none) or ``absolute`` (the vanilla Transformer: sinusoidal positions added
-    to the input, no memory).  ``clamp_len`` > 0 clamps relative distances (not read by rope and nope)."""
+    ``rope`` (rotary, base ``rope_theta``), ``alibi``, ``t5`` (``t5_buckets`` learned biases per head, log-spaced up
+    to ``max_relative_distance``), ``nope`` (none) or ``absolute`` (the vanilla Transformer: sinusoidal positions
+    added to the input, no memory).  ``clamp_len`` > 0 clamps relative distances (not read by rope and nope).
+
+    ``rope_scaling`` stretches rope by ``rope_factor``: ``linear`` (position interpolation) and ``ntk`` (the base
+    rescaled) for longer evaluation memories, and transformers' kinds as pretrained Llama-family models set them:
+    ``dynamic`` (the base rescaled for a window of more keys than ``rope_original_len``), ``llama3`` (Llama 3.1's
+    bands, ``rope_low_freq_factor`` and ``rope_high_freq_factor`` of ``rope_original_len``) and ``yarn`` (YaRN:
+    ramps between ``rope_beta_fast`` and ``rope_beta_slow`` rotations over ``rope_original_len``, ``rope_truncate``
+    rounding the ramp's ends; cos and sin times ``rope_attention_factor``, 0: 0.1 ln(factor) + 1)."""
 
     pos: str = "sinusoidal"
     clamp_len: int = -1
@@ -179,6 +188,13 @@ class PositionConfig(JsonConfig):
     rope_theta: float = 10000.0
     rope_scaling: str = "none"
     rope_factor: float = 1.0
+    rope_original_len: int = 0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_attention_factor: float = 0.0
+    rope_truncate: bool = True
     t5_buckets: int = 32
 
     def __post_init__(self) -> None:
@@ -187,11 +203,22 @@ class PositionConfig(JsonConfig):
             f"positions.max_relative_distance must be >= 1 with pos={self.pos}, got {self.max_relative_distance}",
         )
         check(self.rope_theta > 0, f"positions.rope_theta must be > 0, got {self.rope_theta}")
-        check(
-            self.rope_scaling in ("none", "linear", "ntk"),
-            f"positions.rope_scaling must be none, linear or ntk, got {self.rope_scaling!r}",
-        )
+        check_choice("positions.rope_scaling", self.rope_scaling, ROPE_SCALINGS)
         check(self.rope_factor >= 1.0, f"positions.rope_factor must be >= 1 (1: no scaling), got {self.rope_factor}")
+        check(
+            self.rope_scaling not in ("dynamic", "llama3", "yarn") or self.rope_original_len >= 1,
+            f"positions.rope_scaling={self.rope_scaling} scales from the context trained before it: set "
+            f"rope_original_len >= 1 (got {self.rope_original_len})",
+        )
+        check(
+            self.rope_high_freq_factor > self.rope_low_freq_factor > 0,
+            f"positions.rope_high_freq_factor ({self.rope_high_freq_factor}) must exceed rope_low_freq_factor "
+            f"({self.rope_low_freq_factor}) > 0",
+        )
+        check(
+            self.rope_beta_fast > 0 and self.rope_beta_slow > 0 and self.rope_attention_factor >= 0,
+            "positions.rope_beta_fast and rope_beta_slow must be > 0, rope_attention_factor >= 0 (0: YaRN's default)",
+        )
         check(self.t5_buckets >= 2, f"positions.t5_buckets must be >= 2, got {self.t5_buckets}")
 
 
@@ -324,6 +351,21 @@ class Recurrence:
             raise ValueError(f"mem_len must be >= 0, got {self.mem_len}")
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max; the config package does not import torch
+FLOAT16_MAX = 65504.0  # torch.finfo(torch.float16).max (bfloat16's, 3.39e38, is float32's order)
+
+
+def check_cap_fits(name: str, cap: float, dtype: str, largest: float) -> None:
+    """A soft cap c (``c * tanh(x / c)``) must be a number of the ``dtype`` the scores are capped in: a larger one
+    is infinite there, and inf * tanh(x / inf) = inf * 0 is NaN in every score."""
+    check(
+        cap <= largest,
+        f"{name}={cap:g} is beyond {dtype}'s largest number ({largest:g}): c * tanh(x / c) in {dtype} is NaN for "
+        "every score (inf * 0), which would show up only as a NaN loss. A cap that large caps nothing: use 0 for no "
+        "cap, or one near the scores' scale (Gemma 2: 50 for attention, 30 for the output logits)",
+    )
+
+
 @config
 class ModelConfig(JsonConfig):
     """Transformer-XL architecture (Dai et al., 2019), with its ``memory``, ``pattern`` and ``positions``.
@@ -343,7 +385,10 @@ class ModelConfig(JsonConfig):
     (``pre_lnorm``: before each sub-layer, else after the residual sum), and with ``final_norm`` once more after the
     last layer (as a pre-norm stack usually ends); ``ff`` is the feed-forward's activation, ``relu`` (the paper's),
     ``gelu``, or the gated ``swiglu`` and ``geglu`` (Shazeer, 2020; ``d_inner`` stays the hidden width); ``bias`` False
-    drops the biases of the feed-forward's linears and of the norms (attention's projections have none).
+    drops the biases of the feed-forward's linears and of the norms; attention's projections have biases with
+    ``qkv_bias`` (queries, keys and values: Qwen2) and ``attn_out_bias`` (its output), the softmax with
+    ``head_bias``.  ``embed_scale`` multiplies the embedding by sqrt(d_model) (the paper's; false: the lookup alone,
+    as Llama's).
     ``attn_softcap`` > 0 caps every attention logit at c tanh(x / c) before the mask and softmax (Gemma 2; not on the
     SDPA kernel, which has no hook for the scores), ``logit_softcap`` > 0 the output logits (with an adaptive softmax,
     each cluster's logits before its own softmax).
@@ -367,6 +412,10 @@ class ModelConfig(JsonConfig):
     norm: str = "layernorm"
     ff: str = "relu"
     bias: bool = True
+    qkv_bias: bool = False
+    attn_out_bias: bool = False
+    head_bias: bool = True
+    embed_scale: bool = True
     final_norm: bool = False
     attn_softcap: float = 0.0
     logit_softcap: float = 0.0
@@ -488,6 +537,7 @@ class ModelConfig(JsonConfig):
         check(self.attn_chunk >= 0, f"ModelConfig.attn_chunk must be >= 0 (0: no chunking), got {self.attn_chunk}")
         for name in ("attn_softcap", "logit_softcap"):
             check(getattr(self, name) >= 0, f"ModelConfig.{name} must be >= 0 (0: no cap), got {getattr(self, name)}")
+            check_cap_fits(f"ModelConfig.{name}", getattr(self, name), "float32", FLOAT32_MAX)
         for name in ("dropout", "dropatt"):
             check(0.0 <= getattr(self, name) < 1.0, f"ModelConfig.{name} must be in [0, 1), got {getattr(self, name)}")
         check(
@@ -532,6 +582,10 @@ class ModelConfig(JsonConfig):
             all(a < b for a, b in zip(bounds, bounds[1:])),
             f"ModelConfig.cutoffs must be strictly increasing and inside (0, vocab_size={self.vocab_size}), "
             f"got {self.cutoffs}",
+        )
+        check(
+            self.head_bias or not self.cutoffs,
+            "ModelConfig.head_bias=false is for a plain softmax: an adaptive one (cutoffs) has its cluster biases",
         )
         if self.div_val > 1:
             check(bool(self.cutoffs), "ModelConfig.div_val > 1 needs cutoffs (adaptive embedding)")

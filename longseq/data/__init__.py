@@ -8,6 +8,7 @@ from longseq.data.tokenizers import (
     BPETokenizer,
     ByteTokenizer,
     CharTokenizer,
+    PretrainedTokenizer,
     Tokenizer,
     TokenizerError,
     WordTokenizer,
@@ -20,6 +21,7 @@ from longseq.data.tokenizers import (
 
 __all__ = [
     "BPETokenizer",
+    "PretrainedTokenizer",
     "BatchingError",
     "ByteTokenizer",
     "CharTokenizer",

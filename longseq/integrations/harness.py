@@ -28,7 +28,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from longseq.data.tokenizers import newline_id
+from longseq.data.tokenizers import prefix_id
 from longseq.eval.evaluate import scored_segments, start_memory
 from longseq.generation import check_sampling, generate_stream, windowed
 from longseq.runtime import set_matmul_precision
@@ -106,7 +106,7 @@ class LongseqLM(TemplateLM):
         self.recurrence = self.model.config.recurrence(
             mem_len=settings["mem_len"], clamp_len=settings["clamp_len"], same_length=_flag(same_length)
         )
-        self._prefix = newline_id(self.tokenizer)
+        self._prefix = prefix_id(self.tokenizer)
 
     # -- tokens ---------------------------------------------------------------------------------------------------
     @property

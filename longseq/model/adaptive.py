@@ -31,14 +31,17 @@ def _cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]
 
 
 class AdaptiveEmbedding(nn.Module):
-    """Token ids (B, T) -> embeddings (B, T, d_proj), scaled by sqrt(d_proj) as in the paper."""
+    """Token ids (B, T) -> embeddings (B, T, d_proj), scaled by sqrt(d_proj) as in the paper (``scaled`` False: the
+    lookup alone, as Llama's)."""
 
-    def __init__(self, vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int) -> None:
+    def __init__(
+        self, vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int, scaled: bool = True
+    ) -> None:
         super().__init__()
         self.d_proj = d_proj
         self.div_val = div_val
         self.bounds = _cluster_bounds(vocab_size, cutoffs)
-        self.scale = d_proj**0.5
+        self.scale = d_proj**0.5 if scaled else 1.0
         self.emb_layers = nn.ModuleList()
         self.emb_projs = nn.ParameterList()
         if div_val == 1:
@@ -56,7 +59,7 @@ class AdaptiveEmbedding(nn.Module):
             embed = self.emb_layers[0](input_ids)  # (B, T, d_embed)
             if len(self.emb_projs):
                 embed = F.linear(embed, self.emb_projs[0])  # (B, T, d_proj)
-            return embed * self.scale
+            return embed * self.scale if self.scale != 1.0 else embed
         flat = input_ids.reshape(-1)  # (N,)
         param = self.emb_projs[0]
         out = torch.zeros(flat.numel(), self.d_proj, dtype=param.dtype, device=param.device)  # (N, d_proj)
@@ -75,11 +78,19 @@ class AdaptiveLogSoftmax(nn.Module):
     ``out_projs[i]`` is None where d_proj == d_embed and div_val == 1 (no projection needed).
     Head column ``cutoffs[0] + i - 1`` holds the log-probability of tail cluster i, as in the
     original TensorFlow code and the Hugging Face port.  ``softcap`` > 0 caps the logits (module docstring);
-    capped half-precision logits are computed in float32.
+    capped half-precision logits are computed in float32.  ``bias`` False: a plain softmax without a bias per token
+    (Llama's ``lm_head``; an adaptive softmax keeps its biases).
     """
 
     def __init__(
-        self, vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int, softcap: float = 0.0
+        self,
+        vocab_size: int,
+        d_embed: int,
+        d_proj: int,
+        cutoffs: list[int],
+        div_val: int,
+        softcap: float = 0.0,
+        bias: bool = True,
     ) -> None:
         super().__init__()
         self.vocab_size, self.softcap = vocab_size, softcap
@@ -93,7 +104,7 @@ class AdaptiveLogSoftmax(nn.Module):
         self.out_layers = nn.ModuleList()
         projs: list[nn.Parameter | None] = []
         if div_val == 1:
-            self.out_layers.append(nn.Linear(d_embed, vocab_size))
+            self.out_layers.append(nn.Linear(d_embed, vocab_size, bias=bias or bool(cutoffs)))
             for _ in self.bounds:
                 projs.append(nn.Parameter(torch.empty(d_proj, d_embed)) if d_proj != d_embed else None)
         else:
@@ -112,7 +123,8 @@ class AdaptiveLogSoftmax(nn.Module):
     def _cluster_params(self, i: int) -> tuple[Tensor, Tensor, Tensor | None]:
         if self.div_val == 1:
             lo, hi = self.bounds[i]
-            weight, bias = self.out_layers[0].weight[lo:hi], self.out_layers[0].bias[lo:hi]
+            layer = self.out_layers[0]
+            weight, bias = layer.weight[lo:hi], None if layer.bias is None else layer.bias[lo:hi]
         else:
             weight, bias = self.out_layers[i].weight, self.out_layers[i].bias
         if i == 0 and self.n_clusters:

@@ -15,8 +15,10 @@ Two families, which decide the kernel (:func:`longseq.model.attention.kernels.bu
 * **content scores** with at most an additive bias per (head, distance), run by PyTorch's
   ``scaled_dot_product_attention`` (FlashAttention and memory-efficient kernels on a GPU, the fused CPU kernel):
 
-  * ``rope``: rotary positions (Su et al., 2021) on queries and keys, ``rope_theta``, with a ``linear`` (position
-    interpolation) or ``ntk`` (base rescaled) scaling by ``rope_factor`` for longer evaluation memories;
+  * ``rope``: rotary positions (Su et al., 2021) on queries and keys, ``rope_theta``, with a scaling by
+    ``rope_factor`` (:data:`ROPE_SCALINGS`): ``linear`` (position interpolation) or ``ntk`` (base rescaled) for
+    longer evaluation memories, and transformers' ``dynamic``, ``llama3`` and ``yarn`` as pretrained models set
+    them (their formulas are those of transformers' ``modeling_rope_utils.py``);
   * ``alibi``: ALiBi (Press et al., 2022), -slope_h * distance, the paper's geometric slopes;
   * ``t5``: T5's bucketed relative bias (Raffel et al., 2020), ``t5_buckets`` learned scalars per head and layer,
     log-spaced buckets up to ``max_relative_distance``;
@@ -37,13 +39,26 @@ key and a key recomputed from a hidden-state memory give the same score (the tes
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import ClassVar
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-COMMON_UNREAD = ("positions.rope_theta", "positions.rope_scaling", "positions.rope_factor", "positions.t5_buckets")
+ROPE_OPTIONS = (
+    "positions.rope_theta",
+    "positions.rope_scaling",
+    "positions.rope_factor",
+    "positions.rope_original_len",
+    "positions.rope_low_freq_factor",
+    "positions.rope_high_freq_factor",
+    "positions.rope_beta_fast",
+    "positions.rope_beta_slow",
+    "positions.rope_attention_factor",
+    "positions.rope_truncate",
+)
+COMMON_UNREAD = (*ROPE_OPTIONS, "positions.t5_buckets")
 UV = ("untie_r", "uv_init", "dropout_r")  # the options of u, v and the dropout on R, read by sinusoidal only
 
 
@@ -109,6 +124,17 @@ class Shape:
     rope_factor: float = 1.0
     t5_buckets: int = 32
     bidirectional: bool = False  # a pattern that sees later keys (distances below 0)
+    rope_original_len: int = 0  # the scalings' other options (PositionConfig's, same names)
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_attention_factor: float = 0.0
+    rope_truncate: bool = True
+
+
+SHAPE_OPTIONS = tuple(f.name for f in fields(Shape) if f.name not in ("d_model", "n_head", "d_head", "bidirectional"))
+# the PositionConfig fields a Shape takes, under the same names
 
 
 class PositionEncoding(nn.Module):
@@ -125,6 +151,7 @@ class PositionEncoding(nn.Module):
     relative: ClassVar[bool] = True  # positions enter only as differences, so the memory can be reused
     unread: ClassVar[tuple[str, ...]] = ()  # the model options this encoding has no use for
     scores_distances: ClassVar[bool] = False  # a term per query-key distance (a table of keys or a bias)
+    extrapolates: ClassVar[bool] = True  # scores at distances longer than training's stay as good (rope's break)
 
     def __init__(self, shape: Shape) -> None:
         super().__init__()
@@ -140,6 +167,11 @@ class PositionEncoding(nn.Module):
 
     def table(self, positions: RelativePositions) -> Tensor | None:
         return None
+
+    @classmethod
+    def unread_options(cls, positions) -> set[str]:
+        """The option paths this encoding does not read under ``positions`` (a PositionConfig)."""
+        return set(cls.unread)
 
     def rotate(self, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
         return query, key
@@ -203,14 +235,119 @@ class NoPositions(PositionEncoding):
     unread = ("positions.clamp_len", "positions.max_relative_distance", *UV, *COMMON_UNREAD)
 
 
-def rotary_frequencies(shape: Shape, device, dtype: torch.dtype) -> Tensor:
-    """theta^(-2k/D) for k < D/2, with the base rescaled by ``factor^(D / (D - 2))`` for ``ntk`` (the NTK-aware
-    scaling), and divided by ``factor`` for ``linear`` (position interpolation: positions / factor)."""
+def default_frequencies(theta: float, d: int, device, dtype: torch.dtype) -> Tensor:
+    """theta^(-2k/D) for k < D/2, computed as transformers does (so that float32 frequencies agree bit for bit)."""
+    return 1.0 / theta ** (torch.arange(0, d, 2, device=device, dtype=dtype) / d)
+
+
+def _ntk(shape: Shape, klen: int, device, dtype) -> Tensor:
+    """The base rescaled by ``factor^(D / (D - 2))`` (NTK-aware scaling) for every length."""
+    d, factor = shape.d_head, shape.rope_factor
+    return default_frequencies(shape.rope_theta * (factor ** (d / (d - 2)) if d > 2 else 1.0), d, device, dtype)
+
+
+def _dynamic(shape: Shape, klen: int, device, dtype) -> Tensor:
+    """transformers' ``dynamic`` (dynamic NTK): for a window of ``klen`` keys beyond ``rope_original_len`` the base
+    is theta (factor klen / original - (factor - 1))^(D / (D - 2)); within it, theta."""
+    d, factor, original = shape.d_head, shape.rope_factor, shape.rope_original_len
+    length = max(klen, original)
+    theta = shape.rope_theta * ((factor * length / original) - (factor - 1)) ** (d / (d - 2))
+    return default_frequencies(theta, d, device, dtype)
+
+
+def _llama3(shape: Shape, klen: int, device, dtype) -> Tensor:
+    """Llama 3.1's bands: wavelengths below original / high_freq_factor kept, above original / low_freq_factor
+    divided by ``factor``, and between the two a smooth interpolation."""
+    inv_freq = default_frequencies(shape.rope_theta, shape.d_head, device, dtype)
+    factor, low, high, original = (
+        shape.rope_factor,
+        shape.rope_low_freq_factor,
+        shape.rope_high_freq_factor,
+        shape.rope_original_len,
+    )
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < original / high) * ~(wavelen > original / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _yarn(shape: Shape, klen: int, device, dtype) -> Tensor:
+    """YaRN (Peng et al., 2023): each frequency between extrapolation (theta^(-2k/D)) and interpolation (divided by
+    ``factor``), by a linear ramp over the dimensions that turn between ``beta_fast`` and ``beta_slow`` times in
+    ``rope_original_len`` positions (its ends rounded outwards with ``rope_truncate``)."""
     d, theta, factor = shape.d_head, shape.rope_theta, shape.rope_factor
-    if shape.rope_scaling == "ntk" and d > 2:
-        theta = theta * factor ** (d / (d - 2))
-    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, device=device, dtype=dtype) / d)
-    return inv_freq / factor if shape.rope_scaling == "linear" else inv_freq
+
+    def dimension(rotations: float) -> float:  # the dimension that turns ``rotations`` times in the original context
+        return (d * math.log(shape.rope_original_len / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = dimension(shape.rope_beta_fast), dimension(shape.rope_beta_slow)
+    if shape.rope_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    high = high + 0.001 if low == high else high  # no division by zero
+    pos_freqs = theta ** (torch.arange(0, d, 2, device=device, dtype=dtype) / d)
+    ramp = ((torch.arange(d // 2, device=device, dtype=dtype) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+
+
+def yarn_attention_factor(shape: Shape) -> float:
+    """What YaRN multiplies cos and sin by: ``rope_attention_factor``, or 0.1 ln(factor) + 1 (the paper's
+    sqrt(1/t)) when it is 0."""
+    if shape.rope_attention_factor:
+        return shape.rope_attention_factor
+    return 0.1 * math.log(shape.rope_factor) + 1.0 if shape.rope_factor > 1 else 1.0
+
+
+class RopeScaling(NamedTuple):
+    """A rope scaling: the frequencies ``(shape, klen, device, dtype) -> (D/2,)`` for a window of ``klen`` keys,
+    what multiplies cos and sin (``(shape) -> float``), and the options it reads."""
+
+    frequencies: Callable[[Shape, int, Any, torch.dtype], Tensor]
+    attention_factor: Callable[[Shape], float] = lambda shape: 1.0
+    reads: tuple[str, ...] = ()
+
+
+ROPE_SCALINGS: dict[str, RopeScaling] = {
+    "none": RopeScaling(lambda s, k, device, dtype: default_frequencies(s.rope_theta, s.d_head, device, dtype)),
+    "linear": RopeScaling(
+        lambda s, k, device, dtype: default_frequencies(s.rope_theta, s.d_head, device, dtype) / s.rope_factor,
+        reads=("rope_factor",),
+    ),
+    "ntk": RopeScaling(_ntk, reads=("rope_factor",)),
+    "dynamic": RopeScaling(_dynamic, reads=("rope_factor", "rope_original_len")),
+    "llama3": RopeScaling(
+        _llama3, reads=("rope_factor", "rope_original_len", "rope_low_freq_factor", "rope_high_freq_factor")
+    ),
+    "yarn": RopeScaling(
+        _yarn,
+        yarn_attention_factor,
+        (
+            "rope_factor",
+            "rope_original_len",
+            "rope_beta_fast",
+            "rope_beta_slow",
+            "rope_attention_factor",
+            "rope_truncate",
+        ),
+    ),
+}
+
+
+def rope_unread(scaling: str) -> set[str]:
+    """The rope options a scaling does not read (``rope_theta`` and ``rope_scaling`` are read by all)."""
+    read = {f"positions.{name}" for name in ROPE_SCALINGS[scaling].reads}
+    return set(ROPE_OPTIONS[2:]) - read
+
+
+def rotary_frequencies(shape: Shape, device, dtype: torch.dtype, klen: int = 0) -> Tensor:
+    """The (D/2,) frequencies of ``shape``'s rope scaling (:data:`ROPE_SCALINGS`) for a window of ``klen`` keys:
+    theta^(-2k/D) for k < D/2 unscaled; ``linear`` divides them by ``factor`` (position interpolation: positions /
+    factor); ``ntk`` rescales the base by ``factor^(D / (D - 2))``; ``dynamic``, ``llama3`` and ``yarn`` as
+    transformers computes them."""
+    return ROPE_SCALINGS[shape.rope_scaling].frequencies(shape, klen, device, dtype)
 
 
 def rotate_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -223,21 +360,29 @@ class Rotary(PositionEncoding):
     """RoPE: queries and keys rotated by their index in [memory; segment], so each score depends on the distance."""
 
     unread = ("positions.clamp_len", "positions.max_relative_distance", "positions.t5_buckets", *UV)
+    extrapolates = False  # rotations never seen in training: char PTB 2.03 -> 3.38 bpc at twice the memory
 
     def __init__(self, shape: Shape) -> None:
         super().__init__(shape)
         if shape.d_head % 2:
             raise ValueError(f"pos=rope needs an even d_head, got {shape.d_head}")
         self.shape = shape
+        self.attention_factor = ROPE_SCALINGS[shape.rope_scaling].attention_factor(shape)
+
+    @classmethod
+    def unread_options(cls, positions) -> set[str]:
+        return set(cls.unread) | rope_unread(positions.rope_scaling)
 
     def rotate(self, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
         """Key j at position j, query i at K - T + i (rotation in float32, float64 for a float64 model)."""
         qlen, klen = query.size(2), key.size(2)
         exact = _exact(query.dtype)
         positions = torch.arange(klen, device=query.device, dtype=exact)
-        angles = torch.outer(positions, rotary_frequencies(self.shape, query.device, exact))  # (K, D/2)
+        angles = torch.outer(positions, rotary_frequencies(self.shape, query.device, exact, klen))  # (K, D/2)
         angles = torch.cat([angles, angles], dim=-1)
         cos, sin = angles.cos(), angles.sin()
+        if self.attention_factor != 1.0:  # YaRN's: the scores grow by its square
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
         rotated_key = rotate_half(key.to(exact), cos, sin).to(key.dtype)
         rotated_query = rotate_half(query.to(exact), cos[klen - qlen :], sin[klen - qlen :]).to(query.dtype)
         return rotated_query, rotated_key
@@ -293,7 +438,7 @@ class T5Bias(PositionEncoding):
     """T5's relative bias: one learned scalar per (bucket, head) in each layer (T5 shares the first layer's)."""
 
     scores_distances = True
-    unread = (*UV, "positions.rope_theta", "positions.rope_scaling", "positions.rope_factor")
+    unread = (*UV, *ROPE_OPTIONS)
 
     def __init__(self, shape: Shape) -> None:
         super().__init__(shape)

@@ -124,7 +124,7 @@ def unread_options(config: ModelConfig) -> set[str]:
             unread.add("pattern.pattern_seed")
         if not config.pattern.lowrank:
             unread |= {"pattern.lowrank_len", "pattern.lowrank_share"}
-        unread |= set(POSITION_ENCODINGS[config.positions.pos].unread)
+        unread |= POSITION_ENCODINGS[config.positions.pos].unread_options(config.positions)
         m = config.memory
         unread |= {
             path

@@ -35,7 +35,7 @@ from longseq.model.memory import (
 )
 from longseq.model.memory.compress import reconstruction_loss
 from longseq.model.mixers import MixerLayer
-from longseq.model.positions import RelativePositions, Shape, position_encoding, relative_distances
+from longseq.model.positions import SHAPE_OPTIONS, RelativePositions, Shape, position_encoding, relative_distances
 
 
 class DecoderLayer(nn.Module):
@@ -54,6 +54,8 @@ class DecoderLayer(nn.Module):
         "uv_init",
         "dropout_r",
         "attn_softcap",
+        "qkv_bias",
+        "attn_out_bias",
     )
 
     def __init__(self, config: ModelConfig, pattern=None, lowrank: LowRankProjection | None = None) -> None:
@@ -63,12 +65,8 @@ class DecoderLayer(nn.Module):
             c.d_model,
             c.n_head,
             c.d_head,
-            p.max_relative_distance,
-            p.rope_theta,
-            p.rope_scaling,
-            p.rope_factor,
-            p.t5_buckets,
-            c.pattern.bidirectional,
+            bidirectional=c.pattern.bidirectional,
+            **{name: getattr(p, name) for name in SHAPE_OPTIONS},
         )
         self.dec_attn = RelativeMultiHeadAttention(
             d_model=c.d_model,
@@ -88,6 +86,8 @@ class DecoderLayer(nn.Module):
             norm=c.norm,
             bias=c.bias,
             softcap=c.attn_softcap,
+            qkv_bias=c.qkv_bias,
+            out_bias=c.attn_out_bias,
             lowrank=lowrank,
         )
         self.pos_ff = PositionwiseFF.from_config(c)

@@ -40,7 +40,7 @@ class TransformerXL(nn.Module):
         super().__init__()
         c = config
         self.stack = LayerStack(c)  # registered first: the parameters keep the order (the optimizer's state) they had
-        self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
+        self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val, c.embed_scale)
         self.final_norm = norm_layer(c.norm, c.d_model, c.layer_norm_eps, c.bias) if c.final_norm else None
         self.drop = Dropout(c.dropout)
         self._register_load_state_dict_pre_hook(upgrade_backbone_names)
@@ -105,7 +105,9 @@ class TransformerXLLM(nn.Module):
         self.config = config
         c = config
         self.transformer = TransformerXL(c)
-        self.crit = AdaptiveLogSoftmax(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val, c.logit_softcap)
+        self.crit = AdaptiveLogSoftmax(
+            c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val, c.logit_softcap, c.head_bias
+        )
         self.init_weights()
         self.tie_weights()
 

@@ -5,6 +5,8 @@
 * ``word``: whitespace tokens ordered by frequency, ``<eos>`` at every line end, ``<unk>`` for unseen words.
 * ``bpe``: byte-level BPE on the HF ``tokenizers`` library, trained on the training text or read from any BPE
   ``tokenizer.json`` (GPT-2's); ids ordered by frequency in the training text.
+* ``pretrained``: an imported model's own tokenizer (``longseq convert --from-hf``), its ids as they are, its special
+  tokens and chat template; never learnt from text (docs/pretrained.md).
 
 A tokenizer is named by a *spec*: a kind of :data:`TOKENIZERS`, or the path of a tokenizer file (ours, or an HF
 ``tokenizer.json``); see :func:`build_tokenizer`.  A new kind is one module with one :class:`Tokenizer` subclass
@@ -38,10 +40,11 @@ from longseq.data.tokenizers.base import (
 from longseq.data.tokenizers.bpe import BPETokenizer, train_bpe
 from longseq.data.tokenizers.byte import ByteTokenizer
 from longseq.data.tokenizers.char import CharTokenizer
+from longseq.data.tokenizers.pretrained import PretrainedTokenizer
 from longseq.data.tokenizers.word import WordTokenizer
 
 TOKENIZERS: dict[str, type[Tokenizer]] = {
-    cls.kind: cls for cls in (ByteTokenizer, CharTokenizer, WordTokenizer, BPETokenizer)
+    cls.kind: cls for cls in (ByteTokenizer, CharTokenizer, WordTokenizer, BPETokenizer, PretrainedTokenizer)
 }
 KINDS = tuple(TOKENIZERS)
 
@@ -50,6 +53,7 @@ __all__ = [
     "EOS",
     "KINDS",
     "PIECE_CHARS",
+    "PretrainedTokenizer",
     "TOKENIZERS",
     "UNK",
     "BPETokenizer",
@@ -67,6 +71,7 @@ __all__ = [
     "iter_pieces",
     "load_tokenizer",
     "newline_id",
+    "prefix_id",
     "tokenizer_class",
     "tokenizer_from_dict",
     "train_bpe",
@@ -99,6 +104,14 @@ def newline_id(tokenizer: Tokenizer) -> int | None:
     except TokenizerError:  # a character vocabulary without the newline
         return None
     return int(ids[0]) if len(ids) == 1 else None
+
+
+def prefix_id(tokenizer: Tokenizer) -> int | None:
+    """The token a document is read after (the LM evaluation harness's ``prefix_token_id``): a pretrained model's own
+    beginning of text (:attr:`Tokenizer.document_start_id`), else the line end longseq's corpora put between
+    documents (:func:`newline_id`)."""
+    own = tokenizer.document_start_id
+    return own if own is not None else newline_id(tokenizer)
 
 
 def build_tokenizer(spec: str, text: str, lowercase: bool = False, vocab_size: int = DEFAULT_BPE_VOCAB) -> Tokenizer:

@@ -117,6 +117,16 @@ class Tokenizer:
         for kinds that end every line with a token (a word tokenizer's ``<eos>``)."""
         return self.encode(text)
 
+    def start_ids(self) -> list[int]:
+        """The ids a prompt of ``longseq generate`` starts with before its own (a pretrained tokenizer's BOS); none."""
+        return []
+
+    @property
+    def document_start_id(self) -> int | None:
+        """The token a model's documents start after where the model has its own (a pretrained model's BOS); None:
+        the line end between documents (:func:`longseq.data.tokenizers.prefix_id`)."""
+        return None
+
     @property
     def mask_id(self) -> int | None:
         """An id that may stand for [MASK] in masked LM (None: the vocabulary has no spare symbol)."""

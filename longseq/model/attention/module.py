@@ -53,7 +53,8 @@ class RelativeMultiHeadAttention(nn.Module):
     at softcap * tanh(logit / softcap) before the mask and softmax, in every kernel that runs it (``sdpa`` has no
     hook for the scores: ``auto`` then chooses ``reference`` for the content family).  With ``lowrank`` (a
     :class:`~longseq.model.attention.lowrank.LowRankProjection`) the keys and values are projected along the
-    length (Linformer) and the kernel attends to the projections.
+    length (Linformer) and the kernel attends to the projections.  ``qkv_bias`` gives the query, key and value
+    projections a bias (Qwen2's), ``out_bias`` the output projection.
     """
 
     def __init__(
@@ -75,6 +76,8 @@ class RelativeMultiHeadAttention(nn.Module):
         norm: str = "layernorm",
         bias: bool = True,
         softcap: float = 0.0,
+        qkv_bias: bool = False,
+        out_bias: bool = False,
         pattern=None,  # the layer's AttentionPattern (None: full), for ``auto``
         positions: Shape | None = None,  # the encoding's options beyond the heads (rope, t5)
         lowrank: LowRankProjection | None = None,  # Linformer's E and F (its own, or every layer's)
@@ -88,7 +91,7 @@ class RelativeMultiHeadAttention(nn.Module):
         self.pre_lnorm = pre_lnorm
         self.dropatt, self.softcap = dropatt, softcap
         self.kernel_name, self.pattern = kernel, pattern
-        self.qkv_net = nn.Linear(d_model, (n_head + 2 * self.n_kv_head) * d_head, bias=False)  # W_q, W_{k,E}, W_v
+        self.qkv_net = nn.Linear(d_model, (n_head + 2 * self.n_kv_head) * d_head, bias=qkv_bias)  # W_q, W_{k,E}, W_v
         shape = positions or Shape(d_model, n_head, d_head, max_relative_distance)
         encoding = position_encoding(pos)
         self.rel = encoding(replace(shape, d_model=d_model, n_head=n_head, d_head=d_head))  # W_{k,R}, a table, ...
@@ -96,7 +99,7 @@ class RelativeMultiHeadAttention(nn.Module):
         self.q_norm = nn.RMSNorm(d_head, eps=eps) if qk_norm else None
         self.k_norm = nn.RMSNorm(d_head, eps=eps) if qk_norm else None
         self.lowrank = lowrank  # keys and values projected along the length before the kernel
-        self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
+        self.o_net = nn.Linear(n_head * d_head, d_model, bias=out_bias)
         self.layer_norm = norm_layer(norm, d_model, eps, bias)
         self.drop = Dropout(dropout)
         self._prepare()
@@ -134,7 +137,8 @@ class RelativeMultiHeadAttention(nn.Module):
             query, key, value = self.qkv_net(source).split((q_width, kv_width, kv_width), dim=-1)
             query = query.view(batch, length, self.n_head, self.d_head).transpose(1, 2) if queries else None
         else:
-            query, (key, value) = None, F.linear(source, self.qkv_net.weight[q_width:]).split(kv_width, dim=-1)
+            bias = None if self.qkv_net.bias is None else self.qkv_net.bias[q_width:]
+            query, (key, value) = None, F.linear(source, self.qkv_net.weight[q_width:], bias).split(kv_width, dim=-1)
         key, value = (x.view(batch, length, self.n_kv_head, self.d_head).transpose(1, 2) for x in (key, value))
         if self.q_norm is not None:
             query = None if query is None else self.q_norm(query)

@@ -113,14 +113,15 @@ class Compressor(nn.Module):
         return torch.einsum("bgce,ec->bge", groups, self.weight)
 
 
-def _content_attention(query: Tensor, states: Tensor, w_k: Tensor, w_v: Tensor, n_head: int) -> Tensor:
-    """Content-only multi-head attention of ``query`` (B, T, H*D) over ``states`` (B, n, E); with fewer key/value
-    heads than ``n_head`` (grouped-query attention), each serves its group of query heads."""
+def _content_attention(query: Tensor, states: Tensor, w_k, w_v, n_head: int) -> Tensor:
+    """Content-only multi-head attention of ``query`` (B, T, H*D) over ``states`` (B, n, E), keys and values
+    projected by ``w_k`` and ``w_v`` (a weight and its bias, or None); with fewer key/value heads than ``n_head``
+    (grouped-query attention), each serves its group of query heads."""
     batch, qlen, width = query.shape
     d_head = width // n_head
-    group = n_head // (w_k.size(0) // d_head)
+    group = n_head // (w_k[0].size(0) // d_head)
     key, value = (
-        F.linear(states, w).view(batch, -1, w.size(0) // d_head, d_head).transpose(1, 2).repeat_interleave(group, 1)
+        F.linear(states, *w).view(batch, -1, w[0].size(0) // d_head, d_head).transpose(1, 2).repeat_interleave(group, 1)
         for w in (w_k, w_v)
     )  # (B, H, n, D)
     q = query.view(batch, qlen, n_head, d_head).transpose(1, 2)  # (B, H, T, D)
@@ -132,12 +133,14 @@ def reconstruction_loss(attention, hidden: Tensor, old: Tensor, compressed: Tens
     """|| attn(h, old) - attn(h, compressed) ||^2 with the layer's attention weights, all detached but the
     compressed states, so the gradient reaches the compressor only."""
     width, kv_width = attention.n_head * attention.d_head, attention.n_kv_head * attention.d_head
-    w_q, w_k, w_v = attention.qkv_net.weight.detach().split((width, kv_width, kv_width), dim=0)
+    net = attention.qkv_net
+    w_q, w_k, w_v = net.weight.detach().split((width, kv_width, kv_width), dim=0)
+    b_q, b_k, b_v = (None,) * 3 if net.bias is None else net.bias.detach().split((width, kv_width, kv_width))
 
     def prepare(x: Tensor) -> Tensor:
         return with_detached_parameters(attention.layer_norm, x) if attention.pre_lnorm else x
 
-    query = F.linear(prepare(hidden.detach()), w_q)
-    target = _content_attention(query, prepare(old.detach()), w_k, w_v, attention.n_head)
-    approx = _content_attention(query, prepare(compressed), w_k, w_v, attention.n_head)
+    query = F.linear(prepare(hidden.detach()), w_q, b_q)
+    target = _content_attention(query, prepare(old.detach()), (w_k, b_k), (w_v, b_v), attention.n_head)
+    approx = _content_attention(query, prepare(compressed), (w_k, b_k), (w_v, b_v), attention.n_head)
     return F.mse_loss(approx, target)
