@@ -229,9 +229,10 @@ def stage_run(teacher_run: RunConfig, model, task, steps: int, settings) -> RunC
 
 
 def stage_report(result: TrainResult, run_dir: str) -> dict:
-    """A stage's steps, last training losses and best validation."""
+    """A stage's steps, last training losses (None: no step in this call, a finished stage resumed) and best
+    validation."""
     last = result.losses[-10:]
-    return {"steps": result.step, "train_loss": sum(last) / len(last) if last else float("nan"),
+    return {"steps": result.step, "train_loss": sum(last) / len(last) if last else None,
             "best_valid_loss": result.best_valid_loss, "run": os.path.abspath(run_dir)}  # fmt: skip
 
 
