@@ -145,8 +145,9 @@ def linearized(args, corpus, teacher: str, ratio: float, seed: int) -> dict:
         os.makedirs(out, exist_ok=True)
         os.symlink(os.path.abspath(first), os.path.join(out, "transfer"))  # every layer's transfer, shared
     settings = [f"seed={seed}", *args.set]  # each stage warms up over a tenth of its steps
+    # no dropout in the transfer: no noise on the MSE's targets
     transfer = [f"step_segments={args.step_segments}", f"lr={args.transfer_lr}", "dropout=0",
-                f"warmup_steps={max(1, args.transfer_steps // 10)}"]  # fmt: skip  (no noise on the MSE's targets)
+                f"warmup_steps={max(1, args.transfer_steps // 10)}"]  # fmt: skip
     distill = [f"cache={os.path.join(args.work, 'teacher-cache')}", f"top_k={args.top_k}", f"alpha={args.alpha}",
                f"lr={args.distill_lr}", f"warmup_steps={max(1, args.distill_steps // 10)}"]  # fmt: skip
     start = time.perf_counter()
