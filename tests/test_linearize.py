@@ -177,6 +177,11 @@ def test_linearize_through_the_command_line_picks_the_quiet_layer_transfers_and_
     student = load_checkpoint(str(out / "student"))[2].model
     assert student.layer_mixers == ["attention", "gla", "attention"]
     assert report["checkpoint"] == str(out / "distill" / "best") and report["distill"]["steps"] == 2
+    for run in ("transfer", "distill"):  # each stage's checkpoint is a language model: eval reads it
+        scored = cli_json(
+            ["eval", "--checkpoint", str(out / run), "--set", "max_segments=2", "--json", "--quiet"], capsys
+        )
+        assert 0 < scored["loss"] < 10, (run, scored)
     again = cli_json([*argv, "--resume"], capsys)  # every stage done: nothing more to train
     assert again["layers"] == [1] and again["distill"]["steps"] == 2
 
