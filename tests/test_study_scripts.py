@@ -85,7 +85,7 @@ def test_the_runner_reuses_a_stored_run_whose_unread_defaults_changed():
 
 
 STUDIES = ["runner.py", "chunk_boundaries.py", "finetune_defaults.py", "context_clamp.py", "rope_scaling.py",
-           "recall.py", "recall_pairs.py", "recall_tries.py", "listops.py", "smollm2.py"]  # fmt: skip
+           "recall.py", "recall_pairs.py", "recall_tries.py", "listops.py", "smollm2.py", "linearize.py"]  # fmt: skip
 
 
 PROBE = """

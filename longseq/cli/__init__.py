@@ -20,6 +20,7 @@ Every command is a module of this package with ``add_parser(subparsers)`` and ``
     longseq data listops --out DIR [--seed N] [--train 2000 --valid 200 --test 200]
     longseq train --task passkey|mqar|copying|induction [--set seq_len=256 ...] --out DIR
     longseq recall CHECKPOINT [--distances 16,64,256] [--lengths 256,4096] [--n 64] [--out FILE.json] [--json]
+    longseq linearize --teacher DIR --mixer gla --layers 1,3 | --ratio 0.5 [--select kl|spread] --out DIR [--json]
 
 Human-readable progress goes to stderr; the result goes to stdout (one JSON object on the last line with ``--json``).
 """
@@ -44,6 +45,7 @@ COMMANDS = (
     "predict",
     "data",
     "recall",
+    "linearize",
 )
 
 

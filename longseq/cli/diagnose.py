@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import argparse
 
-from longseq.cli.common import checkpoint_kind, common_flags, device_flag, load_model, memory_lengths, read_corpus, say
+from longseq.cli.common import (
+    checkpoint_kind,
+    common_flags,
+    device_flag,
+    is_language_model,
+    load_model,
+    memory_lengths,
+    read_corpus,
+    say,
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -39,7 +48,7 @@ def run(args: argparse.Namespace) -> dict:
 
     check_report_directory(args.out)  # before any work
     checkpoint, model, tokenizer, run = load_model(args.checkpoint, args.device)
-    if run.task is not None:
+    if not is_language_model(run):
         raise ValueError(f"diagnose reads a language model; {checkpoint} is {checkpoint_kind(run)}")
     ids = read_corpus(args.data, run, tokenizer, checkpoint).split(args.split)
     tgt_len = args.tgt_len or run.data.eval_tgt_len

@@ -18,6 +18,7 @@ from longseq.cli.common import (
     checkpoint_kind,
     common_flags,
     device_flag,
+    is_language_model,
     load_model,
     refuse_memory_settings,
     say,
@@ -161,7 +162,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.mem_len is not None:
         Recurrence(args.mem_len)  # checks it (>= 0) before the checkpoint loads and the prompt is printed
     _, model, tokenizer, run_config = load_model(args.checkpoint, args.device)
-    if run_config.task is not None:
+    if not is_language_model(run_config):
         raise ValueError(f"{args.checkpoint} is not a language model: it is {checkpoint_kind(run_config)}")
     refuse_memory_settings(run_config.model, ["--mem-len"] if args.mem_len is not None else [])
     if args.plot and not (args.out and args.out.lower().endswith((".wav", ".flac"))):

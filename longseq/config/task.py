@@ -187,7 +187,10 @@ class DistillOptions(TaskConfig):
     ``cache`` names one), or with ``online`` from the teacher itself, reading each training segment after the
     ``context`` tokens before it (-1: its own ``mem_len``); ``hidden_weight`` > 0 (online, and a teacher of the
     student's width) adds that weight of the cosine distance between their last hidden states.  ``teacher_sha256``
-    is the teacher's weights' fingerprint, written when the run starts."""
+    is the teacher's weights' fingerprint, written when the run starts.  ``init`` (a longseq
+    checkpoint of the run's model config: a linearized student) gives a new run its starting weights, and
+    ``train_only`` (shell patterns of parameter names, e.g. ``transformer.stack.layers.1.*``; empty: every parameter)
+    the parameters that train."""
 
     name: str = "distill"
     teacher: str = ""
@@ -199,6 +202,8 @@ class DistillOptions(TaskConfig):
     context: int = -1
     hidden_weight: float = 0.0
     teacher_sha256: str = ""
+    init: str | None = None
+    train_only: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -221,12 +226,33 @@ class DistillOptions(TaskConfig):
         )
 
 
+@config
+class TransferOptions(TaskConfig):
+    """Attention transfer (:mod:`longseq.tasks.transfer`; LoLCATs' first stage of linearization): the run's model
+    is ``teacher`` (a longseq checkpoint) with some attention layers replaced by mixers
+    (:mod:`longseq.tasks.linearize`), and only those mixers train, each so that its layer gives the teacher layer's
+    output on the teacher's own layer inputs (a mean squared error per layer).  A step reads ``step_segments`` consecutive
+    segments from an empty memory, the teacher's and the student's memories carried within it;
+    ``teacher_sha256`` is the teacher's weights' fingerprint, written when the run starts."""
+
+    name: str = "transfer"
+    teacher: str = ""
+    step_segments: int = 4
+    teacher_sha256: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(bool(self.teacher), "the transfer task needs its teacher: a longseq checkpoint (--teacher DIR)")
+        check(self.step_segments >= 1, f"task.step_segments must be >= 1, got {self.step_segments}")
+
+
 TASK_OPTIONS: dict[str, type[TaskConfig]] = {
     "lm": LMOptions,
     "classify": ClassifyOptions,
     "span": SpanOptions,
     "mlm": MaskedLMOptions,
     "distill": DistillOptions,
+    "transfer": TransferOptions,
     **dict.fromkeys(RECALL_TASKS, RecallOptions),
 }
 TaskConfig.VARIANTS.update(TASK_OPTIONS)

@@ -12,6 +12,7 @@ from longseq.tasks.lm import LanguageModeling
 from longseq.tasks.mlm import MaskedLM
 from longseq.tasks.recall import Recall
 from longseq.tasks.span import Span
+from longseq.tasks.transfer import AttentionTransfer
 
 TASKS: dict[str, type[Task]] = {
     "lm": LanguageModeling,
@@ -19,6 +20,7 @@ TASKS: dict[str, type[Task]] = {
     "span": Span,
     "mlm": MaskedLM,
     "distill": Distillation,
+    "transfer": AttentionTransfer,
 }
 TASKS.update({name: type(f"Recall_{name}", (Recall,), {"name": name}) for name in RECALL_TASKS})  # generated data
 

@@ -126,7 +126,11 @@ class LanguageModeling(Task):
             complement=self.tokenizer.complement_ids() if d.rc_prob else None,
             rc_prob=d.rc_prob,
         )  # this rank's rows only
-        return LMBatches(stream, self.run.model.segments_per_step)
+        return LMBatches(stream, self.window())
+
+    def window(self) -> int:
+        """The consecutive segments one step reads: those one gradient flows through."""
+        return self.run.model.segments_per_step
 
     def train_step(self, ctx: StepContext, segments: list, memory: Memory | None) -> StepResult:
         """Each gradient-accumulation chunk of this rank's rows through every segment of the window, with one backward
