@@ -150,9 +150,10 @@ class LanguageModeling(Task):
                     carried = None
                 inp, lab, doc, first = chunks[c]
                 layers = [] if self.wants_hidden else None  # the layers' outputs, the last the head's input
+                extra = {} if layers is None else {"layer_outputs": layers}  # (the LSTM has no layers to list)
                 with ctx.autocast():  # the model scores the labels itself unless the task scores its logits
                     labels = None if self.scores_logits else lab
-                    out = ctx.net(inp, carried, labels, recurrence=recurrence, doc_ids=doc, layer_outputs=layers)
+                    out = ctx.net(inp, carried, labels, recurrence=recurrence, doc_ids=doc, **extra)
                 total, loss = self.segment_loss(out, lab, first, layers)
                 carried = out.mems
                 pending = total if pending is None else pending + total
