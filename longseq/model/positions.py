@@ -172,7 +172,9 @@ class PositionEncoding(nn.Module):
         """The option paths this encoding does not read under ``positions`` (a PositionConfig)."""
         return set(cls.unread)
 
-    def rotate(self, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
+    rotation = None  # what an encoding that rotates queries and keys computes once per pass (rope: Rotation)
+
+    def rotate(self, query: Tensor, key: Tensor, rotation=None) -> tuple[Tensor, Tensor]:
         return query, key
 
 
@@ -355,8 +357,19 @@ def rotate_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat([-second, first], dim=-1) * sin
 
 
+class Rotation(NamedTuple):
+    """The cos and sin of every key of one pass (K, D) and of its queries (T, D), computed once for every layer
+    (:meth:`Rotary.rotation`), in float32 (float64 for a float64 model)."""
+
+    key_cos: Tensor
+    key_sin: Tensor
+    query_cos: Tensor
+    query_sin: Tensor
+
+
 class Rotary(PositionEncoding):
-    """RoPE: queries and keys rotated by their index in [memory; segment], so each score depends on the distance."""
+    """RoPE: queries and keys rotated by their index in [memory; segment], so each score depends on the distance;
+    attention sinks kept at their text positions (``sink_positions=text``) sit that many positions before it."""
 
     unread = ("positions.clamp_len", "positions.max_relative_distance", "positions.t5_buckets", *UV)
 
@@ -365,24 +378,43 @@ class Rotary(PositionEncoding):
         if shape.d_head % 2:
             raise ValueError(f"pos=rope needs an even d_head, got {shape.d_head}")
         self.shape = shape
-        self.attention_factor = ROPE_SCALINGS[shape.rope_scaling].attention_factor(shape)
+        self.attention_factor = ROPE_SCALINGS[shape.rope_scaling].attention_factor(shape)  # YaRN's: cos, sin times it
 
     @classmethod
     def unread_options(cls, positions) -> set[str]:
         return set(cls.unread) | rope_unread(positions.rope_scaling)
 
-    def rotate(self, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
-        """Key j at position j, query i at K - T + i (rotation in float32, float64 for a float64 model)."""
-        qlen, klen = query.size(2), key.size(2)
-        exact = _exact(query.dtype)
-        positions = torch.arange(klen, device=query.device, dtype=exact)
-        angles = torch.outer(positions, rotary_frequencies(self.shape, query.device, exact, klen))  # (K, D/2)
+    @staticmethod
+    def rotation(
+        shape: Shape, qlen: int, klen: int, dtype: torch.dtype, device, sinks: int = 0, sink_shift: int = 0
+    ) -> Rotation:
+        """Key j at position j (the first ``sinks`` keys ``sink_shift`` positions earlier), query i at K - T + i,
+        for a window of ``klen`` keys (the scalings that depend on it: ``dynamic``)."""
+        exact = _exact(dtype)
+        positions = torch.arange(klen, device=device, dtype=exact)
+        if sinks and sink_shift:
+            positions[:sinks] -= sink_shift
+        angles = torch.outer(positions, rotary_frequencies(shape, device, exact, klen))  # (K, D/2)
         angles = torch.cat([angles, angles], dim=-1)
         cos, sin = angles.cos(), angles.sin()
-        if self.attention_factor != 1.0:  # YaRN's: the scores grow by its square
-            cos, sin = cos * self.attention_factor, sin * self.attention_factor
-        rotated_key = rotate_half(key.to(exact), cos, sin).to(key.dtype)
-        rotated_query = rotate_half(query.to(exact), cos[klen - qlen :], sin[klen - qlen :]).to(query.dtype)
+        factor = ROPE_SCALINGS[shape.rope_scaling].attention_factor(shape)
+        if factor != 1.0:  # YaRN's: the scores grow by its square
+            cos, sin = cos * factor, sin * factor
+        return Rotation(cos, sin, cos[klen - qlen :], sin[klen - qlen :])
+
+    def rotate(self, query: Tensor, key: Tensor, rotation: Rotation | None = None) -> tuple[Tensor, Tensor]:
+        """Queries and keys rotated by ``rotation`` (the pass's, shared by the layers), or at key j's index j and
+        query i's K - T + i when none is given."""
+        if rotation is None:
+            rotation = self.rotation(self.shape, query.size(2), key.size(2), query.dtype, query.device)
+        elif (rotation.key_cos.size(0), rotation.query_cos.size(0)) != (key.size(2), query.size(2)):
+            raise ValueError(
+                f"the pass's rotation is for {rotation.key_cos.size(0)} keys and {rotation.query_cos.size(0)} queries, "
+                f"the layer has {key.size(2)} and {query.size(2)}"
+            )
+        exact = rotation.key_cos.dtype
+        rotated_key = rotate_half(key.to(exact), rotation.key_cos, rotation.key_sin).to(key.dtype)
+        rotated_query = rotate_half(query.to(exact), rotation.query_cos, rotation.query_sin).to(query.dtype)
         return rotated_query, rotated_key
 
 

@@ -60,14 +60,7 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, config: ModelConfig, pattern=None, lowrank: LowRankProjection | None = None) -> None:
         super().__init__()
-        c, p = config, config.positions
-        shape = Shape(
-            c.d_model,
-            c.n_head,
-            c.d_head,
-            bidirectional=c.pattern.bidirectional,
-            **{name: getattr(p, name) for name in SHAPE_OPTIONS},
-        )
+        c, shape = config, layer_shape(config)
         self.dec_attn = RelativeMultiHeadAttention(
             d_model=c.d_model,
             n_head=c.n_head,
@@ -78,7 +71,7 @@ class DecoderLayer(nn.Module):
             eps=c.layer_norm_eps,
             kernel=c.attn_impl,
             chunk=c.attn_chunk,
-            pos=p.pos,
+            pos=c.positions.pos,
             n_kv_head=c.n_kv_head,
             qk_norm=c.qk_norm,
             pattern=pattern,
@@ -107,6 +100,18 @@ class DecoderLayer(nn.Module):
         """The Compressive Transformer's attention-reconstruction loss of a compressed memory, with this layer's
         attention weights (detached: only the compressor learns from it)."""
         return reconstruction_loss(self.dec_attn, target.hidden, target.old, target.compressed)
+
+
+def layer_shape(config: ModelConfig) -> Shape:
+    """What an attention layer's position encoding is built for (its heads and the encoding's options)."""
+    p = config.positions
+    return Shape(
+        config.d_model,
+        config.n_head,
+        config.d_head,
+        bidirectional=config.pattern.bidirectional,
+        **{name: getattr(p, name) for name in SHAPE_OPTIONS},
+    )
 
 
 def build_layers(config: ModelConfig) -> list[nn.Module]:
@@ -167,6 +172,7 @@ class LayerStack(nn.Module):
         self.activation_checkpointing = 0
         self.drop_r = Dropout(c.dropout if c.dropout_r is None else c.dropout_r)  # on the sinusoidal R
         self.encoding = position_encoding(c.positions.pos)
+        self.position_shape = layer_shape(c)  # what a pass's rotation (rope) is computed for, once for all layers
         self.layers = nn.ModuleList(build_layers(c))
         self.attends = tuple(layer.attends for layer in self.layers)  # what the memory step knows of the layers
         bias_shape = (len(self.layers), c.n_head, c.d_head) if c.untie_r else (c.n_head, c.d_head)
@@ -262,6 +268,10 @@ class LayerStack(nn.Module):
         if not any(self.attends):
             return [None] * len(self.layers)
         dtype = self.r_w_bias.dtype
+        if self.encoding.rotation is not None:  # rope: the rotation of this pass's keys and queries, for every layer
+            klen = shape.mlen + shape.qlen
+            args = (shape.qlen, klen, dtype, device, shape.sinks, shape.sink_shift)
+            return [self.encoding.rotation(self.position_shape, *args)] * len(self.layers)
         rows = step.table_rows()
         if rows is None:
             return [self._positions(clamp_len, shape.qlen, dtype, device, shape.mlen + shape.qlen + 1)] * len(
@@ -325,6 +335,7 @@ class LayerStack(nn.Module):
                     device=device,
                     dropped_keys=shape.dropped_keys,
                     global_rows=rows,
+                    sinks=shape.sinks,
                 )
             )
         return masks

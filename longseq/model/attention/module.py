@@ -23,7 +23,7 @@ from longseq.model.attention.lowrank import LowRankProjection
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.reference import attention_probs, content_probs, dense_mask
 from longseq.model.block import Dropout, norm_layer
-from longseq.model.positions import RelativePositions, Shape, position_encoding, upgrade_position_names
+from longseq.model.positions import RelativePositions, Rotation, Shape, position_encoding, upgrade_position_names
 
 
 class AttentionContext(Protocol):
@@ -121,7 +121,9 @@ class RelativeMultiHeadAttention(nn.Module):
 
     def relative_keys(self, positions: RelativePositions | Tensor | None) -> Tensor | None:
         """This layer's relative table for ``positions`` ((H, R, D) keys, an (H, R) bias, or None); a tensor is
-        taken as an already made table (the evaluation cache)."""
+        taken as an already made table (the evaluation cache); a pass's :class:`Rotation` (rope) is no table."""
+        if isinstance(positions, Rotation):
+            return None
         if not isinstance(positions, RelativePositions):
             return positions
         return self.rel.table(positions)
@@ -157,11 +159,12 @@ class RelativeMultiHeadAttention(nn.Module):
         return context.project(self.heads, norm, hidden)
 
     def _scored(
-        self, query: Tensor, key: Tensor, value: Tensor, grouped: bool = False
+        self, query: Tensor, key: Tensor, value: Tensor, grouped: bool = False, rotation: Rotation | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values as the scores see them: rotated (rope), key/value heads shared by groups (kept
-        as ``n_kv_head`` heads with ``grouped``, for a kernel that shares them itself)."""
-        query, key = self.rel.rotate(query, key)
+        """Queries, keys and values as the scores see them: rotated (rope: by the pass's ``rotation``, or at their
+        indices), key/value heads shared by groups (kept as ``n_kv_head`` heads with ``grouped``, for a kernel that
+        shares them itself)."""
+        query, key = self.rel.rotate(query, key, rotation)
         if self.n_kv_head != self.n_head and not grouped:
             key, value = _shared(key, self.n_head), _shared(value, self.n_head)
         return query, key, value
@@ -172,7 +175,7 @@ class RelativeMultiHeadAttention(nn.Module):
         same arguments as :meth:`forward`, for diagnostics).  A ring context must not be passed: it would grow."""
         if self.lowrank is not None:
             raise ValueError("a low-rank (Linformer) layer attends to mixtures of the keys: it has no map per key")
-        query, key, value = self._scored(*self._project(hidden, context))
+        query, key, value = self._scored(*self._project(hidden, context), rotation=_rotation(rel_key))
         table = self.relative_keys(rel_key)
         if self.family == "content":
             return content_probs(query, key, table, dense_mask(mask), self.softcap)
@@ -181,7 +184,7 @@ class RelativeMultiHeadAttention(nn.Module):
     def forward(
         self,
         hidden: Tensor,  # (B, T, E)
-        rel_key: RelativePositions | Tensor | None,  # positions, or the layer's table already made
+        rel_key: RelativePositions | Tensor | Rotation | None,  # positions, the layer's table already made, or rope's
         r_w_bias: Tensor,  # (H, D)
         r_r_bias: Tensor,  # (H, D)
         mask: PatternMask | Tensor,  # the layer's pattern, or a dense causal (T, K) mask
@@ -197,7 +200,7 @@ class RelativeMultiHeadAttention(nn.Module):
         table = self.relative_keys(rel_key)  # (H, R, D), (H, R) or None
         present = self._project(hidden, context)  # (B, H, T, D), (B, H_kv, K, D) x 2
         grouped = self.kernel in GROUPED_KERNELS and self.lowrank is None  # Linformer's E and F are per query head
-        query, key, value = self._scored(*present, grouped=grouped)
+        query, key, value = self._scored(*present, grouped=grouped, rotation=_rotation(rel_key))
         narrows = mask_narrows(mask, qlen, key.size(2))
         chunk = self.chunk if narrows else self.plain_chunk
         if self.lowrank is not None:
@@ -233,6 +236,11 @@ class RelativeMultiHeadAttention(nn.Module):
         if self.family == "content":
             return content_probs(query, key, table, mask, self.softcap).sum(dim=(1, 2))
         return key_mass(query, key, table, r_w_bias, r_r_bias, mask, self.softcap)
+
+
+def _rotation(rel_key) -> Rotation | None:
+    """The pass's rotation when the stack gave one in place of the relative positions (rope)."""
+    return rel_key if isinstance(rel_key, Rotation) else None
 
 
 def _shared(heads: Tensor, n_head: int) -> Tensor:

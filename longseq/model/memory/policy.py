@@ -67,6 +67,19 @@ class MaskInputs(NamedTuple):
     query_docs: Tensor | None  # (B, T') document of every query
     key_docs: Tensor | None  # (B, K) document of every key
     dropped_keys: Tensor | None  # (B, K) keys memory dropout hides this pass
+    sinks: int = 0  # the first keys of the pass that are the stream's first positions (attention sinks): every
+    # query sees them
+    sink_shift: int = 0  # how many positions before its slot a sink sits (sink_positions=text: those evicted)
+
+
+def sink_keys(recurrence: Recurrence, memory: Memory, klen: int) -> tuple[int, int]:
+    """The sinks of a pass over ``klen`` keys after ``memory`` (the first keys, the stream's first positions) and
+    how far before its slot each sits: 0 with ``sink_positions=cache``, with ``text`` the positions evicted between
+    the sinks and the memory (so that a sink keeps its distance in the text)."""
+    sinks = min(recurrence.sinks, klen)
+    if not sinks or recurrence.sink_positions == "cache":
+        return sinks, 0
+    return sinks, max(0, memory.position - memory.length)
 
 
 class Reconstruction(NamedTuple):
