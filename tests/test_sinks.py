@@ -16,12 +16,14 @@ import math
 
 import pytest
 import torch
-from support import assert_resumes_exactly, raises_naming, tiny_run
+from support import assert_resumes_exactly, checkpoint_and_valid_ids, cli_json, raises_naming, tiny_run
 
 from longseq.config import ModelConfig, Recurrence, RunConfig
-from longseq.generation import read_prompt
+from longseq.eval.evaluate import evaluate
+from longseq.generation import generate, read_prompt
 from longseq.model import HiddenMemory, KVMemory, Memory, RingMemory, TransformerXLLM
 from longseq.model.positions import rotate_half
+from longseq.train import load_checkpoint
 
 N, SINKS, MEM, WINDOW = 37, 3, 8, 5
 
@@ -202,3 +204,23 @@ def test_what_sinks_cannot_combine_with_is_refused_by_name():
     with raises_naming(ValueError, "sinks", "cmem_len"):  # a call's sinks on a compacted model
         compacted = TransformerXLLM(ModelConfig(cmem_len=4, cmem_rate=2))
         compacted(torch.zeros(1, 4, dtype=torch.long), recurrence=Recurrence(64, sinks=2))
+
+
+def test_eval_and_generate_take_sinks_from_the_command_line(trained_checkpoint, capsys):
+    """``longseq eval --set sinks=...`` and ``longseq generate --sinks`` are the library's calls with that
+    recurrence."""
+    settings = ["sinks=2", "mem_len=4", "same_length=true", "max_segments=6"]
+    result = cli_json(["eval", "--checkpoint", trained_checkpoint, "--json", "--quiet", "--set", *settings], capsys)
+    net, ids = checkpoint_and_valid_ids(trained_checkpoint)
+    streaming = Recurrence(4, same_length=True, sinks=2)
+    expected = evaluate(net, ids, batch_size=2, tgt_len=8, recurrence=streaming, max_segments=6)
+    assert result["loss"] == pytest.approx(expected["loss"], abs=1e-9)
+    assert result["loss"] != pytest.approx(evaluate(net, ids, batch_size=2, tgt_len=8, max_segments=6)["loss"])
+
+    argv = ["generate", "--checkpoint", trained_checkpoint, "--prompt", "abcabc", "--temperature", "0", "--json",
+            "--quiet", "--max-new-tokens", "30", "--sinks", "2", "--mem-len", "4"]  # fmt: skip
+    text = cli_json(argv, capsys)["text"]
+    _, tokenizer, _, _ = load_checkpoint(trained_checkpoint)
+    prompt = torch.as_tensor(tokenizer.encode_prompt("abcabc"))[None]
+    tokens = generate(net, prompt, 30, temperature=0.0, segment_len=8, recurrence=Recurrence(4, sinks=2))
+    assert text == tokenizer.decode(tokens[0].tolist())

@@ -234,7 +234,7 @@ class LayerStack(nn.Module):
         goes to the step's write.  With ``layer_outputs`` (a list), every layer's output (B, T', E) is appended to
         it (``output_hidden_states``)."""
         shape = step.mask_inputs()
-        tables = self._tables(step, shape, recurrence.clamp_len, hidden.device)  # one per layer
+        tables = self._tables(step, shape, recurrence, hidden.device)  # one per layer
         masks = self._masks(step, shape, global_mask, hidden.size(0), hidden.device)  # one per layer
         docs = state_docs(shape, memory)
         states, losses, every = {}, [], self.activation_checkpointing if self.training else 0
@@ -262,17 +262,15 @@ class LayerStack(nn.Module):
             losses.append(torch.stack([self.layers[t.layer].reconstruction_loss(t) for t in targets]).mean())
         return hidden, memory, sum(losses[1:], losses[0]) if losses else None
 
-    def _tables(self, step: MemoryStep, shape: MaskInputs, clamp_len: int, device) -> list:
+    def _tables(self, step: MemoryStep, shape: MaskInputs, recurrence: Recurrence, device) -> list:
         """What every layer reads of the relative positions: the positions of this pass, shared (each layer projects
         them inside its own forward); or, for a memory that carries them, the projected tables."""
         if not any(self.attends):
             return [None] * len(self.layers)
         dtype = self.r_w_bias.dtype
-        if self.encoding.rotation is not None:  # rope: the rotation of this pass's keys and queries, for every layer
-            klen = shape.mlen + shape.qlen
-            args = (shape.qlen, klen, dtype, device, shape.sinks, shape.sink_shift)
-            return [self.encoding.rotation(self.position_shape, *args)] * len(self.layers)
-        rows = step.table_rows()
+        if self.encoding.rotation is not None:  # rope: how this pass's queries and keys turn, for every layer
+            return [self._rotation(step, shape, recurrence, dtype, device)] * len(self.layers)
+        rows, clamp_len = step.table_rows(), recurrence.clamp_len
         if rows is None:
             return [self._positions(clamp_len, shape.qlen, dtype, device, shape.mlen + shape.qlen + 1)] * len(
                 self.layers
@@ -283,6 +281,16 @@ class LayerStack(nn.Module):
                 self._project(self._positions(clamp_len, shape.qlen, dtype, device, rows)), clamp_len
             )
         return tables
+
+    def _rotation(self, step: MemoryStep, shape: MaskInputs, recurrence: Recurrence, dtype, device):
+        """The pass's :class:`~longseq.model.positions.Rotation`: a key/value memory holds its keys turned at their
+        positions in the stream where the rotation is the same in every pass, else every key turns at its index."""
+        cached = step.caches_keys and self.encoding.caches_turned_keys(self.position_shape)
+        where = dict(cached=cached, sinks=shape.sinks, gap=shape.gap, position=shape.position)
+        klen = shape.mlen + shape.qlen
+        return self.encoding.rotation(
+            self.position_shape, shape.qlen, klen, dtype, device, sink_positions=recurrence.sink_positions, **where
+        )
 
     def _biases(self, layer: int) -> tuple[Tensor | None, Tensor | None]:
         if self.r_w_bias is None:  # no layer attends

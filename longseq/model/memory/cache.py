@@ -26,6 +26,8 @@ class KeyValueStep:
     """One forward pass over a key/value or ring memory (the :class:`~longseq.model.memory.policy.MemoryStep`
     protocol)."""
 
+    caches_keys = True  # the memory holds keys and values
+
     def __init__(self, policies, given: StepInputs) -> None:
         config, memory, recurrence = policies.config, given.memory, given.recurrence
         if config.pattern.bidirectional:
@@ -226,6 +228,15 @@ class RingKV:
         if self.sink_keys is None:
             return keys, values
         return torch.cat([self.sink_keys, keys], 2), torch.cat([self.sink_values, values], 2)
+
+    def held(self) -> tuple[Tensor, Tensor] | tuple[()]:
+        """Copies of the keys and values of the memory (B, H, M, D), [sinks; recent], or () when empty."""
+        if not self.length:
+            return ()
+        parts = [(self.keys.view(self.recent), self.values.view(self.recent))] if self.recent else []
+        if self.sink_keys is not None:
+            parts.insert(0, (self.sink_keys, self.sink_values))
+        return tuple(torch.cat([p[i] for p in parts], dim=2) for i in (0, 1))
 
     def _copy(self, capacity: int, rows: Tensor | None = None) -> RingKV:
         """A new ring of ``capacity`` holding this one's positions (of the streams ``rows``, or all)."""

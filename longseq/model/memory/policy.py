@@ -59,7 +59,8 @@ class StepInputs(NamedTuple):
 
 
 class MaskInputs(NamedTuple):
-    """What the stack reads of a step for the layers' attention masks (:class:`~longseq.model.attention.PatternMask`)."""
+    """What the stack reads of a step for the layers' attention masks (:class:`~longseq.model.attention.PatternMask`)
+    and for their rotary positions (:class:`~longseq.model.positions.Rotation`)."""
 
     qlen: int  # positions the layers see: the segment, and memory tokens around it
     mlen: int  # memory positions before them (compressed and plain)
@@ -69,17 +70,16 @@ class MaskInputs(NamedTuple):
     dropped_keys: Tensor | None  # (B, K) keys memory dropout hides this pass
     sinks: int = 0  # the first keys of the pass that are the stream's first positions (attention sinks): every
     # query sees them
-    sink_shift: int = 0  # how many positions before its slot a sink sits (sink_positions=text: those evicted)
+    gap: int = 0  # positions of the stream evicted between the sinks and the memory
+    position: int = 0  # where the segment starts in the stream (the positions read before it)
 
 
-def sink_keys(recurrence: Recurrence, memory: Memory, klen: int) -> tuple[int, int]:
-    """The sinks of a pass over ``klen`` keys after ``memory`` (the first keys, the stream's first positions) and
-    how far before its slot each sits: 0 with ``sink_positions=cache``, with ``text`` the positions evicted between
-    the sinks and the memory (so that a sink keeps its distance in the text)."""
+def sink_keys(recurrence: Recurrence, memory: Memory, klen: int) -> tuple[int, int, int]:
+    """What the masks and positions read of a pass over ``klen`` keys after ``memory``: its sinks (the first keys,
+    the stream's first positions), the positions evicted between them and the memory, and where the segment starts
+    in the stream."""
     sinks = min(recurrence.sinks, klen)
-    if not sinks or recurrence.sink_positions == "cache":
-        return sinks, 0
-    return sinks, max(0, memory.position - memory.length)
+    return sinks, max(0, memory.position - memory.length) if sinks else 0, memory.position
 
 
 class Reconstruction(NamedTuple):
@@ -102,7 +102,11 @@ class StepOutput(NamedTuple):
 
 
 class MemoryStep(Protocol):
-    """One forward pass over a memory (see the module docstring for the order of the calls)."""
+    """One forward pass over a memory (see the module docstring for the order of the calls).  ``caches_keys``: the
+    memory holds the attention layers' keys (as rotary positions turn them, where they do not depend on the pass),
+    not their inputs."""
+
+    caches_keys: bool
 
     def wrap(self, hidden: Tensor) -> Tensor:
         """The embedded segment (B, T, E) as the layers see it (B, T', E)."""

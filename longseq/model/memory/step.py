@@ -15,6 +15,8 @@ class HiddenStep:
     """One forward pass over a hidden-state memory: each attention layer attends to [compressed; memory; segment].
     The policies read the attributes set here (sizes, the call's recurrence, the memory it continues)."""
 
+    caches_keys = False  # the memory holds the layers' inputs
+
     def __init__(self, policies, given: StepInputs) -> None:
         if given.recurrence.same_length and given.recurrence.mem_len < 1:
             raise ValueError("same_length=True needs mem_len >= 1: it limits every query to the last mem_len keys")
