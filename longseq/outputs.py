@@ -15,6 +15,7 @@ import fcntl
 import fnmatch
 import json
 import os
+import shutil
 import struct
 from collections.abc import Callable
 
@@ -150,3 +151,43 @@ def check_output_directory(path: str, flag: str, what: str, owned: dict[str, Rec
             f"{flag} {path} holds {shown}, which longseq did not write as {what}; longseq never deletes or "
             f"replaces it: move it away or choose another {flag}"
         )
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_directory(out: str, write: Callable[[str], None], what: str, errors: tuple[type[BaseException], ...] = ()):
+    """Fill the directory ``out`` as a whole or not at all, as checkpoints are written: ``write(tmp)`` fills a new
+    directory beside it (``.NAME.tmp-PID``), every file is fsynced, and it then takes the place of ``out`` (an
+    earlier output or an empty directory, checked by the caller) by two renames.  Any failure removes the temporary
+    directory and leaves ``out`` as it was; a failed write (an ``OSError``: a full disk, permissions; or one of
+    ``errors``, a library's own write error) is an :class:`OutputError` naming ``out`` and the reason."""
+    out = os.path.abspath(out)
+    parent, name = os.path.split(out)
+    tmp = os.path.join(parent, f".{name}.tmp-{os.getpid()}")
+    old = os.path.join(parent, f".{name}.old-{os.getpid()}")
+    try:
+        os.makedirs(parent, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        write(tmp)
+        for entry in os.listdir(tmp):
+            _fsync(os.path.join(tmp, entry))
+        if os.path.exists(out):
+            os.replace(out, old)
+        os.replace(tmp, out)
+        _fsync(parent)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if os.path.exists(old) and not os.path.exists(out):
+            os.replace(old, out)
+        if isinstance(exc, (OSError, *errors)):
+            kept = "the earlier one is intact" if os.path.isdir(out) and os.listdir(out) else "nothing was written"
+            raise OutputError(f"could not write {what} {out}: {exc}; {kept}") from exc
+        raise
+    shutil.rmtree(old, ignore_errors=True)

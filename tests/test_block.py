@@ -459,3 +459,66 @@ def test_llama_xl_trains_from_the_command_line_and_resumes_bit_for_bit(tmp_path,
         return dataclasses.replace(config, data=DataConfig.from_dict(data), train=TrainConfig.from_dict(train))
 
     assert_resumes_exactly(run, tmp_path, stop_after=3)
+
+
+def test_a_soft_cap_beyond_the_largest_number_of_its_dtype_is_refused_by_name_not_a_nan_loss(tmp_path, capsys):
+    """attn_softcap=3.5e38 is infinite in float32: c * tanh(x / c) = inf * 0 made every score NaN, and training
+    stopped with the NaN guard's advice to lower the learning rate.  float32's largest number still caps (finite
+    logits); beyond it, the config names the option, here and on the command line; under precision=fp16 the
+    attention scores are float16, whose largest number is 65,504."""
+    from longseq.config import RunConfig
+    from longseq.config.checks import check_run
+    from longseq.model.block import softcap
+
+    scores = torch.tensor([1.0, -3.0, 40.0])
+    assert softcap(scores, 3.5e38).isnan().all() and torch.allclose(softcap(scores, 3.4e38), scores)  # why the bound
+    torch.manual_seed(0)
+    edge = TransformerXLLM(ModelConfig(**{**BASE, "attn_softcap": 3.4e38, "logit_softcap": 3.4e38}))
+    assert edge(torch.randint(0, BASE["vocab_size"], (2, 6))).logits.isfinite().all()
+    for name in ("attn_softcap", "logit_softcap"):
+        with raises_naming(ConfigError, name, "3.5e+38", "float32", "NaN", "0 for no cap"):
+            ModelConfig(**{**BASE, name: 3.5e38})
+    assert main(["train", "--out", str(tmp_path / "r"), "--quiet", "--set", "attn_softcap=1e39"]) == 2
+    assert_names(capsys.readouterr().err, "attn_softcap=1e+39", "float32")
+    fp16 = RunConfig(ModelConfig(**{**BASE, "attn_softcap": 1e5}), DataConfig(), TrainConfig(precision="fp16"))
+    with raises_naming(ConfigError, "attn_softcap", "precision=fp16", "float16", "65504"):
+        check_run(fp16)
+    check_run(RunConfig(fp16.model.replace(attn_softcap=65504.0), fp16.data, fp16.train))
+    check_run(RunConfig(fp16.model, fp16.data, fp16.train.replace(precision="bf16")))  # bfloat16: float32's range
+
+
+def test_a_gated_feed_forward_at_the_presets_width_says_the_model_grows_and_names_the_d_inner_that_keeps_it(
+    tmp_path, capsys
+):
+    """``ff=swiglu`` with the default d_inner grew the model from 865,217 to 1,129,409 parameters without a word,
+    where llama-xl resizes d_inner to keep the size.  A new run says it, with the growth the built models have, and
+    names the d_inner that keeps the size; nothing is said when d_inner was chosen with the gate, for an ungated
+    ff, or over a preset that is gated already."""
+    from longseq.config import RunConfig
+    from longseq.train.config_check import follow_changes, parameter_count
+
+    preset = get_preset("tiny-shakespeare")
+    base = RunConfig(preset.model.replace(vocab_size=65), preset.data, preset.train)
+    run = RunConfig(base.model.replace(ff="swiglu"), base.data, base.train)
+    said = [m for m in follow_changes(run, base)[1] if m.startswith("ff=")]
+    plain, gated = parameter_count(base.model), parameter_count(run.model)
+    assert (plain, gated) == (865_217, 1_129_409)  # the figures the issue measured
+    assert len(said) == 1 and f"{plain:,} -> {gated:,}" in said[0] and f"{gated - plain:,}" in said[0]
+    keep = int(said[0].split("set d_inner=")[1].split()[0])
+    per_unit = parameter_count(run.model.replace(d_inner=keep + 1)) - parameter_count(run.model.replace(d_inner=keep))
+    assert abs(parameter_count(run.model.replace(d_inner=keep)) - plain) <= per_unit / 2  # the closest width
+    geglu = RunConfig(base.model.replace(ff="geglu"), base.data, base.train)
+    assert any(m.startswith("ff=geglu") for m in follow_changes(geglu, base)[1])
+    quiet = [
+        RunConfig(base.model.replace(ff="swiglu", d_inner=341), base.data, base.train),  # chosen with the gate
+        RunConfig(base.model.replace(ff="gelu"), base.data, base.train),
+    ]
+    llama = get_preset("llama-xl")
+    quiet.append(RunConfig(llama.model.replace(ff="geglu"), llama.data, llama.train))
+    for other, over in zip(quiet, (base, base, llama)):
+        assert not [m for m in follow_changes(other, over)[1] if m.startswith("ff=")]
+    argv = ["train", "--out", str(tmp_path / "r"), "--quiet", "--set", "ff=swiglu", "max_steps=1", "eval_interval=1",
+            "eval_max_segments=1", "n_layer=1", "d_model=16", "n_head=2", "d_head=8", "batch_size=2", "tgt_len=8",
+            "eval_tgt_len=8", "mem_len=8"]  # fmt: skip
+    assert main(argv) == 0
+    assert_names(capsys.readouterr().err, "ff=swiglu", "d_inner=512", "grows by", "set d_inner=")

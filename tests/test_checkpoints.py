@@ -353,3 +353,26 @@ def test_a_linear_model_saved_before_its_restarts_existed_loads_as_it_ran(tmp_pa
         assert saved.model == run.model
         with torch.no_grad():
             torch.testing.assert_close(loaded(x).logits, model(x).logits, rtol=0, atol=0)
+
+
+def test_load_checkpoint_takes_a_run_directory_as_every_command_does_and_says_which_checkpoint(lm_checkpoint):
+    """``load_checkpoint(RUN_DIR)`` said "not a complete longseq checkpoint (no manifest.json)", which reads like
+    corruption, while every command's ``--checkpoint`` takes a run directory: it takes one too, chooses as the
+    commands do (best/, else last/) and names its choice in a warning."""
+    import warnings
+
+    from longseq.train.checkpoint import resolve_checkpoint
+
+    run_dir = os.path.dirname(lm_checkpoint)
+    with pytest.warns(UserWarning, match="run directory: using its best/"):
+        model, _, run, metrics = load_checkpoint(run_dir)
+    expected, _, expected_run, expected_metrics = load_checkpoint(lm_checkpoint)
+    assert run == expected_run and metrics == expected_metrics
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), expected.state_dict().values()))
+    assert resolve_checkpoint(run_dir) == lm_checkpoint  # the commands' choice
+    shutil.rmtree(lm_checkpoint)
+    with pytest.warns(UserWarning, match="using its last/"):
+        assert load_checkpoint(run_dir)[2] == expected_run
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a checkpoint itself: nothing to say
+        load_checkpoint(os.path.join(run_dir, "last"))

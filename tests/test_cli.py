@@ -96,3 +96,76 @@ def test_convert_names_what_it_cannot_write(tmp_path, lm_checkpoint, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert str(tmp_path / "file") in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("form", ["longseq", "transfo-xl"])
+def test_a_full_disk_during_convert_to_hf_leaves_no_broken_export_and_names_the_path(
+    form, tmp_path, lm_checkpoint, capsys, monkeypatch
+):
+    """A full disk during ``convert --to-hf`` left a directory of half the files (a config.json without weights, or
+    a truncated model.safetensors) and named no path.  The export is written beside ``--out`` and renamed into place:
+    a write that fails (an OSError injected halfway) leaves ``--out`` as it was, new or an earlier export byte for
+    byte, no temporary directory behind, and one line naming ``--out`` and the reason."""
+    import errno
+
+    from safetensors.torch import save_file
+
+    import longseq.interop.hf_longseq as hf_longseq
+    import longseq.interop.transfo_xl as transfo_xl
+
+    out = tmp_path / "hf"
+    argv = ["convert", "--to-hf", "--checkpoint", lm_checkpoint, "--out", str(out), "--format", form, "--quiet"]
+
+    def full_disk(tensors, path, metadata=None):
+        save_file(tensors, path, metadata=metadata)
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    module = hf_longseq if form == "longseq" else transfo_xl
+    monkeypatch.setattr(module, "save_file", full_disk)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert_names(err, str(out), "No space left on device", "nothing was written")
+    assert "Traceback" not in err and not out.exists()
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".hf.")]  # no temporary directory left
+    monkeypatch.setattr(module, "save_file", save_file)
+    assert main(argv) == 0  # an export, complete
+    before = {name: (out / name).read_bytes() for name in os.listdir(out)}
+    monkeypatch.setattr(module, "save_file", full_disk)
+    assert main(argv) == 2  # over the earlier export: it stays whole
+    assert_names(capsys.readouterr().err, str(out), "No space left on device", "intact")
+    assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".hf.")]
+
+
+def test_threads_sets_torchs_cpu_threads_for_train_eval_and_generate(tmp_path, trained_checkpoint, capsys, monkeypatch):
+    """On a shared CPU there was no way to set the thread count of train, eval or generate (``--threads`` was bench's
+    alone): each takes ``--threads N`` and runs with torch's threads set to N; 0 is refused by name."""
+    import torch
+
+    before, seen = torch.get_num_threads(), []
+
+    def spy(n):
+        seen.append(n)
+        real(n)
+
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", spy)
+    target = 1 if before != 1 else 2
+    commands = [
+        ["train", "--out", str(tmp_path / "run"), *TINY_CLI],
+        ["eval", "--checkpoint", trained_checkpoint, "--quiet", "--set", "max_segments=2"],
+        ["generate", "--checkpoint", trained_checkpoint, "--prompt", "ab", "--max-new-tokens", "3", "--json"],
+    ]
+    try:
+        for command in commands:
+            seen.clear()
+            assert main([*command, "--threads", str(target)]) == 0, command
+            assert seen == [target] and torch.get_num_threads() == target, command
+            real(before)
+    finally:
+        real(before)
+    with pytest.raises(SystemExit):
+        main(["eval", "--checkpoint", trained_checkpoint, "--threads", "0"])
+    assert_names(capsys.readouterr().err, "--threads", ">= 1")

@@ -1,5 +1,5 @@
-"""The documents cannot drift from the code: every Python block of README.md and docs/*.md runs (a page's blocks in
-order, in one namespace, in a fresh directory), and every ``longseq ...`` command line in them is parsed by the
+"""The documents cannot drift from the code: every Python block of README.md and docs/*.md runs as pasted alone
+(each in a fresh namespace and a fresh directory), and every ``longseq ...`` command line in them is parsed by the
 real command-line parser.  A block that needs an optional package says so on its first line, ``# requires:
 transformers>=5`` (or ``<5``), and runs only where that holds; a page whose every block needs an optional module
 says ``<!-- requires: MODULE -->`` and its blocks run where that module imports."""
@@ -21,7 +21,11 @@ FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
 def blocks(page: Path, language: str) -> list[str]:
-    return [body for lang, body in FENCE.findall(page.read_text(encoding="utf-8")) if lang == language]
+    return blocks_of(page.read_text(encoding="utf-8"), language)
+
+
+def blocks_of(text: str, language: str) -> list[str]:
+    return [body for lang, body in FENCE.findall(text) if lang == language]
 
 
 REQUIRES = re.compile(r"# requires: ([\w-]+)\s*(>=|<)\s*(\d+)")
@@ -79,20 +83,23 @@ def test_every_command_line_in_the_documents_parses(page):
             raise AssertionError(f"{page.name}: `{line}` does not parse") from stop
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "python")], ids=lambda p: p.name)
-def test_every_python_block_in_the_documents_runs(page, tmp_path, monkeypatch):
+PYTHON_BLOCKS = [(page, number) for page in PAGES for number in range(1, len(blocks(page, "python")) + 1)]
+
+
+@pytest.mark.parametrize("page, number", PYTHON_BLOCKS, ids=[f"{p.name}-{n}" for p, n in PYTHON_BLOCKS])
+def test_every_python_block_in_the_documents_runs_as_pasted_alone(page, number, tmp_path, monkeypatch):
+    """Each block in a fresh namespace and a fresh directory: a reader pastes one block, not the page."""
     if missing_modules(page):
         pytest.skip(f"{page.name} needs {', '.join(missing_modules(page))} (an optional extra)")
+    body = blocks(page, "python")[number - 1]
+    if unmet_requirement(body):
+        pytest.skip(f"{page.name}, python block {number}: {unmet_requirement(body)}")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("LONGSEQ_DOCS_TEST", "1")
-    namespace: dict = {"__name__": "__docs__"}
-    for number, body in enumerate(blocks(page, "python"), 1):
-        if unmet_requirement(body):
-            continue
-        try:
-            exec(compile(body, f"{page.name}, python block {number}", "exec"), namespace)
-        except Exception as exc:
-            raise AssertionError(f"{page.name}, python block {number} fails: {exc!r}") from exc
+    try:
+        exec(compile(body, f"{page.name}, python block {number}", "exec"), {"__name__": "__docs__"})
+    except Exception as exc:
+        raise AssertionError(f"{page.name}, python block {number} fails when pasted alone: {exc!r}") from exc
 
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -121,6 +128,32 @@ def test_every_link_in_the_documents_resolves(page):
 
 def test_the_readme_is_short():
     assert len((ROOT / "README.md").read_bytes()) <= 10 * 1024
+
+
+def test_the_quickstart_is_two_commands_and_ci_runs_the_second_verbatim():
+    """A fresh machine needs two command lines from the README: one installs longseq and runs ``longseq train``, one
+    installs the test extra and runs the tests, which is exactly what ``.ci/run`` runs after its CPU torch line.
+    The README says how to get the small CPU build of torch instead of PyPI's CUDA one."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    quickstart = readme.partition("## Quickstart\n")[2].split("\n## ")[0]
+    commands = [line for line in blocks_of(quickstart, "bash")[0].splitlines() if line.strip()]
+    assert len(commands) == 2, commands
+    assert commands[0].startswith("pip install . ") and commands[0].endswith("&& longseq train"), commands[0]
+    assert commands[1].startswith('pip install ".[test]" &&'), commands[1]
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    torch_line = next(i for i, line in enumerate(ci) if line.startswith("pip install torch"))
+    assert [line for line in ci[torch_line + 1 :] if line.strip() and not line.startswith("#")] == [commands[1]]
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in quickstart
+
+
+def test_the_gpu_page_reports_the_gpu_sessions_the_results_hold():
+    """docs/gpu.md said "What has been run on a GPU: nothing yet" and then reported the H200 session's findings:
+    while benchmarks/results/gpu holds a session, the page says it ran, links to its results and names no nothing."""
+    page = (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8")
+    session = (ROOT / "benchmarks" / "results" / "gpu" / "README.md").read_text(encoding="utf-8").splitlines()[0]
+    date = re.search(r"\d{4}-\d\d-\d\d", session).group(0)
+    said = page.partition("**What has been run on a GPU:")[2].split("\n\n")[0]
+    assert said and "nothing" not in said.split(".")[0] and date in said and "gpu/RESULTS.md#on-an-h200" in said
 
 
 def test_the_command_reference_lists_every_command_and_flag():

@@ -7,6 +7,8 @@ unknown-token rate; and the eval command's protocol, curves and plots."""
 import json
 import math
 import os
+import re
+import warnings
 
 import numpy as np
 import pytest
@@ -198,6 +200,31 @@ def test_eval_context_curve_command_prints_the_library_curve(trained_checkpoint,
     assert result["contexts"] == [0, 8, 16] and result["same_length"] is True and result["clamp_len"] == 12
     np.testing.assert_allclose(result["loss"], expected["loss"], rtol=0, atol=1e-9)
     assert os.path.getsize(tmp_path / "cc.png") > 1000
+
+
+def test_eval_per_position_plain_output_is_a_short_table_and_the_full_lists_are_in_json(
+    trained_checkpoint, tmp_path, capsys
+):
+    """The plain output of ``eval --per-position`` printed three lists of every position (64 items each at the
+    default segment): a person reads a short table, at positions 0, 1, 2, 4, ... and the last, with the values the
+    JSON has there, and is told where the full curves and the figure are; so for the context curve."""
+    argv = ["eval", "--checkpoint", trained_checkpoint, "--quiet", "--set", "max_segments=6", "mem_len=16"]
+    result = cli_json([*argv, "--per-position", "--json"], capsys)
+    assert main([*argv, "--per-position", "--plot", str(tmp_path / "pp.png")]) == 0
+    text = capsys.readouterr().out
+    assert not re.search(r"\[[-\d]", text) and "positions:" not in text  # no list of numbers printed
+    rows = [line.split() for line in text.splitlines() if line.strip().startswith("position ")]
+    assert [int(row[1]) for row in rows] == [0, 1, 2, 4, 7]  # powers of two and the last of 8 positions
+    for row in rows:
+        at = result["positions"].index(int(row[1]))
+        assert row[3] == f"{result['loss_memory'][at]:.4f}" and row[5] == f"{result['loss_no_memory'][at]:.4f}"
+    assert_names(text, "full_curves: with --json", f"plot: {tmp_path / 'pp.png'}", "loss_memory_mean")
+    curve = cli_json(
+        ["eval", "--checkpoint", trained_checkpoint, "--quiet", "--context-curve", "0,8", "--json"], capsys
+    )
+    assert main(["eval", "--checkpoint", trained_checkpoint, "--quiet", "--context-curve", "0,8"]) == 0
+    text = capsys.readouterr().out
+    assert not re.search(r"\[[-\d]", text) and f"memory 8  loss {curve['loss'][1]:.4f}" in text
 
 
 def test_eval_evidence_flags_refuse_bad_input(trained_checkpoint, capsys):
@@ -508,3 +535,59 @@ def test_eval_of_a_checkpoint_that_names_no_corpus_asks_for_data_instead_of_scor
     err = capsys.readouterr().err
     assert_names(err, "no corpus", "bundled", "--data")
     assert "Traceback" not in err
+
+
+def rope_checkpoint(tmp_path, **positions) -> str:
+    """An untrained character model with rotary positions, trained memory 8, saved with its corpus beside it."""
+    from longseq import DataConfig, TrainConfig
+
+    text = canonical(UNICODE_TEXT) * 40
+    (tmp_path / "corpus.txt").write_text(text)
+    tok = CharTokenizer.build(text)
+    model = ModelConfig(vocab_size=tok.vocab_size, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=8,
+                        pos="rope", **positions)  # fmt: skip
+    run = RunConfig(model, DataConfig(path=str(tmp_path / "corpus.txt"), tgt_len=8, eval_tgt_len=8), TrainConfig())
+    torch.manual_seed(0)
+    save_checkpoint(str(tmp_path / "rope"), build_model(run.model), run, tok)
+    return str(tmp_path / "rope")
+
+
+def longer_than_trained(call) -> list[str]:
+    """The messages of the :class:`LongerThanTrainedWarning` s that ``call()`` gives."""
+    from longseq.eval.evaluate import LongerThanTrainedWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return [str(w.message) for w in caught if issubclass(w.category, LongerThanTrainedWarning)]
+
+
+def test_a_rope_model_evaluated_beyond_its_training_memory_is_warned_with_the_ratio_and_what_to_choose():
+    """Rotary positions break beyond the distances seen in training (char PTB trained at 128: 2.03 -> 3.38 bpc at
+    2x, 4.56 at 4x, ALiBi flat): evaluating with 16x the memory says so, naming the ratio and the choices (ALiBi,
+    rope scaling); within the trained memory, with ALiBi, or with ntk scaling covering the ratio, nothing is said."""
+    ids = np.random.default_rng(0).integers(0, 10, 200)
+    score = dict(batch_size=2, tgt_len=8, max_segments=2)
+    rope = tiny_model(pos="rope")
+    said = longer_than_trained(lambda: evaluate(rope, ids, mem_len=128, **score))
+    assert len(said) == 1
+    assert_names(said[0], "rope", "128", "16x", "pos=alibi", "rope_scaling=ntk", "3.38", "4.56")
+    assert longer_than_trained(lambda: per_position_losses(rope, ids, mem_len=128, skip_segments=0, **score))
+    assert len(longer_than_trained(lambda: context_curve(rope, ids, [0, 8, 64, 128], **score))) == 1  # once
+    assert not longer_than_trained(lambda: evaluate(rope, ids, mem_len=8, **score))  # the trained memory
+    assert not longer_than_trained(lambda: evaluate(rope, ids, mem_len=4, **score))
+    assert not longer_than_trained(lambda: evaluate(tiny_model(pos="alibi"), ids, mem_len=128, **score))
+    assert not longer_than_trained(lambda: evaluate(tiny_model(), ids, mem_len=128, **score))  # sinusoidal
+    scaled = tiny_model(pos="rope", rope_scaling="ntk", rope_factor=16.0)
+    assert not longer_than_trained(lambda: evaluate(scaled, ids, mem_len=128, **score))
+    assert longer_than_trained(lambda: evaluate(scaled, ids, mem_len=256, **score))
+
+
+def test_eval_says_a_rope_model_reads_a_longer_memory_than_trained_and_is_silent_within_it(tmp_path, capsys):
+    checkpoint = rope_checkpoint(tmp_path)
+    assert main(["eval", "--checkpoint", checkpoint, "--quiet", "--set", "max_segments=2", "mem_len=128"]) == 0
+    err = capsys.readouterr().err
+    assert_names(err, "warning:", "16x", "8", "pos=alibi", "rope_scaling=ntk")
+    assert "UserWarning" not in err  # a line for people, not Python's file:line form
+    assert main(["eval", "--checkpoint", checkpoint, "--quiet", "--set", "max_segments=2"]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -262,3 +262,77 @@ def test_convert_from_hf_names_a_broken_directory_without_a_traceback(tmp_path, 
         err = capsys.readouterr().err
         assert all(word in err for word in words) and "Traceback" not in err, err
         assert not (tmp_path / f"{name}-out").exists()
+
+
+def test_an_integer_tensor_where_a_float_weight_belongs_is_refused_by_name(tmp_path, capsys):
+    """An int64 tensor in place of a float weight was cast silently by from_pretrained and by convert --from-hf (the
+    model then computed with whole numbers); both name the tensor, its dtype and the file."""
+    export_longseq_hf(tiny("window-dilated"), str(tmp_path / "hf"))
+    path = tmp_path / "hf" / "model.safetensors"
+    weights = load_file(str(path))
+    name = "model.transformer.stack.layers.0.pos_ff.core_net.0.weight"
+    weights[name] = (weights[name] * 100).long()
+    save_file(weights, str(path), metadata={"exported_by": "longseq convert"})
+    with pytest.raises(ValueError) as caught:
+        AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
+    assert all(word in str(caught.value) for word in (f"{name} (I64)", str(path), "cast")), caught.value
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 2
+    err = capsys.readouterr().err
+    assert f"{name} (torch.int64)" in err and str(path) in err and "Traceback" not in err
+    assert not (tmp_path / "back").exists()
+
+
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        ("vocab_size", 65, ["vocab_size=65", "longseq.vocab_size=50", "fix vocab_size"]),
+        ("segment_len", "abc", ["segment_len", "'abc'", "whole number"]),
+        ("generate_mem_len", -3, ["generate_mem_len", "-3"]),
+    ],
+)
+def test_a_bad_config_json_key_is_named_with_the_file_to_fix(key, value, words, tmp_path, capsys):
+    """from_pretrained said "config vocab_size=65 disagrees with the longseq model config, which has 256" without
+    the file, and ``"segment_len": "abc"`` was a TypeError there and "invalid literal for int()" in convert: each
+    names the key, the value and the config.json, through AutoModelForCausalLM, the class and convert --from-hf."""
+    export_longseq_hf(tiny("window-dilated"), str(tmp_path / "hf"))
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps({**config, key: value}))
+    for load in (AutoModelForCausalLM.from_pretrained, LongseqForCausalLM.from_pretrained, AutoConfig.from_pretrained):
+        with pytest.raises(ValueError) as caught:
+            load(str(tmp_path / "hf"))
+        assert all(word in str(caught.value) for word in [str(path), *words]), caught.value
+    if key != "vocab_size":  # convert reads the longseq section's vocabulary, which the weights have
+        assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 2
+        err = capsys.readouterr().err
+        assert all(word in err for word in [str(path), *words]) and "Traceback" not in err, err
+
+
+def test_a_to_hf_from_hf_round_trip_keeps_the_run_or_says_what_it_did_not_carry(tmp_path, capsys):
+    """A to-hf -> from-hf round trip gave back the model with longseq's default eval_batch_size, eval_max_segments
+    and training recipe, without a note (3.60759 against 3.60791 on a re-evaluation).  The export carries the run's
+    data and train sections, through save_pretrained too, and convert gives them back equal; a directory without
+    them (an older export, a TransfoXL one) is converted with the defaults, and the checkpoint, stderr and the
+    result say what was not carried."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**{**BASE, **CONFIGS["window-dilated"], "vocab_size": 256})).eval()
+    data = DataConfig(tokenizer="byte", tgt_len=5, eval_tgt_len=7, batch_size=6, eval_batch_size=3)
+    run = RunConfig(model.config, data, TrainConfig(max_steps=77, lr=2e-3, eval_max_segments=9, seed=5))
+    save_checkpoint(str(tmp_path / "ck"), model, run, ByteTokenizer())
+    assert main(["convert", "--to-hf", "--checkpoint", str(tmp_path / "ck"), "--out", str(tmp_path / "hf")]) == 0
+    AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).save_pretrained(str(tmp_path / "saved"))
+    for directory in ("hf", "saved"):
+        back = tmp_path / f"{directory}-back"
+        assert main(["convert", "--from-hf", str(tmp_path / directory), "--out", str(back), "--json"]) == 0
+        assert "not_carried" not in json.loads(capsys.readouterr().out.splitlines()[-1])
+        _, _, back_run, metrics = load_checkpoint(str(back))
+        assert back_run == run and "not_carried" not in metrics
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    del config["longseq_run"]  # an export written before the run travelled with it
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "old"), "--json"]) == 0
+    captured = capsys.readouterr()
+    _, _, old_run, metrics = load_checkpoint(str(tmp_path / "old"))
+    assert old_run.data.eval_batch_size != 3 and old_run.train.eval_max_segments != 9  # the defaults ...
+    for said in (metrics["not_carried"], json.loads(captured.out.splitlines()[-1])["not_carried"], captured.err):
+        assert all(word in said for word in ("eval_batch_size", "eval_max_segments", "recipe", "longseq_run"))

@@ -97,9 +97,32 @@ def test_integer_quantities_get_integer_ticks(tmp_path, saved_figures):
         ax = saved_figures[name].axes[0]
         ticks = shown_ticks(ax.xaxis, ax.get_xlim())
         assert ticks and all(float(t).is_integer() for t in ticks), (name, ticks)
-    for ax in saved_figures["attention_layer0.png"].axes:
+    attention = saved_figures["attention_layer0.png"]
+    bars = {im.colorbar.ax for ax in attention.axes for im in ax.images if im.colorbar is not None}
+    for ax in attention.axes:
+        if ax in bars or not ax.axison:
+            continue  # the colour bar's probabilities, an unused cell
         for axis, limits in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
             assert all(float(t).is_integer() for t in shown_ticks(axis, limits))
+
+
+def test_attention_maps_have_a_colour_bar_and_the_line_figures_a_title(tmp_path, saved_figures):
+    """The diagnose report's attention maps had no colour bar (a reader could not tell 0.1 from 0.9) and its distance
+    and gradient-norm figures no title: each attention figure has one bar, labelled, whose scale every head's map
+    shares; distance.png and grad_norms.png say what they draw."""
+    diagnosed(tmp_path, saved_figures, n_layer=2, n_head=3)
+    fig = saved_figures["attention_layer0.png"]
+    images = [ax.images[0] for ax in fig.axes if ax.images]
+    bars = {im.colorbar.ax for im in images if im.colorbar is not None}
+    assert len(bars) == 1 and next(iter(bars)) in fig.axes
+    bar = next(iter(bars))
+    assert bar.get_ylabel() == "attention probability"
+    assert len(images) == 3 and all(im.get_clim() == images[0].get_clim() for im in images)  # one scale
+    low, high = images[0].get_clim()
+    assert low == 0.0 and high == max(float(im.get_array().max()) for im in images)
+    assert bar.get_ylim() == (low, high)
+    assert "distance" in saved_figures["distance.png"].axes[0].get_title()
+    assert "gradient norm" in saved_figures["grad_norms.png"].axes[0].get_title()
 
 
 def test_the_report_json_names_its_units_and_entropy_is_in_bits(tmp_path, saved_figures):
@@ -203,3 +226,82 @@ def test_plot_compares_runs_of_different_tokenizers_in_bits_per_byte(tmp_path, c
     drawn = {name: curves([json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()],
                           bits=False, bpb=True) for name in runs}  # fmt: skip
     assert drawn["bpe"]["valid"][2][0] < drawn["byte"]["valid"][2][0] and not drawn["bpe"]["train"][0]
+
+
+def test_diagnose_draws_where_a_learned_chunk_model_cuts_the_text(tmp_path, saved_figures, capsys):
+    """No command showed where a learned-chunk checkpoint cuts a text (diagnose ignored the chunks; the study script
+    trained its own model).  diagnose draws chunks.png for a model that has them: one red bar per cut, before the
+    token the model's boundary predictor begins a chunk with, the text's tokens written; the report and the command
+    give the numbers.  A model without chunks has no such figure."""
+    from longseq.cli import main
+    from longseq.config import DataConfig, RunConfig, TrainConfig
+    from longseq.data.tokenizers import ByteTokenizer
+    from longseq.diagnostics import diagnose
+    from longseq.diagnostics.chunks import read_boundaries
+    from longseq.train import save_checkpoint
+
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=256, n_layer=4, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
+                         mem_len=8, shorten_layers=[1, 3], shorten_factor=3, boundaries="learned")  # fmt: skip
+    model = TransformerXLLM(config).eval()
+    text = b"the cat sat on the mat\nand then it slept.\n" * 8
+    ids = np.frombuffer(text, dtype=np.uint8).astype(np.int64)
+    report = diagnose(model, ids, str(tmp_path / "r"), tgt_len=16, contexts=[], tokenizer=ByteTokenizer())
+    cuts = [t for t, cut in enumerate(read_boundaries(model, torch.as_tensor(ids), 16).tolist()) if cut]
+    assert report["chunks"]["cuts"] == cuts and report["chunks"]["chunks"] == len(cuts) and 0 < len(cuts) < len(ids)
+    ax = saved_figures["chunks.png"].axes[0]
+    bars = [line for line in ax.lines if line.get_color() == "crimson"]
+    assert len(bars) == len(cuts)
+    letters = "".join(t.get_text() for t in ax.texts)
+    assert letters == text.decode().replace("\n", "↵")  # the text, a token a cell, line breaks shown
+    assert f"{len(cuts)} chunks" in ax.get_title()
+    assert "chunks.png" in (tmp_path / "r" / "report.md").read_text()
+    run = RunConfig(config, DataConfig(tokenizer="byte", tgt_len=16, eval_tgt_len=16), TrainConfig())
+    save_checkpoint(str(tmp_path / "ck"), model, run, ByteTokenizer())
+    (tmp_path / "text.txt").write_bytes(text * 20)
+    argv = ["diagnose", "--checkpoint", str(tmp_path / "ck"), "--data", str(tmp_path / "text.txt"), "--json",
+            "--quiet", "--contexts", "none", "--tgt-len", "16"]  # fmt: skip
+    assert main([*argv, "--out", str(tmp_path / "cli")]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert "chunks.png" in result["files"] and result["mean_chunk_length"] > 0
+    plain = TransformerXLLM(ModelConfig(vocab_size=256, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32))
+    assert "chunks" not in diagnose(plain, ids, str(tmp_path / "p"), tgt_len=16, contexts=[])
+    assert not (tmp_path / "p" / "chunks.png").exists()
+
+
+def test_the_recall_heat_map_explains_its_dashed_line_reads_its_colour_bar_and_names_the_model(
+    tmp_path, saved_figures, capsys, monkeypatch
+):
+    """passkey.png drew a red dashed line nothing explained, squashed its colour bar to two ticks and named its row
+    after the task: the legend says what the line is (the model's reach), the bar reads 0-100% in five ticks with
+    chance marked, and ``longseq recall --plot`` names the row after the checkpoint and its model."""
+    from longseq.cli import main
+    from longseq.diagnostics.plots import plot_recall_heatmap
+
+    def run(accuracies, reach=64):
+        cells = [{"distance": d, "length": 2 * d, "accuracy": a} for d, a in accuracies.items()]
+        return {"task": "passkey", "chance": 0.1, "effective_range": reach, "cells": cells}
+
+    results = {"xl": [run({16: 1.0, 128: 0.2})], "long": [run({16: 1.0, 128: 0.9}, reach=512)]}
+    plot_recall_heatmap(results, str(tmp_path / "heat.png"))
+    ax = saved_figures["heat.png"].axes[0]
+    dashed = [line for line in ax.lines if line.get_linestyle() == "--"]
+    assert len(dashed) == 1 and dashed[0].get_ydata()[0] == -0.5  # the first row's reach lies within the columns
+    legend = ax.get_legend()
+    assert legend is not None and "reach" in legend.get_texts()[0].get_text()
+    bar = ax.images[0].colorbar
+    assert [t.get_text() for t in bar.ax.get_yticklabels()] == ["0", "25", "50", "75", "100"]
+    assert bar.ax.get_ylabel() == "accuracy (%); dotted: chance"
+    assert [line.get_ydata()[0] for line in bar.ax.lines] == [0.1]  # chance
+    assert_inside(saved_figures["heat.png"], "heat.png")
+    plot_recall_heatmap({"xl": [run({16: 1.0, 32: 0.9})]}, str(tmp_path / "near.png"))
+    assert saved_figures["near.png"].axes[0].get_legend() is None  # no line, nothing to explain
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--task", "passkey", "--out", "pk", "--quiet", "--set", "tgt_len=16", "mem_len=16",
+                 "n_layer=2", "d_model=32", "n_head=2", "d_head=16", "d_inner=64", "batch_size=4", "seq_len=32",
+                 "max_steps=1", "eval_interval=1", "key_len=1", "valid_size=8", "save_every_s=0"]) == 0  # fmt: skip
+    assert main(["recall", "pk", "--distances", "4,40", "--n", "4", "--quiet", "--plot", "pk.png"]) == 0
+    row = [t.get_text() for t in saved_figures["pk.png"].axes[0].get_yticklabels()]
+    assert len(row) == 1 and os.path.join("pk", "best") in row[0] and "mem_len 16" in row[0], row
+    assert row[0].split("\n")[0] != "passkey"

@@ -129,9 +129,8 @@ def test_rope_scalings_equal_transformers_formulas(theirs, ours, klen):
     ``ROPE_INIT_FUNCTIONS``, computed in float64); ``dynamic``'s follow the number of keys beyond the original
     context (transformers' sequence length)."""
     transformers = pytest.importorskip("transformers")
+    from support import wide_transformers
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    from tests.support import wide_transformers
 
     config = transformers.LlamaConfig(
         hidden_size=64,

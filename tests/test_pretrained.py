@@ -15,6 +15,7 @@ import os
 
 import pytest
 import torch
+from support import in_segments, raises_naming, wide_transformers
 
 from longseq.interop.llama import (
     IGNORED,
@@ -24,7 +25,6 @@ from longseq.interop.llama import (
     load_llama_folder,
 )
 from longseq.model import KVMemory, Memory
-from tests.support import in_segments, raises_naming, wide_transformers
 
 transformers = pytest.importorskip("transformers")
 
@@ -480,7 +480,7 @@ def pretrained_checkpoint(pretrained_folder):
 def test_eval_of_the_converted_checkpoint_is_transformers_loss(pretrained_folder, pretrained_checkpoint, capsys):
     """``longseq eval`` of the converted checkpoint scores the test text as transformers' model scores the ids its
     tokenizer gives (the text inside the context: full attention)."""
-    from tests.support import cli_json
+    from support import cli_json
 
     result = cli_json(["eval", "--checkpoint", pretrained_checkpoint, "--data", str(pretrained_folder), "--split",
                        "test", "--device", "cpu", "--json", "--quiet"], capsys)  # fmt: skip
@@ -493,7 +493,7 @@ def test_eval_of_the_converted_checkpoint_is_transformers_loss(pretrained_folder
 
 
 def test_generate_is_transformers_greedy_and_chat_uses_the_template(pretrained_folder, pretrained_checkpoint, capsys):
-    from tests.support import cli_json
+    from support import cli_json
 
     theirs = transformers.AutoModelForCausalLM.from_pretrained(pretrained_folder / "hf").eval()
     theirs.generation_config.eos_token_id = None
@@ -538,6 +538,29 @@ def test_to_hf_llama_and_longseq_formats_load_in_transformers(pretrained_folder,
     assert type(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "llama")) is type(source)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "llama")
     assert tokenizer(TEXT).input_ids == hf_tokenizer()(TEXT).input_ids and tokenizer.chat_template == TEMPLATE
+
+
+def test_a_full_disk_during_a_llama_export_leaves_no_broken_folder(
+    pretrained_checkpoint, tmp_path, capsys, monkeypatch
+):
+    """``--format llama`` is written as the other formats are (issue 60, item 16): beside ``--out`` and renamed into
+    place, so a failed write (an OSError injected into the weights' write) leaves no folder and names ``--out``."""
+    import errno
+
+    import safetensors.torch
+
+    from longseq.cli import main
+
+    def full_disk(tensors, path, metadata=None):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    out = tmp_path / "llama"
+    argv = ["convert", "--to-hf", "--checkpoint", pretrained_checkpoint, "--out", str(out), "--format", "llama"]
+    assert main([*argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and "No space left on device" in err and "Traceback" not in err
+    assert not out.exists() and not [name for name in os.listdir(tmp_path) if name.startswith(".llama.")]
 
 
 def test_the_converted_checkpoint_fine_tunes_and_diagnoses(pretrained_folder, pretrained_checkpoint, tmp_path):

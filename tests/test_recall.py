@@ -200,3 +200,32 @@ def test_a_recall_runs_toml_runs_again_and_a_length_that_cannot_fit_is_refused_a
     tuned.write_text('[task]\nname = "classify"\ntrain = "x.jsonl"\n')
     assert main(["train", "--config", str(tuned), "--out", str(tmp_path / "t")]) == 2
     assert "longseq finetune" in capsys.readouterr().err
+
+
+def test_predict_eval_and_generate_on_a_recall_model_point_to_longseq_recall(tmp_path, capsys):
+    """``longseq predict`` on a recall model (the command ``generate`` and ``eval`` advised) ended in "TypeError:
+    Task.predict() takes 3 positional arguments but 4 were given": the recall tasks inherited a base ``predict`` of
+    another signature.  The task refuses by name, from Python and from the command line, and every command names
+    the tool that reads such a checkpoint, ``longseq recall`` (the model was trained from scratch, not fine-tuned);
+    diagnose, which said "a fine-tuned model: longseq predict", too."""
+    from longseq.tasks import task_for
+    from longseq.train import load_checkpoint
+
+    out = tmp_path / "run"
+    assert main(["train", "--task", "passkey", "--out", str(out), "--quiet", *TINY_RUN, "d_model=32", "seq_len=32",
+                 "max_steps=1", "eval_interval=1"]) == 0  # fmt: skip
+    model, tokenizer, run, _ = load_checkpoint(str(out / "last"))
+    with pytest.raises(ConfigError) as caught:
+        task_for(run, tokenizer).predict(model, [{"text": "abc"}], "x.jsonl")
+    assert "passkey" in str(caught.value) and "longseq recall" in str(caught.value)
+    (tmp_path / "x.jsonl").write_text('{"text": "abc"}\n')
+    capsys.readouterr()
+    for command in (["predict", "--data", str(tmp_path / "x.jsonl"), "--out", str(tmp_path / "p.jsonl")],
+                    ["eval"], ["generate", "--prompt", "a", "--max-new-tokens", "2"],
+                    ["diagnose", "--out", str(tmp_path / "report")]):  # fmt: skip
+        assert main([*command, "--checkpoint", str(out), "--quiet"]) == 2, command
+        err = capsys.readouterr().err
+        assert "longseq recall" in err and "from scratch" in err and "Traceback" not in err, err
+        message = err.split("error: ", 1)[1]
+        assert "longseq predict" not in message and "fine-tuned for" not in message, err
+    assert not (tmp_path / "p.jsonl").exists()

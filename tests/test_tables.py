@@ -160,3 +160,25 @@ def test_a_damaged_compressed_table_is_named_without_a_traceback(tmp_path, capsy
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "corpus.jsonl.gz" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("where", [2, 1500])  # in the first batch (read for the column names) and far after it
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_byte_that_is_not_utf8_names_its_row_and_file(tmp_path, capsys, where, gz):
+    """A .jsonl corpus with byte 0xff said "'utf-8' codec can't decode byte 0xff in position 4" (a position in a
+    block the reader took) and no row: the error names the file, the row, the byte and its column, through the
+    library and the command line, compressed or not."""
+    import gzip
+
+    lines = [json.dumps({"text": f"row {i} is fine"}).encode() for i in range(2000)]
+    lines[where - 1] = b'{"text": "caf\xff au lait"}'
+    data = b"\n".join(lines) + b"\n"
+    path = tmp_path / ("corpus.jsonl.gz" if gz else "corpus.jsonl")
+    path.write_bytes(gzip.compress(data) if gz else data)
+    with pytest.raises(CorpusError) as caught:
+        load_corpus(str(path), "char")
+    for word in (str(path), f"row {where}", "0xff", "column 14", "UTF-8"):
+        assert word in str(caught.value), caught.value
+    assert main(["data", "prepare", "--data", str(path), "--tokenizer", "char", "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert f"row {where}" in err and str(path) in err and "Traceback" not in err

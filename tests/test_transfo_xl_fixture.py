@@ -42,3 +42,26 @@ def test_export_gives_back_the_hf_tensors(tmp_path):
 def test_importing_longseq_and_its_hf_conversion_does_not_import_transformers():
     code = "import sys, longseq, longseq.interop, longseq.cli.convert; sys.exit('transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_an_integer_tensor_where_a_float_weight_belongs_is_refused_by_name(tmp_path):
+    """An int64 tensor in place of a float weight was copied in, cast without a word: the model then computed with
+    whole numbers.  Reading the TransfoXL directory names the tensor and its dtype."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from longseq.interop.transfo_xl import ConversionError
+
+    shutil.copytree(FIXTURE, tmp_path / "hf")
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    name = next(n for n, t in weights.items() if n.endswith("CoreNet.0.weight"))
+    weights[name] = weights[name].round().long()
+    save_file(weights, str(tmp_path / "hf" / "model.safetensors"))
+    try:
+        load_hf(str(tmp_path / "hf"))
+    except ConversionError as error:
+        assert f"{name} (torch.int64)" in str(error)  # the name the file has
+        assert str(tmp_path / "hf") in str(error) and "cast" in str(error)
+    else:
+        raise AssertionError("an int64 weight was loaded")

@@ -6,11 +6,22 @@ import argparse
 import json
 import math
 import sys
+import warnings
+from contextlib import contextmanager
 
 
 def say(message: str) -> None:
     """A line for people, on stderr."""
     print(message, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def warnings_said():
+    """Within it, the library's warnings are said on stderr as ``warning: ...`` lines, when they happen (not in
+    Python's ``file:line: UserWarning`` form)."""
+    with warnings.catch_warnings():
+        warnings.showwarning = lambda message, *_, **__: say(f"warning: {message}")
+        yield
 
 
 def emit(result: dict, as_json: bool) -> None:
@@ -90,6 +101,35 @@ def common_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def threads_flag(p: argparse.ArgumentParser) -> None:
+    """``--threads N``: the CPU threads torch uses (a CPU shared with other work); :func:`set_threads` applies it."""
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        metavar="N",
+        help="CPU threads torch uses (torch.set_num_threads; default: its own)",
+    )
+
+
+def set_threads(args: argparse.Namespace) -> None:
+    """``torch.set_num_threads(args.threads)`` when ``--threads`` was given, before any work."""
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
 def memory_lengths(text: str) -> list[int]:
     """An argparse type: comma-separated memory lengths >= 0, such as ``0,64,128``."""
     try:
@@ -147,6 +187,14 @@ def load_model(checkpoint: str, device: str = "auto"):
     set_matmul_precision(device, "high")  # TensorFloat-32 on a GPU, as in training
     model, tokenizer, run, _ = load_checkpoint(path, device=device)
     return path, model, tokenizer, run
+
+
+def checkpoint_kind(run) -> str:
+    """What a checkpoint of ``run`` is (a language model, fine-tuned for a task, trained on a recall task) and the
+    command that reads it."""
+    from longseq.tasks import TASKS
+
+    return TASKS["lm" if run.task is None else run.task.name].checkpoint_kind()
 
 
 def read_corpus(data: str | None, run, tokenizer, checkpoint: str):

@@ -53,7 +53,9 @@ def run(args: argparse.Namespace) -> dict:
         return export(args)
     check_converted_directory(args.out)  # before any work: a run, a trained checkpoint, a user's folder stay
     model, tokenizer, run, origin = convert_source(args.from_hf, vocab=args.vocab)
-    save_checkpoint(args.out, model, run, tokenizer, metrics=origin)
+    save_checkpoint(args.out, model, run, tokenizer, metrics=origin)  # with what was not carried, if anything
+    if "not_carried" in origin:
+        say(f"note: not carried: {origin['not_carried']}")
     return {
         "from_hf": args.from_hf,
         "checkpoint": args.out,
@@ -62,6 +64,7 @@ def run(args: argparse.Namespace) -> dict:
         "parameters": model.num_parameters(),
         "tokenizer": tokenizer.kind,
         **({"model_type": origin["model_type"]} if "model_type" in origin else {}),
+        **({"not_carried": origin["not_carried"]} if "not_carried" in origin else {}),
     }
 
 
@@ -85,14 +88,18 @@ def export(args: argparse.Namespace) -> dict:
     if args.format == "transfo-xl":
         export_to_hf(model, args.out, tokenizer)
     elif args.format in FAMILY_FORMATS:
+        from safetensors import SafetensorError
+
+        from longseq.outputs import write_directory
+
         context = run.model.memory.mem_len + tgt_len  # what a query sees: its max_position_embeddings
-        result["model_type"] = export_family(
-            model, args.out, tokenizer, context, family_for(args.format, model, metrics)
-        )
+        family, written = family_for(args.format, model, metrics), []
+        write = lambda tmp: written.append(export_family(model, tmp, tokenizer, context, family))  # noqa: E731
+        write_directory(args.out, write, "the export", (SafetensorError,))  # whole or not at all, as the others
+        result["model_type"] = written[0]
     else:
-        export_longseq_hf(
-            model, args.out, tokenizer, segment_len=tgt_len, generate_mem_len=run.model.memory.mem_len + tgt_len
-        )
+        mem_len = run.model.memory.mem_len + tgt_len  # the run travels with it: convert --from-hf gives it back
+        export_longseq_hf(model, args.out, tokenizer, segment_len=tgt_len, generate_mem_len=mem_len, run=run)
         # the harness's hf model reads a document after this token (docs/lm-eval.md): the newline of this
         # tokenizer, a pretrained model's own beginning of text
         result["lm_eval_prefix_token_id"] = prefix_id(tokenizer)

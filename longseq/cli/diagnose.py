@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from longseq.cli.common import common_flags, device_flag, load_model, memory_lengths, read_corpus, say
+from longseq.cli.common import checkpoint_kind, common_flags, device_flag, load_model, memory_lengths, read_corpus, say
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> dict:
 
     check_report_directory(args.out)  # before any work
     checkpoint, model, tokenizer, run = load_model(args.checkpoint, args.device)
+    if run.task is not None:
+        raise ValueError(f"diagnose reads a language model; {checkpoint} is {checkpoint_kind(run)}")
     ids = read_corpus(args.data, run, tokenizer, checkpoint).split(args.split)
     tgt_len = args.tgt_len or run.data.eval_tgt_len
     report = diagnose(
@@ -50,6 +52,7 @@ def run(args: argparse.Namespace) -> dict:
         contexts=args.contexts,
         batch_size=args.batch_size or run.data.eval_batch_size,
         max_segments=args.max_segments,
+        tokenizer=tokenizer,
     )
     for warning in report["warnings"]:
         say(f"warning: {warning}")
@@ -64,6 +67,8 @@ def run(args: argparse.Namespace) -> dict:
         if averaged is None
         else f"{averaged['segments']} segments of {args.batch_size or run.data.eval_batch_size} streams"
     )
+    if "chunks" in report:  # a model with learned chunks: chunks.png draws where it cuts the text
+        result["mean_chunk_length"] = report["chunks"]["mean_length"]
     if "per_position" in report:
         pp, curve = report["per_position"], report["context_curve"]
         result["loss_memory_mean"] = sum(pp["loss_memory"]) / len(pp["loss_memory"])

@@ -7,6 +7,7 @@ import os
 from functools import partial
 
 from longseq.cli.common import (
+    checkpoint_kind,
     common_flags,
     device_flag,
     load_model,
@@ -15,6 +16,9 @@ from longseq.cli.common import (
     read_corpus,
     refuse_memory_settings,
     say,
+    set_threads,
+    threads_flag,
+    warnings_said,
 )
 from longseq.config import EvalConfig, apply_overrides
 
@@ -69,6 +73,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--r", type=float, nargs="+", default=[0.1, 0.5, 1.0], help="RECL top-r fractions")
     p.add_argument("--max-tokens", type=int, default=4000, help="RECL: tokens scored per model and length")
     device_flag(p)
+    threads_flag(p)
     return common_flags(p)
 
 
@@ -83,7 +88,7 @@ def _load(args: argparse.Namespace):
     settings = apply_overrides({"eval": EvalConfig(split=args.split)}, overrides(args.set))["eval"]
     checkpoint, model, tokenizer, run_config = load_model(args.checkpoint[0], args.device)
     if run_config.task is not None:
-        raise ValueError(f"{checkpoint} is fine-tuned for {run_config.task.name}; score it with longseq predict")
+        raise ValueError(f"{checkpoint} is not a language model: it is {checkpoint_kind(run_config)}")
     corpus = read_corpus(args.data, run_config, tokenizer, checkpoint)
     ids = corpus.split(settings.split)
     doc_ids = corpus.doc_ids[settings.split] if run_config.data.doc_reset and corpus.doc_ids is not None else None
@@ -123,11 +128,17 @@ def unknown_rate(ids, tokenizer, what: str) -> float | None:
 
 
 def run(args: argparse.Namespace) -> dict:
+    set_threads(args)
+    if args.mode == "recl":
+        return run_recl(args)
+    with warnings_said():  # a memory longer than a rope model's training memory, said as it starts
+        return run_one(args)
+
+
+def run_one(args: argparse.Namespace) -> dict:
     from longseq.eval.evaluate import evaluate
     from longseq.model.positions import position_encoding
 
-    if args.mode == "recl":
-        return run_recl(args)
     if args.plot and not (args.per_position or args.context_curve):
         raise ValueError("--plot draws --per-position or --context-curve; give one of them")
     if args.plot:
@@ -208,7 +219,32 @@ def run_evidence(args, model, settings, run_config, ids, batch_size) -> dict:
     out = {"split": settings.split, "tgt_len": tgt_len, **result, **summary}
     if args.plot:  # drawn in the JSON's unit (nats per token), bits per token on the right
         out["plot"] = plot(result, args.plot)
-    return out
+    return out if args.json else for_people(out)
+
+
+def for_people(out: dict) -> dict:
+    """The plain output of ``--per-position`` and ``--context-curve``: the curves as a short table (per position:
+    the positions 0, 1, 2, 4, 8, ... and the last), the full lists only in ``--json``."""
+    if "positions" in out:
+        positions = out["positions"]
+        picks = sorted({i for i in range(len(positions)) if i & (i - 1) == 0} | {len(positions) - 1})
+        table = [
+            {
+                "position": positions[i],
+                "with_memory": out["loss_memory"][i],
+                "memory_cut": out["loss_no_memory"][i],
+                "tokens": out["tokens"][i],
+            }  # fmt: skip
+            for i in picks
+        ]
+        lists = ("positions", "loss_memory", "loss_no_memory", "tokens")
+        name = "by_position"
+    else:
+        table = [{"memory": c, "loss": v} for c, v in zip(out["contexts"], out["loss"])]
+        lists, name = ("contexts", "loss"), "by_memory"
+    kept = {k: v for k, v in out.items() if k not in lists and k != "plot"}
+    figure = {"plot": out["plot"]} if "plot" in out else {}
+    return {**kept, name: table, "full_curves": "with --json", **figure}
 
 
 def run_recl(args: argparse.Namespace) -> dict:

@@ -10,7 +10,16 @@ import argparse
 import json
 import time
 
-from longseq.cli.common import common_flags, device_flag, load_model, refuse_memory_settings, say
+from longseq.cli.common import (
+    checkpoint_kind,
+    common_flags,
+    device_flag,
+    load_model,
+    refuse_memory_settings,
+    say,
+    set_threads,
+    threads_flag,
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -37,6 +46,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "end-of-text token (needs transformers)",
     )
     device_flag(p)
+    threads_flag(p)
     return common_flags(p)
 
 
@@ -105,12 +115,13 @@ def run(args: argparse.Namespace) -> dict:
     from longseq.config import Recurrence
     from longseq.generation import check_sampling, generate_stream
 
+    set_threads(args)
     check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     if args.mem_len is not None or args.sinks is not None:  # checked before the checkpoint loads, the prompt shows
         Recurrence(args.mem_len or 0, sinks=args.sinks or 0)
     _, model, tokenizer, run_config = load_model(args.checkpoint, args.device)
     if run_config.task is not None:
-        raise ValueError(f"{args.checkpoint} is fine-tuned for {run_config.task.name}; use longseq predict")
+        raise ValueError(f"{args.checkpoint} is not a language model: it is {checkpoint_kind(run_config)}")
     flags = ("--mem-len", "--sinks", "--sink-positions")
     refuse_memory_settings(run_config.model, [f for f in flags if getattr(args, f[2:].replace("-", "_")) is not None])
     ids = chat_ids(tokenizer, args.prompt) if args.chat else prompt_ids(tokenizer, args.prompt)

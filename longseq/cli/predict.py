@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from longseq.cli.common import common_flags, device_flag, load_model, say
+from longseq.cli.common import checkpoint_kind, common_flags, device_flag, load_model, say
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -29,6 +29,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> dict:
+    from longseq.config.task import FINETUNE_TASKS
     from longseq.data.tasks import write_jsonl
     from longseq.tasks import task_for
     from longseq.tasks.classify import classification_metrics, label_name
@@ -36,8 +37,8 @@ def run(args: argparse.Namespace) -> dict:
 
     check_output(args.out, args.data)  # before any work
     path, model, tokenizer, run_config = load_model(args.checkpoint, args.device)
-    if run_config.task is None:
-        raise ValueError(f"{path} is a language model, not a fine-tuned one; sample from it with longseq generate")
+    if run_config.task is None or run_config.task.name not in FINETUNE_TASKS:  # before the data is read
+        raise ValueError(f"{path} has no predictions to give: it is {checkpoint_kind(run_config)}")
     records = read_records(args.data, run_config.task.name, task_columns(run_config.task))
     check_output(args.out, args.data)
     if run_config.task.name == "classify":

@@ -35,7 +35,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> dict:
     import json
-    import os
 
     from longseq.cli.common import load_model
     from longseq.config import ConfigError
@@ -68,8 +67,18 @@ def run(args: argparse.Namespace) -> dict:
     if args.plot:
         from longseq.diagnostics.plots import plot_recall_heatmap
 
-        result["plot"] = plot_recall_heatmap({os.path.basename(os.path.dirname(path)) or path: [result]}, args.plot)
+        result["plot"] = plot_recall_heatmap({model_label(path, run_config.model): [result]}, args.plot)
     return result
+
+
+def model_label(path: str, model) -> str:
+    """The heat map's name of a checkpoint's row: where it is and what it is (its layers and memory), not the task
+    (the title names it)."""
+    import os
+
+    where = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+    layers = "+".join(dict.fromkeys(model.layer_mixers))
+    return f"{where}\n{model.n_layer} x {layers}, mem_len {model.memory.mem_len}"
 
 
 RECALL_REPORT = ("task", "cells", "checkpoint")  # the keys of what --out writes: a file holding them is recall's own

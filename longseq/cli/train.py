@@ -8,7 +8,15 @@ import argparse
 import math
 import os
 
-from longseq.cli.common import common_flags, overrides, refuse_vocab_size, say, tokenizer_help
+from longseq.cli.common import (
+    common_flags,
+    overrides,
+    refuse_vocab_size,
+    say,
+    set_threads,
+    threads_flag,
+    tokenizer_help,
+)
 from longseq.config import PRESETS, ConfigError, RunConfig, apply_overrides, get_preset, load_run_config
 from longseq.config.run import RECALL_TASKS, TaskConfig
 
@@ -61,6 +69,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="distil from this longseq checkpoint: the model trains on the KL to its softened top-k next-token "
         "distributions beside the next-token loss, with its tokenizer (task keys: temperature alpha top_k cache)",
     )
+    threads_flag(p)
     return common_flags(p)
 
 
@@ -133,6 +142,7 @@ def run(args: argparse.Namespace) -> dict:
     from longseq.train.checkpoint import load_checkpoint_config
     from longseq.train.rundir import has_checkpoint
 
+    set_threads(args)
     out = args.out or os.path.join("runs", run_name(args))
     if args.resume and args.config:
         raise ConfigError(

@@ -5,6 +5,7 @@ run is its registry's to say (:func:`longseq.model.registry.check_lengths`, call
 from __future__ import annotations
 
 from longseq.config.base import ConfigError, check
+from longseq.config.model import FLOAT16_MAX, check_cap_fits
 from longseq.config.run import RunConfig
 from longseq.config.task import TASK_OPTIONS, TaskConfig
 
@@ -15,6 +16,8 @@ def check_run(run: RunConfig, world_size: int = 1, source: str | None = None) ->
     processes, and what sharded training (``parallel=fsdp`` with ``world_size`` > 1) supports."""
     m, d, t = run.model, run.data, run.train
     check_cutoffs(m.cutoffs, m.vocab_size, source)
+    if t.runtime.precision == "fp16":  # attention scores are float16 under its autocast (the logits are upcast)
+        check_cap_fits("attn_softcap with precision=fp16", m.attn_softcap, "float16", FLOAT16_MAX)
     if m.pattern.lowrank:
         check_lowrank_task_and_length(run)
     check(

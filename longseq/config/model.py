@@ -371,6 +371,21 @@ class Recurrence:
             raise ValueError(f"sink_positions must be one of {', '.join(SINK_POSITIONS)}, got {self.sink_positions!r}")
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max; the config package does not import torch
+FLOAT16_MAX = 65504.0  # torch.finfo(torch.float16).max (bfloat16's, 3.39e38, is float32's order)
+
+
+def check_cap_fits(name: str, cap: float, dtype: str, largest: float) -> None:
+    """A soft cap c (``c * tanh(x / c)``) must be a number of the ``dtype`` the scores are capped in: a larger one
+    is infinite there, and inf * tanh(x / inf) = inf * 0 is NaN in every score."""
+    check(
+        cap <= largest,
+        f"{name}={cap:g} is beyond {dtype}'s largest number ({largest:g}): c * tanh(x / c) in {dtype} is NaN for "
+        "every score (inf * 0), which would show up only as a NaN loss. A cap that large caps nothing: use 0 for no "
+        "cap, or one near the scores' scale (Gemma 2: 50 for attention, 30 for the output logits)",
+    )
+
+
 @config
 class ModelConfig(JsonConfig):
     """Transformer-XL architecture (Dai et al., 2019), with its ``memory``, ``pattern`` and ``positions``.
@@ -569,6 +584,7 @@ class ModelConfig(JsonConfig):
         check(self.attn_chunk >= 0, f"ModelConfig.attn_chunk must be >= 0 (0: no chunking), got {self.attn_chunk}")
         for name in ("attn_softcap", "logit_softcap"):
             check(getattr(self, name) >= 0, f"ModelConfig.{name} must be >= 0 (0: no cap), got {getattr(self, name)}")
+            check_cap_fits(f"ModelConfig.{name}", getattr(self, name), "float32", FLOAT32_MAX)
         for name in ("dropout", "dropatt"):
             check(0.0 <= getattr(self, name) < 1.0, f"ModelConfig.{name} must be in [0, 1), got {getattr(self, name)}")
         check(

@@ -53,7 +53,10 @@ def open_table(path: str, columns: list[str] | None):
         if names is None:  # JSON lines: the columns are known once a row is read
             names = list(next(iter(table), {}))
     except (*READ_ERRORS, datasets.exceptions.DatasetGenerationError) as exc:
-        raise CorpusError(f"cannot read {path} as a {TABLE_BUILDERS[table_suffix(path)]} table: {exc}") from None
+        where = undecodable_line(path, exc)
+        raise CorpusError(
+            where or f"cannot read {path} as a {TABLE_BUILDERS[table_suffix(path)]} table: {exc}"
+        ) from None
     if columns is None:
         return table
     missing = [c for c in columns if c not in names]
@@ -81,7 +84,34 @@ def table_batches(path: str, columns: list[str] | None, batch_rows: int | None =
     try:
         yield from table.iter(batch_size=batch_rows or BATCH_ROWS)
     except (*READ_ERRORS, datasets_error()) as exc:
-        raise CorpusError(f"cannot read {path}: {exc}") from None
+        raise CorpusError(undecodable_line(path, exc) or f"cannot read {path}: {exc}") from None
+
+
+def undecodable_line(path: str, error: BaseException) -> str | None:
+    """For a JSON-lines (or JSON) file that ``error`` says is not UTF-8 (the reader names a position in a block it
+    read, not the row), the message that names the line and the byte: the file is read again, a line at a time."""
+    import gzip
+
+    while error is not None and not isinstance(error, UnicodeDecodeError):
+        error = error.__cause__ or error.__context__
+    if error is None or table_suffix(path) not in (".jsonl", ".json"):
+        return None
+    opener = gzip.open if path.lower().endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            for number, line in enumerate(f, 1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as bad:
+                    row = f"row {number} (line {number})" if table_suffix(path) == ".jsonl" else f"line {number}"
+                    return (
+                        f"{path}, {row}: byte {line[bad.start]:#04x} at "
+                        f"column {bad.start + 1} is not UTF-8 ({bad.reason}); a table's text must be UTF-8: re-encode "
+                        "the file (e.g. iconv -f latin1 -t utf-8) or remove the row"
+                    )
+    except READ_ERRORS:
+        return None
+    return None
 
 
 def parquet_batches(path: str, columns: list[str] | None, batch_rows: int) -> Iterator[dict[str, list]]:

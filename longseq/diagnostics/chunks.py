@@ -74,3 +74,49 @@ def chunk_statistics(data: bytes, starts: Tensor, mem_len: int) -> dict:
         "memory_slots": mem_len,
         "memory_bytes": mem_len * mean,
     }
+
+
+CHUNK_TOKENS = 640  # tokens of the text whose cuts ``longseq diagnose`` draws
+
+
+def has_chunks(model) -> bool:
+    """Whether ``model`` is a language model with a dynamic hourglass (``boundaries=learned|entropy``)."""
+    stack = getattr(getattr(model, "transformer", None), "stack", None)
+    return stack is not None and any(isinstance(layer, DynamicHourglass) for layer in stack.layers)
+
+
+def chunk_lengths(starts: Tensor) -> dict:
+    """The number of chunks that ``starts`` (T,) cut, their mean length and its spread, and the longest, in tokens."""
+    begins = [t for t, cut in enumerate(starts.bool().tolist()) if cut]
+    lengths = [b - a for a, b in zip(begins, begins[1:] + [len(starts)])]
+    if not lengths:
+        return {"chunks": 0, "mean_length": 0.0, "std_length": 0.0, "longest": 0}
+    mean = sum(lengths) / len(lengths)
+    spread = math.sqrt(sum((n - mean) ** 2 for n in lengths) / len(lengths))
+    return {"chunks": len(lengths), "mean_length": mean, "std_length": spread, "longest": max(lengths)}
+
+
+def token_pieces(ids: list[int], tokenizer=None) -> list[str]:
+    """Each token as a reader sees it: its text (a word followed by a space), or its id without a tokenizer."""
+    if tokenizer is None:
+        return [f"{i} " for i in ids]
+    space = " " if tokenizer.kind == "word" else ""
+    return [(lambda text: text if text.endswith("\n") else text + space)(tokenizer.decode([i])) for i in ids]
+
+
+def draw_cuts(model, ids, segment: int, path: str, tokenizer=None) -> dict:
+    """Read the first :data:`CHUNK_TOKENS` tokens of ``ids`` in segments of ``segment`` with the memory carried,
+    draw where the model cuts them into ``path`` (:func:`~longseq.diagnostics.plots.plot_chunk_cuts`) and return the
+    numbers: tokens read, the cut positions, and :func:`chunk_lengths`."""
+    from longseq.diagnostics.plots import plot_chunk_cuts
+
+    device = next(model.parameters()).device
+    passage = torch.as_tensor([int(i) for i in ids[:CHUNK_TOKENS]], dtype=torch.long, device=device)
+    starts = read_boundaries(model, passage, segment)
+    stats = chunk_lengths(starts)
+    title = (
+        f"where the model cuts the text: {stats['chunks']} chunks over {len(passage)} tokens, mean "
+        f"{stats['mean_length']:.2f} tokens (std {stats['std_length']:.2f}); a red bar begins a chunk"
+    )
+    plot_chunk_cuts(token_pieces(passage.tolist(), tokenizer), starts.tolist(), path, title=title)
+    return {"tokens": len(passage), **stats, "cuts": [t for t, cut in enumerate(starts.tolist()) if cut]}

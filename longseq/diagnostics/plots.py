@@ -204,6 +204,37 @@ def plot_context_curve(
     return _save_figure(plt, fig, out_path)
 
 
+def plot_chunk_cuts(pieces: list[str], starts: list[bool], out_path: str, *, title: str, columns: int = 80) -> str:
+    """Where a model with learned chunks cuts a text: its tokens (``pieces``, each as it reads) laid out in rows of
+    ``columns`` cells, a new row after a line break, each chunk on its own shade and a red bar before every token
+    that begins one (a cut, ``starts``)."""
+    plt = _pyplot()
+    from matplotlib.patches import Rectangle
+
+    cells, row, col, chunk = [], 0, 0, -1
+    for piece, cut in zip(pieces, starts):
+        shown = "".join(c if c.isprintable() else "·" for c in piece.replace("\n", "↵")) or "·"
+        if col and col + len(shown) > columns:
+            row, col = row + 1, 0
+        chunk += int(cut)
+        cells.append((row, col, shown, chunk, cut))
+        col += len(shown)
+        if piece.endswith("\n"):
+            row, col = row + 1, 0
+    height = row + 1
+    fig, ax = plt.subplots(figsize=(max(columns, 20) * 0.12, height * 0.24 + 0.9))
+    for r, c, shown, k, cut in cells:
+        ax.add_patch(Rectangle((c, -r - 1), len(shown), 1, color=("#cfe3f7", "#f7dccf")[k % 2], linewidth=0))
+        ax.text(c + len(shown) / 2, -r - 0.5, shown, ha="center", va="center", family="monospace", fontsize=7)
+        if cut:
+            ax.plot([c, c], [-r - 1, -r], color="crimson", linewidth=1.2)
+    ax.set_xlim(0, columns)
+    ax.set_ylim(-height, 0)
+    ax.axis("off")
+    ax.set_title(title, fontsize=9)
+    return _save_figure(plt, fig, out_path)
+
+
 def recall_axis(results: dict[str, list[dict]]) -> str:
     """What the cells of ``results`` vary: ``distance`` (passkey) or ``length``."""
     return "distance" if any("distance" in c for runs in results.values() for c in runs[0]["cells"]) else "length"
@@ -226,14 +257,20 @@ def recall_table(results: dict[str, list[dict]]) -> tuple[list[str], list[int], 
 
 
 def plot_recall_heatmap(results: dict[str, list[dict]], out_path: str, *, title: str | None = None) -> str:
-    """A heat map of recall accuracy: a row a model, a column a distance (or length), the mean over seeds written
-    in each cell; the dashed line of each row marks its model's effective range (attention: n_layer x mem_len)."""
+    """A heat map of recall accuracy: a row a model (named by the keys of ``results``: a checkpoint, a variant), a
+    column a distance (or length), the mean over seeds written in each cell (%); a dashed line in a row marks its
+    model's reach (attention: n_layer x mem_len tokens back; beyond it a key cannot be read), which the legend says;
+    the colour bar reads in % with chance marked."""
     plt = _pyplot()
+    from matplotlib.lines import Line2D
+    from matplotlib.transforms import ScaledTranslation
+
     names, columns, table = recall_table(results)
     axis = recall_axis(results)
-    fig, ax = plt.subplots(figsize=(1.0 + 0.62 * len(columns), 0.9 + 0.42 * len(names)))
+    fig, ax = plt.subplots(figsize=(2.2 + 0.62 * len(columns), 2.2 + 0.42 * len(names)))
     values = [[float("nan") if v is None else v for v in row] for row in table]
     image = ax.imshow(values, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    reached = False
     for i, row in enumerate(table):
         for j, v in enumerate(row):
             if v is not None:
@@ -242,10 +279,18 @@ def plot_recall_heatmap(results: dict[str, list[dict]], out_path: str, *, title:
         if axis == "distance" and reach and any(c > reach for c in columns):
             edge = sum(c <= reach for c in columns) - 0.5
             ax.plot([edge, edge], [i - 0.5, i + 0.5], "--", color="r", linewidth=1.2)
+            reached = True
     ax.set_xticks(range(len(columns)), [str(c) for c in columns], rotation=45, fontsize=8)
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.set_xlabel(f"{axis} (tokens)")
     runs = results[names[0]][0]
     ax.set_title(title or f"{runs['task']}: accuracy (%), chance {100 * runs['chance']:.0f}%", fontsize=10)
-    fig.colorbar(image, ax=ax, fraction=0.03, label="accuracy")
+    if reached:
+        line = Line2D([], [], linestyle="--", color="r", label="the model's reach: n_layer x mem_len tokens back")
+        below = ax.transAxes + ScaledTranslation(0, -0.8, fig.dpi_scale_trans)  # under the ticks and the x label
+        ax.legend(handles=[line], loc="upper center", bbox_to_anchor=(0.5, 0), bbox_transform=below, fontsize=7,
+                  frameon=False)  # fmt: skip
+    bar = fig.colorbar(image, ax=ax, fraction=0.08, pad=0.03, label="accuracy (%); dotted: chance")
+    bar.set_ticks([0, 0.25, 0.5, 0.75, 1.0], labels=["0", "25", "50", "75", "100"])
+    bar.ax.axhline(runs["chance"], color="w", linestyle=":", linewidth=1.5)  # chance, on the bar's scale
     return _save_figure(plt, fig, out_path)

@@ -2,11 +2,13 @@
 
 One segment is read after ``warmup`` segments have filled the memory.  The report directory holds
 
-    attention_layer{i}.png   every head's attention map of layer i; memory | segment boundary marked
+    attention_layer{i}.png   every head's attention map of layer i, one colour scale and its bar; memory | segment
+                             boundary marked
     entropy.png              attention entropy per layer and head (bits), the value in every cell
     distance.png             attention mass against relative distance, per layer
     grad_norms.png           gradient norm of every layer's parameters for this segment's loss
     memory_share.png         share of every head's attention mass that goes into the memory, per layer
+    chunks.png               where a model with learned chunks cuts the text (a red bar begins a chunk)
     per_position.png         loss at each position inside the segment, with the memory and with it cut to 0
     context_curve.png        loss against the evaluation memory length (``same_length``)
     report.md, report.json   the numbers, memory statistics and warnings
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from longseq.diagnostics.chunks import draw_cuts, has_chunks
 from longseq.model import HiddenMemory, TransformerXLLM
 from longseq.outputs import check_output_directory, first_line_is, is_longseq_png, json_object_with
 
@@ -44,6 +47,7 @@ UNITS = {
     "grad_norms": "L2 norm of the layer's parameters' gradient",
     "per_position": "nats per token",
     "context_curve": "nats per token",
+    "chunks": "tokens (lengths and cut positions)",
 }
 
 
@@ -258,11 +262,14 @@ def diagnose(
     batch_size: int = 1,
     contexts: list[int] | None = None,
     max_segments: int = 0,
+    tokenizer=None,
 ) -> dict:
     """Write the report for the segment after ``warmup`` memory-filling segments of ``ids``; returns the numbers.
 
     ``batch_size``, ``contexts`` and ``max_segments`` set the pass of the two loss curves (see
-    :func:`context_evidence`); ``contexts=[]`` leaves the curves out."""
+    :func:`context_evidence`); ``contexts=[]`` leaves the curves out.  A model with learned chunks also gets
+    ``chunks.png``, where it cuts the text (``tokenizer``, the one ``ids`` were made by, writes its tokens; without
+    it, their ids), and ``chunks`` in the report (:func:`~longseq.diagnostics.chunks.draw_cuts`)."""
     _check_diagnosable(
         model, len(ids), tgt_len=tgt_len, warmup=warmup, batch_size=batch_size, max_segments=max_segments
     )
@@ -308,7 +315,10 @@ def diagnose(
             model, ids, tgt_len=tgt_len, batch_size=batch_size, contexts=contexts, max_segments=max_segments
         )
         report.update(evidence)
+    if has_chunks(model):
+        report["chunks"] = draw_cuts(model, ids, tgt_len, os.path.join(out_dir, "chunks.png"), tokenizer)
     images = _plots(plt, attending, maps, summary, grad_norms, mlen, out_dir, report.get("memory_attention"))
+    images += ["chunks.png"] if "chunks" in report else []
     if evidence is not None:
         images += _evidence_plots(evidence, model.config.memory.mem_len, out_dir)
     with open(os.path.join(out_dir, "report.json"), "w", encoding="utf-8") as f:
@@ -382,6 +392,7 @@ def _plots(plt, layers, maps, summary, grad_norms, mlen, out_dir, averaged=None)
     ax.set_xlabel("relative distance (positions)")
     ax.set_ylabel("share of attention mass")
     ax.xaxis.set_major_locator(_integers())
+    ax.set_title("attention mass against relative distance (one segment), per layer", fontsize=10)
     ax.legend(fontsize=7)
     images.append(_save(plt, fig, out_dir, "distance.png"))
     fig, ax = plt.subplots(figsize=(6, 3))
@@ -389,6 +400,7 @@ def _plots(plt, layers, maps, summary, grad_norms, mlen, out_dir, averaged=None)
     ax.set_xticks(range(len(grad_norms)))
     ax.set_xlabel("layer")
     ax.set_ylabel("gradient norm (L2)")
+    ax.set_title("gradient norm of each layer's parameters (this segment's loss)", fontsize=10)
     images.append(_save(plt, fig, out_dir, "grad_norms.png"))
     return images
 
@@ -400,17 +412,24 @@ def _integers():
 
 
 def _attention_figure(plt, layer: int, probs: Tensor, mlen: int):
-    """Every head's attention map of one layer (one segment of one stream)."""
+    """Every head's attention map of one layer (one segment of one stream), on one colour scale with its bar."""
     heads = probs.size(1)
     cols = min(4, heads)
     rows = -(-heads // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False)
+    fig, grid = plt.subplots(
+        rows, cols + 1, figsize=(3.2 * cols + 0.8, 2.8 * rows), squeeze=False,
+        gridspec_kw={"width_ratios": [1.0] * cols + [0.06]},
+    )  # fmt: skip
+    axes, bars = grid[:, :cols], grid[:, cols]  # the last column: the colour bar, beside the first row
+    top = float(probs[0].max())
+    image = None
     for h in range(rows * cols):
         ax = axes[h // cols][h % cols]
         if h >= heads:
             ax.axis("off")
             continue
-        ax.imshow(probs[0, h].float().numpy(), aspect="auto", cmap="viridis", interpolation="nearest")
+        values = probs[0, h].float().numpy()
+        image = ax.imshow(values, aspect="auto", cmap="viridis", interpolation="nearest", vmin=0.0, vmax=top)
         if mlen:
             ax.axvline(mlen - 0.5, color="white", linewidth=1)
         ax.set_title(f"head {h}", fontsize=8)
@@ -419,6 +438,9 @@ def _attention_figure(plt, layer: int, probs: Tensor, mlen: int):
         ax.xaxis.set_major_locator(_integers())
         ax.yaxis.set_major_locator(_integers())
         ax.tick_params(labelsize=6)
+    fig.colorbar(image, cax=bars[0], label="attention probability")
+    for ax in bars[1:]:
+        ax.axis("off")
     fig.suptitle(f"layer {layer} attention")
     return fig
 
@@ -491,6 +513,11 @@ def _markdown(report: dict, images: list[str]) -> str:
         for i, heads in zip(report["attention_layers"], shares):
             lines.append(f"| {i} | " + " | ".join(f"{v:.3f}" for v in heads) + " |")
     lines += _evidence_markdown(report)
+    if "chunks" in report:
+        c = report["chunks"]
+        lines += ["", "## Where the model cuts the text (learned chunks)", ""]
+        lines += [f"{c['chunks']} chunks over the first {c['tokens']} tokens: mean {c['mean_length']:.2f} tokens "
+                  f"(std {c['std_length']:.2f}, longest {c['longest']}); chunks.png draws them."]  # fmt: skip
     lines += ["", "## Gradient norms and memory", "", "| layer | grad norm | memory slots | mean | std | max abs |"]
     lines.append("|---|---|---|---|---|---|")
     for i, g in enumerate(report["grad_norms"]):

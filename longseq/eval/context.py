@@ -13,13 +13,14 @@ Losses are in nats per token.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import replace
 
 import numpy as np
 import torch
 
 from longseq.config.model import Recurrence
-from longseq.eval.evaluate import evaluate, segment_losses
+from longseq.eval.evaluate import LongerThanTrainedWarning, evaluate, segment_losses, warn_beyond_trained_memory
 
 
 def _full_memory_segments(tgt_len: int, mem_len: int) -> int:
@@ -56,6 +57,7 @@ def per_position_losses(
     positions it has; ``tokens`` gives the count per position.
     """
     recurrence = model.config.recurrence(recurrence, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+    warn_beyond_trained_memory(model.config, recurrence)
     if skip_segments is None:
         skip_segments = _full_memory_segments(tgt_len, recurrence.mem_len)
     if skip_segments < 0:
@@ -137,17 +139,20 @@ def context_curve(
     if same_length is None:
         same_length = not model.config.hourglass.dynamic
     losses, tokens = [], 0
+    warn_beyond_trained_memory(model.config, model.config.recurrence(mem_len=max(contexts)))  # once, the longest
     for c in contexts:
-        metrics = evaluate(
-            model,
-            ids,
-            batch_size=batch_size,
-            tgt_len=tgt_len,
-            recurrence=model.config.recurrence(mem_len=c, clamp_len=clamp_len, same_length=same_length and c > 0),
-            max_segments=max_segments,
-            skip_segments=skip_segments,
-            progress=progress,
-        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LongerThanTrainedWarning)
+            metrics = evaluate(
+                model,
+                ids,
+                batch_size=batch_size,
+                tgt_len=tgt_len,
+                recurrence=model.config.recurrence(mem_len=c, clamp_len=clamp_len, same_length=same_length and c > 0),
+                max_segments=max_segments,
+                skip_segments=skip_segments,
+                progress=progress,
+            )
         losses.append(metrics["loss"])
         tokens = metrics["tokens"]
     return {

@@ -69,7 +69,7 @@ from transformers.configuration_utils import PreTrainedConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils.deprecation import deprecate_kwarg
 
-from longseq.config import ModelConfig, Recurrence
+from longseq.config import ConfigError, ModelConfig, Recurrence
 from longseq.config.model import upgrade_stored_model
 from longseq.data.tokenizers import Tokenizer, load_tokenizer
 from longseq.generation import read_prompt, windowed
@@ -79,11 +79,12 @@ from longseq.interop.hf_longseq import (
     MODEL_TYPE,
     TOKENIZER_FILE,
     hf_config,
+    sampling_settings,
     save_tokenizers,
     tied_names,
 )
 from longseq.interop.hf_tokenizer import ends_every_text
-from longseq.interop.transfo_xl import refuse_non_finite
+from longseq.interop.transfo_xl import float_weights, refuse_cast_weights, refuse_non_finite, stored_dtypes
 from longseq.model import Memory, TransformerXLLM, build_model
 from longseq.model.lstm import LSTMLM
 from longseq.model.memory import CacheContext, HiddenMemory, KVMemory, RingContext, RingMemory
@@ -93,7 +94,12 @@ from longseq.model.transformer import IGNORE_INDEX
 
 __all__ = ["LongseqCache", "LongseqConfig", "LongseqForCausalLM", "from_longseq"]
 
-MIRRORED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+MIRRORED = {  # the transformers names of config.json, and the longseq section's fields they mirror
+    "vocab_size": "longseq.vocab_size",
+    "hidden_size": "longseq.d_model",
+    "num_hidden_layers": "longseq.n_layer",
+    "num_attention_heads": "longseq.n_head",
+}
 OLD_EXPORT_NAMES = {  # transformers' key_mapping for an export whose names are older than the model's
     r"^model\.transformer\.(?!word_emb\.|stack\.)": "model.transformer.stack.",  # the backbone held no stack
     r"\.dec_attn\.r_net\.": ".dec_attn.rel.r_net.",  # the positions were not modules (upgrade_position_names)
@@ -104,6 +110,13 @@ UNTIED_HEADS = {  # a softmax weight a tied checkpoint stores under the embeddin
     for spec in MODEL_SPECS.values()
     for pattern, name in spec.tied_heads.items()
 }
+
+
+def config_source(name_or_path: str | None) -> str:
+    """The ``config.json`` a LongseqConfig is read from (transformers passes the directory as ``name_or_path``)."""
+    if not name_or_path:
+        return "the LongseqConfig (config.json)"
+    return os.path.join(name_or_path, "config.json") if os.path.isdir(name_or_path) else f"{name_or_path}'s config.json"
 
 
 @strict
@@ -118,6 +131,7 @@ class LongseqConfig(PreTrainedConfig):
     longseq: dict | None = None
     segment_len: int = 128
     generate_mem_len: int | None = None
+    longseq_run: dict | None = None  # the training run's data and train sections: kept for convert --from-hf
     vocab_size: int | None = None
     hidden_size: int | None = None
     num_hidden_layers: int | None = None
@@ -126,24 +140,34 @@ class LongseqConfig(PreTrainedConfig):
     use_cache: bool = True
 
     def __post_init__(self, **kwargs):
+        source = config_source(kwargs.get("name_or_path"))  # the file an error names: the one to fix
         given = upgrade_stored_model(dict(self.longseq or {}))  # as it was saved, if before a field existed
         if self.tie_word_embeddings is not None:
             given["tie_weight"] = self.tie_word_embeddings
-        model = ModelConfig.from_dict(given)  # ConfigError names an unknown or bad key
+        try:
+            model = ModelConfig.from_dict(given)  # ConfigError names an unknown or bad key
+        except ConfigError as exc:
+            raise ConfigError(f"{source}, its longseq section: {exc}") from None
         self.longseq = model.to_dict()
-        if self.segment_len < 1:
-            raise ValueError(f"segment_len must be >= 1, got {self.segment_len}")
-        if self.generate_mem_len is not None and self.generate_mem_len < 0:
-            raise ValueError(f"generate_mem_len must be >= 0 or None, got {self.generate_mem_len}")
+        sampling_settings({"segment_len": self.segment_len, "generate_mem_len": self.generate_mem_len}, source)
         mirrored = hf_config(model)
-        for key in MIRRORED:
+        for key, field_name in MIRRORED.items():
             value = mirrored[key]
             given = getattr(self, key)
             if given is not None and given != value:
-                raise ValueError(f"config {key}={given} disagrees with the longseq model config, which has {value}")
+                raise ValueError(
+                    f"{source}: {key}={given} disagrees with its longseq section, which has {field_name}={value} (the "
+                    f"shape of the weights): fix {key} in {source}, or remove it (it mirrors the longseq section)"
+                )
             setattr(self, key, value)
         self.tie_word_embeddings = model.tie_weight
         super().__post_init__(**kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """transformers' ``from_pretrained``, which names the directory read to the checks (``AutoConfig`` does)."""
+        kwargs.setdefault("name_or_path", str(pretrained_model_name_or_path))
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 
     def model_config(self) -> ModelConfig:
         """The longseq model config, with ``tie_word_embeddings`` as its ``tie_weight`` (``from_pretrained(...,
@@ -200,6 +224,9 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         missing = sorted(set(info["missing_keys"]) - model._untie_from_embeddings(info["missing_keys"]))
         if missing:
             raise ValueError(f"the checkpoint lacks {len(missing)} tensor(s) of the model: {', '.join(missing[:5])}")
+        weights = os.path.join(directory, "model.safetensors")
+        if os.path.isfile(weights):  # a local export: its integer tensors were cast into float weights
+            refuse_cast_weights(stored_dtypes(weights), weights, float_weights(model))
         refuse_non_finite(model.model, str(args[0]) if args else "the checkpoint")
         path = os.path.join(directory, TOKENIZER_FILE)
         if os.path.isfile(path):

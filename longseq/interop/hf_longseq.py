@@ -30,11 +30,14 @@ from longseq.interop.transfo_xl import (
     EXPORT_METADATA,
     ConversionError,
     check_export_directory,
+    float_weights,
     read_vocab,
+    refuse_cast_weights,
     refuse_non_finite,
 )
 from longseq.model import TransformerXLLM, build_model
 from longseq.model.lstm import LSTMLM
+from longseq.outputs import write_directory
 
 MODEL_TYPE = "longseq"
 ARCHITECTURE = "LongseqForCausalLM"
@@ -64,11 +67,34 @@ def tied_names(model: torch.nn.Module) -> dict[str, str]:
     return tied
 
 
-def hf_config(config: ModelConfig, segment_len: int = 128, generate_mem_len: int | None = None) -> dict:
-    """The ``config.json`` of a longseq model in the transformers format."""
+def sampling_settings(values: dict, source: str) -> tuple[int, int | None]:
+    """``segment_len`` (default 128) and ``generate_mem_len`` (default None) of a ``config.json``'s ``values``, each
+    checked: a :class:`ConversionError` names the key, the value and ``source`` (the file)."""
+    segment_len, mem_len = values.get("segment_len", 128), values.get("generate_mem_len")
+    whole = lambda value: isinstance(value, int) and not isinstance(value, bool)  # noqa: E731
+    if not whole(segment_len) or segment_len < 1:
+        raise ConversionError(
+            f"{source}: segment_len must be a whole number >= 1 (the tokens read at once: the training tgt_len), "
+            f"got {segment_len!r}"
+        )
+    if mem_len is not None and (not whole(mem_len) or mem_len < 0):
+        raise ConversionError(
+            f"{source}: generate_mem_len must be a whole number >= 0, or null for the model's mem_len + segment_len, "
+            f"got {mem_len!r}"
+        )
+    return segment_len, mem_len
+
+
+def hf_config(
+    config: ModelConfig, segment_len: int = 128, generate_mem_len: int | None = None, run: RunConfig | None = None
+) -> dict:
+    """The ``config.json`` of a longseq model in the transformers format; with the ``run`` that trained it, its data
+    and train sections under ``longseq_run`` (read by nothing but ``convert --from-hf``, which restores them)."""
     if segment_len < 1:
         raise ValueError(f"segment_len must be >= 1, got {segment_len}")
+    carried = {} if run is None else {"longseq_run": {"data": run.data.to_dict(), "train": run.train.to_dict()}}
     return {
+        **carried,
         "model_type": MODEL_TYPE,
         "architectures": [ARCHITECTURE],
         "longseq": config.to_dict(),
@@ -88,30 +114,35 @@ def export_longseq_hf(
     tokenizer: Tokenizer | None = None,
     segment_len: int = 128,
     generate_mem_len: int | None = None,
+    run: RunConfig | None = None,
 ) -> None:
     """Write ``model`` as a transformers directory that ``AutoModelForCausalLM.from_pretrained`` loads after
     ``import longseq.hf``; ``segment_len`` and ``generate_mem_len`` are how ``longseq generate`` samples it (the
-    training ``tgt_len``, and ``mem_len + tgt_len``)."""
+    training ``tgt_len``, and ``mem_len + tgt_len``); ``run``, the run that trained it, travels with it (its data
+    and train sections: ``convert --from-hf`` gives them back)."""
     if not isinstance(model, (TransformerXLLM, LSTMLM)):
         raise ValueError(
             f"only a language model exports to transformers; this is a {type(model).__name__} (a fine-tuned model)"
         )
-    config = hf_config(model.config, segment_len, generate_mem_len)
+    config = hf_config(model.config, segment_len, generate_mem_len, run)
     generation = {**GENERATION_DEFAULTS, "pad_token_id": model.config.vocab_size}  # the padding id
     check_export_directory(out, EXPORT_FILES)  # a new directory, or an earlier export of convert: nothing else
-    os.makedirs(out, exist_ok=True)
     skip = set(tied_names(model))
     tensors = {
         PREFIX + name: tensor.detach().contiguous().cpu()
         for name, tensor in model.state_dict(keep_vars=False).items()
         if name not in skip
     }
-    save_file(tensors, os.path.join(out, "model.safetensors"), metadata=EXPORT_METADATA)
-    for name, data in (("config.json", config), ("generation_config.json", generation)):
-        with open(os.path.join(out, name), "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-    if tokenizer is not None:
-        save_tokenizers(tokenizer, out)
+
+    def write(directory: str) -> None:
+        save_file(tensors, os.path.join(directory, "model.safetensors"), metadata=EXPORT_METADATA)
+        for name, data in (("config.json", config), ("generation_config.json", generation)):
+            with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=2, sort_keys=True)
+        if tokenizer is not None:
+            save_tokenizers(tokenizer, directory)
+
+    write_directory(out, write, "the export", (SafetensorError,))  # safetensors' own error for a failed write
 
 
 def save_tokenizers(tokenizer: Tokenizer, out: str) -> None:
@@ -148,6 +179,7 @@ def load_longseq_hf(directory: str) -> tuple[TransformerXLLM | LSTMLM, Tokenizer
             f"{path} has no longseq section (the model's ModelConfig, which convert --to-hf and save_pretrained "
             "write): the architecture is unknown"
         )
+    sampling_settings(config, path)  # segment_len and generate_mem_len, named with the file
     try:
         model = build_model(ModelConfig.from_dict(upgrade_stored_model(config["longseq"])))
     except ConfigError as exc:
@@ -157,6 +189,7 @@ def load_longseq_hf(directory: str) -> tuple[TransformerXLLM | LSTMLM, Tokenizer
         weights = load_file(weights_path)
     except (OSError, SafetensorError) as exc:
         raise ConversionError(f"cannot read {weights_path} (truncated, or not safetensors): {exc}") from None
+    refuse_cast_weights({n: str(t.dtype) for n, t in weights.items()}, weights_path, float_weights(model, PREFIX))
     state = {name.removeprefix(PREFIX): tensor for name, tensor in weights.items()}
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
@@ -175,8 +208,10 @@ def load_longseq_hf(directory: str) -> tuple[TransformerXLLM | LSTMLM, Tokenizer
 
 def convert_from_longseq_hf(directory: str, vocab: str | None = None):
     """(model, tokenizer, run config) of a longseq transformers directory, for ``longseq convert --from-hf``: the
-    tokenizer from ``longseq_tokenizer.json``, else ``vocab`` (one token per line), else bytes for 256 tokens;
-    ``tgt_len`` is the directory's ``segment_len``."""
+    tokenizer from ``longseq_tokenizer.json``, else ``vocab`` (one token per line), else bytes for 256 tokens.  The
+    run's data and train sections are those the export carries (``longseq_run``: the trained run's evaluation
+    settings and recipe); without them (:func:`run_not_carried` says so), longseq's defaults with ``tgt_len`` the
+    directory's ``segment_len``."""
     model, tokenizer, config = load_longseq_hf(directory)
     if vocab is not None:
         tokenizer = read_vocab(vocab)
@@ -186,6 +221,33 @@ def convert_from_longseq_hf(directory: str, vocab: str | None = None):
         raise ValueError(
             f"{directory} has no longseq_tokenizer.json for its {model.config.vocab_size} tokens: pass --vocab FILE"
         )
-    segment_len = int(config.get("segment_len", 128))
-    data = DataConfig(tokenizer=tokenizer.kind, tgt_len=segment_len, eval_tgt_len=segment_len)
-    return model, tokenizer, RunConfig(model=model.config, data=data, train=TrainConfig())
+    path = os.path.join(directory, "config.json")
+    segment_len, _ = sampling_settings(config, path)  # checked on reading
+    sections = config.get("longseq_run")
+    if sections is None:
+        data = DataConfig(tokenizer=tokenizer.kind, tgt_len=segment_len, eval_tgt_len=segment_len)
+        return model, tokenizer, RunConfig(model=model.config, data=data, train=TrainConfig())
+    try:
+        run = RunConfig.from_dict({"model": model.config.to_dict(), **sections})
+    except (ConfigError, TypeError) as exc:
+        raise ConversionError(f"{path}: its longseq_run section is not a run's data and train: {exc}") from None
+    if vocab is not None and run.data.tokenizer != tokenizer.kind:
+        run = RunConfig(run.model, run.data.replace(tokenizer=tokenizer.kind), run.train)
+    return model, tokenizer, run
+
+
+def run_not_carried(directory: str) -> str | None:
+    """What a conversion of ``directory`` (an export, or an HF TransfoXL directory) cannot carry of the run that
+    trained its model, in words for the converted checkpoint (None: the export carries the run)."""
+    if not is_longseq_hf(directory):
+        why = "an HF TransfoXL directory holds the model only"
+    else:
+        with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+            if isinstance(json.load(f).get("longseq_run"), dict):
+                return None
+        why = "its config.json has no longseq_run: written before exports carried the run, or saved without one"
+    return (
+        f"the trained run's data and train sections ({why}): eval_batch_size, eval_max_segments, batch_size and "
+        "the training recipe (lr, schedule, steps, seed, ...) are longseq's defaults here, and tgt_len and "
+        "eval_tgt_len the segment length; give the trained values with --set to compare scores"
+    )

@@ -83,6 +83,7 @@ def ends_every_text(directory: str) -> bool:
 
 def save_hf_tokenizer(tokenizer: Tokenizer, out: str) -> None:
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` into the directory ``out``."""
-    hf_tokenizer(tokenizer).save(os.path.join(out, TOKENIZER_FILE))
+    with open(os.path.join(out, TOKENIZER_FILE), "w", encoding="utf-8") as f:  # an OSError names the file (save's
+        f.write(hf_tokenizer(tokenizer).to_str(pretty=True))  # plain Exception does not); the same bytes
     with open(os.path.join(out, CONFIG_FILE), "w", encoding="utf-8") as f:
         json.dump(hf_tokenizer_config(tokenizer), f, indent=2, sort_keys=True, ensure_ascii=False)

@@ -16,7 +16,7 @@ from longseq.config import DataConfig, RunConfig, TrainConfig
 from longseq.data.tokenizers import Tokenizer
 from longseq.data.tokenizers.pretrained import PretrainedTokenizer
 from longseq.interop.gguf import load_gguf
-from longseq.interop.hf_longseq import convert_from_longseq_hf, is_longseq_hf
+from longseq.interop.hf_longseq import convert_from_longseq_hf, is_longseq_hf, run_not_carried
 from longseq.interop.hf_tokenizer import save_hf_tokenizer
 from longseq.interop.llama import export_llama_hf, family_of, load_llama_folder, read_config_file
 from longseq.interop.llama_tokenizer import read_tokenizer
@@ -34,16 +34,19 @@ def is_transfo_xl(folder: str) -> bool:
 
 def convert_source(source: str, vocab: str | None = None) -> tuple[TransformerXLLM, Tokenizer, RunConfig, dict]:
     """The longseq model, tokenizer and run config of ``source`` (a folder or a ``.gguf`` file), and what to
-    record of where it came from (the checkpoint's metrics: ``converted_from``, and a pretrained model's
-    ``model_type``)."""
+    record of where it came from (the checkpoint's metrics: ``converted_from``, a pretrained model's
+    ``model_type``, and ``not_carried``: what of a longseq or TransfoXL model's trained run the folder did not hold,
+    :func:`~longseq.interop.hf_longseq.run_not_carried`)."""
     origin = {"converted_from": os.path.abspath(source)}
     if not source.endswith(".gguf"):
         if not os.path.isdir(source):
             raise ConversionError(f"{source} is neither a folder (config.json + weights) nor a .gguf file")
+        lost = run_not_carried(source) if is_longseq_hf(source) or is_transfo_xl(source) else None
+        said = {**origin, **({"not_carried": lost} if lost else {})}  # what of the trained run is not carried
         if is_longseq_hf(source):
-            return (*convert_from_longseq_hf(source, vocab=vocab), origin)
+            return (*convert_from_longseq_hf(source, vocab=vocab), said)
         if is_transfo_xl(source):
-            return (*convert_from_hf(source, vocab=vocab), origin)
+            return (*convert_from_hf(source, vocab=vocab), said)
     if vocab is not None:
         raise ConversionError(f"{source} brings its own tokenizer: --vocab is for TransfoXL and longseq folders")
     model, tgt_len, hf = load_gguf(source) if source.endswith(".gguf") else load_llama_folder(source)

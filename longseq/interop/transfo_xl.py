@@ -32,7 +32,7 @@ from longseq.config import ConfigError, DataConfig, ModelConfig, RunConfig, Trai
 from longseq.data.tokenizers import EOS, UNK, ByteTokenizer, Tokenizer, WordTokenizer
 from longseq.model import TransformerXLLM
 from longseq.model.attention.patterns import layer_patterns
-from longseq.outputs import EXPORTED_BY, check_output_directory
+from longseq.outputs import EXPORTED_BY, check_output_directory, write_directory
 
 EXPORT_METADATA = {"format": "pt", "exported_by": EXPORTED_BY}  # model.safetensors of a directory convert wrote
 
@@ -296,7 +296,9 @@ def read_vocab(path: str) -> WordTokenizer:
 def load_hf(directory: str) -> TransformerXLLM:
     """Build a longseq model from an HF TransfoXL checkpoint directory (in eval mode)."""
     config = model_config_from_hf(_read_hf_config(directory))
-    state = state_dict_from_hf(read_hf_weights(directory), config)
+    weights = read_hf_weights(directory)
+    refuse_cast_weights({name: str(tensor.dtype) for name, tensor in weights.items()}, directory)  # all float
+    state = state_dict_from_hf(weights, config)
     model = TransformerXLLM(config)
     missing, unexpected = model.load_state_dict(state, strict=False)
     leftover = sorted(set(missing) - _tied_names(config))
@@ -316,6 +318,34 @@ def refuse_non_finite(model: torch.nn.Module, where: str) -> None:
         raise ConversionError(
             f"{where} holds NaN or Inf weights in {len(broken)} tensor(s) ({', '.join(broken[:3])}"
             f"{', ...' if len(broken) > 3 else ''}): the model cannot be used; take an earlier checkpoint"
+        )
+
+
+def stored_dtypes(path: str) -> dict[str, str]:
+    """The dtype a safetensors file records for each of its tensors (``F32``, ``I64``, ...), read from its header."""
+    with safe_open(path, "pt") as f:
+        return {name: f.get_slice(name).get_dtype() for name in f.keys()}
+
+
+def float_weights(model: torch.nn.Module, prefix: str = "") -> set[str]:
+    """The names (after ``prefix``) of ``model``'s floating-point weights and buffers."""
+    return {prefix + name for name, tensor in model.state_dict().items() if tensor.is_floating_point()}
+
+
+def refuse_cast_weights(dtypes: dict[str, str], where: str, floats: set[str] | None = None) -> None:
+    """A :class:`ConversionError` naming the stored tensors (``dtypes``: each name as the file has it, and its dtype
+    as torch or safetensors writes it) that hold integers or booleans where the model has a floating-point weight
+    (``floats``, those names; None: every tensor): loading would copy them in, cast without a word."""
+    wrong = [
+        f"{name} ({dtype})"
+        for name, dtype in dtypes.items()
+        if (floats is None or name in floats) and not dtype.lower().startswith(("f", "bf", "torch.float", "torch.bf"))
+    ]
+    if wrong:
+        raise ConversionError(
+            f"{where} holds {len(wrong)} tensor(s) of integers or booleans where the model has floating-point "
+            f"weights: {', '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''}; they would be cast silently, so "
+            "the file is refused: it was not saved from a model's weights"
         )
 
 
@@ -374,10 +404,14 @@ def export_to_hf(model: TransformerXLLM, out: str, tokenizer: Tokenizer | None =
         )
     config = hf_config_from_model(model.config)  # checked before anything is written
     check_export_directory(out, TRANSFO_XL_FILES)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
-    save_file(state_dict_to_hf(model), os.path.join(out, "model.safetensors"), metadata=EXPORT_METADATA)
-    if isinstance(tokenizer, WordTokenizer):
-        with open(os.path.join(out, "vocab.txt"), "w", encoding="utf-8") as f:
-            f.write("\n".join(tokenizer.words) + "\n")
+    tensors = state_dict_to_hf(model)
+
+    def write(directory: str) -> None:
+        with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+        save_file(tensors, os.path.join(directory, "model.safetensors"), metadata=EXPORT_METADATA)
+        if isinstance(tokenizer, WordTokenizer):
+            with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as f:
+                f.write("\n".join(tokenizer.words) + "\n")
+
+    write_directory(out, write, "the export", (SafetensorError,))  # whole or not at all: a full disk leaves none

@@ -159,6 +159,7 @@ class PositionEncoding(nn.Module):
     relative: ClassVar[bool] = True  # positions enter only as differences, so the memory can be reused
     unread: ClassVar[tuple[str, ...]] = ()  # the model options this encoding has no use for
     scores_distances: ClassVar[bool] = False  # a term per query-key distance (a table of keys or a bias)
+    extrapolates: ClassVar[bool] = True  # scores at distances longer than training's stay as good (rope's break)
 
     def __init__(self, shape: Shape) -> None:
         super().__init__()
@@ -414,6 +415,7 @@ class Rotary(PositionEncoding):
     positions in the text (``text``)."""
 
     unread = ("positions.clamp_len", "positions.max_relative_distance", "positions.t5_buckets", *UV)
+    extrapolates = False  # rotations never seen in training: char PTB 2.03 -> 3.38 bpc at twice the memory
 
     def __init__(self, shape: Shape) -> None:
         super().__init__(shape)

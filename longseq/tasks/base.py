@@ -66,6 +66,12 @@ class Task:
     writes_samples = False  # whether :meth:`sample` is implemented (``TrainConfig.sample.sample_interval``)
     progress = False  # whether :meth:`validate` may show its progress (the Trainer says, for the run's main rank)
 
+    @classmethod
+    def checkpoint_kind(cls) -> str:
+        """What a checkpoint of this task is, and the command that reads it: the words of the commands that cannot
+        (``eval``, ``generate`` and ``predict`` say which one can)."""
+        return f"fine-tuned for {cls.name}: longseq predict gives its predictions"
+
     def __init__(self, run: RunConfig, tokenizer, log=None, base: nn.Module | None = None) -> None:
         self.run, self.tokenizer, self.base = run, tokenizer, base  # base: the LM a new fine-tuning run starts from
         self.run_dir: str | None = None  # the run's directory (the Trainer says), for what a task writes beside it
@@ -132,9 +138,9 @@ class Task:
         generator of its own: the global RNG is not read.  Tasks with ``writes_samples`` only."""
         raise ConfigError(f"the {self.name} task writes no samples")
 
-    def predict(self, model: nn.Module, records: list[dict]) -> list[dict]:
-        """One output per input record: ``prediction`` plus scores."""
-        raise ConfigError(f"the {self.name} task has no predictions; use longseq generate for a language model")
+    def predict(self, model: nn.Module, records: list[dict], path: str = "input") -> list[dict]:
+        """One output per input record of ``path`` (named in errors): ``prediction`` plus scores."""
+        raise ConfigError(f"the {self.name} task has no predictions: a checkpoint of it is {self.checkpoint_kind()}")
 
 
 class ExampleBatches:

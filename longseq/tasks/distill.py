@@ -28,7 +28,6 @@ from longseq.config.base import ConfigError
 from longseq.config.run import RunConfig
 from longseq.config.task import DistillOptions
 from longseq.data.sources import file_sha256, ids_sha256
-from longseq.tasks.base import StepContext
 from longseq.tasks.lm import LanguageModeling
 from longseq.tasks.teacher import TeacherCache, TeacherCacheError, teacher_topk, write_teacher_cache
 
@@ -127,10 +126,10 @@ class Distillation(LanguageModeling):
             tgt_len=d.eval_tgt_len, mem_len=teacher_run.model.memory.mem_len,
         )  # fmt: skip
 
-    def segment_loss(self, ctx: StepContext, inputs, labels, docs, first, memory, recurrence):
-        with ctx.autocast():
-            out = ctx.net(inputs, memory, recurrence=recurrence, doc_ids=docs)
-        top_ids, top_logits = (t.to(ctx.device) for t in self.cache.rows(first, inputs.size(1)))
+    scores_logits = True
+
+    def segment_loss(self, out, labels, first):
+        top_ids, top_logits = (t.to(labels.device) for t in self.cache.rows(first, labels.size(1)))
         o = self.options
         total, nll = distillation_loss(out.logits, labels, top_ids, top_logits, o.temperature, o.alpha)
-        return (total if out.aux_loss is None else total + out.aux_loss), nll, out.mems
+        return (total if out.aux_loss is None else total + out.aux_loss), nll

@@ -46,6 +46,10 @@ class LanguageModeling(Task):
     name = "lm"
     writes_samples = True
 
+    @classmethod
+    def checkpoint_kind(cls) -> str:
+        return "a language model: longseq eval scores it and longseq generate samples from it"
+
     def __init__(self, run: RunConfig, tokenizer=None, log=None, corpus: Corpus | None = None) -> None:
         super().__init__(run, tokenizer, log)
         self.corpus = corpus
@@ -137,7 +141,11 @@ class LanguageModeling(Task):
             for segment, chunks in zip(segments, pieces):
                 if segment.new_epoch:
                     carried = None
-                total, loss, carried = self.segment_loss(ctx, *chunks[c], carried, recurrence)
+                inp, lab, doc, first = chunks[c]
+                with ctx.autocast():  # the model scores the labels itself unless the task scores its logits
+                    out = ctx.net(inp, carried, None if self.scores_logits else lab, recurrence=recurrence, doc_ids=doc)
+                total, loss = self.segment_loss(out, lab, first)
+                carried = out.mems
                 pending = total if pending is None else pending + total
                 loss_sum = loss_sum + loss.detach().float()  # on the device: the trainer reads it once
             ctx.backward(pending / (accum * window))
@@ -145,13 +153,12 @@ class LanguageModeling(Task):
         tokens = sum(seg.labels.numel() for seg in segments)
         return StepResult(loss_sum / (accum * window), Memory.join(chunks_memory), tokens)
 
-    def segment_loss(self, ctx: StepContext, inputs, labels, docs, first, memory, recurrence):
-        """One chunk of one segment through the model: the loss to back-propagate (with the auxiliary losses), the
-        next-token loss the log reports, and the new memory.  ``first`` (R,): where the rows start in the split."""
-        with ctx.autocast():
-            out = ctx.net(inputs, memory, labels, recurrence=recurrence, doc_ids=docs)
-        total = out.loss if out.aux_loss is None else out.loss + out.aux_loss
-        return total, out.loss, out.mems
+    scores_logits = False  # True: the model returns its logits and segment_loss scores them (distillation)
+
+    def segment_loss(self, out, labels, first):
+        """The loss to back-propagate for one chunk of one segment (with the auxiliary losses) and the next-token
+        loss the log reports, from the model's output ``out``; ``first`` (R,): where the rows start in the split."""
+        return (out.loss if out.aux_loss is None else out.loss + out.aux_loss), out.loss
 
     def validate(self, model: nn.Module, sharded: bool = False) -> dict:
         d, valid = self.run.data, self.corpus.valid

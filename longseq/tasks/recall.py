@@ -26,6 +26,13 @@ class Recall(Task):
     name = "recall"
     Options = RecallOptions
 
+    @classmethod
+    def checkpoint_kind(cls) -> str:
+        return (
+            f"trained from scratch on the {cls.name} recall task: longseq recall CHECKPOINT measures its accuracy "
+            "by distance and length"
+        )
+
     def prepare(self) -> RunConfig:
         o, m = self.options, self.run.model
         if self.tokenizer is None:

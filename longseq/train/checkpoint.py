@@ -305,17 +305,32 @@ def resolve_checkpoint(path: str, log=None) -> str:
     raise CheckpointError(f"{path} is neither a checkpoint (no manifest.json) nor a run directory with best/ or last/")
 
 
+def run_directory_checkpoint(directory: str) -> str:
+    """``directory`` (made absolute) when it is a checkpoint, or not a run directory (its own error says what it
+    lacks); a run directory's checkpoint (:func:`resolve_checkpoint`), said in a warning."""
+    import warnings
+
+    directory = os.path.abspath(os.path.expanduser(directory))
+    is_run = any(os.path.isdir(os.path.join(directory, name)) for name in ("best", "last"))
+    if os.path.isfile(os.path.join(directory, "manifest.json")) or not is_run:
+        return directory
+    return resolve_checkpoint(directory, lambda message: warnings.warn(message, stacklevel=4))
+
+
 def load_checkpoint_config(directory: str) -> RunConfig:
-    """The run config stored in a checkpoint (the manifest is checked first)."""
-    return _read_config(os.path.abspath(os.path.expanduser(directory)))[0]
+    """The run config stored in a checkpoint, or in a run directory's (as :func:`load_checkpoint` chooses it); the
+    manifest is checked first."""
+    return _read_config(run_directory_checkpoint(directory))[0]
 
 
 def load_checkpoint(
     directory: str, device: str | torch.device = "cpu"
 ) -> tuple[TransformerXLLM, Tokenizer, RunConfig, dict]:
     """Load a checkpoint's model (in eval mode), tokenizer, run config and stored metrics.  A fine-tuned
-    checkpoint gives its task's model (``run.task`` names the task and its options, the label set among them)."""
-    directory = os.path.abspath(os.path.expanduser(directory))
+    checkpoint gives its task's model (``run.task`` names the task and its options, the label set among them).
+    ``directory`` is a checkpoint, or a run directory, whose checkpoint is chosen as every command's
+    ``--checkpoint`` chooses it (:func:`resolve_checkpoint`: ``best/``, else ``last/``) and named in a warning."""
+    directory = run_directory_checkpoint(directory)
     run, config = _read_config(directory)
     try:
         tokenizer = load_tokenizer(os.path.join(directory, "tokenizer.json"), vocab_size=run.model.vocab_size)

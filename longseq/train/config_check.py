@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from longseq.config import ConfigError, DataConfig, RunConfig
+from longseq.config import ConfigError, DataConfig, ModelConfig, RunConfig
 from longseq.config.base import leaves
 from longseq.model.registry import ignored_options
 from longseq.train.checkpoint import load_checkpoint_config
@@ -123,9 +123,49 @@ def follow_changes(run: RunConfig, base: RunConfig | None) -> tuple[RunConfig, l
             said.append(f"tgt_len={d.tgt_len}: eval_tgt_len follows it (was {d.eval_tgt_len}; set it to choose)")
         else:
             said.append(f"tgt_len={d.tgt_len} but eval_tgt_len={d.eval_tgt_len}: validation reads other segments")
+    said += [note] if (note := gated_feed_forward_growth(run, base)) else []
     if train or data:
         run = RunConfig(run.model, run.data.replace(**data), run.train.replace(**train), run.task)
     return run, said
+
+
+def parameter_count(model: ModelConfig) -> int:
+    """The parameters of a model of ``model`` (built on the meta device: no memory, no time; a vocabulary of 0,
+    the tokenizer's to come, counted as 1)."""
+    import torch
+
+    from longseq.model.registry import build_model
+
+    with torch.device("meta"):
+        net = build_model(model.replace(vocab_size=max(model.vocab_size, 1)))
+    return sum(p.numel() for p in net.parameters())
+
+
+def gated_feed_forward_growth(run: RunConfig, base: RunConfig | None) -> str | None:
+    """What to say when a new run makes the feed-forward gated (``ff=swiglu`` or ``geglu``) and keeps the hidden width
+    ``d_inner`` of ``base`` (the preset; default: the configs' defaults): the first projection is twice as wide, so
+    the model grows (865,217 -> 1,129,409 parameters for the default preset); the ``d_inner`` that keeps its size
+    is named, as the llama-xl preset sets its own.  None otherwise."""
+    from longseq.model.block import feed_forward_kind
+
+    m, reference = run.model, base.model if base is not None else ModelConfig()
+    if m.arch != "transformer" or not feed_forward_kind(m.ff).gated or feed_forward_kind(reference.ff).gated:
+        return None
+    if m.d_inner != reference.d_inner:
+        return None  # the width was chosen with the gate
+    try:
+        plain, gated = parameter_count(m.replace(ff=reference.ff)), parameter_count(m)
+        per_unit = parameter_count(m.replace(d_inner=m.d_inner + 1)) - gated
+    except (ConfigError, ValueError):
+        return None  # the run's own checks say what does not fit
+    keep = max(1, round(m.d_inner - (gated - plain) / per_unit))
+    share = f"{100 * (gated - plain) / plain:+.0f}%"
+    total = f"{plain:,} -> {gated:,}, {share}" if m.vocab_size else f"{share} without the embedding and softmax"
+    return (
+        f"ff={m.ff} with d_inner={m.d_inner} ({'the preset' if base is not None else 'the default'}'s width): a gated "
+        f"feed-forward's first projection is twice as wide, so the model grows by {gated - plain:,} parameters "
+        f"({total}); set d_inner={keep} to keep its size (the llama-xl preset resizes d_inner the same way)"
+    )
 
 
 def check_options_apply(run: RunConfig, base: RunConfig | None = None, file: RunConfig | None = None) -> list[str]:
