@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> dict:
 
     check_report_directory(args.out)  # before any work
     checkpoint, model, tokenizer, run = load_model(args.checkpoint, args.device)
-    if run.task is not None:
+    if not run.is_language_model:
         raise ValueError(f"diagnose reads a language model; {checkpoint} is {checkpoint_kind(run)}")
     ids = read_corpus(args.data, run, tokenizer, checkpoint).split(args.split)
     tgt_len = args.tgt_len or run.data.eval_tgt_len

@@ -87,7 +87,7 @@ def _load(args: argparse.Namespace):
         )
     settings = apply_overrides({"eval": EvalConfig(split=args.split)}, overrides(args.set))["eval"]
     checkpoint, model, tokenizer, run_config = load_model(args.checkpoint[0], args.device)
-    if run_config.task is not None:
+    if not run_config.is_language_model:
         raise ValueError(f"{checkpoint} is not a language model: it is {checkpoint_kind(run_config)}")
     corpus = read_corpus(args.data, run_config, tokenizer, checkpoint)
     ids = corpus.split(settings.split)

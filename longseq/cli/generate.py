@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.mem_len is not None or args.sinks is not None:  # checked before the checkpoint loads, the prompt shows
         Recurrence(args.mem_len or 0, sinks=args.sinks or 0)
     _, model, tokenizer, run_config = load_model(args.checkpoint, args.device)
-    if run_config.task is not None:
+    if not run_config.is_language_model:
         raise ValueError(f"{args.checkpoint} is not a language model: it is {checkpoint_kind(run_config)}")
     flags = ("--mem-len", "--sinks", "--sink-positions")
     refuse_memory_settings(run_config.model, [f for f in flags if getattr(args, f[2:].replace("-", "_")) is not None])

@@ -122,6 +122,12 @@ class RunConfig:
         out = {"model": self.model.to_dict(), "data": self.data.to_dict(), "train": self.train.to_dict()}
         return out if self.task is None else {**out, "task": self.task.to_dict()}
 
+    @property
+    def is_language_model(self) -> bool:
+        """Whether the run's checkpoints are language models (``eval``, ``generate``, ``convert`` read them):
+        language modeling, and fine-tuning one on a text (``clm``)."""
+        return self.task is None or self.task.is_language_model
+
     def sections(self) -> dict[str, JsonConfig]:
         """The configs by section name (the task's too, when there is one), as
         :func:`~longseq.config.base.apply_overrides` takes them and ``RunConfig(**sections)`` puts them back."""
