@@ -431,3 +431,30 @@ def wide_transformers(*model_types: str):
     finally:
         for module, old in zip(modules, saved):
             module.torch = old
+
+
+def tiny_llama_checkpoint(directory) -> str:
+    """A tiny random Llama (transformers' own: 2 layers of width 32, 4 heads sharing 2 key/value heads, a 128-token
+    context) with a byte-level BPE of 300 tokens, saved as transformers saves it and converted by ``longseq convert
+    --from-hf`` into ``directory/llama``; its path.  Also writes ``directory/text.txt``, a few thousand characters."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from longseq.cli import main
+
+    text = tiny_text(n=4000)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    bpe.train_from_iterator(
+        [text], trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"], initial_alphabet=alphabet)
+    )
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      eos_token_id=0, bos_token_id=0, tie_word_embeddings=True)  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(directory / "hf")
+    transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>").save_pretrained(directory / "hf")
+    (directory / "text.txt").write_text(text)
+    assert main(["convert", "--from-hf", str(directory / "hf"), "--out", str(directory / "llama"), "--quiet"]) == 0
+    return str(directory / "llama")

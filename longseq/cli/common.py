@@ -197,15 +197,6 @@ def checkpoint_kind(run) -> str:
     return TASKS["lm" if run.task is None else run.task.name].checkpoint_kind()
 
 
-def is_language_model(run) -> bool:
-    """Whether a checkpoint of ``run`` is a language model: trained as one (no task), or by a task that trains one
-    (distillation, attention transfer: a subclass of language modeling)."""
-    from longseq.tasks import TASKS
-    from longseq.tasks.lm import LanguageModeling
-
-    return run.task is None or issubclass(TASKS[run.task.name], LanguageModeling)
-
-
 def read_corpus(data: str | None, run, tokenizer, checkpoint: str):
     """The corpus to score: ``--data``, else the one the checkpoint was trained on (named in the error when it is
     not where the checkpoint says)."""

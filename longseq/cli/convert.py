@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from longseq.cli.common import common_flags, is_language_model, say
+from longseq.cli.common import common_flags, say
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -82,7 +82,7 @@ def export(args: argparse.Namespace) -> dict:
     files = {"transfo-xl": TRANSFO_XL_FILES, **dict.fromkeys(FAMILY_FORMATS, LLAMA_FILES)}
     check_export_directory(args.out, files.get(args.format, EXPORT_FILES))
     model, tokenizer, run, metrics = load_checkpoint(resolve_checkpoint(args.checkpoint, say))
-    if not is_language_model(run):
+    if not run.is_language_model:
         raise ValueError(f"{args.checkpoint} is fine-tuned for {run.task.name}; only language models export")
     tgt_len, result = run.data.tgt_len, {"checkpoint": args.checkpoint, "to_hf": args.out, "format": args.format}
     if args.format == "transfo-xl":

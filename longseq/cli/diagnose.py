@@ -9,7 +9,6 @@ from longseq.cli.common import (
     checkpoint_kind,
     common_flags,
     device_flag,
-    is_language_model,
     load_model,
     memory_lengths,
     read_corpus,
@@ -48,7 +47,7 @@ def run(args: argparse.Namespace) -> dict:
 
     check_report_directory(args.out)  # before any work
     checkpoint, model, tokenizer, run = load_model(args.checkpoint, args.device)
-    if not is_language_model(run):
+    if not run.is_language_model:
         raise ValueError(f"diagnose reads a language model; {checkpoint} is {checkpoint_kind(run)}")
     ids = read_corpus(args.data, run, tokenizer, checkpoint).split(args.split)
     tgt_len = args.tgt_len or run.data.eval_tgt_len

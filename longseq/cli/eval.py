@@ -10,7 +10,6 @@ from longseq.cli.common import (
     checkpoint_kind,
     common_flags,
     device_flag,
-    is_language_model,
     load_model,
     memory_lengths,
     overrides,
@@ -27,9 +26,11 @@ EPILOG = """reports loss (nats per token), ppl, bpc (byte and char tokenizers: b
 UTF-8 byte of the scored text, any tokenizer; a word tokenizer's text is its words joined by single spaces, lines
 ended by a newline), tokens and bytes scored.
 
-override evaluation settings with --set key=value; keys: split tgt_len mem_len clamp_len same_length
-batch_size max_segments.  The paper evaluates with a longer memory than it trains with, e.g.
---set tgt_len=64 mem_len=640 clamp_len=400 same_length=true for WikiText-103.
+override evaluation settings with --set key=value; keys: split tgt_len mem_len clamp_len same_length sinks
+sink_positions batch_size max_segments.  The paper evaluates with a longer memory than it trains with, e.g.
+--set tgt_len=64 mem_len=640 clamp_len=400 same_length=true for WikiText-103.  A pretrained model read far past
+its context keeps its first tokens as attention sinks: --set sinks=4 mem_len=1020 same_length=true (StreamingLLM:
+every token sees the 4 first and its 1,020 last).
 
 is the context used?  --per-position: mean loss at each position inside the segment with the memory (--set
 mem_len etc.) and with it cut to 0, over the segments after those that fill the memory (JSON: positions,
@@ -86,7 +87,7 @@ def _load(args: argparse.Namespace):
         )
     settings = apply_overrides({"eval": EvalConfig(split=args.split)}, overrides(args.set))["eval"]
     checkpoint, model, tokenizer, run_config = load_model(args.checkpoint[0], args.device)
-    if not is_language_model(run_config):
+    if not run_config.is_language_model:
         raise ValueError(f"{checkpoint} is not a language model: it is {checkpoint_kind(run_config)}")
     corpus = read_corpus(args.data, run_config, tokenizer, checkpoint)
     ids = corpus.split(settings.split)
@@ -145,7 +146,8 @@ def run_one(args: argparse.Namespace) -> dict:
 
         check_figure(args.plot, "--plot")  # before any work
     model, settings, run_config, ids, doc_ids, unit, unk, tokenizer = _load(args)
-    given = [f"--set {k}" for k in ("mem_len", "clamp_len", "same_length") if getattr(settings, k) is not None]
+    memory_keys = ("mem_len", "clamp_len", "same_length", "sinks", "sink_positions")
+    given = [f"--set {k}" for k in memory_keys if getattr(settings, k) is not None]
     refuse_memory_settings(model.config, given)
     batch_size = settings.batch_size or run_config.data.eval_batch_size
     relative = position_encoding(model.config.positions.pos).relative

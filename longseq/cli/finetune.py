@@ -1,5 +1,5 @@
-"""longseq finetune: fine-tune an LM checkpoint on a task (classify, span, mlm), with checkpoints and --resume;
-longseq predict reads the result.
+"""longseq finetune: fine-tune an LM checkpoint on a task (classify, span, mlm), or on a text as a language model
+(clm), with checkpoints and --resume; longseq predict reads a task's result, eval and generate a clm's.
 
 Every setting is a key of the run config: --set pooling=mean lr=3e-4, or the [task], [train] and [data] tables
 of a TOML or JSON file given with --config FILE. The flags above are the common ones; each sets one key
@@ -33,6 +33,8 @@ FLAG_KEYS = {  # a flag (its dest) -> the run config key it sets
     "max_answer_len": "task.max_answer_len",
     "mask_rate": "task.mask_rate",
     "mask_token": "task.mask_token",
+    "lora_rank": "task.lora_rank",
+    "lora_alpha": "task.lora_alpha",
     "seed": "train.seed",
     "device": "train.runtime.device",
 }
@@ -41,7 +43,7 @@ FLAG_KEYS = {  # a flag (its dest) -> the run config key it sets
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "finetune",
-        help="fine-tune an LM checkpoint on a task (classify, span, mlm)",
+        help="fine-tune an LM checkpoint on a task (classify, span, mlm) or on a text (clm)",
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -49,7 +51,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     from longseq.tasks import FINETUNE_TASKS
 
     p.add_argument("--task", choices=sorted(FINETUNE_TASKS), help="the task (not needed with --resume)")
-    p.add_argument("--data", help="training file: JSON lines (or a parquet/arrow table for classify and mlm)")
+    p.add_argument(
+        "--data", help="training file: JSON lines (or a parquet/arrow table for classify and mlm); clm: a text"
+    )
     p.add_argument("--valid", help="validation file, in the same formats as --data")
     p.add_argument("--checkpoint", help="the LM checkpoint (or run directory) to start from")
     p.add_argument("--out", required=True, help="run directory: last/ (resumable), best/, metrics.jsonl")
@@ -76,6 +80,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-answer-len", type=int, help="span: longest answer in tokens (default 64)")
     p.add_argument("--mask-rate", type=float, help="mlm: fraction of tokens chosen for masking (default 0.15)")
     p.add_argument("--mask-token", help="mlm: the token standing for [MASK] (default: <unk>, or byte 0)")
+    p.add_argument("--lora-rank", type=int, help="train LoRA adapters of this rank instead of the weights (PEFT)")
+    p.add_argument("--lora-alpha", type=float, help="the adapters' scale alpha (default 16: alpha / rank)")
     p.add_argument("--seed", type=int, help=f"default {finetune_defaults().train.seed}")
     p.add_argument("--device", help="auto (CUDA when available, the default), cpu or cuda[:N]")
     return common_flags(p)

@@ -18,7 +18,6 @@ from longseq.cli.common import (
     checkpoint_kind,
     common_flags,
     device_flag,
-    is_language_model,
     load_model,
     refuse_memory_settings,
     say,
@@ -52,6 +51,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mem-len", type=int, help="memory length while sampling (default: train mem_len + tgt_len)")
+    p.add_argument(
+        "--sinks",
+        type=int,
+        help="keep the prompt's first K tokens in the memory for ever beside the last --mem-len (attention sinks: "
+        "a pretrained model generating past its context; default: the checkpoint's, 0)",
+    )
+    p.add_argument("--sink-positions", choices=("cache", "text"), help="where rope places the sinks (default cache)")
     p.add_argument(
         "--chat",
         action="store_true",
@@ -159,12 +165,13 @@ def run(args: argparse.Namespace) -> dict:
 
     set_threads(args)
     check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
-    if args.mem_len is not None:
-        Recurrence(args.mem_len)  # checks it (>= 0) before the checkpoint loads and the prompt is printed
+    if args.mem_len is not None or args.sinks is not None:  # checked before the checkpoint loads, the prompt shows
+        Recurrence(args.mem_len or 0, sinks=args.sinks or 0)
     _, model, tokenizer, run_config = load_model(args.checkpoint, args.device)
-    if not is_language_model(run_config):
+    if not run_config.is_language_model:
         raise ValueError(f"{args.checkpoint} is not a language model: it is {checkpoint_kind(run_config)}")
-    refuse_memory_settings(run_config.model, ["--mem-len"] if args.mem_len is not None else [])
+    flags = ("--mem-len", "--sinks", "--sink-positions")
+    refuse_memory_settings(run_config.model, [f for f in flags if getattr(args, f[2:].replace("-", "_")) is not None])
     if args.plot and not (args.out and args.out.lower().endswith((".wav", ".flac"))):
         raise ValueError("--plot draws the audio of --out FILE.wav; give --out")
     if args.out:
@@ -182,7 +189,7 @@ def run(args: argparse.Namespace) -> dict:
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
-        mem_len=mem_len,
+        recurrence=model.config.recurrence(mem_len=mem_len, sinks=args.sinks, sink_positions=args.sink_positions),
         segment_len=run_config.data.tgt_len,
         generator=torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed),
     )

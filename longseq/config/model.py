@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from longseq.config.base import JsonConfig, check, check_choice, check_finite, config
 
 LOWRANK_SHARING = ("none", "headwise", "kv", "layerwise")  # Linformer's sharing of E and F
+SINK_POSITIONS = ("cache", "text")  # where rotary positions place the attention sinks (MemoryConfig.sinks)
 
 
 @config
@@ -30,6 +31,12 @@ class MemoryConfig(JsonConfig):
     (truncated back-propagation through time, as an RNN trains; 1: the paper's stop-gradient).  A language-model step
     then reads ``mem_bptt`` consecutive segments, and a classifier back-propagates through a document's last
     ``mem_bptt`` segments.
+
+    ``sinks`` > 0 keeps the first ``sinks`` positions of a stream in the memory for ever beside the last ``mem_len``
+    (attention sinks, StreamingLLM: Xiao et al., 2023), visible to every query whatever its pattern.  Where rotary
+    positions place them is ``sink_positions``: ``cache`` (StreamingLLM's) puts every key at its slot in the keys a
+    pass reads, [sinks; memory; segment], so a sink sits just before the oldest memory slot; ``text`` keeps a sink
+    at its position in the text, ever further from the queries as the stream goes on.
     """
 
     mem_len: int = 64
@@ -44,9 +51,14 @@ class MemoryConfig(JsonConfig):
     mem_tokens: int = 0
     mem_tokens_bptt: int = 1
     mem_bptt: int = 1
+    sinks: int = 0
+    sink_positions: str = "cache"
 
     def __post_init__(self) -> None:
         check(self.mem_len >= 0, f"memory.mem_len must be >= 0, got {self.mem_len}")
+        check(self.sinks >= 0, f"memory.sinks must be >= 0 (0: none), got {self.sinks}")
+        check_choice("memory.sink_positions", self.sink_positions, SINK_POSITIONS)
+
         check(0.0 <= self.mem_dropout < 1.0, f"memory.mem_dropout must be in [0, 1), got {self.mem_dropout}")
         check(self.mem_quant in ("none", "int8"), f"memory.mem_quant must be none or int8, got {self.mem_quant!r}")
         check(
@@ -340,16 +352,24 @@ class HourglassConfig(JsonConfig):
 @dataclass(frozen=True)
 class Recurrence:
     """How one call reads and writes the memory: ``mem_len`` positions kept, relative distances clamped to
-    ``clamp_len`` (<= 0: no clamp), and with ``same_length`` every query sees exactly the last ``mem_len`` keys.
-    A model's own is :meth:`ModelConfig.recurrence`; evaluation may use another (a longer memory than in training)."""
+    ``clamp_len`` (<= 0: no clamp), and with ``same_length`` every query sees exactly the last ``mem_len`` keys;
+    ``sinks``: the first positions of the stream kept beside them, seen by every query, and ``sink_positions`` where
+    rotary positions place them (:class:`MemoryConfig`).  A model's own is :meth:`ModelConfig.recurrence`;
+    evaluation and generation may use another (a longer memory than in training, attention sinks)."""
 
     mem_len: int
     clamp_len: int = -1
     same_length: bool = False
+    sinks: int = 0
+    sink_positions: str = "cache"
 
     def __post_init__(self) -> None:
         if self.mem_len < 0:
             raise ValueError(f"mem_len must be >= 0, got {self.mem_len}")
+        if self.sinks < 0:
+            raise ValueError(f"sinks must be >= 0 (0: none), got {self.sinks}")
+        if self.sink_positions not in SINK_POSITIONS:
+            raise ValueError(f"sink_positions must be one of {', '.join(SINK_POSITIONS)}, got {self.sink_positions!r}")
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max; the config package does not import torch
@@ -493,13 +513,17 @@ class ModelConfig(JsonConfig):
         mem_len: int | None = None,
         clamp_len: int | None = None,
         same_length: bool | None = None,
+        sinks: int | None = None,
+        sink_positions: str | None = None,
     ) -> Recurrence:
         """``given``, or this model's own :class:`Recurrence` (``memory.mem_len``, ``positions.clamp_len``,
-        ``memory.same_length``) with each value given in place of its own: what one call of the model reads and
-        writes.  ``given`` with a value beside it is a ``TypeError`` (which of the two would win is a guess).
+        ``memory.same_length``, ``memory.sinks``, ``memory.sink_positions``) with each value given in place of its
+        own: what one call of the model reads and writes.  ``given`` with a value beside it is a ``TypeError`` (which of the two would win is a guess).
         ``same_length`` with learned or entropy chunks is refused here as the config refuses it for training."""
-        values = {"mem_len": mem_len, "clamp_len": clamp_len, "same_length": same_length}
-        values = {name: value for name, value in values.items() if value is not None}
+        values = {"mem_len": mem_len, "clamp_len": clamp_len, "same_length": same_length, "sinks": sinks}
+        values = {
+            name: value for name, value in {**values, "sink_positions": sink_positions}.items() if value is not None
+        }
         if given is not None:
             if not isinstance(given, Recurrence):
                 raise TypeError(f"recurrence must be a longseq.config.Recurrence, got {type(given).__name__}")
@@ -507,8 +531,10 @@ class ModelConfig(JsonConfig):
                 raise TypeError(f"give recurrence= or {', '.join(values)}=, not both")
             out = given
         else:
-            own = Recurrence(self.memory.mem_len, self.positions.clamp_len, self.memory.same_length)
+            m = self.memory
+            own = Recurrence(m.mem_len, self.positions.clamp_len, m.same_length, m.sinks, m.sink_positions)
             out = replace(own, **values) if values else own
+        self._check_sinks(out)
         check(
             not (out.same_length and self.hourglass.dynamic),
             f"same_length=true cannot be used with hourglass.boundaries={self.hourglass.boundaries}, at evaluation "
@@ -516,6 +542,27 @@ class ModelConfig(JsonConfig):
             "full-resolution layers only; evaluate without it",
         )
         return out
+
+    def _check_sinks(self, recurrence: Recurrence) -> None:
+        """Attention sinks (``sinks``, the model's or a call's) keep the first positions of a causal stream beside
+        the plain memory of attention layers at one resolution; ``sink_positions=text`` rotates them."""
+        if not recurrence.sinks:
+            return
+        what = f"sinks={recurrence.sinks} keeps the first positions of a stream in the memory"
+        check(
+            not self.memory.compacted,
+            f"{what} beside the plain memory: it does not combine with cmem_len, mem_quant, mem_select or mem_tokens",
+        )
+        check(not self.pattern.bidirectional, f"{what}: a causal stream's (bidirectional=true reads both ways)")
+        check(
+            not self.hourglass.shorten_layers and self.arch == "transformer",
+            f"{what} of a stack at one resolution: not with an hourglass (shorten_layers) or arch={self.arch}",
+        )
+        check(
+            recurrence.sink_positions == "cache" or self.positions.pos == "rope",
+            f"sink_positions=text rotates the sinks at their positions in the text: it needs pos=rope (got "
+            f"pos={self.positions.pos}, whose keys sit at their slot in the cache)",
+        )
 
     @property
     def layer_pattern_names(self) -> list[str]:
@@ -554,6 +601,7 @@ class ModelConfig(JsonConfig):
         self._check_softmax()
         self._check_sections()
         self._check_mem_bptt()  # after the mixers' names are parsed
+        self._check_sinks(self.recurrence())
 
     def _check_mem_bptt(self) -> None:
         bptt, mixers = self.memory.mem_bptt, self.layer_mixers

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from longseq.config.base import ConfigError, JsonConfig, check, config
-from longseq.config.model import ModelConfig, Recurrence
+from longseq.config.model import SINK_POSITIONS, ModelConfig, Recurrence
 from longseq.config.task import RECALL_TASKS, TaskConfig, upgrade_flat_task
 from longseq.config.train import SCHEDULES, TrainConfig
 
@@ -72,8 +72,9 @@ class EvalConfig(JsonConfig):
     """Evaluation-time settings; ``None`` keeps the checkpoint's own value.
 
     The paper evaluates with a much longer memory than it trains with, e.g. WikiText-103 with
-    ``tgt_len=64, mem_len=640, clamp_len=400, same_length=True``.  ``mem_len``, ``clamp_len`` and ``same_length``
-    are one :class:`~longseq.config.model.Recurrence` for a model: :meth:`recurrence`.
+    ``tgt_len=64, mem_len=640, clamp_len=400, same_length=True``.  ``mem_len``, ``clamp_len``, ``same_length``,
+    ``sinks`` and ``sink_positions`` (attention sinks, :class:`~longseq.config.model.MemoryConfig`) are one
+    :class:`~longseq.config.model.Recurrence` for a model: :meth:`recurrence`.
     """
 
     split: str = "valid"
@@ -81,6 +82,8 @@ class EvalConfig(JsonConfig):
     mem_len: int | None = None
     clamp_len: int | None = None
     same_length: bool | None = None
+    sinks: int | None = None
+    sink_positions: str | None = None
     batch_size: int | None = None
     max_segments: int = 0
 
@@ -93,11 +96,22 @@ class EvalConfig(JsonConfig):
             value = getattr(self, name)
             check(value is None or value >= 1, f"EvalConfig.{name} must be >= 1, got {value}")
         check(self.mem_len is None or self.mem_len >= 0, f"EvalConfig.mem_len must be >= 0, got {self.mem_len}")
+        check(self.sinks is None or self.sinks >= 0, f"EvalConfig.sinks must be >= 0, got {self.sinks}")
+        check(
+            self.sink_positions in (None, *SINK_POSITIONS),
+            f"EvalConfig.sink_positions must be one of {', '.join(SINK_POSITIONS)}, got {self.sink_positions!r}",
+        )
         check(self.max_segments >= 0, f"EvalConfig.max_segments must be >= 0, got {self.max_segments}")
 
     def recurrence(self, model: ModelConfig) -> Recurrence:
         """The recurrence of an evaluation of a ``model``: its own, with the values set here in place of its own."""
-        return model.recurrence(mem_len=self.mem_len, clamp_len=self.clamp_len, same_length=self.same_length)
+        return model.recurrence(
+            mem_len=self.mem_len,
+            clamp_len=self.clamp_len,
+            same_length=self.same_length,
+            sinks=self.sinks,
+            sink_positions=self.sink_positions,
+        )
 
 
 @dataclass
@@ -115,6 +129,12 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         out = {"model": self.model.to_dict(), "data": self.data.to_dict(), "train": self.train.to_dict()}
         return out if self.task is None else {**out, "task": self.task.to_dict()}
+
+    @property
+    def is_language_model(self) -> bool:
+        """Whether the run's checkpoints are language models (``eval``, ``generate``, ``convert`` read them):
+        language modeling, distillation and attention transfer (their students), fine-tuning one on a text (``clm``)."""
+        return self.task is None or self.task.is_language_model
 
     def sections(self) -> dict[str, JsonConfig]:
         """The configs by section name (the task's too, when there is one), as

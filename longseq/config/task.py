@@ -29,6 +29,7 @@ class TaskConfig(Variants):
     name: str = "lm"
     VARIANTS: ClassVar[dict[str, type]] = {}  # each task's options class, filled below (TASK_OPTIONS)
     sees_whole_document: ClassVar[bool] = False  # its model reads a whole document at once (pattern.lowrank serves it)
+    is_language_model: ClassVar[bool] = False  # its checkpoints are language models (eval, generate, convert)
 
     @classmethod
     def elsewhere(cls, key: str, owners: list[str], tag: str) -> str:
@@ -41,6 +42,7 @@ class LMOptions(TaskConfig):
     (``TrainConfig.sample``, ``TrainConfig.curriculum``)."""
 
     name: str = "lm"
+    is_language_model: ClassVar[bool] = True
 
 
 @config
@@ -49,7 +51,13 @@ class FinetuneOptions(TaskConfig):
     classify and mlm), ``segment_len`` (the length a document is read in; 0: the LM's ``tgt_len``), ``base`` (the LM
     checkpoint it starts from), ``head_only`` (train the head alone), ``group_by_length`` (batches of documents of
     similar length) and ``sha256`` (the fingerprints of the files and of the base weights, written when the run
-    starts: a resume finds them at a new path by them)."""
+    starts: a resume finds them at a new path by them).
+
+    ``lora_rank`` > 0 trains low-rank adapters (LoRA, Hu et al., 2021, through PEFT) on the modules whose names end
+    in one of ``lora_targets`` (attention's ``qkv_net`` and ``o_net`` by default; ``core_net.0`` and
+    ``core_net.3`` are the feed-forward's) instead of their weights, scaled by ``lora_alpha`` / ``lora_rank``, with
+    ``lora_dropout`` on their input; the rest stays frozen but the task's head.  Checkpoints hold the adapters
+    beside the frozen weights; ``longseq convert`` merges them into the weights."""
 
     train: str = ""
     valid: str | None = None
@@ -58,12 +66,42 @@ class FinetuneOptions(TaskConfig):
     head_only: bool = False
     group_by_length: bool = False
     sha256: dict = field(default_factory=dict)
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: list[str] = field(default_factory=lambda: ["qkv_net", "o_net"])
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_finite(self)
         check(bool(self.train), f"the {self.name} task needs its training file (--data FILE.jsonl)")
         check(self.segment_len >= 0, f"task.segment_len must be >= 0, got {self.segment_len}")
+        if isinstance(self.lora_targets, str):
+            self.lora_targets = [t.strip() for t in self.lora_targets.split(",") if t.strip()]
+        check(self.lora_rank >= 0, f"task.lora_rank must be >= 0 (0: no adapters), got {self.lora_rank}")
+        check(self.lora_alpha > 0, f"task.lora_alpha must be > 0, got {self.lora_alpha}")
+        check(0.0 <= self.lora_dropout < 1.0, f"task.lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        check(
+            not self.lora_rank or bool(self.lora_targets),
+            "task.lora_rank > 0 needs lora_targets: the names of the linear modules that get adapters",
+        )
+        check(
+            not (self.lora_rank and self.head_only),
+            "task.lora_rank and head_only both choose what trains: adapters, or the head alone; set one",
+        )
+
+
+@config
+class ClmOptions(FinetuneOptions):
+    """Language-model fine-tuning (:mod:`longseq.tasks.clm`): the checkpoint goes on predicting the next token, on
+    the text ``train`` (a file or a directory, any format a corpus is read from; a single stream is cut 90/5/5 and
+    its second part validates), or ``valid`` when given (a whole file).  The stream is read in segments of
+    ``segment_len`` with the memory carried from one step to the next and back-propagated through ``mem_bptt``
+    segments (the model's), as language-model training does.  Its checkpoints are language models: ``eval``,
+    ``generate`` and ``convert`` read them."""
+
+    name: str = "clm"
+    is_language_model: ClassVar[bool] = True
 
 
 @config
@@ -193,6 +231,7 @@ class DistillOptions(TaskConfig):
     the parameters that train."""
 
     name: str = "distill"
+    is_language_model: ClassVar[bool] = True
     teacher: str = ""
     cache: str | None = None
     top_k: int = 16
@@ -236,6 +275,7 @@ class TransferOptions(TaskConfig):
     ``teacher_sha256`` is the teacher's weights' fingerprint, written when the run starts."""
 
     name: str = "transfer"
+    is_language_model: ClassVar[bool] = True
     teacher: str = ""
     step_segments: int = 4
     teacher_sha256: str = ""
@@ -251,6 +291,7 @@ TASK_OPTIONS: dict[str, type[TaskConfig]] = {
     "classify": ClassifyOptions,
     "span": SpanOptions,
     "mlm": MaskedLMOptions,
+    "clm": ClmOptions,
     "distill": DistillOptions,
     "transfer": TransferOptions,
     **dict.fromkeys(RECALL_TASKS, RecallOptions),

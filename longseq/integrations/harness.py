@@ -99,7 +99,7 @@ class LongseqLM(TemplateLM):
         self._device = resolve_device(str(device))
         set_matmul_precision(self._device, "high")
         self.model, self.tokenizer, run, _ = load_checkpoint(path, device=self._device)
-        if run.task is not None:
+        if not run.is_language_model:
             raise ValueError(f"{path} is fine-tuned for {run.task.name}: the harness scores language models")
         self.checkpoint = path
         self.tgt_len = settings["tgt_len"] or run.data.eval_tgt_len

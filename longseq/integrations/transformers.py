@@ -693,9 +693,7 @@ def attention_inputs(model: TransformerXLLM, wanted: bool):
         args = list(args)  # (hidden, rel_key, r_w_bias, r_r_bias, mask, context)
         context = args[5] if len(args) > 5 else None
         if isinstance(context, RingContext):
-            ring = context.ring
-            held = (ring.keys.view(ring.length).clone(), ring.values.view(ring.length).clone()) if ring.length else ()
-            args[5] = CacheContext(*held)
+            args[5] = CacheContext(*context.ring.held())
         captured.append((module, tuple(args[:6])))
 
     layers = [layer for layer in model.transformer.stack.layers if layer.attends]

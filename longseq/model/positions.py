@@ -30,9 +30,17 @@ Two families, which decide the kernel (:func:`longseq.model.attention.kernels.bu
 tokens; segment], in that order, and a key's position is its index in it; query i of a segment of T over K keys
 sits at index K - T + i.  Only differences of positions enter a score, so a memory slot keeps its distance to a
 query whichever memory holds it: a compressed slot is one position (it stands for ``cmem_rate`` states, as in the
-Compressive Transformer, which also indexes it so), a memory token one position before the segment.  A key/value
-memory stores keys *before* rotation: rope rotates [memory; segment] at their indices in every pass, so a cached
-key and a key recomputed from a hidden-state memory give the same score (the tests check the logits agree).
+Compressive Transformer, which also indexes it so), a memory token one position before the segment.  Attention
+sinks (``sinks``) are the first keys of the pass, [sinks; memory; segment]: at their slot there
+(``sink_positions=cache``, StreamingLLM's), or rotary positions put them at their positions in the text (``text``).
+
+Rope over a hidden-state memory rotates every key of [memory; segment] at its index in every pass.  A key/value
+memory holds each key rotated once, at its position in the stream (as transformers' cache does: a pass turns its
+segment alone, not the whole memory again), and sinks at their slot are turned to it every pass (a few keys); only
+``rope_scaling=dynamic``, whose frequencies depend on the keys a pass reads, keeps keys before rotation and turns
+them all every pass.  Positions differ by a constant between the two, so a cached key and a key recomputed from a
+hidden-state memory give the same score up to rounding (the tests check the logits agree); angles are computed in
+float64, so a key far into a stream keeps its distance exactly.
 ``clamp_len`` clamps the distances of the tables (sinusoidal, shaw, alibi, t5); rope and nope do not read it.
 """
 
@@ -173,7 +181,9 @@ class PositionEncoding(nn.Module):
         """The option paths this encoding does not read under ``positions`` (a PositionConfig)."""
         return set(cls.unread)
 
-    def rotate(self, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
+    rotation = None  # what an encoding that rotates queries and keys computes once per pass (rope: Rotation)
+
+    def rotate(self, query: Tensor, key: Tensor, rotation=None) -> tuple[Tensor, Tensor]:
         return query, key
 
 
@@ -356,8 +366,53 @@ def rotate_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat([-second, first], dim=-1) * sin
 
 
+def _turned(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``x`` (..., L, D) rotated by ``cos`` and ``sin`` (L or 1, D), computed in their precision."""
+    return rotate_half(x.to(cos.dtype), cos, sin).to(x.dtype)
+
+
+class Rotation(NamedTuple):
+    """How one pass's queries and keys turn, computed once for every layer (:meth:`Rotary.rotation`): the cos and
+    sin of its queries (T, D) and of the keys a layer turns (n, D), float32 (float64 for a float64 model).
+
+    * ``cached`` False: the keys are every key of [memory; segment] (K rows), at their index in it (the memory holds
+      layer inputs, or keys before rotation where the rotation depends on the pass: ``rope_scaling=dynamic``);
+    * ``cached`` True: they are the segment's alone (T rows), at their positions in the stream: a key/value memory
+      holds every key turned at its stream position once, as transformers' cache does, and ``turn`` (1, D) brings
+      the first ``sinks`` of them from the stream's first positions to their slots in the cache (attention sinks at
+      their slot, ``sink_positions=cache``; None: where they are)."""
+
+    query_cos: Tensor
+    query_sin: Tensor
+    key_cos: Tensor
+    key_sin: Tensor
+    cached: bool = False
+    turn: tuple[Tensor, Tensor] | None = None
+    sinks: int = 0
+
+    def queries(self, query: Tensor) -> Tensor:
+        """The segment's queries (B, H, T, D) turned."""
+        return _turned(query, self.query_cos, self.query_sin)
+
+    def stored(self, key: Tensor) -> Tensor:
+        """The segment's keys (B, H, T, D) as a key/value memory holds them: turned when ``cached``."""
+        return _turned(key, self.key_cos, self.key_sin) if self.cached else key
+
+    def scored(self, key: Tensor) -> Tensor:
+        """The keys of [memory; segment] (B, H, K, D), as the memory and :meth:`stored` hold them, as the scores see
+        them."""
+        if not self.cached:
+            return _turned(key, self.key_cos, self.key_sin)
+        if self.turn is None:
+            return key
+        return torch.cat([_turned(key[:, :, : self.sinks], *self.turn), key[:, :, self.sinks :]], dim=2)
+
+
 class Rotary(PositionEncoding):
-    """RoPE: queries and keys rotated by their index in [memory; segment], so each score depends on the distance."""
+    """RoPE: queries and keys rotated by their positions, so each score depends on their distance: a key at its index
+    in [memory; segment] and query i of T at K - T + i, or (a key/value memory) every key at its position in the
+    stream, turned once.  Attention sinks sit at their slots in the cache (``sink_positions=cache``) or at their
+    positions in the text (``text``)."""
 
     unread = ("positions.clamp_len", "positions.max_relative_distance", "positions.t5_buckets", *UV)
     extrapolates = False  # rotations never seen in training: char PTB 2.03 -> 3.38 bpc at twice the memory
@@ -367,25 +422,50 @@ class Rotary(PositionEncoding):
         if shape.d_head % 2:
             raise ValueError(f"pos=rope needs an even d_head, got {shape.d_head}")
         self.shape = shape
-        self.attention_factor = ROPE_SCALINGS[shape.rope_scaling].attention_factor(shape)
+        self.attention_factor = ROPE_SCALINGS[shape.rope_scaling].attention_factor(shape)  # YaRN's: cos, sin times it
 
     @classmethod
     def unread_options(cls, positions) -> set[str]:
         return set(cls.unread) | rope_unread(positions.rope_scaling)
 
-    def rotate(self, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
-        """Key j at position j, query i at K - T + i (rotation in float32, float64 for a float64 model)."""
-        qlen, klen = query.size(2), key.size(2)
-        exact = _exact(query.dtype)
-        positions = torch.arange(klen, device=query.device, dtype=exact)
-        angles = torch.outer(positions, rotary_frequencies(self.shape, query.device, exact, klen))  # (K, D/2)
-        angles = torch.cat([angles, angles], dim=-1)
-        cos, sin = angles.cos(), angles.sin()
-        if self.attention_factor != 1.0:  # YaRN's: the scores grow by its square
-            cos, sin = cos * self.attention_factor, sin * self.attention_factor
-        rotated_key = rotate_half(key.to(exact), cos, sin).to(key.dtype)
-        rotated_query = rotate_half(query.to(exact), cos[klen - qlen :], sin[klen - qlen :]).to(query.dtype)
-        return rotated_query, rotated_key
+    @staticmethod
+    def caches_turned_keys(shape: Shape) -> bool:
+        """Whether a key's rotation is the same in every pass (so a key/value memory may hold it turned): not with
+        ``dynamic``, whose frequencies depend on the keys a pass reads."""
+        return shape.rope_scaling != "dynamic"
+
+    @staticmethod
+    def rotation(shape: Shape, qlen: int, klen: int, dtype: torch.dtype, device, **where) -> Rotation:
+        """The pass's :class:`Rotation` for ``qlen`` queries over ``klen`` keys.  ``where``: ``cached`` (a key/value
+        memory of turned keys), ``sinks``, ``gap`` (the stream's positions evicted between the sinks and the
+        memory), ``position`` (where the segment starts in the stream), ``sink_positions`` (cache or text).  Angles
+        are position x frequency in float64 (exact far into a stream), the frequencies transformers' own."""
+        exact = _exact(dtype)
+        frequencies = rotary_frequencies(shape, device, exact, klen).double()
+        factor = ROPE_SCALINGS[shape.rope_scaling].attention_factor(shape)
+
+        def table(positions: Tensor, scale: float = factor) -> tuple[Tensor, Tensor]:
+            angles = torch.outer(positions, frequencies)  # (L, D/2)
+            angles = torch.cat([angles, angles], dim=-1)
+            return (angles.cos() * scale).to(exact), (angles.sin() * scale).to(exact)  # YaRN: scores times factor^2
+
+        sinks, gap, text = where.get("sinks", 0), where.get("gap", 0), where.get("sink_positions") == "text"
+        if where.get("cached"):
+            cos, sin = table(where.get("position", 0) + torch.arange(qlen, device=device, dtype=torch.float64))
+            turn = table(torch.tensor([float(gap)], device=device, dtype=torch.float64), 1.0)
+            return Rotation(cos, sin, cos, sin, True, turn if sinks and gap and not text else None, sinks)
+        positions = torch.arange(klen, device=device, dtype=torch.float64)
+        if sinks and gap and text:
+            positions[:sinks] -= gap
+        cos, sin = table(positions)
+        return Rotation(cos[klen - qlen :], sin[klen - qlen :], cos, sin)
+
+    def rotate(self, query: Tensor, key: Tensor, rotation: Rotation | None = None) -> tuple[Tensor, Tensor]:
+        """Queries and keys of [memory; segment] turned by ``rotation``, or at key j's index j and query i's
+        K - T + i when none is given."""
+        if rotation is None:
+            rotation = self.rotation(self.shape, query.size(2), key.size(2), query.dtype, query.device)
+        return rotation.queries(query), rotation.scored(key)
 
 
 def alibi_slopes(n_head: int) -> list[float]:

@@ -132,6 +132,7 @@ def unread_options(config: ModelConfig) -> set[str]:
                 ("memory.mem_quant_axis", m.mem_quant == "int8"),
                 ("memory.cmem_fn", m.cmem_len > 0),
                 ("memory.mem_tokens_bptt", m.mem_tokens > 0),
+                ("memory.sink_positions", m.sinks > 0),
             )
             if not on
         }

@@ -60,14 +60,7 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, config: ModelConfig, pattern=None, lowrank: LowRankProjection | None = None) -> None:
         super().__init__()
-        c, p = config, config.positions
-        shape = Shape(
-            c.d_model,
-            c.n_head,
-            c.d_head,
-            bidirectional=c.pattern.bidirectional,
-            **{name: getattr(p, name) for name in SHAPE_OPTIONS},
-        )
+        c, shape = config, layer_shape(config)
         self.dec_attn = RelativeMultiHeadAttention(
             d_model=c.d_model,
             n_head=c.n_head,
@@ -78,7 +71,7 @@ class DecoderLayer(nn.Module):
             eps=c.layer_norm_eps,
             kernel=c.attn_impl,
             chunk=c.attn_chunk,
-            pos=p.pos,
+            pos=c.positions.pos,
             n_kv_head=c.n_kv_head,
             qk_norm=c.qk_norm,
             pattern=pattern,
@@ -107,6 +100,18 @@ class DecoderLayer(nn.Module):
         """The Compressive Transformer's attention-reconstruction loss of a compressed memory, with this layer's
         attention weights (detached: only the compressor learns from it)."""
         return reconstruction_loss(self.dec_attn, target.hidden, target.old, target.compressed)
+
+
+def layer_shape(config: ModelConfig) -> Shape:
+    """What an attention layer's position encoding is built for (its heads and the encoding's options)."""
+    p = config.positions
+    return Shape(
+        config.d_model,
+        config.n_head,
+        config.d_head,
+        bidirectional=config.pattern.bidirectional,
+        **{name: getattr(p, name) for name in SHAPE_OPTIONS},
+    )
 
 
 def build_layers(config: ModelConfig) -> list[nn.Module]:
@@ -167,6 +172,7 @@ class LayerStack(nn.Module):
         self.activation_checkpointing = 0
         self.drop_r = Dropout(c.dropout if c.dropout_r is None else c.dropout_r)  # on the sinusoidal R
         self.encoding = position_encoding(c.positions.pos)
+        self.position_shape = layer_shape(c)  # what a pass's rotation (rope) is computed for, once for all layers
         self.layers = nn.ModuleList(build_layers(c))
         self.attends = tuple(layer.attends for layer in self.layers)  # what the memory step knows of the layers
         bias_shape = (len(self.layers), c.n_head, c.d_head) if c.untie_r else (c.n_head, c.d_head)
@@ -228,7 +234,7 @@ class LayerStack(nn.Module):
         goes to the step's write.  With ``layer_outputs`` (a list), every layer's output (B, T', E) is appended to
         it (``output_hidden_states``)."""
         shape = step.mask_inputs()
-        tables = self._tables(step, shape, recurrence.clamp_len, hidden.device)  # one per layer
+        tables = self._tables(step, shape, recurrence, hidden.device)  # one per layer
         masks = self._masks(step, shape, global_mask, hidden.size(0), hidden.device)  # one per layer
         docs = state_docs(shape, memory)
         states, losses, every = {}, [], self.activation_checkpointing if self.training else 0
@@ -256,13 +262,15 @@ class LayerStack(nn.Module):
             losses.append(torch.stack([self.layers[t.layer].reconstruction_loss(t) for t in targets]).mean())
         return hidden, memory, sum(losses[1:], losses[0]) if losses else None
 
-    def _tables(self, step: MemoryStep, shape: MaskInputs, clamp_len: int, device) -> list:
+    def _tables(self, step: MemoryStep, shape: MaskInputs, recurrence: Recurrence, device) -> list:
         """What every layer reads of the relative positions: the positions of this pass, shared (each layer projects
         them inside its own forward); or, for a memory that carries them, the projected tables."""
         if not any(self.attends):
             return [None] * len(self.layers)
         dtype = self.r_w_bias.dtype
-        rows = step.table_rows()
+        if self.encoding.rotation is not None:  # rope: how this pass's queries and keys turn, for every layer
+            return [self._rotation(step, shape, recurrence, dtype, device)] * len(self.layers)
+        rows, clamp_len = step.table_rows(), recurrence.clamp_len
         if rows is None:
             return [self._positions(clamp_len, shape.qlen, dtype, device, shape.mlen + shape.qlen + 1)] * len(
                 self.layers
@@ -273,6 +281,16 @@ class LayerStack(nn.Module):
                 self._project(self._positions(clamp_len, shape.qlen, dtype, device, rows)), clamp_len
             )
         return tables
+
+    def _rotation(self, step: MemoryStep, shape: MaskInputs, recurrence: Recurrence, dtype, device):
+        """The pass's :class:`~longseq.model.positions.Rotation`: a key/value memory holds its keys turned at their
+        positions in the stream where the rotation is the same in every pass, else every key turns at its index."""
+        cached = step.caches_keys and self.encoding.caches_turned_keys(self.position_shape)
+        where = dict(cached=cached, sinks=shape.sinks, gap=shape.gap, position=shape.position)
+        klen = shape.mlen + shape.qlen
+        return self.encoding.rotation(
+            self.position_shape, shape.qlen, klen, dtype, device, sink_positions=recurrence.sink_positions, **where
+        )
 
     def _biases(self, layer: int) -> tuple[Tensor | None, Tensor | None]:
         if self.r_w_bias is None:  # no layer attends
@@ -325,6 +343,7 @@ class LayerStack(nn.Module):
                     device=device,
                     dropped_keys=shape.dropped_keys,
                     global_rows=rows,
+                    sinks=shape.sinks,
                 )
             )
         return masks

@@ -7,6 +7,7 @@ from longseq.config.run import RunConfig
 from longseq.config.task import FINETUNE_TASKS, RECALL_TASKS
 from longseq.tasks.base import StepContext, StepResult, Task
 from longseq.tasks.classify import Classify
+from longseq.tasks.clm import FinetuneLM
 from longseq.tasks.distill import Distillation
 from longseq.tasks.lm import LanguageModeling
 from longseq.tasks.mlm import MaskedLM
@@ -19,6 +20,7 @@ TASKS: dict[str, type[Task]] = {
     "classify": Classify,
     "span": Span,
     "mlm": MaskedLM,
+    "clm": FinetuneLM,
     "distill": Distillation,
     "transfer": AttentionTransfer,
 }

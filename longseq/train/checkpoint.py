@@ -33,6 +33,7 @@ from longseq.data.tokenizers import Tokenizer, TokenizerError, load_tokenizer
 from longseq.model import Memory, TransformerXLLM
 from longseq.model.registry import model_spec
 from longseq.tasks import task_for
+from longseq.tasks.adapters import merge_adapters
 from longseq.train.upgrade import OLD_FORMATS, is_v1, upgrade_memory_names, upgrade_run, upgrade_weight_names
 
 FORMAT = "longseq-checkpoint-v3"
@@ -327,7 +328,8 @@ def load_checkpoint(
     directory: str, device: str | torch.device = "cpu"
 ) -> tuple[TransformerXLLM, Tokenizer, RunConfig, dict]:
     """Load a checkpoint's model (in eval mode), tokenizer, run config and stored metrics.  A fine-tuned
-    checkpoint gives its task's model (``run.task`` names the task and its options, the label set among them).
+    checkpoint gives its task's model (``run.task`` names the task and its options, the label set among them), its
+    LoRA adapters merged into the weights.
     ``directory`` is a checkpoint, or a run directory, whose checkpoint is chosen as every command's
     ``--checkpoint`` chooses it (:func:`resolve_checkpoint`: ``best/``, else ``last/``) and named in a warning."""
     directory = run_directory_checkpoint(directory)
@@ -356,6 +358,7 @@ def load_checkpoint(
             f"checkpoint {directory} is broken: {len(broken)} weight tensor(s) hold NaN or Inf values "
             f"({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}); use an earlier checkpoint"
         )
+    merge_adapters(model)  # LoRA fine-tuning's adapters folded into the weights: the plain model, for use
     model.to(device).eval()
     return model, tokenizer, run, config.get("metrics", {})
 

@@ -74,8 +74,9 @@ def flex_relative_attention(
 
 
 def flex_reach(mask: PatternMask | Tensor) -> int | None:
-    """The largest |distance| any allowed pair has, when the pattern bounds it (no global tokens); else None."""
-    if not isinstance(mask, PatternMask) or mask.has_global_tokens:
+    """The largest |distance| any allowed pair has, when the pattern bounds it (no global tokens, no sinks); else
+    None."""
+    if not isinstance(mask, PatternMask) or mask.has_global_tokens or mask.sinks:
         return None
     return mask.pattern.reach
 

@@ -120,7 +120,7 @@ def blocked_attention(
     step = chunk if 0 < chunk < qlen else qlen
     if kernel is rel_shift_attention and isinstance(mask, PatternMask) and step < qlen:
         band = mask.band(step)
-        if band is None and mask.pattern.local_reach is not None:  # a sparse pattern: its pieces at their cost
+        if band is None and mask.pattern.local_reach is not None and not mask.sinks:  # a sparse pattern's pieces
             return sparse_attention(
                 query, key, value, rel_key, r_w_bias, r_r_bias, mask, step, dropatt, training, softcap
             )

@@ -23,7 +23,7 @@ from longseq.model.attention.lowrank import LowRankProjection
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.reference import attention_probs, content_probs, dense_mask
 from longseq.model.block import Dropout, norm_layer
-from longseq.model.positions import RelativePositions, Shape, position_encoding, upgrade_position_names
+from longseq.model.positions import RelativePositions, Rotation, Shape, position_encoding, upgrade_position_names
 
 
 class AttentionContext(Protocol):
@@ -33,10 +33,12 @@ class AttentionContext(Protocol):
 
     with_mass: bool  # also return the attention mass of every key
 
-    def project(self, project, norm, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def project(self, project, norm, hidden: Tensor, rotation: Rotation | None = None) -> tuple[Tensor, ...]:
         """Queries (B, H, T, D) of the segment ``hidden`` (B, T, E); keys and values (B, H, K, D) of
-        [memory; segment].  ``project`` maps (B, L, E) to the three (B, H, L, D) (``project(x, queries=False)``: None
-        and the keys and values); ``norm`` is the pre-LayerNorm (None under post-LN)."""
+        [memory; segment], queries and keys turned by the pass's ``rotation`` (rope; None: as projected); and the
+        keys as the memory keeps them.  ``project`` maps (B, L, E) to the three (B, H, L, D)
+        (``project(x, queries=False)``: None and the keys and values); ``norm`` is the pre-LayerNorm (None under
+        post-LN)."""
 
 
 class RelativeMultiHeadAttention(nn.Module):
@@ -121,7 +123,9 @@ class RelativeMultiHeadAttention(nn.Module):
 
     def relative_keys(self, positions: RelativePositions | Tensor | None) -> Tensor | None:
         """This layer's relative table for ``positions`` ((H, R, D) keys, an (H, R) bias, or None); a tensor is
-        taken as an already made table (the evaluation cache)."""
+        taken as an already made table (the evaluation cache); a pass's :class:`Rotation` (rope) is no table."""
+        if isinstance(positions, Rotation):
+            return None
         if not isinstance(positions, RelativePositions):
             return positions
         return self.rel.table(positions)
@@ -149,22 +153,27 @@ class RelativeMultiHeadAttention(nn.Module):
         net = self.qkv_net
         return type(net) is nn.Linear and not (net._forward_hooks or net._forward_pre_hooks)
 
-    def _project(self, hidden: Tensor, context: AttentionContext | None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries (B, H, T, D) of the segment; keys and values (B, H_kv, K, D) of [memory; segment]."""
-        norm = self.layer_norm if self.pre_lnorm else None
-        if context is None:  # no memory: the segment alone
-            return self.heads(hidden if norm is None else norm(hidden))
-        return context.project(self.heads, norm, hidden)
-
     def _scored(
-        self, query: Tensor, key: Tensor, value: Tensor, grouped: bool = False
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values as the scores see them: rotated (rope), key/value heads shared by groups (kept
-        as ``n_kv_head`` heads with ``grouped``, for a kernel that shares them itself)."""
-        query, key = self.rel.rotate(query, key)
+        self, hidden: Tensor, context: AttentionContext | None, rel_key, grouped: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor]]:
+        """Queries (B, H, T, D) of the segment, keys and values (B, H_kv, K, D) of [memory; segment] as the scores
+        see them: turned (rope: by the pass's rotation that the stack gives as ``rel_key``, else at their indices),
+        key/value heads shared by groups (kept as ``n_kv_head`` heads with ``grouped``, for a kernel that shares
+        them itself); and the keys and values as the memory keeps them."""
+        norm, rotation = self.layer_norm if self.pre_lnorm else None, _rotation(rel_key)
+        if context is None:  # no memory: the segment alone
+            query, key, value = self.heads(hidden if norm is None else norm(hidden))
+            kept = key
+            if rotation is not None:
+                query, key = rotation.queries(query), rotation.scored(key)
+        else:
+            query, key, value, kept = context.project(self.heads, norm, hidden, rotation)
+        if rotation is None:  # called without the stack's: at their indices
+            query, key = self.rel.rotate(query, key)
+        present = (kept, value)
         if self.n_kv_head != self.n_head and not grouped:
             key, value = _shared(key, self.n_head), _shared(value, self.n_head)
-        return query, key, value
+        return query, key, value, present
 
     @torch.no_grad()
     def probs(self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: AttentionContext | None = None) -> Tensor:
@@ -172,7 +181,7 @@ class RelativeMultiHeadAttention(nn.Module):
         same arguments as :meth:`forward`, for diagnostics).  A ring context must not be passed: it would grow."""
         if self.lowrank is not None:
             raise ValueError("a low-rank (Linformer) layer attends to mixtures of the keys: it has no map per key")
-        query, key, value = self._scored(*self._project(hidden, context))
+        query, key, value, _ = self._scored(hidden, context, rel_key)
         table = self.relative_keys(rel_key)
         if self.family == "content":
             return content_probs(query, key, table, dense_mask(mask), self.softcap)
@@ -181,23 +190,23 @@ class RelativeMultiHeadAttention(nn.Module):
     def forward(
         self,
         hidden: Tensor,  # (B, T, E)
-        rel_key: RelativePositions | Tensor | None,  # positions, or the layer's table already made
+        rel_key: RelativePositions | Tensor | Rotation | None,  # positions, the layer's table already made, or rope's
         r_w_bias: Tensor,  # (H, D)
         r_r_bias: Tensor,  # (H, D)
         mask: PatternMask | Tensor,  # the layer's pattern, or a dense causal (T, K) mask
         context: AttentionContext | None = None,  # the memory before the segment (None: none)
     ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None]:
-        """Returns the layer output (B, T, E), the keys and values of [memory; segment] (B, H_kv, K, D; keys before
-        rotation), and with ``context.with_mass`` the attention mass every key received (B, K), else None.
+        """Returns the layer output (B, T, E), the keys and values of [memory; segment] (B, H_kv, K, D; the keys as a
+        key/value memory keeps them), and with ``context.with_mass`` the attention mass every key received (B, K),
+        else None.
 
         A cached context reuses the memory's keys and values instead of projecting them again (identical
         results: the projection is per position, LayerNorm included).
         """
         batch, qlen, _ = hidden.shape
         table = self.relative_keys(rel_key)  # (H, R, D), (H, R) or None
-        present = self._project(hidden, context)  # (B, H, T, D), (B, H_kv, K, D) x 2
         grouped = self.kernel in GROUPED_KERNELS and self.lowrank is None  # Linformer's E and F are per query head
-        query, key, value = self._scored(*present, grouped=grouped)
+        query, key, value, present = self._scored(hidden, context, rel_key, grouped)  # (B, H, T, D), (B, H*, K, D)
         narrows = mask_narrows(mask, qlen, key.size(2))
         chunk = self.chunk if narrows else self.plain_chunk
         if self.lowrank is not None:
@@ -227,12 +236,17 @@ class RelativeMultiHeadAttention(nn.Module):
         mass = None
         if context is not None and context.with_mass:
             mass = self._mass(query, _shared(key, self.n_head), table, r_w_bias, r_r_bias, dense_mask(mask))
-        return out, present[1:], mass
+        return out, present, mass
 
     def _mass(self, query, key, table, r_w_bias, r_r_bias, mask) -> Tensor:
         if self.family == "content":
             return content_probs(query, key, table, mask, self.softcap).sum(dim=(1, 2))
         return key_mass(query, key, table, r_w_bias, r_r_bias, mask, self.softcap)
+
+
+def _rotation(rel_key) -> Rotation | None:
+    """The pass's rotation when the stack gave one in place of the relative positions (rope)."""
+    return rel_key if isinstance(rel_key, Rotation) else None
 
 
 def _shared(heads: Tensor, n_head: int) -> Tensor:

@@ -284,8 +284,9 @@ class PatternMask:
     """Which (query, key) pairs of one layer's attention are forbidden.
 
     Combines the pattern with causality, ``same_length`` (``span``: only the last ``span`` keys),
-    document ids (B, T) / (B, K) and global tokens ``global_keys`` (B, K).  Kernels ask for
-    :meth:`forbidden` on a block and for the :meth:`key_range` a block of queries can reach.
+    document ids (B, T) / (B, K), global tokens ``global_keys`` (B, K) and attention sinks (``sinks``: the first
+    keys, seen by every query after them).  Kernels ask for :meth:`forbidden` on a block and for the
+    :meth:`key_range` a block of queries can reach.
     """
 
     pattern: AttentionPattern
@@ -298,6 +299,7 @@ class PatternMask:
     device: torch.device | None = None
     dropped_keys: Tensor | None = None  # (B, K) bool: memory slots that memory dropout hides from every query
     global_rows: tuple[tuple[int, ...], ...] | None = None  # per batch row, the window positions of its global tokens
+    sinks: int = 0  # keys [0, sinks) are attention sinks: every later query sees them, whatever the pattern and span
     _blocks: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # layers share the blocks
 
     @property
@@ -380,11 +382,13 @@ class PatternMask:
             g_key = self.global_keys[:, key]  # (B, ..., 1, Tk)
             ok = ok | (g_query | g_key)[:, None]  # (B, H or 1, ..., Tq, Tk)
         distance = query - key
+        if self.span is not None:
+            ok = ok & (distance < self.span)
+        if self.sinks:
+            ok = ok | (key < self.sinks)
         ok = ok & inside
         if self.pattern.causal:
             ok = ok & (distance >= 0)
-        if self.span is not None:
-            ok = ok & (distance < self.span)
         if self.key_docs is not None:
             q_docs = self.query_docs[:, (query - self.mlen).clamp(0, self.qlen - 1)]  # (B, ..., Tq, 1)
             ok = ok & (q_docs == self.key_docs[:, key])[:, None]
@@ -396,7 +400,7 @@ class PatternMask:
         """This mask as FlexAttention's ``mask_mod(b, h, q_idx, kv_idx) -> allowed``, one pair at a time: the same
         rules as :meth:`forbidden_at` (pattern, global tokens, causality, ``span``, documents), with query ``q_idx``
         of the segment at window position M + q_idx: keys are longer than queries, the memory comes first."""
-        pattern, mlen, klen, span = self.pattern, self.mlen, self.klen, self.span
+        pattern, mlen, klen, span, sinks = self.pattern, self.mlen, self.klen, self.span, self.sinks
         dilation = torch.tensor(pattern.config.dilation, device=self.device)
         random = pattern.random_table(klen, self.device)
         flags, query_docs, key_docs, dropped = self.global_keys, self.query_docs, self.key_docs, self.dropped_keys
@@ -407,10 +411,12 @@ class PatternMask:
             if flags is not None:
                 ok = ok | flags[b, query] | flags[b, kv_idx]
             distance = query - kv_idx
-            if pattern.causal:
-                ok = ok & (distance >= 0)
             if span is not None:
                 ok = ok & (distance < span)
+            if sinks:
+                ok = ok | (kv_idx < sinks)
+            if pattern.causal:
+                ok = ok & (distance >= 0)
             if key_docs is not None:
                 ok = ok & (query_docs[b, q_idx] == key_docs[b, kv_idx])
             if dropped is not None:
@@ -423,7 +429,7 @@ class PatternMask:
         """For a local pattern, the keys a block of ``block`` queries needs before and after itself, rounded
         up to whole blocks (so every block has the same band); None when the pattern is not local."""
         reach = self.pattern.reach
-        if reach is None or self.has_global_tokens:
+        if reach is None or self.has_global_tokens or self.sinks:
             return None
         before = -(-reach // block) * block
         return before, (0 if self.pattern.causal else before)
@@ -435,6 +441,8 @@ class PatternMask:
         lo = 0 if reach is None else max(0, first - reach)
         if self.span is not None:
             lo = max(lo, first - self.span + 1)
+        if self.sinks:  # every query reaches the sinks
+            lo = 0
         if self.pattern.causal:
             hi = last + 1
         else:

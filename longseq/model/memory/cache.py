@@ -6,8 +6,9 @@ A :class:`~longseq.model.memory.state.RingMemory` keeps keys and values in preal
 no copy of the memory per token).  A ring is written in place, so only the memory returned by the latest call is
 valid; an older one is refused by name (:meth:`~longseq.model.memory.state.Memory.check`).
 
-Truncation to ``mem_len`` is the only policy here: compaction, memory tokens and document ids need the
-hidden-state memory, and a bidirectional model cannot cache keys (every segment token sees the later ones).
+Truncation to ``mem_len`` is the only policy here, with attention sinks (the first ``sinks`` positions of the stream
+kept before the memory, StreamingLLM): compaction, memory tokens and document ids need the hidden-state memory, and
+a bidirectional model cannot cache keys (every segment token sees the later ones).
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ import torch
 from torch import Tensor
 
 from longseq.model.memory.context import CacheContext, RingContext
-from longseq.model.memory.policy import MaskInputs, StepInputs, StepOutput
+from longseq.model.memory.policy import MaskInputs, StepInputs, StepOutput, sink_keys
 from longseq.model.memory.state import KVMemory, LayerState, Memory, RingMemory
+from longseq.model.memory.truncate import keep_recent
 
 
 class KeyValueStep:
     """One forward pass over a key/value or ring memory (the :class:`~longseq.model.memory.policy.MemoryStep`
     protocol)."""
+
+    caches_keys = True  # the memory holds keys and values
 
     def __init__(self, policies, given: StepInputs) -> None:
         config, memory, recurrence = policies.config, given.memory, given.recurrence
@@ -49,13 +53,18 @@ class KeyValueStep:
         return self.mlen + self.qlen
 
     def _rings(self) -> list:
-        mem_len = self.recurrence.mem_len
+        mem_len, sinks = self.recurrence.mem_len, self.recurrence.sinks
         rings = [layer.ring if isinstance(layer, RingMemory) else None for layer in self.memory.layers]
         if not rings:
-            rings = [RingKV(mem_len + self.qlen, mem_len) if attends else None for attends in self.attends]
+            rings = [RingKV(mem_len + self.qlen, mem_len, sinks) if attends else None for attends in self.attends]
         live = [r for r in rings if r is not None]
-        if live and live[0].keys.capacity < live[0].length + self.qlen:
-            rings = [None if r is None else r.grown(live[0].length + self.qlen + mem_len) for r in rings]
+        if live and (live[0].mem_len, live[0].sinks) != (mem_len, sinks):
+            raise ValueError(
+                f"this ring memory keeps mem_len={live[0].mem_len} and sinks={live[0].sinks}, the call asks for "
+                f"mem_len={mem_len} and sinks={sinks}: read the stream with one recurrence (or use KVMemory)"
+            )
+        if live and live[0].keys.capacity < live[0].recent + self.qlen:
+            rings = [None if r is None else r.grown(live[0].recent + self.qlen + mem_len) for r in rings]
         return rings
 
     def wrap(self, hidden: Tensor) -> Tensor:
@@ -66,7 +75,9 @@ class KeyValueStep:
 
     def mask_inputs(self) -> MaskInputs:
         span = self.recurrence.mem_len if self.recurrence.same_length else None
-        return MaskInputs(self.qlen, self.mlen, span, None, None, None)
+        return MaskInputs(
+            self.qlen, self.mlen, span, None, None, None, *sink_keys(self.recurrence, self.memory, self.klen)
+        )
 
     def carried_tables(self, clamp_len: int, dtype: torch.dtype) -> list | None:
         """The carried tables when they were projected for this clamp_len and dtype and cover this pass (evaluation
@@ -109,19 +120,19 @@ class KeyValueStep:
                 RingMemory(r, r.version) if attends else states[i]
                 for i, (attends, r) in enumerate(zip(self.attends, self.rings))
             )
-            return StepOutput(hidden, Memory(layers, RingMemory, table=self.table))
-        mem_len = self.recurrence.mem_len
+            return StepOutput(hidden, Memory(layers, RingMemory, table=self.table, position=self.position))
+        mem_len, sinks = self.recurrence.mem_len, self.recurrence.sinks
         with torch.no_grad():
             layers = tuple(
-                KVMemory(_last(kv[0], mem_len), _last(kv[1], mem_len)) if attends else states[i]
+                KVMemory(*(keep_recent(x, None, mem_len, sinks=sinks, dim=2) for x in kv)) if attends else states[i]
                 for i, (attends, kv) in enumerate(zip(self.attends, self.presents))
             )
-        return StepOutput(hidden, Memory(layers, KVMemory, table=self.table))
+        return StepOutput(hidden, Memory(layers, KVMemory, table=self.table, position=self.position))
 
-
-def _last(states: Tensor, mem_len: int) -> Tensor:
-    """The last ``mem_len`` positions of (B, H, K, D), detached."""
-    return states[:, :, max(0, states.size(2) - mem_len) :].detach()
+    @property
+    def position(self) -> int:
+        """Positions of the stream read after this pass."""
+        return self.memory.position + self.qlen
 
 
 class RingBuffer:
@@ -171,39 +182,82 @@ class RingBuffer:
 
 
 class RingKV:
-    """One layer's key/value memory in two ring buffers of capacity ``mem_len`` + the longest segment."""
+    """One layer's key/value memory: the recent positions in two ring buffers of capacity ``mem_len`` + the longest
+    segment, and with ``sinks`` > 0 the stream's first ``sinks`` positions beside them (attention sinks: a few
+    positions, copied before the ring's view when a pass reads them)."""
 
-    def __init__(self, capacity: int, mem_len: int) -> None:
+    def __init__(self, capacity: int, mem_len: int, sinks: int = 0) -> None:
         self.keys, self.values = RingBuffer(capacity, dim=2), RingBuffer(capacity, dim=2)
-        self.mem_len = mem_len
-        self.length = 0  # positions of memory (before the next segment)
+        self.mem_len, self.sinks = mem_len, sinks
+        self.sink_keys: Tensor | None = None  # (B, H, S', D): the stream's first S' <= sinks positions
+        self.sink_values: Tensor | None = None
+        self.recent = 0  # positions in the ring (before the next segment)
         self.version = 0  # writes so far: a memory made at an older version is stale
 
+    @property
+    def n_sinks(self) -> int:
+        return 0 if self.sink_keys is None else self.sink_keys.size(2)
+
+    @property
+    def length(self) -> int:
+        """Positions of memory before the next segment: the sinks and the recent ones."""
+        return self.n_sinks + self.recent
+
     def extend(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """Append the segment's (B, H, T, D) keys and values; return those of [memory; segment] as views."""
-        total = self.length + key.size(2)
+        """Append the segment's (B, H, T, D) keys and values; return those of [sinks; memory; segment] (views of the
+        ring when there are no sinks)."""
+        key, value = key.detach(), value.detach()
+        take = min(self.sinks - self.n_sinks, key.size(2))  # the stream's first positions become sinks
+        if take > 0:
+            head = (key[:, :, :take], value[:, :, :take])
+            held = self.sink_keys is not None
+            self.sink_keys = torch.cat([self.sink_keys, head[0]], 2) if held else head[0].clone()
+            self.sink_values = torch.cat([self.sink_values, head[1]], 2) if held else head[1].clone()
+            key, value = key[:, :, take:], value[:, :, take:]
+        total = self.recent + key.size(2)
         if total > self.keys.capacity:
             raise ValueError(f"ring capacity {self.keys.capacity} is below memory + segment = {total}")
-        self.keys.append(key.detach())
-        self.values.append(value.detach())
-        self.length = min(total, self.mem_len)
+        if key.size(2):
+            self.keys.append(key)
+            self.values.append(value)
+        self.recent = min(total, self.mem_len)
         self.version += 1
-        return self.keys.view(total), self.values.view(total)
+        if not total:  # every position went to the sinks
+            return self.sink_keys, self.sink_values
+        keys, values = self.keys.view(total), self.values.view(total)
+        if self.sink_keys is None:
+            return keys, values
+        return torch.cat([self.sink_keys, keys], 2), torch.cat([self.sink_values, values], 2)
+
+    def held(self) -> tuple[Tensor, Tensor] | tuple[()]:
+        """Copies of the keys and values of the memory (B, H, M, D), [sinks; recent], or () when empty."""
+        if not self.length:
+            return ()
+        parts = [(self.keys.view(self.recent), self.values.view(self.recent))] if self.recent else []
+        if self.sink_keys is not None:
+            parts.insert(0, (self.sink_keys, self.sink_values))
+        return tuple(torch.cat([p[i] for p in parts], dim=2) for i in (0, 1))
+
+    def _copy(self, capacity: int, rows: Tensor | None = None) -> RingKV:
+        """A new ring of ``capacity`` holding this one's positions (of the streams ``rows``, or all)."""
+
+        def pick(x: Tensor) -> Tensor:
+            return x if rows is None else x.index_select(0, rows)
+
+        ring = RingKV(capacity, self.mem_len, self.sinks)
+        if self.sink_keys is not None:
+            ring.sink_keys, ring.sink_values = pick(self.sink_keys).clone(), pick(self.sink_values).clone()
+        if self.recent:
+            ring.keys.append(pick(self.keys.view(self.recent)))
+            ring.values.append(pick(self.values.view(self.recent)))
+            ring.recent = self.recent
+        return ring
 
     def selected(self, rows: Tensor) -> tuple[RingKV, int]:
         """A new ring holding the streams ``rows`` (B',) of this one, and its version (beam search)."""
-        ring = RingKV(self.keys.capacity, self.mem_len)
-        if self.length:
-            ring.keys.append(self.keys.view(self.length).index_select(0, rows))
-            ring.values.append(self.values.view(self.length).index_select(0, rows))
-            ring.length = self.length
+        ring = self._copy(self.keys.capacity, rows)
         return ring, ring.version
 
     def grown(self, capacity: int) -> RingKV:
         """A copy with more capacity (only when a longer segment than ever before arrives)."""
-        ring = RingKV(capacity, self.mem_len)
-        if self.length:
-            ring.keys.append(self.keys.view(self.length))
-            ring.values.append(self.values.view(self.length))
-            ring.length = self.length
-        return ring
+        return self._copy(capacity)

@@ -59,7 +59,8 @@ class StepInputs(NamedTuple):
 
 
 class MaskInputs(NamedTuple):
-    """What the stack reads of a step for the layers' attention masks (:class:`~longseq.model.attention.PatternMask`)."""
+    """What the stack reads of a step for the layers' attention masks (:class:`~longseq.model.attention.PatternMask`)
+    and for their rotary positions (:class:`~longseq.model.positions.Rotation`)."""
 
     qlen: int  # positions the layers see: the segment, and memory tokens around it
     mlen: int  # memory positions before them (compressed and plain)
@@ -67,6 +68,18 @@ class MaskInputs(NamedTuple):
     query_docs: Tensor | None  # (B, T') document of every query
     key_docs: Tensor | None  # (B, K) document of every key
     dropped_keys: Tensor | None  # (B, K) keys memory dropout hides this pass
+    sinks: int = 0  # the first keys of the pass that are the stream's first positions (attention sinks): every
+    # query sees them
+    gap: int = 0  # positions of the stream evicted between the sinks and the memory
+    position: int = 0  # where the segment starts in the stream (the positions read before it)
+
+
+def sink_keys(recurrence: Recurrence, memory: Memory, klen: int) -> tuple[int, int, int]:
+    """What the masks and positions read of a pass over ``klen`` keys after ``memory``: its sinks (the first keys,
+    the stream's first positions), the positions evicted between them and the memory, and where the segment starts
+    in the stream."""
+    sinks = min(recurrence.sinks, klen)
+    return sinks, max(0, memory.position - memory.length) if sinks else 0, memory.position
 
 
 class Reconstruction(NamedTuple):
@@ -89,7 +102,11 @@ class StepOutput(NamedTuple):
 
 
 class MemoryStep(Protocol):
-    """One forward pass over a memory (see the module docstring for the order of the calls)."""
+    """One forward pass over a memory (see the module docstring for the order of the calls).  ``caches_keys``: the
+    memory holds the attention layers' keys (as rotary positions turn them, where they do not depend on the pass),
+    not their inputs."""
+
+    caches_keys: bool
 
     def wrap(self, hidden: Tensor) -> Tensor:
         """The embedded segment (B, T, E) as the layers see it (B, T', E)."""

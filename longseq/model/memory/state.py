@@ -409,6 +409,7 @@ class Memory:
     tokens: Tensor | None = None  # (B, n, E) memory tokens, written by the last segment (keep their graph)
     tokens_age: int = 0  # segments the tokens' graph spans
     table: tuple | None = None  # key/value memories: (per-layer (H, R, D) relative tables, their clamp_len)
+    position: int = 0  # positions of the stream read so far (every row alike): where the next segment starts
 
     def __post_init__(self) -> None:
         if self.kind not in (HiddenMemory, KVMemory, RingMemory):
@@ -586,6 +587,8 @@ class Memory:
             out.update(layer.to_tensors(i))
         extra = {"memory.doc_ids": self.doc_ids, "memory.tokens": self.tokens, "memory.last_doc": self.last_doc}
         out.update({k: v for k, v in extra.items() if v is not None})
+        if self.position:
+            out["memory.position"] = torch.tensor(self.position, dtype=torch.int64)
         return {k: v.detach().cpu().contiguous() for k, v in out.items()}
 
     @classmethod
@@ -609,6 +612,7 @@ class Memory:
             tokens=flat.get("memory.tokens"),
             tokens_age=tokens_age,
             last_doc=flat.get("memory.last_doc"),
+            position=int(flat["memory.position"]) if "memory.position" in flat else 0,
         )
 
     # --- checks ----------------------------------------------------------------------------------------------

@@ -7,13 +7,15 @@ import torch
 from torch import Tensor
 
 from longseq.model.memory.context import HiddenContext
-from longseq.model.memory.policy import MaskInputs, StepInputs, StepOutput
+from longseq.model.memory.policy import MaskInputs, StepInputs, StepOutput, sink_keys
 from longseq.model.memory.state import HiddenMemory, LayerState, Memory
 
 
 class HiddenStep:
     """One forward pass over a hidden-state memory: each attention layer attends to [compressed; memory; segment].
     The policies read the attributes set here (sizes, the call's recurrence, the memory it continues)."""
+
+    caches_keys = False  # the memory holds the layers' inputs
 
     def __init__(self, policies, given: StepInputs) -> None:
         if given.recurrence.same_length and given.recurrence.mem_len < 1:
@@ -22,7 +24,13 @@ class HiddenStep:
         self.recurrence, self.batch, self.qlen = given.recurrence, given.batch, given.qlen
         self.training, self.device, self.attends = given.training, given.device, given.attends
         self.mlen = given.memory.length
+        self.position = given.memory.position + given.qlen  # positions of the stream read after this pass
         self.doc_ids = given.doc_ids  # (B, T) of the segment, or None
+        if given.recurrence.sinks and (given.doc_ids is not None or given.memory.doc_ids is not None):
+            raise ValueError(
+                f"sinks={given.recurrence.sinks} keeps the first positions of one stream: documents kept apart "
+                "(doc_reset, document ids) have a start each; read them without sinks"
+            )
         tokens, selection = policies.tokens, policies.selection
         if tokens is not None:
             tokens.check(self)
@@ -55,7 +63,8 @@ class HiddenStep:
         r = self.recurrence
         span = r.mem_len + self.config.memory.cmem_len if r.same_length else None
         query_docs, key_docs = self.docs if self.docs is not None else (None, None)
-        return MaskInputs(self.qlen, self.mlen, span, query_docs, key_docs, self.dropped_keys)
+        sinks = sink_keys(r, self.memory, self.klen)
+        return MaskInputs(self.qlen, self.mlen, span, query_docs, key_docs, self.dropped_keys, *sinks)
 
     def carried_tables(self, clamp_len: int, dtype: torch.dtype) -> None:
         return None  # every layer projects the shared positions inside its own forward
@@ -102,5 +111,6 @@ class HiddenStep:
             last_doc=None if documents is None else documents.last_doc,
             tokens=None if written is None else written.tokens,
             tokens_age=0 if written is None else written.age,
+            position=self.position,
         )
         return StepOutput(hidden, memory, () if compressed is None else compressed.reconstructions)
