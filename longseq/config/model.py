@@ -659,30 +659,3 @@ class ModelConfig(JsonConfig):
         )
         if pattern.lowrank:
             self._check_lowrank_bidirectional_without_memory()
-
-
-STORED_MIXERS = {"d_state", "head_dim", "expand", "chunk", "conv_kernel", "state_bptt"}  # every stored section's
-
-
-def upgrade_stored_model(model: dict) -> dict:
-    """A model config as stored before a field that changes behaviour existed, in today's terms (each reader of a
-    stored model config passes it through here: checkpoints, the transformers format): ``linear`` and ``performer``
-    saved without ``mixers.reset_every`` (before 2026-12-06) ran unbounded and unrotated, and still do; a model
-    with ``delta`` saved without ``mixers.short_conv`` (before its short convolution, also 2026-12-06) had none, and
-    still has none; a learned-chunk hourglass saved without ``hourglass.residual_proj`` added its input itself, and
-    still does.  A mixers section is taken as stored when it holds every field the section was born with; a partial
-    one, written by hand (``LongseqConfig(longseq={...})``), gets today's defaults."""
-    if not isinstance(model, dict):
-        return model
-    hourglass = model.get("hourglass")
-    if isinstance(hourglass, dict) and hourglass.get("boundaries") == "learned" and "residual_proj" not in hourglass:
-        model = {**model, "hourglass": {**hourglass, "residual_proj": False}}
-    stored = model.get("mixers")
-    if not isinstance(stored, dict) or not STORED_MIXERS <= set(stored):  # written by hand: today's defaults
-        return model
-    names = model.get("mixer", [])
-    names = {str(n).strip() for n in (names.split(",") if isinstance(names, str) else names)}
-    mixers = stored if "short_conv" in stored or "delta" not in names else {**stored, "short_conv": []}
-    if "reset_every" not in stored and {"linear", "performer"} & names:
-        mixers = {**mixers, "reset_every": 0, "rotary": False}
-    return {**model, "mixers": mixers}

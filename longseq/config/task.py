@@ -6,11 +6,11 @@ stored run loads without the tasks and the recall generators (:mod:`longseq.data
 An option the chosen task does not read has no field to be set in: ``TaskConfig(name="span", pooling="mean")``,
 ``--set pooling=mean`` on a span run and a ``[task]`` table that sets it are unknown-key errors naming the option
 and the tasks that read it.  Runs stored by the one flat class that held every task's options load through
-:func:`upgrade_flat_task`."""
+:func:`longseq.config.stored.stored_task`."""
 
 from __future__ import annotations
 
-from dataclasses import field, fields
+from dataclasses import field
 from typing import ClassVar
 
 from longseq.config.base import Variants, check, check_finite, config
@@ -161,23 +161,3 @@ TASK_OPTIONS: dict[str, type[TaskConfig]] = {
 }
 TaskConfig.VARIANTS.update(TASK_OPTIONS)
 FINETUNE_TASKS = tuple(name for name, options in TASK_OPTIONS.items() if issubclass(options, FinetuneOptions))
-
-FLAT_DEFAULTS = dict(  # the one flat TaskConfig's defaults (the same from its first version, cc24dc9, to d3a9f4a)
-    train="", valid=None, segment_len=0, base=None, head_only=False, group_by_length=False, sha256={}, labels=[],
-    pooling="document", lm_weight=0.0, max_answer_len=64, mask_rate=0.15, mask_token=None, mask_id=-1,
-    text_column="text", label_column="label", seq_len=256, min_distance=0, max_distance=0, key_len=3, alphabet=16,
-    n_pairs=4, n_copy=16, valid_size=256,
-)  # fmt: skip
-
-
-def upgrade_flat_task(task: dict) -> dict:
-    """A task table the one flat ``TaskConfig`` stored (every task's options; a checkpoint's ``config.json`` or a
-    ``run.toml``, which leaves out the fields that are None) in its task's terms: a field its task has none of is
-    dropped where it holds the flat default.  The flat class refused any other value for an option its task did not
-    read, so nothing a run read is lost; another value stays, and the task's options refuse it by name.  Any other
-    table (today's, or one a person wrote) passes unchanged."""
-    stored = {k for k, v in FLAT_DEFAULTS.items() if v is not None}  # what every table the flat class wrote holds
-    if not isinstance(task, dict) or not stored <= set(task) or task.get("name", "lm") not in TASK_OPTIONS:
-        return task
-    own = {f.name for f in fields(TASK_OPTIONS[task.get("name", "lm")])}
-    return {k: v for k, v in task.items() if k in own or k not in FLAT_DEFAULTS or v != FLAT_DEFAULTS[k]}

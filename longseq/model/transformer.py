@@ -32,9 +32,7 @@ class TransformerXL(nn.Module):
     :class:`~longseq.model.stack.LayerStack`) and, with ``final_norm``, a norm after it.
     :meth:`TransformerXLLM.forward` runs them.
 
-    Its weights are ``transformer.word_emb.*``, ``transformer.stack.*`` and ``transformer.final_norm.*``; a
-    checkpoint saved while the backbone was its layer stack (``transformer.layers.*``, ``transformer.r_w_bias``,
-    ...; before 2026-12-06) loads under today's names (:func:`upgrade_backbone_names`)."""
+    Its weights are ``transformer.word_emb.*``, ``transformer.stack.*`` and ``transformer.final_norm.*``."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -43,7 +41,6 @@ class TransformerXL(nn.Module):
         self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
         self.final_norm = norm_layer(c.norm, c.d_model, c.layer_norm_eps, c.bias) if c.final_norm else None
         self.drop = Dropout(c.dropout)
-        self._register_load_state_dict_pre_hook(upgrade_backbone_names)
 
     def begin(
         self, input_ids: Tensor, memory: Memory, recurrence: Recurrence, doc_ids: Tensor | None = None
@@ -61,15 +58,6 @@ class TransformerXL(nn.Module):
             if layer_outputs is not None:
                 layer_outputs[-1] = self.final_norm(layer_outputs[-1])
         return self.drop(hidden)
-
-
-def upgrade_backbone_names(state: dict, prefix: str, *args) -> None:
-    """The backbone's weights saved under the names they had while it was its layer stack (``transformer.layers.0.
-    ...``, ``transformer.r_w_bias``, ``transformer.memory.policies...``) renamed in place to today's
-    (``transformer.stack.layers.0...``); the embedding's and the final norm's names did not change."""
-    kept = (prefix + "word_emb.", prefix + "final_norm.", prefix + "stack.")
-    for name in [k for k in state if k.startswith(prefix) and not k.startswith(kept)]:
-        state[prefix + "stack." + name[len(prefix) :]] = state.pop(name)
 
 
 @dataclass

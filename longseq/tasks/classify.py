@@ -84,7 +84,7 @@ class Classify(Task):
     (``benchmarks/results/finetune-defaults``: 3 classes, the label word first in documents of 3-4 segments, 200
     steps of ``longseq finetune``'s defaults, 3 seeds): document 1.00 validation accuracy, last 0.36, mean 0.35,
     chance 0.33.  Runs made when ``last`` was the default recorded no pooling, and keep it
-    (:func:`longseq.train.upgrade.upgrade_run`)."""
+    (:mod:`longseq.config.stored`)."""
 
     name = "classify"
     Options = ClassifyOptions
