@@ -18,8 +18,9 @@ import warnings
 from longseq.config import RunConfig
 from longseq.data.tokenizers import load_tokenizer
 from longseq.tasks import task_for
+from longseq.tasks.distill import Teacher
 from longseq.tasks.lm import LanguageModeling
-from longseq.train.checkpoint import CheckpointError, load_checkpoint, load_checkpoint_config
+from longseq.train.checkpoint import CheckpointError, load_checkpoint, load_checkpoint_config, resolve_checkpoint
 from longseq.train.config_check import check_options_apply, follow_changes
 from longseq.train.finetune import new_run, note_stretched_decay, reading_files_of, resolved, resumed_run
 from longseq.train.rundir import has_checkpoint
@@ -59,6 +60,9 @@ def train(
 
     if run.task is None or run.task.name == "lm":
         task = LanguageModeling(run, log=log, corpus=corpus)
+    elif run.task.name == "distill":  # language modeling with a teacher, read here
+        path = resolve_checkpoint(run.task.teacher, log)
+        task = task_for(run, log=log, corpus=corpus, teacher=Teacher(path, *load_checkpoint(path)[:3]))
     else:  # a task that makes its own data (the recall tasks)
         task = task_for(run, log=log)
     trainer = Trainer(

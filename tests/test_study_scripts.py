@@ -9,6 +9,7 @@ import glob
 import importlib
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -137,3 +138,29 @@ def test_listops_runs_its_longseq_commands_on_its_own_tree(tmp_path):
     done = subprocess.run([*listops.LONGSEQ, "finetune", "--help"], cwd=tmp_path, env=env, capture_output=True,
                           text=True)  # fmt: skip
     assert done.returncode == 0 and "--task" in done.stdout, done.stderr[-2000:]
+
+
+def test_the_store_keeps_what_the_summary_reads():
+    """A stored result (``store_copy``) thins the loss by position to a few positions, keeping the bands the summary
+    reads as the full curve gives them, and rounds the figures' wall times and shares; every other field is kept,
+    and thinning twice is thinning once."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "studies"))
+    from runner import position_bands, store_copy, summarize_variant
+
+    losses = {key: [3.0 - 0.02 * p + 0.001 * (p % 7) + shift for p in range(64)] for key, shift in
+              (("loss_memory", 0.0), ("loss_no_memory", 0.5))}  # fmt: skip
+    per_position = {"positions": list(range(64)), **losses, "tokens": [100] * 64, "segments": 8, "skip_segments": 2}
+    result = {"seed": 1, "overrides": [], "params": 10, "test": {"bpc": 2.0, "ppl": 4.0}, "train_tokens_per_s": 5.0,
+              "per_position": per_position, "context_curve": {"contexts": [0, 64], "loss": [1.5, 1.4]},
+              "memory_share": None, "run": {"model": {}}, "curve": [[250, 51.6597, 2.0818], [500, 125.6376, 1.8685]],
+              "share_history": [[250, 0.474043]]}  # fmt: skip
+    kept = store_copy(result)
+    same = ("per_position", "curve", "share_history")
+    assert {k: v for k, v in kept.items() if k not in same} == {k: v for k, v in result.items() if k not in same}
+    assert kept["curve"] == [[250, 51.7, 2.0818], [500, 125.6, 1.8685]] and kept["share_history"] == [[250, 0.474]]
+    assert kept["per_position"]["positions"] == [0, 1, 2, 4, 8, 16, 32, 63] and "tokens" not in kept["per_position"]
+    assert kept["per_position"]["loss_memory"] == [losses["loss_memory"][p] for p in (0, 1, 2, 4, 8, 16, 32, 63)]
+    assert kept["per_position"]["bands"] == {key: position_bands(losses[key]) for key in losses}
+    assert store_copy(kept) == kept
+    bands = summarize_variant([kept])["per_position_bpc"]["loss_memory"]
+    assert bands["first_eighth"]["mean"] == pytest.approx(sum(losses["loss_memory"][:8]) / 8 / math.log(2), rel=1e-12)

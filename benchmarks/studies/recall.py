@@ -15,6 +15,7 @@ Usage::
     python benchmarks/studies/recall.py --work runs/recall-600 --store benchmarks/results/recall-600 \
         --tasks passkey-chunks --steps 600
     python benchmarks/studies/recall.py --store benchmarks/results/recall --plot   # heat maps of what is stored
+    python benchmarks/studies/recall.py --store benchmarks/results/recall --summarize   # the page's summary.json
     # issue 43: passkey reach in bytes of learned chunks against XL and the fixed hourglass at the same mem_len
     python benchmarks/studies/recall.py --work runs/recall --store benchmarks/results/recall --tasks passkey-chunks
 
@@ -177,9 +178,16 @@ def main(argv=None) -> None:
     p.add_argument("--pilot", action="store_true", help="4 steps a row, 4 sequences a cell: checks the plumbing")
     p.add_argument("--steps", type=int, help="train every row this many steps, not its study's (use another --store)")
     p.add_argument("--plot", action="store_true", help="draw the heat maps of the stored results and stop")
+    p.add_argument("--summarize", action="store_true", help="write the store's summary.json (read by the results "
+                   "page) from the stored rows and stop")  # fmt: skip
     args = p.parse_args(argv)
     if args.plot:
         return plot_store(args.store)
+    if args.summarize:
+        with open(os.path.join(args.store, "summary.json"), "w", encoding="utf-8") as f:
+            json.dump(summarize_store(args.store), f, indent=1)
+            f.write("\n")
+        return print(f"wrote {os.path.join(args.store, 'summary.json')}")
     torch.set_num_threads(1)
     for seed in args.seeds:
         for task in args.tasks:
@@ -194,7 +202,7 @@ def main(argv=None) -> None:
                 row = run_row(task, variant, seed, args.work, steps, 4 if args.pilot else 64)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path + ".tmp", "w", encoding="utf-8") as f:
-                    json.dump(row, f, indent=1)
+                    json.dump(row, f, separators=(",", ":"))  # compact: the stores are committed
                 os.replace(path + ".tmp", path)
                 print(f"  {row['valid']} in {row['train_s']} s + eval {row['eval_s']} s", flush=True)
 
@@ -207,6 +215,26 @@ def plot_store(store: str) -> None:
         results = read_store(store, task)
         if results:
             print(plot_recall_heatmap(results, os.path.join(store, f"{task}.png")))
+
+
+def summarize_store(store: str) -> dict:
+    """The store's summary (``STORE/summary.json``, which the results page reads): for each row of a task read by
+    distance (the passkey), its seeds, its reach (0 where no layer reads mem_len) and the longest distance up to
+    which every distance measured is at 99% or more, mean over the seeds (None: not even the first)."""
+    summary = {}
+    for task in STUDIES:
+        for variant, runs in read_store(store, task).items():
+            if "distance" not in runs[0]["cells"][0]:
+                continue
+            edge = None
+            for distance in sorted({c["distance"] for r in runs for c in r["cells"]}):
+                values = [c["accuracy"] for r in runs for c in r["cells"] if c["distance"] == distance]
+                if sum(values) / len(values) < 0.99:
+                    break
+                edge = distance
+            row = {"seeds": len(runs), "reach": runs[0]["effective_range"], "edge": edge}
+            summary.setdefault(task, {})[variant] = row
+    return summary
 
 
 def read_store(store: str, task: str) -> dict[str, list[dict]]:

@@ -132,7 +132,7 @@ def main(argv=None) -> None:
                 point = run_point(row, pairs, seed, args.work, 4 if args.pilot else args.steps)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path + ".tmp", "w", encoding="utf-8") as f:
-                    json.dump(point, f, indent=1)
+                    json.dump(point, f, separators=(",", ":"))  # compact: the stores are committed
                 os.replace(path + ".tmp", path)
                 print(
                     f"  accuracy {point['accuracy']:.3f} in {point['train_s']} s ({point['cpu_s']} s CPU)", flush=True

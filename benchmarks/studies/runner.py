@@ -21,8 +21,9 @@ range over seeds), ``per_position.png``, ``context.png``, and with ``--set keep_
 ``memory_share.png``: the share of attention mass in the memory against step (attention dilution).  A run with a
 result.json is finished and reused; a run with a checkpoint but no result continues with ``--resume`` (and is
 refused without it).  ``--store DIR`` (a folder under ``benchmarks/results``) keeps a copy of every finished run's
-result.json as ``DIR/VARIANT/seedS/result.json`` and reuses what it finds there, so that a table that takes
-several sessions survives a fresh clone (the checkpoints under ``--out`` do not travel, and are not committed);
+result.json as ``DIR/VARIANT/seedS/result.json`` (the loss by position thinned: :func:`store_copy`) and reuses what
+it finds there, so that a table that takes several sessions survives a fresh clone (the checkpoints under ``--out``
+do not travel, and are not committed);
 ``--summarize`` trains nothing, reads no corpus and summarizes the finished runs it finds, each variant over the
 seeds it has.  ``--flops F`` trains every variant for the steps that spend F training FLOPs
 (:func:`longseq.eval.speed.model_flops_per_token`), in place of ``--steps``: equal compute, not equal steps.  The
@@ -386,9 +387,27 @@ def reuse(path: str, name: str, seed: int, corpus, args, log) -> dict:
 
 
 def keep(stored: str, result: dict) -> None:
-    """Copy a finished run's result into the ``--store`` folder."""
+    """Copy a finished run's result into the ``--store`` folder (:func:`store_copy`)."""
     os.makedirs(os.path.dirname(stored), exist_ok=True)
-    write_json(stored, result)
+    write_json(stored, store_copy(result))
+
+
+def store_copy(result: dict) -> dict:
+    """What ``--store`` keeps of a run's result (the stores are committed): all of it but the loss at every position
+    of the segment, of which it keeps the bands the summary reads (:func:`position_bands`, from every position) and
+    the positions 0, 1, 2, 4, 8, ... and the last, for the figure; the validation curve's wall times to 0.1 s and the
+    memory share's history to 4 decimals (the figures').  A summary reads every run in this form, stored or not."""
+    positions, keys = result["per_position"], ("loss_memory", "loss_no_memory")
+    if "bands" not in positions:
+        last = len(positions["positions"]) - 1
+        kept = [i for i, p in enumerate(positions["positions"]) if p & (p - 1) == 0 or i == last]
+        thinned = {key: [positions[key][i] for i in kept] for key in ("positions", *keys)}
+        rest = {key: value for key, value in positions.items() if key != "tokens"}
+        positions = {**rest, **thinned, "bands": {key: position_bands(positions[key]) for key in keys}}
+    out = {**result, "per_position": positions, "curve": [[s, round(t, 1), loss] for s, t, loss in result["curve"]]}
+    if result.get("share_history"):
+        out["share_history"] = [[step, round(share, 4)] for step, share in result["share_history"]]
+    return out
 
 
 def run_one(name: str, seed: int, corpus, args, log) -> dict | None:
@@ -480,9 +499,7 @@ def bits_name(corpus: str) -> str:
 
 def summarize_variant(results: list[dict]) -> dict:
     """Mean, std and range over seeds of the test bpc, the per-position bands and the context curve (bpc)."""
-    bands = {
-        key: [position_bands(r["per_position"][key]) for r in results] for key in ("loss_memory", "loss_no_memory")
-    }
+    bands = {key: [r["per_position"]["bands"][key] for r in results] for key in ("loss_memory", "loss_no_memory")}
     curves = np.array([r["context_curve"]["loss"] for r in results]) * BITS  # (seeds, contexts)
     return {
         "seeds": [r["seed"] for r in results],
@@ -880,7 +897,7 @@ def main(argv=None) -> None:
                 by_variant[name].append(run_one(name, seed, corpus, args, log))
     except Interrupted as exc:  # SIGINT, SIGTERM, SIGHUP: the run's checkpoint is saved
         raise SystemExit(f"{exc}; the same command with --resume continues") from None
-    by_variant = {name: [r for r in results if r] for name, results in by_variant.items()}
+    by_variant = {name: [store_copy(r) for r in results if r] for name, results in by_variant.items()}
     by_variant = {name: results for name, results in by_variant.items() if results}
     if not by_variant:
         raise SystemExit("no finished run to summarize")

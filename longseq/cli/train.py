@@ -55,6 +55,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="start over an existing run in OUT (its files are deleted)")
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events (OUT/tensorboard)")
     p.add_argument("--task", choices=RECALL_TASKS, help="a recall task with generated data instead of a corpus")
+    p.add_argument(
+        "--teacher",
+        metavar="CHECKPOINT",
+        help="distil from this longseq checkpoint: the model trains on the KL to its softened top-k next-token "
+        "distributions beside the next-token loss, with its tokenizer (task keys: temperature alpha top_k cache)",
+    )
     return common_flags(p)
 
 
@@ -79,6 +85,11 @@ def base_config(args: argparse.Namespace) -> RunConfig:
         return RunConfig(
             base.model, base.data.replace(path=None, tokenizer="byte"), base.train, TaskConfig(name=args.task)
         )
+    if args.teacher:  # the preset, the file or the defaults, distilling from the teacher
+        if args.task:
+            raise ConfigError(f"--teacher distils a language model; --task {args.task} trains a recall task")
+        base = base_config(argparse.Namespace(**{**vars(args), "teacher": None}))
+        return RunConfig(base.model, base.data, base.train, TaskConfig(name="distill", teacher=args.teacher))
     if not args.config:
         return get_preset(args.preset or DEFAULT_PRESET)
     return load_run_config(args.config, base=get_preset(args.preset) if args.preset else None)

@@ -152,11 +152,39 @@ class RecallOptions(TaskConfig):
         )
 
 
+@config
+class DistillOptions(TaskConfig):
+    """Knowledge distillation (:mod:`longseq.tasks.distill`): a language model (the run's model, the student) learns
+    from ``teacher`` (a longseq checkpoint of the same tokenizer) through the KL divergence of their next-token
+    distributions softened by ``temperature`` (Hinton et al., 2015), weighed by ``alpha`` beside the next-token loss
+    (``1 - alpha``).  The teacher's distributions come from ``cache`` (a directory of its ``top_k`` logits at every
+    position of the training split, written by ``longseq distill-cache`` or, when it is missing, at the start of the
+    run into the run directory); ``teacher_sha256`` is the teacher's weights' fingerprint, written when the run
+    starts."""
+
+    name: str = "distill"
+    teacher: str = ""
+    cache: str | None = None
+    top_k: int = 16
+    temperature: float = 2.0
+    alpha: float = 0.5
+    teacher_sha256: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_finite(self)
+        check(bool(self.teacher), "the distill task needs its teacher: a longseq checkpoint (--teacher DIR)")
+        check(self.top_k >= 1, f"task.top_k must be >= 1, got {self.top_k}")
+        check(self.temperature > 0, f"task.temperature must be > 0, got {self.temperature}")
+        check(0.0 <= self.alpha <= 1.0, f"task.alpha must be in [0, 1], got {self.alpha}")
+
+
 TASK_OPTIONS: dict[str, type[TaskConfig]] = {
     "lm": LMOptions,
     "classify": ClassifyOptions,
     "span": SpanOptions,
     "mlm": MaskedLMOptions,
+    "distill": DistillOptions,
     **dict.fromkeys(RECALL_TASKS, RecallOptions),
 }
 TaskConfig.VARIANTS.update(TASK_OPTIONS)

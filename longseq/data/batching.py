@@ -29,6 +29,7 @@ class Segment:
     labels: Tensor  # (B, T)
     new_epoch: bool  # the first segment of a pass over the data: start from an empty memory
     doc_ids: Tensor | None = None  # (B, T) document of every input token, when documents are tracked
+    first: Tensor | None = None  # (B,) where each row's first input token is in the split (its labels follow it)
 
 
 class OrderedStream:
@@ -116,7 +117,8 @@ class OrderedStream:
         self.position += length
         self.segment += 1
         docs = None if self.doc_ids is None else self._window(self.doc_ids, start, length)
-        return Segment(window[:, :-1], window[:, 1:], new_epoch, docs)
+        first = torch.as_tensor([b * self.n_step + start for b in self.rows], dtype=torch.long)
+        return Segment(window[:, :-1], window[:, 1:], new_epoch, docs, first)
 
     def n_segments(self) -> int:
         """Segments in one pass at fixed length."""

@@ -7,12 +7,19 @@ from longseq.config.run import RunConfig
 from longseq.config.task import FINETUNE_TASKS, RECALL_TASKS
 from longseq.tasks.base import StepContext, StepResult, Task
 from longseq.tasks.classify import Classify
+from longseq.tasks.distill import Distillation
 from longseq.tasks.lm import LanguageModeling
 from longseq.tasks.mlm import MaskedLM
 from longseq.tasks.recall import Recall
 from longseq.tasks.span import Span
 
-TASKS: dict[str, type[Task]] = {"lm": LanguageModeling, "classify": Classify, "span": Span, "mlm": MaskedLM}
+TASKS: dict[str, type[Task]] = {
+    "lm": LanguageModeling,
+    "classify": Classify,
+    "span": Span,
+    "mlm": MaskedLM,
+    "distill": Distillation,
+}
 TASKS.update({name: type(f"Recall_{name}", (Recall,), {"name": name}) for name in RECALL_TASKS})  # generated data
 
 

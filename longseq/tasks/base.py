@@ -68,6 +68,7 @@ class Task:
 
     def __init__(self, run: RunConfig, tokenizer, log=None, base: nn.Module | None = None) -> None:
         self.run, self.tokenizer, self.base = run, tokenizer, base  # base: the LM a new fine-tuning run starts from
+        self.run_dir: str | None = None  # the run's directory (the Trainer says), for what a task writes beside it
         self.log = log or (lambda message: None)
 
     @property

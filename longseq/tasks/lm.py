@@ -137,17 +137,21 @@ class LanguageModeling(Task):
             for segment, chunks in zip(segments, pieces):
                 if segment.new_epoch:
                     carried = None
-                inp, lab, doc = chunks[c]
-                with ctx.autocast():
-                    out = ctx.net(inp, carried, lab, recurrence=recurrence, doc_ids=doc)
-                total = out.loss if out.aux_loss is None else out.loss + out.aux_loss
+                total, loss, carried = self.segment_loss(ctx, *chunks[c], carried, recurrence)
                 pending = total if pending is None else pending + total
-                loss_sum = loss_sum + out.loss.detach().float()  # on the device: the trainer reads it once
-                carried = out.mems
+                loss_sum = loss_sum + loss.detach().float()  # on the device: the trainer reads it once
             ctx.backward(pending / (accum * window))
             chunks_memory[c] = carried.detach()  # the graph of this chunk's window ends here
         tokens = sum(seg.labels.numel() for seg in segments)
         return StepResult(loss_sum / (accum * window), Memory.join(chunks_memory), tokens)
+
+    def segment_loss(self, ctx: StepContext, inputs, labels, docs, first, memory, recurrence):
+        """One chunk of one segment through the model: the loss to back-propagate (with the auxiliary losses), the
+        next-token loss the log reports, and the new memory.  ``first`` (R,): where the rows start in the split."""
+        with ctx.autocast():
+            out = ctx.net(inputs, memory, labels, recurrence=recurrence, doc_ids=docs)
+        total = out.loss if out.aux_loss is None else out.loss + out.aux_loss
+        return total, out.loss, out.mems
 
     def validate(self, model: nn.Module, sharded: bool = False) -> dict:
         d, valid = self.run.data, self.corpus.valid
@@ -209,11 +213,13 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def row_chunks(segment, device: torch.device, accum: int) -> list:
-    """A segment's (inputs, labels, document ids) cut into ``accum`` chunks of rows, on ``device``."""
+    """A segment's (inputs, labels, document ids, rows' first positions) cut into ``accum`` chunks of rows, on
+    ``device`` (the positions stay on the host)."""
     inputs = to_device(segment.input_ids, device).chunk(accum, dim=0)  # the stream holds this rank's rows
     labels = to_device(segment.labels, device).chunk(accum, dim=0)
     docs = to_device(segment.doc_ids, device).chunk(accum, dim=0) if segment.doc_ids is not None else [None] * accum
-    return list(zip(inputs, labels, docs))
+    first = segment.first.chunk(accum, dim=0) if segment.first is not None else [None] * accum
+    return list(zip(inputs, labels, docs, first))
 
 
 def mem_len_at(step: int, train: TrainConfig, final: int) -> int:

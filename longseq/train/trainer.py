@@ -130,6 +130,7 @@ class Trainer:
         self.dir = RunDirectory(out_dir, resume=resume, overwrite=overwrite, main=self.world.main)
         self.resume, self.overwrite, self.progress = self.dir.resuming, overwrite, progress
         task.progress = progress and self.world.main  # a long validation says how far it is, as training does
+        task.run_dir = self.dir.path
         self.after_backward = after_backward
         if self.dir.fresh_start:
             self.log(
