@@ -75,7 +75,7 @@ def test_evaluate_gives_the_same_loss_with_either_memory():
     torch.manual_seed(0)
     model = TransformerXLLM(ModelConfig(**BASE)).double()
     ids = np.random.default_rng(0).integers(0, 40, 400)
-    settings = dict(batch_size=3, tgt_len=6, mem_len=20, same_length=True)
+    settings = dict(batch_size=3, tgt_len=6, recurrence=model.config.recurrence(mem_len=20, same_length=True))
     kv = evaluate(model, ids, kv_memory=True, **settings)
     hidden = evaluate(model, ids, kv_memory=False, **settings)
     assert kv["tokens"] == hidden["tokens"] == 3 * 132 and abs(kv["loss"] - hidden["loss"]) < 1e-12

@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> dict:
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
-        mem_len=mem_len,
+        recurrence=run_config.model.recurrence(mem_len=mem_len),
         segment_len=run_config.data.tgt_len,
         generator=torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed),
     )

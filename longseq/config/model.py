@@ -437,28 +437,24 @@ class ModelConfig(JsonConfig):
         )
 
     def recurrence(
-        self,
-        given: Recurrence | None = None,
-        *,
-        mem_len: int | None = None,
-        clamp_len: int | None = None,
-        same_length: bool | None = None,
+        self, *, mem_len: int | None = None, clamp_len: int | None = None, same_length: bool | None = None
     ) -> Recurrence:
-        """``given``, or this model's own :class:`Recurrence` (``memory.mem_len``, ``positions.clamp_len``,
-        ``memory.same_length``) with each value given in place of its own: what one call of the model reads and
-        writes.  ``given`` with a value beside it is a ``TypeError`` (which of the two would win is a guess).
-        ``same_length`` with learned or entropy chunks is refused here as the config refuses it for training."""
+        """This model's own :class:`Recurrence` (``memory.mem_len``, ``positions.clamp_len``,
+        ``memory.same_length``), with each value given (not None) in place of its own: what one call of the model
+        reads and writes (``model(x, recurrence=config.recurrence(mem_len=640))``)."""
         values = {"mem_len": mem_len, "clamp_len": clamp_len, "same_length": same_length}
-        values = {name: value for name, value in values.items() if value is not None}
-        if given is not None:
-            if not isinstance(given, Recurrence):
-                raise TypeError(f"recurrence must be a longseq.config.Recurrence, got {type(given).__name__}")
-            if values:
-                raise TypeError(f"give recurrence= or {', '.join(values)}=, not both")
-            out = given
-        else:
-            own = Recurrence(self.memory.mem_len, self.positions.clamp_len, self.memory.same_length)
-            out = replace(own, **values) if values else own
+        own = Recurrence(self.memory.mem_len, self.positions.clamp_len, self.memory.same_length)
+        return self.check_recurrence(replace(own, **{name: v for name, v in values.items() if v is not None}))
+
+    def check_recurrence(self, given: Recurrence | None) -> Recurrence:
+        """``given`` (None: this model's own, :meth:`recurrence`), checked: what one call of the model reads and
+        writes; anything but a :class:`Recurrence` is a ``TypeError``.  ``same_length`` with learned or entropy
+        chunks is refused here as the config refuses it for training."""
+        if given is None:
+            return self.recurrence()
+        if not isinstance(given, Recurrence):
+            raise TypeError(f"recurrence must be a longseq.config.Recurrence, got {type(given).__name__}")
+        out = given
         check(
             not (out.same_length and self.hourglass.dynamic),
             f"same_length=true cannot be used with hourglass.boundaries={self.hourglass.boundaries}, at evaluation "

@@ -85,7 +85,7 @@ class TransformerXLLM(nn.Module):
     ``labels[b, t]`` is the target of position t (the next token of the stream); -100 is ignored.
     ``recurrence`` (a :class:`~longseq.config.model.Recurrence`: ``mem_len``, ``clamp_len``, ``same_length``)
     may differ per call from the model's own (``config.recurrence()``), e.g. for evaluation with a longer memory
-    than in training; ``mem_len=``, ``clamp_len=`` and ``same_length=`` are a shorthand for it.
+    than in training: ``recurrence=config.recurrence(mem_len=640)``.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -169,19 +169,16 @@ class TransformerXLLM(nn.Module):
         mems: Memory | None = None,
         labels: Tensor | None = None,  # (B, T)
         *,
-        recurrence: Recurrence | None = None,  # None: the model's own, or the shorthand below
+        recurrence: Recurrence | None = None,  # None: the model's own
         doc_ids: Tensor | None = None,  # (B, T)
         global_mask: Tensor | None = None,  # (B, T) bool, for the global and bigbird patterns
         return_hidden: bool = False,
         layer_outputs: list | None = None,  # appended: the layers' input and each layer's output (B, T', E)
-        mem_len: int | None = None,  # shorthand: the model's own recurrence with these values in place
-        clamp_len: int | None = None,
-        same_length: bool | None = None,
     ) -> LMOutput:
         """The segment ``input_ids`` after the memory ``mems``: embedded, through the layer stack, scored.  With
         ``return_hidden`` the output holds the hidden states (B, T, E) the softmax scores, and without ``labels``
         the softmax is not run (``self.head(out.hidden)`` scores them)."""
-        recurrence = self.config.recurrence(recurrence, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+        recurrence = self.config.check_recurrence(recurrence)
         memory = as_memory(mems)
         self._check_inputs(input_ids, memory, labels, global_mask)
         backbone = self.transformer
