@@ -45,19 +45,24 @@ class LMOptions(TaskConfig):
 
 @config
 class FinetuneOptions(TaskConfig):
-    """What every fine-tuning task reads: ``train`` and ``valid`` (JSONL files, or parquet and arrow tables for
-    classify and mlm), ``segment_len`` (the length a document is read in; 0: the LM's ``tgt_len``), ``base`` (the LM
-    checkpoint it starts from), ``head_only`` (train the head alone), ``group_by_length`` (batches of documents of
-    similar length) and ``sha256`` (the fingerprints of the files and of the base weights, written when the run
-    starts: a resume finds them at a new path by them)."""
+    """What every fine-tuning task reads.  Each option's docstring is its ``longseq finetune`` flag's help
+    (``--head-only``); ``written`` are the fields a run writes when it starts, which no one sets."""
 
     train: str = ""
+    """training file: JSON lines (or a parquet/arrow table for classify and mlm)"""
     valid: str | None = None
+    """validation file, in the same formats as the training file"""
     segment_len: int = 0
+    """the length a document is read in (0: the checkpoint's tgt_len)"""
     base: str | None = None
+    """the LM checkpoint it starts from"""
     head_only: bool = False
+    """train the task head only"""
     group_by_length: bool = False
+    """batches of documents of similar length (fewer filler segments per batch)"""
     sha256: dict = field(default_factory=dict)
+    """the fingerprints of the files and of the base weights (a resume finds them at a new path by them)"""
+    written: ClassVar[tuple[str, ...]] = ("sha256",)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -68,18 +73,22 @@ class FinetuneOptions(TaskConfig):
 
 @config
 class ClassifyOptions(FinetuneOptions):
-    """Long-document classification (:mod:`longseq.tasks.classify`): ``labels`` (the training file's, written when
-    the run starts), ``pooling`` (``document``: the mean over the whole document, every segment trained; ``last``
-    position or ``mean`` of the final segment), ``lm_weight`` (a joint next-token loss), ``text_column`` and
-    ``label_column`` (the names of those fields in the files)."""
+    """Long-document classification (:mod:`longseq.tasks.classify`)."""
 
     name: str = "classify"
     labels: list[str] = field(default_factory=list)
+    """the label set: the training file's"""
     pooling: str = "document"
+    """document: the mean of the whole document, every segment trains; last: the last position, mean: the mean of
+    the final segment (with a stop-gradient memory, last and mean train only the final segment)"""
     lm_weight: float = 0.0
+    """lambda of a joint next-token loss"""
     text_column: str = "text"
+    """the name of the text field in the files"""
     label_column: str = "label"
+    """the name of the label field in the files"""
     sees_whole_document: ClassVar[bool] = True
+    written: ClassVar[tuple[str, ...]] = ("sha256", "labels")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -88,10 +97,11 @@ class ClassifyOptions(FinetuneOptions):
 
 @config
 class SpanOptions(FinetuneOptions):
-    """Span extraction (:mod:`longseq.tasks.span`): ``max_answer_len``, the longest answer in tokens."""
+    """Span extraction (:mod:`longseq.tasks.span`)."""
 
     name: str = "span"
     max_answer_len: int = 64
+    """the longest answer in tokens"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -100,16 +110,19 @@ class SpanOptions(FinetuneOptions):
 
 @config
 class MaskedLMOptions(FinetuneOptions):
-    """Masked language modeling (:mod:`longseq.tasks.mlm`): ``mask_rate`` (the fraction of tokens chosen),
-    ``mask_token`` (the token standing for [MASK]; ``mask_id``: its id, found when the run starts) and
-    ``text_column`` (the name of the text field in the files)."""
+    """Masked language modeling (:mod:`longseq.tasks.mlm`)."""
 
     name: str = "mlm"
     mask_rate: float = 0.15
+    """the fraction of tokens chosen for masking"""
     mask_token: str | None = None
+    """the token standing for [MASK] (unset: <unk>, or byte 0)"""
     mask_id: int = -1
+    """the id of mask_token"""
     text_column: str = "text"
+    """the name of the text field in the files"""
     sees_whole_document: ClassVar[bool] = True
+    written: ClassVar[tuple[str, ...]] = ("sha256", "mask_id")
 
     def __post_init__(self) -> None:
         super().__post_init__()
