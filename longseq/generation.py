@@ -57,19 +57,16 @@ def generate_stream(
     top_k: int = 0,
     top_p: float = 1.0,
     recurrence: Recurrence | None = None,
-    mem_len: int | None = None,
     segment_len: int = 128,
-    clamp_len: int | None = None,
-    same_length: bool | None = None,
     generator: torch.Generator | None = None,
 ):
     """Yield the sampled tokens (B, 1) one step at a time, as they are drawn; ``temperature=0`` is greedy.  Every
-    call of the model reads and writes the memory with ``recurrence`` (None: the model's own; ``mem_len``,
-    ``clamp_len`` and ``same_length`` are a shorthand for it, the model's own with the values given)."""
+    call of the model reads and writes the memory with ``recurrence`` (None: the model's own;
+    ``model.config.recurrence(mem_len=...)`` another, e.g. its own memory plus a segment, as ``longseq generate``)."""
     if prompt_ids.dim() != 2 or prompt_ids.size(1) == 0:
         raise ValueError(f"prompt_ids must be a non-empty (batch, time) tensor, got shape {tuple(prompt_ids.shape)}")
     check_sampling(max_new_tokens, temperature, top_k, top_p)
-    recurrence = model.config.recurrence(recurrence, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+    recurrence = model.config.check_recurrence(recurrence)
     was_training = model.training
     model.eval()
     draw = partial(_draw, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
@@ -114,7 +111,9 @@ def _windowed(model, prompt_ids: Tensor, max_new_tokens: int, window: int, draw)
     """Sampling without a memory: each token from the last ``window`` tokens, read again (B, 1) per step."""
     ids = prompt_ids
     for _ in range(max_new_tokens):
-        scores, _ = model.next_token_scores(ids[:, -window:], None, mem_len=0)  # (B, V)
+        scores, _ = model.next_token_scores(
+            ids[:, -window:], None, recurrence=model.config.recurrence(mem_len=0)
+        )  # (B, V)
         token = draw(scores)
         ids = torch.cat([ids[:, -window:], token], dim=1)
         yield token

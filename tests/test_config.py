@@ -268,11 +268,12 @@ def test_a_run_stored_with_the_flat_task_section_loads_into_its_tasks_options_wi
     """``tests/fixtures/flat_task`` holds, per task, a run.toml and a checkpoint's run (``NAME.json``) written by the
     code before each task had its own options class: all 25 fields of the flat ``TaskConfig``, every option the task
     reads off its default.  Both load as the task's options class with each of its fields as stored; the fields it
-    has none of were at the flat defaults; a checkpoint's path (``upgrade_run``) reads the same; today's form
+    has none of were at the flat defaults; a checkpoint's path (``config.stored.upgrade``) reads the same; today's form
     writes and reads back equal."""
     from longseq.config.files import apply_sections, default_run, read_config_file
-    from longseq.config.task import FLAT_DEFAULTS, TASK_OPTIONS
-    from longseq.train.upgrade import upgrade_run
+    from longseq.config.stored import FLAT_TASK_DEFAULTS as FLAT_DEFAULTS
+    from longseq.config.stored import FORMAT, Stored, upgrade
+    from longseq.config.task import TASK_OPTIONS
 
     with open(os.path.join(FIXTURES, "flat_task", f"{name}.json"), encoding="utf-8") as f:
         stored = json.load(f)
@@ -281,7 +282,7 @@ def test_a_run_stored_with_the_flat_task_section_loads_into_its_tasks_options_wi
     from_json = RunConfig.from_dict(stored)
     toml = os.path.join(FIXTURES, "flat_task", f"{name}.toml")
     from_toml = apply_sections(default_run(), read_config_file(toml), toml)
-    assert from_json == from_toml == RunConfig.from_dict(upgrade_run(stored))
+    assert from_json == from_toml == RunConfig.from_dict(upgrade(Stored(stored), FORMAT).run)
     if name == "passkey":  # a recall run's run.toml runs again with train --config
         assert load_run_config(toml) == from_json
     task = from_json.task

@@ -127,7 +127,7 @@ def test_coarse_mem_len_sets_the_shortened_layers_memory_apart_from_mem_len(boun
     with torch.no_grad():
         torch.testing.assert_close(same(x).logits, default(x).logits, rtol=0, atol=0)
         mems = apart(x).mems
-        half = apart(x, mem_len=3).mems
+        half = apart(x, recurrence=apart.config.recurrence(mem_len=3)).mems
     assert mems.mem_length == 6 and mems.layers[1].inner.mem_length == 4
     assert half.mem_length == 3 and half.layers[1].inner.mem_length == 2
 

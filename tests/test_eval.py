@@ -60,7 +60,7 @@ def streams(seed=0):
 @torch.no_grad()
 def whole_nll(net, data):
     """Per-token NLL (B, STEPS - 1) of one forward over each whole stream: every token sees its whole past."""
-    return net(data[:, :-1], None, data[:, 1:], mem_len=0).nll
+    return net(data[:, :-1], None, data[:, 1:], recurrence=net.config.recurrence(mem_len=0)).nll
 
 
 @torch.no_grad()
@@ -68,7 +68,7 @@ def segment_nll(net, data):
     """Per-token NLL (B, S, T) with every segment read alone, as one batch of B * S independent segments."""
     x = data[:, :-1].reshape(B * 5, T)  # (B*S, T)
     y = data[:, 1:].reshape(B * 5, T)
-    return net(x, None, y, mem_len=0).nll.view(B, 5, T)
+    return net(x, None, y, recurrence=net.config.recurrence(mem_len=0)).nll.view(B, 5, T)
 
 
 def test_per_position_curves_equal_one_whole_forward_and_independent_segments():
@@ -112,10 +112,14 @@ def test_per_position_restores_the_training_mode():
 def test_context_curve_is_evaluate_at_each_memory_length():
     net = large_weight_lm(mem_len=8)
     ids, data = streams(3)
-    curve = context_curve(net, ids, [0, 4, 16, 64], tgt_len=T, batch_size=B, same_length=True)
+    curve = context_curve(
+        net, ids, [0, 4, 16, 64], tgt_len=T, batch_size=B, recurrence=net.config.recurrence(same_length=True)
+    )
     assert curve["contexts"] == [0, 4, 16, 64] and curve["tokens"] == B * 40
     for c, loss in zip([4, 16], curve["loss"][1:3]):
-        expected = evaluate(net, ids, batch_size=B, tgt_len=T, mem_len=c, same_length=True)["loss"]
+        expected = evaluate(
+            net, ids, batch_size=B, tgt_len=T, recurrence=net.config.recurrence(mem_len=c, same_length=True)
+        )["loss"]
         assert loss == pytest.approx(expected, abs=1e-12)
     # context 0: every segment alone; a context longer than the text with same_length: the whole stream
     assert curve["loss"][0] == pytest.approx(float(segment_nll(net, data).mean()), abs=1e-10)
@@ -140,7 +144,9 @@ def test_context_curve_names_what_a_model_carries_beyond_its_attention_memory():
 def test_context_curve_skip_scores_the_same_later_tokens_at_every_length():
     net = large_weight_lm(mem_len=8)
     ids, data = streams(4)
-    curve = context_curve(net, ids, [0, 64], tgt_len=T, batch_size=B, same_length=False, skip_segments=2)
+    curve = context_curve(
+        net, ids, [0, 64], tgt_len=T, batch_size=B, recurrence=net.config.recurrence(same_length=False), skip_segments=2
+    )
     assert curve["tokens"] == B * 3 * T
     assert curve["loss"][0] == pytest.approx(float(segment_nll(net, data)[:, 2:].mean()), abs=1e-10)
     assert curve["loss"][1] == pytest.approx(float(whole_nll(net, data)[:, 2 * T :].mean()), abs=1e-10)
@@ -185,7 +191,9 @@ def test_eval_per_position_command_prints_the_library_curves_and_plots_them(trai
     result = cli_json(["eval", "--checkpoint", trained_checkpoint, "--per-position", "--plot", str(plot), "--json", "--quiet",
                        "--set", "max_segments=6", "mem_len=16"], capsys)  # fmt: skip
     net, ids = checkpoint_and_valid_ids(trained_checkpoint)
-    expected = per_position_losses(net, ids, tgt_len=8, batch_size=2, mem_len=16, max_segments=6)
+    expected = per_position_losses(
+        net, ids, tgt_len=8, batch_size=2, recurrence=net.config.recurrence(mem_len=16), max_segments=6
+    )
     assert result["skip_segments"] == 2 and result["positions"] == list(range(8))
     for key in ("loss_memory", "loss_no_memory"):
         np.testing.assert_allclose(result[key], expected[key], rtol=0, atol=1e-9)
@@ -196,7 +204,15 @@ def test_eval_context_curve_command_prints_the_library_curve(trained_checkpoint,
     result = cli_json(["eval", "--checkpoint", trained_checkpoint, "--context-curve", "0,8,16", "--json", "--quiet",
                        "--plot", str(tmp_path / "cc.png"), "--set", "max_segments=6", "clamp_len=12"], capsys)  # fmt: skip
     net, ids = checkpoint_and_valid_ids(trained_checkpoint)
-    expected = context_curve(net, ids, [0, 8, 16], tgt_len=8, batch_size=2, clamp_len=12, max_segments=6)
+    expected = context_curve(
+        net,
+        ids,
+        [0, 8, 16],
+        tgt_len=8,
+        batch_size=2,
+        recurrence=net.config.recurrence(clamp_len=12, same_length=True),
+        max_segments=6,
+    )
     assert result["contexts"] == [0, 8, 16] and result["same_length"] is True and result["clamp_len"] == 12
     np.testing.assert_allclose(result["loss"], expected["loss"], rtol=0, atol=1e-9)
     assert os.path.getsize(tmp_path / "cc.png") > 1000
@@ -568,19 +584,29 @@ def test_a_rope_model_evaluated_beyond_its_training_memory_is_warned_with_the_ra
     rope scaling); within the trained memory, with ALiBi, or with ntk scaling covering the ratio, nothing is said."""
     ids = np.random.default_rng(0).integers(0, 10, 200)
     score = dict(batch_size=2, tgt_len=8, max_segments=2)
-    rope = tiny_model(pos="rope")
-    said = longer_than_trained(lambda: evaluate(rope, ids, mem_len=128, **score))
+    rope, alibi, plain = tiny_model(pos="rope"), tiny_model(pos="alibi"), tiny_model()
+    said = longer_than_trained(lambda: evaluate(rope, ids, recurrence=rope.config.recurrence(mem_len=128), **score))
     assert len(said) == 1
     assert_names(said[0], "rope", "128", "16x", "pos=alibi", "rope_scaling=ntk", "3.38", "4.56")
-    assert longer_than_trained(lambda: per_position_losses(rope, ids, mem_len=128, skip_segments=0, **score))
+    assert longer_than_trained(
+        lambda: per_position_losses(rope, ids, recurrence=rope.config.recurrence(mem_len=128), skip_segments=0, **score)
+    )
     assert len(longer_than_trained(lambda: context_curve(rope, ids, [0, 8, 64, 128], **score))) == 1  # once
-    assert not longer_than_trained(lambda: evaluate(rope, ids, mem_len=8, **score))  # the trained memory
-    assert not longer_than_trained(lambda: evaluate(rope, ids, mem_len=4, **score))
-    assert not longer_than_trained(lambda: evaluate(tiny_model(pos="alibi"), ids, mem_len=128, **score))
-    assert not longer_than_trained(lambda: evaluate(tiny_model(), ids, mem_len=128, **score))  # sinusoidal
+    assert not longer_than_trained(
+        lambda: evaluate(rope, ids, recurrence=rope.config.recurrence(mem_len=8), **score)
+    )  # the trained memory
+    assert not longer_than_trained(lambda: evaluate(rope, ids, recurrence=rope.config.recurrence(mem_len=4), **score))
+    assert not longer_than_trained(
+        lambda: evaluate(alibi, ids, recurrence=alibi.config.recurrence(mem_len=128), **score)
+    )
+    assert not longer_than_trained(
+        lambda: evaluate(plain, ids, recurrence=plain.config.recurrence(mem_len=128), **score)
+    )  # sinusoidal
     scaled = tiny_model(pos="rope", rope_scaling="ntk", rope_factor=16.0)
-    assert not longer_than_trained(lambda: evaluate(scaled, ids, mem_len=128, **score))
-    assert longer_than_trained(lambda: evaluate(scaled, ids, mem_len=256, **score))
+    assert not longer_than_trained(
+        lambda: evaluate(scaled, ids, recurrence=scaled.config.recurrence(mem_len=128), **score)
+    )
+    assert longer_than_trained(lambda: evaluate(scaled, ids, recurrence=scaled.config.recurrence(mem_len=256), **score))
 
 
 def test_eval_says_a_rope_model_reads_a_longer_memory_than_trained_and_is_silent_within_it(tmp_path, capsys):

@@ -517,3 +517,35 @@ def test_fine_tuning_defaults_are_one_file_read_by_the_run_and_the_help(tmp_path
     assert all(words in shown for words in ("default 70;", "BATCH_SIZE default 3", "LR default 0.02", "SEED default 9"))
     run = finetune_run(base, str(tmp_path), "classify", {"task.train": data})
     assert (run.train.max_steps, run.data.batch_size, run.train.optim.lr, run.train.seed) == (70, 3, 0.02, 9)
+
+
+def test_the_finetune_flags_are_the_tasks_options(capsys):
+    """Every option of a fine-tuning task that a person sets is one flag of ``longseq finetune``, made from its
+    options class: its docstring is the help (prefixed by the tasks that read it), its default the class's, its type
+    the field's; a flag sets its ``task.`` key.  A new option is a field with a docstring, nothing in the CLI."""
+    import dataclasses
+
+    from longseq.cli import build_parser
+    from longseq.cli import finetune as finetune_cli
+    from longseq.config.base import field_docs
+    from longseq.config.task import FINETUNE_TASKS, TASK_OPTIONS
+
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for task in FINETUNE_TASKS:
+        options = TASK_OPTIONS[task]
+        written = {"name", "train", "base", *options.written}
+        for f in dataclasses.fields(options):
+            if f.name in written:
+                continue
+            flag = f"--{f.name.replace('_', '-')}"
+            assert flag in shown and field_docs(options)[f.name] in shown, (task, f.name)
+            assert finetune_cli.FLAG_KEYS[f.name] == f"task.{f.name}"
+    args = ["finetune", "--task", "classify", "--data", "t.jsonl", "--out", "o", "--lm-weight", "0.5", "--head-only",
+            "--text-column", "review", "--max-answer-len", "9", "--mask-token", "@"]  # fmt: skip
+    settings = finetune_cli.settings_of(build_parser().parse_args(args))
+    assert {k: v for k, v in settings.items() if k.startswith("task.")} == {
+        "task.train": "t.jsonl", "task.lm_weight": 0.5, "task.head_only": True, "task.text_column": "review",
+        "task.max_answer_len": 9, "task.mask_token": "@",
+    }  # fmt: skip

@@ -25,10 +25,10 @@ def test_generation_with_memory_equals_recomputing_the_context():
         ModelConfig(vocab_size=20, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=64)
     ).eval()
     prompt = torch.randint(0, 20, (2, 13))
-    fast = generate(model, prompt, 10, temperature=0, mem_len=64, segment_len=5)
+    fast = generate(model, prompt, 10, temperature=0, recurrence=model.config.recurrence(mem_len=64), segment_len=5)
     context = prompt
     for _ in range(10):  # naive: rerun the whole context for every token, no memory
-        logits = model(context, mem_len=0).logits[:, -1]
+        logits = model(context, recurrence=model.config.recurrence(mem_len=0)).logits[:, -1]
         context = torch.cat([context, logits.argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(fast, context[:, 13:])
 
@@ -46,7 +46,7 @@ def test_generate_restores_the_training_mode_and_checks_mem_len():
     generate(model, torch.randint(0, 20, (1, 4)), 3)
     assert model.training
     with raises_naming(ValueError, "mem_len", ">= 0"):
-        generate(model, torch.randint(0, 20, (1, 4)), 3, mem_len=-3)
+        generate(model, torch.randint(0, 20, (1, 4)), 3, recurrence=model.config.recurrence(mem_len=-3))
 
 
 def naive_greedy(model, prompt: torch.Tensor, n: int, window: int | None) -> torch.Tensor:
@@ -55,7 +55,7 @@ def naive_greedy(model, prompt: torch.Tensor, n: int, window: int | None) -> tor
     with torch.no_grad():
         for _ in range(n):
             context = ids if window is None else ids[:, -window:]
-            logits = model(context, None, mem_len=0).logits[:, -1]  # (B, V)
+            logits = model(context, None, recurrence=model.config.recurrence(mem_len=0)).logits[:, -1]  # (B, V)
             ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
     return ids[:, prompt.size(1) :]
 

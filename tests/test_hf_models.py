@@ -63,7 +63,7 @@ def test_auto_model_computes_and_samples_as_longseq(name, tmp_path):
         assert torch.equal(hf(rest, cache=out.cache).logits, model(rest, ours.mems).logits)  # the cache is the memory
         shifted = torch.cat([x[:, 1:], torch.full((2, 1), -100)], dim=1)  # transformers shifts; longseq's are shifted
         assert torch.allclose(hf(x, labels=x).loss, model(x, labels=shifted).loss, atol=1e-6, rtol=0)
-    sampling = dict(mem_len=9, segment_len=SEGMENT)
+    sampling = dict(recurrence=model.config.recurrence(mem_len=9), segment_len=SEGMENT)
     greedy = hf.generate(x, max_new_tokens=6, do_sample=False)
     assert torch.equal(greedy[:, :7], x) and torch.equal(
         greedy[:, 7:], generate(model, x, 6, temperature=0, **sampling)
@@ -82,7 +82,13 @@ def test_filters_sample_as_longseq(options):
     torch.manual_seed(2)
     drawn = hf.generate(x, max_new_tokens=8, **options)[:, 7:]
     expected = generate(
-        model, x, 8, generator=torch.Generator().manual_seed(2), mem_len=9, segment_len=SEGMENT, **options
+        model,
+        x,
+        8,
+        generator=torch.Generator().manual_seed(2),
+        recurrence=model.config.recurrence(mem_len=9),
+        segment_len=SEGMENT,
+        **options,
     )
     assert torch.equal(drawn, expected)
 
@@ -183,7 +189,7 @@ def test_generate_without_cache_or_continuing_one_draws_the_same_tokens():
     model = tiny("mixers-shaw")
     hf = longseq.hf.from_longseq(model, segment_len=SEGMENT, generate_mem_len=9)
     x = torch.randint(0, 50, (2, 7))
-    expected = generate(model, x, 8, temperature=0, mem_len=9, segment_len=SEGMENT)
+    expected = generate(model, x, 8, temperature=0, recurrence=model.config.recurrence(mem_len=9), segment_len=SEGMENT)
     recomputed = hf.generate(x, max_new_tokens=8, do_sample=False, use_cache=False)  # the prompt read again per token
     first = hf.generate(x, max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
     continued = hf.generate(first.sequences, cache=first.cache, max_new_tokens=5, do_sample=False)
@@ -191,7 +197,7 @@ def test_generate_without_cache_or_continuing_one_draws_the_same_tokens():
     one = x[:, :1]  # a one-token prompt: nothing to read before it, the memory is still longseq's ring
     assert torch.equal(
         hf.generate(one, max_new_tokens=5, do_sample=False)[:, 1:],
-        generate(model, one, 5, temperature=0, mem_len=9, segment_len=SEGMENT),
+        generate(model, one, 5, temperature=0, recurrence=model.config.recurrence(mem_len=9), segment_len=SEGMENT),
     )
     with pytest.raises(ValueError, match="the cache has read 7 tokens"):
         hf.generate(x, cache=hf(x).cache, max_new_tokens=2)

@@ -78,7 +78,9 @@ def test_a_padded_batch_gives_every_row_its_own_logits_and_greedy_tokens(name):
             alone = model(row[None]).logits[0]
         torch.testing.assert_close(out.logits[i, at], alone, atol=1e-5, rtol=1e-5)
         assert out.logits[i, : at.start].abs().sum() == 0  # the padded positions: zeros
-        expected = generate(model, row[None], 10, temperature=0, mem_len=MEM, segment_len=SEGMENT)
+        expected = generate(
+            model, row[None], 10, temperature=0, recurrence=model.config.recurrence(mem_len=MEM), segment_len=SEGMENT
+        )
         assert torch.equal(made[i, ids.size(1) :], expected[0]), i
     if name != "lstm":
         hidden = out.hidden_states[-1]
@@ -128,7 +130,9 @@ def test_the_padding_id_in_a_prompt_is_text_and_a_leading_run_is_left_padding():
     assert torch.equal(same, hf.generate(x, max_new_tokens=4, do_sample=False))
     x[0, :2] = 0  # row 0 is left-padded by two
     made = hf.generate(x, pad_token_id=0, max_new_tokens=4, do_sample=False)
-    expected = generate(model, x[:1, 2:], 4, temperature=0, mem_len=MEM, segment_len=SEGMENT)
+    expected = generate(
+        model, x[:1, 2:], 4, temperature=0, recurrence=model.config.recurrence(mem_len=MEM), segment_len=SEGMENT
+    )
     assert torch.equal(made[0, 7:], expected[0])
     assert torch.equal(made[1, 7:], same[1, 7:])
 

@@ -161,7 +161,7 @@ def test_pipeline_continues_a_prompt_as_longseq(tmp_path):
     generator = pipeline("text-generation", model=str(tmp_path / "hf"))
     prompt = "naïve cat\n"
     ids = torch.as_tensor(tokenizer.encode(prompt))[None]
-    sampling = dict(mem_len=model.config.memory.mem_len + 5, segment_len=5)
+    sampling = dict(recurrence=model.config.recurrence(mem_len=model.config.memory.mem_len + 5), segment_len=5)
     greedy = generator(prompt, max_new_tokens=10, do_sample=False)[0]["generated_text"]
     assert greedy == prompt + tokenizer.decode(generate(model, ids, 10, temperature=0, **sampling)[0].tolist())
     torch.manual_seed(3)
@@ -197,5 +197,12 @@ def test_a_batched_pipeline_pads_and_gives_every_prompt_its_own_continuation(kin
     batched = generator(texts, max_new_tokens=8, do_sample=False, return_full_text=False, skip_special_tokens=False)
     for text, out in zip(texts, batched):
         ids = torch.as_tensor(ours.encode_prompt(text))[None]
-        expected = generate(model, ids, 8, temperature=0, mem_len=model.config.memory.mem_len + 4, segment_len=4)
+        expected = generate(
+            model,
+            ids,
+            8,
+            temperature=0,
+            recurrence=model.config.recurrence(mem_len=model.config.memory.mem_len + 4),
+            segment_len=4,
+        )
         assert out[0]["generated_text"] == ours.decode(expected[0].tolist()), text

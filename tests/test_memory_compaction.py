@@ -30,7 +30,7 @@ def test_document_ids_keep_documents_apart_inside_segments_and_memory():
         parts.append(out.logits)
         mems = out.mems
     together = torch.cat(parts, dim=1)[:, 11:]
-    alone = model(doc_b, mem_len=8).logits
+    alone = model(doc_b, recurrence=model.config.recurrence(mem_len=8)).logits
     assert torch.allclose(together, alone, atol=1e-10, rtol=0), (together - alone).abs().max()
     # and without the ids the previous document does leak in (the check can fail)
     leaky = model(stream[:, 14:20], model(stream[:, 7:14], model(stream[:, :7]).mems).mems).logits

@@ -12,6 +12,7 @@ from support import SMALL_LM, raises_naming
 
 from longseq import ConfigError, ModelConfig, TransformerXLLM
 from longseq.config import Recurrence
+from longseq.config.stored import stored_weights
 from longseq.diagnostics.syncs import HostSyncs
 from longseq.model import KVMemory, Memory, build_model
 
@@ -91,38 +92,41 @@ def test_memory_is_detached_and_bounded():
 def test_eval_mem_len_override_and_zero_memory():
     model = model_for(mem_len=4).eval()
     x = torch.randint(0, 40, (1, 6))
-    assert model(x, mem_len=20).mems[0].size(1) == 6
-    assert model(x, mem_len=0).mems[0].size(1) == 0
+    recurrence = model.config.recurrence
+    assert model(x, recurrence=recurrence(mem_len=20)).mems[0].size(1) == 6
+    assert model(x, recurrence=recurrence(mem_len=0)).mems[0].size(1) == 0
     with pytest.raises(ValueError, match="same_length"):
-        model(x, mem_len=0, same_length=True)
+        model(x, recurrence=recurrence(mem_len=0, same_length=True))
 
 
 @pytest.mark.parametrize("given", [dict(mem_len=20, same_length=True), dict(clamp_len=3), dict(mem_len=0)])
-def test_a_recurrence_is_what_the_keyword_shorthand_means(given):
-    """``forward(recurrence=Recurrence(...))`` gives what the keywords ``mem_len=``, ``clamp_len=``, ``same_length=``
-    give (the model's own recurrence with those values): the same logits, losses and memory, bit for bit, over two
-    segments; the helpers over ``forward`` (read, next_token_scores, hidden_states) agree with it too."""
+def test_a_recurrence_is_what_the_models_own_with_those_values_means(given):
+    """``forward(recurrence=Recurrence(...))`` gives what ``recurrence=config.recurrence(mem_len=..., clamp_len=...,
+    same_length=...)`` gives (the model's own recurrence with those values): the same logits, losses and memory, bit
+    for bit, over two segments; the helpers over ``forward`` (read, next_token_scores, hidden_states) agree with it
+    too.  ``recurrence=`` is the one way a call takes them: the keywords themselves are refused."""
     model = model_for(mem_len=4, clamp_len=6).eval()
     own = model.config.recurrence()
     assert own == Recurrence(4, 6, False)
     recurrence = Recurrence(**{**dataclasses.asdict(own), **given})
     assert model.config.recurrence(**given) == recurrence
     x, y = torch.randint(0, 40, (2, 2, 5)).unbind(0)
-    by_keywords = model(x, model(y, **given).mems, y, **given)
+    by_own = model.config.recurrence(**given)
+    by_keywords = model(x, model(y, recurrence=by_own).mems, y, recurrence=by_own)
     by_object = model(x, model(y, recurrence=recurrence).mems, y, recurrence=recurrence)
     assert torch.equal(by_keywords.nll, by_object.nll) and torch.equal(by_keywords.loss, by_object.loss)
     assert all(torch.equal(by_keywords.mems[i], by_object.mems[i]) for i in range(3))
     logits = model(y, recurrence=recurrence)
     scores, mems = model.next_token_scores(y, recurrence=recurrence)
     assert torch.allclose(scores, logits.logits[:, -1], atol=1e-6, rtol=0)  # one row through the softmax: rounding
-    assert torch.equal(model.read(y, **given)[0], logits.mems[0])
+    assert torch.equal(model.read(y, recurrence=by_own)[0], logits.mems[0])
     assert torch.equal(model.hidden_states(y, recurrence=recurrence)[1][0], mems[0])
-    with raises_naming(TypeError, "recurrence", "not both"):
+    with raises_naming(TypeError, "mem_len"):
         model(x, recurrence=recurrence, mem_len=3)
     with raises_naming(TypeError, "Recurrence", "dict"):
         model(x, recurrence={"mem_len": 3})
     with raises_naming(ValueError, "mem_len", ">= 0", "-1"):
-        model(x, mem_len=-1)
+        model(x, recurrence=model.config.recurrence(mem_len=-1))
 
 
 def test_return_hidden_gives_the_states_that_the_head_scores():
@@ -169,7 +173,12 @@ def test_plain_softmax_logits_and_parameter_count():
     assert tied.crit.n_clusters == 0
     x = torch.randint(0, 40, (2, 5))
     logits = tied.eval()(x).logits
-    assert torch.allclose(logits, tied.crit.logits(tied.hidden_states(x, mem_len=0)[0].reshape(10, -1)).view(2, 5, 40))
+    assert torch.allclose(
+        logits,
+        tied.crit.logits(tied.hidden_states(x, recurrence=tied.config.recurrence(mem_len=0))[0].reshape(10, -1)).view(
+            2, 5, 40
+        ),
+    )
     # the tied output weight is the embedding: counted once, so the tied model is one vocab x d_model matrix smaller
     assert untied.num_parameters() - tied.num_parameters() == 40 * 16
 
@@ -306,7 +315,7 @@ def test_a_checkpoint_of_a_stack_without_attention_that_holds_u_and_v_still_load
     state = {**model.state_dict(), "transformer.stack.r_w_bias": torch.zeros(2, 8)}
     state["transformer.stack.r_r_bias"] = torch.zeros(2, 8)
     other = model_for(seed=1, mixer=["gla"], mem_len=0)
-    other.load_state_dict(state)  # strict
+    other.load_state_dict(stored_weights(model.config.to_dict(), state))  # strict, as a checkpoint is read
     x = torch.randint(0, 40, (2, 8))
     assert torch.equal(other.eval()(x).logits, model.eval()(x).logits)
 
@@ -341,13 +350,13 @@ def test_lstm_baseline_carries_its_state_like_a_memory():
 
 
 def test_the_lstm_takes_the_transformers_call_options_and_refuses_the_rest_by_name():
-    """The per-call recurrence (and its shorthand) is the transformer's and changes nothing for an LSTM; a keyword
-    only the transformer's layers read, or a misspelt one, is a TypeError naming it (it was swallowed)."""
+    """The per-call recurrence is the transformer's and changes nothing for an LSTM; a keyword only the
+    transformer's layers read, or a misspelt one, is a TypeError naming it (it was swallowed)."""
     torch.manual_seed(0)
     model = build_model(ModelConfig(**{**SMALL_LM, "arch": "lstm"})).double().eval()
     ids = torch.randint(0, 30, (2, 6))
     plain = model(ids, None, ids)
-    for options in (dict(recurrence=Recurrence(3)), dict(mem_len=0, clamp_len=2, same_length=True)):
+    for options in (dict(recurrence=Recurrence(3)), dict(recurrence=Recurrence(0, 2, True))):
         assert torch.equal(model(ids, None, ids, **options).nll, plain.nll)
         assert torch.equal(model.read(ids, **options)[0][0], plain.mems[0][0])
         last = model.next_token_scores(ids, **options)[0]  # the decoder on one position: rounded as a GEMM of one row
@@ -356,7 +365,7 @@ def test_the_lstm_takes_the_transformers_call_options_and_refuses_the_rest_by_na
         for keyword in ("mem_lenn", "global_mask", "layer_outputs"):
             with pytest.raises(TypeError, match=f"'{keyword}'"):
                 call(ids, **{keyword: None})
-        with pytest.raises(TypeError, match="recurrence= or mem_len="):
+        with pytest.raises(TypeError, match="'mem_len'"):
             call(ids, recurrence=Recurrence(3), mem_len=2)
         with pytest.raises(ValueError, match="documents apart"):
             call(ids, doc_ids=torch.zeros_like(ids))

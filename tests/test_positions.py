@@ -15,6 +15,7 @@ from support import in_segments, pattern, segments_and_steps
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.config import ConfigError
+from longseq.config.stored import stored_weights
 from longseq.model import KVMemory, Memory
 from longseq.model.attention import RelativeMultiHeadAttention
 from longseq.model.attention.kernels import blocked_attention, rel_shift_attention, sdpa_attention
@@ -30,7 +31,6 @@ from longseq.model.positions import (
     relative_distances,
     rotary_frequencies,
     t5_buckets,
-    upgrade_position_names,
 )
 
 ENCODINGS = ("rope", "alibi", "t5", "nope")
@@ -342,11 +342,10 @@ def test_checkpoints_from_before_the_encodings_were_modules_load():
     old = {k.replace(".rel.r_net.", ".r_net."): v for k, v in state.items()}
     assert any(".dec_attn.r_net." in k for k in old)
     fresh = TransformerXLLM(ModelConfig(**{**BASE, "mem_len": 4}))
-    fresh.load_state_dict(old)
+    fresh.load_state_dict(stored_weights(model.config.to_dict(), old))  # as a checkpoint is read
     assert all(torch.equal(fresh.state_dict()[k].double(), v) for k, v in state.items())
-    names = {"a.rel_table": 1, "a.r_net.weight": 2}
-    upgrade_position_names(names, "a.")
-    assert names == {"a.rel.rel_table": 1, "a.rel.r_net.weight": 2}
+    names = {"a.dec_attn.rel_table": 1, "a.dec_attn.r_net.weight": 2}
+    assert stored_weights({}, names) == {"a.dec_attn.rel.rel_table": 1, "a.dec_attn.rel.r_net.weight": 2}
 
 
 @pytest.mark.parametrize(

@@ -52,9 +52,11 @@ def test_evaluation_with_a_key_value_memory_projects_only_the_segment():
     model = TransformerXLLM(config).eval()
     x = torch.randint(0, 50, (3, 10))
     with torch.no_grad():
-        mems = model(x, Memory.empty(KVMemory), mem_len=6).mems
+        mems = model(x, Memory.empty(KVMemory), recurrence=model.config.recurrence(mem_len=6)).mems
         flops = model_flops_per_token(config, tgt_len=10, mem_len=6, batch=3, keys_per_query=16, kv_memory=True)
-        assert counted(model, x, mems, x, mem_len=6) == pytest.approx(flops["forward"] * 3 * 10, rel=1e-12)
+        assert counted(model, x, mems, x, recurrence=model.config.recurrence(mem_len=6)) == pytest.approx(
+            flops["forward"] * 3 * 10, rel=1e-12
+        )
 
 
 HOURGLASSES = {

@@ -127,7 +127,7 @@ def test_task_files_may_be_tables_with_their_own_column_names(tmp_path):
                                                                                                          "classify")]  # fmt: skip
         from longseq.cli.predict import read_records
 
-        predicted = read_records(str(table), "classify", {"text": "review", "label": "stars"})
+        predicted = read_records(str(table), {"text": "review", "label": "stars"})
         assert [(r["text"], r["label"]) for r in predicted] == [(t, s) for t, s in zip(*rows.values())]
         read = task(table, text_column="review", label_column="stars")
         assert read.options.labels == expected.options.labels and read.train_docs == expected.train_docs

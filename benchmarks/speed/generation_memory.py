@@ -35,10 +35,10 @@ def ms_per_new_token(mem: int) -> float:
     best = []
     for _ in range(2):
         start = time.perf_counter()
-        generate(model, prompt, 0, temperature=0, mem_len=mem, segment_len=128)
+        generate(model, prompt, 0, temperature=0, recurrence=model.config.recurrence(mem_len=mem), segment_len=128)
         read = time.perf_counter() - start
         start = time.perf_counter()
-        generate(model, prompt, NEW, temperature=0, mem_len=mem, segment_len=128)
+        generate(model, prompt, NEW, temperature=0, recurrence=model.config.recurrence(mem_len=mem), segment_len=128)
         best.append((time.perf_counter() - start - read) / NEW * 1e3)
     return min(best)
 

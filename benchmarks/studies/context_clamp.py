@@ -44,10 +44,24 @@ def score(checkpoint: str, corpus, contexts: list[int], skip: int) -> dict:
         "contexts": contexts,
         "same_length": bits(context_curve(model, corpus.test, contexts, **common)),
         "clamp_len": clamp,
-        "same_length_clamped": bits(context_curve(model, corpus.test, contexts, clamp_len=clamp, **common)),
+        "same_length_clamped": bits(
+            context_curve(
+                model,
+                corpus.test,
+                contexts,
+                recurrence=model.config.recurrence(clamp_len=clamp, same_length=True),
+                **common,
+            )
+        ),
         "memory": [train_mem, 2 * train_mem],
         "not_same_length": bits(
-            context_curve(model, corpus.test, [train_mem, 2 * train_mem], same_length=False, **common)
+            context_curve(
+                model,
+                corpus.test,
+                [train_mem, 2 * train_mem],
+                recurrence=model.config.recurrence(same_length=False),
+                **common,
+            )
         ),
     }
 

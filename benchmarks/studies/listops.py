@@ -193,9 +193,9 @@ def load_classifier(work: str, lm_dir: str, device: str):
     where = os.path.join(work, "classifier", "best")
     with open(os.path.join(where, "config.json"), encoding="utf-8") as f:
         info = json.load(f)
-    from longseq.train.upgrade import upgrade_run
+    from longseq.config.stored import stored_run
 
-    options = {k: v for k, v in upgrade_run(info["run"])["task"].items() if k != "name"}  # any checkpoint format
+    options = {k: v for k, v in stored_run(info["run"])["task"].items() if k != "name"}  # any checkpoint format
     options["segment_len"] = options.get("segment_len") or info["run"]["data"]["tgt_len"]
     labels = options["labels"]
     model = DocumentClassifier(

@@ -93,7 +93,6 @@ from longseq.model.registry import unread_options  # noqa: E402
 from longseq.train import load_checkpoint  # noqa: E402
 from longseq.train.checkpoint import load_checkpoint_config  # noqa: E402
 from longseq.train.signals import Interrupted  # noqa: E402
-from longseq.train.upgrade import upgrade_run  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from texts import NEEDS_NO_DATA as TEXTS_NEED_NO_DATA  # noqa: E402
@@ -376,7 +375,7 @@ def reuse(path: str, name: str, seed: int, corpus, args, log) -> dict:
         run = variant_setup(args, name, seed, corpus)[0]
     else:
         run = variant_run(args, name, seed, result["run"]["model"]["vocab_size"])
-    stored = RunConfig.from_dict(upgrade_run(result["run"]))  # fields added since: defaults, or as the run ran
+    stored = RunConfig.from_dict(result["run"])  # fields added since: defaults, or as the run ran
     if read_config(stored) != read_config(run):
         raise SystemExit(f"{path} was trained with another config; use another --out (--store) or remove it")
     if result.get("scoring", scoring(args)) != scoring(args):  # results from before the key: taken as they are

@@ -100,7 +100,7 @@ def sample(checkpoint: str, n: int, batch: int, max_len: int, seed: int, tempera
     molecules: list[str] = []
     while len(molecules) < n:  # rounds of 8 x max_len tokens a stream, each from a fresh line start
         rows = torch.cat(list(generate_stream(model, prompt, 8 * max_len, temperature=temperature,
-                                              mem_len=run.model.memory.mem_len, segment_len=run.data.tgt_len,
+                                              recurrence=run.model.recurrence(), segment_len=run.data.tgt_len,
                                               generator=generator)), dim=1)  # fmt: skip
         for row in rows.tolist():
             lines = tokenizer.decode(row).split("\n")[:-1]  # the last line is unfinished

@@ -209,8 +209,7 @@ def run_evidence(args, model, settings, run_config, ids, batch_size) -> dict:
             model,
             ids,
             args.context_curve,
-            same_length=settings.same_length,
-            clamp_len=settings.clamp_len,
+            recurrence=context_recurrence(model.config, settings),
             skip_segments=skip,
             **common,
         )
@@ -273,3 +272,10 @@ def run_recl(args: argparse.Namespace) -> dict:
         name: {str(c): float(v.mean()) for c, v in per.items()} for name, per in losses.items()
     }
     return result
+
+
+def context_recurrence(config, settings: EvalConfig):
+    """A context curve's recurrence (its memory length set per context): ``same_length`` on unless ``--set
+    same_length=false`` (or learned or entropy chunks, which cannot take it), ``clamp_len`` from ``--set``."""
+    same_length = settings.same_length if settings.same_length is not None else not config.hourglass.dynamic
+    return config.recurrence(clamp_len=settings.clamp_len, same_length=same_length)

@@ -3,41 +3,37 @@
 
 Every setting is a key of the run config: --set pooling=mean lr=3e-4, or the [task], [train] and [data] tables
 of a TOML or JSON file given with --config FILE. The flags above are the common ones; each sets one key
-(--lr sets train.lr, --pooling sets task.pooling, --data sets task.train, --steps sets train.max_steps).
+(--lr sets train.lr, --pooling sets task.pooling, --data sets task.train, --steps sets train.max_steps); the task's
+flags are its options (longseq.config.task), one flag each, with their docstrings as help.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import types
+import typing
 
 from longseq.cli.common import common_flags, overrides, say
+from longseq.config.base import field_docs, field_types
 from longseq.config.files import finetune_defaults
+from longseq.config.task import FINETUNE_TASKS, TASK_OPTIONS
 
 TABLES = ("model", "data", "train", "task")  # the tables a --config file may hold
 
-FLAG_KEYS = {  # a flag (its dest) -> the run config key it sets
+FLAG_KEYS = {  # a flag (its dest) -> the run config key it sets; the tasks' options add theirs (task_flags)
     "data": "task.train",
-    "valid": "task.valid",
     "steps": "train.max_steps",
     "batch_size": "data.batch_size",
-    "segment_len": "task.segment_len",
     "lr": "train.optim.lr",
     "layer_lr_decay": "train.optim.layer_lr_decay",
     "schedule": "train.optim.schedule",
     "eval_interval": "train.eval_interval",
     "save_interval": "train.checkpoint.save_interval",
-    "head_only": "task.head_only",
-    "group_by_length": "task.group_by_length",
-    "pooling": "task.pooling",
-    "lm_weight": "task.lm_weight",
-    "max_answer_len": "task.max_answer_len",
-    "mask_rate": "task.mask_rate",
-    "mask_token": "task.mask_token",
-    "lora_rank": "task.lora_rank",
-    "lora_alpha": "task.lora_alpha",
     "seed": "train.seed",
     "device": "train.runtime.device",
 }
+NAMED_ELSEWHERE = ("name", "train", "base")  # options with a flag of the command's own: --task, --data, --checkpoint
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -47,14 +43,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from longseq.model.heads import POOLING
-    from longseq.tasks import FINETUNE_TASKS
-
     p.add_argument("--task", choices=sorted(FINETUNE_TASKS), help="the task (not needed with --resume)")
     p.add_argument(
         "--data", help="training file: JSON lines (or a parquet/arrow table for classify and mlm); clm: a text"
     )
-    p.add_argument("--valid", help="validation file, in the same formats as --data")
     p.add_argument("--checkpoint", help="the LM checkpoint (or run directory) to start from")
     p.add_argument("--out", required=True, help="run directory: last/ (resumable), best/, metrics.jsonl")
     p.add_argument("--resume", action="store_true", help="continue exactly from OUT/last")
@@ -63,25 +55,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--set", nargs="+", action="append", metavar="KEY=VALUE", help="any key of the run config")
     training_flags(p)
     p.add_argument("--save-interval", type=int, help="also save last/ every N steps (default 0: off)")
-    p.add_argument("--head-only", action="store_true", default=None, help="train the task head only")
-    p.add_argument(
-        "--group-by-length",
-        action="store_true",
-        default=None,
-        help="batches of documents of similar length (fewer filler segments per batch)",
-    )
-    p.add_argument(
-        "--pooling",
-        choices=POOLING,
-        help="classify: mean of the whole document (default: every segment trains), last position, or mean "
-        "of the final segment (with a stop-gradient memory, last and mean train only the final segment)",
-    )
-    p.add_argument("--lm-weight", type=float, help="classify: lambda of the joint LM loss (default 0)")
-    p.add_argument("--max-answer-len", type=int, help="span: longest answer in tokens (default 64)")
-    p.add_argument("--mask-rate", type=float, help="mlm: fraction of tokens chosen for masking (default 0.15)")
-    p.add_argument("--mask-token", help="mlm: the token standing for [MASK] (default: <unk>, or byte 0)")
-    p.add_argument("--lora-rank", type=int, help="train LoRA adapters of this rank instead of the weights (PEFT)")
-    p.add_argument("--lora-alpha", type=float, help="the adapters' scale alpha (default 16: alpha / rank)")
+    task_flags(p)
     p.add_argument("--seed", type=int, help=f"default {finetune_defaults().train.seed}")
     p.add_argument("--device", help="auto (CUDA when available, the default), cpu or cuda[:N]")
     return common_flags(p)
@@ -96,7 +70,6 @@ def training_flags(p: argparse.ArgumentParser) -> None:
         "--steps", type=int, help=f"optimizer steps (default {d.train.max_steps}; with --resume: extend the run to N)"
     )
     p.add_argument("--batch-size", type=int, help=f"default {d.data.batch_size}")
-    p.add_argument("--segment-len", type=int, help="segment length (default: the checkpoint's tgt_len)")
     p.add_argument("--lr", type=float, help=f"default {d.train.optim.lr:g}")
     p.add_argument("--layer-lr-decay", type=float, help=f"default {d.train.optim.layer_lr_decay:g}")
     p.add_argument(
@@ -105,6 +78,46 @@ def training_flags(p: argparse.ArgumentParser) -> None:
         help=f"after the warmup (a tenth of the steps): {schedules[0]} (the default), or a decay to 0",
     )
     p.add_argument("--eval-interval", type=int, help="validate every N steps (default: at the end)")
+
+
+def task_options() -> dict[str, tuple[dataclasses.Field, list[str]]]:
+    """Every option of the fine-tuning tasks that a person sets (not written by the run, not named by a flag of the
+    command's own), with the tasks that have it, in the order the classes declare them."""
+    found: dict[str, tuple[dataclasses.Field, list[str]]] = {}
+    for task in FINETUNE_TASKS:
+        options = TASK_OPTIONS[task]
+        for f in dataclasses.fields(options):
+            if f.name not in NAMED_ELSEWHERE and f.name not in options.written:
+                found.setdefault(f.name, (f, []))[1].append(task)
+    return found
+
+
+def task_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per task option (:func:`task_options`), from the options classes: its type, its default and its
+    docstring as help, prefixed by the tasks that read it unless every fine-tuning task does."""
+    for name, (f, tasks) in task_options().items():
+        options = TASK_OPTIONS[tasks[0]]
+        kind = _scalar(field_types(options)[name])
+        owners = "" if len(tasks) == len(FINETUNE_TASKS) else f"{', '.join(tasks)}: "
+        default = (
+            ""
+            if f.default is None or f.default is False or f.default is dataclasses.MISSING
+            else f" (default {f.default})"
+        )
+        text = f"{owners}{field_docs(options).get(name, name)}{default}"
+        flag = f"--{name.replace('_', '-')}"
+        if kind is bool:
+            p.add_argument(flag, dest=name, action="store_true", default=None, help=text)
+        else:
+            p.add_argument(flag, dest=name, type=kind, help=text)
+        FLAG_KEYS[name] = f"task.{name}"
+
+
+def _scalar(annotation) -> type:
+    """The type a flag parses: ``int`` of ``int``, ``str`` of ``str | None``."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    return annotation if annotation in (bool, int, float) else str
 
 
 def settings_of(args: argparse.Namespace) -> dict:

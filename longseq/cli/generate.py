@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> dict:
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
-        recurrence=model.config.recurrence(mem_len=mem_len, sinks=args.sinks, sink_positions=args.sink_positions),
+        recurrence=run_config.model.recurrence(mem_len=mem_len, sinks=args.sinks, sink_positions=args.sink_positions),
         segment_len=run_config.data.tgt_len,
         generator=torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed),
     )

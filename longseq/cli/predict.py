@@ -32,23 +32,20 @@ def run(args: argparse.Namespace) -> dict:
     from longseq.config.task import FINETUNE_TASKS
     from longseq.data.tasks import write_jsonl
     from longseq.tasks import task_for
-    from longseq.tasks.classify import classification_metrics, label_name
-    from longseq.tasks.span import span_metrics
 
     check_output(args.out, args.data)  # before any work
     path, model, tokenizer, run_config = load_model(args.checkpoint, args.device)
     if run_config.task is None or run_config.task.name not in FINETUNE_TASKS:  # before the data is read
         raise ValueError(f"{path} has no predictions to give: it is {checkpoint_kind(run_config)}")
-    records = read_records(args.data, run_config.task.name, task_columns(run_config.task))
-    check_output(args.out, args.data)
-    if run_config.task.name == "classify":
-        check_gold_labels(records, run_config.task.labels, args.data, path)
     task = task_for(run_config, tokenizer)
+    check = lambda located: task.check_gold(located, args.data, path)  # noqa: E731
+    records = read_records(args.data, task_columns(run_config.task), check)
+    check_output(args.out, args.data)
     outputs = task.predict(model, records, args.data)
     write_jsonl(args.out, outputs, ensure_ascii=False)
     result = {"checkpoint": path, "task": run_config.task.name, "predictions": len(outputs), "out": args.out}
-    gold_field = {"classify": "label", "span": "answer_text"}.get(run_config.task.name)
-    scored = [i for i, r in enumerate(records) if gold_field in r]
+    gold_field = task.gold_field
+    scored = [i for i, r in enumerate(records) if gold_field is not None and gold_field in r]
     if not scored:
         return result
     if len(scored) < len(records):
@@ -57,13 +54,7 @@ def run(args: argparse.Namespace) -> dict:
             f"metrics score those {len(scored)}"
         )
     result["scored"] = len(scored)
-    if gold_field == "label":
-        names = task.options.labels
-        gold = [names.index(label_name(records[i]["label"])) for i in scored]
-        result.update(classification_metrics([names.index(outputs[i]["prediction"]) for i in scored], gold, len(names)))
-    else:
-        gold = [records[i]["answer_text"] for i in scored]
-        result.update(span_metrics([outputs[i]["prediction"] for i in scored], gold))
+    result.update(task.score_predictions([records[i] for i in scored], [outputs[i] for i in scored]))
     return result
 
 
@@ -73,11 +64,11 @@ def task_columns(options) -> dict[str, str]:
     return {field: column for field, column in names.items() if field != column}
 
 
-def read_records(path: str, task: str, columns: dict[str, str] | None = None) -> list[dict]:
+def read_records(path: str, columns: dict[str, str] | None = None, check=None) -> list[dict]:
     """The records of ``path``: JSON objects one per non-empty line, or the rows of a parquet or arrow table;
-    ``columns`` renames the file's columns to the task's fields (``{"text": "review"}``).  A classification gold
-    label of the wrong type is an error naming its line, as fine-tuning reports it (it would be scored as a wrong
-    prediction)."""
+    ``columns`` renames the file's columns to the task's fields (``{"text": "review"}``).  ``check`` is given every
+    record with its place (``path:line``) once all are read (a task's :meth:`~longseq.tasks.base.Task.check_gold`:
+    a gold answer it cannot score is refused by name, as fine-tuning reports it)."""
     from longseq.data.tasks import TaskDataError, numbered_records
 
     if not os.path.isfile(path):
@@ -94,25 +85,9 @@ def read_records(path: str, task: str, columns: dict[str, str] | None = None) ->
         for field, column in (columns or {}).items():
             if column in record:
                 record[field] = record[column]
-        gold = record.get("label")
-        if task == "classify" and "label" in record and (isinstance(gold, bool) or not isinstance(gold, (str, int))):
-            raise TaskDataError(f"{where(number)}: field 'label' has the wrong type {type(gold).__name__}")
+    if check is not None:
+        check([(where(number), record) for number, record in numbered])
     return [record for _, record in numbered]
-
-
-def check_gold_labels(records: list[dict], labels: list[str], data: str, checkpoint: str) -> None:
-    """Gold labels the classifier does not know would be scored as wrong predictions (accuracy 0 against labels of
-    another task): refused, naming them and the labels the model knows."""
-    from longseq.data.tasks import TaskDataError
-    from longseq.tasks.classify import label_name
-
-    unknown = sorted({label_name(r["label"]) for r in records if "label" in r} - set(labels))
-    if unknown:
-        shown = ", ".join(repr(u) for u in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
-        raise TaskDataError(
-            f"{data} has gold labels the classifier {checkpoint} does not know ({shown}); it knows "
-            f"{', '.join(repr(x) for x in labels)}: give data labelled for this model, or leave the labels out"
-        )
 
 
 def check_output(out: str, data: str) -> None:

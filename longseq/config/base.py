@@ -13,11 +13,14 @@ the chosen one has no field for is unknown, and the error names the variants tha
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import functools
+import inspect
 import json
 import math
+import textwrap
 import types
 import typing
 from typing import Any, ClassVar
@@ -60,6 +63,28 @@ def check_choice(owner: str, value: str, choices: tuple[str, ...]) -> None:
     close = difflib.get_close_matches(str(value), choices, n=2)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise ConfigError(f"{owner}: unknown value {value!r}{hint}; choose one of {', '.join(choices)}")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's docstring (the string literal after its declaration, as Sphinx reads it), from ``cls`` and the
+    classes it derives from, one line each; empty where the source is not at hand."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for statement, following in zip(body, body[1:]):
+            if (
+                isinstance(statement, ast.AnnAssign)
+                and isinstance(statement.target, ast.Name)
+                and isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)
+            ):
+                docs[statement.target.id] = " ".join(following.value.value.split())
+    return docs
 
 
 def is_section(annotation: Any) -> bool:

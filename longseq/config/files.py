@@ -36,9 +36,10 @@ from importlib import resources
 from typing import Any
 
 from longseq.config.base import ConfigError, apply_values, leaf_paths, leaves, resolve_section_key
-from longseq.config.model import ModelConfig, upgrade_stored_model
+from longseq.config.model import ModelConfig
 from longseq.config.run import DataConfig, RunConfig, TaskConfig, TrainConfig
-from longseq.config.task import RECALL_TASKS, upgrade_flat_task
+from longseq.config.stored import stored_run
+from longseq.config.task import RECALL_TASKS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -123,14 +124,11 @@ def load_run_config(path: str, base: RunConfig | None = None, _seen: tuple[str, 
 
 def apply_sections(base: RunConfig, data: dict[str, Any], source: str) -> RunConfig:
     """``base`` with the ``model``, ``data`` and ``train`` tables of ``data`` (read from ``source``) laid over it,
-    and its ``task`` table, when it has one (one the flat ``TaskConfig`` wrote is read in its task's terms:
-    :func:`~longseq.config.task.upgrade_flat_task`).  A ``model`` table as a run wrote it (a run.toml of an earlier
-    version, read again by ``train --config``) runs as it ran: :func:`~longseq.config.model.upgrade_stored_model`."""
-    if isinstance(data.get("model"), dict):
-        data = {**data, "model": upgrade_stored_model(data["model"])}
+    and its ``task`` table, when it has one.  Tables as an earlier version wrote them (a run.toml read again by
+    ``train --config``) run as they ran: :func:`~longseq.config.stored.stored_run`."""
+    data = stored_run(data)
     sections = base.sections()
     if isinstance(data.get("task"), dict):
-        data = {**data, "task": upgrade_flat_task(data["task"])}
         if "task" not in sections:  # the table chooses the task's options class (and holds what it needs: train)
             try:
                 sections["task"] = TaskConfig.from_dict(data["task"])

@@ -508,7 +508,6 @@ class ModelConfig(JsonConfig):
 
     def recurrence(
         self,
-        given: Recurrence | None = None,
         *,
         mem_len: int | None = None,
         clamp_len: int | None = None,
@@ -516,24 +515,25 @@ class ModelConfig(JsonConfig):
         sinks: int | None = None,
         sink_positions: str | None = None,
     ) -> Recurrence:
-        """``given``, or this model's own :class:`Recurrence` (``memory.mem_len``, ``positions.clamp_len``,
-        ``memory.same_length``, ``memory.sinks``, ``memory.sink_positions``) with each value given in place of its
-        own: what one call of the model reads and writes.  ``given`` with a value beside it is a ``TypeError`` (which of the two would win is a guess).
-        ``same_length`` with learned or entropy chunks is refused here as the config refuses it for training."""
+        """This model's own :class:`Recurrence` (``memory.mem_len``, ``positions.clamp_len``,
+        ``memory.same_length``, ``memory.sinks``, ``memory.sink_positions``), with each value given (not None) in
+        place of its own: what one call of the model reads and writes
+        (``model(x, recurrence=config.recurrence(mem_len=640))``)."""
         values = {"mem_len": mem_len, "clamp_len": clamp_len, "same_length": same_length, "sinks": sinks}
-        values = {
-            name: value for name, value in {**values, "sink_positions": sink_positions}.items() if value is not None
-        }
-        if given is not None:
-            if not isinstance(given, Recurrence):
-                raise TypeError(f"recurrence must be a longseq.config.Recurrence, got {type(given).__name__}")
-            if values:
-                raise TypeError(f"give recurrence= or {', '.join(values)}=, not both")
-            out = given
-        else:
-            m = self.memory
-            own = Recurrence(m.mem_len, self.positions.clamp_len, m.same_length, m.sinks, m.sink_positions)
-            out = replace(own, **values) if values else own
+        values["sink_positions"] = sink_positions
+        m = self.memory
+        own = Recurrence(m.mem_len, self.positions.clamp_len, m.same_length, m.sinks, m.sink_positions)
+        return self.check_recurrence(replace(own, **{name: v for name, v in values.items() if v is not None}))
+
+    def check_recurrence(self, given: Recurrence | None) -> Recurrence:
+        """``given`` (None: this model's own, :meth:`recurrence`), checked: what one call of the model reads and
+        writes; anything but a :class:`Recurrence` is a ``TypeError``.  ``same_length`` with learned or entropy
+        chunks is refused here as the config refuses it for training, and sinks where the model cannot keep them."""
+        if given is None:
+            return self.recurrence()
+        if not isinstance(given, Recurrence):
+            raise TypeError(f"recurrence must be a longseq.config.Recurrence, got {type(given).__name__}")
+        out = given
         self._check_sinks(out)
         check(
             not (out.same_length and self.hourglass.dynamic),
@@ -780,30 +780,3 @@ class ModelConfig(JsonConfig):
         )
         if pattern.lowrank:
             self._check_lowrank_bidirectional_without_memory()
-
-
-STORED_MIXERS = {"d_state", "head_dim", "expand", "chunk", "conv_kernel", "state_bptt"}  # every stored section's
-
-
-def upgrade_stored_model(model: dict) -> dict:
-    """A model config as stored before a field that changes behaviour existed, in today's terms (each reader of a
-    stored model config passes it through here: checkpoints, the transformers format): ``linear`` and ``performer``
-    saved without ``mixers.reset_every`` (before 2026-12-06) ran unbounded and unrotated, and still do; a model
-    with ``delta`` saved without ``mixers.short_conv`` (before its short convolution, also 2026-12-06) had none, and
-    still has none; a learned-chunk hourglass saved without ``hourglass.residual_proj`` added its input itself, and
-    still does.  A mixers section is taken as stored when it holds every field the section was born with; a partial
-    one, written by hand (``LongseqConfig(longseq={...})``), gets today's defaults."""
-    if not isinstance(model, dict):
-        return model
-    hourglass = model.get("hourglass")
-    if isinstance(hourglass, dict) and hourglass.get("boundaries") == "learned" and "residual_proj" not in hourglass:
-        model = {**model, "hourglass": {**hourglass, "residual_proj": False}}
-    stored = model.get("mixers")
-    if not isinstance(stored, dict) or not STORED_MIXERS <= set(stored):  # written by hand: today's defaults
-        return model
-    names = model.get("mixer", [])
-    names = {str(n).strip() for n in (names.split(",") if isinstance(names, str) else names)}
-    mixers = stored if "short_conv" in stored or "delta" not in names else {**stored, "short_conv": []}
-    if "reset_every" not in stored and {"linear", "performer"} & names:
-        mixers = {**mixers, "reset_every": 0, "rotary": False}
-    return {**model, "mixers": mixers}

@@ -8,7 +8,8 @@ from typing import Any
 
 from longseq.config.base import ConfigError, JsonConfig, check, config
 from longseq.config.model import SINK_POSITIONS, ModelConfig, Recurrence
-from longseq.config.task import RECALL_TASKS, TaskConfig, upgrade_flat_task
+from longseq.config.stored import stored_run
+from longseq.config.task import RECALL_TASKS, TaskConfig
 from longseq.config.train import SCHEDULES, TrainConfig
 
 __all__ = [
@@ -118,8 +119,8 @@ class EvalConfig(JsonConfig):
 class RunConfig:
     """The configs of a training run, stored together in every checkpoint: the model, the data, the training, and
     the task's options (:class:`~longseq.config.task.TaskConfig`, the class of the task its ``name`` chooses; None:
-    language modeling).  :meth:`from_dict` reads a stored run, the task of the one flat class too
-    (:func:`~longseq.config.task.upgrade_flat_task`)."""
+    language modeling).  :meth:`from_dict` reads a stored run of any version (one without a format number: its keys
+    say, :func:`~longseq.config.stored.stored_run`)."""
 
     model: ModelConfig
     data: DataConfig
@@ -154,9 +155,10 @@ class RunConfig:
             raise ConfigError(
                 f"a run config needs the sections model, data and train (and optionally task), got {keys}"
             )
+        data = stored_run(data)
         return cls(
             model=ModelConfig.from_dict(data["model"]),
             data=DataConfig.from_dict(data["data"]),
             train=TrainConfig.from_dict(data["train"]),
-            task=TaskConfig.from_dict(upgrade_flat_task(data["task"])) if data.get("task") is not None else None,
+            task=TaskConfig.from_dict(data["task"]) if data.get("task") is not None else None,
         )

@@ -6,11 +6,11 @@ stored run loads without the tasks and the recall generators (:mod:`longseq.data
 An option the chosen task does not read has no field to be set in: ``TaskConfig(name="span", pooling="mean")``,
 ``--set pooling=mean`` on a span run and a ``[task]`` table that sets it are unknown-key errors naming the option
 and the tasks that read it.  Runs stored by the one flat class that held every task's options load through
-:func:`upgrade_flat_task`."""
+:func:`longseq.config.stored.stored_task`."""
 
 from __future__ import annotations
 
-from dataclasses import field, fields
+from dataclasses import field
 from typing import ClassVar
 
 from longseq.config.base import Variants, check, check_finite, config
@@ -47,29 +47,37 @@ class LMOptions(TaskConfig):
 
 @config
 class FinetuneOptions(TaskConfig):
-    """What every fine-tuning task reads: ``train`` and ``valid`` (JSONL files, or parquet and arrow tables for
-    classify and mlm), ``segment_len`` (the length a document is read in; 0: the LM's ``tgt_len``), ``base`` (the LM
-    checkpoint it starts from), ``head_only`` (train the head alone), ``group_by_length`` (batches of documents of
-    similar length) and ``sha256`` (the fingerprints of the files and of the base weights, written when the run
-    starts: a resume finds them at a new path by them).
+    """What every fine-tuning task reads.  Each option's docstring is its ``longseq finetune`` flag's help
+    (``--head-only``); ``written`` are the fields a run writes when it starts, which no one sets.
 
     ``lora_rank`` > 0 trains low-rank adapters (LoRA, Hu et al., 2021, through PEFT) on the modules whose names end
-    in one of ``lora_targets`` (attention's ``qkv_net`` and ``o_net`` by default; ``core_net.0`` and
-    ``core_net.3`` are the feed-forward's) instead of their weights, scaled by ``lora_alpha`` / ``lora_rank``, with
-    ``lora_dropout`` on their input; the rest stays frozen but the task's head.  Checkpoints hold the adapters
-    beside the frozen weights; ``longseq convert`` merges them into the weights."""
+    in one of ``lora_targets`` instead of their weights; the rest stays frozen but the task's head.  Checkpoints
+    hold the adapters beside the frozen weights; ``longseq convert`` merges them into the weights."""
 
     train: str = ""
+    """training file: JSON lines (or a parquet/arrow table for classify and mlm)"""
     valid: str | None = None
+    """validation file, in the same formats as the training file"""
     segment_len: int = 0
+    """the length a document is read in (0: the checkpoint's tgt_len)"""
     base: str | None = None
+    """the LM checkpoint it starts from"""
     head_only: bool = False
+    """train the task head only"""
     group_by_length: bool = False
+    """batches of documents of similar length (fewer filler segments per batch)"""
     sha256: dict = field(default_factory=dict)
+    """the fingerprints of the files and of the base weights (a resume finds them at a new path by them)"""
     lora_rank: int = 0
+    """train LoRA adapters of this rank instead of the weights (0: off; through PEFT)"""
     lora_alpha: float = 16.0
+    """the adapters' scale is lora_alpha / lora_rank"""
     lora_dropout: float = 0.0
+    """dropout on the adapters' input"""
     lora_targets: list[str] = field(default_factory=lambda: ["qkv_net", "o_net"])
+    """the modules adapted, by the end of their names (attention's qkv_net and o_net; core_net.0 and core_net.3 are
+    the feed-forward's)"""
+    written: ClassVar[tuple[str, ...]] = ("sha256",)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -106,18 +114,22 @@ class ClmOptions(FinetuneOptions):
 
 @config
 class ClassifyOptions(FinetuneOptions):
-    """Long-document classification (:mod:`longseq.tasks.classify`): ``labels`` (the training file's, written when
-    the run starts), ``pooling`` (``document``: the mean over the whole document, every segment trained; ``last``
-    position or ``mean`` of the final segment), ``lm_weight`` (a joint next-token loss), ``text_column`` and
-    ``label_column`` (the names of those fields in the files)."""
+    """Long-document classification (:mod:`longseq.tasks.classify`)."""
 
     name: str = "classify"
     labels: list[str] = field(default_factory=list)
+    """the label set: the training file's"""
     pooling: str = "document"
+    """document: the mean of the whole document, every segment trains; last: the last position, mean: the mean of
+    the final segment (with a stop-gradient memory, last and mean train only the final segment)"""
     lm_weight: float = 0.0
+    """lambda of a joint next-token loss"""
     text_column: str = "text"
+    """the name of the text field in the files"""
     label_column: str = "label"
+    """the name of the label field in the files"""
     sees_whole_document: ClassVar[bool] = True
+    written: ClassVar[tuple[str, ...]] = ("sha256", "labels")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -126,10 +138,11 @@ class ClassifyOptions(FinetuneOptions):
 
 @config
 class SpanOptions(FinetuneOptions):
-    """Span extraction (:mod:`longseq.tasks.span`): ``max_answer_len``, the longest answer in tokens."""
+    """Span extraction (:mod:`longseq.tasks.span`)."""
 
     name: str = "span"
     max_answer_len: int = 64
+    """the longest answer in tokens"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -138,23 +151,27 @@ class SpanOptions(FinetuneOptions):
 
 @config
 class MaskedLMOptions(FinetuneOptions):
-    """Masked language modeling (:mod:`longseq.tasks.mlm`): ``mask_rate`` (the fraction of tokens chosen),
-    ``mask_token`` (the token standing for [MASK]; ``mask_id``: its id, found when the run starts) and
-    ``text_column`` (the name of the text field in the files).  Selective masking, as the Nucleotide Transformer and
-    ESM choose what to mask: ``class_rates`` (``CLASS=RATE`` items: ``--set class_rates=soft_masked=0.3,
-    unknown_base=0``) gives a token class of the tokenizer (its token type: ``nucleotide_cased``'s ``base``,
-    ``soft_masked``, ``unknown_base``; ``protein``'s ``residue``, ``ambiguous``, ...) a rate of its own (0: never
-    masked; a class not named: ``mask_rate``, but for ``mask`` and a FASTA record's ``separator``: 0), and ``span`` > 1 masks runs of that many
-    tokens (about the same share of them)."""
+    """Masked language modeling (:mod:`longseq.tasks.mlm`).  Selective masking, as the Nucleotide Transformer and
+    ESM choose what to mask: ``class_rates`` gives a token class of the tokenizer (its token type:
+    ``nucleotide_cased``'s ``base``, ``soft_masked``, ``unknown_base``; ``protein``'s ``residue``, ``ambiguous``,
+    ...) a rate of its own (0: never masked; a class not named: ``mask_rate``, but for ``mask`` and a FASTA record's
+    ``separator``: 0), and ``span`` > 1 masks runs of that many tokens (about the same share of them)."""
 
     name: str = "mlm"
     mask_rate: float = 0.15
+    """the fraction of tokens chosen for masking"""
     mask_token: str | None = None
+    """the token standing for [MASK] (unset: <unk>, or byte 0)"""
     mask_id: int = -1
+    """the id of mask_token"""
     text_column: str = "text"
+    """the name of the text field in the files"""
     class_rates: list[str] = field(default_factory=list)
+    """CLASS=RATE items: a masking rate per token class (--set class_rates=soft_masked=0.3,unknown_base=0)"""
     span: int = 1
+    """mask runs of this many tokens"""
     sees_whole_document: ClassVar[bool] = True
+    written: ClassVar[tuple[str, ...]] = ("sha256", "mask_id")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -298,23 +315,3 @@ TASK_OPTIONS: dict[str, type[TaskConfig]] = {
 }
 TaskConfig.VARIANTS.update(TASK_OPTIONS)
 FINETUNE_TASKS = tuple(name for name, options in TASK_OPTIONS.items() if issubclass(options, FinetuneOptions))
-
-FLAT_DEFAULTS = dict(  # the one flat TaskConfig's defaults (the same from its first version, cc24dc9, to d3a9f4a)
-    train="", valid=None, segment_len=0, base=None, head_only=False, group_by_length=False, sha256={}, labels=[],
-    pooling="document", lm_weight=0.0, max_answer_len=64, mask_rate=0.15, mask_token=None, mask_id=-1,
-    text_column="text", label_column="label", seq_len=256, min_distance=0, max_distance=0, key_len=3, alphabet=16,
-    n_pairs=4, n_copy=16, valid_size=256,
-)  # fmt: skip
-
-
-def upgrade_flat_task(task: dict) -> dict:
-    """A task table the one flat ``TaskConfig`` stored (every task's options; a checkpoint's ``config.json`` or a
-    ``run.toml``, which leaves out the fields that are None) in its task's terms: a field its task has none of is
-    dropped where it holds the flat default.  The flat class refused any other value for an option its task did not
-    read, so nothing a run read is lost; another value stays, and the task's options refuse it by name.  Any other
-    table (today's, or one a person wrote) passes unchanged."""
-    stored = {k for k, v in FLAT_DEFAULTS.items() if v is not None}  # what every table the flat class wrote holds
-    if not isinstance(task, dict) or not stored <= set(task) or task.get("name", "lm") not in TASK_OPTIONS:
-        return task
-    own = {f.name for f in fields(TASK_OPTIONS[task.get("name", "lm")])}
-    return {k: v for k, v in task.items() if k in own or k not in FLAT_DEFAULTS or v != FLAT_DEFAULTS[k]}

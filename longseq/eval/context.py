@@ -36,9 +36,6 @@ def per_position_losses(
     tgt_len: int,
     batch_size: int,
     recurrence: Recurrence | None = None,
-    mem_len: int | None = None,
-    clamp_len: int | None = None,
-    same_length: bool | None = None,
     max_segments: int = 0,
     skip_segments: int | None = None,
     progress: bool = False,
@@ -46,8 +43,7 @@ def per_position_losses(
     """Mean NLL at each position 0 .. ``tgt_len`` - 1 inside the segment, with the memory and without it.
 
     One ordered pass over ``ids`` (``batch_size`` streams of ``tgt_len`` segments, at most ``max_segments``
-    of them) gives ``loss_memory``: the memory carried across segments, with ``recurrence`` or the model's own
-    (``mem_len``, ``clamp_len`` and ``same_length``: a shorthand, as in :func:`~longseq.eval.evaluate.evaluate`).  A
+    of them) gives ``loss_memory``: the memory carried across segments, with ``recurrence`` or the model's own.  A
     second pass over the same segments gives ``loss_no_memory``: every segment read alone from an empty memory
     (``mem_len`` 0, causal attention inside the segment, the same ``clamp_len``), the same weights.
 
@@ -56,7 +52,7 @@ def per_position_losses(
     at least 1).  Both curves average the same tokens.  A last segment shorter than ``tgt_len`` counts at the
     positions it has; ``tokens`` gives the count per position.
     """
-    recurrence = model.config.recurrence(recurrence, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+    recurrence = model.config.check_recurrence(recurrence)
     warn_beyond_trained_memory(model.config, recurrence)
     if skip_segments is None:
         skip_segments = _full_memory_segments(tgt_len, recurrence.mem_len)
@@ -108,22 +104,21 @@ def context_curve(
     *,
     tgt_len: int,
     batch_size: int,
-    same_length: bool | None = None,
-    clamp_len: int | None = None,
+    recurrence: Recurrence | None = None,
     max_segments: int = 0,
     skip_segments: int = 0,
     progress: bool = False,
 ) -> dict:
     """Loss of one ordered pass for every evaluation memory length in ``contexts``.
 
-    Context c is :func:`~longseq.eval.evaluate.evaluate` with ``mem_len=c`` and ``same_length`` (every token
-    then sees exactly the last c positions once the memory is full; None: on, but for learned or entropy chunks,
-    which cannot take it); context 0 is ``mem_len`` 0, causal
+    Context c is :func:`~longseq.eval.evaluate.evaluate` with ``recurrence`` at ``mem_len=c`` (None: the model's
+    own with ``same_length`` on, but for learned or entropy chunks, which cannot take it: every token then sees
+    exactly the last c positions once the memory is full); context 0 is ``mem_len`` 0, causal
     attention inside the segment (``same_length`` needs a memory).  Only the attention memory is varied: what
     else a model carries from segment to segment (a compressed memory, memory tokens, ssm, conv or LSTM states)
     is kept at every point, context 0 included, and the result names it under ``kept`` (the segment truly alone
-    is the "memory cut" curve of :func:`per_position_losses`).  ``clamp_len`` > 0
-    clamps relative distances, as the paper does when it evaluates with long memories.  ``skip_segments``
+    is the "memory cut" curve of :func:`per_position_losses`).  A ``clamp_len`` > 0 in ``recurrence`` clamps
+    relative distances, as the paper does when it evaluates with long memories.  ``skip_segments``
     reads that many segments first without scoring them; ceil(max(contexts) / tgt_len) scores every context on
     tokens whose memory is full.
     """
@@ -136,8 +131,9 @@ def context_curve(
         raise ValueError("context_curve needs at least one context length")
     if any(c < 0 for c in contexts):
         raise ValueError(f"context lengths must be >= 0, got {list(contexts)}")
-    if same_length is None:
-        same_length = not model.config.hourglass.dynamic
+    if recurrence is None:
+        recurrence = model.config.recurrence(same_length=not model.config.hourglass.dynamic)
+    recurrence = model.config.check_recurrence(recurrence)
     losses, tokens = [], 0
     warn_beyond_trained_memory(model.config, model.config.recurrence(mem_len=max(contexts)))  # once, the longest
     for c in contexts:
@@ -148,7 +144,7 @@ def context_curve(
                 ids,
                 batch_size=batch_size,
                 tgt_len=tgt_len,
-                recurrence=model.config.recurrence(mem_len=c, clamp_len=clamp_len, same_length=same_length and c > 0),
+                recurrence=replace(recurrence, mem_len=c, same_length=recurrence.same_length and c > 0),
                 max_segments=max_segments,
                 skip_segments=skip_segments,
                 progress=progress,
@@ -159,8 +155,8 @@ def context_curve(
         "contexts": list(contexts),
         "loss": losses,
         "tokens": tokens,
-        "same_length": same_length,
-        "clamp_len": clamp_len,
+        "same_length": recurrence.same_length,
+        "clamp_len": recurrence.clamp_len,
         "skip_segments": skip_segments,
         "kept": carried_beyond_mem_len(model.config),
         "unit": "nats per token",

@@ -134,9 +134,6 @@ def evaluate(
     batch_size: int,
     tgt_len: int,
     recurrence: Recurrence | None = None,
-    mem_len: int | None = None,
-    clamp_len: int | None = None,
-    same_length: bool | None = None,
     max_segments: int = 0,
     skip_segments: int = 0,
     bits_unit: str | None = None,
@@ -149,8 +146,7 @@ def evaluate(
     """One pass over ``ids`` in ``batch_size`` streams of ``tgt_len`` segments, memory carried across.
 
     ``recurrence`` (a :class:`~longseq.config.model.Recurrence`) replaces the model's own
-    (``model.config.recurrence()``); ``mem_len``, ``clamp_len`` and ``same_length`` are a shorthand for it, the
-    model's own with the values given (``None`` keeps them).  ``max_segments`` > 0 stops early.  ``skip_segments``
+    (``model.config.recurrence()``; ``model.config.recurrence(mem_len=640)``: the model's own with a longer memory).  ``max_segments`` > 0 stops early.  ``skip_segments``
     > 0 reads that many segments first without scoring them (to fill the memory).  ``bits_unit`` (``"bpc"``) adds
     loss / ln 2.  ``kv_memory`` carries projected keys and values instead of hidden states (same results, less work
     per segment).
@@ -159,7 +155,7 @@ def evaluate(
     """
     if skip_segments < 0:
         raise ValueError(f"skip_segments must be >= 0, got {skip_segments}")
-    recurrence = model.config.recurrence(recurrence, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+    recurrence = model.config.check_recurrence(recurrence)
     warn_beyond_trained_memory(model.config, recurrence)
     nll_sum, n_tokens, n_bytes = None, 0, 0  # the sum stays on the model's device: read once, at the end
     units = None  # (NLL, count) of the labels the tokenizer's bits metric counts, where it counts only some

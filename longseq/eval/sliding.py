@@ -35,7 +35,8 @@ def sliding_window_losses(
     model.eval()
     device = next(model.parameters()).device
     first = min(context, n_targets)
-    out = model(data[None, :first].to(device), None, data[None, 1 : first + 1].to(device), mem_len=0)
+    alone = model.config.recurrence(mem_len=0)  # every window read from an empty memory
+    out = model(data[None, :first].to(device), None, data[None, 1 : first + 1].to(device), recurrence=alone)
     losses = [out.nll[0].double().cpu()]
     starts = torch.arange(1, n_targets - context + 1)  # window [s, s + context) predicts data[s + context]
     offsets = torch.arange(context)
@@ -44,7 +45,7 @@ def sliding_window_losses(
             windows = data[chunk[:, None] + offsets]  # (b, context)
             labels = torch.full_like(windows, IGNORE_INDEX)
             labels[:, -1] = data[chunk + context]
-            nll = model(windows.to(device), None, labels.to(device), mem_len=0).nll[:, -1]
+            nll = model(windows.to(device), None, labels.to(device), recurrence=alone).nll[:, -1]
             losses.append(nll.double().cpu())
             bar.update(len(chunk))
     model.train(was_training)

@@ -253,6 +253,7 @@ def eval_per_token(model: TransformerXLLM, *, batch: int, tgt_len: int, mem_len:
     model.eval()
     device = next(model.parameters()).device
     fill = -(-mem_len // tgt_len)
+    recurrence = model.config.recurrence(mem_len=mem_len)
     data = torch.randint(0, model.config.vocab_size, (batch, (fill + segments) * tgt_len + 1), device=device)
     mems = Memory.empty(KVMemory)
     start = 0.0
@@ -261,7 +262,7 @@ def eval_per_token(model: TransformerXLLM, *, batch: int, tgt_len: int, mem_len:
             _sync(device)
             start = time.perf_counter()
         x = data[:, s * tgt_len : (s + 1) * tgt_len]
-        mems = model(x, mems, data[:, s * tgt_len + 1 : (s + 1) * tgt_len + 1], mem_len=mem_len).mems
+        mems = model(x, mems, data[:, s * tgt_len + 1 : (s + 1) * tgt_len + 1], recurrence=recurrence).mems
     _sync(device)
     elapsed = time.perf_counter() - start
     ms = 1000 * elapsed / (segments * batch * tgt_len)
@@ -276,7 +277,8 @@ def generate_speed(
 
     prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len))
     start = time.perf_counter()
-    generate(model, prompt, new_tokens, temperature=0, mem_len=mem_len, segment_len=segment_len)
+    recurrence = model.config.recurrence(mem_len=mem_len)
+    generate(model, prompt, new_tokens, temperature=0, recurrence=recurrence, segment_len=segment_len)
     elapsed = time.perf_counter() - start
     return {"tokens_per_s": new_tokens / elapsed, "seconds": elapsed, "peak_rss_mb": peak_rss_mb()}
 
@@ -288,10 +290,11 @@ def vanilla_ms_per_token(model: TransformerXLLM, *, attn_len: int, windows: int 
     goes through the softmax."""
     model.eval()
     data = torch.randint(0, model.config.vocab_size, (1, attn_len + windows))
-    model.next_token_scores(data[:, :attn_len], None, mem_len=0)  # warm-up
+    alone = model.config.recurrence(mem_len=0)  # every window from an empty memory
+    model.next_token_scores(data[:, :attn_len], None, recurrence=alone)  # warm-up
     start = time.perf_counter()
     for w in range(windows):
-        model.next_token_scores(data[:, w + 1 : w + 1 + attn_len], None, mem_len=0)
+        model.next_token_scores(data[:, w + 1 : w + 1 + attn_len], None, recurrence=alone)
     return 1000 * (time.perf_counter() - start) / windows
 
 

@@ -70,7 +70,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils.deprecation import deprecate_kwarg
 
 from longseq.config import ConfigError, ModelConfig, Recurrence
-from longseq.config.model import upgrade_stored_model
+from longseq.config.stored import RENAMES, has_old_names, stored_model
 from longseq.data.tokenizers import Tokenizer, load_tokenizer
 from longseq.generation import read_prompt, windowed
 from longseq.integrations.longseq_cache import LongseqCache, RowGroup, merged, row_groups
@@ -99,11 +99,6 @@ MIRRORED = {  # the transformers names of config.json, and the longseq section's
     "hidden_size": "longseq.d_model",
     "num_hidden_layers": "longseq.n_layer",
     "num_attention_heads": "longseq.n_head",
-}
-OLD_EXPORT_NAMES = {  # transformers' key_mapping for an export whose names are older than the model's
-    r"^model\.transformer\.(?!word_emb\.|stack\.)": "model.transformer.stack.",  # the backbone held no stack
-    r"\.dec_attn\.r_net\.": ".dec_attn.rel.r_net.",  # the positions were not modules (upgrade_position_names)
-    r"\.dec_attn\.rel_table$": ".dec_attn.rel.rel_table",
 }
 UNTIED_HEADS = {  # a softmax weight a tied checkpoint stores under the embedding's name -> that name (ModelSpec's)
     re.compile(r"model\." + pattern): f"model.{name}"
@@ -141,7 +136,7 @@ class LongseqConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         source = config_source(kwargs.get("name_or_path"))  # the file an error names: the one to fix
-        given = upgrade_stored_model(dict(self.longseq or {}))  # as it was saved, if before a field existed
+        given = stored_model(dict(self.longseq or {}))  # as it was saved, if before a field existed
         if self.tie_word_embeddings is not None:
             given["tie_weight"] = self.tie_word_embeddings
         try:
@@ -210,14 +205,14 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         """transformers' ``from_pretrained``, refusing a checkpoint that lacks tensors of the model (transformers
         would warn and leave them uninitialised: longseq initialises only when it builds a model) or whose weights
         hold NaN or Inf (the model would score NaN and generate token 0 forever; longseq's own loader refuses them
-        too).  A local export written before a rename of longseq's weights (:data:`OLD_EXPORT_NAMES`) loads under
-        today's names.  A softmax untied with ``tie_word_embeddings=False`` starts as a copy of the embedding a tied
+        too).  A local export written before a rename of longseq's weights loads under today's names (the renames
+        of :data:`longseq.config.stored.RENAMES`, as transformers' ``key_mapping``).  A softmax untied with ``tie_word_embeddings=False`` starts as a copy of the embedding a tied
         checkpoint stores; the directory's ``longseq_tokenizer.json``, if any, becomes ``model.tokenizer``."""
         want_info = kwargs.pop("output_loading_info", False)
         directory = str(args[0] if args else kwargs.get("pretrained_model_name_or_path"))
         renamed = "key_mapping" not in kwargs and _has_old_names(directory)
         if renamed:
-            kwargs["key_mapping"] = OLD_EXPORT_NAMES
+            kwargs["key_mapping"] = dict(RENAMES)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
         if renamed:
             model._weight_conversions = None  # transformers' record of the renaming: save_pretrained writes today's
@@ -706,14 +701,14 @@ def attention_inputs(model: TransformerXLLM, wanted: bool):
 
 
 def _has_old_names(directory) -> bool:
-    """Whether the local export ``directory`` names its tensors as longseq did before (:data:`OLD_EXPORT_NAMES`);
-    only the header of its ``model.safetensors`` is read."""
+    """Whether the local export ``directory`` names its tensors as longseq did before (:func:`has_old_names`); only
+    the header of its ``model.safetensors`` is read."""
     path = os.path.join(str(directory), "model.safetensors")
     if not os.path.isfile(path):
         return False
     with safe_open(path, "pt") as f:
         names = list(f.keys())
-    return any(re.search(pattern, name) for pattern in OLD_EXPORT_NAMES for name in names)
+    return has_old_names(names)
 
 
 def _is_plain_checkpoint(func) -> bool:

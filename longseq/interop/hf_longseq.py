@@ -23,7 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from longseq.config import ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
-from longseq.config.model import upgrade_stored_model
+from longseq.config.stored import stored_model, stored_weights
 from longseq.data.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
 from longseq.interop.hf_tokenizer import save_hf_tokenizer
 from longseq.interop.transfo_xl import (
@@ -181,7 +181,7 @@ def load_longseq_hf(directory: str) -> tuple[TransformerXLLM | LSTMLM, Tokenizer
         )
     sampling_settings(config, path)  # segment_len and generate_mem_len, named with the file
     try:
-        model = build_model(ModelConfig.from_dict(upgrade_stored_model(config["longseq"])))
+        model = build_model(ModelConfig.from_dict(stored_model(config["longseq"])))
     except ConfigError as exc:
         raise ConversionError(f"{path}: its longseq section is not a valid model config: {exc}") from None
     weights_path = os.path.join(directory, "model.safetensors")
@@ -190,7 +190,7 @@ def load_longseq_hf(directory: str) -> tuple[TransformerXLLM | LSTMLM, Tokenizer
     except (OSError, SafetensorError) as exc:
         raise ConversionError(f"cannot read {weights_path} (truncated, or not safetensors): {exc}") from None
     refuse_cast_weights({n: str(t.dtype) for n, t in weights.items()}, weights_path, float_weights(model, PREFIX))
-    state = {name.removeprefix(PREFIX): tensor for name, tensor in weights.items()}
+    state = stored_weights(config["longseq"], {name.removeprefix(PREFIX): t for name, t in weights.items()})
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as exc:  # a tensor of another shape than the config's

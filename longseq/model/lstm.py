@@ -19,8 +19,7 @@ from longseq.model.transformer import IGNORE_INDEX, LMOutput
 class LSTMLM(nn.Module):
     """``model(input_ids, mems=None, labels=None) -> LMOutput``, the interface of the Transformer-XL LM.
 
-    The transformer's per-call ``recurrence`` (and its shorthand ``mem_len``, ``clamp_len``, ``same_length``) is
-    accepted, checked as the transformer checks it, and has no effect: an LSTM's context is its whole past.
+    The transformer's per-call ``recurrence`` is accepted, checked as the transformer checks it, and has no effect: an LSTM's context is its whole past.
     ``doc_ids`` is accepted and refused unless None (it keeps no documents apart); what the transformer's layers
     alone read (``global_mask``, ``layer_outputs``) and any other keyword is a ``TypeError`` naming it."""
 
@@ -62,11 +61,8 @@ class LSTMLM(nn.Module):
         recurrence: Recurrence | None = None,  # accepted and checked; no effect (as the shorthand below)
         doc_ids: Tensor | None = None,  # None only
         return_hidden: bool = False,
-        mem_len: int | None = None,
-        clamp_len: int | None = None,
-        same_length: bool | None = None,
     ) -> LMOutput:  # (B, T) -> LMOutput
-        self._check_options(recurrence, doc_ids, mem_len, clamp_len, same_length)
+        self._check_options(recurrence, doc_ids)
         output, new_mems = self._recur(input_ids, mems)
         hidden = self.drop(output)  # (B, T, E)
         if return_hidden and labels is None:
@@ -80,29 +76,25 @@ class LSTMLM(nn.Module):
         count = (flat != IGNORE_INDEX).sum().clamp(min=1)
         return LMOutput(loss=nll.sum() / count, logits=None, nll=nll.view_as(labels), mems=new_mems, hidden=kept)
 
-    def read(
-        self, input_ids: Tensor, mems: Memory | None = None, *, recurrence=None, doc_ids=None, mem_len=None,
-        clamp_len=None, same_length=None,
-    ) -> Memory:  # fmt: skip
+    def read(self, input_ids: Tensor, mems: Memory | None = None, *, recurrence=None, doc_ids=None) -> Memory:
         """Run a segment through the LSTM only and return the new state (no softmax), as the transformer's; the
         keywords are :meth:`forward`'s."""
-        self._check_options(recurrence, doc_ids, mem_len, clamp_len, same_length)
+        self._check_options(recurrence, doc_ids)
         return self._recur(input_ids, mems)[1]
 
     def next_token_scores(
-        self, input_ids: Tensor, mems: Memory | None = None, *, recurrence=None, doc_ids=None, mem_len=None,
-        clamp_len=None, same_length=None,
-    ) -> tuple[Tensor, Memory]:  # fmt: skip
+        self, input_ids: Tensor, mems: Memory | None = None, *, recurrence=None, doc_ids=None
+    ) -> tuple[Tensor, Memory]:
         """Logits (B, V) for the token after the last position, and the new state (for generation); the keywords
         are :meth:`forward`'s."""
-        self._check_options(recurrence, doc_ids, mem_len, clamp_len, same_length)
+        self._check_options(recurrence, doc_ids)
         output, new_mems = self._recur(input_ids, mems)
         return self.decoder(self.drop(output[:, -1])), new_mems
 
-    def _check_options(self, recurrence, doc_ids, mem_len, clamp_len, same_length) -> None:
+    def _check_options(self, recurrence, doc_ids) -> None:
         """The transformer's per-call options: a recurrence is checked as the transformer checks it (a
-        ``Recurrence``, not given beside its shorthand) and has no effect; documents are refused."""
-        self.config.recurrence(recurrence, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+        ``Recurrence``) and has no effect; documents are refused."""
+        self.config.check_recurrence(recurrence)
         if doc_ids is not None:
             raise ValueError("the LSTM baseline does not keep documents apart (doc_reset); use a transformer")
 

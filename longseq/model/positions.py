@@ -549,14 +549,3 @@ POSITION_ENCODINGS: dict[str, type[PositionEncoding]] = {
 def position_encoding(name: str) -> type[PositionEncoding]:
     """The encoding registered under ``name`` (``ModelConfig.positions.pos``)."""
     return POSITION_ENCODINGS[name]
-
-
-OLD_NAMES = (("r_net.", "rel.r_net."), ("rel_table", "rel.rel_table"))  # before the encodings were modules
-
-
-def upgrade_position_names(state: dict, prefix: str) -> None:
-    """An attention module's position weights saved under the names they had on the module itself (``r_net``,
-    ``rel_table``; checkpoints before 2026-12-04) renamed in place to the encoding's (``rel.r_net``, ...)."""
-    for old, new in OLD_NAMES:
-        for name in [k for k in state if k.startswith(prefix + old)]:
-            state[prefix + new + name[len(prefix + old) :]] = state.pop(name)

@@ -35,8 +35,6 @@ class ModelSpec:
     * ``set_activation_checkpointing(model, k)``: recompute every k-th layer in the backward pass (0: off).
     * ``tied_heads``: the softmax weight a checkpoint with ``tie_weight`` stores under the embedding's name, as
       ``{regular expression of its name: the embedding's name}`` (names relative to the language model).
-    * ``v1_weight_names``: the format v1 name prefixes of its weights -> today's
-      (:func:`longseq.train.upgrade.upgrade_weight_names`).
     """
 
     build: type[nn.Module]
@@ -44,7 +42,6 @@ class ModelSpec:
     layer_depths: Callable[[nn.Module], dict[str, int]]
     set_activation_checkpointing: Callable[[nn.Module, int], None]
     tied_heads: dict[str, str] = field(default_factory=dict)
-    v1_weight_names: dict[str, str] = field(default_factory=dict)
 
 
 def first_of(model: nn.Module, cls: type[nn.Module]) -> nn.Module:
@@ -97,10 +94,6 @@ TRANSFORMER_XL = ModelSpec(
     layer_depths=xl_layer_depths,
     set_activation_checkpointing=xl_set_activation_checkpointing,
     tied_heads={r"crit\.out_layers\.(\d+)\.weight": r"transformer.word_emb.emb_layers.\1.weight"},
-    v1_weight_names={
-        "transformer.compressors.": "transformer.stack.memory.policies.compression.compressors.",
-        "transformer.memory_tokens": "transformer.stack.memory.policies.tokens.initial",
-    },
 )
 
 

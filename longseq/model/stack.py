@@ -179,7 +179,6 @@ class LayerStack(nn.Module):
         if not any(self.attends):  # no layer reads u and v: none is made (DDP wants a gradient for every parameter)
             self.register_parameter("r_w_bias", None)
             self.register_parameter("r_r_bias", None)
-            self._register_load_state_dict_pre_hook(drop_unread_biases)
         elif self.encoding.learned_biases:
             self.r_w_bias = nn.Parameter(torch.zeros(bias_shape))  # u
             self.r_r_bias = nn.Parameter(torch.zeros(bias_shape))  # v
@@ -347,13 +346,6 @@ class LayerStack(nn.Module):
                 )
             )
         return masks
-
-
-def drop_unread_biases(state: dict, prefix: str, *args) -> None:
-    """A stack without attention has no u and v; a checkpoint saved before 2026-12-07 (issue 60) holds them, never read
-    and never trained: they are dropped when it loads."""
-    for name in ("r_w_bias", "r_r_bias"):
-        state.pop(prefix + name, None)
 
 
 def state_docs(shape: MaskInputs, memory: Memory) -> tuple[Tensor, Tensor] | None:

@@ -32,9 +32,7 @@ class TransformerXL(nn.Module):
     :class:`~longseq.model.stack.LayerStack`) and, with ``final_norm``, a norm after it.
     :meth:`TransformerXLLM.forward` runs them.
 
-    Its weights are ``transformer.word_emb.*``, ``transformer.stack.*`` and ``transformer.final_norm.*``; a
-    checkpoint saved while the backbone was its layer stack (``transformer.layers.*``, ``transformer.r_w_bias``,
-    ...; before 2026-12-06) loads under today's names (:func:`upgrade_backbone_names`)."""
+    Its weights are ``transformer.word_emb.*``, ``transformer.stack.*`` and ``transformer.final_norm.*``."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -43,7 +41,6 @@ class TransformerXL(nn.Module):
         self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val, c.embed_scale)
         self.final_norm = norm_layer(c.norm, c.d_model, c.layer_norm_eps, c.bias) if c.final_norm else None
         self.drop = Dropout(c.dropout)
-        self._register_load_state_dict_pre_hook(upgrade_backbone_names)
 
     def begin(
         self, input_ids: Tensor, memory: Memory, recurrence: Recurrence, doc_ids: Tensor | None = None
@@ -61,15 +58,6 @@ class TransformerXL(nn.Module):
             if layer_outputs is not None:
                 layer_outputs[-1] = self.final_norm(layer_outputs[-1])
         return self.drop(hidden)
-
-
-def upgrade_backbone_names(state: dict, prefix: str, *args) -> None:
-    """The backbone's weights saved under the names they had while it was its layer stack (``transformer.layers.0.
-    ...``, ``transformer.r_w_bias``, ``transformer.memory.policies...``) renamed in place to today's
-    (``transformer.stack.layers.0...``); the embedding's and the final norm's names did not change."""
-    kept = (prefix + "word_emb.", prefix + "final_norm.", prefix + "stack.")
-    for name in [k for k in state if k.startswith(prefix) and not k.startswith(kept)]:
-        state[prefix + "stack." + name[len(prefix) :]] = state.pop(name)
 
 
 @dataclass
@@ -97,7 +85,7 @@ class TransformerXLLM(nn.Module):
     ``labels[b, t]`` is the target of position t (the next token of the stream); -100 is ignored.
     ``recurrence`` (a :class:`~longseq.config.model.Recurrence`: ``mem_len``, ``clamp_len``, ``same_length``)
     may differ per call from the model's own (``config.recurrence()``), e.g. for evaluation with a longer memory
-    than in training; ``mem_len=``, ``clamp_len=`` and ``same_length=`` are a shorthand for it.
+    than in training: ``recurrence=config.recurrence(mem_len=640)``.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -183,19 +171,16 @@ class TransformerXLLM(nn.Module):
         mems: Memory | None = None,
         labels: Tensor | None = None,  # (B, T)
         *,
-        recurrence: Recurrence | None = None,  # None: the model's own, or the shorthand below
+        recurrence: Recurrence | None = None,  # None: the model's own
         doc_ids: Tensor | None = None,  # (B, T)
         global_mask: Tensor | None = None,  # (B, T) bool, for the global and bigbird patterns
         return_hidden: bool = False,
         layer_outputs: list | None = None,  # appended: the layers' input and each layer's output (B, T', E)
-        mem_len: int | None = None,  # shorthand: the model's own recurrence with these values in place
-        clamp_len: int | None = None,
-        same_length: bool | None = None,
     ) -> LMOutput:
         """The segment ``input_ids`` after the memory ``mems``: embedded, through the layer stack, scored.  With
         ``return_hidden`` the output holds the hidden states (B, T, E) the softmax scores, and without ``labels``
         the softmax is not run (``self.head(out.hidden)`` scores them)."""
-        recurrence = self.config.recurrence(recurrence, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+        recurrence = self.config.check_recurrence(recurrence)
         memory = as_memory(mems)
         self._check_inputs(input_ids, memory, labels, global_mask)
         backbone = self.transformer

@@ -64,6 +64,7 @@ class Task:
     name = ""
     Options: type[TaskConfig] = LMOptions
     writes_samples = False  # whether :meth:`sample` is implemented (``TrainConfig.sample.sample_interval``)
+    gold_field: str | None = None  # the field of an input record holding the answer :meth:`predict` gives (scored)
     progress = False  # whether :meth:`validate` may show its progress (the Trainer says, for the run's main rank)
 
     @classmethod
@@ -141,6 +142,16 @@ class Task:
     def predict(self, model: nn.Module, records: list[dict], path: str = "input") -> list[dict]:
         """One output per input record of ``path`` (named in errors): ``prediction`` plus scores."""
         raise ConfigError(f"the {self.name} task has no predictions: a checkpoint of it is {self.checkpoint_kind()}")
+
+    def check_gold(self, located: list[tuple[str, dict]], data: str, checkpoint: str) -> None:
+        """Refuse, naming where, a record of ``located`` ((its place in ``data``, the record)) whose
+        :attr:`gold_field` this model cannot score (its type, a label it does not know): it would be counted as a
+        wrong prediction.  Records without the field are not scored and pass."""
+
+    def score_predictions(self, records: list[dict], outputs: list[dict]) -> dict:
+        """The metrics of ``outputs`` (:meth:`predict`'s, one per record) against the records' :attr:`gold_field`
+        (every record given has it), as validation reports them."""
+        return {}
 
 
 class ExampleBatches:

@@ -86,10 +86,11 @@ class Classify(Task):
     (``benchmarks/results/finetune-defaults``: 3 classes, the label word first in documents of 3-4 segments, 200
     steps of ``longseq finetune``'s defaults, 3 seeds): document 1.00 validation accuracy, last 0.36, mean 0.35,
     chance 0.33.  Runs made when ``last`` was the default recorded no pooling, and keep it
-    (:func:`longseq.train.upgrade.upgrade_run`)."""
+    (:mod:`longseq.config.stored`)."""
 
     name = "classify"
     Options = ClassifyOptions
+    gold_field = "label"
 
     def prepare(self):
         o = self.options
@@ -194,6 +195,25 @@ class Classify(Task):
         if self.valid_docs:
             out["valid"] = drop_loss(self.metrics(model, self.valid_docs))
         return out
+
+    def check_gold(self, located: list[tuple[str, dict]], data: str, checkpoint: str) -> None:
+        labelled = [(where, record["label"]) for where, record in located if "label" in record]
+        for where, gold in labelled:
+            if isinstance(gold, bool) or not isinstance(gold, (str, int)):
+                raise TaskDataError(f"{where}: field 'label' has the wrong type {type(gold).__name__}")
+        unknown = sorted({label_name(gold) for _, gold in labelled} - set(self.options.labels))
+        if unknown:
+            shown = ", ".join(repr(u) for u in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+            raise TaskDataError(
+                f"{data} has gold labels the classifier {checkpoint} does not know ({shown}); it knows "
+                f"{', '.join(repr(x) for x in self.options.labels)}: give data labelled for this model, or leave the "
+                "labels out"
+            )
+
+    def score_predictions(self, records: list[dict], outputs: list[dict]) -> dict:
+        names = self.options.labels
+        gold = [names.index(label_name(r["label"])) for r in records]
+        return classification_metrics([names.index(o["prediction"]) for o in outputs], gold, len(names))
 
     def predict(self, model, records: list[dict], path: str = "input") -> list[dict]:
         probs = self.scores(model, self.encode(records, path, labelled=False))

@@ -200,7 +200,7 @@ class LanguageModeling(Task):
             torch.as_tensor(self.prompt)[None],
             s.sample_tokens,
             temperature=s.sample_temperature,
-            mem_len=self.run.model.memory.mem_len + d.tgt_len,
+            recurrence=self.run.model.recurrence(mem_len=self.run.model.memory.mem_len + d.tgt_len),
             segment_len=d.tgt_len,
             generator=generator,
         )

@@ -111,6 +111,7 @@ def encode_questions(records: list[dict], tokenizer, path: str) -> list[dict]:
 class Span(Task):
     name = "span"
     Options = SpanOptions
+    gold_field = "answer_text"
 
     def prepare(self):
         o = self.options
@@ -191,6 +192,9 @@ class Span(Task):
         if self.valid_examples:
             out["valid"] = drop_loss(self.metrics(model, self.valid_examples))
         return out
+
+    def score_predictions(self, records: list[dict], outputs: list[dict]) -> dict:
+        return span_metrics([o["prediction"] for o in outputs], [r["answer_text"] for r in records])
 
     def predict(self, model, records: list[dict], path: str = "input") -> list[dict]:
         return self.answers(model, encode_questions(records, self.tokenizer, path))[0]

@@ -28,15 +28,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from longseq.config import ConfigError, RunConfig
+from longseq.config.stored import FORMAT, Stored, needs_upgrade, upgrade
 from longseq.data.sources import file_sha256
 from longseq.data.tokenizers import Tokenizer, TokenizerError, load_tokenizer
 from longseq.model import Memory, TransformerXLLM
-from longseq.model.registry import model_spec
 from longseq.tasks import task_for
 from longseq.tasks.adapters import merge_adapters
-from longseq.train.upgrade import OLD_FORMATS, is_v1, upgrade_memory_names, upgrade_run, upgrade_weight_names
-
-FORMAT = "longseq-checkpoint-v3"
 
 
 class CheckpointError(RuntimeError):
@@ -285,9 +282,15 @@ def _read_config(directory: str) -> tuple[RunConfig, dict]:
     try:
         with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
-        if config.get("format") not in (FORMAT, *OLD_FORMATS):
-            raise CheckpointError(f"{directory} has checkpoint format {config.get('format')!r}, expected {FORMAT!r}")
-        return RunConfig.from_dict(upgrade_run(config["run"])), config
+        if not needs_upgrade(config.get("format")):
+            return RunConfig.from_dict(config["run"]), config
+        try:
+            stored = upgrade(Stored(config["run"]), config.get("format"))
+        except ConfigError:
+            raise CheckpointError(
+                f"{directory} has checkpoint format {config.get('format')!r}, expected {FORMAT!r}"
+            ) from None
+        return RunConfig.from_dict(stored.run), config
     except (json.JSONDecodeError, KeyError, AttributeError, ConfigError) as exc:
         raise CheckpointError(f"checkpoint {directory} has an invalid config.json: {exc}") from None
 
@@ -344,10 +347,8 @@ def load_checkpoint(
             f"{run.model.vocab_size}; the two files do not belong together"
         )
     model = task_for(run, tokenizer).build_model()  # a language model, or a fine-tuned task's model
-    v1_names = model_spec(run.model.arch).v1_weight_names
-    load_weights(
-        model, directory, device, rename=partial(upgrade_weight_names, v1_names=v1_names) if is_v1(config) else None
-    )
+    rename = partial(_stored_weights, config) if needs_upgrade(config.get("format")) else None
+    load_weights(model, directory, device, rename=rename)
     broken = [
         name
         for name, tensor in model.state_dict().items()
@@ -365,7 +366,8 @@ def load_checkpoint(
 
 def load_weights(model: TransformerXLLM, directory: str, device: str | torch.device = "cpu", rename=None) -> None:
     """Load ``directory/model.safetensors`` into ``model``; every tensor must match by name and shape (a tied weight
-    stored once).  ``rename`` maps the stored names to today's first (an older format: :mod:`.upgrade`)."""
+    stored once).  ``rename`` maps the stored names to today's first (an older format:
+    :mod:`longseq.config.stored`)."""
     path = os.path.join(directory, "model.safetensors")
     try:
         if rename is not None:
@@ -381,6 +383,11 @@ def load_weights(model: TransformerXLLM, directory: str, device: str | torch.dev
         raise CheckpointError(
             f"weights in {path} do not match the config: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
         )
+
+
+def _stored_weights(config: dict, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The weights of a checkpoint of an older format (``config``, its config.json) under today's names."""
+    return upgrade(Stored(config["run"], weights=tensors), config["format"]).weights
 
 
 def _shared_names(model) -> dict[str, list[str]]:
@@ -424,7 +431,7 @@ def load_training_state(directory: str) -> TrainingState:
         best_valid_loss=meta["best_valid_loss"],
         optimizer=_optimizer_from_files(meta["optimizer"], tensors),
         torch_rng=tensors["rng.torch"],
-        memory=Memory.from_tensors(upgrade_memory_names(tensors)),
+        memory=Memory.from_tensors(_stored_memory(directory, tensors)),
         tokens_seen=meta.get("tokens_seen", 0),
         lr_scale=meta.get("lr_scale", 1.0),
         scaler=meta.get("scaler"),
@@ -437,6 +444,15 @@ def load_training_state(directory: str) -> TrainingState:
         pending_validation=bool(meta.get("pending_validation", False)),
         data_sha256=meta.get("data_sha256"),
     )
+
+
+def _stored_memory(directory: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The training state's tensors of ``directory``, under today's names when its format is older."""
+    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    if not needs_upgrade(config.get("format")):
+        return tensors
+    return upgrade(Stored(config["run"], training=tensors), config["format"]).training
 
 
 def _cuda_states(tensors: dict, prefix: str) -> list | None:

@@ -23,7 +23,7 @@ from longseq.model.attention.lowrank import LowRankProjection
 from longseq.model.attention.patterns import PatternMask
 from longseq.model.attention.reference import attention_probs, content_probs, dense_mask
 from longseq.model.block import Dropout, norm_layer
-from longseq.model.positions import RelativePositions, Rotation, Shape, position_encoding, upgrade_position_names
+from longseq.model.positions import RelativePositions, Rotation, Shape, position_encoding
 
 
 class AttentionContext(Protocol):
@@ -105,7 +105,6 @@ class RelativeMultiHeadAttention(nn.Module):
         self.layer_norm = norm_layer(norm, d_model, eps, bias)
         self.drop = Dropout(dropout)
         self._prepare()
-        self._register_load_state_dict_pre_hook(_upgrade_names, with_module=True)
 
     def _prepare(self) -> None:
         """Choose the kernel for the device the weights are on (``auto`` resolved here, once), and the query blocks
@@ -272,9 +271,3 @@ def mask_narrows(mask: PatternMask | Tensor, qlen: int, klen: int) -> bool:
     """Whether the queries of one block reach fewer than all keys (a local pattern over a long memory): then the
     blocked path computes only the keys they reach."""
     return isinstance(mask, PatternMask) and mask.key_range(0, qlen) != (0, klen)
-
-
-def _upgrade_names(module, state_dict, prefix, *args) -> None:
-    """Load a checkpoint saved before the position encodings were modules (``r_net``, ``rel_table`` on the
-    attention module itself; see :func:`~longseq.model.positions.upgrade_position_names`)."""
-    upgrade_position_names(state_dict, prefix)

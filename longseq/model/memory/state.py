@@ -356,10 +356,9 @@ class HourglassState:
         prefix = f"memory.inner.{i}/"
         nested = {k[len(prefix) :]: v for k, v in t.items() if k.startswith(prefix)}
         held = _state_tensors(t, i)
-        legacy = len(held) == 4 and not held[2].is_floating_point()  # the hourglass's (tail, up, phase, doc)
-        if f"memory.phase.{i}" not in t and not nested and not legacy:
+        if f"memory.phase.{i}" not in t and not nested:
             return None
-        phase = int(t[f"memory.phase.{i}"]) if f"memory.phase.{i}" in t else int(held[2][0]) if legacy else 0
+        phase = int(t[f"memory.phase.{i}"]) if f"memory.phase.{i}" in t else 0
         return cls(held, Memory.from_tensors(nested) or Memory(), phase)
 
 
