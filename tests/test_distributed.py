@@ -84,7 +84,13 @@ def test_two_ranks_train_a_stack_without_attention_as_one_process(tmp_path, text
 
 @pytest.mark.parametrize(
     "options",
-    [["parallel=ddp"], ["parallel=fsdp", "optimizer=lamb", "layer_lr_decay=0.8", "activation_checkpointing=1"]],
+    [
+        ["parallel=ddp"],
+        pytest.param(
+            ["parallel=fsdp", "optimizer=lamb", "layer_lr_decay=0.8", "activation_checkpointing=1"],
+            marks=pytest.mark.slow,
+        ),
+    ],
 )
 def test_two_rank_resume_continues_bit_for_bit(tmp_path, text_corpus, options):
     """Two ranks stopped after 6 steps and resumed give the uninterrupted two-rank run's losses exactly

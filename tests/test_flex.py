@@ -169,6 +169,7 @@ def flex_compiled_on_cpu(monkeypatch):
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_a_fullgraph_compiled_model_traces_flex_on_the_cuda_path(flex_compiled_on_cpu):
     """``torch.compile(model, fullgraph=True)`` with attn_impl=flex crashed on CUDA: compiled_flex_call called
     ``torch._dynamo.maybe_mark_dynamic`` while dynamo traced it ("Attempt to trace forbidden callable")."""

@@ -78,6 +78,7 @@ def fake_data(folder) -> tuple[str, str]:
     return str(folder / "g.fa.gz"), str(folder / "p.fasta")
 
 
+@pytest.mark.slow
 def test_the_pilot_runs_every_step_and_stores_its_results(tmp_path):
     pytest.importorskip("Bio")
     fasta, proteins = fake_data(tmp_path)

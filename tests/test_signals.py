@@ -135,10 +135,12 @@ def lm_base(tmp_path, text_corpus):
     return tmp_path / "lm"
 
 
+@pytest.mark.slow
 def test_signals_in_every_phase_of_language_modeling_resume_bit_for_bit(tmp_path, text_corpus):
     run_cases(lambda out, *extra: lm_command(text_corpus, out, *extra), tmp_path, LM_CASES)
 
 
+@pytest.mark.slow
 def test_signals_in_every_phase_of_fine_tuning_resume_bit_for_bit(tmp_path, lm_base):
     run_cases(lambda out, *extra: finetune_command(tmp_path, out, *extra), tmp_path, FT_CASES)
 
@@ -290,7 +292,7 @@ def classify_finetune_command(tmp_path, lm, out, *extra):
             "--segment-len", "8", "--quiet", "--json", *extra]  # fmt: skip
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGKILL, marks=pytest.mark.slow), signal.SIGTERM])
 def test_fine_tuning_killed_and_resumed_ends_bit_for_bit_where_the_whole_run_does(tmp_path, lm_checkpoint, sig):
     from safetensors.torch import load_file
 

@@ -23,7 +23,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     "script, options, stored",
     [
         ("recall_pairs.py", ["--rows", "gla", "--pairs", "8", "--seeds", "1"], "gla"),
-        ("recall.py", ["--tasks", "passkey-chunks", "--variants", "learned-4", "--seeds", "1"], "passkey-chunks"),
+        pytest.param(
+            "recall.py",
+            ["--tasks", "passkey-chunks", "--variants", "learned-4", "--seeds", "1"],
+            "passkey-chunks",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_a_recall_study_pilot_stores_its_row(script, options, stored, tmp_path):

@@ -265,6 +265,7 @@ def train_span(mem_len: int) -> float:
     return float(((predicted[:, 0] == starts) & (predicted[:, 1] == ends)).float().mean())
 
 
+@pytest.mark.slow
 def test_an_answer_three_segments_after_the_question_is_found_with_memory_and_not_without():
     assert train_span(mem_len=SEG * (SPAN_SEGMENTS - 1)) >= 0.9
     assert train_span(mem_len=0) < 0.5  # four candidate keys: chance is 0.25
