@@ -169,7 +169,7 @@ def forecast(
     ids, scale = scale_encode(tokenizer, np.asarray(context, dtype=np.float64))
     device = next(model.parameters()).device
     prompt = torch.as_tensor(ids, device=device)[None].repeat(num_samples, 1)  # (S, C)
-    recurrence = model.config.recurrence(None, mem_len=mem_len)
+    recurrence = model.config.recurrence(mem_len=mem_len)
     was_training = model.training
     model.eval()
     try:

@@ -65,7 +65,10 @@ def test_a_growing_then_full_memory_compiles_only_while_it_first_fills(name):
     for step in range(20):
         before = counters["stats"]["unique_graphs"]
         out = compiled(
-            ids[:, 8 * step : 8 * step + 8], memory, ids[:, 8 * step + 1 : 8 * step + 9], mem_len=min(step, 16)
+            ids[:, 8 * step : 8 * step + 8],
+            memory,
+            ids[:, 8 * step + 1 : 8 * step + 9],
+            recurrence=model.config.recurrence(mem_len=min(step, 16)),
         )
         out.loss.backward()
         memory = out.mems

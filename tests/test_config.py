@@ -313,14 +313,15 @@ def test_a_flat_task_table_that_set_an_option_its_task_does_not_read_is_refused_
 
 
 def test_each_task_owns_its_options_and_nothing_else():
-    """Every task's ``Options`` is the class its name gives; the fine-tuning tasks share the 7 common options and
-    add their own; the recall tasks hold their 9; language modeling none."""
+    """Every task's ``Options`` is the class its name gives; the fine-tuning tasks share the 11 common options and
+    add their own (clm none); the recall tasks hold their 9; language modeling none."""
     from longseq.config.task import TASK_OPTIONS, FinetuneOptions, TaskConfig
     from longseq.tasks import TASKS
 
     assert set(TASKS) == set(TASK_OPTIONS) == set(TaskConfig.VARIANTS)
     assert all(task.Options is TASK_OPTIONS[name] for name, task in TASKS.items())
     common = ["name", "train", "valid", "segment_len", "base", "head_only", "group_by_length", "sha256"]
+    common += ["lora_rank", "lora_alpha", "lora_dropout", "lora_targets"]
     options = {name: [f.name for f in dataclasses.fields(TASK_OPTIONS[name])] for name in TASKS}
     assert [f.name for f in dataclasses.fields(FinetuneOptions)] == common
     assert options["classify"] == [*common, "labels", "pooling", "lm_weight", "text_column", "label_column"]
@@ -329,7 +330,7 @@ def test_each_task_owns_its_options_and_nothing_else():
     recall = ["name", "segment_len", "seq_len", "min_distance", "max_distance", "key_len", "alphabet", "n_pairs",
               "n_copy", "valid_size"]  # fmt: skip
     assert all(options[name] == recall for name in ("passkey", "mqar", "copying", "induction"))
-    assert options["lm"] == ["name"]
+    assert options["lm"] == options["clm"][:1] == ["name"] and options["clm"] == common
 
 
 def test_an_option_the_task_does_not_read_has_no_field_and_each_way_of_setting_it_names_it(tmp_path, capsys):

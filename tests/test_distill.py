@@ -79,7 +79,9 @@ def test_the_cached_top_k_is_the_teachers_whole_pass_read_in_segments_with_its_m
     ids = np.random.default_rng(0).integers(0, 11, size=41)
     top_ids, top_logits = teacher_topk(model, ids, 4, batch_size=1, tgt_len=8)
     with torch.no_grad():
-        whole = model.eval()(torch.as_tensor(ids[None, :-1]), mem_len=64).logits[0]  # predicts positions 1 .. 40
+        whole = model.eval()(torch.as_tensor(ids[None, :-1]), recurrence=model.config.recurrence(mem_len=64)).logits[
+            0
+        ]  # predicts positions 1 .. 40
     values, where = whole.float().topk(4, dim=-1)
     assert (top_ids[0] == -1).all()  # no stream predicts the first position
     assert np.array_equal(top_ids[1:], where.numpy())

@@ -439,7 +439,7 @@ def test_the_ratio_loss_is_each_micro_batchs_and_every_other_loss_the_whole_batc
 
 
 def test_same_length_is_refused_at_evaluation_as_in_training(tmp_path, text_corpus, capsys):
-    """Training refuses same_length with learned chunks; evaluation took it (a call's ``same_length``, ``eval --set
+    """Training refuses same_length with learned chunks; evaluation took it (a call's ``recurrence``, ``eval --set
     same_length=true``, lm-eval's ``same_length``) and applied it to the full-resolution layers only.  Every path
     resolves a call's recurrence through ``ModelConfig.recurrence``, which now refuses it by name; the context
     curve, which turns it on by default, leaves it off for such a model."""
@@ -450,9 +450,11 @@ def test_same_length_is_refused_at_evaluation_as_in_training(tmp_path, text_corp
 
     model = dynamic("learned", mem_len=8).float()
     x = torch.randint(0, 30, (2, 9))
-    for given in ({"same_length": True}, {"recurrence": Recurrence(8, same_length=True)}):
+    for given in (Recurrence(8, same_length=True), Recurrence(0, same_length=True)):
         with raises_naming(ConfigError, "same_length", "boundaries=learned", "full-resolution"):
-            model(x, **given)
+            model(x, recurrence=given)
+    with raises_naming(ConfigError, "same_length", "boundaries=learned", "full-resolution"):
+        model.config.recurrence(same_length=True)
     config = ModelConfig(**{**SMALL, "vocab_size": 256, "mem_len": 8, "shorten_layers": [1, 3],
                             "boundaries": "learned"})  # fmt: skip
     run = RunConfig(config, DataConfig(tokenizer="byte", eval_tgt_len=8, eval_batch_size=1), TrainConfig())

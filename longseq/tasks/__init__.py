@@ -1,10 +1,12 @@
 """Tasks as plug-ins: language modeling, the fine-tuning tasks and the recall tasks, each one file with a
 :class:`Task` subclass whose ``Options`` is its options class (:mod:`longseq.config.task`).  ``TASKS`` is the
-registry: it maps the names ``TaskConfig.name`` may give to them."""
+registry: it maps the names ``TaskConfig.name`` may give to them.  ``merge_adapters`` folds a LoRA fine-tune's
+adapters into the weights (what loading a checkpoint gives)."""
 
 from longseq.config.base import check_choice
 from longseq.config.run import RunConfig
 from longseq.config.task import FINETUNE_TASKS, RECALL_TASKS
+from longseq.tasks.adapters import merge_adapters
 from longseq.tasks.base import StepContext, StepResult, Task
 from longseq.tasks.classify import Classify
 from longseq.tasks.clm import FinetuneLM
@@ -34,4 +36,4 @@ def task_for(run: RunConfig, tokenizer=None, log=None, **kwargs) -> Task:
     return TASKS[name](run, tokenizer, log, **kwargs)
 
 
-__all__ = ["FINETUNE_TASKS", "RECALL_TASKS", "TASKS", "StepContext", "StepResult", "Task", "task_for"]
+__all__ = ["FINETUNE_TASKS", "RECALL_TASKS", "TASKS", "StepContext", "StepResult", "Task", "merge_adapters", "task_for"]

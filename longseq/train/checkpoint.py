@@ -32,8 +32,7 @@ from longseq.config.stored import FORMAT, Stored, needs_upgrade, upgrade
 from longseq.data.sources import file_sha256
 from longseq.data.tokenizers import Tokenizer, TokenizerError, load_tokenizer
 from longseq.model import Memory, TransformerXLLM
-from longseq.tasks import task_for
-from longseq.tasks.adapters import merge_adapters
+from longseq.tasks import merge_adapters, task_for
 
 
 class CheckpointError(RuntimeError):

@@ -24,7 +24,10 @@ class HiddenStep:
         self.recurrence, self.batch, self.qlen = given.recurrence, given.batch, given.qlen
         self.training, self.device, self.attends = given.training, given.device, given.attends
         self.mlen = given.memory.length
-        self.position = given.memory.position + given.qlen  # positions of the stream read after this pass
+        # the positions of the stream read after this pass, counted where sinks read them (the gap after the sinks);
+        # 0 otherwise, so that a memory of hidden states keeps one structure from step to step (torch.export,
+        # torch.compile)
+        self.position = given.memory.position + given.qlen if given.recurrence.sinks else 0
         self.doc_ids = given.doc_ids  # (B, T) of the segment, or None
         if given.recurrence.sinks and (given.doc_ids is not None or given.memory.doc_ids is not None):
             raise ValueError(
