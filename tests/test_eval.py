@@ -561,7 +561,7 @@ def rope_checkpoint(tmp_path, **positions) -> str:
     (tmp_path / "corpus.txt").write_text(text)
     tok = CharTokenizer.build(text)
     model = ModelConfig(vocab_size=tok.vocab_size, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=8,
-                        pos="rope", **positions)  # fmt: skip
+                        **{"pos": "rope", **positions})  # fmt: skip
     run = RunConfig(model, DataConfig(path=str(tmp_path / "corpus.txt"), tgt_len=8, eval_tgt_len=8), TrainConfig())
     torch.manual_seed(0)
     save_checkpoint(str(tmp_path / "rope"), build_model(run.model), run, tok)
@@ -617,3 +617,62 @@ def test_eval_says_a_rope_model_reads_a_longer_memory_than_trained_and_is_silent
     assert "UserWarning" not in err  # a line for people, not Python's file:line form
     assert main(["eval", "--checkpoint", checkpoint, "--quiet", "--set", "max_segments=2"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_eval_sets_rope_scaling_for_one_evaluation_as_a_model_built_with_it(tmp_path, capsys):
+    """``--set rope_scaling=ntk rope_factor=4`` (issue 60, item 12: refused as unknown keys) scores as a model built
+    with those positions and the checkpoint's weights; the checkpoint's own positions score differently."""
+    checkpoint = rope_checkpoint(tmp_path, init_std=0.5)  # weights large enough that positions matter
+    argv = ["eval", "--checkpoint", checkpoint, "--quiet", "--json", "--set", "max_segments=3", "mem_len=32"]
+    scaled = cli_json([*argv, "rope_scaling=ntk", "rope_factor=4"], capsys)
+    plain = cli_json(argv, capsys)
+    model, tokenizer, run, _ = load_checkpoint(checkpoint)
+    rebuilt = build_model(model.config.replace(positions={"rope_scaling": "ntk", "rope_factor": 4.0}))
+    rebuilt.load_state_dict(model.state_dict())
+    from longseq.data.corpus import load_corpus
+
+    valid = load_corpus(run.data.path, "char", tokenizer=tokenizer).valid
+    settings = dict(batch_size=run.data.eval_batch_size, tgt_len=8, max_segments=3, progress=False)
+    expected = evaluate(rebuilt.eval(), valid, recurrence=rebuilt.config.recurrence(mem_len=32), **settings)
+    assert scaled["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+    assert abs(scaled["loss"] - plain["loss"]) > 1e-4
+    assert load_checkpoint(checkpoint)[0].config.positions.rope_scaling == "none"  # the checkpoint unchanged
+
+
+@pytest.mark.parametrize(
+    "positions, settings, words",
+    [
+        ({}, ["rope_factor=4"], ["rope_factor=4.0", "rope_scaling=linear or ntk"]),  # was ignored in silence
+        ({}, ["clamp_len=4"], ["--set clamp_len", "pos=rope", "mem_len", "rope_scaling=ntk"]),  # changed nothing
+        ({"pos": "sinusoidal"}, ["rope_scaling=ntk", "rope_factor=2"], ["--set rope_scaling", "pos=sinusoidal", "clamp_len"]),
+        ({"pos": "alibi"}, ["rope_factor=2", "rope_scaling=linear"], ["--set rope_factor", "pos=alibi"]),
+    ],
+)  # fmt: skip
+def test_eval_refuses_position_settings_the_model_does_not_read(tmp_path, capsys, positions, settings, words):
+    """Issue 60, items 12 and 13: each is refused by name, with why and what applies instead."""
+    checkpoint = rope_checkpoint(tmp_path, **positions)
+    assert main(["eval", "--checkpoint", checkpoint, "--quiet", "--set", "max_segments=1", *settings]) == 2
+    assert_names(capsys.readouterr().err, *words)
+
+
+def test_rope_factor_without_rope_scaling_is_refused_by_name():
+    """``rope_factor`` is read through a ``rope_scaling`` only: alone it was built and ignored (issue 60, item 12)."""
+    with raises_naming(ValueError, "rope_factor=4.0", "rope_scaling=none", "rope_scaling=linear or ntk"):
+        ModelConfig(pos="rope", rope_factor=4.0)
+    assert ModelConfig(pos="rope", rope_scaling="linear", rope_factor=4.0).positions.rope_factor == 4.0
+
+
+def test_memory_settings_on_a_model_without_attention_are_refused_by_the_harness(tmp_path):
+    """lm-eval's ``mem_len`` (and ``clamp_len``, ``same_length``) on a gla stack or an LSTM changed nothing (issue 60,
+    item 13): refused by name when the model is made, as ``longseq eval --set`` refuses them."""
+    pytest.importorskip("lm_eval")
+    from longseq import DataConfig, TrainConfig
+    from longseq.integrations.harness import LongseqLM
+
+    for name, config in [("gla", tiny_model_config(mixer=["gla"], mem_len=0)), ("lstm", tiny_lstm_config())]:
+        run = RunConfig(config, DataConfig(tokenizer="char"), TrainConfig())
+        save_checkpoint(str(tmp_path / name), build_model(config), run, CharTokenizer.build("abcdefghij"))
+        LongseqLM(str(tmp_path / name), device="cpu")  # without them: made
+        for args, word in [({"mem_len": 8}, "model_args mem_len"), ({"same_length": "true"}, "model_args same_length")]:
+            with raises_naming(ValueError, word, "whole past", name if name == "lstm" else "mixer=gla"):
+                LongseqLM(str(tmp_path / name), device="cpu", **args)

@@ -54,18 +54,12 @@ def _shown(value) -> str:
 
 
 def refuse_memory_settings(config, given: list[str]) -> None:
-    """``given`` (``mem_len``, ``clamp_len``, ``same_length`` as the user named them) apply to attention layers only:
-    on an LSTM, or a stack of mixers whose recurrent state carries the whole past, they would do nothing, as
-    ``train`` refuses them."""
-    if not given:
-        return
-    if config.arch == "lstm":
-        what = "the lstm"
-    elif "attention" not in config.layer_mixers:
-        what = f"this model (mixer={','.join(config.mixer)}) has no attention layer: its recurrent state"
-    else:
-        return
-    raise ValueError(f"{', '.join(given)}: {what} reads its whole past; these do not apply")
+    """``given`` (``--mem-len``, ``--sinks`` as the user named them) refused by name where the model does not read
+    them: :func:`~longseq.eval.evaluate.refuse_unread_settings` (an LSTM, or a stack of mixers whose recurrent state
+    carries the whole past, as ``train`` refuses them)."""
+    from longseq.eval.evaluate import refuse_unread_settings
+
+    refuse_unread_settings(config, {flag.lstrip("-").replace("-", "_"): flag for flag in given})
 
 
 def tokenizer_help() -> str:

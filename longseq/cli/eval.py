@@ -14,7 +14,6 @@ from longseq.cli.common import (
     memory_lengths,
     overrides,
     read_corpus,
-    refuse_memory_settings,
     say,
     set_threads,
     threads_flag,
@@ -27,10 +26,12 @@ UTF-8 byte of the scored text, any tokenizer; a word tokenizer's text is its wor
 ended by a newline), tokens and bytes scored.
 
 override evaluation settings with --set key=value; keys: split tgt_len mem_len clamp_len same_length sinks
-sink_positions batch_size max_segments.  The paper evaluates with a longer memory than it trains with, e.g.
---set tgt_len=64 mem_len=640 clamp_len=400 same_length=true for WikiText-103.  A pretrained model read far past
+sink_positions batch_size max_segments rope_scaling rope_factor rope_original_len.  The paper evaluates with a
+longer memory than it trains with, e.g. --set tgt_len=64 mem_len=640 clamp_len=400 same_length=true for
+WikiText-103.  A rope model (which clamp_len does not bound) read past its training memory: --set mem_len=256
+rope_scaling=ntk rope_factor=4 (its positions stretched for this evaluation).  A pretrained model read far past
 its context keeps its first tokens as attention sinks: --set sinks=4 mem_len=1020 same_length=true (StreamingLLM:
-every token sees the 4 first and its 1,020 last).
+every token sees the 4 first and its 1,020 last).  A setting the model does not read is refused by name.
 
 is the context used?  --per-position: mean loss at each position inside the segment with the memory (--set
 mem_len etc.) and with it cut to 0, over the segments after those that fill the memory (JSON: positions,
@@ -146,9 +147,7 @@ def run_one(args: argparse.Namespace) -> dict:
 
         check_figure(args.plot, "--plot")  # before any work
     model, settings, run_config, ids, doc_ids, unit, unk, tokenizer = _load(args)
-    memory_keys = ("mem_len", "clamp_len", "same_length", "sinks", "sink_positions")
-    given = [f"--set {k}" for k in memory_keys if getattr(settings, k) is not None]
-    refuse_memory_settings(model.config, given)
+    model = evaluated_model(model, settings)
     batch_size = settings.batch_size or run_config.data.eval_batch_size
     relative = position_encoding(model.config.positions.pos).relative
     if args.per_position or args.context_curve:
@@ -185,6 +184,16 @@ def run_one(args: argparse.Namespace) -> dict:
         tokenizer=tokenizer,
     )
     return {"split": settings.split, **metrics, **unk}
+
+
+def evaluated_model(model, settings: EvalConfig):
+    """``model`` as ``settings`` evaluate it: the memory settings it does not read refused by name, its positions
+    replaced by the rope settings given (``--set rope_scaling=ntk rope_factor=4``)."""
+    from longseq.eval.evaluate import ROPE_SETTINGS, refuse_unread_settings, with_positions
+
+    keys = ("mem_len", "clamp_len", "same_length", "sinks", "sink_positions", *ROPE_SETTINGS)
+    refuse_unread_settings(model.config, {k: f"--set {k}" for k in keys if getattr(settings, k) is not None})
+    return with_positions(model, settings.positions(model.config))
 
 
 def run_evidence(args, model, settings, run_config, ids, batch_size) -> dict:

@@ -218,6 +218,12 @@ class PositionConfig(JsonConfig):
         check_choice("positions.rope_scaling", self.rope_scaling, ROPE_SCALINGS)
         check(self.rope_factor >= 1.0, f"positions.rope_factor must be >= 1 (1: no scaling), got {self.rope_factor}")
         check(
+            self.rope_factor == 1.0 or self.rope_scaling != "none",
+            f"positions.rope_factor={self.rope_factor} is read through a rope_scaling (of pos=rope), and "
+            "rope_scaling=none reads none: set rope_scaling=linear or ntk (a memory longer than trained), or dynamic, "
+            "llama3 or yarn with rope_original_len; or leave rope_factor at 1",
+        )
+        check(
             self.rope_scaling not in ("dynamic", "llama3", "yarn") or self.rope_original_len >= 1,
             f"positions.rope_scaling={self.rope_scaling} scales from the context trained before it: set "
             f"rope_original_len >= 1 (got {self.rope_original_len})",

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from longseq.config.base import ConfigError, JsonConfig, check, config
-from longseq.config.model import SINK_POSITIONS, ModelConfig, Recurrence
+from longseq.config.model import SINK_POSITIONS, ModelConfig, PositionConfig, Recurrence
 from longseq.config.stored import stored_run
 from longseq.config.task import RECALL_TASKS, TaskConfig
 from longseq.config.train import SCHEDULES, TrainConfig
@@ -75,7 +75,9 @@ class EvalConfig(JsonConfig):
     The paper evaluates with a much longer memory than it trains with, e.g. WikiText-103 with
     ``tgt_len=64, mem_len=640, clamp_len=400, same_length=True``.  ``mem_len``, ``clamp_len``, ``same_length``,
     ``sinks`` and ``sink_positions`` (attention sinks, :class:`~longseq.config.model.MemoryConfig`) are one
-    :class:`~longseq.config.model.Recurrence` for a model: :meth:`recurrence`.
+    :class:`~longseq.config.model.Recurrence` for a model: :meth:`recurrence`.  ``rope_scaling``, ``rope_factor`` and
+    ``rope_original_len`` replace a rope model's own (:class:`~longseq.config.model.PositionConfig`) for the
+    evaluation, e.g. ``rope_scaling=ntk, rope_factor=4`` with a memory four times the trained one: :meth:`positions`.
     """
 
     split: str = "valid"
@@ -87,6 +89,9 @@ class EvalConfig(JsonConfig):
     sink_positions: str | None = None
     batch_size: int | None = None
     max_segments: int = 0
+    rope_scaling: str | None = None
+    rope_factor: float | None = None
+    rope_original_len: int | None = None
 
     def __post_init__(self) -> None:
         check(
@@ -103,6 +108,14 @@ class EvalConfig(JsonConfig):
             f"EvalConfig.sink_positions must be one of {', '.join(SINK_POSITIONS)}, got {self.sink_positions!r}",
         )
         check(self.max_segments >= 0, f"EvalConfig.max_segments must be >= 0, got {self.max_segments}")
+
+    ROPE = ("rope_scaling", "rope_factor", "rope_original_len")
+
+    def positions(self, model: ModelConfig) -> PositionConfig:
+        """The positions of an evaluation of a ``model``: its own, with the rope settings given here in place of its
+        own (checked as a training config's)."""
+        given = {name: getattr(self, name) for name in self.ROPE if getattr(self, name) is not None}
+        return replace(model.positions, **given)
 
     def recurrence(self, model: ModelConfig) -> Recurrence:
         """The recurrence of an evaluation of a ``model``: its own, with the values set here in place of its own."""

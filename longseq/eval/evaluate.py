@@ -20,8 +20,8 @@ from torch import Tensor
 
 from longseq.config.model import Recurrence
 from longseq.data.batching import OrderedStream, Segment
-from longseq.model import KVMemory, Memory, TransformerXLLM
-from longseq.model.positions import position_encoding
+from longseq.model import KVMemory, Memory, TransformerXLLM, build_model
+from longseq.model.positions import POSITION_ENCODINGS, position_encoding
 from longseq.progress import Meter
 
 
@@ -32,6 +32,67 @@ def start_memory(model: TransformerXLLM, kv_memory: bool = True, doc_ids=None) -
     if kv_memory and relative and not c.memory.compacted and doc_ids is None:
         return Memory.empty(KVMemory)
     return None
+
+
+ROPE_SETTINGS = (
+    "rope_scaling",
+    "rope_factor",
+    "rope_original_len",
+)  # EvalConfig.positions: a rope model's own replaced
+
+
+def refuse_unread_settings(config, given: dict[str, str]) -> None:
+    """Evaluation settings the model ``config`` does not read, refused by name, saying why and what applies
+    instead (``given``: each setting -> how the user named it, ``--set clamp_len``, ``model_args mem_len``): the
+    memory's (``mem_len``, ``clamp_len``, ``same_length``, ``sinks``, ``sink_positions``) and rope's on an LSTM or a
+    stack without attention, whose recurrent state reads the whole past; ``clamp_len`` with positions that clamp no
+    distance (rope, NoPE, absolute); rope's with positions other than rope."""
+    if not given:
+        return
+    named = lambda names: ", ".join(given[name] for name in names)  # noqa: E731
+    if config.arch == "lstm" or "attention" not in config.layer_mixers:
+        what = "the lstm" if config.arch == "lstm" else f"this model (mixer={','.join(config.mixer)}) has no attention"
+        raise ValueError(
+            f"{named(given)}: {what}{' layer: its recurrent state' if config.arch != 'lstm' else ''} reads its whole "
+            "past, so these do not apply (they would change nothing): leave them out, its state already carries "
+            "every earlier token"
+        )
+    pos, positions = config.positions.pos, config.positions
+    clamps = [
+        name for name, e in POSITION_ENCODINGS.items() if "positions.clamp_len" not in e.unread_options(positions)
+    ]
+    if "clamp_len" in given and pos not in clamps:
+        instead = (
+            "a shorter mem_len bounds the distances it reads, and rope_scaling=ntk or linear with rope_factor (about "
+            "the ratio) stretches its positions for a memory longer than trained"
+            if pos == "rope"
+            else "a shorter mem_len bounds the distances it reads"
+        )
+        raise ValueError(
+            f"{given['clamp_len']}: pos={pos} clamps no distance (clamp_len is read by pos={', '.join(clamps)}), so "
+            f"it would change nothing; {instead}"
+        )
+    rope = [name for name in ROPE_SETTINGS if name in given]
+    if rope and pos != "rope":
+        instead = "clamp_len bounds the distances it scores" if pos in clamps else "they need no stretching"
+        raise ValueError(
+            f"{named(rope)}: rope_scaling stretches rotary positions (pos=rope); this model has pos={pos}, which "
+            f"they would not change: {instead}"
+        )
+
+
+def with_positions(model: TransformerXLLM, positions) -> TransformerXLLM:
+    """``model`` with its positions config replaced by ``positions`` (an evaluation's rope scaling): a model built
+    anew from the changed config with the same weights (rope has none of its own), on the same device and dtype,
+    in eval mode.  ``model`` itself is unchanged."""
+    if positions == model.config.positions:
+        return model
+    parameter = next(model.parameters())
+    out = build_model(model.config.replace(positions=positions.to_dict())).to(
+        device=parameter.device, dtype=parameter.dtype
+    )
+    out.load_state_dict(model.state_dict())
+    return out.eval()
 
 
 class LongerThanTrainedWarning(UserWarning):

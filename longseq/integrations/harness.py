@@ -29,7 +29,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from longseq.data.tokenizers import prefix_id
-from longseq.eval.evaluate import scored_segments, start_memory
+from longseq.eval.evaluate import refuse_unread_settings, scored_segments, start_memory
 from longseq.generation import check_sampling, generate_stream, windowed
 from longseq.runtime import set_matmul_precision
 from longseq.train.checkpoint import load_checkpoint, resolve_checkpoint
@@ -103,6 +103,8 @@ class LongseqLM(TemplateLM):
             raise ValueError(f"{path} is fine-tuned for {run.task.name}: the harness scores language models")
         self.checkpoint = path
         self.tgt_len = settings["tgt_len"] or run.data.eval_tgt_len
+        given = {"mem_len": settings["mem_len"], "clamp_len": settings["clamp_len"], "same_length": same_length}
+        refuse_unread_settings(self.model.config, {k: f"model_args {k}" for k, v in given.items() if v is not None})
         self.recurrence = self.model.config.recurrence(
             mem_len=settings["mem_len"], clamp_len=settings["clamp_len"], same_length=_flag(same_length)
         )
