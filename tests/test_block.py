@@ -27,7 +27,7 @@ from support import (
 
 from longseq import ModelConfig, TransformerXLLM
 from longseq.cli import main
-from longseq.config import ConfigError, DataConfig, TrainConfig, get_preset
+from longseq.config import ConfigError, DataConfig, RunConfig, TrainConfig, get_preset
 from longseq.model import KVMemory, Memory, build_model
 from longseq.model.adaptive import AdaptiveLogSoftmax
 from longseq.model.attention import RelativeMultiHeadAttention
@@ -522,3 +522,22 @@ def test_a_gated_feed_forward_at_the_presets_width_says_the_model_grows_and_name
             "eval_tgt_len=8", "mem_len=8"]  # fmt: skip
     assert main(argv) == 0
     assert_names(capsys.readouterr().err, "ff=swiglu", "d_inner=512", "grows by", "set d_inner=")
+
+
+def test_the_preset_options_a_stack_does_not_read_are_said_as_dropped(tmp_path, capsys):
+    """``--preset llama-xl --set mixer=gla`` dropped the preset's attention options without a word (issue 60, item
+    14): the run says each by name; what the user sets that is unread is still refused."""
+    from longseq.config import get_preset
+    from longseq.train.config_check import check_options_apply
+
+    base = get_preset("llama-xl")
+    run = RunConfig(base.model.replace(mixer=["gla"]), base.data, base.train)
+    said = check_options_apply(run, base)
+    assert len(said) == 1
+    assert_names(said[0], "mixer=gla", "n_kv_head=2", "qk_norm=True", "positions.pos=rope", "preset", "dropped")
+    assert check_options_apply(base, base) == []  # the preset as it is: nothing dropped
+    argv = ["train", "--preset", "llama-xl", "--out", str(tmp_path / "r"), "--quiet", "--set", "mixer=gla"]
+    assert main([*argv, "n_layer=1", "max_steps=1", "eval_max_segments=1"]) == 0
+    assert_names(capsys.readouterr().err, "n_kv_head=2", "qk_norm=True", "positions.pos=rope", "dropped")
+    with raises_naming(ConfigError, "attn_softcap=2.0"):  # the user's own: refused
+        check_options_apply(RunConfig(run.model.replace(attn_softcap=2.0), base.data, base.train), base)

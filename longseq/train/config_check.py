@@ -186,7 +186,8 @@ def check_options_apply(run: RunConfig, base: RunConfig | None = None, file: Run
     what differs from ``base`` (the preset a command line starts from; default: the configs' defaults) counts: a
     preset's transformer settings are not the user's when the user asks for ``arch=lstm``.  With ``file`` (the run
     as a config file gave it, before ``--set``), only what the command line changed from it is refused; what the
-    file set is said and accepted (returned), so that one file serves a sweep over architectures."""
+    file set is said and accepted (returned), so that one file serves a sweep over architectures.  The preset's own
+    options the architecture does not read (llama-xl's attention options under ``mixer=gla``) are said as dropped."""
     ignored = ignored_options(run.model, None if base is None else base.model)
     refused = ignored if file is None else ignored_options(run.model, file.model)
     m = run.model
@@ -197,6 +198,12 @@ def check_options_apply(run: RunConfig, base: RunConfig | None = None, file: Run
             "to their defaults), or choose an architecture that reads them"
         )
     said = [f"{what} does not read {', '.join(ignored)}, set by the config file: ignored"] if ignored else []
+    dropped = [] if base is None else [o for o in ignored_options(m) if o not in ignored_options(m, base.model)]
+    if dropped:  # the preset's own (llama-xl's n_kv_head, qk_norm, pos=rope under mixer=gla): said, not refused
+        said.append(
+            f"{what} does not read {', '.join(dropped)}, set by the preset: dropped (each would have no effect; the "
+            "run trains without them)"
+        )
     full = full_in_effect(run)
     if full:
         from longseq.model.attention.patterns import PATTERNS
