@@ -76,9 +76,11 @@ from longseq.generation import read_prompt, windowed
 from longseq.integrations.longseq_cache import LongseqCache, RowGroup, merged, row_groups
 from longseq.interop.hf_longseq import (
     GENERATION_DEFAULTS,
+    LOAD_NOTE,
     MODEL_TYPE,
     TOKENIZER_FILE,
     hf_config,
+    model_card,
     sampling_settings,
     save_tokenizers,
     tied_names,
@@ -133,6 +135,7 @@ class LongseqConfig(PreTrainedConfig):
     num_attention_heads: int | None = None
     tie_word_embeddings: bool | None = None
     use_cache: bool = True
+    longseq_load: str = LOAD_NOTE  # what to import (for a reader of config.json without longseq)
 
     def __post_init__(self, **kwargs):
         source = config_source(kwargs.get("name_or_path"))  # the file an error names: the one to fix
@@ -249,9 +252,14 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         return done
 
     def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs):
-        """transformers' ``save_pretrained``, and with ``model.tokenizer`` set, the tokenizer files beside it
+        """transformers' ``save_pretrained``, a ``README.md`` model card that says what to import (unless the
+        directory has one), and with ``model.tokenizer`` set, the tokenizer files beside it
         (``longseq_tokenizer.json``, and ``tokenizer.json`` + ``tokenizer_config.json`` for ``AutoTokenizer``)."""
         super().save_pretrained(save_directory, *args, is_main_process=is_main_process, **kwargs)
+        card = os.path.join(str(save_directory), "README.md")
+        if is_main_process and not os.path.exists(card):  # what to import; a card of the user's own is kept
+            with open(card, "w", encoding="utf-8") as f:
+                f.write(model_card(self.model.config))
         if self.tokenizer is not None and is_main_process:
             save_tokenizers(self.tokenizer, str(save_directory))
 
@@ -283,12 +291,24 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         return embedding.emb_layers[0] if len(embedding.emb_layers) == 1 else embedding
 
     def set_input_embeddings(self, value: nn.Module) -> None:
+        """``value`` (an ``nn.Embedding`` of the vocabulary's rows and the embedding's width) in place of the
+        vocabulary's embedding; a tied softmax (``tie_word_embeddings``) follows it: its weight is ``value``'s."""
+        current = self.get_input_embeddings()
+        if not isinstance(value, nn.Embedding) or not isinstance(current, nn.Embedding):
+            raise ValueError("set_input_embeddings takes an nn.Embedding, for a model without adaptive clusters")
+        if value.weight.shape != current.weight.shape:
+            raise ValueError(
+                f"set_input_embeddings: the embedding has {tuple(value.weight.shape)} rows x width, the model "
+                f"{tuple(current.weight.shape)}: resize_token_embeddings changes the vocabulary"
+            )
+        head = self.get_output_embeddings()
+        tied = head is not None and head.weight is current.weight
         if isinstance(self.model, LSTMLM):
             self.model.embedding = value
-        elif len(self.model.transformer.word_emb.emb_layers) == 1 and isinstance(value, nn.Embedding):
-            self.model.transformer.word_emb.emb_layers[0] = value
         else:
-            raise ValueError("set_input_embeddings takes an nn.Embedding, for a model without adaptive clusters")
+            self.model.transformer.word_emb.emb_layers[0] = value
+        if tied:
+            head.weight = value.weight
 
     def get_output_embeddings(self) -> nn.Linear | None:
         """The softmax's ``nn.Linear`` without cutoffs (``model.crit.out_layers.0``; the LSTM's ``model.decoder``);
@@ -420,15 +440,15 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
     ) -> Read:
         """The model over ``tokens`` (b, n), every one read, after ``memory``."""
         layers = self._recorder(hidden_states, attentions)
-        with attention_inputs(self.model, attentions) as captured:
-            out = self.model(tokens, memory, recurrence=recurrence, **layers)  # LMOutput: logits (b, n, V), new memory
         segment = self._segment_rows(tokens.size(1))
+        with attention_inputs(self.model, attentions, segment) as captured:
+            out = self.model(tokens, memory, recurrence=recurrence, **layers)  # LMOutput: logits (b, n, V), new memory
         return Read(
             out.logits,
             out.mems,
             out.aux_loss,
-            None if not layers else tuple(h[:, segment] for h in layers["layer_outputs"]),
-            None if captured is None else tuple(module.probs(*a)[:, :, segment] for module, a in captured),
+            None if not layers else tuple(_rows(h, segment) for h in layers["layer_outputs"]),
+            None if captured is None else tuple(captured),
         )
 
     def _read_rows(self, input_ids, keep, cache: LongseqCache, labels, hidden_states: bool, attentions: bool):
@@ -509,6 +529,15 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         return slice(tokens, tokens + qlen)
 
     # -- generation -----------------------------------------------------------------------------------------------
+    def generate(self, inputs: Tensor | None = None, *args, **kwargs):
+        """transformers' ``generate``, after an empty prompt is refused by name: ``input_ids`` of no tokens (B, 0),
+        or rows that are all padding (``attention_mask`` 0 throughout); longseq's tokenizers have no BOS token to
+        start from."""
+        ids = kwargs.get("input_ids") if inputs is None else inputs
+        if isinstance(ids, Tensor):
+            refuse_empty_prompts(ids, kwargs.get("attention_mask"))
+        return super().generate(inputs, *args, **kwargs)
+
     def _prepare_attention_mask_for_generation(self, inputs_tensor, generation_config, model_kwargs) -> Tensor:
         """transformers' mask (``input_ids != pad_token_id`` when the prompt holds that token and it is not the end
         token), kept where it masks a row's leading run of that token (left padding): the token anywhere else in
@@ -675,29 +704,64 @@ def last_tokens(input_ids: Tensor, keep: Tensor | None, window: int) -> tuple[Te
 
 
 @contextmanager
-def attention_inputs(model: TransformerXLLM, wanted: bool):
-    """With ``wanted``, a list that fills, as ``model`` runs, with (attention module, its inputs) for every
-    attention layer, in order: what ``RelativeMultiHeadAttention.probs`` recomputes the probabilities from.  A ring
-    key/value cache (written in place by the layer) is read as the keys and values it held before the layer ran."""
+def attention_inputs(model: TransformerXLLM, wanted: bool, rows: slice):
+    """With ``wanted``, a list that fills, as ``model`` runs, with every attention layer's probabilities (B, H, T,
+    K) of the queries ``rows`` (the segment's, memory tokens cut away), in order: each layer's output is computed
+    from them by the readable reference (``RelativeMultiHeadAttention.applied``) in place of its kernel's, so that
+    the maps are in the autograd graph (``retain_grad`` on one gets its gradient) and are the ones applied.  A
+    ring key/value cache (written in place by the layer) is read as the keys and values it held before the layer
+    ran."""
     if not wanted:
         yield None
         return
-    captured: list[tuple[nn.Module, tuple]] = []
+    captured: list[Tensor] = []
+    inputs: dict[int, tuple] = {}
 
-    def hook(module, args):
+    def before(module, args):
         args = list(args)  # (hidden, rel_key, r_w_bias, r_r_bias, mask, context)
         context = args[5] if len(args) > 5 else None
         if isinstance(context, RingContext):
             args[5] = CacheContext(*context.ring.held())
-        captured.append((module, tuple(args[:6])))
+        inputs[id(module)] = tuple(args[:6])
 
-    layers = [layer for layer in model.transformer.stack.layers if layer.attends]
-    handles = [layer.dec_attn.register_forward_pre_hook(hook) for layer in layers]
+    def after(module, args, output):
+        out, probs = module.applied(*inputs.pop(id(module)), rows=rows)
+        captured.append(probs)
+        return (out, *output[1:])
+
+    layers = [layer.dec_attn for layer in model.transformer.stack.layers if layer.attends]
+    handles = [hook for m in layers for hook in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
     try:
         yield captured
     finally:
         for handle in handles:
             handle.remove()
+
+
+def refuse_empty_prompts(input_ids: Tensor, attention_mask: Tensor | None) -> None:
+    """An empty prompt to ``generate`` (no tokens, or a row all padding) is a ``ValueError`` that says so: there is
+    no token to continue from (the cache's count of tokens read was the message)."""
+    rows = input_ids.size(0) if input_ids.dim() == 2 else 1
+    if input_ids.numel() == 0:
+        what = "the prompt is empty" if rows == 1 else f"every prompt of the batch of {rows} is empty"
+        raise ValueError(
+            f"generate(): {what} (input_ids of shape {tuple(input_ids.shape)}): give at least one token, e.g. the "
+            "newline's id or a word; longseq's tokenizers have no BOS token to start from"
+        )
+    if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape == input_ids.shape:
+        empty = (~attention_mask.bool().any(dim=1)).nonzero().flatten().tolist()
+        if empty:
+            rows = f"row {empty[0]} of input_ids is" if len(empty) == 1 else f"rows {', '.join(map(str, empty))} are"
+            raise ValueError(
+                f"generate(): {rows} all padding (attention_mask 0 throughout), an empty prompt: give each row at "
+                "least one token"
+            )
+
+
+def _rows(hidden: Tensor, segment: slice) -> Tensor:
+    """The segment's positions of a layer's output (B, T', E): the tensor itself when it holds nothing else (so
+    that it is the one the next layer reads, and ``retain_grad`` on it gets its gradient)."""
+    return hidden if (segment.start, segment.stop) == (0, hidden.size(1)) else hidden[:, segment]
 
 
 def _has_old_names(directory) -> bool:

@@ -44,7 +44,12 @@ ARCHITECTURE = "LongseqForCausalLM"
 PREFIX = "model."  # the language model's attribute in LongseqForCausalLM
 TOKENIZER_FILE = "longseq_tokenizer.json"
 GENERATION_DEFAULTS = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}  # longseq generate's
+LOAD_NOTE = (
+    'model_type "longseq" is registered with transformers by longseq: pip install "longseq[hf]", then import '
+    "longseq.hf before AutoModelForCausalLM.from_pretrained (see README.md)"
+)  # config.json's longseq_load: what a transformers user without longseq reads beside the model type
 EXPORT_FILES = (
+    "README.md",
     "config.json",
     "model.safetensors",
     "generation_config.json",
@@ -105,7 +110,43 @@ def hf_config(
         "num_hidden_layers": config.n_layer,
         "num_attention_heads": config.n_head,
         "tie_word_embeddings": config.tie_weight,
+        "longseq_load": LOAD_NOTE,
     }
+
+
+def model_card(config: ModelConfig) -> str:
+    """The export's ``README.md``: what the model is and what to import before transformers loads it (without
+    ``import longseq.hf``, transformers does not know ``model_type: "longseq"``)."""
+    mixers = ",".join(config.mixer)
+    return f"""---
+library_name: transformers
+tags:
+- longseq
+---
+# A longseq language model
+
+Written by longseq (`longseq convert --to-hf` or `save_pretrained`):
+arch={config.arch}, mixer={mixers}, {config.n_layer} layers of width {config.d_model}, vocabulary of
+{config.vocab_size}, memory of {config.memory.mem_len} positions.
+
+Its `config.json` says `"model_type": "longseq"`, a model type that longseq registers with transformers. Install
+longseq with its transformers extra and import `longseq.hf` first:
+
+```bash
+pip install "longseq[hf]"
+```
+
+```python
+import longseq.hf  # registers model_type "longseq" with AutoConfig and AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("path/to/this/directory")
+tokenizer = AutoTokenizer.from_pretrained("path/to/this/directory")  # when the directory holds tokenizer.json
+```
+
+Without `import longseq.hf`, transformers stops with "The checkpoint you are trying to load has model type
+`longseq` but Transformers does not recognize this architecture": the import is the fix, not a newer transformers.
+"""
 
 
 def export_longseq_hf(
@@ -136,6 +177,8 @@ def export_longseq_hf(
 
     def write(directory: str) -> None:
         save_file(tensors, os.path.join(directory, "model.safetensors"), metadata=EXPORT_METADATA)
+        with open(os.path.join(directory, "README.md"), "w", encoding="utf-8") as f:
+            f.write(model_card(model.config))
         for name, data in (("config.json", config), ("generation_config.json", generation)):
             with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
                 json.dump(data, f, indent=2, sort_keys=True)

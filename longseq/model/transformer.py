@@ -54,9 +54,11 @@ class TransformerXL(nn.Module):
         """The stack's output (B, T, E) as the head reads it: after the final norm (``final_norm``; then also the
         last of ``layer_outputs``, as transformers' models give it) and the dropout."""
         if self.final_norm is not None:
-            hidden = self.final_norm(hidden)
-            if layer_outputs is not None:
-                layer_outputs[-1] = self.final_norm(layer_outputs[-1])
+            last = None if layer_outputs is None else layer_outputs[-1]
+            normed = self.final_norm(hidden)
+            if last is not None:  # the very tensor the head reads when the stack's output is the last layer's
+                layer_outputs[-1] = normed if last is hidden else self.final_norm(last)
+            hidden = normed
         return self.drop(hidden)
 
 

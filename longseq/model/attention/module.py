@@ -186,6 +186,31 @@ class RelativeMultiHeadAttention(nn.Module):
             return content_probs(query, key, table, dense_mask(mask), self.softcap)
         return attention_probs(query, key, table, r_w_bias, r_r_bias, dense_mask(mask), self.softcap)
 
+    def applied(
+        self, hidden, rel_key, r_w_bias, r_r_bias, mask, context: AttentionContext | None = None, rows=None
+    ) -> tuple[Tensor, Tensor]:
+        """The layer output (B, T, E) computed by the readable reference from its probabilities, and those
+        probabilities (B, H, T, K) as applied (after ``dropatt`` in training; with ``rows``, a slice, those
+        queries' only), both in the autograd graph: what a caller that returns the attention maps (transformers'
+        ``output_attentions``) runs in place of :meth:`forward`'s kernel, so that the maps are the ones the output
+        depends on.  Same arguments as :meth:`forward`; a ring context must not be passed (it would grow)."""
+        if self.lowrank is not None:
+            raise ValueError("a low-rank (Linformer) layer attends to mixtures of the keys: it has no map per key")
+        batch, qlen, _ = hidden.shape
+        query, key, value, _ = self._scored(hidden, context, rel_key)  # (B, H, T, D), (B, H, K, D)
+        table = self.relative_keys(rel_key)
+        if self.family == "content":
+            probs = content_probs(query, key, table, dense_mask(mask), self.softcap)
+        else:
+            probs = attention_probs(query, key, table, r_w_bias, r_r_bias, dense_mask(mask), self.softcap)
+        probs = F.dropout(probs, self.dropatt, self.training)  # (B, H, T, K)
+        kept = probs if rows is None else probs[:, :, rows]
+        if rows is not None:  # the rows returned are the rows applied
+            probs = torch.cat([probs[:, :, : rows.start], kept, probs[:, :, rows.stop :]], dim=2)
+        attn = (probs @ value).transpose(1, 2).reshape(batch, qlen, self.n_head * self.d_head)  # (B, T, H*D)
+        out = self.drop(self.o_net(attn))
+        return (hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)), kept
+
     def forward(
         self,
         hidden: Tensor,  # (B, T, E)
