@@ -441,13 +441,20 @@ class LongseqForCausalLM(PreTrainedModel, GenerationMixin):
         """The model over ``tokens`` (b, n), every one read, after ``memory``."""
         layers = self._recorder(hidden_states, attentions)
         segment = self._segment_rows(tokens.size(1))
-        with attention_inputs(self.model, attentions, segment) as captured:
+        wrapped = hidden_states and segment.start > 0  # memory tokens around the segment
+        with (
+            attention_inputs(self.model, attentions, segment) as captured,
+            segment_inputs(self.model, wrapped, segment) as read,
+        ):
             out = self.model(tokens, memory, recurrence=recurrence, **layers)  # LMOutput: logits (b, n, V), new memory
+        states = None if not layers else layers["layer_outputs"]
+        if wrapped:  # each layer's input as it read it, then the head's
+            states = [*read[: len(states) - 1], states[-1]]
         return Read(
             out.logits,
             out.mems,
             out.aux_loss,
-            None if not layers else tuple(_rows(h, segment) for h in layers["layer_outputs"]),
+            None if states is None else tuple(states),
             None if captured is None else tuple(captured),
         )
 
@@ -758,10 +765,29 @@ def refuse_empty_prompts(input_ids: Tensor, attention_mask: Tensor | None) -> No
             )
 
 
-def _rows(hidden: Tensor, segment: slice) -> Tensor:
-    """The segment's positions of a layer's output (B, T', E): the tensor itself when it holds nothing else (so
-    that it is the one the next layer reads, and ``retain_grad`` on it gets its gradient)."""
-    return hidden if (segment.start, segment.stop) == (0, hidden.size(1)) else hidden[:, segment]
+@contextmanager
+def segment_inputs(model: TransformerXLLM, wanted: bool, segment: slice):
+    """With ``wanted`` (memory tokens wrap the segment), a list that fills with each layer's input rows of the
+    segment (B, T, E), in order: each layer reads them put back between the memory tokens' rows (the same values),
+    so that they are the rows it read and ``retain_grad`` on one gets its gradient.  (A layer recomputed in the
+    backward pass, activation checkpointing, adds its input again after the first pass's.)"""
+    if not wanted:
+        yield None
+        return
+    read: list[Tensor] = []
+
+    def hook(module, args):
+        hidden = args[0]  # (B, T', E)
+        rows = hidden[:, segment]
+        read.append(rows)
+        return (torch.cat([hidden[:, : segment.start], rows, hidden[:, segment.stop :]], dim=1), *args[1:])
+
+    handles = [layer.register_forward_pre_hook(hook) for layer in model.transformer.stack.layers]
+    try:
+        yield read
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _has_old_names(directory) -> bool:

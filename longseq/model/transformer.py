@@ -51,14 +51,14 @@ class TransformerXL(nn.Module):
         return step, self.drop(step.wrap(self.stack.encoding.embed(self.word_emb(input_ids))))
 
     def end(self, hidden: Tensor, layer_outputs: list | None = None) -> Tensor:
-        """The stack's output (B, T, E) as the head reads it: after the final norm (``final_norm``; then also the
-        last of ``layer_outputs``, as transformers' models give it) and the dropout."""
+        """The stack's output (B, T, E) as the head reads it: after the final norm (``final_norm``) and the dropout;
+        the last of ``layer_outputs`` becomes that tensor before the dropout (after the norm, as transformers' models
+        give it; the segment's rows only where memory tokens wrapped it), so that it is the one the head reads."""
+        last = None if layer_outputs is None else layer_outputs[-1]
         if self.final_norm is not None:
-            last = None if layer_outputs is None else layer_outputs[-1]
-            normed = self.final_norm(hidden)
-            if last is not None:  # the very tensor the head reads when the stack's output is the last layer's
-                layer_outputs[-1] = normed if last is hidden else self.final_norm(last)
-            hidden = normed
+            hidden = self.final_norm(hidden)
+        if last is not None and (self.final_norm is not None or last.size(1) != hidden.size(1)):
+            layer_outputs[-1] = hidden  # the very tensor the head reads (memory tokens stripped, normed)
         return self.drop(hidden)
 
 
