@@ -113,7 +113,7 @@ CASES = {  # attention, same_length, sinks, sink positions
 
 
 @pytest.mark.parametrize("kind", [HiddenMemory, KVMemory, RingMemory])
-@pytest.mark.parametrize("segment", [1, 4, 7])
+@pytest.mark.parametrize("segment", [1, pytest.param(4, marks=pytest.mark.slow), 7])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_stream_read_with_sinks_equals_the_naive_reference(case, segment, kind):
     attention, same_length, sinks, where = CASES[case]
