@@ -14,6 +14,12 @@ import pytest
 from support import corpus_file, records, tiny_run, tiny_text, train_tiny_lm, write_classify_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# pytest -n N (.ci/run): N workers share the cores, one torch thread each, and so do the processes they start
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
 
 
